@@ -1,0 +1,210 @@
+//! The proof of holding a lock.
+
+use std::fmt;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use dlock_spi::{Error, ErrorKind, FencingToken, LockMode, LockName, LostReason, ReleaseResult, Result};
+
+use crate::hold::Hold;
+use crate::lock::Handle;
+
+/// Holding a lock. Release with [`unlock`](Self::unlock) to see the outcome; dropping
+/// the guard releases in the background.
+///
+/// The guard never pretends: once the lock is lost (renewal refused, lease passed
+/// without renewal, session expired, manager closed) [`is_lost`](Self::is_lost) is true
+/// and [`lost`](Self::lost) completes — `select!` on it to abandon work in time.
+#[must_use = "dropping the guard releases the lock at once"]
+pub struct LockGuard {
+    handle: Arc<Handle>,
+    hold: Arc<Hold>,
+    runtime: Option<tokio::runtime::Handle>,
+    released: bool,
+}
+
+impl LockGuard {
+    pub(crate) fn new(handle: Arc<Handle>, hold: Arc<Hold>) -> Self {
+        LockGuard {
+            handle,
+            hold,
+            runtime: tokio::runtime::Handle::try_current().ok(),
+            released: false,
+        }
+    }
+
+    /// The fencing token of this hold: pass it to the resource you protect and have
+    /// it refuse writes with a smaller token than it has seen.
+    pub fn fencing_token(&self) -> FencingToken {
+        self.hold.token
+    }
+
+    /// The lock's full name.
+    pub fn name(&self) -> &LockName {
+        &self.hold.name
+    }
+
+    /// Exclusive or shared.
+    pub fn mode(&self) -> LockMode {
+        self.hold.mode
+    }
+
+    /// When the hold began (the first acquire of a reentrant hold was sent).
+    pub fn acquired_at(&self) -> Instant {
+        self.hold.acquired_at
+    }
+
+    /// How many guards (reentrant acquisitions) share this hold.
+    pub fn hold_count(&self) -> usize {
+        self.hold.guards()
+    }
+
+    /// Whether the lock has been lost.
+    pub fn is_lost(&self) -> bool {
+        self.hold.lost_reason().is_some()
+    }
+
+    /// Why the lock was lost, if it was.
+    pub fn lost_reason(&self) -> Option<LostReason> {
+        self.hold.lost_reason()
+    }
+
+    /// Completes when the lock is lost (at once if it already is).
+    pub async fn lost(&self) -> LostReason {
+        wait_lost(&self.hold).await
+    }
+
+    /// An owned, cloneable signal to hand to another task.
+    pub fn lost_signal(&self) -> LostSignal {
+        LostSignal {
+            hold: Arc::clone(&self.hold),
+        }
+    }
+
+    /// Releases this acquisition. For a reentrant hold, only the last unlock reaches
+    /// the backend.
+    ///
+    /// Errors: [`ErrorKind::LockLost`] if the lock had been lost while held (the
+    /// protected work may have overlapped another holder's); [`ErrorKind::NotOwner`]
+    /// if the backend says someone else owns it now (nothing was released);
+    /// backend errors as they come (the lease then expires on the server).
+    pub async fn unlock(mut self) -> Result<()> {
+        self.released = true;
+        let lost = self.hold.lost_reason();
+        let result = match self.leave() {
+            Some(hold) => Some(self.handle.manager.release(&hold).await),
+            None => None,
+        };
+        if let Some(reason) = lost {
+            return Err(lost_error(&self.hold.name, reason));
+        }
+        match result {
+            None | Some(Ok(ReleaseResult::Released)) => Ok(()),
+            Some(Ok(ReleaseResult::NotOwner)) => {
+                self.hold.mark_lost(LostReason::NotOwner);
+                Err(Error::new(
+                    ErrorKind::NotOwner,
+                    "the lock was no longer held by this owner when released (lease expired or force-released); nothing was released — guard writes with the fencing token",
+                )
+                .with_context("lock", &self.hold.name))
+            }
+            Some(Err(err)) => Err(err),
+        }
+    }
+
+    /// Leaves the hold; returns it when this was the last guard (remote release due).
+    fn leave(&self) -> Option<Arc<Hold>> {
+        let mut current = self.handle.current();
+        if self.hold.count.fetch_sub(1, Ordering::AcqRel) != 1 {
+            return None;
+        }
+        if current.as_ref().is_some_and(|c| Arc::ptr_eq(c, &self.hold)) {
+            *current = None;
+        }
+        Some(Arc::clone(&self.hold))
+    }
+}
+
+impl Drop for LockGuard {
+    fn drop(&mut self) {
+        if self.released {
+            return;
+        }
+        let Some(hold) = self.leave() else { return };
+        let manager = Arc::clone(&self.handle.manager);
+        let runtime = tokio::runtime::Handle::try_current()
+            .ok()
+            .or_else(|| self.runtime.take());
+        match runtime {
+            Some(rt) => {
+                rt.spawn(async move {
+                    if let Err(err) = manager.release(&hold).await {
+                        tracing::warn!(lock = %hold.name, error = %err, "dlock: background release failed; the lease will expire on the server");
+                    }
+                });
+            }
+            None => {
+                tracing::warn!(lock = %hold.name, "dlock: guard dropped outside a tokio runtime; the lease will expire on the server");
+            }
+        }
+    }
+}
+
+impl fmt::Debug for LockGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockGuard")
+            .field("name", &self.hold.name)
+            .field("mode", &self.hold.mode)
+            .field("token", &self.hold.token)
+            .field("lost", &self.hold.lost_reason())
+            .finish()
+    }
+}
+
+/// An owned handle on a guard's lost signal, for another task.
+#[derive(Clone)]
+pub struct LostSignal {
+    hold: Arc<Hold>,
+}
+
+impl LostSignal {
+    /// Completes when the lock is lost (at once if it already is).
+    pub async fn lost(&self) -> LostReason {
+        wait_lost(&self.hold).await
+    }
+
+    /// Whether the lock has been lost.
+    pub fn is_lost(&self) -> bool {
+        self.hold.lost_reason().is_some()
+    }
+}
+
+impl fmt::Debug for LostSignal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LostSignal")
+            .field("lock", &self.hold.name)
+            .field("lost", &self.hold.lost_reason())
+            .finish()
+    }
+}
+
+async fn wait_lost(hold: &Hold) -> LostReason {
+    let mut rx = hold.subscribe();
+    let outcome = rx.wait_for(Option::is_some).await.ok().and_then(|r| *r);
+    match outcome {
+        Some(reason) => reason,
+        // The sender lives inside `hold`, which we borrow: it cannot be gone.
+        None => std::future::pending().await,
+    }
+}
+
+fn lost_error(name: &LockName, reason: LostReason) -> Error {
+    Error::new(
+        ErrorKind::LockLost,
+        format!(
+            "the lock was lost while held ({reason}); work done under it may have overlapped another holder's — guard writes with the fencing token"
+        ),
+    )
+    .with_context("lock", name)
+}

@@ -1,0 +1,67 @@
+//! One remote acquisition, shared by the reentrant guards of a handle.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Instant;
+
+use dlock_spi::{FencingToken, LockMode, LockName, LostReason, OwnerId};
+use tokio::sync::watch;
+
+/// A lock granted by the backend. Reentrant acquisitions share it and bump `count`;
+/// the remote release happens when `count` returns to zero.
+pub(crate) struct Hold {
+    pub(crate) id: u64,
+    pub(crate) name: LockName,
+    pub(crate) owner: OwnerId,
+    pub(crate) mode: LockMode,
+    pub(crate) token: FencingToken,
+    pub(crate) acquired_at: Instant,
+    /// Guards alive for this hold. Changed only under the handle's `current` mutex.
+    pub(crate) count: AtomicUsize,
+    lost: watch::Sender<Option<LostReason>>,
+}
+
+impl Hold {
+    pub(crate) fn new(
+        id: u64,
+        name: LockName,
+        owner: OwnerId,
+        mode: LockMode,
+        token: FencingToken,
+        acquired_at: Instant,
+    ) -> Self {
+        Hold {
+            id,
+            name,
+            owner,
+            mode,
+            token,
+            acquired_at,
+            count: AtomicUsize::new(1),
+            lost: watch::Sender::new(None),
+        }
+    }
+
+    /// Records the loss; true the first time only.
+    pub(crate) fn mark_lost(&self, reason: LostReason) -> bool {
+        self.lost.send_if_modified(|slot| {
+            if slot.is_none() {
+                *slot = Some(reason);
+                true
+            } else {
+                false
+            }
+        })
+    }
+
+    pub(crate) fn lost_reason(&self) -> Option<LostReason> {
+        *self.lost.borrow()
+    }
+
+    pub(crate) fn subscribe(&self) -> watch::Receiver<Option<LostReason>> {
+        self.lost.subscribe()
+    }
+
+    pub(crate) fn guards(&self) -> usize {
+        self.count.load(Ordering::Acquire)
+    }
+}

@@ -1,0 +1,63 @@
+//! # dlock — distributed locks for Rust services
+//!
+//! One API over the store you already run, with an interceptor chain for logging,
+//! metrics and flow control.
+//!
+//! ```no_run
+//! # async fn demo() -> dlock_api::Result<()> {
+//! use std::time::Duration;
+//! use dlock_api::DistributeLockManager;
+//!
+//! let manager = DistributeLockManager::connect("memory://").await?;
+//! let lock = manager.lock("orders:42");
+//! if let Some(guard) = lock.try_lock(Duration::from_secs(1)).await? {
+//!     // Hand the token to the store you write to; it refuses stale writers.
+//!     let token = guard.fencing_token();
+//!     tokio::select! {
+//!         _ = do_work(token.get()) => {}
+//!         reason = guard.lost() => eprintln!("lock lost ({reason}); abandoning work"),
+//!     }
+//!     guard.unlock().await?;
+//! }
+//! # Ok(()) }
+//! # async fn do_work(_t: u64) {}
+//! ```
+//!
+//! ## What you get
+//!
+//! * [`DistributeLockManager`] — built by [`DistributeLockManagerBuilder`] over any
+//!   [`LockRemoteResource`], or by [`DistributeLockManager::connect`] from a URL.
+//! * [`DistributeLock`] — `try_lock(wait)`, `lock()`, explicit leases; reentrant per
+//!   handle; fair or not. [`ReadWriteLock`], [`LockGroup`].
+//! * [`LockGuard`] — fencing token, lost signal, `unlock().await`, release on drop.
+//! * A watchdog per manager that renews held locks every lease/3 and fires the lost
+//!   signal when a renewal is refused or the lease passes without one.
+//!
+//! ## Guarantees, stated plainly
+//!
+//! A lease-based lock is safe only while its holder renews in time. A process that
+//! stalls longer than its lease (GC pause, SIGSTOP, partition) can keep running while
+//! another holds the lock; the lost signal tells it as soon as this process can know,
+//! and the fencing token lets the protected resource reject its late writes.
+#![deny(missing_docs)]
+
+mod connect;
+mod guard;
+mod hold;
+mod lock;
+mod manager;
+mod watchdog;
+
+pub use connect::{open_backend, redact_url};
+pub use guard::{LockGuard, LostSignal};
+pub use lock::{DistributeLock, LockGroup, ReadWriteLock};
+pub use manager::{DistributeLockManager, DistributeLockManagerBuilder};
+
+pub use dlock_spi::{
+    AcquireResult, Backoff, Capabilities, Error, ErrorKind, Fairness, FencingToken, HolderInfo,
+    InMemoryBackend, LockHandler, LockMode, LockName, LockRemoteResource, LockState, LostReason,
+    OwnerId, Result,
+};
+
+/// The SPI crate, for handler and backend authors.
+pub use dlock_spi as spi;

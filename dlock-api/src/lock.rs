@@ -1,0 +1,298 @@
+//! Lock handles: exclusive locks, read-write locks and groups of locks.
+
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use dlock_spi::{
+    AcquireContext, AcquireRequest, AcquireResult, Error, Fairness, LockMode, LockName, OwnerId,
+    Result,
+};
+
+use crate::guard::LockGuard;
+use crate::hold::Hold;
+use crate::manager::{DistributeLockManager, ManagerInner};
+
+/// How long one backend wait of [`DistributeLock::lock`] lasts before it asks again;
+/// bounds how long a wait can outlive a backend that silently dropped it.
+const LOCK_WAIT_SLICE: Duration = Duration::from_secs(60);
+
+pub(crate) struct Handle {
+    pub(crate) manager: Arc<ManagerInner>,
+    name: std::result::Result<LockName, Error>,
+    owner: OwnerId,
+    mode: LockMode,
+    fairness: Fairness,
+    /// The current hold of this handle (shared by its clones), if any.
+    current: Mutex<Option<Arc<Hold>>>,
+    /// Serialises remote acquires of this handle's clones, so they re-enter instead
+    /// of racing to the backend with the same owner.
+    gate: tokio::sync::Mutex<()>,
+}
+
+impl Handle {
+    pub(crate) fn current(&self) -> MutexGuard<'_, Option<Arc<Hold>>> {
+        self.current.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// A distributed lock on one name, held by one owner.
+///
+/// Clones are the *same* owner: they share the hold and re-enter it (counted
+/// locally, one remote release when the count returns to zero, same fencing token).
+/// For mutual exclusion between tasks, give each task its own handle from
+/// [`DistributeLockManager::lock`].
+#[derive(Clone)]
+pub struct DistributeLock {
+    handle: Arc<Handle>,
+}
+
+impl DistributeLock {
+    pub(crate) fn new(
+        manager: Arc<ManagerInner>,
+        name: Result<LockName>,
+        mode: LockMode,
+        fairness: Fairness,
+    ) -> Self {
+        let owner = manager.new_owner();
+        DistributeLock {
+            handle: Arc::new(Handle {
+                manager,
+                name,
+                owner,
+                mode,
+                fairness,
+                current: Mutex::new(None),
+                gate: tokio::sync::Mutex::new(()),
+            }),
+        }
+    }
+
+    /// The full (namespaced) lock name, or the validation error.
+    pub fn name(&self) -> Result<&LockName> {
+        self.handle.name.as_ref().map_err(clone_error)
+    }
+
+    /// The owner this handle acquires as.
+    pub fn owner(&self) -> &OwnerId {
+        &self.handle.owner
+    }
+
+    /// Exclusive or shared.
+    pub fn mode(&self) -> LockMode {
+        self.handle.mode
+    }
+
+    /// Fair or not.
+    pub fn fairness(&self) -> Fairness {
+        self.handle.fairness
+    }
+
+    /// Whether this handle (or a clone) currently holds the lock and has not lost it.
+    pub fn is_held(&self) -> bool {
+        self.handle
+            .current()
+            .as_ref()
+            .is_some_and(|h| h.lost_reason().is_none())
+    }
+
+    /// Tries to take the lock, waiting up to `wait` (zero: try once). The lock is
+    /// renewed by the watchdog until released. `Ok(None)` when it stayed taken.
+    pub async fn try_lock(&self, wait: Duration) -> Result<Option<LockGuard>> {
+        self.acquire(Some(Instant::now() + wait), None).await
+    }
+
+    /// Tries to take the lock for a fixed `lease` that is not renewed: the lock frees
+    /// itself when the lease ends and the guard's lost signal fires then.
+    pub async fn try_lock_with_lease(
+        &self,
+        wait: Duration,
+        lease: Duration,
+    ) -> Result<Option<LockGuard>> {
+        self.acquire(Some(Instant::now() + wait), Some(lease)).await
+    }
+
+    /// Waits until the lock is taken (renewed by the watchdog), or fails with
+    /// `Closed` when the manager closes. Dropping the future cancels the wait and
+    /// leaves no waiter behind.
+    pub async fn lock(&self) -> Result<LockGuard> {
+        self.lock_inner(None).await
+    }
+
+    /// Like [`lock`](Self::lock) with a fixed, unrenewed `lease`.
+    pub async fn lock_with_lease(&self, lease: Duration) -> Result<LockGuard> {
+        self.lock_inner(Some(lease)).await
+    }
+
+    async fn lock_inner(&self, lease: Option<Duration>) -> Result<LockGuard> {
+        let manager = &self.handle.manager;
+        let mut closed = manager.closed_signal();
+        loop {
+            let deadline = Instant::now() + LOCK_WAIT_SLICE;
+            tokio::select! {
+                acquired = self.acquire(Some(deadline), lease) => {
+                    if let Some(guard) = acquired? {
+                        return Ok(guard);
+                    }
+                }
+                _ = closed.wait_for(|closed| *closed) => return Err(manager.closed_error()),
+            }
+        }
+    }
+
+    /// Re-enters the current hold if there is a live one.
+    fn reenter(&self) -> Option<LockGuard> {
+        let mut current = self.handle.current();
+        match current.as_ref() {
+            Some(hold) if hold.lost_reason().is_none() => {
+                hold.count
+                    .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+                Some(LockGuard::new(Arc::clone(&self.handle), Arc::clone(hold)))
+            }
+            Some(_) => {
+                // Lost: forget it; its guards keep reporting the loss.
+                *current = None;
+                None
+            }
+            None => None,
+        }
+    }
+
+    async fn acquire(
+        &self,
+        deadline: Option<Instant>,
+        lease: Option<Duration>,
+    ) -> Result<Option<LockGuard>> {
+        let manager = &self.handle.manager;
+        if manager.is_closed() {
+            return Err(manager.closed_error());
+        }
+        let name = self.name()?.clone();
+        if let Some(guard) = self.reenter() {
+            return Ok(Some(guard));
+        }
+        let _gate = match deadline {
+            Some(deadline) => {
+                match tokio::time::timeout_at(deadline.into(), self.handle.gate.lock()).await {
+                    Ok(gate) => gate,
+                    Err(_) => return Ok(None),
+                }
+            }
+            None => self.handle.gate.lock().await,
+        };
+        if let Some(guard) = self.reenter() {
+            return Ok(Some(guard));
+        }
+
+        let renew = lease.is_none() && manager.config.watchdog;
+        let lease = lease.unwrap_or(manager.config.lease);
+        let request = AcquireRequest::new(name.clone(), self.handle.owner.clone())
+            .with_mode(self.handle.mode)
+            .with_lease(lease)
+            .with_deadline(deadline)
+            .with_fairness(self.handle.fairness)
+            .with_context(manager.config.context.clone());
+        let mut ctx = AcquireContext::new(request, manager.chain.resource().backend_name());
+        let sent_at = ctx.started;
+        match manager.chain.acquire(&mut ctx).await? {
+            AcquireResult::Acquired { token, .. } => {
+                let hold = Arc::new(Hold::new(
+                    manager.next_id(),
+                    name,
+                    self.handle.owner.clone(),
+                    self.handle.mode,
+                    token,
+                    sent_at,
+                ));
+                manager.track(&hold, lease, renew, sent_at);
+                *self.handle.current() = Some(Arc::clone(&hold));
+                Ok(Some(LockGuard::new(Arc::clone(&self.handle), hold)))
+            }
+            AcquireResult::NotAcquired { .. } => Ok(None),
+        }
+    }
+}
+
+fn clone_error(err: &Error) -> Error {
+    Error::new(err.kind(), err.message().to_owned())
+}
+
+impl fmt::Debug for DistributeLock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DistributeLock")
+            .field("name", &self.handle.name.as_ref().ok())
+            .field("owner", &self.handle.owner)
+            .field("mode", &self.handle.mode)
+            .field("fairness", &self.handle.fairness)
+            .field("held", &self.is_held())
+            .finish()
+    }
+}
+
+/// A read-write lock: [`read`](Self::read) holders share the lock, a
+/// [`write`](Self::write) holder has it alone. Queued writers are not starved by a
+/// stream of readers.
+///
+/// The two sides are separate owners: a writer cannot take the read side while it
+/// holds the write side (no upgrade or downgrade).
+#[derive(Clone, Debug)]
+pub struct ReadWriteLock {
+    read: DistributeLock,
+    write: DistributeLock,
+}
+
+impl ReadWriteLock {
+    pub(crate) fn new(manager: Arc<ManagerInner>, name: Result<LockName>, fairness: Fairness) -> Self {
+        let read_name = name.as_ref().map(Clone::clone).map_err(clone_error);
+        ReadWriteLock {
+            read: DistributeLock::new(Arc::clone(&manager), read_name, LockMode::Shared, fairness),
+            write: DistributeLock::new(manager, name, LockMode::Exclusive, fairness),
+        }
+    }
+
+    /// The shared side.
+    pub fn read(&self) -> &DistributeLock {
+        &self.read
+    }
+
+    /// The exclusive side.
+    pub fn write(&self) -> &DistributeLock {
+        &self.write
+    }
+}
+
+/// Locks whose names share a prefix, e.g. one lock per user id (ylock's `Locks`).
+#[derive(Clone, Debug)]
+pub struct LockGroup {
+    manager: DistributeLockManager,
+    prefix: String,
+}
+
+impl LockGroup {
+    pub(crate) fn new(manager: DistributeLockManager, prefix: &str) -> Self {
+        LockGroup {
+            manager,
+            prefix: format!("{prefix}:"),
+        }
+    }
+
+    /// The group's name prefix, separator included.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// The lock for `key` (named `"<prefix>:<key>"`).
+    pub fn lock(&self, key: impl fmt::Display) -> DistributeLock {
+        self.manager.lock(&format!("{}{key}", self.prefix))
+    }
+
+    /// The fair lock for `key`.
+    pub fn fair_lock(&self, key: impl fmt::Display) -> DistributeLock {
+        self.manager.fair_lock(&format!("{}{key}", self.prefix))
+    }
+
+    /// The read-write lock for `key`.
+    pub fn read_write_lock(&self, key: impl fmt::Display) -> ReadWriteLock {
+        self.manager.read_write_lock(&format!("{}{key}", self.prefix))
+    }
+}

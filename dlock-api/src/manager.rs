@@ -1,0 +1,378 @@
+//! The manager: one per backend connection, handing out locks.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use bytes::Bytes;
+use dlock_spi::{
+    Capabilities, Error, ErrorKind, Fairness, HandlerChain, LockHandler, LockMode, LockName,
+    LockRemoteResource, LockState, LostReason, OwnerId, ReleaseContext, ReleaseRequest,
+    ReleaseResult, Result, MAX_LEASE,
+};
+use tokio::sync::watch;
+
+use crate::hold::Hold;
+use crate::lock::{DistributeLock, LockGroup, ReadWriteLock};
+use crate::watchdog::Watchdog;
+
+/// Defaults every lock of a manager starts from.
+#[derive(Debug, Clone)]
+pub(crate) struct Config {
+    pub(crate) lease: Duration,
+    pub(crate) watchdog: bool,
+    pub(crate) fairness: Fairness,
+    pub(crate) namespace: String,
+    pub(crate) context: Bytes,
+}
+
+pub(crate) struct ManagerInner {
+    pub(crate) id: String,
+    pub(crate) chain: HandlerChain,
+    pub(crate) capabilities: Capabilities,
+    pub(crate) config: Config,
+    next_id: AtomicU64,
+    holds: Mutex<HashMap<u64, Arc<Hold>>>,
+    pub(crate) watchdog: Watchdog,
+    closed: watch::Sender<bool>,
+}
+
+impl ManagerInner {
+    pub(crate) fn next_id(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    pub(crate) fn new_owner(&self) -> OwnerId {
+        OwnerId::new(format!("{}:{}", self.id, self.next_id()))
+    }
+
+    fn holds(&self) -> MutexGuard<'_, HashMap<u64, Arc<Hold>>> {
+        self.holds.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub(crate) fn is_closed(&self) -> bool {
+        *self.closed.borrow()
+    }
+
+    pub(crate) fn closed_signal(&self) -> watch::Receiver<bool> {
+        self.closed.subscribe()
+    }
+
+    pub(crate) fn closed_error(&self) -> Error {
+        Error::new(
+            ErrorKind::Closed,
+            "the lock manager has been closed; create a new manager to take locks again",
+        )
+    }
+
+    /// Records a new hold and puts it under the watchdog when its lease needs watching.
+    pub(crate) fn track(&self, hold: &Arc<Hold>, lease: Duration, renew: bool, sent_at: std::time::Instant) {
+        self.holds().insert(hold.id, Arc::clone(hold));
+        if self.capabilities.lease {
+            let renew = renew && self.capabilities.renew;
+            self.watchdog.register(Arc::clone(hold), lease, renew, sent_at);
+        }
+    }
+
+    /// Releases a hold through the chain and forgets it.
+    pub(crate) async fn release(&self, hold: &Hold) -> Result<ReleaseResult> {
+        self.watchdog.unregister(hold.id);
+        let ctx = ReleaseContext::new(
+            ReleaseRequest::new(hold.name.clone(), hold.owner.clone(), hold.mode, hold.token),
+            self.chain.resource().backend_name(),
+            Some(hold.acquired_at),
+        );
+        let result = self.chain.release(&ctx).await;
+        self.holds().remove(&hold.id);
+        result
+    }
+
+    pub(crate) fn full_name(&self, name: &str) -> Result<LockName> {
+        LockName::with_prefix(&self.config.namespace, name)
+    }
+}
+
+impl Drop for ManagerInner {
+    fn drop(&mut self) {
+        self.watchdog.shutdown();
+    }
+}
+
+/// Hands out distributed locks backed by one [`LockRemoteResource`], passing every
+/// acquire and release through the handler chain.
+///
+/// Cheap to clone; clones share the backend, the chain and the watchdog.
+///
+/// ```
+/// # async fn demo() -> dlock_spi::Result<()> {
+/// use std::time::Duration;
+/// use dlock_api::DistributeLockManager;
+///
+/// let manager = DistributeLockManager::connect("memory://").await?;
+/// let lock = manager.lock("orders:42");
+/// if let Some(guard) = lock.try_lock(Duration::from_secs(1)).await? {
+///     println!("fencing token {}", guard.fencing_token());
+///     guard.unlock().await?;
+/// }
+/// manager.close().await;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct DistributeLockManager {
+    pub(crate) inner: Arc<ManagerInner>,
+}
+
+impl DistributeLockManager {
+    /// Starts building a manager over `resource`.
+    pub fn builder<R: LockRemoteResource>(resource: R) -> DistributeLockManagerBuilder {
+        DistributeLockManagerBuilder::new(Arc::new(resource))
+    }
+
+    /// Opens the backend a URL names (see [`crate::open_backend`]) and builds a manager
+    /// with default settings.
+    pub async fn connect(url: &str) -> Result<Self> {
+        let resource = crate::connect::open_backend(url).await?;
+        DistributeLockManagerBuilder::new(resource).build()
+    }
+
+    /// A lock handle for `name` (prefixed with the manager's namespace). Each call gives
+    /// a new owner: two handles for the same name exclude each other, while a handle and
+    /// its clones share ownership and re-enter. An invalid name is reported by the first
+    /// operation on the handle as [`ErrorKind::InvalidName`].
+    pub fn lock(&self, name: &str) -> DistributeLock {
+        DistributeLock::new(
+            Arc::clone(&self.inner),
+            self.inner.full_name(name),
+            LockMode::Exclusive,
+            self.inner.config.fairness,
+        )
+    }
+
+    /// Like [`lock`](Self::lock) but granted in arrival order (needs a backend with fair locks).
+    pub fn fair_lock(&self, name: &str) -> DistributeLock {
+        DistributeLock::new(
+            Arc::clone(&self.inner),
+            self.inner.full_name(name),
+            LockMode::Exclusive,
+            Fairness::Fair,
+        )
+    }
+
+    /// A read-write lock for `name`: many readers together, or one writer.
+    pub fn read_write_lock(&self, name: &str) -> ReadWriteLock {
+        ReadWriteLock::new(
+            Arc::clone(&self.inner),
+            self.inner.full_name(name),
+            self.inner.config.fairness,
+        )
+    }
+
+    /// A family of locks whose names share `prefix` (ylock's `Locks`): `group.lock(id)`
+    /// locks `"<prefix>:<id>"`.
+    pub fn group(&self, prefix: &str) -> LockGroup {
+        LockGroup::new(self.clone(), prefix)
+    }
+
+    /// Who holds `name` and how many wait, straight from the backend.
+    pub async fn inspect(&self, name: &str) -> Result<Option<LockState>> {
+        let name = self.inner.full_name(name)?;
+        self.inner.chain.resource().inspect(&name).await
+    }
+
+    /// The backend's capabilities.
+    pub fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities
+    }
+
+    /// The backend's short name (`"memory"`, `"redis"`, …).
+    pub fn backend_name(&self) -> &'static str {
+        self.inner.chain.resource().backend_name()
+    }
+
+    /// This manager's random id, the prefix of every owner it creates.
+    pub fn id(&self) -> &str {
+        &self.inner.id
+    }
+
+    /// How many locks this manager holds right now (reentrant holds count once).
+    pub fn held_count(&self) -> usize {
+        self.inner.holds().len()
+    }
+
+    /// How many held locks the watchdog is watching.
+    pub fn watched_count(&self) -> usize {
+        self.inner.watchdog.watched()
+    }
+
+    /// Whether [`close`](Self::close) has been called.
+    pub fn is_closed(&self) -> bool {
+        self.inner.is_closed()
+    }
+
+    /// Stops the watchdog, wakes every waiting `lock()` with [`ErrorKind::Closed`],
+    /// releases every lock still held (their guards' lost signals fire with
+    /// [`LostReason::ManagerClosed`]), and refuses new acquires. Idempotent.
+    pub async fn close(&self) {
+        self.inner.closed.send_replace(true);
+        self.inner.watchdog.shutdown();
+        let holds: Vec<Arc<Hold>> = self.inner.holds().values().cloned().collect();
+        for hold in holds {
+            hold.mark_lost(LostReason::ManagerClosed);
+            if let Err(err) = self.inner.release(&hold).await {
+                tracing::warn!(lock = %hold.name, error = %err, "dlock: release on close failed; the lease will expire on the server");
+            }
+        }
+    }
+}
+
+impl fmt::Debug for DistributeLockManager {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DistributeLockManager")
+            .field("id", &self.inner.id)
+            .field("backend", &self.backend_name())
+            .field("config", &self.inner.config)
+            .field("held", &self.held_count())
+            .finish()
+    }
+}
+
+/// Builds a [`DistributeLockManager`].
+///
+/// Defaults: lease 30 s renewed by the watchdog every 10 s, non-fair, no namespace,
+/// context `pid=<pid>`, 10 s bound on each backend call beyond the caller's wait.
+///
+/// # Handler order
+///
+/// Handlers run in the order they are registered: `with_handler(a).with_handler(b)`
+/// gives `Head → a → b → Tail → backend` on the way in, and `b` then `a` see the
+/// result on the way out. Put flow control after logging and metrics if rejected calls
+/// should still be logged and counted.
+pub struct DistributeLockManagerBuilder {
+    resource: Arc<dyn LockRemoteResource>,
+    handlers: Vec<Arc<dyn LockHandler>>,
+    config: Config,
+    operation_timeout: Duration,
+}
+
+impl DistributeLockManagerBuilder {
+    /// A builder over a shared backend.
+    pub fn new(resource: Arc<dyn LockRemoteResource>) -> Self {
+        DistributeLockManagerBuilder {
+            resource,
+            handlers: Vec::new(),
+            config: Config {
+                lease: Duration::from_secs(30),
+                watchdog: true,
+                fairness: Fairness::NonFair,
+                namespace: String::new(),
+                context: Bytes::from(format!("pid={}", std::process::id())),
+            },
+            operation_timeout: HandlerChain::DEFAULT_OPERATION_TIMEOUT,
+        }
+    }
+
+    /// Appends a handler to the chain (see the type docs for the order).
+    pub fn with_handler<H: LockHandler>(self, handler: H) -> Self {
+        self.with_shared_handler(Arc::new(handler))
+    }
+
+    /// Appends an already shared handler to the chain.
+    pub fn with_shared_handler(mut self, handler: Arc<dyn LockHandler>) -> Self {
+        self.handlers.push(handler);
+        self
+    }
+
+    /// The lease of locks taken without an explicit one; the watchdog renews it every
+    /// lease/3 while the lock is held.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.config.lease = lease;
+        self
+    }
+
+    /// Whether the watchdog renews locks taken without an explicit lease (default on).
+    /// Off: such locks expire after the default lease like explicit-lease locks.
+    pub fn watchdog(mut self, enabled: bool) -> Self {
+        self.config.watchdog = enabled;
+        self
+    }
+
+    /// The fairness of locks from [`DistributeLockManager::lock`] and read-write locks.
+    pub fn fairness(mut self, fairness: Fairness) -> Self {
+        self.config.fairness = fairness;
+        self
+    }
+
+    /// A prefix put in front of every lock name, so applications sharing a store do
+    /// not collide (e.g. `"billing:"`).
+    pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
+        self.config.namespace = namespace.into();
+        self
+    }
+
+    /// Bytes stored with every hold and shown by `inspect` / `dlock status`.
+    pub fn context(mut self, context: impl Into<Bytes>) -> Self {
+        self.config.context = context.into();
+        self
+    }
+
+    /// The bound on one backend call beyond the caller's wait (default 10 s).
+    pub fn operation_timeout(mut self, timeout: Duration) -> Self {
+        self.operation_timeout = timeout;
+        self
+    }
+
+    /// Checks the settings and builds the manager.
+    pub fn build(self) -> Result<DistributeLockManager> {
+        let lease = self.config.lease;
+        if lease < Duration::from_millis(3) || lease > MAX_LEASE {
+            return Err(Error::new(
+                ErrorKind::Config,
+                format!(
+                    "default lease {lease:?} is out of range; use between 3 ms and {} days (30 s is usual)",
+                    MAX_LEASE.as_secs() / 86_400
+                ),
+            ));
+        }
+        if self.operation_timeout.is_zero() {
+            return Err(Error::new(
+                ErrorKind::Config,
+                "operation timeout is zero; use a positive bound such as 10 s",
+            ));
+        }
+        if !self.config.namespace.is_empty() {
+            LockName::new(&self.config.namespace).map_err(|e| {
+                Error::new(
+                    ErrorKind::Config,
+                    format!("namespace is not a valid name prefix: {}", e.message()),
+                )
+            })?;
+        }
+        let chain =
+            HandlerChain::new(self.resource, self.handlers).with_operation_timeout(self.operation_timeout);
+        let capabilities = chain.capabilities();
+        Ok(DistributeLockManager {
+            inner: Arc::new(ManagerInner {
+                id: uuid::Uuid::new_v4().simple().to_string(),
+                watchdog: Watchdog::new(chain.clone()),
+                chain,
+                capabilities,
+                config: self.config,
+                next_id: AtomicU64::new(1),
+                holds: Mutex::new(HashMap::new()),
+                closed: watch::Sender::new(false),
+            }),
+        })
+    }
+}
+
+impl fmt::Debug for DistributeLockManagerBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DistributeLockManagerBuilder")
+            .field("backend", &self.resource.backend_name())
+            .field("handlers", &self.handlers.len())
+            .field("config", &self.config)
+            .finish()
+    }
+}

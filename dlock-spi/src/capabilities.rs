@@ -1,0 +1,29 @@
+//! What a backend can do, so the manager and the conformance suite adapt to it.
+
+/// A backend's abilities. Unsupported requests get [`crate::ErrorKind::Unsupported`]
+/// from the chain's head before they reach the backend.
+///
+/// `#[non_exhaustive]`: start from `Capabilities::default()` (everything off) and set
+/// the fields that apply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct Capabilities {
+    /// Holds expire after a lease unless renewed. `false`: holds are tied to a session
+    /// (ZooKeeper) and the watchdog has nothing to renew.
+    pub lease: bool,
+    /// `renew` extends a lease.
+    pub renew: bool,
+    /// An acquire by the current owner is idempotent (grants again, same token), so a
+    /// retried acquire whose first answer was lost does not deadlock.
+    pub reentrant: bool,
+    /// `Fairness::Fair` is honoured (grants in arrival order).
+    pub fair: bool,
+    /// `LockMode::Shared` is supported (read-write locks).
+    pub shared: bool,
+    /// Waiters are woken by the backend when the lock frees (no polling), one at a time.
+    pub push_wakeup: bool,
+    /// Grants carry strictly increasing fencing tokens.
+    pub fencing: bool,
+    /// The longest name the backend stores, when shorter than `LockName::MAX_LEN`.
+    pub max_name_len: Option<usize>,
+}

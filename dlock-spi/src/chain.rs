@@ -1,0 +1,470 @@
+//! The interceptor chain every acquire and release passes through.
+//!
+//! ```text
+//! Head ─► handler 1 ─► handler 2 ─► … ─► Tail ─► LockRemoteResource
+//! ```
+//!
+//! * **Head** (built in) validates and normalises the request against the backend's
+//!   [`Capabilities`]: unsupported modes are refused here, never sent.
+//! * **Handlers** run in registration order on the way in (and so in reverse order
+//!   on the way out). Each gets the context and the rest of the chain; calling
+//!   `next.invoke(ctx)` continues, returning without calling it short-circuits
+//!   (flow control rejects this way).
+//! * **Tail** (built in) calls the backend, bounded by the request's deadline plus
+//!   the chain's operation timeout so a silent network cannot hang a caller.
+//!
+//! When a call fails, [`LockHandler::on_acquire_error`] / [`LockHandler::on_release_error`]
+//! run for every handler the call passed through, innermost first.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+
+use crate::capabilities::Capabilities;
+use crate::error::{Error, ErrorKind, Result};
+use crate::extensions::Extensions;
+use crate::name::LockName;
+use crate::outcome::{AcquireResult, ReleaseResult, RenewResult};
+use crate::request::{AcquireRequest, ReleaseRequest, RenewRequest};
+use crate::resource::LockRemoteResource;
+use crate::types::{Fairness, FencingToken, LockMode, LostReason, OwnerId};
+
+/// The longest lease the head accepts; longer ones are almost always a unit mistake.
+pub const MAX_LEASE: Duration = Duration::from_secs(30 * 24 * 3600);
+
+/// Everything a handler knows about one acquire.
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct AcquireContext {
+    /// The request as it will reach the backend.
+    pub request: AcquireRequest,
+    /// The backend's name (`"redis"`, …), for labels.
+    pub backend: &'static str,
+    /// When the caller started the acquire (monotonic).
+    pub started: Instant,
+    /// Data handlers pass to each other.
+    pub extensions: Extensions,
+}
+
+impl AcquireContext {
+    /// A context for `request` started now.
+    pub fn new(request: AcquireRequest, backend: &'static str) -> Self {
+        AcquireContext {
+            request,
+            backend,
+            started: Instant::now(),
+            extensions: Extensions::new(),
+        }
+    }
+
+    /// The time the caller is willing to wait, from the start (zero for try-once).
+    pub fn wait(&self) -> Duration {
+        self.request
+            .deadline
+            .map_or(Duration::ZERO, |d| d.saturating_duration_since(self.started))
+    }
+}
+
+/// Everything a handler knows about one release.
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct ReleaseContext {
+    /// The request as it will reach the backend.
+    pub request: ReleaseRequest,
+    /// The backend's name, for labels.
+    pub backend: &'static str,
+    /// When the release started (monotonic).
+    pub started: Instant,
+    /// When the hold began (first acquire of a reentrant hold), if known.
+    pub acquired_at: Option<Instant>,
+    /// Data handlers pass to each other.
+    pub extensions: Extensions,
+}
+
+impl ReleaseContext {
+    /// A context for `request` started now.
+    pub fn new(request: ReleaseRequest, backend: &'static str, acquired_at: Option<Instant>) -> Self {
+        ReleaseContext {
+            request,
+            backend,
+            started: Instant::now(),
+            acquired_at,
+            extensions: Extensions::new(),
+        }
+    }
+}
+
+/// A renewal the watchdog made, reported to every handler after the fact.
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct RenewEvent<'a> {
+    /// The renewal sent.
+    pub request: &'a RenewRequest,
+    /// The backend's answer.
+    pub outcome: std::result::Result<&'a RenewResult, &'a Error>,
+    /// How long the renewal took.
+    pub elapsed: Duration,
+}
+
+/// A hold that ended without its owner releasing it, reported to every handler.
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct LostEvent<'a> {
+    /// The lock.
+    pub name: &'a LockName,
+    /// The owner that lost it.
+    pub owner: &'a OwnerId,
+    /// The mode it was held in.
+    pub mode: LockMode,
+    /// The grant's token.
+    pub token: FencingToken,
+    /// Why it was lost.
+    pub reason: LostReason,
+}
+
+impl<'a> LostEvent<'a> {
+    /// Describes a lost hold.
+    pub fn new(
+        name: &'a LockName,
+        owner: &'a OwnerId,
+        mode: LockMode,
+        token: FencingToken,
+        reason: LostReason,
+    ) -> Self {
+        LostEvent {
+            name,
+            owner,
+            mode,
+            token,
+            reason,
+        }
+    }
+}
+
+/// An interceptor on the acquire and release paths (logging, metrics, flow control, yours).
+///
+/// Implement `acquire` and `release`, each ending in `next.invoke(ctx).await` unless
+/// the handler means to short-circuit. The observer hooks have empty defaults.
+/// A handler that only observes should not allocate on the hot path.
+///
+/// ```
+/// use async_trait::async_trait;
+/// use dlock_spi::{AcquireChain, AcquireContext, AcquireResult, LockHandler,
+///                 ReleaseChain, ReleaseContext, ReleaseResult, Result};
+///
+/// /// Counts acquires.
+/// #[derive(Default)]
+/// struct Counting(std::sync::atomic::AtomicU64);
+///
+/// #[async_trait]
+/// impl LockHandler for Counting {
+///     async fn acquire(&self, ctx: &AcquireContext, next: AcquireChain<'_>) -> Result<AcquireResult> {
+///         self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+///         next.invoke(ctx).await
+///     }
+///     async fn release(&self, ctx: &ReleaseContext, next: ReleaseChain<'_>) -> Result<ReleaseResult> {
+///         next.invoke(ctx).await
+///     }
+/// }
+/// ```
+#[async_trait]
+pub trait LockHandler: Send + Sync + 'static {
+    /// Intercepts an acquire. Call `next.invoke(ctx)` to continue.
+    async fn acquire(&self, ctx: &AcquireContext, next: AcquireChain<'_>) -> Result<AcquireResult>;
+
+    /// Intercepts a release. Call `next.invoke(ctx)` to continue.
+    async fn release(&self, ctx: &ReleaseContext, next: ReleaseChain<'_>) -> Result<ReleaseResult>;
+
+    /// Called when an acquire that passed through this handler failed.
+    fn on_acquire_error(&self, ctx: &AcquireContext, err: &Error) {
+        let _ = (ctx, err);
+    }
+
+    /// Called when a release that passed through this handler failed.
+    fn on_release_error(&self, ctx: &ReleaseContext, err: &Error) {
+        let _ = (ctx, err);
+    }
+
+    /// Called after each watchdog renewal (successful or not).
+    fn on_renew(&self, event: &RenewEvent<'_>) {
+        let _ = event;
+    }
+
+    /// Called when a hold is lost (renewal refused, lease passed, session expired).
+    fn on_lost(&self, event: &LostEvent<'_>) {
+        let _ = event;
+    }
+}
+
+/// The rest of the acquire chain, handed to each handler.
+pub struct AcquireChain<'a> {
+    handlers: &'a [Arc<dyn LockHandler>],
+    tail: &'a Tail,
+}
+
+impl AcquireChain<'_> {
+    /// Runs the remaining handlers and then the backend.
+    pub async fn invoke(self, ctx: &AcquireContext) -> Result<AcquireResult> {
+        match self.handlers.split_first() {
+            Some((handler, rest)) => {
+                let next = AcquireChain {
+                    handlers: rest,
+                    tail: self.tail,
+                };
+                let result = handler.acquire(ctx, next).await;
+                if let Err(err) = &result {
+                    handler.on_acquire_error(ctx, err);
+                }
+                result
+            }
+            None => self.tail.acquire(&ctx.request).await,
+        }
+    }
+}
+
+impl fmt::Debug for AcquireChain<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AcquireChain")
+            .field("remaining_handlers", &self.handlers.len())
+            .finish()
+    }
+}
+
+/// The rest of the release chain, handed to each handler.
+pub struct ReleaseChain<'a> {
+    handlers: &'a [Arc<dyn LockHandler>],
+    tail: &'a Tail,
+}
+
+impl ReleaseChain<'_> {
+    /// Runs the remaining handlers and then the backend.
+    pub async fn invoke(self, ctx: &ReleaseContext) -> Result<ReleaseResult> {
+        match self.handlers.split_first() {
+            Some((handler, rest)) => {
+                let next = ReleaseChain {
+                    handlers: rest,
+                    tail: self.tail,
+                };
+                let result = handler.release(ctx, next).await;
+                if let Err(err) = &result {
+                    handler.on_release_error(ctx, err);
+                }
+                result
+            }
+            None => self.tail.release(&ctx.request).await,
+        }
+    }
+}
+
+impl fmt::Debug for ReleaseChain<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ReleaseChain")
+            .field("remaining_handlers", &self.handlers.len())
+            .finish()
+    }
+}
+
+/// The end of the chain: calls the backend, bounded in time.
+struct Tail {
+    resource: Arc<dyn LockRemoteResource>,
+    operation_timeout: Duration,
+}
+
+impl Tail {
+    async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireResult> {
+        let budget = req.remaining_wait() + self.operation_timeout;
+        self.bounded(budget, "acquire", &req.name, self.resource.try_acquire(req))
+            .await
+    }
+
+    async fn release(&self, req: &ReleaseRequest) -> Result<ReleaseResult> {
+        self.bounded(self.operation_timeout, "release", &req.name, self.resource.release(req))
+            .await
+    }
+
+    async fn bounded<T>(
+        &self,
+        budget: Duration,
+        op: &'static str,
+        name: &LockName,
+        fut: impl std::future::Future<Output = Result<T>>,
+    ) -> Result<T> {
+        match tokio::time::timeout(budget, fut).await {
+            Ok(result) => result,
+            Err(_) => Err(Error::new(
+                ErrorKind::Timeout,
+                format!(
+                    "the {} backend did not answer within {budget:?}; check the server and the network, or raise the operation timeout",
+                    self.resource.backend_name()
+                ),
+            )
+            .with_context("op", op)
+            .with_context("lock", name)),
+        }
+    }
+}
+
+/// Head + handlers + Tail over one backend. Cheap to clone.
+///
+/// The manager builds one; backends' and plugins' tests can build their own.
+#[derive(Clone)]
+pub struct HandlerChain {
+    handlers: Arc<[Arc<dyn LockHandler>]>,
+    tail: Arc<Tail>,
+    capabilities: Capabilities,
+}
+
+impl HandlerChain {
+    /// The default bound on one backend call beyond the caller's wait.
+    pub const DEFAULT_OPERATION_TIMEOUT: Duration = Duration::from_secs(10);
+
+    /// A chain over `resource` with `handlers` in call order (first = outermost).
+    pub fn new(resource: Arc<dyn LockRemoteResource>, handlers: Vec<Arc<dyn LockHandler>>) -> Self {
+        let capabilities = resource.capabilities();
+        HandlerChain {
+            handlers: handlers.into(),
+            tail: Arc::new(Tail {
+                resource,
+                operation_timeout: Self::DEFAULT_OPERATION_TIMEOUT,
+            }),
+            capabilities,
+        }
+    }
+
+    /// Sets the bound on one backend call beyond the caller's wait.
+    pub fn with_operation_timeout(mut self, timeout: Duration) -> Self {
+        let resource = Arc::clone(&self.tail.resource);
+        self.tail = Arc::new(Tail {
+            resource,
+            operation_timeout: timeout,
+        });
+        self
+    }
+
+    /// The backend.
+    pub fn resource(&self) -> &Arc<dyn LockRemoteResource> {
+        &self.tail.resource
+    }
+
+    /// The backend's capabilities (read once at construction).
+    pub fn capabilities(&self) -> Capabilities {
+        self.capabilities
+    }
+
+    /// The registered handlers, in call order.
+    pub fn handlers(&self) -> &[Arc<dyn LockHandler>] {
+        &self.handlers
+    }
+
+    /// The bound on one backend call beyond the caller's wait.
+    pub fn operation_timeout(&self) -> Duration {
+        self.tail.operation_timeout
+    }
+
+    /// Runs an acquire through Head, the handlers and Tail.
+    pub async fn acquire(&self, ctx: &mut AcquireContext) -> Result<AcquireResult> {
+        self.head_acquire(&mut ctx.request)?;
+        AcquireChain {
+            handlers: &self.handlers,
+            tail: &self.tail,
+        }
+        .invoke(ctx)
+        .await
+    }
+
+    /// Runs a release through Head, the handlers and Tail.
+    pub async fn release(&self, ctx: &ReleaseContext) -> Result<ReleaseResult> {
+        ReleaseChain {
+            handlers: &self.handlers,
+            tail: &self.tail,
+        }
+        .invoke(ctx)
+        .await
+    }
+
+    /// Renews directly on the backend (the watchdog's path) and reports the outcome
+    /// to every handler's [`LockHandler::on_renew`].
+    pub async fn renew(&self, req: &RenewRequest) -> Result<RenewResult> {
+        let started = Instant::now();
+        let result = self
+            .tail
+            .bounded(
+                self.tail.operation_timeout,
+                "renew",
+                &req.name,
+                self.tail.resource.renew(req),
+            )
+            .await;
+        let event = RenewEvent {
+            request: req,
+            outcome: result.as_ref(),
+            elapsed: started.elapsed(),
+        };
+        for handler in self.handlers.iter() {
+            handler.on_renew(&event);
+        }
+        result
+    }
+
+    /// Reports a lost hold to every handler's [`LockHandler::on_lost`].
+    pub fn notify_lost(&self, event: &LostEvent<'_>) {
+        for handler in self.handlers.iter() {
+            handler.on_lost(event);
+        }
+    }
+
+    /// Head: validates and normalises a request against the backend's capabilities.
+    fn head_acquire(&self, req: &mut AcquireRequest) -> Result<()> {
+        let caps = &self.capabilities;
+        let backend = self.tail.resource.backend_name();
+        if let Some(max) = caps.max_name_len {
+            if req.name.len() > max {
+                return Err(Error::new(
+                    ErrorKind::InvalidName,
+                    format!(
+                        "lock name is {} bytes; the {backend} backend stores at most {max} — use a shorter name or hash it",
+                        req.name.len()
+                    ),
+                )
+                .with_context("lock", &req.name));
+            }
+        }
+        if req.mode == LockMode::Shared && !caps.shared {
+            return Err(Error::unsupported(format!(
+                "the {backend} backend has no shared (read) mode; use an exclusive lock or a backend that supports read-write locks"
+            ))
+            .with_context("lock", &req.name));
+        }
+        if req.fairness == Fairness::Fair && !caps.fair {
+            return Err(Error::unsupported(format!(
+                "the {backend} backend cannot grant in arrival order; use non-fair mode or a backend with fair locks"
+            ))
+            .with_context("lock", &req.name));
+        }
+        if req.lease < Duration::from_millis(1) || req.lease > MAX_LEASE {
+            return Err(Error::invalid_argument(format!(
+                "lease {:?} is out of range; use between 1 ms and {} days",
+                req.lease,
+                MAX_LEASE.as_secs() / 86_400
+            ))
+            .with_context("lock", &req.name));
+        }
+        // A deadline already in the past means "try once".
+        if req.deadline.is_some_and(|d| d <= Instant::now()) {
+            req.deadline = None;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for HandlerChain {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HandlerChain")
+            .field("backend", &self.tail.resource.backend_name())
+            .field("handlers", &self.handlers.len())
+            .field("operation_timeout", &self.tail.operation_timeout)
+            .finish()
+    }
+}

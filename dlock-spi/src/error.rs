@@ -1,0 +1,224 @@
+//! One error type for every layer: backends, handlers and the user-facing API.
+//!
+//! Contention is never an error (see [`crate::AcquireResult::NotAcquired`]); an
+//! [`Error`] means the call could not be answered or was malformed.
+
+use std::borrow::Cow;
+use std::fmt;
+
+/// What went wrong, coarsely enough that callers can branch on it.
+///
+/// New kinds may be added in minor releases, so match with a wildcard arm.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// The lock name is empty, too long, or contains characters the library refuses.
+    InvalidName,
+    /// An argument (lease, wait, mode, URL part, …) is out of range or malformed.
+    InvalidArgument,
+    /// The configuration (URL, builder options, schema) is wrong or inconsistent.
+    Config,
+    /// The backend cannot do what was asked (e.g. shared mode on a backend without it).
+    Unsupported,
+    /// The caller does not own the lock it tried to release or renew.
+    NotOwner,
+    /// The lock was held but has been lost (lease expired, session gone, stolen).
+    LockLost,
+    /// A handler (flow control, …) refused the call before it reached the backend.
+    Rejected,
+    /// The backend failed: connection refused, I/O error, server error, bad reply.
+    Backend,
+    /// The backend did not answer in time.
+    Timeout,
+    /// The manager or backend has been closed.
+    Closed,
+    /// An invariant inside dlock was broken; please report it.
+    Unexpected,
+}
+
+impl ErrorKind {
+    /// A short, stable, lower-case label (used by logs and metrics).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorKind::InvalidName => "invalid_name",
+            ErrorKind::InvalidArgument => "invalid_argument",
+            ErrorKind::Config => "config",
+            ErrorKind::Unsupported => "unsupported",
+            ErrorKind::NotOwner => "not_owner",
+            ErrorKind::LockLost => "lock_lost",
+            ErrorKind::Rejected => "rejected",
+            ErrorKind::Backend => "backend",
+            ErrorKind::Timeout => "timeout",
+            ErrorKind::Closed => "closed",
+            ErrorKind::Unexpected => "unexpected",
+        }
+    }
+
+    /// Whether an error of this kind is worth retrying by default.
+    fn default_retryable(self) -> bool {
+        matches!(self, ErrorKind::Backend | ErrorKind::Timeout)
+    }
+}
+
+impl fmt::Display for ErrorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+type Source = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// The error of every dlock operation.
+///
+/// Carries a [`ErrorKind`], a message that says what was wrong and what to do,
+/// optional key/value context (lock name, backend, operation), an optional source,
+/// and whether retrying may help.
+pub struct Error {
+    kind: ErrorKind,
+    message: Cow<'static, str>,
+    context: Vec<(&'static str, String)>,
+    retryable: bool,
+    source: Option<Source>,
+}
+
+impl Error {
+    /// Creates an error of `kind` with a message. Retryability defaults by kind
+    /// (`Backend` and `Timeout` are retryable; the rest are not).
+    pub fn new(kind: ErrorKind, message: impl Into<Cow<'static, str>>) -> Self {
+        Error {
+            kind,
+            message: message.into(),
+            context: Vec::new(),
+            retryable: kind.default_retryable(),
+            source: None,
+        }
+    }
+
+    /// Attaches a key/value pair that helps locate the failure (e.g. `("lock", name)`).
+    pub fn with_context(mut self, key: &'static str, value: impl fmt::Display) -> Self {
+        self.context.push((key, value.to_string()));
+        self
+    }
+
+    /// Attaches the underlying cause.
+    pub fn with_source(mut self, source: impl Into<Source>) -> Self {
+        self.source = Some(source.into());
+        self
+    }
+
+    /// Overrides whether the error is retryable.
+    pub fn set_retryable(mut self, retryable: bool) -> Self {
+        self.retryable = retryable;
+        self
+    }
+
+    /// The error's kind.
+    pub fn kind(&self) -> ErrorKind {
+        self.kind
+    }
+
+    /// The human-readable message, without context or source.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    /// The key/value context attached so far.
+    pub fn context(&self) -> &[(&'static str, String)] {
+        &self.context
+    }
+
+    /// Whether retrying the same call may succeed (connection blips, timeouts).
+    pub fn is_retryable(&self) -> bool {
+        self.retryable
+    }
+
+    /// Shorthand for an [`ErrorKind::InvalidArgument`] error.
+    pub fn invalid_argument(message: impl Into<Cow<'static, str>>) -> Self {
+        Error::new(ErrorKind::InvalidArgument, message)
+    }
+
+    /// Shorthand for an [`ErrorKind::Unsupported`] error.
+    pub fn unsupported(message: impl Into<Cow<'static, str>>) -> Self {
+        Error::new(ErrorKind::Unsupported, message)
+    }
+
+    /// Shorthand for an [`ErrorKind::Backend`] error (retryable).
+    pub fn backend(message: impl Into<Cow<'static, str>>) -> Self {
+        Error::new(ErrorKind::Backend, message)
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.kind, self.message)?;
+        if !self.context.is_empty() {
+            f.write_str(" (")?;
+            for (i, (k, v)) in self.context.iter().enumerate() {
+                if i > 0 {
+                    f.write_str(", ")?;
+                }
+                write!(f, "{k}={v}")?;
+            }
+            f.write_str(")")?;
+        }
+        if let Some(source) = &self.source {
+            write!(f, ": {source}")?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut d = f.debug_struct("Error");
+        d.field("kind", &self.kind)
+            .field("message", &self.message)
+            .field("retryable", &self.retryable);
+        if !self.context.is_empty() {
+            d.field("context", &self.context);
+        }
+        if let Some(source) = &self.source {
+            d.field("source", source);
+        }
+        d.finish()
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_ref()
+            .map(|s| s.as_ref() as &(dyn std::error::Error + 'static))
+    }
+}
+
+/// `Result` with dlock's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn display_includes_kind_context_and_source() {
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
+        let err = Error::backend("cannot reach the server; is it running?")
+            .with_context("backend", "redis")
+            .with_context("lock", "orders:1")
+            .with_source(io);
+        let text = err.to_string();
+        assert_eq!(
+            text,
+            "backend: cannot reach the server; is it running? (backend=redis, lock=orders:1): refused"
+        );
+        assert!(err.is_retryable());
+        assert!(std::error::Error::source(&err).is_some());
+    }
+
+    #[test]
+    fn retryable_defaults_by_kind_and_can_be_overridden() {
+        assert!(!Error::new(ErrorKind::NotOwner, "x").is_retryable());
+        assert!(Error::new(ErrorKind::Timeout, "x").is_retryable());
+        assert!(!Error::backend("x").set_retryable(false).is_retryable());
+    }
+}

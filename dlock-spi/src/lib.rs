@@ -1,0 +1,55 @@
+//! # dlock-spi — the contracts of dlock
+//!
+//! Everything a third party needs to write a **backend** or a **handler plugin** for
+//! dlock, and nothing else:
+//!
+//! * [`LockRemoteResource`] — the backend trait (capabilities, try-acquire with a
+//!   deadline, release, renew, inspect). Its docs list the semantics each method must
+//!   honour; the `testsuite` crate checks them.
+//! * [`LockHandler`] with [`AcquireChain`] / [`ReleaseChain`] — interceptors on the
+//!   acquire and release paths, composed by [`HandlerChain`] as
+//!   Head → handlers in registration order → Tail → backend.
+//! * Value types: [`LockName`] (validated), [`OwnerId`], [`FencingToken`],
+//!   [`LockMode`], [`Fairness`], requests, results, [`Capabilities`].
+//! * [`Error`] with a non-exhaustive [`ErrorKind`] and [`Error::is_retryable`].
+//! * [`Backoff`] policies for backends that wait by polling.
+//! * [`InMemoryBackend`] — the reference backend, for tests and single-process use.
+//!
+//! ## Writing a backend
+//!
+//! Implement [`LockRemoteResource`] for your client type, map your driver's errors to
+//! [`Error`] in one function, declare what you support in [`Capabilities`], and run the
+//! `testsuite` conformance cases against it. Read [`InMemoryBackend`]'s source for a
+//! complete example of waiting, fairness, wake-one and cancellation.
+#![deny(missing_docs)]
+
+mod backoff;
+mod capabilities;
+mod chain;
+mod error;
+mod extensions;
+mod memory;
+mod name;
+mod outcome;
+mod request;
+mod resource;
+mod types;
+
+pub use backoff::{Backoff, BackoffKind, Jitter};
+pub use capabilities::Capabilities;
+pub use chain::{
+    AcquireChain, AcquireContext, HandlerChain, LockHandler, LostEvent, ReleaseChain,
+    ReleaseContext, RenewEvent, MAX_LEASE,
+};
+pub use error::{Error, ErrorKind, Result};
+pub use extensions::Extensions;
+pub use memory::InMemoryBackend;
+pub use name::LockName;
+pub use outcome::{AcquireResult, HolderInfo, LockState, ReleaseResult, RenewResult};
+pub use request::{AcquireRequest, ReleaseRequest, RenewRequest};
+pub use resource::LockRemoteResource;
+pub use types::{Fairness, FencingToken, LockMode, LostReason, OwnerId};
+
+/// Re-exported so implementors use the same `async_trait` and `bytes` as the traits.
+pub use async_trait::async_trait;
+pub use bytes::Bytes;

@@ -1,0 +1,451 @@
+//! An in-process backend: the reference implementation of every semantic in the
+//! SPI, used by the chain's unit tests and by single-process applications.
+//!
+//! Leases are judged on this process's monotonic clock. Waiting is push-based: every
+//! waiter parks on its own [`Notify`] in an arrival-ordered queue, and a release wakes
+//! the first waiter only (plus the run of shared waiters behind it, who can all hold
+//! together). Only the queue's head also wakes when the holder's lease runs out, so an
+//! expiry does not stampede either. A waiter whose future is dropped leaves the queue
+//! in `Drop` and passes on any wake-up it had been given.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Instant;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use tokio::sync::Notify;
+
+use crate::capabilities::Capabilities;
+use crate::error::Result;
+use crate::name::LockName;
+use crate::outcome::{AcquireResult, HolderInfo, LockState, ReleaseResult, RenewResult};
+use crate::request::{AcquireRequest, ReleaseRequest, RenewRequest};
+use crate::resource::LockRemoteResource;
+use crate::types::{Fairness, FencingToken, LockMode, OwnerId};
+
+/// The in-memory backend. Clones share the same locks, so several managers in one
+/// process can contend through it.
+#[derive(Clone, Default)]
+pub struct InMemoryBackend {
+    shared: Arc<Shared>,
+}
+
+#[derive(Default)]
+struct Shared {
+    state: Mutex<State>,
+    attempts: AtomicU64,
+}
+
+#[derive(Default)]
+struct State {
+    locks: HashMap<LockName, Entry>,
+    /// Per-name fencing counters; they outlive releases so tokens never repeat.
+    fences: HashMap<LockName, u64>,
+    next_waiter: u64,
+}
+
+#[derive(Default)]
+struct Entry {
+    holders: Vec<Holder>,
+    waiters: VecDeque<Waiter>,
+}
+
+struct Holder {
+    owner: OwnerId,
+    mode: LockMode,
+    token: u64,
+    expires_at: Instant,
+    context: Bytes,
+}
+
+struct Waiter {
+    id: u64,
+    mode: LockMode,
+    notify: Arc<Notify>,
+    /// Woken and not yet back: the next wake-up goes past it.
+    woken: bool,
+}
+
+impl Entry {
+    fn is_idle(&self) -> bool {
+        self.holders.is_empty() && self.waiters.is_empty()
+    }
+
+    /// Drops expired holders; true if any were dropped.
+    fn purge_expired(&mut self, now: Instant) -> bool {
+        let before = self.holders.len();
+        self.holders.retain(|h| h.expires_at > now);
+        self.holders.len() != before
+    }
+
+    fn position(&self, waiter: Option<u64>) -> usize {
+        waiter
+            .and_then(|id| self.waiters.iter().position(|w| w.id == id))
+            .unwrap_or(self.waiters.len())
+    }
+
+    /// Whether `mode` may be granted now to a requester at queue position `pos`
+    /// (`waiters.len()` for a newcomer).
+    fn grantable(&self, mode: LockMode, fairness: Fairness, pos: usize) -> bool {
+        let ahead = self.waiters.iter().take(pos);
+        match mode {
+            LockMode::Exclusive => {
+                self.holders.is_empty() && (fairness == Fairness::NonFair || pos == 0)
+            }
+            // Readers never pass a queued writer, so a stream of readers cannot starve it.
+            LockMode::Shared => {
+                let mut ahead = ahead;
+                self.holders.iter().all(|h| h.mode == LockMode::Shared)
+                    && !ahead.any(|w| w.mode == LockMode::Exclusive)
+            }
+        }
+    }
+
+    /// Wakes the first waiter that is not already woken, and the run of shared
+    /// waiters right behind a shared one. Never wakes an exclusive waiter behind
+    /// another waiter: it could not take the lock anyway.
+    fn wake_next(&mut self) {
+        let mut shared_run = false;
+        for (i, w) in self.waiters.iter_mut().enumerate() {
+            if w.woken {
+                if w.mode == LockMode::Exclusive {
+                    return;
+                }
+                shared_run = true;
+                continue;
+            }
+            if i == 0 || (shared_run && w.mode == LockMode::Shared) {
+                w.woken = true;
+                w.notify.notify_one();
+                if w.mode == LockMode::Exclusive {
+                    return;
+                }
+                shared_run = true;
+            } else {
+                return;
+            }
+        }
+    }
+
+    fn remove_waiter(&mut self, id: u64) -> Option<Waiter> {
+        let pos = self.waiters.iter().position(|w| w.id == id)?;
+        self.waiters.remove(pos)
+    }
+
+    fn earliest_expiry(&self) -> Option<Instant> {
+        self.holders.iter().map(|h| h.expires_at).min()
+    }
+}
+
+/// Removes a parked waiter if its acquire future is dropped.
+struct WaiterSlot {
+    shared: Arc<Shared>,
+    name: LockName,
+    id: Option<u64>,
+}
+
+impl Drop for WaiterSlot {
+    fn drop(&mut self) {
+        let Some(id) = self.id.take() else { return };
+        let mut state = self.shared.lock_state();
+        if let Some(entry) = state.locks.get_mut(&self.name) {
+            if let Some(w) = entry.remove_waiter(id) {
+                // Pass on a wake-up this waiter will never use, and let a new queue
+                // head arm its expiry timer.
+                if w.woken || entry.waiters.front().is_some_and(|f| !f.woken) {
+                    entry.wake_next();
+                }
+            }
+            if entry.is_idle() {
+                state.locks.remove(&self.name);
+            }
+        }
+    }
+}
+
+impl Shared {
+    fn lock_state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+enum Step {
+    Done(AcquireResult),
+    Park {
+        notify: Arc<Notify>,
+        wake_at: Option<Instant>,
+    },
+}
+
+impl InMemoryBackend {
+    /// An empty backend.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Test and operations hook: removes every holder of `name` behind their backs
+    /// (as an operator's force-unlock would), wakes a waiter, and returns how many
+    /// holds were removed. The fencing counter is kept.
+    pub fn force_release(&self, name: &LockName) -> usize {
+        let mut state = self.shared.lock_state();
+        let Some(entry) = state.locks.get_mut(name) else {
+            return 0;
+        };
+        let removed = entry.holders.len();
+        entry.holders.clear();
+        entry.wake_next();
+        if entry.is_idle() {
+            state.locks.remove(name);
+        }
+        removed
+    }
+
+    /// Test hook: how many locks have live holder or waiter state (expired holders
+    /// are not counted). Zero when nothing leaks.
+    pub fn active_locks(&self) -> usize {
+        let now = Instant::now();
+        let state = self.shared.lock_state();
+        state
+            .locks
+            .values()
+            .filter(|e| !e.waiters.is_empty() || e.holders.iter().any(|h| h.expires_at > now))
+            .count()
+    }
+
+    /// Test hook: how many times any acquire evaluated a lock's state (first tries and
+    /// every re-check after a wake-up or timer). Shows whether a release woke one
+    /// waiter or all of them.
+    pub fn acquire_attempts(&self) -> u64 {
+        self.shared.attempts.load(Ordering::Relaxed)
+    }
+
+    fn step(&self, req: &AcquireRequest, slot: &mut WaiterSlot) -> Step {
+        self.shared.attempts.fetch_add(1, Ordering::Relaxed);
+        let now = Instant::now();
+        let mut guard = self.shared.lock_state();
+        let state = &mut *guard;
+        let entry = state.locks.entry(req.name.clone()).or_default();
+        if entry.purge_expired(now) {
+            entry.wake_next();
+        }
+
+        // The current owner asking again (e.g. a retry whose answer was lost): idempotent.
+        if let Some(h) = entry
+            .holders
+            .iter_mut()
+            .find(|h| h.owner == req.owner && h.mode == req.mode)
+        {
+            h.expires_at = now + req.lease;
+            let result = AcquireResult::acquired(FencingToken::new(h.token), Some(h.expires_at));
+            if let Some(id) = slot.id.take() {
+                entry.remove_waiter(id);
+            }
+            return Step::Done(result);
+        }
+
+        let pos = entry.position(slot.id);
+        if entry.grantable(req.mode, req.fairness, pos) {
+            if let Some(id) = slot.id.take() {
+                entry.remove_waiter(id);
+            }
+            let fence = state.fences.entry(req.name.clone()).or_insert(0);
+            *fence += 1;
+            let token = *fence;
+            let expires_at = now + req.lease;
+            entry.holders.push(Holder {
+                owner: req.owner.clone(),
+                mode: req.mode,
+                token,
+                expires_at,
+                context: req.context.clone(),
+            });
+            if req.mode == LockMode::Shared {
+                // Readers queued behind this one can hold together with it.
+                entry.wake_next();
+            }
+            return Step::Done(AcquireResult::acquired(
+                FencingToken::new(token),
+                Some(expires_at),
+            ));
+        }
+
+        let deadline = match req.deadline {
+            Some(d) if d > now => d,
+            _ => {
+                let holder = entry.holders.first().map(|h| h.owner.clone());
+                let retry_after = entry.earliest_expiry().map(|e| e.saturating_duration_since(now));
+                if let Some(id) = slot.id.take() {
+                    entry.remove_waiter(id);
+                    entry.wake_next();
+                }
+                if entry.is_idle() {
+                    state.locks.remove(&req.name);
+                }
+                return Step::Done(AcquireResult::not_acquired(holder, retry_after));
+            }
+        };
+
+        let id = match slot.id {
+            Some(id) => id,
+            None => {
+                state.next_waiter += 1;
+                let id = state.next_waiter;
+                entry.waiters.push_back(Waiter {
+                    id,
+                    mode: req.mode,
+                    notify: Arc::new(Notify::new()),
+                    woken: false,
+                });
+                slot.id = Some(id);
+                id
+            }
+        };
+        let is_head = entry.waiters.front().is_some_and(|w| w.id == id);
+        let Some(me) = entry.waiters.iter_mut().find(|w| w.id == id) else {
+            // Unreachable: the waiter was just found or inserted under the same mutex.
+            return Step::Park {
+                notify: Arc::new(Notify::new()),
+                wake_at: Some(deadline),
+            };
+        };
+        me.woken = false;
+        let notify = Arc::clone(&me.notify);
+        // Only the head watches the holder's lease, so an expiry wakes one waiter.
+        let wake_at = match entry.earliest_expiry() {
+            Some(expiry) if is_head => Some(expiry.min(deadline)),
+            _ => Some(deadline),
+        };
+        Step::Park { notify, wake_at }
+    }
+}
+
+#[async_trait]
+impl LockRemoteResource for InMemoryBackend {
+    fn backend_name(&self) -> &'static str {
+        "memory"
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            lease: true,
+            renew: true,
+            reentrant: true,
+            fair: true,
+            shared: true,
+            push_wakeup: true,
+            fencing: true,
+            max_name_len: None,
+        }
+    }
+
+    async fn try_acquire(&self, req: &AcquireRequest) -> Result<AcquireResult> {
+        let mut slot = WaiterSlot {
+            shared: Arc::clone(&self.shared),
+            name: req.name.clone(),
+            id: None,
+        };
+        loop {
+            match self.step(req, &mut slot) {
+                Step::Done(result) => return Ok(result),
+                Step::Park { notify, wake_at } => {
+                    let notified = notify.notified();
+                    match wake_at {
+                        Some(at) => {
+                            let _ = tokio::time::timeout_at(at.into(), notified).await;
+                        }
+                        None => notified.await,
+                    }
+                }
+            }
+        }
+    }
+
+    async fn release(&self, req: &ReleaseRequest) -> Result<ReleaseResult> {
+        let now = Instant::now();
+        let mut state = self.shared.lock_state();
+        let Some(entry) = state.locks.get_mut(&req.name) else {
+            return Ok(ReleaseResult::NotOwner);
+        };
+        let expired = entry.purge_expired(now);
+        let pos = entry
+            .holders
+            .iter()
+            .position(|h| h.owner == req.owner && h.mode == req.mode);
+        let result = match pos {
+            Some(pos) => {
+                entry.holders.swap_remove(pos);
+                entry.wake_next();
+                ReleaseResult::Released
+            }
+            None => {
+                if expired {
+                    entry.wake_next();
+                }
+                ReleaseResult::NotOwner
+            }
+        };
+        if entry.is_idle() {
+            state.locks.remove(&req.name);
+        }
+        Ok(result)
+    }
+
+    async fn renew(&self, req: &RenewRequest) -> Result<RenewResult> {
+        let now = Instant::now();
+        let mut state = self.shared.lock_state();
+        let Some(entry) = state.locks.get_mut(&req.name) else {
+            return Ok(RenewResult::NotOwner);
+        };
+        if entry.purge_expired(now) {
+            entry.wake_next();
+        }
+        let holder = entry
+            .holders
+            .iter_mut()
+            .find(|h| h.owner == req.owner && h.mode == req.mode);
+        Ok(match holder {
+            Some(h) => {
+                h.expires_at = now + req.lease;
+                RenewResult::renewed(Some(h.expires_at))
+            }
+            None => RenewResult::NotOwner,
+        })
+    }
+
+    async fn inspect(&self, name: &LockName) -> Result<Option<LockState>> {
+        let now = Instant::now();
+        let state = self.shared.lock_state();
+        let Some(entry) = state.locks.get(name) else {
+            return Ok(None);
+        };
+        let holders: Vec<HolderInfo> = entry
+            .holders
+            .iter()
+            .filter(|h| h.expires_at > now)
+            .map(|h| {
+                HolderInfo::new(
+                    h.owner.clone(),
+                    h.mode,
+                    FencingToken::new(h.token),
+                    h.context.clone(),
+                    Some(h.expires_at.saturating_duration_since(now)),
+                )
+            })
+            .collect();
+        if holders.is_empty() && entry.waiters.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(LockState::new(holders, Some(entry.waiters.len()))))
+    }
+}
+
+impl std::fmt::Debug for InMemoryBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InMemoryBackend")
+            .field("active_locks", &self.active_locks())
+            .finish()
+    }
+}
+

@@ -1,0 +1,139 @@
+//! What backends answer.
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+
+use crate::types::{FencingToken, LockMode, OwnerId};
+
+/// The answer to an acquire. Contention is an answer, not an error.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AcquireResult {
+    /// The lock is yours.
+    #[non_exhaustive]
+    Acquired {
+        /// Strictly greater than every token issued for this lock before.
+        token: FencingToken,
+        /// When the lease ends, as an estimate on this process's monotonic clock
+        /// (the backend's own clock is authoritative). `None` when the hold is tied
+        /// to a session rather than a lease.
+        lease_until: Option<Instant>,
+    },
+    /// Someone else holds it and the deadline passed (or there was none).
+    #[non_exhaustive]
+    NotAcquired {
+        /// A current holder, when the backend can tell.
+        holder: Option<OwnerId>,
+        /// When trying again may succeed (e.g. the holder's remaining lease).
+        retry_after: Option<Duration>,
+    },
+}
+
+impl AcquireResult {
+    /// Builds [`AcquireResult::Acquired`].
+    pub fn acquired(token: FencingToken, lease_until: Option<Instant>) -> Self {
+        AcquireResult::Acquired { token, lease_until }
+    }
+
+    /// Builds [`AcquireResult::NotAcquired`].
+    pub fn not_acquired(holder: Option<OwnerId>, retry_after: Option<Duration>) -> Self {
+        AcquireResult::NotAcquired {
+            holder,
+            retry_after,
+        }
+    }
+
+    /// Whether the lock was granted.
+    pub fn is_acquired(&self) -> bool {
+        matches!(self, AcquireResult::Acquired { .. })
+    }
+
+    /// The fencing token, when acquired.
+    pub fn token(&self) -> Option<FencingToken> {
+        match self {
+            AcquireResult::Acquired { token, .. } => Some(*token),
+            AcquireResult::NotAcquired { .. } => None,
+        }
+    }
+}
+
+/// The answer to a release.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReleaseResult {
+    /// The caller's hold was removed.
+    Released,
+    /// The caller does not hold the lock (expired, stolen, never held); nothing changed.
+    NotOwner,
+}
+
+/// The answer to a renewal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RenewResult {
+    /// The lease was extended.
+    #[non_exhaustive]
+    Renewed {
+        /// The new end of the lease, estimated on this process's monotonic clock.
+        lease_until: Option<Instant>,
+    },
+    /// The caller no longer holds the lock; the hold is lost.
+    NotOwner,
+}
+
+impl RenewResult {
+    /// Builds [`RenewResult::Renewed`].
+    pub fn renewed(lease_until: Option<Instant>) -> Self {
+        RenewResult::Renewed { lease_until }
+    }
+}
+
+/// One current holder of a lock, as seen by `inspect`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct HolderInfo {
+    /// Who holds it.
+    pub owner: OwnerId,
+    /// In which mode.
+    pub mode: LockMode,
+    /// The token of the grant.
+    pub token: FencingToken,
+    /// The context bytes given at acquire.
+    pub context: Bytes,
+    /// Lease left, by the backend's clock; `None` for session-bound holds.
+    pub remaining_lease: Option<Duration>,
+}
+
+impl HolderInfo {
+    /// Builds a holder description.
+    pub fn new(
+        owner: OwnerId,
+        mode: LockMode,
+        token: FencingToken,
+        context: Bytes,
+        remaining_lease: Option<Duration>,
+    ) -> Self {
+        HolderInfo {
+            owner,
+            mode,
+            token,
+            context,
+            remaining_lease,
+        }
+    }
+}
+
+/// A snapshot of one lock, for status pages and operations.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct LockState {
+    /// Current holders: one exclusive holder, or any number of shared ones.
+    pub holders: Vec<HolderInfo>,
+    /// Waiters the backend knows of (queued or registered), when it can tell.
+    pub waiters: Option<usize>,
+}
+
+impl LockState {
+    /// Builds a snapshot.
+    pub fn new(holders: Vec<HolderInfo>, waiters: Option<usize>) -> Self {
+        LockState { holders, waiters }
+    }
+}

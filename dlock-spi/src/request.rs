@@ -1,0 +1,145 @@
+//! What the manager asks a backend to do.
+//!
+//! The structs are `#[non_exhaustive]` so fields can be added without breaking
+//! backends: build them with `new` and the `with_*` methods, read the public fields.
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+
+use crate::name::LockName;
+use crate::types::{Fairness, FencingToken, LockMode, OwnerId};
+
+/// A request to take a lock.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct AcquireRequest {
+    /// The lock.
+    pub name: LockName,
+    /// Who asks; the same owner must be presented on release and renewal.
+    pub owner: OwnerId,
+    /// Exclusive or shared.
+    pub mode: LockMode,
+    /// How long the grant lasts unless renewed. Backends judge it on their own clock.
+    pub lease: Duration,
+    /// Until when the backend may wait for the lock (by its best means: push, watch,
+    /// polling). `None`: try once and answer.
+    pub deadline: Option<Instant>,
+    /// Arrival-order granting or not.
+    pub fairness: Fairness,
+    /// Opaque bytes stored with the holder and shown by `inspect` (who holds it).
+    pub context: Bytes,
+}
+
+impl AcquireRequest {
+    /// An exclusive, non-fair, try-once request with a 30 s lease and no context.
+    pub fn new(name: LockName, owner: OwnerId) -> Self {
+        AcquireRequest {
+            name,
+            owner,
+            mode: LockMode::Exclusive,
+            lease: Duration::from_secs(30),
+            deadline: None,
+            fairness: Fairness::NonFair,
+            context: Bytes::new(),
+        }
+    }
+
+    /// Sets the mode.
+    pub fn with_mode(mut self, mode: LockMode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// Sets the lease.
+    pub fn with_lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// Sets the deadline (`None` = try once).
+    pub fn with_deadline(mut self, deadline: Option<Instant>) -> Self {
+        self.deadline = deadline;
+        self
+    }
+
+    /// Sets the fairness.
+    pub fn with_fairness(mut self, fairness: Fairness) -> Self {
+        self.fairness = fairness;
+        self
+    }
+
+    /// Sets the context bytes.
+    pub fn with_context(mut self, context: Bytes) -> Self {
+        self.context = context;
+        self
+    }
+
+    /// How long the backend may still wait, from now (zero when trying once).
+    pub fn remaining_wait(&self) -> Duration {
+        self.deadline
+            .map(|d| d.saturating_duration_since(Instant::now()))
+            .unwrap_or(Duration::ZERO)
+    }
+}
+
+/// A request to give a lock back.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct ReleaseRequest {
+    /// The lock.
+    pub name: LockName,
+    /// The owner that acquired it.
+    pub owner: OwnerId,
+    /// The mode it was acquired in.
+    pub mode: LockMode,
+    /// The token the grant carried (informational; ownership is judged by `owner`).
+    pub token: FencingToken,
+}
+
+impl ReleaseRequest {
+    /// A release of `name` by `owner`.
+    pub fn new(name: LockName, owner: OwnerId, mode: LockMode, token: FencingToken) -> Self {
+        ReleaseRequest {
+            name,
+            owner,
+            mode,
+            token,
+        }
+    }
+}
+
+/// A request to extend a held lock's lease.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct RenewRequest {
+    /// The lock.
+    pub name: LockName,
+    /// The owner that acquired it.
+    pub owner: OwnerId,
+    /// The mode it was acquired in.
+    pub mode: LockMode,
+    /// The new lease, counted from when the backend handles the request.
+    pub lease: Duration,
+    /// The token the grant carried.
+    pub token: FencingToken,
+}
+
+impl RenewRequest {
+    /// A renewal of `name` by `owner` for `lease`.
+    pub fn new(
+        name: LockName,
+        owner: OwnerId,
+        mode: LockMode,
+        lease: Duration,
+        token: FencingToken,
+    ) -> Self {
+        RenewRequest {
+            name,
+            owner,
+            mode,
+            lease,
+            token,
+        }
+    }
+}

@@ -1,0 +1,61 @@
+//! The backend contract.
+
+use async_trait::async_trait;
+
+use crate::capabilities::Capabilities;
+use crate::error::Result;
+use crate::name::LockName;
+use crate::outcome::{AcquireResult, LockState, ReleaseResult, RenewResult};
+use crate::request::{AcquireRequest, ReleaseRequest, RenewRequest};
+
+/// A store that holds locks: Redis, a SQL database, ZooKeeper, memory, yours.
+///
+/// Implement every method; there are no defaults to forget. Used as
+/// `Arc<dyn LockRemoteResource>`, shared by all locks of a manager and called
+/// concurrently.
+///
+/// # What each method must honour
+///
+/// * **`try_acquire`** grants `req.mode` to `req.owner` if the lock is free for it,
+///   otherwise waits — by the backend's best means (push, watch, polling with
+///   [`crate::Backoff`]) — until `req.deadline`, and answers
+///   [`AcquireResult::NotAcquired`] when it passes (`deadline: None` = try once).
+///   Contention is never an error. Every grant carries a fencing token strictly
+///   greater than every token issued for the name before, by any client, and a
+///   lease judged on the store's clock. If the caller's future is dropped while
+///   waiting, no waiter or queue entry may be left behind (clean up in `Drop`, or
+///   make queue entries expire). An acquire by the current owner grants again with
+///   the same token (idempotent) if [`Capabilities::reentrant`] is set.
+///   Honour [`crate::Fairness::Fair`] when [`Capabilities::fair`] is set, and
+///   [`crate::LockMode::Shared`] when [`Capabilities::shared`] is set (the chain's head
+///   rejects them otherwise). When the lock frees, wake one waiter, not all.
+/// * **`release`** removes only `req.owner`'s hold and answers
+///   [`ReleaseResult::NotOwner`] (changing nothing) if it is not the holder. After
+///   the last holder leaves, no holder or queue state may remain; a small per-name
+///   fencing counter may.
+/// * **`renew`** extends the owner's lease to `req.lease` from now (store clock), or
+///   answers [`RenewResult::NotOwner`] if the hold is gone.
+/// * **`inspect`** describes holders and waiters, or `None` when nobody holds or waits.
+///
+/// Map driver errors to [`crate::Error`] in one place, with
+/// [`crate::ErrorKind::Backend`] (retryable) for connection trouble.
+#[async_trait]
+pub trait LockRemoteResource: Send + Sync + 'static {
+    /// A short stable name for logs and metrics labels: `"memory"`, `"redis"`, …
+    fn backend_name(&self) -> &'static str;
+
+    /// What this backend supports.
+    fn capabilities(&self) -> Capabilities;
+
+    /// Takes the lock, waiting until `req.deadline` by the backend's best means.
+    async fn try_acquire(&self, req: &AcquireRequest) -> Result<AcquireResult>;
+
+    /// Gives the owner's hold back.
+    async fn release(&self, req: &ReleaseRequest) -> Result<ReleaseResult>;
+
+    /// Extends the owner's lease.
+    async fn renew(&self, req: &RenewRequest) -> Result<RenewResult>;
+
+    /// Describes the lock's holders and waiters; `None` when it is free and unwanted.
+    async fn inspect(&self, name: &LockName) -> Result<Option<LockState>>;
+}
