@@ -1,0 +1,42 @@
+//! dlock's conformance suite.
+//!
+//! * [`TestBackend`] — the hooks a backend gives the suite: new clients, stealing a
+//!   lock behind its holder's back, counting live state, counting acquire attempts.
+//! * [`conformance`] — the cases, each a `pub async fn(Arc<dyn TestBackend>)`.
+//! * [`runner`] — selects backends from `DLOCK_TEST_BACKENDS` (comma-separated,
+//!   default `memory`) and runs a case on each; a requested backend that cannot be
+//!   opened fails the run.
+#![deny(missing_docs)]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+pub mod backends;
+pub mod conformance;
+pub mod runner;
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use dlock_spi::{LockName, LockRemoteResource, Result};
+
+/// What a backend provides to the conformance suite.
+#[async_trait]
+pub trait TestBackend: Send + Sync + 'static {
+    /// The label used in `DLOCK_TEST_BACKENDS` and in failure messages.
+    fn label(&self) -> &'static str;
+
+    /// A new client of the same store, as another process would have (a new
+    /// connection or pool where the backend has them).
+    async fn client(&self) -> Result<Arc<dyn LockRemoteResource>>;
+
+    /// Removes every hold of `name` behind the holders' backs (an operator's force
+    /// unlock, a lost row or key).
+    async fn steal(&self, name: &LockName) -> Result<()>;
+
+    /// How many locks whose names start with `prefix` have holder or waiter state
+    /// (fencing counters excluded). Zero when nothing leaks.
+    async fn live_state(&self, prefix: &str) -> Result<usize>;
+
+    /// Backend-side acquire evaluations since this test backend was opened, when the
+    /// backend can count them (shows whether a release woke one waiter or all).
+    fn acquire_attempts(&self) -> Option<u64>;
+}
