@@ -79,7 +79,9 @@ mod tests {
     async fn unknown_scheme_is_a_config_error_without_the_password() {
         let err = open_backend("nope://u:topsecret@h").await.err();
         let err = err.map(|e| (e.kind(), e.to_string()));
-        assert!(matches!(&err, Some((ErrorKind::Config, msg)) if !msg.contains("topsecret") && msg.contains("memory://")));
+        assert!(
+            matches!(&err, Some((ErrorKind::Config, msg)) if !msg.contains("topsecret") && msg.contains("memory://"))
+        );
         let err = open_backend("no-scheme").await.err().map(|e| e.kind());
         assert_eq!(err, Some(ErrorKind::Config));
     }

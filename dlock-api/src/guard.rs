@@ -5,7 +5,9 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
-use dlock_spi::{Error, ErrorKind, FencingToken, LockMode, LockName, LostReason, ReleaseResult, Result};
+use dlock_spi::{
+    Error, ErrorKind, FencingToken, LockMode, LockName, LostReason, ReleaseResult, Result,
+};
 
 use crate::hold::Hold;
 use crate::lock::Handle;

@@ -145,8 +145,7 @@ impl DistributeLock {
         let mut current = self.handle.current();
         match current.as_ref() {
             Some(hold) if hold.lost_reason().is_none() => {
-                hold.count
-                    .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+                hold.count.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
                 Some(LockGuard::new(Arc::clone(&self.handle), Arc::clone(hold)))
             }
             Some(_) => {
@@ -242,7 +241,11 @@ pub struct ReadWriteLock {
 }
 
 impl ReadWriteLock {
-    pub(crate) fn new(manager: Arc<ManagerInner>, name: Result<LockName>, fairness: Fairness) -> Self {
+    pub(crate) fn new(
+        manager: Arc<ManagerInner>,
+        name: Result<LockName>,
+        fairness: Fairness,
+    ) -> Self {
         let read_name = name.as_ref().map(Clone::clone).map_err(clone_error);
         ReadWriteLock {
             read: DistributeLock::new(Arc::clone(&manager), read_name, LockMode::Shared, fairness),
@@ -293,6 +296,7 @@ impl LockGroup {
 
     /// The read-write lock for `key`.
     pub fn read_write_lock(&self, key: impl fmt::Display) -> ReadWriteLock {
-        self.manager.read_write_lock(&format!("{}{key}", self.prefix))
+        self.manager
+            .read_write_lock(&format!("{}{key}", self.prefix))
     }
 }

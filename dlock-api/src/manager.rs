@@ -68,11 +68,18 @@ impl ManagerInner {
     }
 
     /// Records a new hold and puts it under the watchdog when its lease needs watching.
-    pub(crate) fn track(&self, hold: &Arc<Hold>, lease: Duration, renew: bool, sent_at: std::time::Instant) {
+    pub(crate) fn track(
+        &self,
+        hold: &Arc<Hold>,
+        lease: Duration,
+        renew: bool,
+        sent_at: std::time::Instant,
+    ) {
         self.holds().insert(hold.id, Arc::clone(hold));
         if self.capabilities.lease {
             let renew = renew && self.capabilities.renew;
-            self.watchdog.register(Arc::clone(hold), lease, renew, sent_at);
+            self.watchdog
+                .register(Arc::clone(hold), lease, renew, sent_at);
         }
     }
 
@@ -349,8 +356,8 @@ impl DistributeLockManagerBuilder {
                 )
             })?;
         }
-        let chain =
-            HandlerChain::new(self.resource, self.handlers).with_operation_timeout(self.operation_timeout);
+        let chain = HandlerChain::new(self.resource, self.handlers)
+            .with_operation_timeout(self.operation_timeout);
         let capabilities = chain.capabilities();
         Ok(DistributeLockManager {
             inner: Arc::new(ManagerInner {

@@ -13,9 +13,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use dlock_spi::{
-    Error, HandlerChain, LostEvent, LostReason, RenewRequest, RenewResult, Result,
-};
+use dlock_spi::{Error, HandlerChain, LostEvent, LostReason, RenewRequest, RenewResult, Result};
 use tokio::sync::Notify;
 use tokio::task::{JoinHandle, JoinSet};
 
@@ -74,7 +72,11 @@ impl Watchdog {
     /// Watches `hold`: renews it every lease/3 when `renew` is set, otherwise only
     /// fires its lost signal when `lease` (counted from `sent_at`) passes.
     pub(crate) fn register(&self, hold: Arc<Hold>, lease: Duration, renew: bool, sent_at: Instant) {
-        let due = if renew { sent_at + lease / 3 } else { sent_at + lease };
+        let due = if renew {
+            sent_at + lease / 3
+        } else {
+            sent_at + lease
+        };
         let id = hold.id;
         let mut state = self.shared.lock();
         if state.closed {

@@ -91,7 +91,10 @@ impl Backoff {
                 max,
                 factor,
             } => {
-                let mult = factor.max(1).checked_pow(attempt.min(32)).unwrap_or(u32::MAX);
+                let mult = factor
+                    .max(1)
+                    .checked_pow(attempt.min(32))
+                    .unwrap_or(u32::MAX);
                 initial.checked_mul(mult).unwrap_or(max).min(max)
             }
         };
@@ -142,6 +145,9 @@ mod tests {
         let soon = Instant::now() + Duration::from_millis(50);
         let d = b.delay_within(0, soon);
         assert!(d.is_some_and(|d| d <= Duration::from_millis(50)));
-        assert_eq!(b.delay_within(0, Instant::now() - Duration::from_millis(1)), None);
+        assert_eq!(
+            b.delay_within(0, Instant::now() - Duration::from_millis(1)),
+            None
+        );
     }
 }

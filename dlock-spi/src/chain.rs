@@ -61,9 +61,9 @@ impl AcquireContext {
 
     /// The time the caller is willing to wait, from the start (zero for try-once).
     pub fn wait(&self) -> Duration {
-        self.request
-            .deadline
-            .map_or(Duration::ZERO, |d| d.saturating_duration_since(self.started))
+        self.request.deadline.map_or(Duration::ZERO, |d| {
+            d.saturating_duration_since(self.started)
+        })
     }
 }
 
@@ -85,7 +85,11 @@ pub struct ReleaseContext {
 
 impl ReleaseContext {
     /// A context for `request` started now.
-    pub fn new(request: ReleaseRequest, backend: &'static str, acquired_at: Option<Instant>) -> Self {
+    pub fn new(
+        request: ReleaseRequest,
+        backend: &'static str,
+        acquired_at: Option<Instant>,
+    ) -> Self {
         ReleaseContext {
             request,
             backend,
@@ -280,8 +284,13 @@ impl Tail {
     }
 
     async fn release(&self, req: &ReleaseRequest) -> Result<ReleaseResult> {
-        self.bounded(self.operation_timeout, "release", &req.name, self.resource.release(req))
-            .await
+        self.bounded(
+            self.operation_timeout,
+            "release",
+            &req.name,
+            self.resource.release(req),
+        )
+        .await
     }
 
     async fn bounded<T>(

@@ -275,7 +275,9 @@ impl InMemoryBackend {
             Some(d) if d > now => d,
             _ => {
                 let holder = entry.holders.first().map(|h| h.owner.clone());
-                let retry_after = entry.earliest_expiry().map(|e| e.saturating_duration_since(now));
+                let retry_after = entry
+                    .earliest_expiry()
+                    .map(|e| e.saturating_duration_since(now));
                 if let Some(id) = slot.id.take() {
                     entry.remove_waiter(id);
                     entry.wake_next();
@@ -448,4 +450,3 @@ impl std::fmt::Debug for InMemoryBackend {
             .finish()
     }
 }
-

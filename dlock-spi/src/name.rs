@@ -123,15 +123,36 @@ mod tests {
 
     #[test]
     fn accepts_ordinary_and_odd_but_harmless_names() {
-        for ok in ["a", "orders:42", "/", "..", "{x}", "a'b\"c;", "ключ", "🔒", " "] {
-            assert_eq!(LockName::new(ok).map(|n| n.to_string()).ok(), Some(ok.to_string()));
+        for ok in [
+            "a",
+            "orders:42",
+            "/",
+            "..",
+            "{x}",
+            "a'b\"c;",
+            "ключ",
+            "🔒",
+            " ",
+        ] {
+            assert_eq!(
+                LockName::new(ok).map(|n| n.to_string()).ok(),
+                Some(ok.to_string())
+            );
         }
     }
 
     #[test]
     fn rejects_empty_long_and_control_characters_with_a_typed_error() {
         let long = "x".repeat(LockName::MAX_LEN + 1);
-        for bad in ["", long.as_str(), "a\0b", "line\nbreak", "tab\t", "\u{7f}", "\u{85}"] {
+        for bad in [
+            "",
+            long.as_str(),
+            "a\0b",
+            "line\nbreak",
+            "tab\t",
+            "\u{7f}",
+            "\u{85}",
+        ] {
             let err = LockName::new(bad).err().map(|e| e.kind());
             assert_eq!(err, Some(ErrorKind::InvalidName), "{bad:?}");
         }
@@ -141,7 +162,9 @@ mod tests {
     #[test]
     fn prefix_validates_both_parts() {
         assert_eq!(
-            LockName::with_prefix("app:", "a").map(|n| n.to_string()).ok(),
+            LockName::with_prefix("app:", "a")
+                .map(|n| n.to_string())
+                .ok(),
             Some("app:a".to_string())
         );
         assert!(LockName::with_prefix("app:", "").is_err());

@@ -78,7 +78,11 @@ impl Env {
     pub async fn assert_no_leaks(&self) {
         let left = AtomicUsize::new(usize::MAX);
         let found = eventually(Duration::from_secs(10), || async {
-            let n = self.backend.live_state(&self.namespace).await.expect("count live state");
+            let n = self
+                .backend
+                .live_state(&self.namespace)
+                .await
+                .expect("count live state");
             left.store(n, Ordering::SeqCst);
             n == 0
         })
@@ -162,7 +166,11 @@ pub async fn mutual_exclusion(backend: Arc<dyn TestBackend>) {
         );
         tasks.push(tokio::spawn(async move {
             for _ in 0..ITERATIONS {
-                let Some(guard) = lock.try_lock(Duration::from_secs(20)).await.expect("acquire") else {
+                let Some(guard) = lock
+                    .try_lock(Duration::from_secs(20))
+                    .await
+                    .expect("acquire")
+                else {
                     continue;
                 };
                 if inside
@@ -183,9 +191,19 @@ pub async fn mutual_exclusion(backend: Arc<dyn TestBackend>) {
     for t in tasks {
         t.await.expect("worker task");
     }
-    assert_eq!(overlaps.load(Ordering::SeqCst), 0, "two holders were inside at once");
-    assert_eq!(counter.load(Ordering::SeqCst), successes.load(Ordering::SeqCst));
-    assert_eq!(successes.load(Ordering::SeqCst), (TASKS * ITERATIONS) as u64);
+    assert_eq!(
+        overlaps.load(Ordering::SeqCst),
+        0,
+        "two holders were inside at once"
+    );
+    assert_eq!(
+        counter.load(Ordering::SeqCst),
+        successes.load(Ordering::SeqCst)
+    );
+    assert_eq!(
+        successes.load(Ordering::SeqCst),
+        (TASKS * ITERATIONS) as u64
+    );
     closed(&[&managers[0], &managers[1]]).await;
     env.assert_no_leaks().await;
 }
@@ -197,13 +215,23 @@ pub async fn try_lock_wait_is_bounded(backend: Arc<dyn TestBackend>) {
     let (a, b) = (env.manager().await, env.manager().await);
     let held = take(&a.lock("w"), Duration::ZERO).await;
     let other = b.lock("w");
-    for wait in [Duration::ZERO, Duration::from_millis(300), Duration::from_millis(700)] {
+    for wait in [
+        Duration::ZERO,
+        Duration::from_millis(300),
+        Duration::from_millis(700),
+    ] {
         let start = Instant::now();
         let got = other.try_lock(wait).await.expect("no error");
         let took = start.elapsed();
         assert!(got.is_none(), "acquired a held lock");
-        assert!(took + Duration::from_millis(5) >= wait, "returned after {took:?}, before the wait {wait:?}");
-        assert!(took <= wait + WAIT_SLACK, "returned after {took:?} for a wait of {wait:?}");
+        assert!(
+            took + Duration::from_millis(5) >= wait,
+            "returned after {took:?}, before the wait {wait:?}"
+        );
+        assert!(
+            took <= wait + WAIT_SLACK,
+            "returned after {took:?} for a wait of {wait:?}"
+        );
     }
     held.unlock().await.expect("unlock");
     closed(&[&a, &b]).await;
@@ -241,15 +269,28 @@ pub async fn explicit_lease_expires(backend: Arc<dyn TestBackend>) {
         waited + Duration::from_millis(50) >= lease,
         "second holder got the lock after {waited:?}, before the {lease:?} lease ended"
     );
-    assert!(waited <= lease + Duration::from_secs(2), "lease expiry noticed only after {waited:?}");
+    assert!(
+        waited <= lease + Duration::from_secs(2),
+        "lease expiry noticed only after {waited:?}"
+    );
     let reason = tokio::time::timeout(Duration::from_secs(2), stale.lost())
         .await
         .expect("stale holder's lost signal fired");
     assert_eq!(reason, LostReason::LeaseExpired);
     assert!(next.fencing_token() > stale.fencing_token());
-    let err = stale.unlock().await.expect_err("stale unlock must not succeed");
-    assert!(matches!(err.kind(), ErrorKind::LockLost | ErrorKind::NotOwner), "{err}");
-    assert_eq!(holders(&b, "lease").await, vec![next_lock.owner().clone()], "stale unlock touched the new holder");
+    let err = stale
+        .unlock()
+        .await
+        .expect_err("stale unlock must not succeed");
+    assert!(
+        matches!(err.kind(), ErrorKind::LockLost | ErrorKind::NotOwner),
+        "{err}"
+    );
+    assert_eq!(
+        holders(&b, "lease").await,
+        vec![next_lock.owner().clone()],
+        "stale unlock touched the new holder"
+    );
     next.unlock().await.expect("unlock");
     closed(&[&a, &b]).await;
     env.assert_no_leaks().await;
@@ -265,7 +306,12 @@ pub async fn watchdog_keeps_lock(backend: Arc<dyn TestBackend>) {
     // Time passing is the subject of this test.
     tokio::time::sleep(lease * 4).await;
     assert!(!guard.is_lost(), "lost: {:?}", guard.lost_reason());
-    assert!(b.lock("wd").try_lock(Duration::ZERO).await.expect("no error").is_none());
+    assert!(b
+        .lock("wd")
+        .try_lock(Duration::ZERO)
+        .await
+        .expect("no error")
+        .is_none());
     if a.capabilities().lease {
         assert_eq!(a.watched_count(), 1);
     }
@@ -279,14 +325,22 @@ pub async fn watchdog_keeps_lock(backend: Arc<dyn TestBackend>) {
 /// holder's unlock then reports the loss.
 pub async fn lost_signal_when_stolen(backend: Arc<dyn TestBackend>) {
     let env = Env::new(backend);
-    let a = env.manager_with(|b| b.lease(Duration::from_millis(300))).await;
+    let a = env
+        .manager_with(|b| b.lease(Duration::from_millis(300)))
+        .await;
     let guard = take(&a.lock("steal"), Duration::ZERO).await;
     let signal = guard.lost_signal();
-    env.backend().steal(&env.full("steal")).await.expect("steal");
+    env.backend()
+        .steal(&env.full("steal"))
+        .await
+        .expect("steal");
     let reason = tokio::time::timeout(Duration::from_secs(5), signal.lost())
         .await
         .expect("lost signal fired after the lock was stolen");
-    assert!(matches!(reason, LostReason::NotOwner | LostReason::SessionExpired), "{reason}");
+    assert!(
+        matches!(reason, LostReason::NotOwner | LostReason::SessionExpired),
+        "{reason}"
+    );
     assert!(guard.is_lost());
     let err = guard.unlock().await.expect_err("unlock of a lost lock");
     assert_eq!(err.kind(), ErrorKind::LockLost);
@@ -298,20 +352,35 @@ pub async fn lost_signal_when_stolen(backend: Arc<dyn TestBackend>) {
 /// keeps the token.
 pub async fn fencing_tokens_increase(backend: Arc<dyn TestBackend>) {
     let env = Env::new(backend);
-    let managers = [env.manager().await, env.manager().await, env.manager().await];
+    let managers = [
+        env.manager().await,
+        env.manager().await,
+        env.manager().await,
+    ];
     let mut last = None;
     for i in 0..12 {
         let lock = managers[i % 3].lock("fence");
         let g = take(&lock, Duration::from_secs(2)).await;
         let again = take(&lock.clone(), Duration::ZERO).await;
-        assert_eq!(again.fencing_token(), g.fencing_token(), "reentry changed the token");
+        assert_eq!(
+            again.fencing_token(),
+            g.fencing_token(),
+            "reentry changed the token"
+        );
         if let Some(prev) = last {
-            assert!(g.fencing_token() > prev, "token {} after {prev}", g.fencing_token());
+            assert!(
+                g.fencing_token() > prev,
+                "token {} after {prev}",
+                g.fencing_token()
+            );
         }
         last = Some(g.fencing_token());
         again.unlock().await.expect("inner unlock");
         if i == 5 {
-            env.backend().steal(&env.full("fence")).await.expect("steal");
+            env.backend()
+                .steal(&env.full("fence"))
+                .await
+                .expect("steal");
             let _ = g.unlock().await; // lost or not-owner: the row was removed
         } else {
             g.unlock().await.expect("unlock");
@@ -349,7 +418,9 @@ pub async fn reentrancy_counts(backend: Arc<dyn TestBackend>) {
     let env = Env::new(backend);
     let calls = Arc::new(CallCounter::default());
     let counting = Arc::clone(&calls);
-    let a = env.manager_with(move |b| b.with_handler(Counting(counting))).await;
+    let a = env
+        .manager_with(move |b| b.with_handler(Counting(counting)))
+        .await;
     let b = env.manager().await;
     let lock = a.lock("re");
     let outer = take(&lock, Duration::ZERO).await;
@@ -358,16 +429,32 @@ pub async fn reentrancy_counts(backend: Arc<dyn TestBackend>) {
     assert_eq!(outer.hold_count(), 3);
     assert_eq!(inner.fencing_token(), outer.fencing_token());
     let other = b.lock("re");
-    assert!(other.try_lock(Duration::ZERO).await.expect("no error").is_none());
+    assert!(other
+        .try_lock(Duration::ZERO)
+        .await
+        .expect("no error")
+        .is_none());
     innermost.unlock().await.expect("unlock");
     drop(inner);
     assert!(lock.is_held());
-    assert!(other.try_lock(Duration::ZERO).await.expect("no error").is_none());
+    assert!(other
+        .try_lock(Duration::ZERO)
+        .await
+        .expect("no error")
+        .is_none());
     outer.unlock().await.expect("unlock");
     assert!(!lock.is_held());
     let g = take(&other, Duration::from_secs(2)).await;
-    assert_eq!(calls.acquires.load(Ordering::SeqCst), 1, "reentry reached the backend");
-    assert_eq!(calls.releases.load(Ordering::SeqCst), 1, "inner unlock reached the backend");
+    assert_eq!(
+        calls.acquires.load(Ordering::SeqCst),
+        1,
+        "reentry reached the backend"
+    );
+    assert_eq!(
+        calls.releases.load(Ordering::SeqCst),
+        1,
+        "inner unlock reached the backend"
+    );
     g.unlock().await.expect("unlock");
     closed(&[&a, &b]).await;
     env.assert_no_leaks().await;
@@ -384,23 +471,44 @@ pub async fn only_owner_releases(backend: Arc<dyn TestBackend>) {
     let stranger = OwnerId::new("stranger");
     let name = env.full("own");
     let released = client
-        .release(&ReleaseRequest::new(name.clone(), stranger.clone(), LockMode::Exclusive, g.fencing_token()))
+        .release(&ReleaseRequest::new(
+            name.clone(),
+            stranger.clone(),
+            LockMode::Exclusive,
+            g.fencing_token(),
+        ))
         .await
         .expect("release answers");
     assert_eq!(released, ReleaseResult::NotOwner);
     if client.capabilities().renew {
         let renewed = client
-            .renew(&RenewRequest::new(name.clone(), stranger, LockMode::Exclusive, Duration::from_secs(5), g.fencing_token()))
+            .renew(&RenewRequest::new(
+                name.clone(),
+                stranger,
+                LockMode::Exclusive,
+                Duration::from_secs(5),
+                g.fencing_token(),
+            ))
             .await
             .expect("renew answers");
         assert_eq!(renewed, RenewResult::NotOwner);
     }
     assert_eq!(holders(&a, "own").await, vec![lock.owner().clone()]);
-    assert!(b.lock("own").try_lock(Duration::ZERO).await.expect("no error").is_none());
+    assert!(b
+        .lock("own")
+        .try_lock(Duration::ZERO)
+        .await
+        .expect("no error")
+        .is_none());
     g.unlock().await.expect("unlock");
     // Releasing again through the SPI is a no-op that says NotOwner.
     let again = client
-        .release(&ReleaseRequest::new(name, lock.owner().clone(), LockMode::Exclusive, dlock_spi::FencingToken::new(0)))
+        .release(&ReleaseRequest::new(
+            name,
+            lock.owner().clone(),
+            LockMode::Exclusive,
+            dlock_spi::FencingToken::new(0),
+        ))
         .await
         .expect("release answers");
     assert_eq!(again, ReleaseResult::NotOwner);
@@ -416,7 +524,11 @@ pub async fn drop_releases(backend: Arc<dyn TestBackend>) {
     drop(g);
     let start = Instant::now();
     let g = take(&b.lock("drop"), Duration::from_secs(5)).await;
-    assert!(start.elapsed() < Duration::from_secs(2), "drop release took {:?}", start.elapsed());
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "drop release took {:?}",
+        start.elapsed()
+    );
     g.unlock().await.expect("unlock");
     assert_eq!(a.held_count(), 0);
     closed(&[&a, &b]).await;
@@ -434,15 +546,27 @@ pub async fn cancelled_lock_leaves_nothing(backend: Arc<dyn TestBackend>) {
         }
         let lock2 = lock.clone();
         let attempt = tokio::spawn(async move { lock2.lock().await.map(drop) });
-        let seen = eventually(Duration::from_secs(5), || async { waiters(&b, "cancel").await >= 1 }).await;
+        let seen = eventually(Duration::from_secs(5), || async {
+            waiters(&b, "cancel").await >= 1
+        })
+        .await;
         attempt.abort();
         let _ = attempt.await;
         if seen {
-            let gone = eventually(Duration::from_secs(5), || async { waiters(&b, "cancel").await == 0 }).await;
+            let gone = eventually(Duration::from_secs(5), || async {
+                waiters(&b, "cancel").await == 0
+            })
+            .await;
             assert!(gone, "the cancelled waiter is still registered");
         }
     }
-    assert_eq!(env.backend().live_state(env.namespace()).await.expect("count"), 1);
+    assert_eq!(
+        env.backend()
+            .live_state(env.namespace())
+            .await
+            .expect("count"),
+        1
+    );
     g.unlock().await.expect("unlock");
     closed(&[&a, &b]).await;
     env.assert_no_leaks().await;
@@ -454,7 +578,11 @@ pub async fn fair_mode_grants_in_order(backend: Arc<dyn TestBackend>) {
     let env = Env::new(backend);
     let a = env.manager().await;
     if !a.capabilities().fair {
-        let err = a.fair_lock("fair").try_lock(Duration::ZERO).await.expect_err("fair refused");
+        let err = a
+            .fair_lock("fair")
+            .try_lock(Duration::ZERO)
+            .await
+            .expect_err("fair refused");
         assert_eq!(err.kind(), ErrorKind::Unsupported);
         closed(&[&a]).await;
         env.assert_no_leaks().await;
@@ -469,12 +597,19 @@ pub async fn fair_mode_grants_in_order(backend: Arc<dyn TestBackend>) {
         let lock = m.fair_lock("fair");
         let order = Arc::clone(&order);
         tasks.push(tokio::spawn(async move {
-            let g = lock.try_lock(Duration::from_secs(30)).await.expect("acquire").expect("granted");
+            let g = lock
+                .try_lock(Duration::from_secs(30))
+                .await
+                .expect("acquire")
+                .expect("granted");
             order.lock().expect("order").push(i);
             g.unlock().await.expect("unlock");
         }));
         // Arrival order is the order the backend registered the waiters in.
-        let queued = eventually(Duration::from_secs(5), || async { waiters(&a, "fair").await == i + 1 }).await;
+        let queued = eventually(Duration::from_secs(5), || async {
+            waiters(&a, "fair").await == i + 1
+        })
+        .await;
         assert!(queued, "waiter {i} never showed up in the queue");
         managers.push(m);
     }
@@ -482,7 +617,10 @@ pub async fn fair_mode_grants_in_order(backend: Arc<dyn TestBackend>) {
     for t in tasks {
         t.await.expect("waiter");
     }
-    assert_eq!(*order.lock().expect("order"), (0..WAITERS).collect::<Vec<_>>());
+    assert_eq!(
+        *order.lock().expect("order"),
+        (0..WAITERS).collect::<Vec<_>>()
+    );
     closed(&[&a]).await;
     for m in &managers {
         m.close().await;
@@ -506,7 +644,11 @@ pub async fn release_wakes_one(backend: Arc<dyn TestBackend>) {
         let lock = waiter_managers[i % 2].lock("herd");
         let (acquired, release_now) = (Arc::clone(&acquired), Arc::clone(&release_now));
         tasks.push(tokio::spawn(async move {
-            let g = lock.try_lock(Duration::from_secs(30)).await.expect("acquire").expect("granted");
+            let g = lock
+                .try_lock(Duration::from_secs(30))
+                .await
+                .expect("acquire")
+                .expect("granted");
             acquired.notify_one();
             release_now.acquire().await.expect("semaphore").forget();
             g.unlock().await.expect("unlock");
@@ -530,7 +672,10 @@ pub async fn release_wakes_one(backend: Arc<dyn TestBackend>) {
         // Give a herd the chance to show itself.
         tokio::time::sleep(Duration::from_millis(200)).await;
         let woken = env.backend().acquire_attempts().unwrap_or(0) - before;
-        assert!(woken <= 2, "one release caused {woken} acquire attempts by {WAITERS} waiters");
+        assert!(
+            woken <= 2,
+            "one release caused {woken} acquire attempts by {WAITERS} waiters"
+        );
     }
     for _ in 0..WAITERS {
         release_now.add_permits(1);
@@ -548,39 +693,70 @@ pub async fn shared_mode(backend: Arc<dyn TestBackend>) {
     let env = Env::new(backend);
     let m = env.manager().await;
     if !m.capabilities().shared {
-        let err = m.read_write_lock("rw").read().try_lock(Duration::ZERO).await.expect_err("refused");
+        let err = m
+            .read_write_lock("rw")
+            .read()
+            .try_lock(Duration::ZERO)
+            .await
+            .expect_err("refused");
         assert_eq!(err.kind(), ErrorKind::Unsupported);
         closed(&[&m]).await;
         env.assert_no_leaks().await;
         return;
     }
     let others = [env.manager().await, env.manager().await];
-    let readers = [m.read_write_lock("rw"), others[0].read_write_lock("rw"), others[1].read_write_lock("rw")];
+    let readers = [
+        m.read_write_lock("rw"),
+        others[0].read_write_lock("rw"),
+        others[1].read_write_lock("rw"),
+    ];
     let mut guards = Vec::new();
     for rw in &readers {
         guards.push(take(rw.read(), Duration::ZERO).await);
     }
     assert_eq!(holders(&m, "rw").await.len(), 3);
     let writer = others[0].read_write_lock("rw");
-    assert!(writer.write().try_lock(Duration::ZERO).await.expect("no error").is_none());
+    assert!(writer
+        .write()
+        .try_lock(Duration::ZERO)
+        .await
+        .expect("no error")
+        .is_none());
     for g in guards.drain(..) {
         g.unlock().await.expect("unlock");
     }
     let w = take(writer.write(), Duration::from_secs(2)).await;
-    assert!(readers[1].read().try_lock(Duration::ZERO).await.expect("no error").is_none());
+    assert!(readers[1]
+        .read()
+        .try_lock(Duration::ZERO)
+        .await
+        .expect("no error")
+        .is_none());
     w.unlock().await.expect("unlock");
 
     // A queued writer is not starved by readers arriving after it.
     let r1 = take(readers[0].read(), Duration::ZERO).await;
     let queued_writer = writer.write().clone();
     let writer_task = tokio::spawn(async move {
-        let g = queued_writer.try_lock(Duration::from_secs(20)).await.expect("acquire").expect("granted");
+        let g = queued_writer
+            .try_lock(Duration::from_secs(20))
+            .await
+            .expect("acquire")
+            .expect("granted");
         g.unlock().await.expect("unlock");
     });
-    let queued = eventually(Duration::from_secs(5), || async { waiters(&m, "rw").await >= 1 }).await;
+    let queued = eventually(Duration::from_secs(5), || async {
+        waiters(&m, "rw").await >= 1
+    })
+    .await;
     assert!(queued, "the writer never queued");
     assert!(
-        readers[2].read().try_lock(Duration::ZERO).await.expect("no error").is_none(),
+        readers[2]
+            .read()
+            .try_lock(Duration::ZERO)
+            .await
+            .expect("no error")
+            .is_none(),
         "a new reader passed a queued writer"
     );
     r1.unlock().await.expect("unlock");
@@ -592,12 +768,71 @@ pub async fn shared_mode(backend: Arc<dyn TestBackend>) {
 /// The hostile names every backend must survive.
 pub fn hostile_names() -> Vec<String> {
     let mut names: Vec<String> = [
-        "", "/", "//", "/a/b", ".", "..", "../x", "a/../b", "./", "{", "}", "{}", "{a}", "a{b}c",
-        "}{", "'", "\"", "`", ";", "'; DROP TABLE dlock_locks; --", "\" OR 1=1 --", "%", "%s",
-        "%00", "_", "\\", "\\0", "\0", "a\0b", "\n", "\r\n", "\t", "\u{1b}[31m", "\u{7f}",
-        "\u{85}", "ünïcödé", "日本語", "🔒", "ʟᴏᴄᴋ", "A", "a", "Lock", "LOCK", "lock", " ",
-        "  ", "a ", " a", "*", "?", "[a]", "$", "${x}", "zookeeper", "/zookeeper", ":", "a:b",
-        "dlock:{x}", "null", "NULL", "\u{200b}", "\u{202e}abc", "é", "e\u{301}", "a\u{0}",
+        "",
+        "/",
+        "//",
+        "/a/b",
+        ".",
+        "..",
+        "../x",
+        "a/../b",
+        "./",
+        "{",
+        "}",
+        "{}",
+        "{a}",
+        "a{b}c",
+        "}{",
+        "'",
+        "\"",
+        "`",
+        ";",
+        "'; DROP TABLE dlock_locks; --",
+        "\" OR 1=1 --",
+        "%",
+        "%s",
+        "%00",
+        "_",
+        "\\",
+        "\\0",
+        "\0",
+        "a\0b",
+        "\n",
+        "\r\n",
+        "\t",
+        "\u{1b}[31m",
+        "\u{7f}",
+        "\u{85}",
+        "ünïcödé",
+        "日本語",
+        "🔒",
+        "ʟᴏᴄᴋ",
+        "A",
+        "a",
+        "Lock",
+        "LOCK",
+        "lock",
+        " ",
+        "  ",
+        "a ",
+        " a",
+        "*",
+        "?",
+        "[a]",
+        "$",
+        "${x}",
+        "zookeeper",
+        "/zookeeper",
+        ":",
+        "a:b",
+        "dlock:{x}",
+        "null",
+        "NULL",
+        "\u{200b}",
+        "\u{202e}abc",
+        "é",
+        "e\u{301}",
+        "a\u{0}",
     ]
     .iter()
     .map(|s| (*s).to_owned())
@@ -628,16 +863,33 @@ pub async fn hostile_names_are_distinct_or_refused(backend: Arc<dyn TestBackend>
             }
         }
     }
-    assert!(refused >= 3, "empty, control-character and over-long names must be refused");
-    assert!(held.len() >= 40, "only {} hostile names were usable", held.len());
+    assert!(
+        refused >= 3,
+        "empty, control-character and over-long names must be refused"
+    );
+    assert!(
+        held.len() >= 40,
+        "only {} hostile names were usable",
+        held.len()
+    );
     for (name, lock, _) in &held {
-        assert_eq!(holders(&m, name).await, vec![lock.owner().clone()], "{name:?} shows a foreign holder");
+        assert_eq!(
+            holders(&m, name).await,
+            vec![lock.owner().clone()],
+            "{name:?} shows a foreign holder"
+        );
     }
     // Releasing one never touches another.
     let (first_name, _, first) = held.remove(0);
     first.unlock().await.expect("unlock");
     assert!(holders(&m, &first_name).await.is_empty());
-    assert_eq!(env.backend().live_state(env.namespace()).await.expect("count"), held.len());
+    assert_eq!(
+        env.backend()
+            .live_state(env.namespace())
+            .await
+            .expect("count"),
+        held.len()
+    );
     for (_, _, g) in held {
         g.unlock().await.expect("unlock");
     }
@@ -650,15 +902,28 @@ pub async fn bad_arguments_are_refused(backend: Arc<dyn TestBackend>) {
     let env = Env::new(backend);
     let m = env.manager().await;
     let lock = m.lock("args");
-    for lease in [Duration::ZERO, dlock_spi::MAX_LEASE + Duration::from_secs(1)] {
-        let err = lock.try_lock_with_lease(Duration::ZERO, lease).await.expect_err("refused");
+    for lease in [
+        Duration::ZERO,
+        dlock_spi::MAX_LEASE + Duration::from_secs(1),
+    ] {
+        let err = lock
+            .try_lock_with_lease(Duration::ZERO, lease)
+            .await
+            .expect_err("refused");
         assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
     }
     let client = env.backend().client().await.expect("client");
     let bad = AcquireRequest::new(env.full("args"), OwnerId::new("x")).with_lease(Duration::ZERO);
     let mut ctx = AcquireContext::new(bad, client.backend_name());
     let chain = dlock_spi::HandlerChain::new(client, Vec::new());
-    assert_eq!(chain.acquire(&mut ctx).await.map(|_| ()).map_err(|e| e.kind()), Err(ErrorKind::InvalidArgument));
+    assert_eq!(
+        chain
+            .acquire(&mut ctx)
+            .await
+            .map(|_| ())
+            .map_err(|e| e.kind()),
+        Err(ErrorKind::InvalidArgument)
+    );
     let g = take(&lock, Duration::ZERO).await;
     g.unlock().await.expect("unlock");
     closed(&[&m]).await;
@@ -678,7 +943,10 @@ pub async fn close_releases_everything(backend: Arc<dyn TestBackend>) {
     let waiting = a.lock("blocked");
     let waiter = tokio::spawn(async move { waiting.lock().await.map(drop) });
     a.close().await;
-    let waited = tokio::time::timeout(Duration::from_secs(5), waiter).await.expect("waiter woke").expect("task");
+    let waited = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("waiter woke")
+        .expect("task");
     assert_eq!(waited.map_err(|e| e.kind()), Err(ErrorKind::Closed));
     for g in &guards {
         assert_eq!(g.lost_reason(), Some(LostReason::ManagerClosed));
@@ -687,7 +955,11 @@ pub async fn close_releases_everything(backend: Arc<dyn TestBackend>) {
         let g = take(&b.lock(&format!("c{i}")), Duration::from_secs(2)).await;
         g.unlock().await.expect("unlock");
     }
-    let err = a.lock("c0").try_lock(Duration::ZERO).await.expect_err("closed");
+    let err = a
+        .lock("c0")
+        .try_lock(Duration::ZERO)
+        .await
+        .expect_err("closed");
     assert_eq!(err.kind(), ErrorKind::Closed);
     drop(guards);
     blocker.unlock().await.expect("unlock");

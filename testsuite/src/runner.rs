@@ -46,7 +46,9 @@ pub async fn run(name: &str, case: Case) {
         let task = tokio::spawn(tokio::time::timeout(CASE_TIMEOUT, case(backend)));
         match task.await {
             Ok(Ok(())) => {}
-            Ok(Err(_)) => panic!("case {name} on backend {label}: timed out after {CASE_TIMEOUT:?}"),
+            Ok(Err(_)) => {
+                panic!("case {name} on backend {label}: timed out after {CASE_TIMEOUT:?}")
+            }
             Err(err) => {
                 let msg = err
                     .try_into_panic()

@@ -1,0 +1,376 @@
+//! The chain's order and hooks, and the watchdog, on the in-memory backend.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use dlock_api::spi::async_trait;
+use dlock_api::spi::{
+    AcquireChain, AcquireContext, AcquireRequest, AcquireResult, Capabilities, Error, ErrorKind,
+    InMemoryBackend, LockHandler, LockName, LockRemoteResource, LockState, LostEvent, LostReason,
+    ReleaseChain, ReleaseContext, ReleaseRequest, ReleaseResult, RenewEvent, RenewRequest,
+    RenewResult, Result,
+};
+use dlock_api::DistributeLockManager;
+
+type Log = Arc<Mutex<Vec<String>>>;
+
+/// Records when it is entered and left, and may refuse or fail.
+struct Recorder {
+    name: &'static str,
+    log: Log,
+    reject: bool,
+}
+
+#[async_trait]
+impl LockHandler for Recorder {
+    async fn acquire(&self, ctx: &AcquireContext, next: AcquireChain<'_>) -> Result<AcquireResult> {
+        self.log
+            .lock()
+            .unwrap()
+            .push(format!("{}>acquire", self.name));
+        if self.reject {
+            return Err(Error::new(ErrorKind::Rejected, "refused by test"));
+        }
+        ctx.extensions.insert(self.name);
+        let r = next.invoke(ctx).await;
+        self.log
+            .lock()
+            .unwrap()
+            .push(format!("{}<acquire", self.name));
+        r
+    }
+    async fn release(&self, ctx: &ReleaseContext, next: ReleaseChain<'_>) -> Result<ReleaseResult> {
+        self.log
+            .lock()
+            .unwrap()
+            .push(format!("{}>release", self.name));
+        let r = next.invoke(ctx).await;
+        self.log
+            .lock()
+            .unwrap()
+            .push(format!("{}<release", self.name));
+        r
+    }
+    fn on_acquire_error(&self, _ctx: &AcquireContext, err: &Error) {
+        self.log
+            .lock()
+            .unwrap()
+            .push(format!("{}!{}", self.name, err.kind()));
+    }
+}
+
+fn recorder(name: &'static str, log: &Log, reject: bool) -> Recorder {
+    Recorder {
+        name,
+        log: Arc::clone(log),
+        reject,
+    }
+}
+
+#[tokio::test]
+async fn handlers_run_in_registration_order_and_unwind_in_reverse() {
+    let log: Log = Arc::default();
+    let m = DistributeLockManager::builder(InMemoryBackend::new())
+        .with_handler(recorder("first", &log, false))
+        .with_handler(recorder("second", &log, false))
+        .with_handler(recorder("third", &log, false))
+        .build()
+        .unwrap();
+    let g = m
+        .lock("order")
+        .try_lock(Duration::ZERO)
+        .await
+        .unwrap()
+        .unwrap();
+    g.unlock().await.unwrap();
+    assert_eq!(
+        *log.lock().unwrap(),
+        [
+            "first>acquire",
+            "second>acquire",
+            "third>acquire",
+            "third<acquire",
+            "second<acquire",
+            "first<acquire",
+            "first>release",
+            "second>release",
+            "third>release",
+            "third<release",
+            "second<release",
+            "first<release",
+        ]
+    );
+}
+
+#[tokio::test]
+async fn a_handler_short_circuits_and_error_hooks_run_for_the_handlers_passed() {
+    let log: Log = Arc::default();
+    let backend = InMemoryBackend::new();
+    let m = DistributeLockManager::builder(backend.clone())
+        .with_handler(recorder("outer", &log, false))
+        .with_handler(recorder("gate", &log, true))
+        .with_handler(recorder("inner", &log, false))
+        .build()
+        .unwrap();
+    let err = m.lock("sc").try_lock(Duration::ZERO).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Rejected);
+    // "inner" was never reached; hooks run innermost first for those passed through.
+    assert_eq!(
+        *log.lock().unwrap(),
+        [
+            "outer>acquire",
+            "gate>acquire",
+            "gate!rejected",
+            "outer<acquire",
+            "outer!rejected"
+        ]
+    );
+    assert_eq!(
+        backend.acquire_attempts(),
+        0,
+        "a short-circuited call reached the backend"
+    );
+    assert_eq!(m.held_count(), 0);
+}
+
+/// Reads what earlier handlers stored in the context.
+struct ExtensionReader(Arc<Mutex<Option<&'static str>>>);
+
+#[async_trait]
+impl LockHandler for ExtensionReader {
+    async fn acquire(&self, ctx: &AcquireContext, next: AcquireChain<'_>) -> Result<AcquireResult> {
+        *self.0.lock().unwrap() = ctx.extensions.get::<&'static str>();
+        next.invoke(ctx).await
+    }
+    async fn release(&self, ctx: &ReleaseContext, next: ReleaseChain<'_>) -> Result<ReleaseResult> {
+        next.invoke(ctx).await
+    }
+}
+
+#[tokio::test]
+async fn handlers_pass_data_through_extensions() {
+    let log: Log = Arc::default();
+    let seen = Arc::new(Mutex::new(None));
+    let m = DistributeLockManager::builder(InMemoryBackend::new())
+        .with_handler(recorder("writer", &log, false))
+        .with_handler(ExtensionReader(Arc::clone(&seen)))
+        .build()
+        .unwrap();
+    let g = m.lock("ext").lock().await.unwrap();
+    assert_eq!(*seen.lock().unwrap(), Some("writer"));
+    g.unlock().await.unwrap();
+}
+
+/// Counts renewals and losses reported to handlers.
+#[derive(Default)]
+struct Observer {
+    renewed: AtomicUsize,
+    renew_failed: AtomicUsize,
+    lost: Mutex<Vec<LostReason>>,
+}
+
+struct ObserverHandler(Arc<Observer>);
+
+#[async_trait]
+impl LockHandler for ObserverHandler {
+    async fn acquire(&self, ctx: &AcquireContext, next: AcquireChain<'_>) -> Result<AcquireResult> {
+        next.invoke(ctx).await
+    }
+    async fn release(&self, ctx: &ReleaseContext, next: ReleaseChain<'_>) -> Result<ReleaseResult> {
+        next.invoke(ctx).await
+    }
+    fn on_renew(&self, event: &RenewEvent<'_>) {
+        match event.outcome {
+            Ok(RenewResult::Renewed { .. }) => self.0.renewed.fetch_add(1, Ordering::SeqCst),
+            _ => self.0.renew_failed.fetch_add(1, Ordering::SeqCst),
+        };
+    }
+    fn on_lost(&self, event: &LostEvent<'_>) {
+        self.0.lost.lock().unwrap().push(event.reason);
+    }
+}
+
+/// The in-memory backend whose renewals can be made to fail, as a backend that
+/// became unreachable would.
+#[derive(Clone, Default)]
+struct Unreachable {
+    inner: InMemoryBackend,
+    renew_fails: Arc<AtomicBool>,
+}
+
+#[async_trait]
+impl LockRemoteResource for Unreachable {
+    fn backend_name(&self) -> &'static str {
+        "memory"
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    async fn try_acquire(&self, req: &AcquireRequest) -> Result<AcquireResult> {
+        self.inner.try_acquire(req).await
+    }
+    async fn release(&self, req: &ReleaseRequest) -> Result<ReleaseResult> {
+        self.inner.release(req).await
+    }
+    async fn renew(&self, req: &RenewRequest) -> Result<RenewResult> {
+        if self.renew_fails.load(Ordering::SeqCst) {
+            return Err(Error::backend("connection refused (test)"));
+        }
+        self.inner.renew(req).await
+    }
+    async fn inspect(&self, name: &LockName) -> Result<Option<LockState>> {
+        self.inner.inspect(name).await
+    }
+}
+
+#[tokio::test]
+async fn watchdog_renews_at_a_third_of_the_lease() {
+    let observer = Arc::new(Observer::default());
+    let lease = Duration::from_millis(300);
+    let m = DistributeLockManager::builder(InMemoryBackend::new())
+        .lease(lease)
+        .with_handler(ObserverHandler(Arc::clone(&observer)))
+        .build()
+        .unwrap();
+    let guards = [
+        m.lock("a").lock().await.unwrap(),
+        m.lock("b").lock().await.unwrap(),
+    ];
+    assert_eq!(m.watched_count(), 2);
+    tokio::time::sleep(lease * 3).await; // time passing is the subject
+    let renewed = observer.renewed.load(Ordering::SeqCst);
+    // 900 ms / 100 ms per renewal ≈ 9 per lock; allow scheduling slack.
+    assert!(
+        (12..=20).contains(&renewed),
+        "{renewed} renewals for 2 locks over 3 leases"
+    );
+    assert_eq!(observer.renew_failed.load(Ordering::SeqCst), 0);
+    for g in guards {
+        assert!(!g.is_lost());
+        g.unlock().await.unwrap();
+    }
+    assert_eq!(m.watched_count(), 0);
+}
+
+#[tokio::test]
+async fn failing_renewals_fire_lost_when_the_lease_passes() {
+    let observer = Arc::new(Observer::default());
+    let backend = Unreachable::default();
+    let lease = Duration::from_millis(300);
+    let m = DistributeLockManager::builder(backend.clone())
+        .lease(lease)
+        .with_handler(ObserverHandler(Arc::clone(&observer)))
+        .build()
+        .unwrap();
+    let g = m.lock("flaky").lock().await.unwrap();
+    let acquired = g.acquired_at();
+    backend.renew_fails.store(true, Ordering::SeqCst);
+    let reason = tokio::time::timeout(Duration::from_secs(3), g.lost())
+        .await
+        .unwrap();
+    assert_eq!(reason, LostReason::LeaseExpired);
+    let after = acquired.elapsed();
+    assert!(
+        after >= lease,
+        "declared lost after {after:?}, before the lease ended"
+    );
+    assert!(after < lease * 2, "declared lost only after {after:?}");
+    assert!(
+        observer.renew_failed.load(Ordering::SeqCst) >= 2,
+        "retries before giving up"
+    );
+    assert_eq!(*observer.lost.lock().unwrap(), [LostReason::LeaseExpired]);
+    assert_eq!(g.unlock().await.unwrap_err().kind(), ErrorKind::LockLost);
+}
+
+#[tokio::test]
+async fn a_retryable_renew_failure_is_survived() {
+    let backend = Unreachable::default();
+    let lease = Duration::from_millis(600);
+    let m = DistributeLockManager::builder(backend.clone())
+        .lease(lease)
+        .build()
+        .unwrap();
+    let g = m.lock("blip").lock().await.unwrap();
+    backend.renew_fails.store(true, Ordering::SeqCst);
+    tokio::time::sleep(lease / 3 + Duration::from_millis(60)).await; // one failed renewal
+    backend.renew_fails.store(false, Ordering::SeqCst);
+    tokio::time::sleep(lease * 2).await;
+    assert!(!g.is_lost(), "{:?}", g.lost_reason());
+    g.unlock().await.unwrap();
+}
+
+#[tokio::test]
+async fn builder_rejects_bad_settings_with_config_errors() {
+    let cases = [
+        DistributeLockManager::builder(InMemoryBackend::new())
+            .lease(Duration::ZERO)
+            .build(),
+        DistributeLockManager::builder(InMemoryBackend::new())
+            .operation_timeout(Duration::ZERO)
+            .build(),
+        DistributeLockManager::builder(InMemoryBackend::new())
+            .namespace("bad\nns")
+            .build(),
+    ];
+    for case in cases {
+        assert_eq!(case.map(drop).map_err(|e| e.kind()), Err(ErrorKind::Config));
+    }
+}
+
+#[tokio::test]
+async fn namespaces_groups_and_connect() {
+    let backend = InMemoryBackend::new();
+    let m = DistributeLockManager::builder(backend.clone())
+        .namespace("app:")
+        .build()
+        .unwrap();
+    let group = m.group("user");
+    let lock = group.lock(42);
+    assert_eq!(lock.name().unwrap().as_str(), "app:user:42");
+    let g = lock.try_lock(Duration::ZERO).await.unwrap().unwrap();
+    let state = backend
+        .inspect(&LockName::new("app:user:42").unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(state.holders[0].owner, *lock.owner());
+    assert!(state.holders[0].context.starts_with(b"pid="));
+    g.unlock().await.unwrap();
+    assert_eq!(
+        m.lock("")
+            .try_lock(Duration::ZERO)
+            .await
+            .unwrap_err()
+            .kind(),
+        ErrorKind::InvalidName
+    );
+
+    let m = DistributeLockManager::connect("memory://").await.unwrap();
+    assert_eq!(m.backend_name(), "memory");
+    m.close().await;
+    m.close().await; // idempotent
+    assert!(m.is_closed());
+}
+
+#[test]
+fn dropping_a_guard_after_its_runtime_is_gone_does_not_panic() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let m = DistributeLockManager::builder(InMemoryBackend::new())
+        .build()
+        .unwrap();
+    let g = rt.block_on(async {
+        m.lock("late")
+            .try_lock(Duration::ZERO)
+            .await
+            .unwrap()
+            .unwrap()
+    });
+    drop(rt);
+    drop(g);
+}
