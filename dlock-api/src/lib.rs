@@ -55,8 +55,8 @@ pub use manager::{DistributeLockManager, DistributeLockManagerBuilder};
 
 pub use dlock_spi::{
     AcquireResult, Backoff, Capabilities, Error, ErrorKind, Fairness, FencingToken, HolderInfo,
-    InMemoryBackend, LockHandler, LockMode, LockName, LockRemoteResource, LockState, LostReason,
-    OwnerId, Result,
+    InMemoryBackend, LockAdmin, LockHandler, LockMode, LockName, LockRemoteResource, LockState,
+    LostReason, OwnerId, Result,
 };
 
 /// The SPI crate, for handler and backend authors.

@@ -8,9 +8,9 @@ use std::time::Duration;
 use dlock_api::spi::async_trait;
 use dlock_api::spi::{
     AcquireChain, AcquireContext, AcquireRequest, AcquireResult, Capabilities, Error, ErrorKind,
-    InMemoryBackend, LockHandler, LockName, LockRemoteResource, LockState, LostEvent, LostReason,
-    ReleaseChain, ReleaseContext, ReleaseRequest, ReleaseResult, RenewEvent, RenewRequest,
-    RenewResult, Result,
+    InMemoryBackend, LockAdmin, LockHandler, LockName, LockRemoteResource, LockState, LostEvent,
+    LostReason, ReleaseChain, ReleaseContext, ReleaseRequest, ReleaseResult, RenewEvent,
+    RenewRequest, RenewResult, Result,
 };
 use dlock_api::DistributeLockManager;
 
@@ -222,6 +222,9 @@ impl LockRemoteResource for Unreachable {
     }
     async fn inspect(&self, name: &LockName) -> Result<Option<LockState>> {
         self.inner.inspect(name).await
+    }
+    fn admin(&self) -> Option<&dyn LockAdmin> {
+        self.inner.admin()
     }
 }
 

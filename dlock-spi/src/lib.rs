@@ -47,7 +47,7 @@ pub use memory::InMemoryBackend;
 pub use name::LockName;
 pub use outcome::{AcquireResult, HolderInfo, LockState, ReleaseResult, RenewResult};
 pub use request::{AcquireRequest, ReleaseRequest, RenewRequest};
-pub use resource::LockRemoteResource;
+pub use resource::{LockAdmin, LockRemoteResource};
 pub use types::{Fairness, FencingToken, LockMode, LostReason, OwnerId};
 
 /// Re-exported so implementors use the same `async_trait` and `bytes` as the traits.

@@ -22,7 +22,7 @@ use crate::error::Result;
 use crate::name::LockName;
 use crate::outcome::{AcquireResult, HolderInfo, LockState, ReleaseResult, RenewResult};
 use crate::request::{AcquireRequest, ReleaseRequest, RenewRequest};
-use crate::resource::LockRemoteResource;
+use crate::resource::{LockAdmin, LockRemoteResource};
 use crate::types::{Fairness, FencingToken, LockMode, OwnerId};
 
 /// The in-memory backend. Clones share the same locks, so several managers in one
@@ -205,12 +205,19 @@ impl InMemoryBackend {
     /// Test hook: how many locks have live holder or waiter state (expired holders
     /// are not counted). Zero when nothing leaks.
     pub fn active_locks(&self) -> usize {
+        self.live_with_prefix("")
+    }
+
+    fn live_with_prefix(&self, prefix: &str) -> usize {
         let now = Instant::now();
         let state = self.shared.lock_state();
         state
             .locks
-            .values()
-            .filter(|e| !e.waiters.is_empty() || e.holders.iter().any(|h| h.expires_at > now))
+            .iter()
+            .filter(|(name, e)| {
+                name.as_str().starts_with(prefix)
+                    && (!e.waiters.is_empty() || e.holders.iter().any(|h| h.expires_at > now))
+            })
             .count()
     }
 
@@ -416,6 +423,10 @@ impl LockRemoteResource for InMemoryBackend {
         })
     }
 
+    fn admin(&self) -> Option<&dyn LockAdmin> {
+        Some(self)
+    }
+
     async fn inspect(&self, name: &LockName) -> Result<Option<LockState>> {
         let now = Instant::now();
         let state = self.shared.lock_state();
@@ -440,6 +451,17 @@ impl LockRemoteResource for InMemoryBackend {
             return Ok(None);
         }
         Ok(Some(LockState::new(holders, Some(entry.waiters.len()))))
+    }
+}
+
+#[async_trait]
+impl LockAdmin for InMemoryBackend {
+    async fn force_release(&self, name: &LockName) -> Result<usize> {
+        Ok(InMemoryBackend::force_release(self, name))
+    }
+
+    async fn live_locks(&self, prefix: &str) -> Result<usize> {
+        Ok(self.live_with_prefix(prefix))
     }
 }
 

@@ -58,4 +58,21 @@ pub trait LockRemoteResource: Send + Sync + 'static {
 
     /// Describes the lock's holders and waiters; `None` when it is free and unwanted.
     async fn inspect(&self, name: &LockName) -> Result<Option<LockState>>;
+
+    /// Operator actions (force-unlock, counting live locks), when the backend offers
+    /// them; `None` otherwise. Used by `dlock unlock --force` and the test suite.
+    fn admin(&self) -> Option<&dyn LockAdmin>;
+}
+
+/// Operator actions on a backend's lock state, outside the owner protocol.
+#[async_trait]
+pub trait LockAdmin: Send + Sync {
+    /// Removes every hold (exclusive and shared) and waiter mark of `name` behind the
+    /// holders' backs; their next renewal finds them not owners. The fencing counter
+    /// is kept. Returns how many holds were removed.
+    async fn force_release(&self, name: &LockName) -> Result<usize>;
+
+    /// How many locks whose names start with `prefix` have live holder or waiter state
+    /// (expired holds and fencing counters are not counted).
+    async fn live_locks(&self, prefix: &str) -> Result<usize>;
 }

@@ -1,0 +1,525 @@
+//! The SQL `LockRemoteResource`.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use dlock_spi::{
+    AcquireRequest, AcquireResult, Backoff, Capabilities, Error, FencingToken, HolderInfo,
+    LockAdmin, LockMode, LockName, LockRemoteResource, LockState, OwnerId, ReleaseRequest,
+    ReleaseResult, RenewRequest, RenewResult, Result,
+};
+use sqlx::Row;
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+
+use crate::dialect::{Dialect, Statements};
+use crate::error::map_sqlx;
+use crate::pool::{on_pool, query, Param, Pool};
+use crate::JdbcOptions;
+
+/// Rows of `inspect` and `contention`: owner, token, context, remaining ms.
+type HolderRow = (Option<String>, i64, Option<Vec<u8>>, i64);
+
+/// Takes a token from a `RETURNING token` row.
+macro_rules! row_token {
+    ($q:expr, $exec:expr) => {
+        match $q.fetch_optional($exec).await {
+            Ok(row) => row.map(|r| r.try_get::<i64, _>(0)).transpose(),
+            Err(e) => Err(e),
+        }
+    };
+}
+
+/// Takes a token from MySQL's `LAST_INSERT_ID(expr)` (0 = not granted).
+#[cfg(feature = "mysql")]
+macro_rules! mysql_token {
+    ($q:expr, $exec:expr) => {
+        $q.execute($exec)
+            .await
+            .map(|r| i64::try_from(r.last_insert_id()).ok().filter(|t| *t > 0))
+    };
+}
+
+/// Runs `$body!(pool, token_macro)` with the dialect's way of reading back tokens.
+macro_rules! with_token_reader {
+    ($pool:expr, $body:ident) => {
+        match $pool {
+            #[cfg(feature = "sqlite")]
+            Pool::Sqlite(p) => $body!(p, row_token),
+            #[cfg(feature = "mysql")]
+            Pool::MySql(p) => $body!(p, mysql_token),
+            #[cfg(feature = "postgres")]
+            Pool::Postgres(p) => $body!(p, row_token),
+        }
+    };
+}
+
+/// Local waiters per lock name, woken by PostgreSQL's release notifications.
+#[derive(Default)]
+pub(crate) struct Wakeups {
+    waiters: Mutex<HashMap<String, (Arc<Notify>, usize)>>,
+}
+
+impl Wakeups {
+    fn subscribe(self: &Arc<Self>, name: &str) -> Subscription {
+        let mut map = self.waiters.lock().unwrap_or_else(PoisonError::into_inner);
+        let slot = map
+            .entry(name.to_owned())
+            .or_insert_with(|| (Arc::new(Notify::new()), 0));
+        slot.1 += 1;
+        Subscription {
+            wakeups: Arc::clone(self),
+            name: name.to_owned(),
+            notify: Arc::clone(&slot.0),
+        }
+    }
+
+    /// Wakes one local waiter of `name` (the rest keep polling or wait for the next).
+    pub(crate) fn wake(&self, name: &str) {
+        let map = self.waiters.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((notify, _)) = map.get(name) {
+            notify.notify_one();
+        }
+    }
+}
+
+struct Subscription {
+    wakeups: Arc<Wakeups>,
+    name: String,
+    notify: Arc<Notify>,
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        let mut map = self
+            .wakeups
+            .waiters
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(slot) = map.get_mut(&self.name) {
+            slot.1 -= 1;
+            if slot.1 == 0 {
+                map.remove(&self.name);
+            }
+        }
+    }
+}
+
+pub(crate) struct Inner {
+    pub(crate) pool: Pool,
+    pub(crate) statements: Statements,
+    pub(crate) options: JdbcOptions,
+    pub(crate) attempts: AtomicU64,
+    pub(crate) wakeups: Option<Arc<Wakeups>>,
+    pub(crate) listener: Option<JoinHandle<()>>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if let Some(task) = self.listener.take() {
+            task.abort();
+        }
+    }
+}
+
+/// A lock backend on a SQL database (SQLite, MariaDB/MySQL, PostgreSQL).
+///
+/// Leases are judged on the database's clock. Waiters poll with the configured
+/// [`Backoff`] (equal jitter by default), never past their deadline; on PostgreSQL
+/// they are also woken by `LISTEN/NOTIFY` when a lock is released, with polling as the
+/// safety net. Fair mode is not supported (there is no queue); shared mode is, with
+/// waiting writers asking new readers to stand back so they are not starved.
+///
+/// Cheap to clone.
+#[derive(Clone)]
+pub struct JdbcBackend {
+    pub(crate) inner: Arc<Inner>,
+}
+
+enum Attempt {
+    Granted(i64),
+    Busy {
+        holder: Option<OwnerId>,
+        retry_after: Option<Duration>,
+    },
+}
+
+fn ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX).max(1)
+}
+
+fn remaining(ms_left: i64) -> Option<Duration> {
+    u64::try_from(ms_left)
+        .ok()
+        .filter(|m| *m > 0)
+        .map(Duration::from_millis)
+}
+
+impl JdbcBackend {
+    fn backend(&self) -> &'static str {
+        self.inner.pool.dialect().name()
+    }
+
+    fn err(&self, op: &'static str) -> impl Fn(sqlx::Error) -> Error + '_ {
+        move |e| map_sqlx(e, self.backend(), op)
+    }
+
+    /// Which dialect this backend speaks.
+    pub fn dialect(&self) -> Dialect {
+        self.inner.pool.dialect()
+    }
+
+    /// Test hook: acquire statements sent so far by this backend.
+    pub fn acquire_attempts(&self) -> u64 {
+        self.inner.attempts.load(Ordering::Relaxed)
+    }
+
+    /// Closes the connection pool; later calls fail with `Closed`.
+    pub async fn close(&self) {
+        self.inner.pool.close().await;
+    }
+
+    async fn attempt(&self, req: &AcquireRequest, waiting: bool) -> Result<Attempt> {
+        self.inner.attempts.fetch_add(1, Ordering::Relaxed);
+        let token = match req.mode {
+            LockMode::Exclusive => self.try_exclusive(req).await?,
+            LockMode::Shared => self.try_shared(req).await?,
+        };
+        if let Some(token) = token {
+            return Ok(Attempt::Granted(token));
+        }
+        let s = &self.inner.statements;
+        let name = Param::Text(req.name.as_str());
+        if waiting && req.mode == LockMode::Exclusive {
+            let mark = ms(self.inner.options.writer_mark_ttl());
+            on_pool!(&self.inner.pool, p => query!(&s.mark_writer, &[name, Param::Int(mark)]).execute(p).await.map(drop))
+                .map_err(self.err("acquire"))?;
+        }
+        let row: Option<(Option<String>, i64, i64)> = on_pool!(&self.inner.pool, p => {
+            async {
+                match query!(&s.contention, &[name]).fetch_optional(p).await? {
+                    Some(r) => Ok::<_, sqlx::Error>(Some((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?))),
+                    None => Ok(None),
+                }
+            }
+            .await
+        })
+        .map_err(self.err("acquire"))?;
+        Ok(match row {
+            Some((owner, left, shared_left)) => {
+                let holder_live = owner.is_some() && left > 0;
+                Attempt::Busy {
+                    holder: owner.filter(|_| holder_live).map(OwnerId::new),
+                    retry_after: remaining(if holder_live { left } else { shared_left }),
+                }
+            }
+            None => Attempt::Busy {
+                holder: None,
+                retry_after: None,
+            },
+        })
+    }
+
+    async fn try_exclusive(&self, req: &AcquireRequest) -> Result<Option<i64>> {
+        let s = &self.inner.statements;
+        let params = [
+            Param::Text(req.name.as_str()),
+            Param::Text(req.owner.as_str()),
+            Param::Int(ms(req.lease)),
+            Param::Bytes(&req.context),
+        ];
+        macro_rules! body {
+            ($p:ident, $token:ident) => {
+                $token!(query!(&s.acquire_exclusive, &params), $p)
+            };
+        }
+        with_token_reader!(&self.inner.pool, body).map_err(self.err("acquire"))
+    }
+
+    async fn try_shared(&self, req: &AcquireRequest) -> Result<Option<i64>> {
+        let s = &self.inner.statements;
+        let name = Param::Text(req.name.as_str());
+        let lease = Param::Int(ms(req.lease));
+        macro_rules! body {
+            ($p:ident, $token:ident) => {
+                async {
+                    let mut tx = $p.begin().await?;
+                    let granted = $token!(query!(&s.acquire_shared_row, &[name, lease]), &mut *tx)?;
+                    match granted {
+                        None => {
+                            tx.rollback().await?;
+                            Ok::<_, sqlx::Error>(None)
+                        }
+                        Some(token) => {
+                            let reader = [
+                                name,
+                                Param::Text(req.owner.as_str()),
+                                Param::Int(token),
+                                lease,
+                                Param::Bytes(&req.context),
+                            ];
+                            let token =
+                                $token!(query!(&s.acquire_shared_reader, &reader), &mut *tx)?;
+                            tx.commit().await?;
+                            Ok(token)
+                        }
+                    }
+                }
+                .await
+            };
+        }
+        let result: std::result::Result<Option<i64>, sqlx::Error> =
+            with_token_reader!(&self.inner.pool, body);
+        result.map_err(self.err("acquire"))
+    }
+
+    /// Waits for a PostgreSQL release notice or `delay`, whichever comes first.
+    async fn pause(&self, delay: Duration, wake: Option<&Subscription>) {
+        match wake {
+            Some(sub) => {
+                let notified = sub.notify.notified();
+                tokio::select! {
+                    _ = tokio::time::sleep(delay) => {}
+                    _ = notified => {}
+                }
+            }
+            None => tokio::time::sleep(delay).await,
+        }
+    }
+
+    async fn notify_release(&self, name: &LockName) {
+        if let Some(stmt) = &self.inner.statements.notify {
+            let _ = on_pool!(&self.inner.pool, p => query!(stmt, &[Param::Text(name.as_str())]).execute(p).await.map(drop));
+        }
+    }
+}
+
+#[async_trait]
+impl LockRemoteResource for JdbcBackend {
+    fn backend_name(&self) -> &'static str {
+        self.backend()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        let mut caps = Capabilities::default();
+        caps.lease = true;
+        caps.renew = true;
+        caps.reentrant = true;
+        caps.shared = true;
+        caps.fencing = true;
+        caps.max_name_len = Some(crate::MAX_NAME_LEN);
+        caps
+    }
+
+    async fn try_acquire(&self, req: &AcquireRequest) -> Result<AcquireResult> {
+        let backoff: Backoff = self.inner.options.backoff;
+        // Subscribe before the first attempt, so a release between the attempt and
+        // the wait is not missed.
+        let subscription = match (&self.inner.wakeups, req.deadline) {
+            (Some(w), Some(_)) => Some(w.subscribe(req.name.as_str())),
+            _ => None,
+        };
+        let mut round = 0u32;
+        loop {
+            let waiting = req.deadline.is_some_and(|d| d > Instant::now());
+            match self.attempt(req, waiting).await? {
+                Attempt::Granted(token) => {
+                    let token = u64::try_from(token).unwrap_or(0);
+                    return Ok(AcquireResult::acquired(
+                        FencingToken::new(token),
+                        Some(Instant::now() + req.lease),
+                    ));
+                }
+                Attempt::Busy {
+                    holder,
+                    retry_after,
+                } => {
+                    let delay = req.deadline.and_then(|d| backoff.delay_within(round, d));
+                    let Some(delay) = delay else {
+                        return Ok(AcquireResult::not_acquired(holder, retry_after));
+                    };
+                    // Never sleep past the holder's expiry: a crashed holder's lock is
+                    // taken as soon as the database says its lease ended.
+                    let delay =
+                        retry_after.map_or(delay, |r| delay.min(r + Duration::from_millis(1)));
+                    self.pause(delay, subscription.as_ref()).await;
+                    round = round.saturating_add(1);
+                }
+            }
+        }
+    }
+
+    async fn release(&self, req: &ReleaseRequest) -> Result<ReleaseResult> {
+        let s = &self.inner.statements;
+        let name = Param::Text(req.name.as_str());
+        let owner = Param::Text(req.owner.as_str());
+        let released: std::result::Result<bool, sqlx::Error> = match req.mode {
+            LockMode::Exclusive => on_pool!(&self.inner.pool, p => {
+                if self.dialect() == Dialect::Postgres {
+                    // The statement notifies waiters and returns a row when it released.
+                    query!(&s.release_exclusive, &[name, owner]).fetch_optional(p).await.map(|r| r.is_some())
+                } else {
+                    query!(&s.release_exclusive, &[name, owner]).execute(p).await.map(|r| r.rows_affected() == 1)
+                }
+            }),
+            LockMode::Shared => on_pool!(&self.inner.pool, p => {
+                async {
+                    let mut tx = p.begin().await?;
+                    query!(&s.lock_row, &[name]).execute(&mut *tx).await?;
+                    let removed = query!(&s.release_reader, &[name, owner]).execute(&mut *tx).await?.rows_affected();
+                    query!(&s.purge_readers, &[name]).execute(&mut *tx).await?;
+                    query!(&s.recompute_shared, &[name]).execute(&mut *tx).await?;
+                    if let (true, Some(stmt)) = (removed == 1, &s.notify) {
+                        query!(stmt, &[name]).execute(&mut *tx).await?;
+                    }
+                    tx.commit().await?;
+                    Ok(removed == 1)
+                }
+                .await
+            }),
+        };
+        let released = released.map_err(self.err("release"))?;
+        Ok(if released {
+            ReleaseResult::Released
+        } else {
+            ReleaseResult::NotOwner
+        })
+    }
+
+    async fn renew(&self, req: &RenewRequest) -> Result<RenewResult> {
+        let s = &self.inner.statements;
+        let params = [
+            Param::Text(req.name.as_str()),
+            Param::Text(req.owner.as_str()),
+            Param::Int(ms(req.lease)),
+        ];
+        let sent = Instant::now();
+        let renewed: std::result::Result<bool, sqlx::Error> = match req.mode {
+            LockMode::Exclusive => on_pool!(&self.inner.pool, p => {
+                query!(&s.renew_exclusive, &params).execute(p).await.map(|r| r.rows_affected() == 1)
+            }),
+            LockMode::Shared => on_pool!(&self.inner.pool, p => {
+                async {
+                    let mut tx = p.begin().await?;
+                    query!(&s.renew_shared_row, &params).execute(&mut *tx).await?;
+                    let n = query!(&s.renew_reader, &params).execute(&mut *tx).await?.rows_affected();
+                    if n == 1 {
+                        tx.commit().await?;
+                    } else {
+                        tx.rollback().await?;
+                    }
+                    Ok(n == 1)
+                }
+                .await
+            }),
+        };
+        Ok(if renewed.map_err(self.err("renew"))? {
+            RenewResult::renewed(Some(sent + req.lease))
+        } else {
+            RenewResult::NotOwner
+        })
+    }
+
+    async fn inspect(&self, name: &LockName) -> Result<Option<LockState>> {
+        let s = &self.inner.statements;
+        let p_name = [Param::Text(name.as_str())];
+        let rows: std::result::Result<(Option<(HolderRow, i64)>, Vec<HolderRow>), sqlx::Error> = on_pool!(&self.inner.pool, p => {
+            async {
+                let lock = match query!(&s.inspect_lock, &p_name).fetch_optional(p).await? {
+                    Some(r) => Some(((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?, r.try_get(3)?), r.try_get(4)?)),
+                    None => None,
+                };
+                let mut readers = Vec::new();
+                for r in query!(&s.inspect_readers, &p_name).fetch_all(p).await? {
+                    readers.push((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?, r.try_get(3)?));
+                }
+                Ok((lock, readers))
+            }
+            .await
+        });
+        let (lock, readers) = rows.map_err(self.err("inspect"))?;
+        let mut holders = Vec::new();
+        let mut writer_waiting = false;
+        if let Some(((owner, token, context, left), mark_left)) = lock {
+            writer_waiting = mark_left > 0;
+            if let (Some(owner), Some(left)) = (owner, remaining(left)) {
+                holders.push(holder(owner, LockMode::Exclusive, token, context, left));
+            }
+        }
+        for (owner, token, context, left) in readers {
+            if let (Some(owner), Some(left)) = (owner, remaining(left)) {
+                holders.push(holder(owner, LockMode::Shared, token, context, left));
+            }
+        }
+        if holders.is_empty() && !writer_waiting {
+            return Ok(None);
+        }
+        // Pollers are invisible to the database; a waiting writer leaves a mark.
+        Ok(Some(LockState::new(holders, writer_waiting.then_some(1))))
+    }
+
+    fn admin(&self) -> Option<&dyn LockAdmin> {
+        Some(self)
+    }
+}
+
+fn holder(
+    owner: String,
+    mode: LockMode,
+    token: i64,
+    context: Option<Vec<u8>>,
+    left: Duration,
+) -> HolderInfo {
+    HolderInfo::new(
+        OwnerId::new(owner),
+        mode,
+        FencingToken::new(u64::try_from(token).unwrap_or(0)),
+        context.unwrap_or_default().into(),
+        Some(left),
+    )
+}
+
+#[async_trait]
+impl LockAdmin for JdbcBackend {
+    async fn force_release(&self, name: &LockName) -> Result<usize> {
+        let s = &self.inner.statements;
+        let p_name = [Param::Text(name.as_str())];
+        let removed: std::result::Result<u64, sqlx::Error> = on_pool!(&self.inner.pool, p => {
+            async {
+                let mut tx = p.begin().await?;
+                let x = query!(&s.force_exclusive, &p_name).execute(&mut *tx).await?.rows_affected();
+                query!(&s.force_clear, &p_name).execute(&mut *tx).await?;
+                let r = query!(&s.force_readers, &p_name).execute(&mut *tx).await?.rows_affected();
+                tx.commit().await?;
+                Ok(x + r)
+            }
+            .await
+        });
+        let removed = removed.map_err(self.err("force_release"))?;
+        self.notify_release(name).await;
+        Ok(usize::try_from(removed).unwrap_or(usize::MAX))
+    }
+
+    async fn live_locks(&self, prefix: &str) -> Result<usize> {
+        let s = &self.inner.statements;
+        let count: std::result::Result<i64, sqlx::Error> = on_pool!(&self.inner.pool, p => {
+            match query!(&s.live_locks, &[Param::Text(prefix)]).fetch_one(p).await {
+                Ok(r) => r.try_get(0),
+                Err(e) => Err(e),
+            }
+        });
+        Ok(usize::try_from(count.map_err(self.err("live_locks"))?).unwrap_or(0))
+    }
+}
+
+impl std::fmt::Debug for JdbcBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JdbcBackend")
+            .field("dialect", &self.dialect())
+            .field("table_prefix", &self.inner.options.table_prefix)
+            .finish()
+    }
+}

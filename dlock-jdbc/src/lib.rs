@@ -1,0 +1,414 @@
+//! # dlock-jdbc — SQL backend for dlock
+//!
+//! A [`LockRemoteResource`](dlock_spi::LockRemoteResource) on `sqlx` for SQLite,
+//! MariaDB/MySQL and PostgreSQL (features `sqlite`, `mysql`, `postgres`).
+//!
+//! ```no_run
+//! # async fn demo() -> dlock_spi::Result<()> {
+//! let backend = dlock_jdbc::JdbcBackend::connect("sqlite://locks.db").await?;
+//! # Ok(()) }
+//! ```
+//!
+//! ## URLs
+//!
+//! | URL | database |
+//! |---|---|
+//! | `sqlite://path/to/locks.db` | SQLite file (created if missing; WAL mode, 5 s busy timeout) |
+//! | `mysql://user:pass@127.0.0.1:3306/db` (or `mariadb://…`) | MariaDB 10.5+ / MySQL 8 |
+//! | `postgres://user@127.0.0.1:5432/db` | PostgreSQL 12+ |
+//!
+//! dlock's own options ride in the query string and are removed before the URL
+//! reaches the driver: `dlock_table_prefix=dlock_` (tables `<prefix>locks`,
+//! `<prefix>readers`, `<prefix>schema_version`), `dlock_pool_max=10`,
+//! `dlock_migrate=false` (do not create tables; an operator applied them).
+//!
+//! ## Semantics
+//!
+//! * **Time is the database's**: leases are compared with the database clock in
+//!   milliseconds (`julianday('now')`, `NOW(3)` in UTC, `statement_timestamp()`).
+//! * **Acquire** is one atomic statement on every dialect: an upsert guarded by "free,
+//!   expired, or mine" that also bumps the fencing counter (`RETURNING` on SQLite and
+//!   PostgreSQL; `LAST_INSERT_ID(expr)` on MariaDB/MySQL). **Release** and **renew** are
+//!   single `UPDATE`s guarded by the owner and the lease. Shared (read) holds use short
+//!   transactions that lock the lock's row first.
+//! * **Fencing tokens** live in the lock's row, which outlives releases, and advance
+//!   as `token = max(token + 1, database clock in µs)`: strictly increasing, and still
+//!   above every earlier token if the row is deleted and recreated later.
+//! * **Waiting** polls with [`Backoff`](dlock_spi::Backoff) (equal jitter), never past
+//!   the deadline and never past the holder's lease end; on PostgreSQL a release also
+//!   sends `NOTIFY` and one local waiter per process wakes at once.
+//! * **Fair mode** is not supported (`ErrorKind::Unsupported`). **Shared mode** is; a
+//!   waiting writer marks the row so new readers stand back until it gets through.
+//! * Names are bound parameters, never SQL text; names longer than
+//!   [`MAX_NAME_LEN`] bytes are refused with `InvalidName`.
+//!
+//! ## Privileges
+//!
+//! Connecting migrates by default, which needs `CREATE` on the database (PostgreSQL:
+//! on the schema). At run time the user needs `SELECT, INSERT, UPDATE, DELETE` on the
+//! three tables; with `dlock_migrate=false` that is all.
+#![deny(missing_docs)]
+
+mod backend;
+mod dialect;
+mod error;
+mod migrate;
+mod pool;
+
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::Duration;
+
+use dlock_spi::{Backoff, Error, ErrorKind, Result};
+
+pub use backend::JdbcBackend;
+pub use dialect::Dialect;
+pub use migrate::SCHEMA_VERSION;
+
+use crate::backend::{Inner, Wakeups};
+use crate::dialect::{validate_prefix, Statements};
+use crate::error::map_sqlx;
+use crate::pool::Pool;
+
+/// The longest lock name stored, in bytes (the width of MySQL's key column).
+pub const MAX_NAME_LEN: usize = 512;
+
+/// Settings of a [`JdbcBackend`].
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct JdbcOptions {
+    /// Prefix of the table names (identifier characters only). Default `dlock_`.
+    pub table_prefix: String,
+    /// Most connections in the pool. Default 10.
+    pub max_connections: u32,
+    /// How long to wait for a free connection. Default 5 s.
+    pub acquire_timeout: Duration,
+    /// Delays between polls of a waiting acquire. Default 5 ms doubling to 250 ms,
+    /// equal jitter.
+    pub backoff: Backoff,
+    /// Create or upgrade the tables on connect. Default true.
+    pub migrate: bool,
+}
+
+impl Default for JdbcOptions {
+    fn default() -> Self {
+        JdbcOptions {
+            table_prefix: "dlock_".to_owned(),
+            max_connections: 10,
+            acquire_timeout: Duration::from_secs(5),
+            backoff: Backoff::default(),
+            migrate: true,
+        }
+    }
+}
+
+impl JdbcOptions {
+    /// Sets the table prefix.
+    pub fn table_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.table_prefix = prefix.into();
+        self
+    }
+
+    /// Sets the pool size.
+    pub fn max_connections(mut self, n: u32) -> Self {
+        self.max_connections = n;
+        self
+    }
+
+    /// Sets the polling backoff.
+    pub fn backoff(mut self, backoff: Backoff) -> Self {
+        self.backoff = backoff;
+        self
+    }
+
+    /// Sets whether to migrate on connect.
+    pub fn migrate(mut self, migrate: bool) -> Self {
+        self.migrate = migrate;
+        self
+    }
+
+    /// How long a waiting writer's mark holds new readers back without a refresh:
+    /// comfortably longer than the longest poll interval.
+    pub(crate) fn writer_mark_ttl(&self) -> Duration {
+        (self.backoff.delay(u32::MAX) * 4).max(Duration::from_secs(1))
+    }
+}
+
+/// Splits dlock's own `dlock_*` query parameters off a URL.
+fn split_options(url: &str, mut options: JdbcOptions) -> Result<(String, JdbcOptions)> {
+    let Some((base, query)) = url.split_once('?') else {
+        return Ok((url.to_owned(), options));
+    };
+    let mut kept = Vec::new();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let bad = |what: &str| {
+            Error::new(
+                ErrorKind::Config,
+                format!("URL option {key}={value:?} is invalid: {what}"),
+            )
+        };
+        match key {
+            "dlock_table_prefix" => options.table_prefix = value.to_owned(),
+            "dlock_pool_max" => {
+                options.max_connections = value
+                    .parse()
+                    .ok()
+                    .filter(|n| *n > 0)
+                    .ok_or_else(|| bad("expected a positive number of connections"))?;
+            }
+            "dlock_migrate" => {
+                options.migrate = value.parse().map_err(|_| bad("expected true or false"))?;
+            }
+            _ => kept.push(pair),
+        }
+    }
+    let url = if kept.is_empty() {
+        base.to_owned()
+    } else {
+        format!("{base}?{}", kept.join("&"))
+    };
+    Ok((url, options))
+}
+
+fn redact(url: &str) -> String {
+    // user:password@ → user:***@
+    match (url.find("://"), url.rfind('@')) {
+        (Some(s), Some(at)) if at > s => {
+            let userinfo = &url[s + 3..at];
+            match userinfo.split_once(':') {
+                Some((user, _)) => format!("{}{user}:***{}", &url[..s + 3], &url[at..]),
+                None => url.to_owned(),
+            }
+        }
+        _ => url.to_owned(),
+    }
+}
+
+impl JdbcBackend {
+    /// Connects with default options (and any `dlock_*` options in the URL), and
+    /// migrates the schema.
+    pub async fn connect(url: &str) -> Result<Self> {
+        Self::connect_with(url, JdbcOptions::default()).await
+    }
+
+    /// Connects with `options` (URL `dlock_*` options override them).
+    pub async fn connect_with(url: &str, options: JdbcOptions) -> Result<Self> {
+        let (url, options) = split_options(url, options)?;
+        validate_prefix(&options.table_prefix)?;
+        let scheme = url.split(':').next().unwrap_or("").to_ascii_lowercase();
+        let pool = match scheme.as_str() {
+            #[cfg(feature = "sqlite")]
+            "sqlite" => open_sqlite(&url, &options)?,
+            #[cfg(feature = "mysql")]
+            "mysql" | "mariadb" => open_mysql(&url, &options)?,
+            #[cfg(feature = "postgres")]
+            "postgres" | "postgresql" => open_postgres(&url, &options)?,
+            #[allow(unreachable_patterns)]
+            "sqlite" | "mysql" | "mariadb" | "postgres" | "postgresql" => {
+                return Err(Error::new(
+                    ErrorKind::Config,
+                    format!("{scheme}:// needs dlock-jdbc's \"{}\" feature; enable it in Cargo.toml", feature_of(&scheme)),
+                ))
+            }
+            _ => {
+                return Err(Error::new(
+                    ErrorKind::Config,
+                    format!(
+                        "{:?} is not a SQL URL; use sqlite://file.db, mysql://user@host/db or postgres://user@host/db",
+                        redact(&url)
+                    ),
+                ))
+            }
+        };
+        let dialect = pool.dialect();
+        // Fail now, with a clear message, if the database is unreachable.
+        let probe: std::result::Result<(), sqlx::Error> =
+            pool::on_pool!(&pool, p => p.acquire().await.map(drop));
+        probe.map_err(|e| {
+            let mapped = map_sqlx(e, dialect.name(), "connect");
+            Error::new(
+                mapped.kind(),
+                format!("cannot connect to {}: {}", redact(&url), mapped.message()),
+            )
+            .set_retryable(mapped.is_retryable())
+            .with_source(mapped)
+        })?;
+        if options.migrate {
+            migrate::migrate(&pool, &options.table_prefix).await?;
+        }
+        let statements = Statements::new(dialect, &options.table_prefix);
+        let (wakeups, listener) = start_listener(&pool, &options).await;
+        Ok(JdbcBackend {
+            inner: Arc::new(Inner {
+                pool,
+                statements,
+                options,
+                attempts: AtomicU64::new(0),
+                wakeups,
+                listener,
+            }),
+        })
+    }
+}
+
+fn feature_of(scheme: &str) -> &'static str {
+    match scheme {
+        "sqlite" => "sqlite",
+        "mysql" | "mariadb" => "mysql",
+        _ => "postgres",
+    }
+}
+
+fn config_error(url: &str, e: sqlx::Error) -> Error {
+    Error::new(
+        ErrorKind::Config,
+        format!("invalid database URL {}: {e}", redact(url)),
+    )
+}
+
+#[cfg(feature = "sqlite")]
+fn open_sqlite(url: &str, options: &JdbcOptions) -> Result<Pool> {
+    use sqlx::sqlite::{
+        SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous,
+    };
+    use std::str::FromStr;
+    if url.contains(":memory:") || url.contains("mode=memory") {
+        return Err(Error::new(
+            ErrorKind::Config,
+            "an in-memory SQLite database is private to one connection; use a file (sqlite://locks.db) or the memory:// backend",
+        ));
+    }
+    let connect = SqliteConnectOptions::from_str(url)
+        .map_err(|e| config_error(url, e))?
+        .create_if_missing(true)
+        .journal_mode(SqliteJournalMode::Wal)
+        .synchronous(SqliteSynchronous::Normal)
+        .busy_timeout(Duration::from_secs(5));
+    let pool = SqlitePoolOptions::new()
+        .max_connections(options.max_connections)
+        .acquire_timeout(options.acquire_timeout)
+        .connect_lazy_with(connect);
+    Ok(Pool::Sqlite(pool))
+}
+
+#[cfg(feature = "mysql")]
+fn open_mysql(url: &str, options: &JdbcOptions) -> Result<Pool> {
+    use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
+    use sqlx::Executor;
+    use std::str::FromStr;
+    let url = url.replacen("mariadb://", "mysql://", 1);
+    let connect = MySqlConnectOptions::from_str(&url).map_err(|e| config_error(&url, e))?;
+    let pool = MySqlPoolOptions::new()
+        .max_connections(options.max_connections)
+        .acquire_timeout(options.acquire_timeout)
+        .after_connect(|conn, _| {
+            Box::pin(async move {
+                // Lease arithmetic uses NOW(3); in UTC it never jumps at DST changes.
+                conn.execute("SET time_zone = '+00:00'").await?;
+                Ok(())
+            })
+        })
+        .connect_lazy_with(connect);
+    Ok(Pool::MySql(pool))
+}
+
+#[cfg(feature = "postgres")]
+fn open_postgres(url: &str, options: &JdbcOptions) -> Result<Pool> {
+    use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+    use std::str::FromStr;
+    let connect = PgConnectOptions::from_str(url).map_err(|e| config_error(url, e))?;
+    let pool = PgPoolOptions::new()
+        .max_connections(options.max_connections)
+        .acquire_timeout(options.acquire_timeout)
+        .connect_lazy_with(connect);
+    Ok(Pool::Postgres(pool))
+}
+
+/// On PostgreSQL, one listener connection per backend carries release notices to
+/// local waiters. Elsewhere (or if listening fails) waiters just poll.
+async fn start_listener(
+    pool: &Pool,
+    options: &JdbcOptions,
+) -> (Option<Arc<Wakeups>>, Option<tokio::task::JoinHandle<()>>) {
+    #[cfg(feature = "postgres")]
+    if let Pool::Postgres(pg) = pool {
+        let channel = format!("{}release", options.table_prefix);
+        let mut listener = match sqlx::postgres::PgListener::connect_with(pg).await {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::warn!(error = %e, "dlock-jdbc: LISTEN connection failed; waiters will poll only");
+                return (None, None);
+            }
+        };
+        if let Err(e) = listener.listen(&channel).await {
+            tracing::warn!(error = %e, "dlock-jdbc: LISTEN failed; waiters will poll only");
+            return (None, None);
+        }
+        let wakeups = Arc::new(Wakeups::default());
+        let target = Arc::clone(&wakeups);
+        let task = tokio::spawn(async move {
+            loop {
+                match listener.recv().await {
+                    Ok(note) => target.wake(note.payload()),
+                    Err(e) => {
+                        // recv reconnects on the next call; polling covers the gap.
+                        tracing::debug!(error = %e, "dlock-jdbc: release listener interrupted");
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                    }
+                }
+            }
+        });
+        return (Some(wakeups), Some(task));
+    }
+    let _ = (pool, options);
+    (None, None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn own_options_are_split_off_and_checked() {
+        let (url, o) = split_options(
+            "mysql://root@127.0.0.1/test?ssl-mode=disabled&dlock_table_prefix=x_&dlock_pool_max=3",
+            JdbcOptions::default(),
+        )
+        .unwrap();
+        assert_eq!(url, "mysql://root@127.0.0.1/test?ssl-mode=disabled");
+        assert_eq!((o.table_prefix.as_str(), o.max_connections), ("x_", 3));
+        let (url, o) =
+            split_options("sqlite://a.db?dlock_migrate=false", JdbcOptions::default()).unwrap();
+        assert_eq!((url.as_str(), o.migrate), ("sqlite://a.db", false));
+        for bad in [
+            "sqlite://a?dlock_pool_max=0",
+            "sqlite://a?dlock_migrate=maybe",
+        ] {
+            assert_eq!(
+                split_options(bad, JdbcOptions::default())
+                    .map(drop)
+                    .map_err(|e| e.kind()),
+                Err(ErrorKind::Config)
+            );
+        }
+    }
+
+    #[test]
+    fn passwords_are_redacted() {
+        assert_eq!(redact("mysql://root:hunter2@h/db"), "mysql://root:***@h/db");
+        assert_eq!(redact("postgres://u@h/db"), "postgres://u@h/db");
+    }
+
+    #[tokio::test]
+    async fn bad_urls_are_config_errors() {
+        for url in [
+            "redis://x",
+            "sqlite::memory:",
+            "sqlite://x.db?dlock_table_prefix=a-b",
+        ] {
+            let err = JdbcBackend::connect(url).await.err().map(|e| e.kind());
+            assert_eq!(err, Some(ErrorKind::Config), "{url}");
+        }
+    }
+}

@@ -1,0 +1,162 @@
+//! The schema, shipped with the crate and applied on connect.
+//!
+//! Versioned and idempotent: `{prefix}schema_version` records each applied version;
+//! every statement is `CREATE … IF NOT EXISTS`, and concurrent first connects are
+//! serialised (PostgreSQL advisory lock, MySQL `GET_LOCK`, SQLite's write lock).
+//!
+//! Tables (prefix `dlock_` by default):
+//! * `locks` — one row per lock name ever taken: the exclusive holder (`owner` NULL
+//!   when free), its lease (`expires_at`, database ms), the readers' horizon
+//!   (`shared_until`), a waiting writer's mark (`writer_wait_until`), and the fencing
+//!   counter `token`. The row outlives releases so the counter never repeats; it holds
+//!   no holder state once released.
+//! * `readers` — one row per shared holder, deleted on release.
+
+use dlock_spi::{Error, ErrorKind, Result};
+use sqlx::Row;
+
+use crate::dialect::Dialect;
+use crate::error::map_sqlx;
+use crate::pool::{on_pool, Pool};
+
+struct Migration {
+    version: i64,
+    sqlite: &'static [&'static str],
+    mysql: &'static [&'static str],
+    postgres: &'static [&'static str],
+}
+
+const MIGRATIONS: &[Migration] = &[Migration {
+    version: 1,
+    sqlite: &[
+        "CREATE TABLE IF NOT EXISTS {locks} (
+            name TEXT NOT NULL PRIMARY KEY,
+            owner TEXT NULL,
+            token INTEGER NOT NULL,
+            context BLOB NULL,
+            acquired_at INTEGER NOT NULL DEFAULT 0,
+            expires_at INTEGER NOT NULL DEFAULT 0,
+            shared_until INTEGER NOT NULL DEFAULT 0,
+            writer_wait_until INTEGER NOT NULL DEFAULT 0)",
+        "CREATE TABLE IF NOT EXISTS {readers} (
+            name TEXT NOT NULL,
+            owner TEXT NOT NULL,
+            token INTEGER NOT NULL,
+            context BLOB NULL,
+            acquired_at INTEGER NOT NULL,
+            expires_at INTEGER NOT NULL,
+            PRIMARY KEY (name, owner))",
+    ],
+    mysql: &[
+        // Names are VARBINARY: compared byte for byte, so "A" ≠ "a" and "a" ≠ "a ".
+        "CREATE TABLE IF NOT EXISTS {locks} (
+            name VARBINARY(512) NOT NULL PRIMARY KEY,
+            owner VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL,
+            token BIGINT NOT NULL,
+            context BLOB NULL,
+            acquired_at BIGINT NOT NULL DEFAULT 0,
+            expires_at BIGINT NOT NULL DEFAULT 0,
+            shared_until BIGINT NOT NULL DEFAULT 0,
+            writer_wait_until BIGINT NOT NULL DEFAULT 0) ENGINE=InnoDB",
+        "CREATE TABLE IF NOT EXISTS {readers} (
+            name VARBINARY(512) NOT NULL,
+            owner VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+            token BIGINT NOT NULL,
+            context BLOB NULL,
+            acquired_at BIGINT NOT NULL,
+            expires_at BIGINT NOT NULL,
+            PRIMARY KEY (name, owner)) ENGINE=InnoDB",
+    ],
+    postgres: &[
+        "CREATE TABLE IF NOT EXISTS {locks} (
+            name TEXT NOT NULL PRIMARY KEY,
+            owner TEXT NULL,
+            token BIGINT NOT NULL,
+            context BYTEA NULL,
+            acquired_at BIGINT NOT NULL DEFAULT 0,
+            expires_at BIGINT NOT NULL DEFAULT 0,
+            shared_until BIGINT NOT NULL DEFAULT 0,
+            writer_wait_until BIGINT NOT NULL DEFAULT 0)",
+        "CREATE TABLE IF NOT EXISTS {readers} (
+            name TEXT NOT NULL,
+            owner TEXT NOT NULL,
+            token BIGINT NOT NULL,
+            context BYTEA NULL,
+            acquired_at BIGINT NOT NULL,
+            expires_at BIGINT NOT NULL,
+            PRIMARY KEY (name, owner))",
+    ],
+}];
+
+/// The newest schema version this crate knows.
+pub const SCHEMA_VERSION: i64 = 1;
+
+fn fill(sql: &str, prefix: &str) -> String {
+    sql.replace("{locks}", &format!("{prefix}locks"))
+        .replace("{readers}", &format!("{prefix}readers"))
+        .replace("{schema}", &format!("{prefix}schema_version"))
+}
+
+/// Brings the schema up to [`SCHEMA_VERSION`].
+pub(crate) async fn migrate(pool: &Pool, prefix: &str) -> Result<()> {
+    let dialect = pool.dialect();
+    let backend = dialect.name();
+    let err = |e| map_sqlx(e, backend, "migrate");
+    let create_version = fill(
+        "CREATE TABLE IF NOT EXISTS {schema} (version BIGINT NOT NULL PRIMARY KEY, applied_at BIGINT NOT NULL)",
+        prefix,
+    );
+    let lock_key = format!("{prefix}migrate");
+    on_pool!(pool, p => {
+        let mut conn = p.acquire().await.map_err(err)?;
+        // Serialise concurrent first connects.
+        match dialect {
+            Dialect::Postgres => {
+                sqlx::query("SELECT pg_advisory_lock(hashtext($1))").bind(&lock_key).execute(&mut *conn).await.map_err(err)?;
+            }
+            Dialect::MySql => {
+                sqlx::query("SELECT GET_LOCK(?, 30)").bind(&lock_key).execute(&mut *conn).await.map_err(err)?;
+            }
+            Dialect::Sqlite => {}
+        }
+        let result: Result<()> = async {
+            sqlx::query(&create_version).execute(&mut *conn).await.map_err(err)?;
+            let current: i64 = sqlx::query(&fill("SELECT COALESCE(MAX(version), 0) FROM {schema}", prefix))
+                .fetch_one(&mut *conn).await.map_err(err)?
+                .try_get(0).map_err(err)?;
+            if current > SCHEMA_VERSION {
+                return Err(Error::new(ErrorKind::Config, format!(
+                    "the database's dlock schema is version {current}, newer than this dlock's {SCHEMA_VERSION}; upgrade dlock or use another table prefix"
+                )));
+            }
+            for m in MIGRATIONS.iter().filter(|m| m.version > current) {
+                let statements = match dialect {
+                    Dialect::Sqlite => m.sqlite,
+                    Dialect::MySql => m.mysql,
+                    Dialect::Postgres => m.postgres,
+                };
+                for sql in statements {
+                    sqlx::query(&fill(sql, prefix)).execute(&mut *conn).await.map_err(err)?;
+                }
+                let record = match dialect {
+                    Dialect::Sqlite => "INSERT OR IGNORE INTO {schema} (version, applied_at) VALUES (?, 0)",
+                    Dialect::MySql => "INSERT IGNORE INTO {schema} (version, applied_at) VALUES (?, 0)",
+                    Dialect::Postgres => "INSERT INTO {schema} (version, applied_at) VALUES ($1, 0) ON CONFLICT DO NOTHING",
+                };
+                sqlx::query(&fill(record, prefix)).bind(m.version).execute(&mut *conn).await.map_err(err)?;
+            }
+            Ok(())
+        }
+        .await;
+        match dialect {
+            Dialect::Postgres => {
+                let _ = sqlx::query("SELECT pg_advisory_unlock(hashtext($1))").bind(&lock_key).execute(&mut *conn).await;
+            }
+            Dialect::MySql => {
+                let _ = sqlx::query("SELECT RELEASE_LOCK(?)").bind(&lock_key).execute(&mut *conn).await;
+            }
+            Dialect::Sqlite => {}
+        }
+        result
+    })
+}
