@@ -115,6 +115,12 @@ impl JdbcOptions {
         self
     }
 
+    /// Sets how long to wait for a free connection.
+    pub fn acquire_timeout(mut self, timeout: Duration) -> Self {
+        self.acquire_timeout = timeout;
+        self
+    }
+
     /// Sets the polling backoff.
     pub fn backoff(mut self, backoff: Backoff) -> Self {
         self.backoff = backoff;

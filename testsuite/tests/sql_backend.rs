@@ -1,0 +1,294 @@
+//! What only the SQL backend promises, on every SQL database in `DLOCK_TEST_BACKENDS`:
+//! fencing across a deleted row, the name-length limit, PostgreSQL's push wake-up,
+//! and behaviour while the database is unreachable (through the fault proxy).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::net::SocketAddr;
+
+use std::time::{Duration, Instant};
+
+use dlock_api::{DistributeLockManager, ErrorKind, LostReason};
+use dlock_jdbc::{JdbcBackend, JdbcOptions};
+use dlock_spi::{Backoff, Jitter};
+use sqlx::Connection;
+use testsuite::backends::sql_url;
+use testsuite::conformance::eventually;
+use testsuite::proxy::{Fault, FaultProxy};
+use testsuite::runner::selected;
+
+/// The selected SQL labels with a URL each.
+fn sql_backends() -> Vec<(String, String)> {
+    let chosen: Vec<(String, String)> = selected()
+        .into_iter()
+        .filter(|l| matches!(l.as_str(), "sqlite" | "mysql" | "postgres"))
+        .map(|l| {
+            let url = sql_url(&l).unwrap();
+            (l, url)
+        })
+        .collect();
+    if chosen.is_empty() {
+        eprintln!("no SQL backend selected in DLOCK_TEST_BACKENDS; nothing to check here");
+    }
+    chosen
+}
+
+async fn manager(url: &str, options: JdbcOptions, lease: Duration) -> DistributeLockManager {
+    let backend = JdbcBackend::connect_with(url, options)
+        .await
+        .unwrap_or_else(|e| panic!("connect {url}: {e}"));
+    DistributeLockManager::builder(backend)
+        .lease(lease)
+        .build()
+        .unwrap()
+}
+
+/// Runs one statement with the lock name bound, outside dlock.
+async fn raw_delete_row(label: &str, url: &str, name: &str) {
+    match label {
+        "sqlite" => {
+            let mut c = sqlx::SqliteConnection::connect(url).await.unwrap();
+            sqlx::query("DELETE FROM dlock_locks WHERE name = ?")
+                .bind(name)
+                .execute(&mut c)
+                .await
+                .unwrap();
+        }
+        "mysql" => {
+            let mut c = sqlx::MySqlConnection::connect(url).await.unwrap();
+            sqlx::query("DELETE FROM dlock_locks WHERE name = ?")
+                .bind(name)
+                .execute(&mut c)
+                .await
+                .unwrap();
+        }
+        _ => {
+            let mut c = sqlx::PgConnection::connect(url).await.unwrap();
+            sqlx::query("DELETE FROM dlock_locks WHERE name = $1")
+                .bind(name)
+                .execute(&mut c)
+                .await
+                .unwrap();
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fencing_tokens_survive_the_row_being_deleted() {
+    for (label, url) in sql_backends() {
+        let m = manager(&url, JdbcOptions::default(), Duration::from_secs(30)).await;
+        let name = format!("fence-del-{:x}", fastrand::u64(..));
+        let mut last = 0;
+        for round in 0..4 {
+            let g = m
+                .lock(&name)
+                .try_lock(Duration::ZERO)
+                .await
+                .unwrap()
+                .unwrap();
+            let token = g.fencing_token().get();
+            assert!(
+                token > last,
+                "{label}: token {token} after {last} in round {round}"
+            );
+            last = token;
+            g.unlock().await.unwrap();
+            // An operator (or a cleanup job) deletes the lock's row entirely.
+            raw_delete_row(&label, &url, &name).await;
+        }
+        m.close().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn names_longer_than_the_column_are_invalid_not_truncated() {
+    for (label, url) in sql_backends() {
+        let m = manager(&url, JdbcOptions::default(), Duration::from_secs(30)).await;
+        let base = format!("long-{:x}-", fastrand::u64(..));
+        let fits = format!(
+            "{base}{}",
+            "é".repeat((dlock_jdbc::MAX_NAME_LEN - base.len()) / 2)
+        );
+        let too_long = format!("{fits}xx");
+        assert!(
+            fits.len() <= dlock_jdbc::MAX_NAME_LEN && too_long.len() > dlock_jdbc::MAX_NAME_LEN
+        );
+        let g = m
+            .lock(&fits)
+            .try_lock(Duration::ZERO)
+            .await
+            .unwrap()
+            .unwrap();
+        let err = m
+            .lock(&too_long)
+            .try_lock(Duration::ZERO)
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidName, "{label}: {err}");
+        // The long name did not land on the one that fits.
+        assert_eq!(m.inspect(&fits).await.unwrap().unwrap().holders.len(), 1);
+        g.unlock().await.unwrap();
+        m.close().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_release_wakes_a_slow_poller_at_once() {
+    for (label, url) in sql_backends() {
+        if label != "postgres" {
+            continue;
+        }
+        // Pollers that would otherwise sleep 3 s between tries.
+        let slow = JdbcOptions::default()
+            .backoff(Backoff::constant(Duration::from_secs(3)).with_jitter(Jitter::None));
+        let holder = manager(&url, JdbcOptions::default(), Duration::from_secs(30)).await;
+        let backend = JdbcBackend::connect_with(&url, slow).await.unwrap();
+        let waiter = DistributeLockManager::builder(backend.clone())
+            .build()
+            .unwrap();
+        let name = format!("notify-{:x}", fastrand::u64(..));
+        let g = holder
+            .lock(&name)
+            .try_lock(Duration::ZERO)
+            .await
+            .unwrap()
+            .unwrap();
+        let lock = waiter.lock(&name);
+        let task = tokio::spawn(async move {
+            let got = lock
+                .try_lock(Duration::from_secs(20))
+                .await
+                .unwrap()
+                .unwrap();
+            let at = Instant::now();
+            got.unlock().await.unwrap();
+            at
+        });
+        assert!(
+            eventually(Duration::from_secs(5), || async {
+                backend.acquire_attempts() >= 1
+            })
+            .await
+        );
+        let released = Instant::now();
+        g.unlock().await.unwrap();
+        let acquired = task.await.unwrap();
+        let delay = acquired.duration_since(released);
+        assert!(
+            delay < Duration::from_millis(1000),
+            "woken {delay:?} after the release; NOTIFY did not arrive"
+        );
+        holder.close().await;
+        waiter.close().await;
+    }
+}
+
+fn proxied(url: &str, proxy: SocketAddr) -> String {
+    url.replace("127.0.0.1:3306", &proxy.to_string())
+        .replace("127.0.0.1:5432", &proxy.to_string())
+}
+
+fn upstream(label: &str) -> SocketAddr {
+    match label {
+        "mysql" => "127.0.0.1:3306".parse().unwrap(),
+        _ => "127.0.0.1:5432".parse().unwrap(),
+    }
+}
+
+/// The database goes away (connections reset, new ones refused): calls fail with
+/// typed retryable errors, the watchdog keeps trying until the lease ends and then
+/// fires lost, and once the database is back the pool reconnects.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn database_outage_is_typed_loses_on_time_and_recovers() {
+    for (label, url) in sql_backends() {
+        if label == "sqlite" {
+            continue; // a file has no network between client and server
+        }
+        let proxy = FaultProxy::start(upstream(&label)).await.unwrap();
+        let url = proxied(&url, proxy.addr());
+        assert!(
+            url.contains(&proxy.addr().to_string()),
+            "{label}: URL {url} does not go through the proxy"
+        );
+        let lease = Duration::from_millis(900);
+        let options = JdbcOptions::default().acquire_timeout(Duration::from_millis(500));
+        let m = manager(&url, options, lease).await;
+        let name = format!("outage-{:x}", fastrand::u64(..));
+        let g = m
+            .lock(&name)
+            .try_lock(Duration::ZERO)
+            .await
+            .unwrap()
+            .unwrap();
+
+        proxy.set(Fault::Reset);
+        let err = m.lock("other").try_lock(Duration::ZERO).await.unwrap_err();
+        assert!(
+            matches!(err.kind(), ErrorKind::Backend | ErrorKind::Timeout),
+            "{label}: {err}"
+        );
+        assert!(err.is_retryable(), "{label}: {err}");
+        let reason = tokio::time::timeout(lease * 3, g.lost())
+            .await
+            .expect("lost fired");
+        assert_eq!(reason, LostReason::LeaseExpired);
+        assert!(
+            g.acquired_at().elapsed() >= lease,
+            "{label}: declared lost before the lease ended"
+        );
+
+        proxy.set(Fault::Pass);
+        let back = eventually(Duration::from_secs(20), || async {
+            match m.lock(&name).try_lock(Duration::from_secs(1)).await {
+                Ok(Some(g)) => g.unlock().await.is_ok(),
+                _ => false,
+            }
+        })
+        .await;
+        assert!(
+            back,
+            "{label}: the pool did not reconnect after the database came back"
+        );
+        m.close().await;
+    }
+}
+
+/// A silent network (black hole): renewals hang, and the lock is declared lost when
+/// its lease ends, not when some socket timeout finally fires.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_network_loses_the_lock_when_the_lease_ends() {
+    for (label, url) in sql_backends() {
+        if label == "sqlite" {
+            continue;
+        }
+        let proxy = FaultProxy::start(upstream(&label)).await.unwrap();
+        let lease = Duration::from_millis(900);
+        let m = manager(&proxied(&url, proxy.addr()), JdbcOptions::default(), lease).await;
+        let g = m
+            .lock(&format!("silent-{:x}", fastrand::u64(..)))
+            .try_lock(Duration::ZERO)
+            .await
+            .unwrap()
+            .unwrap();
+        proxy.set(Fault::Blackhole);
+        let reason = tokio::time::timeout(lease * 2, g.lost())
+            .await
+            .expect("lost fired within the lease");
+        assert_eq!(reason, LostReason::LeaseExpired);
+        let at = g.acquired_at().elapsed();
+        assert!(
+            at >= lease && at < lease + Duration::from_millis(500),
+            "{label}: lost after {at:?}"
+        );
+        proxy.set(Fault::Reset);
+        drop(g);
+        m.close().await;
+    }
+}
+
+#[test]
+fn the_suite_knows_every_sql_label() {
+    for label in ["sqlite", "mysql", "postgres"] {
+        assert!(testsuite::backends::KNOWN.contains(&label));
+        assert!(sql_url(label).is_some());
+    }
+}
