@@ -5,11 +5,25 @@ use std::sync::Arc;
 
 use dlock_spi::{Error, ErrorKind, InMemoryBackend, LockRemoteResource, Result};
 
+/// The URL schemes this build understands.
+pub const SUPPORTED: &[&str] = &[
+    "memory://",
+    #[cfg(feature = "sqlite")]
+    "sqlite://",
+    #[cfg(feature = "mysql")]
+    "mysql://",
+    #[cfg(feature = "postgres")]
+    "postgres://",
+];
+
 /// Opens the backend a URL names.
 ///
 /// | scheme | backend | feature |
 /// |---|---|---|
 /// | `memory://` | process-local [`InMemoryBackend`] (a new, empty one per call) | always |
+/// | `sqlite://path.db` | SQLite file via `dlock-jdbc` | `sqlite` |
+/// | `mysql://…`, `mariadb://…` | MariaDB / MySQL via `dlock-jdbc` | `mysql` |
+/// | `postgres://…`, `postgresql://…` | PostgreSQL via `dlock-jdbc` | `postgres` |
 ///
 /// Unknown schemes, and schemes whose feature is not enabled, fail with
 /// [`ErrorKind::Config`] naming what to do. Passwords in the URL never appear in errors.
@@ -25,11 +39,18 @@ pub async fn open_backend(url: &str) -> Result<Arc<dyn LockRemoteResource>> {
     };
     match scheme.to_ascii_lowercase().as_str() {
         "memory" | "mem" => Ok(Arc::new(InMemoryBackend::new())),
+        #[cfg(feature = "sqlite")]
+        "sqlite" => Ok(Arc::new(dlock_jdbc::JdbcBackend::connect(url).await?)),
+        #[cfg(feature = "mysql")]
+        "mysql" | "mariadb" => Ok(Arc::new(dlock_jdbc::JdbcBackend::connect(url).await?)),
+        #[cfg(feature = "postgres")]
+        "postgres" | "postgresql" => Ok(Arc::new(dlock_jdbc::JdbcBackend::connect(url).await?)),
         other => Err(Error::new(
             ErrorKind::Config,
             format!(
-                "unknown backend scheme {other:?} in {:?}; supported: memory:// (enable the redis, mysql, postgres, sqlite or zk features for more)",
-                redact_url(url)
+                "unsupported backend scheme {other:?} in {:?}; this build supports {} (enable dlock-api's sqlite, mysql or postgres features for more)",
+                redact_url(url),
+                SUPPORTED.join(", ")
             ),
         )),
     }

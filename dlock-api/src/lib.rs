@@ -48,7 +48,11 @@ mod lock;
 mod manager;
 mod watchdog;
 
-pub use connect::{open_backend, redact_url};
+pub use connect::{open_backend, redact_url, SUPPORTED};
+
+/// The SQL backend (features `sqlite`, `mysql`, `postgres`).
+#[cfg(any(feature = "sqlite", feature = "mysql", feature = "postgres"))]
+pub use dlock_jdbc as jdbc;
 pub use guard::{LockGuard, LostSignal};
 pub use lock::{DistributeLock, LockGroup, ReadWriteLock};
 pub use manager::{DistributeLockManager, DistributeLockManagerBuilder};

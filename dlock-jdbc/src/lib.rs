@@ -67,7 +67,6 @@ pub use migrate::SCHEMA_VERSION;
 
 use crate::backend::{Inner, Wakeups};
 use crate::dialect::{validate_prefix, Statements};
-use crate::error::map_sqlx;
 use crate::pool::Pool;
 
 /// The longest lock name stored, in bytes (the width of MySQL's key column).
@@ -228,17 +227,26 @@ impl JdbcBackend {
             }
         };
         let dialect = pool.dialect();
-        // Fail now, with a clear message, if the database is unreachable.
-        let probe: std::result::Result<(), sqlx::Error> =
-            pool::on_pool!(&pool, p => p.acquire().await.map(drop));
+        // Fail now, with the real cause, if the database is unreachable: a direct
+        // connection reports "connection refused" where the pool says only "timed out".
+        let probe: std::result::Result<(), sqlx::Error> = pool::on_pool!(&pool, p => {
+            use sqlx::{ConnectOptions, Connection};
+            match tokio::time::timeout(options.acquire_timeout, p.connect_options().connect()).await {
+                Ok(Ok(conn)) => conn.close().await,
+                Ok(Err(e)) => Err(e),
+                Err(_) => Err(sqlx::Error::PoolTimedOut),
+            }
+        });
         probe.map_err(|e| {
-            let mapped = map_sqlx(e, dialect.name(), "connect");
+            let retryable = !matches!(e, sqlx::Error::Configuration(_) | sqlx::Error::Database(_));
             Error::new(
-                mapped.kind(),
-                format!("cannot connect to {}: {}", redact(&url), mapped.message()),
+                if retryable { ErrorKind::Backend } else { ErrorKind::Config },
+                format!(
+                    "cannot connect to {}: {e}; check that the server runs, the URL is right and the user may log in",
+                    redact(&url)
+                ),
             )
-            .set_retryable(mapped.is_retryable())
-            .with_source(mapped)
+            .set_retryable(retryable)
         })?;
         if options.migrate {
             migrate::migrate(&pool, &options.table_prefix).await?;

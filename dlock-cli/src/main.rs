@@ -1,0 +1,104 @@
+//! `dlock` — distributed locks from the shell.
+//!
+//! The backend comes from `--backend URL` or `DLOCK_URL`, defaulting to the SQLite
+//! file `dlock.db` in the working directory.
+
+mod demo;
+mod exec;
+mod exit;
+mod status;
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use dlock_api::DistributeLockManager;
+
+use crate::exit::Failure;
+
+/// Distributed locks from the shell, on SQLite, MariaDB/MySQL or PostgreSQL.
+#[derive(Parser, Debug)]
+#[command(name = "dlock", version, about)]
+struct Cli {
+    /// Backend URL: sqlite://FILE, mysql://USER@HOST/DB, postgres://USER@HOST/DB, memory://
+    #[arg(
+        long,
+        env = "DLOCK_URL",
+        default_value = "sqlite://dlock.db",
+        global = true
+    )]
+    backend: String,
+
+    /// Prefix put in front of every lock name.
+    #[arg(long, default_value = "", global = true)]
+    namespace: String,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Worker processes increment a shared counter under one lock; the final counter
+    /// must equal the number of successful acquisitions.
+    Demo(demo::DemoArgs),
+    /// Runs a command while holding a lock (a distributed flock(1)).
+    Exec(exec::ExecArgs),
+    /// Shows who holds a lock.
+    Status {
+        /// The lock name.
+        name: String,
+    },
+    /// Removes a lock behind its holders' backs.
+    Unlock {
+        /// The lock name.
+        name: String,
+        /// Confirms that you mean to break another process's lock.
+        #[arg(long)]
+        force: bool,
+    },
+    /// One demo worker (started by `dlock demo`).
+    #[command(hide = true)]
+    Worker(demo::WorkerArgs),
+}
+
+/// Parses durations such as `500ms`, `10s`, `2m`.
+pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s).map_err(|e| format!("{e}; write durations like 500ms, 10s or 2m"))
+}
+
+pub(crate) async fn connect(
+    cli_backend: &str,
+    namespace: &str,
+    lease: Option<Duration>,
+) -> Result<DistributeLockManager, Failure> {
+    let resource = dlock_api::open_backend(cli_backend)
+        .await
+        .map_err(Failure::from)?;
+    let mut builder = dlock_api::DistributeLockManagerBuilder::new(resource).namespace(namespace);
+    if let Some(lease) = lease {
+        builder = builder.lease(lease);
+    }
+    builder.build().map_err(Failure::from)
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Demo(args) => demo::run(&cli.backend, &cli.namespace, args).await,
+        Command::Worker(args) => demo::worker(&cli.backend, &cli.namespace, args).await,
+        Command::Exec(args) => exec::run(&cli.backend, &cli.namespace, args).await,
+        Command::Status { name } => status::status(&cli.backend, &cli.namespace, &name).await,
+        Command::Unlock { name, force } => {
+            status::unlock(&cli.backend, &cli.namespace, &name, force).await
+        }
+    };
+    match result {
+        Ok(code) => code,
+        Err(failure) => {
+            eprintln!("dlock: {}", failure.message);
+            ExitCode::from(failure.code)
+        }
+    }
+}

@@ -1,0 +1,241 @@
+//! The `dlock` binary as a user runs it, on the SQL backends in `DLOCK_TEST_BACKENDS`
+//! (`sqlite` always runs: it needs no server).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use dlock_api::DistributeLockManager;
+
+const DLOCK: &str = env!("CARGO_BIN_EXE_dlock");
+
+fn sqlite_url() -> String {
+    let file = std::env::temp_dir().join(format!("dlock-cli-{:016x}.db", fastrand::u64(..)));
+    format!("sqlite://{}", file.display())
+}
+
+/// The selected SQL backends' URLs (the same defaults as the test suite's).
+fn sql_urls() -> Vec<(String, String)> {
+    let selected = std::env::var("DLOCK_TEST_BACKENDS").unwrap_or_else(|_| "memory".to_owned());
+    let mut urls = vec![("sqlite".to_owned(), sqlite_url())];
+    for label in selected.split(',').map(str::trim) {
+        let url = match label {
+            "mysql" => std::env::var("DLOCK_MYSQL_URL")
+                .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into()),
+            "postgres" => std::env::var("DLOCK_POSTGRES_URL")
+                .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into()),
+            _ => continue,
+        };
+        urls.push((label.to_owned(), url));
+    }
+    urls
+}
+
+fn dlock(url: &str, namespace: &str, args: &[&str]) -> Output {
+    Command::new(DLOCK)
+        .arg("--backend")
+        .arg(url)
+        .arg("--namespace")
+        .arg(namespace)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run dlock")
+}
+
+fn namespace() -> String {
+    format!("cli{:08x}:", fastrand::u32(..))
+}
+
+/// 3 OS processes × 200 iterations of a non-atomic read–sleep–write under one lock:
+/// the counter equals the successful acquisitions and no two processes overlapped.
+#[test]
+fn three_processes_share_one_counter_without_losing_updates() {
+    for (label, url) in sql_urls() {
+        let out = dlock(
+            &url,
+            &namespace(),
+            &[
+                "demo",
+                "--workers",
+                "3",
+                "--iterations",
+                "200",
+                "--wait",
+                "60s",
+            ],
+        );
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{label}: demo failed\n{stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let total: Vec<u64> = stdout
+            .lines()
+            .find(|l| l.starts_with("total"))
+            .expect("total row")
+            .split_whitespace()
+            .skip(1)
+            .map(|n| n.parse().unwrap())
+            .collect();
+        let (acquired, overlaps) = (total[0], total[3]);
+        let counter: u64 = stdout
+            .lines()
+            .find(|l| l.starts_with("counter"))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|n| n.parse().ok())
+            .expect("counter line");
+        assert_eq!(counter, acquired, "{label}: lost updates\n{stdout}");
+        assert_eq!(
+            acquired, 600,
+            "{label}: not every attempt acquired\n{stdout}"
+        );
+        assert_eq!(overlaps, 0, "{label}: processes overlapped\n{stdout}");
+        eprintln!("{label}: {}", stdout.lines().last().unwrap_or_default());
+    }
+}
+
+#[test]
+fn exec_passes_the_exit_status_and_the_fencing_token() {
+    let url = sqlite_url();
+    let ns = namespace();
+    let out = dlock(&url, &ns, &["exec", "job", "--", "sh", "-c", "exit 3"]);
+    assert_eq!(out.status.code(), Some(3));
+    let out = dlock(
+        &url,
+        &ns,
+        &[
+            "exec",
+            "job",
+            "--",
+            "sh",
+            "-c",
+            "test \"$DLOCK_FENCING_TOKEN\" -gt 0",
+        ],
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = dlock(&url, &ns, &["exec", "job", "--", "/nonexistent/program"]);
+    assert_eq!(out.status.code(), Some(127));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exec_gives_up_after_wait_and_stops_the_command_when_the_lock_is_lost() {
+    let url = sqlite_url();
+    let ns = namespace();
+    let holder =
+        DistributeLockManager::builder(dlock_api::jdbc::JdbcBackend::connect(&url).await.unwrap())
+            .namespace(ns.clone())
+            .build()
+            .unwrap();
+    let g = holder
+        .lock("busy")
+        .try_lock(Duration::ZERO)
+        .await
+        .unwrap()
+        .unwrap();
+    let started = Instant::now();
+    let out = dlock(
+        &url,
+        &ns,
+        &["exec", "busy", "--wait", "300ms", "--", "true"],
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(75),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(started.elapsed() >= Duration::from_millis(300));
+    g.unlock().await.unwrap();
+
+    // The command runs under the lock; an operator breaks it; dlock stops the command.
+    let mut child = Command::new(DLOCK)
+        .args([
+            "--backend",
+            &url,
+            "--namespace",
+            &ns,
+            "exec",
+            "victim",
+            "--lease",
+            "600ms",
+            "--",
+            "sleep",
+            "30",
+        ])
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let held =
+        testsuite_eventually(|| async { holder.inspect("victim").await.unwrap().is_some() }).await;
+    assert!(held, "dlock exec never took the lock");
+    let broke = Instant::now();
+    let out = dlock(&url, &ns, &["unlock", "victim", "--force"]);
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("removed 1"));
+    let status = tokio::task::spawn_blocking(move || child.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        status.status.code(),
+        Some(76),
+        "{}",
+        String::from_utf8_lossy(&status.stderr)
+    );
+    assert!(
+        broke.elapsed() < Duration::from_secs(10),
+        "the command was not stopped promptly"
+    );
+    assert!(String::from_utf8_lossy(&status.stderr).contains("lock lost"));
+    holder.close().await;
+}
+
+async fn testsuite_eventually<F, Fut>(mut check: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let end = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < end {
+        if check().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    false
+}
+
+#[test]
+fn status_unlock_and_input_errors() {
+    let url = sqlite_url();
+    let ns = namespace();
+    let out = dlock(&url, &ns, &["status", "nothing"]);
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("nothing: free"));
+    let out = dlock(&url, &ns, &["unlock", "nothing"]);
+    assert_eq!(out.status.code(), Some(64));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--force"));
+    let out = dlock(&url, &ns, &["exec", "x", "--wait", "soon", "--", "true"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("500ms"));
+    let out = dlock("nope://x", &ns, &["status", "a"]);
+    assert_eq!(out.status.code(), Some(78));
+    let out = dlock(
+        "mysql://root:sekret@127.0.0.1:1/test",
+        &ns,
+        &["status", "a"],
+    );
+    assert_eq!(out.status.code(), Some(69));
+    assert!(
+        !String::from_utf8_lossy(&out.stderr).contains("sekret"),
+        "the password leaked"
+    );
+}
