@@ -172,6 +172,11 @@ impl JdbcBackend {
         self.inner.pool.dialect()
     }
 
+    /// The connection pool this backend uses.
+    pub fn sqlx_pool(&self) -> &Pool {
+        &self.inner.pool
+    }
+
     /// Test hook: acquire statements sent so far by this backend.
     pub fn acquire_attempts(&self) -> u64 {
         self.inner.attempts.load(Ordering::Relaxed)

@@ -53,7 +53,7 @@ mod backend;
 mod dialect;
 mod error;
 mod migrate;
-mod pool;
+pub(crate) mod pool;
 
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
@@ -64,6 +64,10 @@ use dlock_spi::{Backoff, Error, ErrorKind, Result};
 pub use backend::JdbcBackend;
 pub use dialect::Dialect;
 pub use migrate::SCHEMA_VERSION;
+pub use pool::Pool as SqlPool;
+
+/// The sqlx version dlock-jdbc is built on, for code that uses [`SqlPool`].
+pub use sqlx;
 
 use crate::backend::{Inner, Wakeups};
 use crate::dialect::{validate_prefix, Statements};

@@ -3,19 +3,25 @@
 
 use crate::dialect::Dialect;
 
-/// A connection pool of one of the enabled drivers.
+/// The sqlx connection pool behind a [`crate::JdbcBackend`], one variant per enabled
+/// driver. Share it with your application, or run your own statements on it.
 #[derive(Debug, Clone)]
-pub(crate) enum Pool {
+#[non_exhaustive]
+pub enum Pool {
+    /// SQLite.
     #[cfg(feature = "sqlite")]
     Sqlite(sqlx::SqlitePool),
+    /// MariaDB / MySQL.
     #[cfg(feature = "mysql")]
     MySql(sqlx::MySqlPool),
+    /// PostgreSQL.
     #[cfg(feature = "postgres")]
     Postgres(sqlx::PgPool),
 }
 
 impl Pool {
-    pub(crate) fn dialect(&self) -> Dialect {
+    /// The dialect of this pool's database.
+    pub fn dialect(&self) -> Dialect {
         match self {
             #[cfg(feature = "sqlite")]
             Pool::Sqlite(_) => Dialect::Sqlite,
