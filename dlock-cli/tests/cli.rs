@@ -155,7 +155,7 @@ async fn exec_gives_up_after_wait_and_stops_the_command_when_the_lock_is_lost() 
     g.unlock().await.unwrap();
 
     // The command runs under the lock; an operator breaks it; dlock stops the command.
-    let mut child = Command::new(DLOCK)
+    let child = Command::new(DLOCK)
         .args([
             "--backend",
             &url,

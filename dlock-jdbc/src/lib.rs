@@ -34,7 +34,7 @@
 //! * **Fencing tokens** live in the lock's row, which outlives releases, and advance
 //!   as `token = max(token + 1, database clock in µs)`: strictly increasing, and still
 //!   above every earlier token if the row is deleted and recreated later.
-//! * **Waiting** polls with [`Backoff`](dlock_spi::Backoff) (equal jitter), never past
+//! * **Waiting** polls with [`Backoff`] (equal jitter), never past
 //!   the deadline and never past the holder's lease end; on PostgreSQL a release also
 //!   sends `NOTIFY` and one local waiter per process wakes at once.
 //! * **Fair mode** is not supported (`ErrorKind::Unsupported`). **Shared mode** is; a

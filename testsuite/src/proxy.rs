@@ -48,7 +48,7 @@ impl FaultProxy {
             while let Ok((client, _)) = listener.accept().await {
                 let watcher = watcher.clone();
                 if *watcher.borrow() == Fault::Reset {
-                    let _ = client.set_linger(Some(Duration::ZERO));
+                    let _ = client.set_zero_linger();
                     drop(client);
                     continue;
                 }
