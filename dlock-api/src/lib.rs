@@ -48,7 +48,8 @@ mod lock;
 mod manager;
 mod watchdog;
 
-pub use connect::{open_backend, redact_url, SUPPORTED};
+pub use connect::{open_backend, SUPPORTED};
+pub use dlock_spi::redact_url;
 
 /// The SQL backend (features `sqlite`, `mysql`, `postgres`).
 #[cfg(any(feature = "sqlite", feature = "mysql", feature = "postgres"))]
