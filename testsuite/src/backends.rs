@@ -6,6 +6,7 @@ use async_trait::async_trait;
 use std::sync::Mutex;
 
 use dlock_jdbc::JdbcBackend;
+use dlock_redis::RedisBackend;
 use dlock_spi::{
     Error, ErrorKind, InMemoryBackend, LockAdmin, LockName, LockRemoteResource, Result,
 };
@@ -13,13 +14,20 @@ use dlock_spi::{
 use crate::TestBackend;
 
 /// Every label the runner understands.
-pub const KNOWN: &[&str] = &["memory", "sqlite", "mysql", "postgres"];
+pub const KNOWN: &[&str] = &[
+    "memory",
+    "sqlite",
+    "mysql",
+    "postgres",
+    "redis",
+    "redis-cluster",
+];
 
-/// The database URL a SQL label uses: `DLOCK_<LABEL>_URL`, or the local default
+/// The URL a server-backed label uses: `DLOCK_<LABEL>_URL`, or the local default
 /// (MariaDB root with no password and PostgreSQL trust auth, database `test`, on
 /// 127.0.0.1; SQLite in a fresh temporary file).
 pub fn sql_url(label: &str) -> Option<String> {
-    let var = format!("DLOCK_{}_URL", label.to_ascii_uppercase());
+    let var = format!("DLOCK_{}_URL", label.to_ascii_uppercase().replace('-', "_"));
     if let Ok(url) = std::env::var(&var) {
         return Some(url);
     }
@@ -31,6 +39,10 @@ pub fn sql_url(label: &str) -> Option<String> {
         }
         "mysql" => Some("mysql://root@127.0.0.1:3306/test".to_owned()),
         "postgres" => Some("postgres://postgres@127.0.0.1:5432/test".to_owned()),
+        "redis" => Some("redis://127.0.0.1:6379".to_owned()),
+        "redis-cluster" => {
+            Some("redis+cluster://127.0.0.1:7000,127.0.0.1:7001,127.0.0.1:7002".to_owned())
+        }
         _ => None,
     }
 }
@@ -43,6 +55,10 @@ pub async fn open(label: &str) -> Result<Arc<dyn TestBackend>> {
         "sqlite" | "mysql" | "postgres" => {
             let url = sql_url(label).unwrap_or_default();
             Ok(Arc::new(SqlTestBackend::open(label, url).await?))
+        }
+        "redis" | "redis-cluster" => {
+            let url = sql_url(label).unwrap_or_default();
+            Ok(Arc::new(RedisTestBackend::open(label, url).await?))
         }
         other => Err(Error::new(
             ErrorKind::Config,
@@ -146,5 +162,59 @@ impl Drop for SqlTestBackend {
                 }
             }
         }
+    }
+}
+
+/// Redis (single node or Cluster); every client is a new connection, as another
+/// process would have.
+pub struct RedisTestBackend {
+    label: &'static str,
+    url: String,
+    admin: RedisBackend,
+    clients: Mutex<Vec<RedisBackend>>,
+}
+
+impl RedisTestBackend {
+    /// Connects once, so an unreachable server fails here.
+    pub async fn open(label: &str, url: String) -> Result<Self> {
+        let label = if label == "redis" {
+            "redis"
+        } else {
+            "redis-cluster"
+        };
+        let admin = RedisBackend::connect(&url).await?;
+        admin.live_locks("").await?; // a round trip: reachable, not just configured
+        Ok(RedisTestBackend {
+            label,
+            url,
+            admin,
+            clients: Mutex::new(Vec::new()),
+        })
+    }
+}
+
+#[async_trait]
+impl TestBackend for RedisTestBackend {
+    fn label(&self) -> &'static str {
+        self.label
+    }
+
+    async fn client(&self) -> Result<Arc<dyn LockRemoteResource>> {
+        let client = RedisBackend::connect(&self.url).await?;
+        self.clients.lock().expect("clients").push(client.clone());
+        Ok(Arc::new(client))
+    }
+
+    async fn steal(&self, name: &LockName) -> Result<()> {
+        self.admin.force_release(name).await.map(drop)
+    }
+
+    async fn live_state(&self, prefix: &str) -> Result<usize> {
+        self.admin.live_locks(prefix).await
+    }
+
+    fn acquire_attempts(&self) -> Option<u64> {
+        let clients = self.clients.lock().expect("clients");
+        Some(clients.iter().map(RedisBackend::acquire_attempts).sum())
     }
 }

@@ -1,0 +1,599 @@
+//! The Redis `LockRemoteResource`.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use dlock_spi::{
+    redact_url, AcquireRequest, AcquireResult, Capabilities, Error, ErrorKind, Fairness,
+    FencingToken, HolderInfo, LockAdmin, LockMode, LockName, LockRemoteResource, LockState,
+    OwnerId, ReleaseRequest, ReleaseResult, RenewRequest, RenewResult, Result,
+};
+use redis::aio::ConnectionManager;
+use redis::cluster_async::ClusterConnection;
+use redis::{FromRedisValue, Value};
+
+use crate::error::map_redis;
+use crate::keys::{scan_pattern, LockKeys};
+use crate::notices::Notices;
+use crate::scripts::Scripts;
+use crate::RedisOptions;
+
+/// How often a parked non-fair waiter re-checks even without a notice: a safety net
+/// for notices lost in transit, not the way waiters normally wake.
+const SAFETY_RECHECK: Duration = Duration::from_secs(5);
+
+#[derive(Clone)]
+enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl Conn {
+    async fn invoke<T: FromRedisValue>(
+        &self,
+        inv: &redis::ScriptInvocation<'_>,
+    ) -> redis::RedisResult<T> {
+        match self {
+            Conn::Single(c) => inv.invoke_async(&mut c.clone()).await,
+            Conn::Cluster(c) => inv.invoke_async(&mut c.clone()).await,
+        }
+    }
+}
+
+struct Inner {
+    conn: Conn,
+    scripts: Scripts,
+    options: RedisOptions,
+    notices: Option<Arc<Notices>>,
+    /// One client per node given in the URL, for SCAN (live-lock counting).
+    nodes: Vec<redis::Client>,
+    attempts: AtomicU64,
+}
+
+/// A lock backend on Redis (single node or Cluster). Cheap to clone.
+#[derive(Clone)]
+pub struct RedisBackend {
+    inner: Arc<Inner>,
+}
+
+/// Removes a fair waiter's queue entry if its acquire is dropped mid-wait.
+struct QueueSlot {
+    backend: RedisBackend,
+    keys: LockKeys,
+    owner: String,
+    armed: bool,
+}
+
+impl Drop for QueueSlot {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let backend = self.backend.clone();
+        let keys = self.keys.clone();
+        let owner = std::mem::take(&mut self.owner);
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                if let Err(e) = backend.leave_queue(&keys, &owner).await {
+                    tracing::debug!(error = %e, "dlock-redis: leaving the fair queue failed; the entry lapses with its liveness");
+                }
+            });
+        }
+    }
+}
+
+fn parse_cluster_url(url: &str) -> Result<Vec<String>> {
+    let rest = &url["redis+cluster://".len()..];
+    let (userinfo, hosts) = match rest.rfind('@') {
+        Some(at) => (Some(&rest[..at]), &rest[at + 1..]),
+        None => (None, rest),
+    };
+    let hosts = hosts.split(['/', '?']).next().unwrap_or("");
+    let nodes: Vec<String> = hosts
+        .split(',')
+        .filter(|h| !h.is_empty())
+        .map(|h| match userinfo {
+            Some(u) => format!("redis://{u}@{h}"),
+            None => format!("redis://{h}"),
+        })
+        .collect();
+    if nodes.is_empty() {
+        return Err(Error::new(
+            ErrorKind::Config,
+            format!(
+                "{:?} names no node; write redis+cluster://host1:port,host2:port",
+                redact_url(url)
+            ),
+        ));
+    }
+    Ok(nodes)
+}
+
+fn config_error(url: &str, e: redis::RedisError) -> Error {
+    Error::new(
+        ErrorKind::Config,
+        format!("invalid Redis URL {}: {e}", redact_url(url)),
+    )
+}
+
+fn int(v: Option<&Value>) -> i64 {
+    match v {
+        Some(Value::Int(i)) => *i,
+        Some(Value::BulkString(b)) => std::str::from_utf8(b)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0),
+        _ => 0,
+    }
+}
+
+fn bytes(v: Option<&Value>) -> Vec<u8> {
+    match v {
+        Some(Value::BulkString(b)) => b.clone(),
+        Some(Value::SimpleString(s)) => s.clone().into_bytes(),
+        _ => Vec::new(),
+    }
+}
+
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
+impl RedisBackend {
+    /// Connects with default options. URLs: `redis://[user:pass@]host:port[/db]`,
+    /// `rediss://…` (TLS, if the redis crate's TLS feature is enabled), or
+    /// `redis+cluster://[user:pass@]host1:port,host2:port,…`.
+    pub async fn connect(url: &str) -> Result<Self> {
+        Self::connect_with(url, RedisOptions::default()).await
+    }
+
+    /// Connects with `options`.
+    pub async fn connect_with(url: &str, options: RedisOptions) -> Result<Self> {
+        let (conn, nodes) = if url.starts_with("redis+cluster://") {
+            if options.replica_ack.is_some() {
+                return Err(Error::new(
+                    ErrorKind::Config,
+                    "replica acknowledgement (WAIT) is supported on a single node only; remove replica_ack for Cluster",
+                ));
+            }
+            let node_urls = parse_cluster_url(url)?;
+            let nodes = node_urls
+                .iter()
+                .map(|u| redis::Client::open(u.as_str()).map_err(|e| config_error(url, e)))
+                .collect::<Result<Vec<_>>>()?;
+            let client = redis::cluster::ClusterClient::new(node_urls.clone())
+                .map_err(|e| config_error(url, e))?;
+            let conn = client
+                .get_async_connection()
+                .await
+                .map_err(|e| unreachable(url, e))?;
+            (Conn::Cluster(conn), nodes)
+        } else if url.starts_with("redis://") || url.starts_with("rediss://") {
+            let client = redis::Client::open(url).map_err(|e| config_error(url, e))?;
+            let conn = client
+                .get_connection_manager()
+                .await
+                .map_err(|e| unreachable(url, e))?;
+            (Conn::Single(conn), vec![client])
+        } else {
+            return Err(Error::new(
+                ErrorKind::Config,
+                format!(
+                    "{:?} is not a Redis URL; use redis://host:6379 or redis+cluster://host1:7000,host2:7001",
+                    redact_url(url)
+                ),
+            ));
+        };
+        if options.key_prefix.contains(['{', '}']) {
+            return Err(Error::new(
+                ErrorKind::Config,
+                "the key prefix may not contain '{' or '}' (they delimit the Cluster hash tag)",
+            ));
+        }
+        let notices = match (&options.polling, nodes.first()) {
+            (None, Some(node)) => Some(Notices::start(node.clone()).await.map_err(|e| {
+                let mapped = map_redis(e, "connect");
+                Error::new(
+                    mapped.kind(),
+                    format!(
+                        "cannot open the release-notice (pub/sub) connection to {}: {} — if pub/sub is not allowed, use RedisOptions::polling",
+                        redact_url(url),
+                        mapped.message()
+                    ),
+                )
+                .with_source(mapped)
+            })?),
+            _ => None,
+        };
+        Ok(RedisBackend {
+            inner: Arc::new(Inner {
+                conn,
+                scripts: Scripts::new(),
+                options,
+                notices,
+                nodes,
+                attempts: AtomicU64::new(0),
+            }),
+        })
+    }
+
+    /// Test hook: acquire script runs sent by this backend.
+    pub fn acquire_attempts(&self) -> u64 {
+        self.inner.attempts.load(Ordering::Relaxed)
+    }
+
+    fn keys(&self, name: &LockName) -> LockKeys {
+        LockKeys::new(&self.inner.options.key_prefix, name)
+    }
+
+    fn channel<'a>(&self, keys: &'a LockKeys) -> &'a str {
+        if self.inner.notices.is_some() {
+            &keys.channel
+        } else {
+            ""
+        }
+    }
+
+    async fn leave_queue(&self, keys: &LockKeys, owner: &str) -> Result<()> {
+        let mut inv = self.inner.scripts.leave.prepare_invoke();
+        for k in keys.all() {
+            inv.key(k);
+        }
+        inv.arg(owner).arg(self.channel(keys));
+        self.inner
+            .conn
+            .invoke::<i64>(&inv)
+            .await
+            .map(drop)
+            .map_err(|e| map_redis(e, "acquire"))
+    }
+
+    async fn attempt(
+        &self,
+        req: &AcquireRequest,
+        keys: &LockKeys,
+        waiting: bool,
+    ) -> Result<(bool, i64, bool)> {
+        self.inner.attempts.fetch_add(1, Ordering::Relaxed);
+        let o = &self.inner.options;
+        let mut inv = self.inner.scripts.acquire.prepare_invoke();
+        for k in keys.all() {
+            inv.key(k);
+        }
+        let mark = o.polling.map_or(Duration::from_secs(1), |b| {
+            (b.delay(u32::MAX) * 4).max(Duration::from_secs(1))
+        });
+        inv.arg(req.owner.as_str())
+            .arg(if req.mode == LockMode::Exclusive {
+                "x"
+            } else {
+                "s"
+            })
+            .arg(ms(req.lease))
+            .arg(req.context.as_ref())
+            .arg(if req.fairness == Fairness::Fair {
+                "1"
+            } else {
+                "0"
+            })
+            .arg(if waiting { "1" } else { "0" })
+            .arg(ms(o.waiter_liveness))
+            .arg(ms(mark))
+            .arg(self.channel(keys));
+        let reply: Vec<i64> = self
+            .inner
+            .conn
+            .invoke(&inv)
+            .await
+            .map_err(|e| map_redis(e, "acquire"))?;
+        Ok((
+            reply.first() == Some(&1),
+            reply.get(1).copied().unwrap_or(0),
+            reply.get(2) == Some(&1),
+        ))
+    }
+
+    /// `WAIT` for replicas after an acquire; releases and fails if too few answer.
+    async fn check_replicas(&self, req: &AcquireRequest) -> Result<()> {
+        let (Some((want, timeout)), Conn::Single(conn)) =
+            (self.inner.options.replica_ack, &self.inner.conn)
+        else {
+            return Ok(());
+        };
+        let acked: i64 = redis::cmd("WAIT")
+            .arg(want)
+            .arg(ms(timeout))
+            .query_async(&mut conn.clone())
+            .await
+            .map_err(|e| map_redis(e, "acquire"))?;
+        if acked >= i64::from(want) {
+            return Ok(());
+        }
+        let release = ReleaseRequest::new(
+            req.name.clone(),
+            req.owner.clone(),
+            req.mode,
+            FencingToken::new(0),
+        );
+        let _ = self.release(&release).await;
+        Err(Error::new(
+            ErrorKind::Backend,
+            format!(
+                "only {acked} of {want} replicas acknowledged the lock within {timeout:?}; it was released — check replication, or lower replica_ack"
+            ),
+        )
+        .with_context("lock", &req.name))
+    }
+}
+
+fn unreachable(url: &str, e: redis::RedisError) -> Error {
+    let mapped = map_redis(e, "connect");
+    Error::new(
+        mapped.kind(),
+        format!(
+            "cannot connect to {}: {}",
+            redact_url(url),
+            mapped.message()
+        ),
+    )
+    .set_retryable(mapped.is_retryable())
+    .with_source(mapped)
+}
+
+#[async_trait]
+impl LockRemoteResource for RedisBackend {
+    fn backend_name(&self) -> &'static str {
+        "redis"
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        let mut caps = Capabilities::default();
+        caps.lease = true;
+        caps.renew = true;
+        caps.reentrant = true;
+        caps.fair = true;
+        caps.shared = true;
+        caps.push_wakeup = self.inner.notices.is_some();
+        caps.fencing = true;
+        caps
+    }
+
+    async fn try_acquire(&self, req: &AcquireRequest) -> Result<AcquireResult> {
+        let keys = self.keys(&req.name);
+        // Subscribe (confirmed) before the first attempt: no lost wake-up.
+        let mut registration = match (&self.inner.notices, req.deadline) {
+            (Some(n), Some(_)) => Some(n.register(&keys.channel, req.owner.as_str()).await),
+            _ => None,
+        };
+        let mut slot = QueueSlot {
+            backend: self.clone(),
+            keys: keys.clone(),
+            owner: req.owner.as_str().to_owned(),
+            armed: false,
+        };
+        let mut round = 0u32;
+        loop {
+            let now = Instant::now();
+            let waiting = req.deadline.is_some_and(|d| d > now);
+            let (granted, left_ms, queued) = self.attempt(req, &keys, waiting).await?;
+            if granted {
+                slot.armed = false;
+                if let Some(r) = registration.as_mut() {
+                    r.mark_acquired();
+                }
+                // The token comes back as the second element when granted.
+                let token = u64::try_from(left_ms).unwrap_or(0);
+                self.check_replicas(req).await?;
+                return Ok(AcquireResult::acquired(
+                    FencingToken::new(token),
+                    Some(now + req.lease),
+                ));
+            }
+            slot.armed |= queued;
+            let left = u64::try_from(left_ms)
+                .ok()
+                .filter(|m| *m > 0)
+                .map(Duration::from_millis);
+            let Some(deadline) = req.deadline.filter(|d| *d > Instant::now()) else {
+                if slot.armed {
+                    slot.armed = false;
+                    self.leave_queue(&keys, req.owner.as_str()).await?;
+                }
+                return Ok(AcquireResult::not_acquired(None, left));
+            };
+            // Re-check when the holder's lease runs out (a crashed holder sends no notice).
+            let mut wake_at = deadline;
+            if let Some(left) = left {
+                wake_at = wake_at.min(Instant::now() + left + Duration::from_millis(1));
+            }
+            match (&registration, self.inner.options.polling) {
+                (Some(r), None) if r.subscribed() => {
+                    let recheck = if req.fairness == Fairness::Fair {
+                        self.inner.options.waiter_liveness / 3
+                    } else {
+                        SAFETY_RECHECK
+                    };
+                    wake_at = wake_at.min(Instant::now() + recheck);
+                    tokio::select! {
+                        _ = r.notified() => {}
+                        _ = tokio::time::sleep_until(wake_at.into()) => {}
+                    }
+                }
+                (_, polling) => {
+                    let backoff = polling.unwrap_or_default();
+                    let delay = backoff
+                        .delay_within(round, wake_at)
+                        .unwrap_or(Duration::ZERO);
+                    tokio::time::sleep(delay).await;
+                }
+            }
+            round = round.saturating_add(1);
+        }
+    }
+
+    async fn release(&self, req: &ReleaseRequest) -> Result<ReleaseResult> {
+        let keys = self.keys(&req.name);
+        let mut inv = self.inner.scripts.release.prepare_invoke();
+        for k in keys.all() {
+            inv.key(k);
+        }
+        inv.arg(req.owner.as_str())
+            .arg(if req.mode == LockMode::Exclusive {
+                "x"
+            } else {
+                "s"
+            })
+            .arg(self.channel(&keys));
+        let n: i64 = self
+            .inner
+            .conn
+            .invoke(&inv)
+            .await
+            .map_err(|e| map_redis(e, "release"))?;
+        Ok(if n == 1 {
+            ReleaseResult::Released
+        } else {
+            ReleaseResult::NotOwner
+        })
+    }
+
+    async fn renew(&self, req: &RenewRequest) -> Result<RenewResult> {
+        let keys = self.keys(&req.name);
+        let sent = Instant::now();
+        let mut inv = self.inner.scripts.renew.prepare_invoke();
+        for k in keys.all() {
+            inv.key(k);
+        }
+        inv.arg(req.owner.as_str())
+            .arg(if req.mode == LockMode::Exclusive {
+                "x"
+            } else {
+                "s"
+            })
+            .arg(ms(req.lease));
+        let n: i64 = self
+            .inner
+            .conn
+            .invoke(&inv)
+            .await
+            .map_err(|e| map_redis(e, "renew"))?;
+        Ok(if n == 1 {
+            RenewResult::renewed(Some(sent + req.lease))
+        } else {
+            RenewResult::NotOwner
+        })
+    }
+
+    async fn inspect(&self, name: &LockName) -> Result<Option<LockState>> {
+        let keys = self.keys(name);
+        let mut inv = self.inner.scripts.inspect.prepare_invoke();
+        for k in keys.all() {
+            inv.key(k);
+        }
+        let v: Vec<Value> = self
+            .inner
+            .conn
+            .invoke(&inv)
+            .await
+            .map_err(|e| map_redis(e, "inspect"))?;
+        let mut holders = Vec::new();
+        let owner = bytes(v.first());
+        let pttl = int(v.get(3));
+        if !owner.is_empty() && pttl > 0 {
+            holders.push(HolderInfo::new(
+                OwnerId::new(String::from_utf8_lossy(&owner).into_owned()),
+                LockMode::Exclusive,
+                FencingToken::new(u64::try_from(int(v.get(1))).unwrap_or(0)),
+                bytes(v.get(2)).into(),
+                Some(Duration::from_millis(u64::try_from(pttl).unwrap_or(0))),
+            ));
+        }
+        let waiters = usize::try_from(int(v.get(4))).unwrap_or(0);
+        for r in v.get(5..).unwrap_or_default().chunks(4) {
+            holders.push(HolderInfo::new(
+                OwnerId::new(String::from_utf8_lossy(&bytes(r.first())).into_owned()),
+                LockMode::Shared,
+                FencingToken::new(u64::try_from(int(r.get(1))).unwrap_or(0)),
+                bytes(r.get(2)).into(),
+                Some(Duration::from_millis(
+                    u64::try_from(int(r.get(3))).unwrap_or(0),
+                )),
+            ));
+        }
+        if holders.is_empty() && waiters == 0 {
+            return Ok(None);
+        }
+        Ok(Some(LockState::new(holders, Some(waiters))))
+    }
+
+    fn admin(&self) -> Option<&dyn LockAdmin> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl LockAdmin for RedisBackend {
+    async fn force_release(&self, name: &LockName) -> Result<usize> {
+        let keys = self.keys(name);
+        let mut inv = self.inner.scripts.force_release.prepare_invoke();
+        for k in keys.all() {
+            inv.key(k);
+        }
+        inv.arg(self.channel(&keys));
+        let n: i64 = self
+            .inner
+            .conn
+            .invoke(&inv)
+            .await
+            .map_err(|e| map_redis(e, "force_release"))?;
+        Ok(usize::try_from(n).unwrap_or(0))
+    }
+
+    async fn live_locks(&self, prefix: &str) -> Result<usize> {
+        let pattern = scan_pattern(&self.inner.options.key_prefix, prefix);
+        let mut names = HashSet::new();
+        for node in &self.inner.nodes {
+            let mut conn = node
+                .get_multiplexed_async_connection()
+                .await
+                .map_err(|e| map_redis(e, "live_locks"))?;
+            let mut cursor = 0u64;
+            loop {
+                let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+                    .arg(cursor)
+                    .arg("MATCH")
+                    .arg(&pattern)
+                    .arg("COUNT")
+                    .arg(1000)
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(|e| map_redis(e, "live_locks"))?;
+                for key in keys {
+                    if let Some((base, kind)) = key.rsplit_once(':') {
+                        if matches!(kind, "x" | "r" | "q" | "ww") {
+                            names.insert(base.to_owned());
+                        }
+                    }
+                }
+                if next == 0 {
+                    break;
+                }
+                cursor = next;
+            }
+        }
+        Ok(names.len())
+    }
+}
+
+impl std::fmt::Debug for RedisBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisBackend")
+            .field("cluster", &matches!(self.inner.conn, Conn::Cluster(_)))
+            .field("key_prefix", &self.inner.options.key_prefix)
+            .field("push_wakeup", &self.inner.notices.is_some())
+            .finish()
+    }
+}

@@ -1,0 +1,42 @@
+//! The one place redis errors become dlock errors.
+
+use dlock_spi::{Error, ErrorKind};
+
+pub(crate) fn map_redis(err: redis::RedisError, op: &'static str) -> Error {
+    let transient = err.is_io_error()
+        || err.is_connection_dropped()
+        || err.is_connection_refusal()
+        || err.is_timeout()
+        || matches!(
+            err.kind(),
+            redis::ErrorKind::TryAgain
+                | redis::ErrorKind::ClusterDown
+                | redis::ErrorKind::BusyLoadingError
+                | redis::ErrorKind::MasterDown
+                | redis::ErrorKind::Moved
+                | redis::ErrorKind::Ask
+        );
+    let (kind, hint) = if matches!(err.kind(), redis::ErrorKind::InvalidClientConfig) {
+        (
+            ErrorKind::Config,
+            "the Redis URL or client settings are invalid",
+        )
+    } else if matches!(err.kind(), redis::ErrorKind::AuthenticationFailed) {
+        (
+            ErrorKind::Config,
+            "Redis refused the credentials; check the user and password in the URL",
+        )
+    } else if transient {
+        (
+            ErrorKind::Backend,
+            "cannot reach Redis or it is failing over; the client reconnects by itself — retry",
+        )
+    } else {
+        (ErrorKind::Backend, "Redis refused the command; check that the server is Redis 6.2+ and the user may run EVALSHA")
+    };
+    Error::new(kind, hint)
+        .set_retryable(transient)
+        .with_context("backend", "redis")
+        .with_context("op", op)
+        .with_source(err)
+}

@@ -1,0 +1,97 @@
+//! # dlock-redis — Redis backend for dlock
+//!
+//! A [`LockRemoteResource`](dlock_spi::LockRemoteResource) on the `redis` crate, for a
+//! single server (or a Sentinel-managed primary behind one address) and Redis Cluster.
+//!
+//! ```no_run
+//! # async fn demo() -> dlock_spi::Result<()> {
+//! let single = dlock_redis::RedisBackend::connect("redis://127.0.0.1:6379").await?;
+//! let cluster = dlock_redis::RedisBackend::connect(
+//!     "redis+cluster://127.0.0.1:7000,127.0.0.1:7001,127.0.0.1:7002").await?;
+//! # Ok(()) }
+//! ```
+//!
+//! ## How it works
+//!
+//! * **Keys** `<prefix>{<name>}:…` — the hash tag puts every key of a lock in one
+//!   Cluster slot; `%`, `{` and `}` in names are percent-encoded so no name reaches
+//!   another lock's keys.
+//! * **One round trip per operation**: acquire, release and renew are Lua scripts
+//!   (loaded once, run by SHA). Acquire sets the holder with a `PX` lease, advances the
+//!   fencing counter and stores the owner's context atomically. Expiry is judged by the
+//!   server (`PTTL`, `TIME`), never by a client clock.
+//! * **Fencing**: a per-lock counter advanced as `max(previous + 1, server clock in µs)`:
+//!   strictly increasing, and still above every earlier token if the counter key is
+//!   ever lost or deleted. It is the one key that outlives a release.
+//! * **Waiting without polling storms**: one pub/sub connection per backend carries
+//!   release notices. Non-fair: a release wakes one waiter per process. Fair: the
+//!   release names the head of a server-side queue (a sorted set ordered by the server
+//!   clock, with a liveness deadline per waiter that waiting refreshes) and exactly that
+//!   waiter wakes; dead waiters are skipped once their liveness lapses. Every waiter also
+//!   re-checks when the holder's lease runs out, so a crashed holder is noticed without
+//!   a message. [`RedisOptions::polling`] replaces pub/sub with backoff polling.
+//! * **Read-write locks**: readers in a sorted set with per-reader expiry; a waiting
+//!   writer marks the lock so new readers stand back (writers are not starved).
+//! * **Replica acknowledgement** ([`RedisOptions::replica_ack`], single node): after an
+//!   acquire, `WAIT n timeout`; with fewer acknowledgements the lock is released and the
+//!   acquire fails.
+#![deny(missing_docs)]
+
+mod backend;
+mod error;
+mod keys;
+mod notices;
+mod scripts;
+
+use std::time::Duration;
+
+use dlock_spi::Backoff;
+
+pub use backend::RedisBackend;
+
+/// Settings of a [`RedisBackend`].
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct RedisOptions {
+    /// Prefix of every key. Default `dlock:`.
+    pub key_prefix: String,
+    /// `None` (default): waiters are woken by pub/sub release notices. `Some`: they
+    /// poll with this backoff instead (for deployments that forbid pub/sub).
+    pub polling: Option<Backoff>,
+    /// After each acquire, require this many replicas to acknowledge within the
+    /// timeout (`WAIT`); otherwise release and fail. Single node only.
+    pub replica_ack: Option<(u32, Duration)>,
+    /// How long a queued fair waiter stays in the queue without re-checking.
+    pub waiter_liveness: Duration,
+}
+
+impl Default for RedisOptions {
+    fn default() -> Self {
+        RedisOptions {
+            key_prefix: "dlock:".to_owned(),
+            polling: None,
+            replica_ack: None,
+            waiter_liveness: Duration::from_secs(3),
+        }
+    }
+}
+
+impl RedisOptions {
+    /// Sets the key prefix.
+    pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.key_prefix = prefix.into();
+        self
+    }
+
+    /// Waits by polling with `backoff` instead of pub/sub notices.
+    pub fn polling(mut self, backoff: Backoff) -> Self {
+        self.polling = Some(backoff);
+        self
+    }
+
+    /// Requires `replicas` acknowledgements within `timeout` after each acquire.
+    pub fn replica_ack(mut self, replicas: u32, timeout: Duration) -> Self {
+        self.replica_ack = Some((replicas, timeout));
+        self
+    }
+}
