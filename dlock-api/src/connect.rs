@@ -14,6 +14,10 @@ pub const SUPPORTED: &[&str] = &[
     "mysql://",
     #[cfg(feature = "postgres")]
     "postgres://",
+    #[cfg(feature = "redis")]
+    "redis://",
+    #[cfg(feature = "redis")]
+    "redis+cluster://",
 ];
 
 /// Opens the backend a URL names.
@@ -24,6 +28,8 @@ pub const SUPPORTED: &[&str] = &[
 /// | `sqlite://path.db` | SQLite file via `dlock-jdbc` | `sqlite` |
 /// | `mysql://…`, `mariadb://…` | MariaDB / MySQL via `dlock-jdbc` | `mysql` |
 /// | `postgres://…`, `postgresql://…` | PostgreSQL via `dlock-jdbc` | `postgres` |
+/// | `redis://…`, `rediss://…` | Redis via `dlock-redis` | `redis` |
+/// | `redis+cluster://h1:p1,h2:p2,…` | Redis Cluster via `dlock-redis` | `redis` |
 ///
 /// Unknown schemes, and schemes whose feature is not enabled, fail with
 /// [`ErrorKind::Config`] naming what to do. Passwords in the URL never appear in errors.
@@ -45,10 +51,12 @@ pub async fn open_backend(url: &str) -> Result<Arc<dyn LockRemoteResource>> {
         "mysql" | "mariadb" => Ok(Arc::new(dlock_jdbc::JdbcBackend::connect(url).await?)),
         #[cfg(feature = "postgres")]
         "postgres" | "postgresql" => Ok(Arc::new(dlock_jdbc::JdbcBackend::connect(url).await?)),
+        #[cfg(feature = "redis")]
+        "redis" | "rediss" | "redis+cluster" => Ok(Arc::new(dlock_redis::RedisBackend::connect(url).await?)),
         other => Err(Error::new(
             ErrorKind::Config,
             format!(
-                "unsupported backend scheme {other:?} in {:?}; this build supports {} (enable dlock-api's sqlite, mysql or postgres features for more)",
+                "unsupported backend scheme {other:?} in {:?}; this build supports {} (enable dlock-api's sqlite, mysql, postgres or redis features for more)",
                 redact_url(url),
                 SUPPORTED.join(", ")
             ),

@@ -54,6 +54,10 @@ pub use dlock_spi::redact_url;
 /// The SQL backend (features `sqlite`, `mysql`, `postgres`).
 #[cfg(any(feature = "sqlite", feature = "mysql", feature = "postgres"))]
 pub use dlock_jdbc as jdbc;
+
+/// The Redis backend (feature `redis`).
+#[cfg(feature = "redis")]
+pub use dlock_redis as redis;
 pub use guard::{LockGuard, LostSignal};
 pub use lock::{DistributeLock, LockGroup, ReadWriteLock};
 pub use manager::{DistributeLockManager, DistributeLockManagerBuilder};

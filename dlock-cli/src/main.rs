@@ -16,11 +16,11 @@ use dlock_api::DistributeLockManager;
 
 use crate::exit::Failure;
 
-/// Distributed locks from the shell, on SQLite, MariaDB/MySQL or PostgreSQL.
+/// Distributed locks from the shell, on SQLite, MariaDB/MySQL, PostgreSQL or Redis.
 #[derive(Parser, Debug)]
 #[command(name = "dlock", version, about)]
 struct Cli {
-    /// Backend URL: sqlite://FILE, mysql://USER@HOST/DB, postgres://USER@HOST/DB, memory://
+    /// Backend URL: sqlite://FILE, mysql://USER@HOST/DB, postgres://USER@HOST/DB, redis://HOST:6379, redis+cluster://H1,H2, memory://
     #[arg(
         long,
         env = "DLOCK_URL",

@@ -14,7 +14,7 @@ fn sqlite_url() -> String {
     format!("sqlite://{}", file.display())
 }
 
-/// The selected SQL backends' URLs (the same defaults as the test suite's).
+/// The selected server backends' URLs (the same defaults as the test suite's).
 fn sql_urls() -> Vec<(String, String)> {
     let selected = std::env::var("DLOCK_TEST_BACKENDS").unwrap_or_else(|_| "memory".to_owned());
     let mut urls = vec![("sqlite".to_owned(), sqlite_url())];
@@ -24,6 +24,12 @@ fn sql_urls() -> Vec<(String, String)> {
                 .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into()),
             "postgres" => std::env::var("DLOCK_POSTGRES_URL")
                 .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into()),
+            "redis" => {
+                std::env::var("DLOCK_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
+            }
+            "redis-cluster" => std::env::var("DLOCK_REDIS_CLUSTER_URL").unwrap_or_else(|_| {
+                "redis+cluster://127.0.0.1:7000,127.0.0.1:7001,127.0.0.1:7002".into()
+            }),
             _ => continue,
         };
         urls.push((label.to_owned(), url));

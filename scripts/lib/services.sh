@@ -91,12 +91,67 @@ ensure_postgres() {
   log "PostgreSQL ready at 127.0.0.1:5432"
 }
 
+ensure_redis_server_binary() {
+  command -v redis-server >/dev/null 2>&1 && command -v redis-cli >/dev/null 2>&1 || apt_install redis-server redis-tools
+}
+
+# start_redis PORT [ARGS…]: a throwaway redis-server on 127.0.0.1:PORT, no persistence.
+start_redis() {
+  local port=$1
+  shift
+  local dir="${TMPDIR:-/tmp}/dlock-redis-$port"
+  rm -rf "$dir" && mkdir -p "$dir"
+  redis-server --daemonize yes --bind 127.0.0.1 --port "$port" --dir "$dir" \
+    --save "" --appendonly no --logfile "$dir/redis.log" --pidfile "$dir/redis.pid" "$@" \
+    || fail "redis-server on port $port did not start"
+  wait_for 30 "Redis on port $port" redis-cli -h 127.0.0.1 -p "$port" ping
+}
+
+ensure_redis() {
+  export DLOCK_REDIS_URL="${DLOCK_REDIS_URL:-redis://127.0.0.1:6379}"
+  ensure_redis_server_binary
+  if ! redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then
+    log "starting Redis on 127.0.0.1:6379"
+    start_redis 6379
+  fi
+  # One replica, for the replica-acknowledgement (WAIT) test.
+  export DLOCK_REDIS_REPLICA_PORT=6380
+  if ! redis-cli -h 127.0.0.1 -p 6380 ping >/dev/null 2>&1; then
+    log "starting a Redis replica on 127.0.0.1:6380"
+    start_redis 6380 --replicaof 127.0.0.1 6379
+  fi
+  wait_for 30 "the Redis replica link" sh -c "redis-cli -h 127.0.0.1 -p 6379 info replication | grep -q 'connected_slaves:[1-9]'"
+  log "Redis ready at 127.0.0.1:6379 (replica at 6380)"
+}
+
+ensure_redis_cluster() {
+  export DLOCK_REDIS_CLUSTER_URL="${DLOCK_REDIS_CLUSTER_URL:-redis+cluster://127.0.0.1:7000,127.0.0.1:7001,127.0.0.1:7002}"
+  ensure_redis_server_binary
+  if redis-cli -h 127.0.0.1 -p 7000 cluster info 2>/dev/null | grep -q 'cluster_state:ok'; then
+    log "Redis Cluster already running on 127.0.0.1:7000-7002"
+    return
+  fi
+  log "starting a 3-master Redis Cluster on 127.0.0.1:7000-7002"
+  for port in 7000 7001 7002; do
+    redis-cli -h 127.0.0.1 -p "$port" shutdown nosave >/dev/null 2>&1 || true
+  done
+  for port in 7000 7001 7002; do
+    start_redis "$port" --cluster-enabled yes --cluster-config-file nodes.conf --cluster-node-timeout 2000
+  done
+  redis-cli --cluster create 127.0.0.1:7000 127.0.0.1:7001 127.0.0.1:7002 --cluster-replicas 0 --cluster-yes >/dev/null \
+    || fail "redis-cli --cluster create failed"
+  wait_for 30 "Redis Cluster" sh -c "redis-cli -h 127.0.0.1 -p 7000 cluster info | grep -q 'cluster_state:ok'"
+  log "Redis Cluster ready"
+}
+
 # ensure_backend LABEL: make the backend behind a DLOCK_TEST_BACKENDS label usable.
 ensure_backend() {
   case "$1" in
     memory | sqlite) ;; # in-process / a file: nothing to start
     mysql) ensure_mysql ;;
     postgres) ensure_postgres ;;
+    redis) ensure_redis ;;
+    redis-cluster) ensure_redis_cluster ;;
     *) fail "unknown backend '$1' in DLOCK_TEST_BACKENDS (known: $ALL_BACKENDS)" ;;
   esac
 }
