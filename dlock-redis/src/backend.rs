@@ -220,6 +220,11 @@ impl RedisBackend {
         })
     }
 
+    /// Whether release notices are flowing (pub/sub connected); false in polling mode.
+    pub fn notices_connected(&self) -> bool {
+        self.inner.notices.as_ref().is_some_and(|n| n.connected())
+    }
+
     /// Test hook: acquire script runs sent by this backend.
     pub fn acquire_attempts(&self) -> u64 {
         self.inner.attempts.load(Ordering::Relaxed)

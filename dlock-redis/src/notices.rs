@@ -72,6 +72,7 @@ pub(crate) struct Notices {
     sink: tokio::sync::Mutex<Option<PubSubSink>>,
     next_id: AtomicU64,
     task: Mutex<Option<JoinHandle<()>>>,
+    connected: std::sync::atomic::AtomicBool,
 }
 
 impl Notices {
@@ -89,12 +90,18 @@ impl Notices {
             sink: tokio::sync::Mutex::new(None),
             next_id: AtomicU64::new(1),
             task: Mutex::new(None),
+            connected: std::sync::atomic::AtomicBool::new(true),
         });
         let (sink, stream) = first.split();
         *notices.sink.lock().await = Some(sink);
         let task = tokio::spawn(run(Arc::downgrade(&notices), client, Some(stream)));
         *notices.task.lock().unwrap_or_else(PoisonError::into_inner) = Some(task);
         Ok(notices)
+    }
+
+    /// Whether the notice connection is up (channels subscribed).
+    pub(crate) fn connected(&self) -> bool {
+        self.connected.load(Ordering::Acquire)
     }
 
     /// Registers a waiter for `owner` on `channel`; the subscription is confirmed when
@@ -267,6 +274,7 @@ async fn run(
                         }
                     }
                     *guard = Some(sink);
+                    n.connected.store(true, Ordering::Release);
                     drop(guard);
                     // Notices may have been missed while disconnected.
                     n.state().wake_all();
@@ -282,6 +290,7 @@ async fn run(
             }
         }
         let Some(n) = notices.upgrade() else { return };
+        n.connected.store(false, Ordering::Release);
         *n.sink.lock().await = None;
         for ch in n.state().channels.values_mut() {
             ch.subscribed = false;

@@ -150,7 +150,8 @@ ensure_backend() {
     memory | sqlite) ;; # in-process / a file: nothing to start
     mysql) ensure_mysql ;;
     postgres) ensure_postgres ;;
-    redis) ensure_redis ;;
+
+    redis | redis-polling) ensure_redis ;;
     redis-cluster) ensure_redis_cluster ;;
     *) fail "unknown backend '$1' in DLOCK_TEST_BACKENDS (known: $ALL_BACKENDS)" ;;
   esac

@@ -6,7 +6,7 @@ use async_trait::async_trait;
 use std::sync::Mutex;
 
 use dlock_jdbc::JdbcBackend;
-use dlock_redis::RedisBackend;
+use dlock_redis::{RedisBackend, RedisOptions};
 use dlock_spi::{
     Error, ErrorKind, InMemoryBackend, LockAdmin, LockName, LockRemoteResource, Result,
 };
@@ -39,7 +39,9 @@ pub fn sql_url(label: &str) -> Option<String> {
         }
         "mysql" => Some("mysql://root@127.0.0.1:3306/test".to_owned()),
         "postgres" => Some("postgres://postgres@127.0.0.1:5432/test".to_owned()),
-        "redis" => Some("redis://127.0.0.1:6379".to_owned()),
+        "redis" | "redis-polling" => std::env::var("DLOCK_REDIS_URL")
+            .ok()
+            .or_else(|| Some("redis://127.0.0.1:6379".to_owned())),
         "redis-cluster" => {
             Some("redis+cluster://127.0.0.1:7000,127.0.0.1:7001,127.0.0.1:7002".to_owned())
         }
@@ -56,7 +58,7 @@ pub async fn open(label: &str) -> Result<Arc<dyn TestBackend>> {
             let url = sql_url(label).unwrap_or_default();
             Ok(Arc::new(SqlTestBackend::open(label, url).await?))
         }
-        "redis" | "redis-cluster" => {
+        "redis" | "redis-polling" | "redis-cluster" => {
             let url = sql_url(label).unwrap_or_default();
             Ok(Arc::new(RedisTestBackend::open(label, url).await?))
         }
@@ -200,7 +202,12 @@ impl TestBackend for RedisTestBackend {
     }
 
     async fn client(&self) -> Result<Arc<dyn LockRemoteResource>> {
-        let client = RedisBackend::connect(&self.url).await?;
+        let options = if self.label == "redis-polling" {
+            RedisOptions::default().polling(dlock_spi::Backoff::default())
+        } else {
+            RedisOptions::default()
+        };
+        let client = RedisBackend::connect_with(&self.url, options).await?;
         self.clients.lock().expect("clients").push(client.clone());
         Ok(Arc::new(client))
     }

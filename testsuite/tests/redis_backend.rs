@@ -1,0 +1,220 @@
+//! What only the Redis backend promises, when `redis` is in `DLOCK_TEST_BACKENDS`:
+//! replica acknowledgement, skipping dead fair waiters, and behaviour through an
+//! outage (via the project's loopback fault proxy).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::{Duration, Instant};
+
+use dlock_api::{DistributeLockManager, ErrorKind, LostReason};
+use dlock_redis::{RedisBackend, RedisOptions};
+use testsuite::backends::sql_url;
+use testsuite::conformance::eventually;
+use testsuite::proxy::{Fault, FaultProxy};
+use testsuite::runner::selected;
+
+fn redis_url() -> Option<String> {
+    let url = selected()
+        .iter()
+        .any(|l| l == "redis")
+        .then(|| sql_url("redis").unwrap());
+    if url.is_none() {
+        eprintln!("redis is not selected in DLOCK_TEST_BACKENDS; nothing to check here");
+    }
+    url
+}
+
+fn name(tag: &str) -> String {
+    format!("{tag}-{:x}", fastrand::u64(..))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replica_acknowledgement_is_required_when_asked_for() {
+    let Some(url) = redis_url() else { return };
+    // scripts/test runs one replica of the test server.
+    let one = RedisBackend::connect_with(
+        &url,
+        RedisOptions::default().replica_ack(1, Duration::from_secs(2)),
+    )
+    .await
+    .unwrap();
+    let m = DistributeLockManager::builder(one).build().unwrap();
+    let lock = name("wait-ok");
+    let g = m
+        .lock(&lock)
+        .try_lock(Duration::ZERO)
+        .await
+        .unwrap()
+        .expect("one replica acknowledged");
+    g.unlock().await.unwrap();
+
+    let two = RedisBackend::connect_with(
+        &url,
+        RedisOptions::default().replica_ack(2, Duration::from_millis(200)),
+    )
+    .await
+    .unwrap();
+    let m2 = DistributeLockManager::builder(two).build().unwrap();
+    let lock = name("wait-short");
+    let err = m2.lock(&lock).try_lock(Duration::ZERO).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Backend, "{err}");
+    assert!(err.to_string().contains("of 2 replicas"), "{err}");
+    assert!(
+        m2.inspect(&lock).await.unwrap().is_none(),
+        "the under-replicated lock was not released"
+    );
+    m.close().await;
+    m2.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_fair_waiter_is_skipped_once_its_liveness_lapses() {
+    let Some(url) = redis_url() else { return };
+    let lock = name("ghost");
+    // A waiter that queued and then died: queued first, liveness ends in 400 ms.
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let mut c = client.get_multiplexed_async_connection().await.unwrap();
+    let base = format!("dlock:{{{lock}}}");
+    let (secs, micros): (i64, i64) = redis::cmd("TIME").query_async(&mut c).await.unwrap();
+    let now_ms = secs * 1000 + micros / 1000;
+    redis::pipe()
+        .cmd("ZADD")
+        .arg(format!("{base}:q"))
+        .arg(secs * 1_000_000 + micros)
+        .arg("ghost")
+        .cmd("ZADD")
+        .arg(format!("{base}:ql"))
+        .arg(now_ms + 400)
+        .arg("ghost")
+        .cmd("HSET")
+        .arg(format!("{base}:qm"))
+        .arg("ghost")
+        .arg("x")
+        .query_async::<()>(&mut c)
+        .await
+        .unwrap();
+    let m = DistributeLockManager::builder(RedisBackend::connect(&url).await.unwrap())
+        .build()
+        .unwrap();
+    let start = Instant::now();
+    let g = m
+        .fair_lock(&lock)
+        .try_lock(Duration::from_secs(5))
+        .await
+        .unwrap()
+        .expect("granted after the ghost lapsed");
+    let waited = start.elapsed();
+    assert!(
+        waited >= Duration::from_millis(300),
+        "jumped the queue after {waited:?}"
+    );
+    assert!(
+        waited < Duration::from_millis(2500),
+        "the dead waiter blocked the queue for {waited:?}"
+    );
+    g.unlock().await.unwrap();
+    assert!(
+        m.inspect(&lock).await.unwrap().is_none(),
+        "queue state left behind"
+    );
+    m.close().await;
+}
+
+/// Redis goes away and comes back: calls fail with typed retryable errors, the
+/// watchdog declares the lock lost when its lease ends, and afterwards both commands
+/// and release notices work again (the notice connection reconnects and re-subscribes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outage_is_typed_loses_on_time_and_notices_resume() {
+    let Some(_url) = redis_url() else { return };
+    let proxy = FaultProxy::start("127.0.0.1:6379".parse().unwrap())
+        .await
+        .unwrap();
+    let url = format!("redis://{}", proxy.addr());
+    let lease = Duration::from_millis(900);
+    let backend = RedisBackend::connect(&url).await.unwrap();
+    let m = DistributeLockManager::builder(backend.clone())
+        .lease(lease)
+        .operation_timeout(Duration::from_millis(500))
+        .build()
+        .unwrap();
+    let lock = name("outage");
+    let g = m
+        .lock(&lock)
+        .try_lock(Duration::ZERO)
+        .await
+        .unwrap()
+        .unwrap();
+    proxy.set(Fault::Reset);
+    let err = m.lock("other").try_lock(Duration::ZERO).await.unwrap_err();
+    assert!(
+        matches!(err.kind(), ErrorKind::Backend | ErrorKind::Timeout),
+        "{err}"
+    );
+    assert!(err.is_retryable(), "{err}");
+    let reason = tokio::time::timeout(lease * 3, g.lost())
+        .await
+        .expect("lost fired");
+    assert_eq!(reason, LostReason::LeaseExpired);
+    assert!(g.acquired_at().elapsed() >= lease);
+    drop(g);
+    proxy.set(Fault::Pass);
+    let back = eventually(Duration::from_secs(20), || async {
+        match m.lock(&lock).try_lock(Duration::from_millis(200)).await {
+            Ok(Some(g)) => g.unlock().await.is_ok(),
+            _ => false,
+        }
+    })
+    .await;
+    assert!(back, "commands did not recover");
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            backend.notices_connected()
+        })
+        .await,
+        "the release-notice connection did not come back"
+    );
+
+    // A waiter on this (reconnected) backend is subscribed, so it does not poll: only
+    // a release notice can wake it this soon (its safety re-check is 5 s away and the
+    // holder's lease 30 s).
+    let direct = DistributeLockManager::builder(
+        RedisBackend::connect("redis://127.0.0.1:6379")
+            .await
+            .unwrap(),
+    )
+    .build()
+    .unwrap();
+    let holder = direct
+        .lock(&lock)
+        .try_lock(Duration::ZERO)
+        .await
+        .unwrap()
+        .unwrap();
+    let waiter = m.lock(&lock);
+    let before = backend.acquire_attempts();
+    let task = tokio::spawn(async move {
+        let g = waiter
+            .try_lock(Duration::from_secs(20))
+            .await
+            .unwrap()
+            .unwrap();
+        let at = Instant::now();
+        g.unlock().await.unwrap();
+        at
+    });
+    // The waiter has tried once and parked.
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            backend.acquire_attempts() > before
+        })
+        .await
+    );
+    let released = Instant::now();
+    holder.unlock().await.unwrap();
+    let woke = task.await.unwrap().duration_since(released);
+    assert!(
+        woke < Duration::from_secs(1),
+        "the waiter was not woken by the notice ({woke:?})"
+    );
+    m.close().await;
+    direct.close().await;
+}
