@@ -1,0 +1,419 @@
+//! Redis, one run, one server: dlock against the floor (raw `SET NX PX` + `EVAL`
+//! compare-and-delete on one connection) and against the peers rslock and
+//! distributed-lock-redis.
+//!
+//! Scenarios: 1 task uncontended; 64 tasks on 64 locks; 8 separate clients on one
+//! lock (cycles/s, per-client min and max, longest single wait, timeouts); 10 000
+//! locks held by one manager while its watchdog renews them (process CPU).
+//!
+//! Run: `cargo bench -p testsuite --bench redis` (DLOCK_REDIS_URL, default
+//! redis://127.0.0.1:6379; DLOCK_BENCH_SECS per measurement, default 3).
+//! Under `cargo test` it runs a short smoke pass.
+#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
+
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use distributed_lock_core::{DistributedLock, LockHandle, LockProvider};
+use dlock_api::spi::{
+    async_trait, AcquireChain, AcquireContext, AcquireResult, LockHandler, ReleaseChain,
+    ReleaseContext, ReleaseResult, RenewEvent, Result as DResult,
+};
+use dlock_api::DistributeLockManager;
+use dlock_redis::RedisBackend;
+
+const RELEASE_LUA: &str =
+    "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end";
+
+struct Cfg {
+    url: String,
+    secs: Duration,
+    smoke: bool,
+}
+
+fn rate(n: u64, t: Duration) -> f64 {
+    n as f64 / t.as_secs_f64()
+}
+
+/// Runs `tasks` copies of `body(task_index)` for `secs`; returns total cycles and time.
+async fn run_tasks<F, Fut>(tasks: usize, secs: Duration, body: F) -> (u64, Duration)
+where
+    F: Fn(usize, Instant) -> Fut,
+    Fut: Future<Output = u64> + Send + 'static,
+{
+    let start = Instant::now();
+    let end = start + secs;
+    let handles: Vec<_> = (0..tasks).map(|i| tokio::spawn(body(i, end))).collect();
+    let mut total = 0;
+    for h in handles {
+        total += h.await.unwrap();
+    }
+    (total, start.elapsed())
+}
+
+async fn floor_conn(url: &str) -> redis::aio::ConnectionManager {
+    redis::Client::open(url).unwrap().get_connection_manager().await.unwrap()
+}
+
+/// One floor cycle: SET NX PX, then EVAL compare-and-delete.
+async fn floor_cycle(conn: &mut redis::aio::ConnectionManager, key: &str, token: &str) -> bool {
+    let set: Option<String> = redis::cmd("SET").arg(key).arg(token).arg("NX").arg("PX").arg(30_000).query_async(conn).await.unwrap();
+    if set.is_none() {
+        return false;
+    }
+    let _: i64 = redis::cmd("EVAL").arg(RELEASE_LUA).arg(1).arg(key).arg(token).query_async(conn).await.unwrap();
+    true
+}
+
+async fn dlock_manager(url: &str) -> DistributeLockManager {
+    DistributeLockManager::builder(RedisBackend::connect(url).await.unwrap()).build().unwrap()
+}
+
+async fn dlr_provider(url: &str) -> distributed_lock_redis::RedisLockProvider {
+    distributed_lock_redis::RedisLockProvider::new(url.to_owned()).await.unwrap()
+}
+
+/// Scenario A (tasks = 1) and B (tasks = 64): each task cycles its own lock.
+async fn uncontended(cfg: &Cfg, tasks: usize) -> Vec<(&'static str, f64)> {
+    let tag = format!("bench{:x}", fastrand::u32(..));
+    let mut out = Vec::new();
+
+    let conn = floor_conn(&cfg.url).await;
+    let t = tag.clone();
+    let (n, d) = run_tasks(tasks, cfg.secs, move |i, end| {
+        let mut conn = conn.clone();
+        let key = format!("{t}:floor:{i}");
+        async move {
+            let mut n = 0;
+            while Instant::now() < end {
+                assert!(floor_cycle(&mut conn, &key, "owner").await);
+                n += 1;
+            }
+            n
+        }
+    })
+    .await;
+    out.push(("floor (SET NX PX + EVAL)", rate(n, d)));
+
+    let m = dlock_manager(&cfg.url).await;
+    let t = tag.clone();
+    let (n, d) = run_tasks(tasks, cfg.secs, move |i, end| {
+        let lock = m.lock(&format!("{t}:dlock:{i}"));
+        async move {
+            let mut n = 0;
+            while Instant::now() < end {
+                let g = lock.try_lock(Duration::ZERO).await.unwrap().expect("uncontended");
+                g.unlock().await.unwrap();
+                n += 1;
+            }
+            n
+        }
+    })
+    .await;
+    out.push(("dlock", rate(n, d)));
+
+    let rl = Arc::new(rslock::LockManager::new(vec![cfg.url.clone()]));
+    let t = tag.clone();
+    let (n, d) = run_tasks(tasks, cfg.secs, move |i, end| {
+        let rl = Arc::clone(&rl);
+        let key = format!("{t}:rslock:{i}");
+        async move {
+            let mut n = 0;
+            while Instant::now() < end {
+                let l = rl.lock(key.as_bytes(), Duration::from_secs(30)).await.expect("uncontended");
+                rl.unlock(&l).await;
+                n += 1;
+            }
+            n
+        }
+    })
+    .await;
+    out.push(("rslock", rate(n, d)));
+
+    let p = Arc::new(dlr_provider(&cfg.url).await);
+    let t = tag.clone();
+    let (n, d) = run_tasks(tasks, cfg.secs, move |i, end| {
+        let lock = p.create_lock(&format!("{t}:dlr:{i}"));
+        async move {
+            let mut n = 0;
+            while Instant::now() < end {
+                let h = lock.try_acquire().await.unwrap().expect("uncontended");
+                h.release().await.unwrap();
+                n += 1;
+            }
+            n
+        }
+    })
+    .await;
+    out.push(("distributed-lock-redis", rate(n, d)));
+    out
+}
+
+#[derive(Default, Debug, Clone, Copy)]
+struct Client {
+    cycles: u64,
+    longest_wait: Duration,
+    timeouts: u64,
+}
+
+struct Contended {
+    name: &'static str,
+    total_rate: f64,
+    min: u64,
+    max: u64,
+    longest_wait: Duration,
+    timeouts: u64,
+}
+
+const CLIENTS: usize = 8;
+const MAX_WAIT: Duration = Duration::from_secs(5);
+const HOLD: Duration = Duration::from_millis(1);
+
+fn summarize(name: &'static str, clients: Vec<Client>, elapsed: Duration) -> Contended {
+    Contended {
+        name,
+        total_rate: rate(clients.iter().map(|c| c.cycles).sum(), elapsed),
+        min: clients.iter().map(|c| c.cycles).min().unwrap_or(0),
+        max: clients.iter().map(|c| c.cycles).max().unwrap_or(0),
+        longest_wait: clients.iter().map(|c| c.longest_wait).max().unwrap_or_default(),
+        timeouts: clients.iter().map(|c| c.timeouts).sum(),
+    }
+}
+
+/// Runs `CLIENTS` separate clients; `cycle` acquires (waiting up to MAX_WAIT), holds
+/// HOLD, releases, and returns false on a timeout.
+async fn contend<F, Fut>(secs: Duration, make: impl Fn(usize) -> F) -> (Vec<Client>, Duration)
+where
+    F: FnMut() -> Fut + Send + 'static,
+    Fut: Future<Output = bool> + Send,
+{
+    let start = Instant::now();
+    let end = start + secs;
+    let handles: Vec<_> = (0..CLIENTS)
+        .map(|i| {
+            let mut cycle = make(i);
+            tokio::spawn(async move {
+                let mut c = Client::default();
+                while Instant::now() < end {
+                    let t = Instant::now();
+                    if cycle().await {
+                        c.cycles += 1;
+                        c.longest_wait = c.longest_wait.max(t.elapsed().saturating_sub(HOLD));
+                    } else {
+                        c.timeouts += 1;
+                    }
+                }
+                c
+            })
+        })
+        .collect();
+    let mut clients = Vec::new();
+    for h in handles {
+        clients.push(h.await.unwrap());
+    }
+    (clients, start.elapsed())
+}
+
+async fn contended(cfg: &Cfg) -> Vec<Contended> {
+    let tag = format!("bench{:x}", fastrand::u32(..));
+    let mut out = Vec::new();
+    for fair in [false, true] {
+        let mut managers = Vec::new();
+        for _ in 0..CLIENTS {
+            managers.push(dlock_manager(&cfg.url).await);
+        }
+        let name = format!("{tag}:dlock:{fair}");
+        let (clients, d) = contend(cfg.secs, |i| {
+            let lock = if fair { managers[i].fair_lock(&name) } else { managers[i].lock(&name) };
+            move || {
+                let lock = lock.clone();
+                async move {
+                    match lock.try_lock(MAX_WAIT).await.unwrap() {
+                        Some(g) => {
+                            tokio::time::sleep(HOLD).await;
+                            g.unlock().await.unwrap();
+                            true
+                        }
+                        None => false,
+                    }
+                }
+            }
+        })
+        .await;
+        out.push(summarize(if fair { "dlock fair" } else { "dlock non-fair" }, clients, d));
+    }
+
+    let name = format!("{tag}:rslock");
+    let managers: Vec<_> = (0..CLIENTS).map(|_| Arc::new(rslock::LockManager::new(vec![cfg.url.clone()]))).collect();
+    let (clients, d) = contend(cfg.secs, |i| {
+        let rl = Arc::clone(&managers[i]);
+        let name = name.clone();
+        move || {
+            let rl = Arc::clone(&rl);
+            let name = name.clone();
+            async move {
+                // rslock retries internally (3 × 200 ms); keep asking until MAX_WAIT.
+                let until = Instant::now() + MAX_WAIT;
+                while Instant::now() < until {
+                    if let Ok(l) = rl.lock(name.as_bytes(), Duration::from_secs(30)).await {
+                        tokio::time::sleep(HOLD).await;
+                        rl.unlock(&l).await;
+                        return true;
+                    }
+                }
+                false
+            }
+        }
+    })
+    .await;
+    out.push(summarize("rslock", clients, d));
+
+    let mut providers = Vec::new();
+    for _ in 0..CLIENTS {
+        providers.push(Arc::new(dlr_provider(&cfg.url).await));
+    }
+    let name = format!("{tag}:dlr");
+    let (clients, d) = contend(cfg.secs, |i| {
+        let lock = Arc::new(providers[i].create_lock(&name));
+        move || {
+            let lock = Arc::clone(&lock);
+            async move {
+                match lock.acquire(Some(MAX_WAIT)).await {
+                    Ok(h) => {
+                        tokio::time::sleep(HOLD).await;
+                        h.release().await.unwrap();
+                        true
+                    }
+                    Err(_) => false,
+                }
+            }
+        }
+    })
+    .await;
+    out.push(summarize("distributed-lock-redis", clients, d));
+    out
+}
+
+/// Counts renewals.
+#[derive(Default)]
+struct RenewCounter(AtomicU64);
+
+struct Renewals(Arc<RenewCounter>);
+
+#[async_trait]
+impl LockHandler for Renewals {
+    async fn acquire(&self, ctx: &AcquireContext, next: AcquireChain<'_>) -> DResult<AcquireResult> {
+        next.invoke(ctx).await
+    }
+    async fn release(&self, ctx: &ReleaseContext, next: ReleaseChain<'_>) -> DResult<ReleaseResult> {
+        next.invoke(ctx).await
+    }
+    fn on_renew(&self, event: &RenewEvent<'_>) {
+        if event.outcome.is_ok() {
+            self.0 .0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// CPU seconds (user + system) this process has used.
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let after = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks: f64 = fields.get(11).and_then(|u| u.parse().ok()).unwrap_or(0.0)
+        + fields.get(12).and_then(|s| s.parse().ok()).unwrap_or(0.0);
+    ticks / 100.0
+}
+
+async fn many_held(cfg: &Cfg) {
+    let (locks, lease, window) = if cfg.smoke {
+        (300, Duration::from_millis(1500), Duration::from_secs(1))
+    } else {
+        (10_000, Duration::from_secs(30), Duration::from_secs(21))
+    };
+    let counter = Arc::new(RenewCounter::default());
+    let m = DistributeLockManager::builder(RedisBackend::connect(&cfg.url).await.unwrap())
+        .lease(lease)
+        .with_handler(Renewals(Arc::clone(&counter)))
+        .build()
+        .unwrap();
+    let tag = format!("bench{:x}", fastrand::u32(..));
+    let started = Instant::now();
+    let mut guards = Vec::with_capacity(locks);
+    for chunk in (0..locks).collect::<Vec<_>>().chunks(500) {
+        let batch: Vec<_> = chunk
+            .iter()
+            .map(|i| {
+                let lock = m.lock(&format!("{tag}:held:{i}"));
+                tokio::spawn(async move { lock.try_lock(Duration::ZERO).await.unwrap().expect("free") })
+            })
+            .collect();
+        for h in batch {
+            guards.push(h.await.unwrap());
+        }
+    }
+    let took = started.elapsed();
+    let (cpu0, renew0, t0) = (cpu_seconds(), counter.0.load(Ordering::Relaxed), Instant::now());
+    tokio::time::sleep(window).await;
+    let (cpu1, renew1, t1) = (cpu_seconds(), counter.0.load(Ordering::Relaxed), t0.elapsed());
+    let lost = guards.iter().filter(|g| g.is_lost()).count();
+    println!(
+        "\n**{locks} locks held by one manager** (lease {lease:?}, renewed every {:?}): acquired in {:.2}s; over {:.1}s the watchdog made {} renewals ({:.0}/s), lost {lost}; process CPU **{:.1}% of one core**",
+        lease / 3,
+        took.as_secs_f64(),
+        t1.as_secs_f64(),
+        renew1 - renew0,
+        rate(renew1 - renew0, t1),
+        100.0 * (cpu1 - cpu0) / t1.as_secs_f64(),
+    );
+    assert_eq!(lost, 0, "locks were lost while held");
+    m.close().await;
+}
+
+fn main() {
+    let bench = std::env::args().any(|a| a == "--bench");
+    let selected = std::env::var("DLOCK_TEST_BACKENDS").unwrap_or_else(|_| "redis".into());
+    if !selected.split(',').any(|l| l.trim() == "redis") {
+        println!("redis not selected in DLOCK_TEST_BACKENDS; skipping the Redis bench");
+        return;
+    }
+    let cfg = Cfg {
+        url: std::env::var("DLOCK_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into()),
+        secs: if bench {
+            Duration::from_secs_f64(std::env::var("DLOCK_BENCH_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(3.0))
+        } else {
+            Duration::from_millis(150)
+        },
+        smoke: !bench,
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    rt.block_on(async {
+        for (tasks, title) in [(1usize, "1 task, uncontended"), (64, "64 tasks on 64 locks")] {
+            let rows = uncontended(&cfg, tasks).await;
+            let floor = rows[0].1;
+            println!("\n**{title}** (acquire+release cycles/s)\n\n| implementation | cycles/s | × floor |\n|---|---|---|");
+            for (name, r) in rows {
+                println!("| {name} | {r:.0} | {:.2} |", r / floor);
+            }
+        }
+        let rows = contended(&cfg).await;
+        println!(
+            "\n**{CLIENTS} clients on one lock** (hold {HOLD:?}, wait ≤ {MAX_WAIT:?})\n\n| implementation | cycles/s | per-client min | per-client max | max/min | longest wait | timeouts |\n|---|---|---|---|---|---|---|"
+        );
+        for c in rows {
+            println!(
+                "| {} | {:.0} | {} | {} | {:.2} | {:.0} ms | {} |",
+                c.name,
+                c.total_rate,
+                c.min,
+                c.max,
+                c.max as f64 / c.min.max(1) as f64,
+                c.longest_wait.as_secs_f64() * 1000.0,
+                c.timeouts
+            );
+        }
+        many_held(&cfg).await;
+    });
+}
