@@ -34,7 +34,13 @@ struct State {
     queue: BTreeSet<(Instant, u64)>,
     task: Option<JoinHandle<()>>,
     closed: bool,
+    /// When the scheduler will next wake by itself; a new entry due later needs no
+    /// wake-up (so taking a lock does not cost a cross-thread wake).
+    sleeping_until: Option<Instant>,
 }
+
+/// How long the scheduler sleeps when it has nothing due sooner.
+const IDLE_HORIZON: Duration = Duration::from_secs(1);
 
 struct Shared {
     state: Mutex<State>,
@@ -82,7 +88,6 @@ impl Watchdog {
         if state.closed {
             return;
         }
-        let earliest = state.queue.first().map(|(at, _)| *at);
         state.entries.insert(
             id,
             Entry {
@@ -98,7 +103,7 @@ impl Watchdog {
         if state.task.is_none() {
             let shared = Arc::clone(&self.shared);
             state.task = Some(tokio::spawn(run(shared)));
-        } else if earliest.is_none_or(|e| due < e) {
+        } else if state.sleeping_until.is_none_or(|until| due < until) {
             self.shared.wake.notify_one();
         }
     }
@@ -173,7 +178,7 @@ async fn run(shared: Arc<Shared>) {
                 (id, sent, result)
             });
         }
-        let sleep_until = next.unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
+        let sleep_until = next;
         tokio::select! {
             _ = tokio::time::sleep_until(sleep_until.into()) => {}
             _ = shared.wake.notified() => {}
@@ -186,8 +191,9 @@ async fn run(shared: Arc<Shared>) {
     }
 }
 
-/// Pops every due entry that is not already being renewed.
-fn take_due(shared: &Shared, now: Instant) -> (Vec<Due>, Option<Instant>) {
+/// Pops every due entry that is not already being renewed, and decides (under the
+/// same lock `register` takes) when the scheduler wakes next.
+fn take_due(shared: &Shared, now: Instant) -> (Vec<Due>, Instant) {
     let mut state = shared.lock();
     let mut due = Vec::new();
     while let Some(&(at, id)) = state.queue.first() {
@@ -208,7 +214,12 @@ fn take_due(shared: &Shared, now: Instant) -> (Vec<Due>, Option<Instant>) {
             }
         }
     }
-    (due, state.queue.first().map(|(at, _)| *at))
+    let next = state
+        .queue
+        .first()
+        .map_or(now + IDLE_HORIZON, |(at, _)| (*at).min(now + IDLE_HORIZON));
+    state.sleeping_until = Some(next);
+    (due, next)
 }
 
 /// Applies a renewal's answer: reschedule, retry, or declare the hold lost.

@@ -264,13 +264,37 @@ impl RedisBackend {
     ) -> Result<(bool, i64, bool)> {
         self.inner.attempts.fetch_add(1, Ordering::Relaxed);
         let o = &self.inner.options;
+        let mark = o.polling.map_or(Duration::from_secs(1), |b| {
+            (b.delay(u32::MAX) * 4).max(Duration::from_secs(1))
+        });
+        if req.mode == LockMode::Exclusive && req.fairness == Fairness::NonFair {
+            // The hot path: a lean script that declares only the keys it touches.
+            let mut inv = self.inner.scripts.acquire_exclusive.prepare_invoke();
+            inv.key(&keys.exclusive)
+                .key(&keys.readers)
+                .key(&keys.reader_data)
+                .key(&keys.writer_waiting)
+                .arg(req.owner.as_str())
+                .arg(ms(req.lease))
+                .arg(req.context.as_ref())
+                .arg(if waiting { "1" } else { "0" })
+                .arg(ms(mark));
+            let reply: Vec<i64> = self
+                .inner
+                .conn
+                .invoke(&inv)
+                .await
+                .map_err(|e| map_redis(e, "acquire"))?;
+            return Ok((
+                reply.first() == Some(&1),
+                reply.get(1).copied().unwrap_or(0),
+                false,
+            ));
+        }
         let mut inv = self.inner.scripts.acquire.prepare_invoke();
         for k in keys.all() {
             inv.key(k);
         }
-        let mark = o.polling.map_or(Duration::from_secs(1), |b| {
-            (b.delay(u32::MAX) * 4).max(Duration::from_secs(1))
-        });
         inv.arg(req.owner.as_str())
             .arg(if req.mode == LockMode::Exclusive {
                 "x"
@@ -441,17 +465,20 @@ impl LockRemoteResource for RedisBackend {
 
     async fn release(&self, req: &ReleaseRequest) -> Result<ReleaseResult> {
         let keys = self.keys(&req.name);
-        let mut inv = self.inner.scripts.release.prepare_invoke();
-        for k in keys.all() {
-            inv.key(k);
+        let mut inv;
+        if req.mode == LockMode::Exclusive {
+            inv = self.inner.scripts.release_exclusive.prepare_invoke();
+            inv.key(&keys.exclusive)
+                .key(&keys.queue)
+                .key(&keys.queue_alive)
+                .key(&keys.queue_mode);
+        } else {
+            inv = self.inner.scripts.release_shared.prepare_invoke();
+            for k in keys.all() {
+                inv.key(k);
+            }
         }
-        inv.arg(req.owner.as_str())
-            .arg(if req.mode == LockMode::Exclusive {
-                "x"
-            } else {
-                "s"
-            })
-            .arg(self.channel(&keys));
+        inv.arg(req.owner.as_str()).arg(self.channel(&keys));
         let n: i64 = self
             .inner
             .conn
@@ -468,17 +495,17 @@ impl LockRemoteResource for RedisBackend {
     async fn renew(&self, req: &RenewRequest) -> Result<RenewResult> {
         let keys = self.keys(&req.name);
         let sent = Instant::now();
-        let mut inv = self.inner.scripts.renew.prepare_invoke();
-        for k in keys.all() {
-            inv.key(k);
+        let mut inv;
+        if req.mode == LockMode::Exclusive {
+            inv = self.inner.scripts.renew_exclusive.prepare_invoke();
+            inv.key(&keys.exclusive);
+        } else {
+            inv = self.inner.scripts.renew_shared.prepare_invoke();
+            for k in keys.all() {
+                inv.key(k);
+            }
         }
-        inv.arg(req.owner.as_str())
-            .arg(if req.mode == LockMode::Exclusive {
-                "x"
-            } else {
-                "s"
-            })
-            .arg(ms(req.lease));
+        inv.arg(req.owner.as_str()).arg(ms(req.lease));
         let n: i64 = self
             .inner
             .conn
@@ -577,10 +604,25 @@ impl LockAdmin for RedisBackend {
                     .await
                     .map_err(|e| map_redis(e, "live_locks"))?;
                 for key in keys {
-                    if let Some((base, kind)) = key.rsplit_once(':') {
-                        if matches!(kind, "x" | "r" | "q" | "ww") {
-                            names.insert(base.to_owned());
+                    let Some((base, kind)) = key.rsplit_once(':') else {
+                        continue;
+                    };
+                    let live = match kind {
+                        "r" | "q" | "ww" => true,
+                        // A free marker (the last token) is not holder state.
+                        "x" => {
+                            let v: Option<String> = redis::cmd("GET")
+                                .arg(&key)
+                                .query_async(&mut conn)
+                                .await
+                                .map_err(|e| map_redis(e, "live_locks"))?;
+                            // Held: "<token>|<owner length>|…"; free: "<token>|-".
+                            v.is_some_and(|v| v.split('|').nth(1).is_some_and(|f| f != "-"))
                         }
+                        _ => false,
+                    };
+                    if live {
+                        names.insert(base.to_owned());
                     }
                 }
                 if next == 0 {

@@ -9,14 +9,12 @@ use dlock_spi::LockName;
 /// The keys of one lock, in the order the scripts take them.
 #[derive(Debug, Clone)]
 pub(crate) struct LockKeys {
-    /// Exclusive holder: hash {owner, tok, ctx}, expires with the lease.
+    /// Exclusive holder (expires with the lease), then the last token for a minute.
     pub(crate) exclusive: String,
     /// Shared holders: sorted set owner → expiry (server ms).
     pub(crate) readers: String,
     /// Shared holders' tokens and contexts: hash.
     pub(crate) reader_data: String,
-    /// Fencing counter: outlives releases; never expires.
-    pub(crate) fence: String,
     /// Fair queue: sorted set owner → arrival (server µs).
     pub(crate) queue: String,
     /// Fair queue liveness: sorted set owner → liveness deadline (server ms).
@@ -49,7 +47,6 @@ impl LockKeys {
             exclusive: format!("{base}:x"),
             readers: format!("{base}:r"),
             reader_data: format!("{base}:rd"),
-            fence: format!("{base}:f"),
             queue: format!("{base}:q"),
             queue_alive: format!("{base}:ql"),
             queue_mode: format!("{base}:qm"),
@@ -58,13 +55,13 @@ impl LockKeys {
         }
     }
 
-    /// The keys in script order (KEYS[1..8]).
+    /// The keys in script order (KEYS[1..8]; the fourth slot is unused).
     pub(crate) fn all(&self) -> [&str; 8] {
         [
             &self.exclusive,
             &self.readers,
             &self.reader_data,
-            &self.fence,
+            &self.exclusive,
             &self.queue,
             &self.queue_alive,
             &self.queue_mode,

@@ -1,103 +1,232 @@
 //! The Lua scripts. Each runs atomically on the server, judges time by the server's
 //! `TIME`, and touches only the keys of one lock (one Cluster slot).
 //!
-//! KEYS (every script): 1 exclusive, 2 readers, 3 reader data, 4 fence, 5 queue,
-//! 6 queue liveness, 7 queue modes, 8 writer-waiting mark.
+//! The hot paths — a non-fair exclusive acquire, an exclusive release, an exclusive
+//! renewal — have lean scripts of their own (about five server calls each); fair and
+//! shared modes go through the general scripts.
+//!
+//! The exclusive key is one string: `<token>|<owner length>|<owner><context>` while
+//! held (with `PX` = the lease, so the server expires it), then `<token>|-` for a
+//! minute after a release — the lock's fencing counter. A grant is one write.
 
-/// Shared prelude: the server clock, purging of expired readers and dead queued
-/// waiters, the fencing counter, and the wake-up notice.
-const PRELUDE: &str = r#"
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
-
-local function purge_readers()
-  local dead = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now)
-  for _, o in ipairs(dead) do
-    redis.call('HDEL', KEYS[3], o, 'c:' .. o)
-  end
-  if #dead > 0 then redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now) end
-end
-
-local function reader_horizon()
-  local top = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
-  if top[2] then
-    local ttl = tonumber(top[2]) - now
-    redis.call('PEXPIRE', KEYS[2], ttl)
-    redis.call('PEXPIRE', KEYS[3], ttl)
-    return ttl
-  end
-  redis.call('DEL', KEYS[2], KEYS[3])
-  return 0
-end
-
-local function purge_queue()
-  local dead = redis.call('ZRANGEBYSCORE', KEYS[6], '-inf', now)
-  for _, o in ipairs(dead) do
-    redis.call('ZREM', KEYS[5], o)
-    redis.call('HDEL', KEYS[7], o)
-  end
-  if #dead > 0 then redis.call('ZREMRANGEBYSCORE', KEYS[6], '-inf', now) end
-end
-
--- Strictly increasing, and above every earlier token even if the counter was lost:
--- max(previous + 1, server clock in µs).
-local function next_token()
-  local cur = tonumber(redis.call('GET', KEYS[4]) or '0')
-  local nxt = math.max(cur + 1, now_us)
-  redis.call('SET', KEYS[4], string.format('%.0f', nxt))
-  return nxt
-end
-
--- Tells waiters the lock may be free: the live head of the fair queue by name
--- ("o:<owner>"), or anyone ("r").
-local function notify(channel)
-  if channel == '' then return end
-  purge_queue()
-  local head = redis.call('ZRANGE', KEYS[5], 0, 0)
-  if head[1] then
-    redis.call('PUBLISH', channel, 'o:' .. head[1])
-  else
-    redis.call('PUBLISH', channel, 'r')
+/// Helper fragments; each script includes only the ones it uses (Lua re-creates
+/// every local function on each call). Keys are passed explicitly so the lean
+/// scripts can declare only what they touch.
+const H_CLOCK: &str = r#"
+local now, now_us
+local function clock()
+  if not now then
+    local t = redis.call('TIME')
+    now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+    now = math.floor(now_us / 1000)
   end
 end
 "#;
+const H_HOLDER: &str = r#"
+-- owner, token, context of an exclusive holder value; nil for a free marker or none.
+local function holder(v)
+  if not v then return nil end
+  local tok, olen, rest = string.match(v, '^(%d+)|(%d+)|(.*)$')
+  if not tok then return nil end
+  olen = tonumber(olen)
+  return string.sub(rest, 1, olen), tok, string.sub(rest, olen + 1)
+end
+"#;
+const H_HOLD_VALUE: &str = r#"
+local function hold_value(tok, owner, ctx)
+  return string.format('%.0f|%d|', tok, #owner) .. owner .. ctx
+end
+"#;
+const H_NEXT_TOKEN: &str = r#"
+-- The lock's last token lives in its exclusive key: in the holder value while held,
+-- then in a free marker "<token>|-" kept for a minute. The next token is
+-- max(last + 1, server clock in µs): strictly increasing, and above every earlier
+-- token even once the marker is gone.
+local function next_token(v)
+  clock()
+  local last = v and tonumber(string.match(v, '^(%d+)|')) or 0
+  return math.max(last + 1, now_us)
+end
 
-/// ARGV: owner, mode (x|s), lease ms, context, fair (1|0), waiting (1|0),
-/// liveness ms, writer mark ms, channel.
-/// Returns {1, token} when granted, {0, ms until the holder's lease ends, queued}
-/// when not.
+local KEEP_MS = 60000
+local function free_marker(tok)
+  return string.format('%.0f|-', tok)
+end
+"#;
+const H_PURGE_READERS: &str = r#"
+local function purge_readers(readers, data)
+  clock()
+  local dead = redis.call('ZRANGEBYSCORE', readers, '-inf', now)
+  for _, o in ipairs(dead) do
+    redis.call('HDEL', data, o, 'c:' .. o)
+  end
+  if #dead > 0 then redis.call('ZREMRANGEBYSCORE', readers, '-inf', now) end
+end
+"#;
+const H_READER_HORIZON: &str = r#"
+local function reader_horizon(readers, data)
+  clock()
+  local top = redis.call('ZRANGE', readers, -1, -1, 'WITHSCORES')
+  if top[2] then
+    local ttl = tonumber(top[2]) - now
+    redis.call('PEXPIRE', readers, ttl)
+    redis.call('PEXPIRE', data, ttl)
+    return ttl
+  end
+  redis.call('DEL', readers, data)
+  return 0
+end
+"#;
+const H_PURGE_QUEUE: &str = r#"
+local function purge_queue(queue, alive, modes)
+  clock()
+  local dead = redis.call('ZRANGEBYSCORE', alive, '-inf', now)
+  for _, o in ipairs(dead) do
+    redis.call('ZREM', queue, o)
+    redis.call('HDEL', modes, o)
+  end
+  if #dead > 0 then redis.call('ZREMRANGEBYSCORE', alive, '-inf', now) end
+end
+"#;
+const H_NOTIFY: &str = r#"
+-- Tells waiters the lock may be free: the live head of the fair queue by name
+-- ("o:<owner>"), or anyone ("r").
+local function notify(channel, queue, alive, modes)
+  if channel == '' then return end
+  if redis.call('EXISTS', queue) == 1 then
+    purge_queue(queue, alive, modes)
+    local head = redis.call('ZRANGE', queue, 0, 0)
+    if head[1] then
+      redis.call('PUBLISH', channel, 'o:' .. head[1])
+      return
+    end
+  end
+  redis.call('PUBLISH', channel, 'r')
+end
+"#;
+const H_TIME_LEFT: &str = r#"
+-- ms until the lock may be free: the exclusive holder's lease, or the readers'.
+local function time_left(x, v, readers)
+  if holder(v) then
+    local left = redis.call('PTTL', x)
+    if left >= 0 then return left end
+  end
+  local top = redis.call('ZRANGE', readers, -1, -1, 'WITHSCORES')
+  if top[2] then
+    clock()
+    return tonumber(top[2]) - now
+  end
+  return 0
+end
+"#;
+
+/// Non-fair exclusive acquire. KEYS: exclusive, readers, reader data, writer mark.
+/// ARGV: owner, lease ms, context, waiting (1|0), writer mark ms. One write when
+/// granted.
+/// Returns {1, token} or {0, ms left, 0}.
+const ACQUIRE_EXCLUSIVE: &str = r#"
+local owner, lease = ARGV[1], tonumber(ARGV[2])
+local v = redis.call('GET', KEYS[1])
+local o, tok = holder(v)
+-- The current owner asking again: idempotent, same token.
+if o == owner then
+  redis.call('PEXPIRE', KEYS[1], lease)
+  return {1, tonumber(tok)}
+end
+if not o then
+  local readers = 0
+  if redis.call('EXISTS', KEYS[2]) == 1 then
+    purge_readers(KEYS[2], KEYS[3])
+    readers = redis.call('ZCARD', KEYS[2])
+  end
+  if readers == 0 then
+    local t = next_token(v)
+    redis.call('SET', KEYS[1], hold_value(t, owner, ARGV[3]), 'PX', lease)
+    redis.call('DEL', KEYS[4])
+    return {1, t}
+  end
+end
+-- A waiting writer asks new readers to stand back.
+if ARGV[4] == '1' then redis.call('SET', KEYS[4], '1', 'PX', tonumber(ARGV[5])) end
+return {0, time_left(KEYS[1], v, KEYS[2]), 0}
+"#;
+
+/// Exclusive release. KEYS: exclusive, queue, queue liveness, queue modes.
+/// ARGV: owner, channel. Returns 1 if released, 0 if not the owner.
+const RELEASE_EXCLUSIVE: &str = r#"
+local v = redis.call('GET', KEYS[1])
+local o, tok = holder(v)
+if o ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], free_marker(tonumber(tok)), 'PX', KEEP_MS)
+notify(ARGV[2], KEYS[2], KEYS[3], KEYS[4])
+return 1
+"#;
+
+/// Exclusive renewal. KEYS: exclusive. ARGV: owner, lease ms.
+const RENEW_EXCLUSIVE: &str = r#"
+if holder(redis.call('GET', KEYS[1])) ~= ARGV[1] then return 0 end
+redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[2]))
+return 1
+"#;
+
+/// The general acquire (fair mode, shared mode). KEYS: exclusive, readers, reader
+/// data, fence, queue, queue liveness, queue modes, writer mark. ARGV: owner, mode
+/// (x|s), lease ms, context, fair (1|0), waiting (1|0), liveness ms, writer mark ms,
+/// channel. Returns {1, token} or {0, ms left, queued}.
 const ACQUIRE: &str = r#"
 local owner, mode, lease = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local fair, waiting = ARGV[5] == '1', ARGV[6] == '1'
-purge_readers()
-purge_queue()
 
--- The current owner asking again: idempotent, same token.
-if mode == 'x' and redis.call('HGET', KEYS[1], 'owner') == owner then
-  redis.call('PEXPIRE', KEYS[1], lease)
-  return {1, tonumber(redis.call('HGET', KEYS[1], 'tok'))}
-end
-if mode == 's' and redis.call('ZSCORE', KEYS[2], owner) then
-  redis.call('ZADD', KEYS[2], now + lease, owner)
-  reader_horizon()
-  return {1, tonumber(redis.call('HGET', KEYS[3], owner))}
+local function dequeue_self()
+  redis.call('ZREM', KEYS[5], owner)
+  redis.call('ZREM', KEYS[6], owner)
+  redis.call('HDEL', KEYS[7], owner)
 end
 
-local held_x = redis.call('EXISTS', KEYS[1]) == 1
-local readers = redis.call('ZCARD', KEYS[2])
-local rank = redis.call('ZRANK', KEYS[5], owner)
-local free
+local v = redis.call('GET', KEYS[1])
 if mode == 'x' then
-  free = (not held_x) and readers == 0
-  if fair then
-    free = free and (rank == 0 or (rank == false and redis.call('ZCARD', KEYS[5]) == 0))
+  local o, tok = holder(v)
+  if o == owner then
+    redis.call('PEXPIRE', KEYS[1], lease)
+    return {1, tonumber(tok)}
+  end
+  if not o then
+    local readers = 0
+    if redis.call('EXISTS', KEYS[2]) == 1 then
+      purge_readers(KEYS[2], KEYS[3])
+      readers = redis.call('ZCARD', KEYS[2])
+    end
+    if readers == 0 then
+      local ok, rank = true, false
+      if fair and redis.call('EXISTS', KEYS[5]) == 1 then
+        purge_queue(KEYS[5], KEYS[6], KEYS[7])
+        rank = redis.call('ZRANK', KEYS[5], owner)
+        ok = rank == 0 or (rank == false and redis.call('ZCARD', KEYS[5]) == 0)
+      end
+      if ok then
+        local t = next_token(v)
+        redis.call('SET', KEYS[1], hold_value(t, owner, ARGV[4]), 'PX', lease)
+        redis.call('DEL', KEYS[8])
+        if rank then dequeue_self() end
+        return {1, t}
+      end
+    end
   end
 else
-  free = not held_x
+  clock()
+  purge_readers(KEYS[2], KEYS[3])
+  if redis.call('ZSCORE', KEYS[2], owner) then
+    redis.call('ZADD', KEYS[2], now + lease, owner)
+    reader_horizon(KEYS[2], KEYS[3])
+    return {1, tonumber(redis.call('HGET', KEYS[3], owner))}
+  end
+  local free = holder(v) == nil
+  local rank = false
   if fair then
+    purge_queue(KEYS[5], KEYS[6], KEYS[7])
+    rank = redis.call('ZRANK', KEYS[5], owner)
     local count = rank or redis.call('ZCARD', KEYS[5])
-    if count > 0 then
+    if free and count > 0 then
       for _, o in ipairs(redis.call('ZRANGE', KEYS[5], 0, count - 1)) do
         if redis.call('HGET', KEYS[7], o) == 'x' then free = false break end
       end
@@ -105,37 +234,29 @@ else
   else
     free = free and redis.call('EXISTS', KEYS[8]) == 0
   end
-end
-
-if free then
-  local tok = next_token()
-  if mode == 'x' then
-    redis.call('HSET', KEYS[1], 'owner', owner, 'tok', string.format('%.0f', tok), 'ctx', ARGV[4])
-    redis.call('PEXPIRE', KEYS[1], lease)
-    redis.call('DEL', KEYS[8])
-  else
+  if free then
+    local tok = next_token(v)
+    -- The last token is kept in the exclusive key's free marker, for both modes.
+    redis.call('SET', KEYS[1], free_marker(tok), 'PX', math.max(KEEP_MS, 2 * lease))
     redis.call('ZADD', KEYS[2], now + lease, owner)
     redis.call('HSET', KEYS[3], owner, string.format('%.0f', tok), 'c:' .. owner, ARGV[4])
-    reader_horizon()
-  end
-  if rank then
-    redis.call('ZREM', KEYS[5], owner)
-    redis.call('ZREM', KEYS[6], owner)
-    redis.call('HDEL', KEYS[7], owner)
-    -- Readers queued right behind this reader may join it.
-    if mode == 's' then
+    reader_horizon(KEYS[2], KEYS[3])
+    if rank then
+      dequeue_self()
+      -- Readers queued right behind this reader may join it.
       local head = redis.call('ZRANGE', KEYS[5], 0, 0)
       if head[1] and redis.call('HGET', KEYS[7], head[1]) == 's' and ARGV[9] ~= '' then
         redis.call('PUBLISH', ARGV[9], 'o:' .. head[1])
       end
     end
+    return {1, tok}
   end
-  return {1, tok}
 end
 
 local queued = 0
 if waiting then
   if fair then
+    clock()
     redis.call('ZADD', KEYS[5], 'NX', now_us, owner)
     redis.call('ZADD', KEYS[6], now + tonumber(ARGV[7]), owner)
     redis.call('HSET', KEYS[7], owner, mode)
@@ -146,106 +267,175 @@ if waiting then
     redis.call('SET', KEYS[8], '1', 'PX', tonumber(ARGV[8]))
   end
 end
-local left = 0
-if held_x then
-  left = redis.call('PTTL', KEYS[1])
-else
-  local top = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
-  if top[2] then left = tonumber(top[2]) - now end
-end
-return {0, left, queued}
+return {0, time_left(KEYS[1], v, KEYS[2]), queued}
 "#;
 
-/// ARGV: owner, mode, channel. Returns 1 if released, 0 if not the owner.
-const RELEASE: &str = r#"
-local owner, mode = ARGV[1], ARGV[2]
-if mode == 'x' then
-  if redis.call('HGET', KEYS[1], 'owner') ~= owner then return 0 end
-  redis.call('DEL', KEYS[1])
-  notify(ARGV[3])
-  return 1
-end
-purge_readers()
-if not redis.call('ZSCORE', KEYS[2], owner) then return 0 end
-redis.call('ZREM', KEYS[2], owner)
-redis.call('HDEL', KEYS[3], owner, 'c:' .. owner)
-if reader_horizon() == 0 then notify(ARGV[3]) end
+/// Shared release. KEYS: as ACQUIRE. ARGV: owner, channel.
+const RELEASE_SHARED: &str = r#"
+purge_readers(KEYS[2], KEYS[3])
+if not redis.call('ZSCORE', KEYS[2], ARGV[1]) then return 0 end
+redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('HDEL', KEYS[3], ARGV[1], 'c:' .. ARGV[1])
+if reader_horizon(KEYS[2], KEYS[3]) == 0 then notify(ARGV[2], KEYS[5], KEYS[6], KEYS[7]) end
 return 1
 "#;
 
-/// ARGV: owner, mode, lease ms. Returns 1 if renewed, 0 if not the owner.
-const RENEW: &str = r#"
-local owner, mode, lease = ARGV[1], ARGV[2], tonumber(ARGV[3])
-if mode == 'x' then
-  if redis.call('HGET', KEYS[1], 'owner') ~= owner then return 0 end
-  redis.call('PEXPIRE', KEYS[1], lease)
-  return 1
-end
-purge_readers()
-if not redis.call('ZSCORE', KEYS[2], owner) then return 0 end
-redis.call('ZADD', KEYS[2], now + lease, owner)
-reader_horizon()
+/// Shared renewal. KEYS: as ACQUIRE. ARGV: owner, lease ms.
+const RENEW_SHARED: &str = r#"
+purge_readers(KEYS[2], KEYS[3])
+if not redis.call('ZSCORE', KEYS[2], ARGV[1]) then return 0 end
+redis.call('ZADD', KEYS[2], now + tonumber(ARGV[2]), ARGV[1])
+reader_horizon(KEYS[2], KEYS[3])
 return 1
 "#;
 
-/// ARGV: owner. Leaves the fair queue (a waiter that gave up or was cancelled).
+/// Leaves the fair queue (a waiter that gave up or was cancelled). KEYS: as ACQUIRE.
+/// ARGV: owner, channel.
 const LEAVE: &str = r#"
 local was_head = redis.call('ZRANK', KEYS[5], ARGV[1]) == 0
 redis.call('ZREM', KEYS[5], ARGV[1])
 redis.call('ZREM', KEYS[6], ARGV[1])
 redis.call('HDEL', KEYS[7], ARGV[1])
-if was_head and redis.call('EXISTS', KEYS[1]) == 0 then notify(ARGV[2]) end
+if was_head and holder(redis.call('GET', KEYS[1])) == nil then notify(ARGV[2], KEYS[5], KEYS[6], KEYS[7]) end
 return 1
 "#;
 
-/// Returns {x owner, x token, x context, x ms left, waiters, reader triples…}.
+/// Returns {x owner, x token, x context, x ms left, waiters, reader quads…}.
+/// KEYS: as ACQUIRE.
 const INSPECT: &str = r#"
-purge_readers()
-purge_queue()
-local x = redis.call('HMGET', KEYS[1], 'owner', 'tok', 'ctx')
-local out = {x[1] or '', x[2] or '0', x[3] or '', redis.call('PTTL', KEYS[1]),
+purge_readers(KEYS[2], KEYS[3])
+purge_queue(KEYS[5], KEYS[6], KEYS[7])
+local o, tok, ctx = holder(redis.call('GET', KEYS[1]))
+local out = {o or '', tok or '0', ctx or '', o and redis.call('PTTL', KEYS[1]) or -2,
              redis.call('ZCARD', KEYS[5]) + redis.call('EXISTS', KEYS[8])}
 local rs = redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES')
 for i = 1, #rs, 2 do
-  local o = rs[i]
-  table.insert(out, o)
-  table.insert(out, redis.call('HGET', KEYS[3], o) or '0')
-  table.insert(out, redis.call('HGET', KEYS[3], 'c:' .. o) or '')
+  local r = rs[i]
+  table.insert(out, r)
+  table.insert(out, redis.call('HGET', KEYS[3], r) or '0')
+  table.insert(out, redis.call('HGET', KEYS[3], 'c:' .. r) or '')
   table.insert(out, tonumber(rs[i + 1]) - now)
 end
 return out
 "#;
 
-/// ARGV: channel. Removes every hold and queue entry (not the fence); returns the
-/// number of holds removed.
+/// Removes every hold and writer mark (not the fence); returns the number of holds
+/// removed. KEYS: as ACQUIRE. ARGV: channel.
 const FORCE_RELEASE: &str = r#"
-purge_readers()
-local n = redis.call('EXISTS', KEYS[1]) + redis.call('ZCARD', KEYS[2])
-redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[8])
-notify(ARGV[1])
+purge_readers(KEYS[2], KEYS[3])
+local v = redis.call('GET', KEYS[1])
+local o, tok = holder(v)
+local n = (o and 1 or 0) + redis.call('ZCARD', KEYS[2])
+if o then redis.call('SET', KEYS[1], free_marker(tonumber(tok)), 'PX', KEEP_MS) end
+redis.call('DEL', KEYS[2], KEYS[3], KEYS[8])
+notify(ARGV[1], KEYS[5], KEYS[6], KEYS[7])
 return n
 "#;
 
 /// Compiled scripts (loaded once per server, then run by SHA).
 pub(crate) struct Scripts {
+    pub(crate) acquire_exclusive: redis::Script,
+    pub(crate) release_exclusive: redis::Script,
+    pub(crate) renew_exclusive: redis::Script,
     pub(crate) acquire: redis::Script,
-    pub(crate) release: redis::Script,
-    pub(crate) renew: redis::Script,
+    pub(crate) release_shared: redis::Script,
+    pub(crate) renew_shared: redis::Script,
     pub(crate) leave: redis::Script,
     pub(crate) inspect: redis::Script,
     pub(crate) force_release: redis::Script,
 }
 
+/// Each script's full source: its helpers, then its body.
+fn sources() -> [String; 9] {
+    let all: &[&str] = &[
+        H_CLOCK,
+        H_HOLDER,
+        H_HOLD_VALUE,
+        H_NEXT_TOKEN,
+        H_PURGE_READERS,
+        H_READER_HORIZON,
+        H_PURGE_QUEUE,
+        H_NOTIFY,
+        H_TIME_LEFT,
+    ];
+    let with = |helpers: &[&str], body: &str| format!("{}\n{body}", helpers.concat());
+    [
+        with(
+            &[
+                H_CLOCK,
+                H_HOLDER,
+                H_HOLD_VALUE,
+                H_NEXT_TOKEN,
+                H_PURGE_READERS,
+                H_TIME_LEFT,
+            ],
+            ACQUIRE_EXCLUSIVE,
+        ),
+        with(
+            &[H_CLOCK, H_HOLDER, H_NEXT_TOKEN, H_PURGE_QUEUE, H_NOTIFY],
+            RELEASE_EXCLUSIVE,
+        ),
+        with(&[H_HOLDER], RENEW_EXCLUSIVE),
+        with(all, ACQUIRE),
+        with(all, RELEASE_SHARED),
+        with(all, RENEW_SHARED),
+        with(all, LEAVE),
+        with(all, INSPECT),
+        with(all, FORCE_RELEASE),
+    ]
+}
+
 impl Scripts {
     pub(crate) fn new() -> Self {
-        let with = |body: &str| redis::Script::new(&format!("{PRELUDE}\n{body}"));
+        let [ax, rx, nx, a, rs, ns, l, i, f] = sources().map(|src| redis::Script::new(&src));
         Scripts {
-            acquire: with(ACQUIRE),
-            release: with(RELEASE),
-            renew: with(RENEW),
-            leave: with(LEAVE),
-            inspect: with(INSPECT),
-            force_release: with(FORCE_RELEASE),
+            acquire_exclusive: ax,
+            release_exclusive: rx,
+            renew_exclusive: nx,
+            acquire: a,
+            release_shared: rs,
+            renew_shared: ns,
+            leave: l,
+            inspect: i,
+            force_release: f,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Redis reports an undefined helper only when the line runs, so check up front
+    /// that every helper a script calls is defined in that script.
+    #[test]
+    fn every_script_defines_the_helpers_it_calls() {
+        let helpers = [
+            "clock",
+            "holder",
+            "hold_value",
+            "next_token",
+            "free_marker",
+            "purge_readers",
+            "reader_horizon",
+            "purge_queue",
+            "notify",
+            "time_left",
+        ];
+        for (n, src) in sources().iter().enumerate() {
+            for h in helpers {
+                let defined = src.contains(&format!("local function {h}("));
+                let calls = src.matches(&format!("{h}(")).count();
+                let used = calls > usize::from(defined);
+                assert!(
+                    !used || defined,
+                    "script #{n} calls {h} without defining it"
+                );
+            }
+            assert!(
+                !src.contains("KEEP_MS") || src.contains("local KEEP_MS"),
+                "script #{n}: KEEP_MS"
+            );
         }
     }
 }

@@ -21,7 +21,8 @@ use dlock_api::spi::{
     async_trait, AcquireChain, AcquireContext, AcquireResult, LockHandler, ReleaseChain,
     ReleaseContext, ReleaseResult, RenewEvent, Result as DResult,
 };
-use dlock_api::DistributeLockManager;
+use dlock_api::spi::{AcquireRequest, ReleaseRequest};
+use dlock_api::{DistributeLockManager, LockMode, LockName, LockRemoteResource, OwnerId};
 use dlock_redis::RedisBackend;
 
 const RELEASE_LUA: &str =
@@ -31,6 +32,15 @@ struct Cfg {
     url: String,
     secs: Duration,
     smoke: bool,
+}
+
+/// `DLOCK_BENCH_IMPL=dlock,floor`: measure only implementations whose label contains
+/// one of these words.
+fn wanted(label: &str) -> bool {
+    match std::env::var("DLOCK_BENCH_IMPL") {
+        Ok(list) if !list.is_empty() => list.split(',').any(|w| label.contains(w)),
+        _ => true,
+    }
 }
 
 fn rate(n: u64, t: Duration) -> f64 {
@@ -54,25 +64,48 @@ where
 }
 
 async fn floor_conn(url: &str) -> redis::aio::ConnectionManager {
-    redis::Client::open(url).unwrap().get_connection_manager().await.unwrap()
+    redis::Client::open(url)
+        .unwrap()
+        .get_connection_manager()
+        .await
+        .unwrap()
 }
 
 /// One floor cycle: SET NX PX, then EVAL compare-and-delete.
 async fn floor_cycle(conn: &mut redis::aio::ConnectionManager, key: &str, token: &str) -> bool {
-    let set: Option<String> = redis::cmd("SET").arg(key).arg(token).arg("NX").arg("PX").arg(30_000).query_async(conn).await.unwrap();
+    let set: Option<String> = redis::cmd("SET")
+        .arg(key)
+        .arg(token)
+        .arg("NX")
+        .arg("PX")
+        .arg(30_000)
+        .query_async(conn)
+        .await
+        .unwrap();
     if set.is_none() {
         return false;
     }
-    let _: i64 = redis::cmd("EVAL").arg(RELEASE_LUA).arg(1).arg(key).arg(token).query_async(conn).await.unwrap();
+    let _: i64 = redis::cmd("EVAL")
+        .arg(RELEASE_LUA)
+        .arg(1)
+        .arg(key)
+        .arg(token)
+        .query_async(conn)
+        .await
+        .unwrap();
     true
 }
 
 async fn dlock_manager(url: &str) -> DistributeLockManager {
-    DistributeLockManager::builder(RedisBackend::connect(url).await.unwrap()).build().unwrap()
+    DistributeLockManager::builder(RedisBackend::connect(url).await.unwrap())
+        .build()
+        .unwrap()
 }
 
 async fn dlr_provider(url: &str) -> distributed_lock_redis::RedisLockProvider {
-    distributed_lock_redis::RedisLockProvider::new(url.to_owned()).await.unwrap()
+    distributed_lock_redis::RedisLockProvider::new(url.to_owned())
+        .await
+        .unwrap()
 }
 
 /// Scenario A (tasks = 1) and B (tasks = 64): each task cycles its own lock.
@@ -80,74 +113,128 @@ async fn uncontended(cfg: &Cfg, tasks: usize) -> Vec<(&'static str, f64)> {
     let tag = format!("bench{:x}", fastrand::u32(..));
     let mut out = Vec::new();
 
-    let conn = floor_conn(&cfg.url).await;
-    let t = tag.clone();
-    let (n, d) = run_tasks(tasks, cfg.secs, move |i, end| {
-        let mut conn = conn.clone();
-        let key = format!("{t}:floor:{i}");
-        async move {
-            let mut n = 0;
-            while Instant::now() < end {
-                assert!(floor_cycle(&mut conn, &key, "owner").await);
-                n += 1;
+    let label = "floor (SET NX PX + EVAL)";
+    if wanted(label) {
+        let conn = floor_conn(&cfg.url).await;
+        let t = tag.clone();
+        let (n, d) = run_tasks(tasks, cfg.secs, move |i, end| {
+            let mut conn = conn.clone();
+            let key = format!("{t}:floor:{i}");
+            async move {
+                let mut n = 0;
+                while Instant::now() < end {
+                    assert!(floor_cycle(&mut conn, &key, "owner").await);
+                    n += 1;
+                }
+                n
             }
-            n
-        }
-    })
-    .await;
-    out.push(("floor (SET NX PX + EVAL)", rate(n, d)));
+        })
+        .await;
+        out.push((label, rate(n, d)));
+    }
 
-    let m = dlock_manager(&cfg.url).await;
-    let t = tag.clone();
-    let (n, d) = run_tasks(tasks, cfg.secs, move |i, end| {
-        let lock = m.lock(&format!("{t}:dlock:{i}"));
-        async move {
-            let mut n = 0;
-            while Instant::now() < end {
-                let g = lock.try_lock(Duration::ZERO).await.unwrap().expect("uncontended");
-                g.unlock().await.unwrap();
-                n += 1;
+    let label = "dlock (user API)";
+    if wanted(label) {
+        let m = dlock_manager(&cfg.url).await;
+        let t = tag.clone();
+        let (n, d) = run_tasks(tasks, cfg.secs, move |i, end| {
+            let lock = m.lock(&format!("{t}:dlock:{i}"));
+            async move {
+                let mut n = 0;
+                while Instant::now() < end {
+                    let g = lock
+                        .try_lock(Duration::ZERO)
+                        .await
+                        .unwrap()
+                        .expect("uncontended");
+                    g.unlock().await.unwrap();
+                    n += 1;
+                }
+                n
             }
-            n
-        }
-    })
-    .await;
-    out.push(("dlock", rate(n, d)));
+        })
+        .await;
+        out.push((label, rate(n, d)));
+    }
 
-    let rl = Arc::new(rslock::LockManager::new(vec![cfg.url.clone()]));
-    let t = tag.clone();
-    let (n, d) = run_tasks(tasks, cfg.secs, move |i, end| {
-        let rl = Arc::clone(&rl);
-        let key = format!("{t}:rslock:{i}");
-        async move {
-            let mut n = 0;
-            while Instant::now() < end {
-                let l = rl.lock(key.as_bytes(), Duration::from_secs(30)).await.expect("uncontended");
-                rl.unlock(&l).await;
-                n += 1;
+    let label = "dlock (SPI, backend only)";
+    if wanted(label) {
+        let backend: Arc<dyn LockRemoteResource> =
+            Arc::new(RedisBackend::connect(&cfg.url).await.unwrap());
+        let t = tag.clone();
+        let (n, d) = run_tasks(tasks, cfg.secs, move |i, end| {
+            let backend = Arc::clone(&backend);
+            let name = LockName::new(format!("{t}:spi:{i}")).unwrap();
+            let owner = OwnerId::new(format!("{t}-owner-{i}"));
+            async move {
+                let req = AcquireRequest::new(name.clone(), owner.clone());
+                let mut n = 0;
+                while Instant::now() < end {
+                    let token = backend
+                        .try_acquire(&req)
+                        .await
+                        .unwrap()
+                        .token()
+                        .expect("uncontended");
+                    let rel = ReleaseRequest::new(
+                        name.clone(),
+                        owner.clone(),
+                        LockMode::Exclusive,
+                        token,
+                    );
+                    backend.release(&rel).await.unwrap();
+                    n += 1;
+                }
+                n
             }
-            n
-        }
-    })
-    .await;
-    out.push(("rslock", rate(n, d)));
+        })
+        .await;
+        out.push((label, rate(n, d)));
+    }
 
-    let p = Arc::new(dlr_provider(&cfg.url).await);
-    let t = tag.clone();
-    let (n, d) = run_tasks(tasks, cfg.secs, move |i, end| {
-        let lock = p.create_lock(&format!("{t}:dlr:{i}"));
-        async move {
-            let mut n = 0;
-            while Instant::now() < end {
-                let h = lock.try_acquire().await.unwrap().expect("uncontended");
-                h.release().await.unwrap();
-                n += 1;
+    let label = "rslock";
+    if wanted(label) {
+        let rl = Arc::new(rslock::LockManager::new(vec![cfg.url.clone()]));
+        let t = tag.clone();
+        let (n, d) = run_tasks(tasks, cfg.secs, move |i, end| {
+            let rl = Arc::clone(&rl);
+            let key = format!("{t}:rslock:{i}");
+            async move {
+                let mut n = 0;
+                while Instant::now() < end {
+                    let l = rl
+                        .lock(key.as_bytes(), Duration::from_secs(30))
+                        .await
+                        .expect("uncontended");
+                    rl.unlock(&l).await;
+                    n += 1;
+                }
+                n
             }
-            n
-        }
-    })
-    .await;
-    out.push(("distributed-lock-redis", rate(n, d)));
+        })
+        .await;
+        out.push((label, rate(n, d)));
+    }
+
+    let label = "distributed-lock-redis";
+    if wanted(label) {
+        let p = Arc::new(dlr_provider(&cfg.url).await);
+        let t = tag.clone();
+        let (n, d) = run_tasks(tasks, cfg.secs, move |i, end| {
+            let lock = p.create_lock(&format!("{t}:dlr:{i}"));
+            async move {
+                let mut n = 0;
+                while Instant::now() < end {
+                    let h = lock.try_acquire().await.unwrap().expect("uncontended");
+                    h.release().await.unwrap();
+                    n += 1;
+                }
+                n
+            }
+        })
+        .await;
+        out.push((label, rate(n, d)));
+    }
     out
 }
 
@@ -177,7 +264,11 @@ fn summarize(name: &'static str, clients: Vec<Client>, elapsed: Duration) -> Con
         total_rate: rate(clients.iter().map(|c| c.cycles).sum(), elapsed),
         min: clients.iter().map(|c| c.cycles).min().unwrap_or(0),
         max: clients.iter().map(|c| c.cycles).max().unwrap_or(0),
-        longest_wait: clients.iter().map(|c| c.longest_wait).max().unwrap_or_default(),
+        longest_wait: clients
+            .iter()
+            .map(|c| c.longest_wait)
+            .max()
+            .unwrap_or_default(),
         timeouts: clients.iter().map(|c| c.timeouts).sum(),
     }
 }
@@ -226,7 +317,11 @@ async fn contended(cfg: &Cfg) -> Vec<Contended> {
         }
         let name = format!("{tag}:dlock:{fair}");
         let (clients, d) = contend(cfg.secs, |i| {
-            let lock = if fair { managers[i].fair_lock(&name) } else { managers[i].lock(&name) };
+            let lock = if fair {
+                managers[i].fair_lock(&name)
+            } else {
+                managers[i].lock(&name)
+            };
             move || {
                 let lock = lock.clone();
                 async move {
@@ -242,11 +337,17 @@ async fn contended(cfg: &Cfg) -> Vec<Contended> {
             }
         })
         .await;
-        out.push(summarize(if fair { "dlock fair" } else { "dlock non-fair" }, clients, d));
+        out.push(summarize(
+            if fair { "dlock fair" } else { "dlock non-fair" },
+            clients,
+            d,
+        ));
     }
 
     let name = format!("{tag}:rslock");
-    let managers: Vec<_> = (0..CLIENTS).map(|_| Arc::new(rslock::LockManager::new(vec![cfg.url.clone()]))).collect();
+    let managers: Vec<_> = (0..CLIENTS)
+        .map(|_| Arc::new(rslock::LockManager::new(vec![cfg.url.clone()])))
+        .collect();
     let (clients, d) = contend(cfg.secs, |i| {
         let rl = Arc::clone(&managers[i]);
         let name = name.clone();
@@ -304,10 +405,18 @@ struct Renewals(Arc<RenewCounter>);
 
 #[async_trait]
 impl LockHandler for Renewals {
-    async fn acquire(&self, ctx: &AcquireContext, next: AcquireChain<'_>) -> DResult<AcquireResult> {
+    async fn acquire(
+        &self,
+        ctx: &AcquireContext,
+        next: AcquireChain<'_>,
+    ) -> DResult<AcquireResult> {
         next.invoke(ctx).await
     }
-    async fn release(&self, ctx: &ReleaseContext, next: ReleaseChain<'_>) -> DResult<ReleaseResult> {
+    async fn release(
+        &self,
+        ctx: &ReleaseContext,
+        next: ReleaseChain<'_>,
+    ) -> DResult<ReleaseResult> {
         next.invoke(ctx).await
     }
     fn on_renew(&self, event: &RenewEvent<'_>) {
@@ -347,7 +456,9 @@ async fn many_held(cfg: &Cfg) {
             .iter()
             .map(|i| {
                 let lock = m.lock(&format!("{tag}:held:{i}"));
-                tokio::spawn(async move { lock.try_lock(Duration::ZERO).await.unwrap().expect("free") })
+                tokio::spawn(
+                    async move { lock.try_lock(Duration::ZERO).await.unwrap().expect("free") },
+                )
             })
             .collect();
         for h in batch {
@@ -355,9 +466,17 @@ async fn many_held(cfg: &Cfg) {
         }
     }
     let took = started.elapsed();
-    let (cpu0, renew0, t0) = (cpu_seconds(), counter.0.load(Ordering::Relaxed), Instant::now());
+    let (cpu0, renew0, t0) = (
+        cpu_seconds(),
+        counter.0.load(Ordering::Relaxed),
+        Instant::now(),
+    );
     tokio::time::sleep(window).await;
-    let (cpu1, renew1, t1) = (cpu_seconds(), counter.0.load(Ordering::Relaxed), t0.elapsed());
+    let (cpu1, renew1, t1) = (
+        cpu_seconds(),
+        counter.0.load(Ordering::Relaxed),
+        t0.elapsed(),
+    );
     let lost = guards.iter().filter(|g| g.is_lost()).count();
     println!(
         "\n**{locks} locks held by one manager** (lease {lease:?}, renewed every {:?}): acquired in {:.2}s; over {:.1}s the watchdog made {} renewals ({:.0}/s), lost {lost}; process CPU **{:.1}% of one core**",
@@ -382,22 +501,37 @@ fn main() {
     let cfg = Cfg {
         url: std::env::var("DLOCK_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into()),
         secs: if bench {
-            Duration::from_secs_f64(std::env::var("DLOCK_BENCH_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(3.0))
+            Duration::from_secs_f64(
+                std::env::var("DLOCK_BENCH_SECS")
+                    .ok()
+                    .and_then(|s| s.parse().ok())
+                    .unwrap_or(3.0),
+            )
         } else {
             Duration::from_millis(150)
         },
         smoke: !bench,
     };
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let only = std::env::var("DLOCK_BENCH_ONLY").unwrap_or_default();
+    let want = |s: &str| only.is_empty() || only.split(',').any(|o| o == s);
     rt.block_on(async {
-        for (tasks, title) in [(1usize, "1 task, uncontended"), (64, "64 tasks on 64 locks")] {
+        for (tasks, title, key) in [(1usize, "1 task, uncontended", "one"), (64, "64 tasks on 64 locks", "many")] {
+            if !want(key) {
+                continue;
+            }
             let rows = uncontended(&cfg, tasks).await;
-            let floor = rows[0].1;
+            let floor = rows.first().map_or(1.0, |r| r.1);
             println!("\n**{title}** (acquire+release cycles/s)\n\n| implementation | cycles/s | × floor |\n|---|---|---|");
             for (name, r) in rows {
                 println!("| {name} | {r:.0} | {:.2} |", r / floor);
             }
         }
+        if want("contended") {
         let rows = contended(&cfg).await;
         println!(
             "\n**{CLIENTS} clients on one lock** (hold {HOLD:?}, wait ≤ {MAX_WAIT:?})\n\n| implementation | cycles/s | per-client min | per-client max | max/min | longest wait | timeouts |\n|---|---|---|---|---|---|---|"
@@ -414,6 +548,9 @@ fn main() {
                 c.timeouts
             );
         }
-        many_held(&cfg).await;
+        }
+        if want("held") {
+            many_held(&cfg).await;
+        }
     });
 }

@@ -218,3 +218,43 @@ async fn an_outage_is_typed_loses_on_time_and_notices_resume() {
     m.close().await;
     direct.close().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fencing_tokens_survive_the_counter_being_deleted() {
+    let Some(url) = redis_url() else { return };
+    let m = DistributeLockManager::builder(RedisBackend::connect(&url).await.unwrap())
+        .build()
+        .unwrap();
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let mut c = client.get_multiplexed_async_connection().await.unwrap();
+    let lock = name("fence-del");
+    let mut last = 0;
+    for round in 0..4 {
+        let g = m
+            .lock(&lock)
+            .try_lock(Duration::ZERO)
+            .await
+            .unwrap()
+            .unwrap();
+        let token = g.fencing_token().get();
+        assert!(token > last, "token {token} after {last} in round {round}");
+        last = token;
+        g.unlock().await.unwrap();
+        // Someone deletes every key of the lock, the counter included.
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg(format!("dlock:{{{lock}}}*"))
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        assert!(
+            !keys.is_empty(),
+            "the last token should be kept after a release"
+        );
+        let _: i64 = redis::cmd("DEL")
+            .arg(&keys)
+            .query_async(&mut c)
+            .await
+            .unwrap();
+    }
+    m.close().await;
+}
