@@ -16,7 +16,10 @@ use redis::cluster_async::ClusterConnection;
 use redis::{FromRedisValue, Value};
 
 use crate::error::map_redis;
-use crate::keys::{scan_pattern, LockKeys};
+use crate::keys::{
+    scan_pattern, Key, LockKeys, CHANNEL, EXCLUSIVE, FENCE, QUEUE, QUEUE_ALIVE, QUEUE_MODE,
+    WRITER_WAITING,
+};
 use crate::notices::Notices;
 use crate::scripts::Scripts;
 use crate::RedisOptions;
@@ -57,6 +60,18 @@ struct Inner {
 #[derive(Clone)]
 pub struct RedisBackend {
     inner: Arc<Inner>,
+}
+
+/// The channel as a script argument; empty when release notices are off.
+struct ChannelArg<'a>(Option<Key<'a>>);
+
+impl redis::ToRedisArgs for ChannelArg<'_> {
+    fn write_redis_args<W: ?Sized + redis::RedisWrite>(&self, out: &mut W) {
+        match self.0 {
+            Some(k) => k.write_redis_args(out),
+            None => out.write_arg(b""),
+        }
+    }
 }
 
 /// Removes a fair waiter's queue entry if its acquire is dropped mid-wait.
@@ -234,12 +249,9 @@ impl RedisBackend {
         LockKeys::new(&self.inner.options.key_prefix, name)
     }
 
-    fn channel<'a>(&self, keys: &'a LockKeys) -> &'a str {
-        if self.inner.notices.is_some() {
-            &keys.channel
-        } else {
-            ""
-        }
+    /// The release-notice channel, or an empty argument in polling mode.
+    fn channel<'a>(&self, keys: &'a LockKeys) -> ChannelArg<'a> {
+        ChannelArg(self.inner.notices.is_some().then(|| keys.key(CHANNEL)))
     }
 
     async fn leave_queue(&self, keys: &LockKeys, owner: &str) -> Result<()> {
@@ -270,10 +282,9 @@ impl RedisBackend {
         if req.mode == LockMode::Exclusive && req.fairness == Fairness::NonFair {
             // The hot path: a lean script that declares only the keys it touches.
             let mut inv = self.inner.scripts.acquire_exclusive.prepare_invoke();
-            inv.key(&keys.exclusive)
-                .key(&keys.readers)
-                .key(&keys.reader_data)
-                .key(&keys.writer_waiting)
+            inv.key(keys.key(EXCLUSIVE))
+                .key(keys.key(FENCE))
+                .key(keys.key(WRITER_WAITING))
                 .arg(req.owner.as_str())
                 .arg(ms(req.lease))
                 .arg(req.context.as_ref())
@@ -394,22 +405,23 @@ impl LockRemoteResource for RedisBackend {
         let keys = self.keys(&req.name);
         // Subscribe (confirmed) before the first attempt: no lost wake-up.
         let mut registration = match (&self.inner.notices, req.deadline) {
-            (Some(n), Some(_)) => Some(n.register(&keys.channel, req.owner.as_str()).await),
+            (Some(n), Some(_)) => Some(
+                n.register(&keys.key(CHANNEL).to_string_lossy(), req.owner.as_str())
+                    .await,
+            ),
             _ => None,
         };
-        let mut slot = QueueSlot {
-            backend: self.clone(),
-            keys: keys.clone(),
-            owner: req.owner.as_str().to_owned(),
-            armed: false,
-        };
+        // Only a fair waiter queues on the server; it leaves the queue if dropped.
+        let mut slot: Option<QueueSlot> = None;
         let mut round = 0u32;
         loop {
             let now = Instant::now();
             let waiting = req.deadline.is_some_and(|d| d > now);
             let (granted, left_ms, queued) = self.attempt(req, &keys, waiting).await?;
             if granted {
-                slot.armed = false;
+                if let Some(slot) = slot.as_mut() {
+                    slot.armed = false;
+                }
                 if let Some(r) = registration.as_mut() {
                     r.mark_acquired();
                 }
@@ -421,13 +433,20 @@ impl LockRemoteResource for RedisBackend {
                     Some(now + req.lease),
                 ));
             }
-            slot.armed |= queued;
+            if queued && slot.is_none() {
+                slot = Some(QueueSlot {
+                    backend: self.clone(),
+                    keys: keys.clone(),
+                    owner: req.owner.as_str().to_owned(),
+                    armed: true,
+                });
+            }
             let left = u64::try_from(left_ms)
                 .ok()
                 .filter(|m| *m > 0)
                 .map(Duration::from_millis);
             let Some(deadline) = req.deadline.filter(|d| *d > Instant::now()) else {
-                if slot.armed {
+                if let Some(slot) = slot.as_mut().filter(|s| s.armed) {
                     slot.armed = false;
                     self.leave_queue(&keys, req.owner.as_str()).await?;
                 }
@@ -468,10 +487,10 @@ impl LockRemoteResource for RedisBackend {
         let mut inv;
         if req.mode == LockMode::Exclusive {
             inv = self.inner.scripts.release_exclusive.prepare_invoke();
-            inv.key(&keys.exclusive)
-                .key(&keys.queue)
-                .key(&keys.queue_alive)
-                .key(&keys.queue_mode);
+            inv.key(keys.key(EXCLUSIVE))
+                .key(keys.key(QUEUE))
+                .key(keys.key(QUEUE_ALIVE))
+                .key(keys.key(QUEUE_MODE));
         } else {
             inv = self.inner.scripts.release_shared.prepare_invoke();
             for k in keys.all() {
@@ -498,7 +517,7 @@ impl LockRemoteResource for RedisBackend {
         let mut inv;
         if req.mode == LockMode::Exclusive {
             inv = self.inner.scripts.renew_exclusive.prepare_invoke();
-            inv.key(&keys.exclusive);
+            inv.key(keys.key(EXCLUSIVE));
         } else {
             inv = self.inner.scripts.renew_shared.prepare_invoke();
             for k in keys.all() {
@@ -616,8 +635,8 @@ impl LockAdmin for RedisBackend {
                                 .query_async(&mut conn)
                                 .await
                                 .map_err(|e| map_redis(e, "live_locks"))?;
-                            // Held: "<token>|<owner length>|…"; free: "<token>|-".
-                            v.is_some_and(|v| v.split('|').nth(1).is_some_and(|f| f != "-"))
+                            // The exclusive key exists only while held (by a writer or readers).
+                            v.is_some()
                         }
                         _ => false,
                     };

@@ -3,32 +3,71 @@
 //!
 //! The name is percent-encoded for `%`, `{` and `}`: the tag can neither end early
 //! nor be empty, and no two names encode alike, so no name reaches another's keys.
+//!
+//! Keys are written straight into the command being built ([`Key`]), so an operation
+//! allocates no string per key.
+
+use std::io::Write;
 
 use dlock_spi::LockName;
+use redis::{RedisWrite, ToRedisArgs};
 
-/// The keys of one lock, in the order the scripts take them.
+/// Exclusive holder (expires with the lease), or "R" while readers hold.
+pub(crate) const EXCLUSIVE: &str = ":x";
+/// Fencing counter: never expires (seeded from the server clock when created).
+pub(crate) const FENCE: &str = ":f";
+/// Shared holders: sorted set owner → expiry (server ms).
+pub(crate) const READERS: &str = ":r";
+/// Shared holders' tokens and contexts: hash.
+pub(crate) const READER_DATA: &str = ":rd";
+/// Fair queue: sorted set owner → arrival (server µs).
+pub(crate) const QUEUE: &str = ":q";
+/// Fair queue liveness: sorted set owner → liveness deadline (server ms).
+pub(crate) const QUEUE_ALIVE: &str = ":ql";
+/// Fair queue modes: hash owner → "x" | "s".
+pub(crate) const QUEUE_MODE: &str = ":qm";
+/// A waiting writer's mark (non-fair read-write locks): readers stand back.
+pub(crate) const WRITER_WAITING: &str = ":ww";
+/// The channel release notices go to.
+pub(crate) const CHANNEL: &str = ":c";
+
+/// The keys of one lock: `<prefix>{<encoded name>}` plus a suffix each.
 #[derive(Debug, Clone)]
 pub(crate) struct LockKeys {
-    /// Exclusive holder (expires with the lease), then the last token for a minute.
-    pub(crate) exclusive: String,
-    /// Shared holders: sorted set owner → expiry (server ms).
-    pub(crate) readers: String,
-    /// Shared holders' tokens and contexts: hash.
-    pub(crate) reader_data: String,
-    /// Fair queue: sorted set owner → arrival (server µs).
-    pub(crate) queue: String,
-    /// Fair queue liveness: sorted set owner → liveness deadline (server ms).
-    pub(crate) queue_alive: String,
-    /// Fair queue modes: hash owner → "x" | "s".
-    pub(crate) queue_mode: String,
-    /// A waiting writer's mark (non-fair read-write locks): readers stand back.
-    pub(crate) writer_waiting: String,
-    /// The channel release notices go to.
-    pub(crate) channel: String,
+    base: String,
 }
 
-pub(crate) fn encode(name: &str) -> String {
-    let mut out = String::with_capacity(name.len() + 4);
+/// One key (or the channel), written into a command without an intermediate string.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Key<'a> {
+    base: &'a str,
+    suffix: &'static str,
+}
+
+impl ToRedisArgs for Key<'_> {
+    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
+        let mut w = out.writer_for_next_arg();
+        // Writing into an in-memory buffer cannot fail.
+        let _ = w.write_all(self.base.as_bytes());
+        let _ = w.write_all(self.suffix.as_bytes());
+    }
+}
+
+impl Key<'_> {
+    /// The key as a string (for pub/sub channel bookkeeping).
+    pub(crate) fn to_string_lossy(self) -> String {
+        let mut s = String::with_capacity(self.base.len() + self.suffix.len());
+        s.push_str(self.base);
+        s.push_str(self.suffix);
+        s
+    }
+}
+
+pub(crate) fn encode_into(out: &mut String, name: &str) {
+    if !name.contains(['%', '{', '}']) {
+        out.push_str(name);
+        return;
+    }
     for c in name.chars() {
         match c {
             '%' => out.push_str("%25"),
@@ -37,44 +76,50 @@ pub(crate) fn encode(name: &str) -> String {
             c => out.push(c),
         }
     }
-    out
 }
 
 impl LockKeys {
     pub(crate) fn new(prefix: &str, name: &LockName) -> Self {
-        let base = format!("{prefix}{{{}}}", encode(name.as_str()));
-        LockKeys {
-            exclusive: format!("{base}:x"),
-            readers: format!("{base}:r"),
-            reader_data: format!("{base}:rd"),
-            queue: format!("{base}:q"),
-            queue_alive: format!("{base}:ql"),
-            queue_mode: format!("{base}:qm"),
-            writer_waiting: format!("{base}:ww"),
-            channel: format!("{base}:c"),
+        let mut base = String::with_capacity(prefix.len() + name.len() + 2);
+        base.push_str(prefix);
+        base.push('{');
+        encode_into(&mut base, name.as_str());
+        base.push('}');
+        LockKeys { base }
+    }
+
+    pub(crate) fn key(&self, suffix: &'static str) -> Key<'_> {
+        Key {
+            base: &self.base,
+            suffix,
         }
     }
 
-    /// The keys in script order (KEYS[1..8]; the fourth slot is unused).
-    pub(crate) fn all(&self) -> [&str; 8] {
+    /// The keys the general scripts take, in order (KEYS[1..8]).
+    pub(crate) fn all(&self) -> [Key<'_>; 8] {
         [
-            &self.exclusive,
-            &self.readers,
-            &self.reader_data,
-            &self.exclusive,
-            &self.queue,
-            &self.queue_alive,
-            &self.queue_mode,
-            &self.writer_waiting,
+            EXCLUSIVE,
+            READERS,
+            READER_DATA,
+            FENCE,
+            QUEUE,
+            QUEUE_ALIVE,
+            QUEUE_MODE,
+            WRITER_WAITING,
         ]
+        .map(|s| self.key(s))
     }
 }
 
-/// A glob pattern matching the exclusive/reader/queue keys of every name that starts
-/// with `name_prefix` (for counting live locks).
+/// A glob pattern matching the keys of every name that starts with `name_prefix`
+/// (for counting live locks).
 pub(crate) fn scan_pattern(prefix: &str, name_prefix: &str) -> String {
+    let mut raw = String::new();
+    raw.push_str(prefix);
+    raw.push('{');
+    encode_into(&mut raw, name_prefix);
     let mut glob = String::new();
-    for c in format!("{prefix}{{{}", encode(name_prefix)).chars() {
+    for c in raw.chars() {
         if matches!(c, '*' | '?' | '[' | ']' | '\\') {
             glob.push('\\');
         }
@@ -88,13 +133,23 @@ pub(crate) fn scan_pattern(prefix: &str, name_prefix: &str) -> String {
 mod tests {
     use super::*;
 
+    fn text(k: Key<'_>) -> String {
+        k.to_string_lossy()
+    }
+
     #[test]
     fn braces_cannot_break_the_hash_tag() {
         let k = LockKeys::new("dlock:", &LockName::new("}x{").unwrap());
-        assert_eq!(k.exclusive, "dlock:{%7Dx%7B}:x");
+        assert_eq!(text(k.key(EXCLUSIVE)), "dlock:{%7Dx%7B}:x");
         let a = LockKeys::new("p:", &LockName::new("%7D").unwrap());
         let b = LockKeys::new("p:", &LockName::new("}").unwrap());
-        assert_ne!(a.exclusive, b.exclusive);
+        assert_ne!(text(a.key(EXCLUSIVE)), text(b.key(EXCLUSIVE)));
+    }
+
+    #[test]
+    fn keys_are_written_as_single_arguments() {
+        let k = LockKeys::new("d:", &LockName::new("n").unwrap());
+        assert_eq!(k.key(FENCE).to_redis_args(), vec![b"d:{n}:f".to_vec()]);
     }
 
     #[test]

@@ -5,9 +5,10 @@
 //! renewal — have lean scripts of their own (about five server calls each); fair and
 //! shared modes go through the general scripts.
 //!
-//! The exclusive key is one string: `<token>|<owner length>|<owner><context>` while
-//! held (with `PX` = the lease, so the server expires it), then `<token>|-` for a
-//! minute after a release — the lock's fencing counter. A grant is one write.
+//! The exclusive key is one string, `<token>|<owner length>|<owner><context>`, with
+//! `PX` = the lease so the server expires it; while readers hold the lock it is
+//! `R` (expiring with the last reader). The fencing counter is a separate key that
+//! never expires.
 
 /// Helper fragments; each script includes only the ones it uses (Lua re-creates
 /// every local function on each call). Keys are passed explicitly so the lean
@@ -23,7 +24,8 @@ local function clock()
 end
 "#;
 const H_HOLDER: &str = r#"
--- owner, token, context of an exclusive holder value; nil for a free marker or none.
+-- owner, token, context of an exclusive holder value; nil when free or held by
+-- readers (value "R").
 local function holder(v)
   if not v then return nil end
   local tok, olen, rest = string.match(v, '^(%d+)|(%d+)|(.*)$')
@@ -32,25 +34,20 @@ local function holder(v)
   return string.sub(rest, 1, olen), tok, string.sub(rest, olen + 1)
 end
 "#;
-const H_HOLD_VALUE: &str = r#"
-local function hold_value(tok, owner, ctx)
-  return string.format('%.0f|%d|', tok, #owner) .. owner .. ctx
-end
-"#;
 const H_NEXT_TOKEN: &str = r#"
--- The lock's last token lives in its exclusive key: in the holder value while held,
--- then in a free marker "<token>|-" kept for a minute. The next token is
--- max(last + 1, server clock in µs): strictly increasing, and above every earlier
--- token even once the marker is gone.
-local function next_token(v)
-  clock()
-  local last = v and tonumber(string.match(v, '^(%d+)|')) or 0
-  return math.max(last + 1, now_us)
+-- The lock's fencing counter (KEYS fence) never expires, so tokens increase
+-- whatever the clocks do. A counter that does not exist yet (first use, or deleted
+-- by someone) starts at the server clock in µs: above every token issued before.
+local function seeded(fence, tok)
+  if tok == 1 then
+    clock()
+    tok = now_us
+    redis.call('SET', fence, string.format('%.0f', tok))
+  end
+  return tok
 end
-
-local KEEP_MS = 60000
-local function free_marker(tok)
-  return string.format('%.0f|-', tok)
+local function next_token(fence)
+  return seeded(fence, redis.call('INCR', fence))
 end
 "#;
 const H_PURGE_READERS: &str = r#"
@@ -64,16 +61,20 @@ local function purge_readers(readers, data)
 end
 "#;
 const H_READER_HORIZON: &str = r#"
-local function reader_horizon(readers, data)
+-- Readers also occupy the exclusive key (value "R") until the last reader's lease
+-- ends, so one SET NX excludes writers and readers alike.
+local function reader_horizon(x, readers, data)
   clock()
   local top = redis.call('ZRANGE', readers, -1, -1, 'WITHSCORES')
   if top[2] then
     local ttl = tonumber(top[2]) - now
     redis.call('PEXPIRE', readers, ttl)
     redis.call('PEXPIRE', data, ttl)
+    redis.call('SET', x, 'R', 'PX', ttl)
     return ttl
   end
   redis.call('DEL', readers, data)
+  if redis.call('GET', x) == 'R' then redis.call('DEL', x) end
   return 0
 end
 "#;
@@ -105,59 +106,41 @@ local function notify(channel, queue, alive, modes)
 end
 "#;
 const H_TIME_LEFT: &str = r#"
--- ms until the lock may be free: the exclusive holder's lease, or the readers'.
-local function time_left(x, v, readers)
-  if holder(v) then
-    local left = redis.call('PTTL', x)
-    if left >= 0 then return left end
-  end
-  local top = redis.call('ZRANGE', readers, -1, -1, 'WITHSCORES')
-  if top[2] then
-    clock()
-    return tonumber(top[2]) - now
-  end
+-- ms until the lock may be free (the holder's or the readers' lease).
+local function time_left(x)
+  local left = redis.call('PTTL', x)
+  if left > 0 then return left end
   return 0
 end
 "#;
 
-/// Non-fair exclusive acquire. KEYS: exclusive, readers, reader data, writer mark.
-/// ARGV: owner, lease ms, context, waiting (1|0), writer mark ms. One write when
-/// granted.
+/// Non-fair exclusive acquire. KEYS: exclusive, fence, writer mark. ARGV: owner,
+/// lease ms, context, waiting (1|0), writer mark ms. Granted in two server calls
+/// (`INCR`, `SET NX PX`), like the raw floor plus the fencing counter.
 /// Returns {1, token} or {0, ms left, 0}.
 const ACQUIRE_EXCLUSIVE: &str = r#"
-local owner, lease = ARGV[1], tonumber(ARGV[2])
-local v = redis.call('GET', KEYS[1])
-local o, tok = holder(v)
--- The current owner asking again: idempotent, same token.
+local owner, lease = ARGV[1], ARGV[2]
+local tok = seeded(KEYS[2], redis.call('INCR', KEYS[2]))
+if redis.call('SET', KEYS[1], string.format('%.0f|%d|', tok, #owner) .. owner .. ARGV[3], 'NX', 'PX', lease) then
+  return {1, tok}
+end
+-- Taken. The current owner asking again is idempotent (same token); the counter
+-- step just made is simply never used.
+local o, held = holder(redis.call('GET', KEYS[1]))
 if o == owner then
   redis.call('PEXPIRE', KEYS[1], lease)
-  return {1, tonumber(tok)}
-end
-if not o then
-  local readers = 0
-  if redis.call('EXISTS', KEYS[2]) == 1 then
-    purge_readers(KEYS[2], KEYS[3])
-    readers = redis.call('ZCARD', KEYS[2])
-  end
-  if readers == 0 then
-    local t = next_token(v)
-    redis.call('SET', KEYS[1], hold_value(t, owner, ARGV[3]), 'PX', lease)
-    redis.call('DEL', KEYS[4])
-    return {1, t}
-  end
+  return {1, tonumber(held)}
 end
 -- A waiting writer asks new readers to stand back.
-if ARGV[4] == '1' then redis.call('SET', KEYS[4], '1', 'PX', tonumber(ARGV[5])) end
-return {0, time_left(KEYS[1], v, KEYS[2]), 0}
+if ARGV[4] == '1' then redis.call('SET', KEYS[3], '1', 'PX', tonumber(ARGV[5])) end
+return {0, time_left(KEYS[1]), 0}
 "#;
 
 /// Exclusive release. KEYS: exclusive, queue, queue liveness, queue modes.
 /// ARGV: owner, channel. Returns 1 if released, 0 if not the owner.
 const RELEASE_EXCLUSIVE: &str = r#"
-local v = redis.call('GET', KEYS[1])
-local o, tok = holder(v)
-if o ~= ARGV[1] then return 0 end
-redis.call('SET', KEYS[1], free_marker(tonumber(tok)), 'PX', KEEP_MS)
+if holder(redis.call('GET', KEYS[1])) ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[1])
 notify(ARGV[2], KEYS[2], KEYS[3], KEYS[4])
 return 1
 "#;
@@ -190,26 +173,27 @@ if mode == 'x' then
     redis.call('PEXPIRE', KEYS[1], lease)
     return {1, tonumber(tok)}
   end
-  if not o then
-    local readers = 0
-    if redis.call('EXISTS', KEYS[2]) == 1 then
-      purge_readers(KEYS[2], KEYS[3])
-      readers = redis.call('ZCARD', KEYS[2])
+  if v == 'R' then
+    -- Readers' horizon may outlast readers that left early: check the live ones.
+    purge_readers(KEYS[2], KEYS[3])
+    if redis.call('ZCARD', KEYS[2]) == 0 then
+      redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
+      v = nil
     end
-    if readers == 0 then
-      local ok, rank = true, false
-      if fair and redis.call('EXISTS', KEYS[5]) == 1 then
-        purge_queue(KEYS[5], KEYS[6], KEYS[7])
-        rank = redis.call('ZRANK', KEYS[5], owner)
-        ok = rank == 0 or (rank == false and redis.call('ZCARD', KEYS[5]) == 0)
-      end
-      if ok then
-        local t = next_token(v)
-        redis.call('SET', KEYS[1], hold_value(t, owner, ARGV[4]), 'PX', lease)
-        redis.call('DEL', KEYS[8])
-        if rank then dequeue_self() end
-        return {1, t}
-      end
+  end
+  if not v then
+    local ok, rank = true, false
+    if fair and redis.call('EXISTS', KEYS[5]) == 1 then
+      purge_queue(KEYS[5], KEYS[6], KEYS[7])
+      rank = redis.call('ZRANK', KEYS[5], owner)
+      ok = rank == 0 or (rank == false and redis.call('ZCARD', KEYS[5]) == 0)
+    end
+    if ok then
+      local t = next_token(KEYS[4])
+      redis.call('SET', KEYS[1], string.format('%.0f|%d|', t, #owner) .. owner .. ARGV[4], 'PX', lease)
+      redis.call('DEL', KEYS[8])
+      if rank then dequeue_self() end
+      return {1, t}
     end
   end
 else
@@ -217,7 +201,7 @@ else
   purge_readers(KEYS[2], KEYS[3])
   if redis.call('ZSCORE', KEYS[2], owner) then
     redis.call('ZADD', KEYS[2], now + lease, owner)
-    reader_horizon(KEYS[2], KEYS[3])
+    reader_horizon(KEYS[1], KEYS[2], KEYS[3])
     return {1, tonumber(redis.call('HGET', KEYS[3], owner))}
   end
   local free = holder(v) == nil
@@ -235,12 +219,10 @@ else
     free = free and redis.call('EXISTS', KEYS[8]) == 0
   end
   if free then
-    local tok = next_token(v)
-    -- The last token is kept in the exclusive key's free marker, for both modes.
-    redis.call('SET', KEYS[1], free_marker(tok), 'PX', math.max(KEEP_MS, 2 * lease))
+    local tok = next_token(KEYS[4])
     redis.call('ZADD', KEYS[2], now + lease, owner)
     redis.call('HSET', KEYS[3], owner, string.format('%.0f', tok), 'c:' .. owner, ARGV[4])
-    reader_horizon(KEYS[2], KEYS[3])
+    reader_horizon(KEYS[1], KEYS[2], KEYS[3])
     if rank then
       dequeue_self()
       -- Readers queued right behind this reader may join it.
@@ -267,7 +249,7 @@ if waiting then
     redis.call('SET', KEYS[8], '1', 'PX', tonumber(ARGV[8]))
   end
 end
-return {0, time_left(KEYS[1], v, KEYS[2]), queued}
+return {0, time_left(KEYS[1]), queued}
 "#;
 
 /// Shared release. KEYS: as ACQUIRE. ARGV: owner, channel.
@@ -276,7 +258,7 @@ purge_readers(KEYS[2], KEYS[3])
 if not redis.call('ZSCORE', KEYS[2], ARGV[1]) then return 0 end
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('HDEL', KEYS[3], ARGV[1], 'c:' .. ARGV[1])
-if reader_horizon(KEYS[2], KEYS[3]) == 0 then notify(ARGV[2], KEYS[5], KEYS[6], KEYS[7]) end
+if reader_horizon(KEYS[1], KEYS[2], KEYS[3]) == 0 then notify(ARGV[2], KEYS[5], KEYS[6], KEYS[7]) end
 return 1
 "#;
 
@@ -285,7 +267,7 @@ const RENEW_SHARED: &str = r#"
 purge_readers(KEYS[2], KEYS[3])
 if not redis.call('ZSCORE', KEYS[2], ARGV[1]) then return 0 end
 redis.call('ZADD', KEYS[2], now + tonumber(ARGV[2]), ARGV[1])
-reader_horizon(KEYS[2], KEYS[3])
+reader_horizon(KEYS[1], KEYS[2], KEYS[3])
 return 1
 "#;
 
@@ -296,7 +278,7 @@ local was_head = redis.call('ZRANK', KEYS[5], ARGV[1]) == 0
 redis.call('ZREM', KEYS[5], ARGV[1])
 redis.call('ZREM', KEYS[6], ARGV[1])
 redis.call('HDEL', KEYS[7], ARGV[1])
-if was_head and holder(redis.call('GET', KEYS[1])) == nil then notify(ARGV[2], KEYS[5], KEYS[6], KEYS[7]) end
+if was_head and redis.call('EXISTS', KEYS[1]) == 0 then notify(ARGV[2], KEYS[5], KEYS[6], KEYS[7]) end
 return 1
 "#;
 
@@ -323,11 +305,8 @@ return out
 /// removed. KEYS: as ACQUIRE. ARGV: channel.
 const FORCE_RELEASE: &str = r#"
 purge_readers(KEYS[2], KEYS[3])
-local v = redis.call('GET', KEYS[1])
-local o, tok = holder(v)
-local n = (o and 1 or 0) + redis.call('ZCARD', KEYS[2])
-if o then redis.call('SET', KEYS[1], free_marker(tonumber(tok)), 'PX', KEEP_MS) end
-redis.call('DEL', KEYS[2], KEYS[3], KEYS[8])
+local n = (holder(redis.call('GET', KEYS[1])) and 1 or 0) + redis.call('ZCARD', KEYS[2])
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[8])
 notify(ARGV[1], KEYS[5], KEYS[6], KEYS[7])
 return n
 "#;
@@ -350,7 +329,6 @@ fn sources() -> [String; 9] {
     let all: &[&str] = &[
         H_CLOCK,
         H_HOLDER,
-        H_HOLD_VALUE,
         H_NEXT_TOKEN,
         H_PURGE_READERS,
         H_READER_HORIZON,
@@ -364,7 +342,6 @@ fn sources() -> [String; 9] {
             &[
                 H_CLOCK,
                 H_HOLDER,
-                H_HOLD_VALUE,
                 H_NEXT_TOKEN,
                 H_PURGE_READERS,
                 H_TIME_LEFT,
@@ -413,9 +390,8 @@ mod tests {
         let helpers = [
             "clock",
             "holder",
-            "hold_value",
+            "seeded",
             "next_token",
-            "free_marker",
             "purge_readers",
             "reader_horizon",
             "purge_queue",
@@ -432,10 +408,6 @@ mod tests {
                     "script #{n} calls {h} without defining it"
                 );
             }
-            assert!(
-                !src.contains("KEEP_MS") || src.contains("local KEEP_MS"),
-                "script #{n}: KEEP_MS"
-            );
         }
     }
 }

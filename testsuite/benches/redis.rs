@@ -133,6 +133,44 @@ async fn uncontended(cfg: &Cfg, tasks: usize) -> Vec<(&'static str, f64)> {
         out.push((label, rate(n, d)));
     }
 
+    let label = "floor with a scripted acquire (EVALSHA SET NX PX + EVAL)";
+    if wanted(label) {
+        let conn = floor_conn(&cfg.url).await;
+        let script = Arc::new(redis::Script::new(
+            "return redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', 30000)",
+        ));
+        let t = tag.clone();
+        let (n, d) = run_tasks(tasks, cfg.secs, move |i, end| {
+            let mut conn = conn.clone();
+            let script = Arc::clone(&script);
+            let key = format!("{t}:sfloor:{i}");
+            async move {
+                let mut n = 0;
+                while Instant::now() < end {
+                    let set: Option<String> = script
+                        .key(&key)
+                        .arg("owner")
+                        .invoke_async(&mut conn)
+                        .await
+                        .unwrap();
+                    assert!(set.is_some());
+                    let _: i64 = redis::cmd("EVAL")
+                        .arg(RELEASE_LUA)
+                        .arg(1)
+                        .arg(&key)
+                        .arg("owner")
+                        .query_async(&mut conn)
+                        .await
+                        .unwrap();
+                    n += 1;
+                }
+                n
+            }
+        })
+        .await;
+        out.push((label, rate(n, d)));
+    }
+
     let label = "dlock (user API)";
     if wanted(label) {
         let m = dlock_manager(&cfg.url).await;
