@@ -18,11 +18,14 @@
 //!   another lock's keys.
 //! * **One round trip per operation**: acquire, release and renew are Lua scripts
 //!   (loaded once, run by SHA). Acquire sets the holder with a `PX` lease, advances the
-//!   fencing counter and stores the owner's context atomically. Expiry is judged by the
-//!   server (`PTTL`, `TIME`), never by a client clock.
-//! * **Fencing**: a per-lock counter advanced as `max(previous + 1, server clock in µs)`:
-//!   strictly increasing, and still above every earlier token if the counter key is
-//!   ever lost or deleted. It is the one key that outlives a release.
+//!   fencing counter and stores the owner's context atomically; the common case
+//!   (non-fair, exclusive, free) is just `INCR` + `SET NX PX`. Readers occupy the same
+//!   key while they hold. Expiry is judged by the server (`PX`, `TIME`), never by a
+//!   client clock.
+//! * **Fencing**: a per-lock counter (`INCR`, no expiry) — strictly increasing whatever
+//!   the clocks do. A counter that is created (first use, or after it was deleted)
+//!   starts at the server clock in µs, so it still starts above every earlier token.
+//!   It is the one key that outlives a release.
 //! * **Waiting without polling storms**: one pub/sub connection per backend carries
 //!   release notices. Non-fair: a release wakes one waiter per process. Fair: the
 //!   release names the head of a server-side queue (a sorted set ordered by the server
