@@ -1,0 +1,155 @@
+//! What the metrics handler records, read back from a debugging recorder.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use dlock_plugin_metrics::MetricsHandler;
+use dlock_spi::{
+    AcquireContext, AcquireRequest, HandlerChain, InMemoryBackend, LockMode, LockName, LostEvent,
+    LostReason, OwnerId, ReleaseContext, ReleaseRequest,
+};
+use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+use metrics_util::MetricKind;
+
+#[derive(Debug, PartialEq)]
+enum V {
+    Counter(u64),
+    Gauge(f64),
+    Histogram(Vec<f64>),
+}
+
+fn find(
+    snapshot: &[(
+        metrics_util::CompositeKey,
+        Option<metrics::Unit>,
+        Option<metrics::SharedString>,
+        DebugValue,
+    )],
+    kind: MetricKind,
+    name: &str,
+    labels: &[(&str, &str)],
+) -> Option<V> {
+    snapshot.iter().find_map(|(key, _, _, value)| {
+        let k = key.key();
+        let matches = key.kind() == kind
+            && k.name() == name
+            && labels
+                .iter()
+                .all(|(l, v)| k.labels().any(|lab| lab.key() == *l && lab.value() == *v));
+        if !matches {
+            return None;
+        }
+        Some(match value {
+            DebugValue::Counter(c) => V::Counter(*c),
+            DebugValue::Gauge(g) => V::Gauge(g.into_inner()),
+            DebugValue::Histogram(h) => V::Histogram(h.iter().map(|x| x.into_inner()).collect()),
+        })
+    })
+}
+
+#[test]
+fn records_acquires_holds_losses_and_groups_by_prefix() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    metrics::with_local_recorder(&recorder, || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let backend = Arc::new(InMemoryBackend::new());
+            let chain = HandlerChain::new(backend, vec![Arc::new(MetricsHandler::default())]);
+            let name = LockName::new("orders:42").unwrap();
+            let req = |owner: &str| {
+                AcquireRequest::new(name.clone(), OwnerId::new(owner))
+                    .with_lease(Duration::from_secs(5))
+            };
+            let mut a = AcquireContext::new(req("a"), "memory");
+            let token = chain.acquire(&mut a).await.unwrap().token().unwrap();
+            let mut b = AcquireContext::new(req("b"), "memory");
+            assert!(!chain.acquire(&mut b).await.unwrap().is_acquired());
+            tokio::time::sleep(Duration::from_millis(20)).await; // the hold being measured
+            let rel = ReleaseContext::new(
+                ReleaseRequest::new(name.clone(), OwnerId::new("a"), LockMode::Exclusive, token),
+                "memory",
+                Some(a.started),
+            );
+            chain.release(&rel).await.unwrap();
+            chain.notify_lost(&LostEvent::new(
+                &name,
+                &OwnerId::new("a"),
+                LockMode::Exclusive,
+                token,
+                LostReason::NotOwner,
+            ));
+        });
+    });
+    let snap = snapshotter.snapshot().into_vec();
+    let acquired = find(
+        &snap,
+        MetricKind::Counter,
+        "dlock_acquire_total",
+        &[
+            ("outcome", "acquired"),
+            ("group", "orders"),
+            ("backend", "memory"),
+        ],
+    );
+    assert_eq!(acquired, Some(V::Counter(1)));
+    let timeout = find(
+        &snap,
+        MetricKind::Counter,
+        "dlock_acquire_total",
+        &[("outcome", "timeout"), ("group", "orders")],
+    );
+    assert_eq!(timeout, Some(V::Counter(1)));
+    assert_eq!(
+        find(
+            &snap,
+            MetricKind::Gauge,
+            "dlock_held",
+            &[("group", "orders")]
+        ),
+        Some(V::Gauge(0.0))
+    );
+    match find(
+        &snap,
+        MetricKind::Histogram,
+        "dlock_hold_seconds",
+        &[("group", "orders")],
+    ) {
+        Some(V::Histogram(v)) => assert!(v.len() == 1 && v[0] >= 0.02, "{v:?}"),
+        other => panic!("no hold histogram: {other:?}"),
+    }
+    assert_eq!(
+        find(
+            &snap,
+            MetricKind::Counter,
+            "dlock_lost_total",
+            &[("reason", "not_owner"), ("group", "orders")]
+        ),
+        Some(V::Counter(1))
+    );
+    // The full name never becomes a label value.
+    for (key, _, _, _) in &snap {
+        assert!(
+            key.key().labels().all(|l| l.value() != "orders:42"),
+            "{key:?}"
+        );
+    }
+}
+
+#[test]
+fn group_is_the_prefix_up_to_the_separator() {
+    let h = MetricsHandler::default();
+    assert_eq!(h.group_of("user:7:cart"), "user");
+    assert_eq!(h.group_of("plain"), "-");
+    assert_eq!(h.group_of(":x"), "-");
+    assert_eq!(
+        MetricsHandler::default()
+            .with_group_separator('/')
+            .group_of("a/b"),
+        "a"
+    );
+}
