@@ -58,6 +58,18 @@ pub use dlock_jdbc as jdbc;
 /// The Redis backend (feature `redis`).
 #[cfg(feature = "redis")]
 pub use dlock_redis as redis;
+
+/// The logging handler (feature `logging`).
+#[cfg(feature = "logging")]
+pub use dlock_plugin_logging::LoggingHandler;
+
+/// The metrics handler (feature `metrics`).
+#[cfg(feature = "metrics")]
+pub use dlock_plugin_metrics::MetricsHandler;
+
+/// Flow control and hot-lock coalescing (feature `flow-control`).
+#[cfg(feature = "flow-control")]
+pub use dlock_plugin_flow_control::{CoalescingHandler, FlowControlHandler, OnLimit};
 pub use guard::{LockGuard, LostSignal};
 pub use lock::{DistributeLock, LockGroup, ReadWriteLock};
 pub use manager::{DistributeLockManager, DistributeLockManagerBuilder};
