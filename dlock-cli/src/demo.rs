@@ -191,6 +191,7 @@ pub(crate) async fn run(
             .arg(backend)
             .arg("--namespace")
             .arg(namespace)
+            .args(crate::worker_flags())
             .arg("worker")
             .arg("--id")
             .arg(id.to_string())

@@ -33,6 +33,15 @@ struct Cli {
     #[arg(long, default_value = "", global = true)]
     namespace: String,
 
+    /// Log every acquire and release (spans and the `dlock::access` line) to stderr.
+    /// RUST_LOG, when set, refines what is shown.
+    #[arg(long, global = true)]
+    log: bool,
+
+    /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9187).
+    #[arg(long, value_name = "ADDR", global = true)]
+    metrics_addr: Option<std::net::SocketAddr>,
+
     #[command(subcommand)]
     command: Command,
 }
@@ -62,10 +71,28 @@ enum Command {
     Worker(demo::WorkerArgs),
 }
 
+/// The global flags a worker process inherits (logging only: metrics stay with the
+/// parent, which serves them).
+pub(crate) fn worker_flags() -> Vec<&'static str> {
+    match PLUGINS.get() {
+        Some(p) if p.log => vec!["--log"],
+        _ => Vec::new(),
+    }
+}
+
 /// Parses durations such as `500ms`, `10s`, `2m`.
 pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("{e}; write durations like 500ms, 10s or 2m"))
 }
+
+/// Which plugins the global flags turned on.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Plugins {
+    pub(crate) log: bool,
+    pub(crate) metrics: bool,
+}
+
+static PLUGINS: std::sync::OnceLock<Plugins> = std::sync::OnceLock::new();
 
 pub(crate) async fn connect(
     cli_backend: &str,
@@ -76,6 +103,13 @@ pub(crate) async fn connect(
         .await
         .map_err(Failure::from)?;
     let mut builder = dlock_api::DistributeLockManagerBuilder::new(resource).namespace(namespace);
+    let plugins = PLUGINS.get().copied().unwrap_or_default();
+    if plugins.log {
+        builder = builder.with_handler(dlock_api::LoggingHandler::default());
+    }
+    if plugins.metrics {
+        builder = builder.with_handler(dlock_api::MetricsHandler::default());
+    }
     if let Some(lease) = lease {
         builder = builder.lease(lease);
     }
@@ -85,6 +119,27 @@ pub(crate) async fn connect(
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
+    if cli.log {
+        let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .init();
+    }
+    if let Some(addr) = cli.metrics_addr {
+        if let Err(e) = metrics_exporter_prometheus::PrometheusBuilder::new()
+            .with_http_listener(addr)
+            .install()
+        {
+            eprintln!("dlock: cannot serve metrics on {addr}: {e}");
+            return ExitCode::from(exit::CONFIG);
+        }
+    }
+    let _ = PLUGINS.set(Plugins {
+        log: cli.log,
+        metrics: cli.metrics_addr.is_some(),
+    });
     let result = match cli.command {
         Command::Demo(args) => demo::run(&cli.backend, &cli.namespace, args).await,
         Command::Worker(args) => demo::worker(&cli.backend, &cli.namespace, args).await,

@@ -245,3 +245,65 @@ fn status_unlock_and_input_errors() {
         "the password leaked"
     );
 }
+
+#[test]
+fn log_and_metrics_flags_turn_the_plugins_on() {
+    let url = sqlite_url();
+    let ns = namespace();
+    let out = Command::new(DLOCK)
+        .args([
+            "--backend",
+            &url,
+            "--namespace",
+            &ns,
+            "--log",
+            "exec",
+            "logged",
+            "--",
+            "true",
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("dlock::access") && err.contains("|acquired|"),
+        "{err}"
+    );
+    assert!(err.contains("|released|"), "{err}");
+
+    let port = 20_000 + fastrand::u16(..20_000);
+    let fetch = format!(
+        "exec 3<>/dev/tcp/127.0.0.1/{port}; printf 'GET /metrics HTTP/1.0\\r\\n\\r\\n' >&3; cat <&3"
+    );
+    let addr = format!("127.0.0.1:{port}");
+    let out = Command::new(DLOCK)
+        .args([
+            "--backend",
+            &url,
+            "--metrics-addr",
+            &addr,
+            "exec",
+            "orders:1",
+            "--",
+            "bash",
+            "-c",
+            &fetch,
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let body = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        body.contains("dlock_acquire_total{outcome=\"acquired\""),
+        "{body}"
+    );
+    assert!(body.contains("group=\"orders\""), "{body}");
+    assert!(body.contains("dlock_held"), "{body}");
+}
