@@ -30,6 +30,14 @@ use dlock_spi::{
     ReleaseContext, ReleaseResult, RenewEvent, RenewResult, Result,
 };
 
+/// Histogram bucket bounds (seconds) that suit lock waits and holds; give them to your
+/// exporter (e.g. `PrometheusBuilder::set_buckets`) so dashboards can compute
+/// quantiles with `histogram_quantile`.
+pub const SECONDS_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    60.0,
+];
+
 /// Records dlock metrics. See the crate docs for names and labels.
 #[derive(Debug, Clone)]
 pub struct MetricsHandler {

@@ -1,0 +1,82 @@
+//! The Grafana dashboard in the repo queries only series the handler exports, rendered
+//! by the real Prometheus exporter with the recommended buckets.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use dlock_plugin_metrics::{MetricsHandler, SECONDS_BUCKETS};
+use dlock_spi::{
+    async_trait, AcquireChain, AcquireContext, AcquireRequest, AcquireResult, Error, ErrorKind,
+    HandlerChain, InMemoryBackend, LockHandler, LockMode, LockName, LostEvent, LostReason, OwnerId,
+    ReleaseChain, ReleaseContext, ReleaseRequest, ReleaseResult, RenewRequest, Result,
+};
+use metrics_exporter_prometheus::PrometheusBuilder;
+
+/// Refuses locks of the group "blocked", as flow control would.
+struct Refuse;
+
+#[async_trait]
+impl LockHandler for Refuse {
+    async fn acquire(&self, ctx: &AcquireContext, next: AcquireChain<'_>) -> Result<AcquireResult> {
+        if ctx.request.name.as_str().starts_with("blocked:") {
+            return Err(Error::new(ErrorKind::Rejected, "refused by test"));
+        }
+        next.invoke(ctx).await
+    }
+    async fn release(&self, ctx: &ReleaseContext, next: ReleaseChain<'_>) -> Result<ReleaseResult> {
+        next.invoke(ctx).await
+    }
+}
+
+#[test]
+fn every_dashboard_query_names_an_exported_series() {
+    let recorder = PrometheusBuilder::new().set_buckets(SECONDS_BUCKETS).unwrap().build_recorder();
+    let handle = recorder.handle();
+    metrics::with_local_recorder(&recorder, || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let chain = HandlerChain::new(
+                Arc::new(InMemoryBackend::new()),
+                vec![Arc::new(MetricsHandler::default()), Arc::new(Refuse)],
+            );
+            let name = LockName::new("orders:1").unwrap();
+            let owner = OwnerId::new("o");
+            let mut ctx = AcquireContext::new(
+                AcquireRequest::new(name.clone(), owner.clone()).with_lease(Duration::from_secs(5)),
+                "memory",
+            );
+            let token = chain.acquire(&mut ctx).await.unwrap().token().unwrap();
+            chain
+                .renew(&RenewRequest::new(name.clone(), owner.clone(), LockMode::Exclusive, Duration::from_secs(5), token))
+                .await
+                .unwrap();
+            let rel = ReleaseContext::new(ReleaseRequest::new(name.clone(), owner.clone(), LockMode::Exclusive, token), "memory", Some(ctx.started));
+            chain.release(&rel).await.unwrap();
+            let mut blocked = AcquireContext::new(AcquireRequest::new(LockName::new("blocked:1").unwrap(), owner.clone()), "memory");
+            assert!(chain.acquire(&mut blocked).await.is_err());
+            chain.notify_lost(&LostEvent::new(&name, &owner, LockMode::Exclusive, token, LostReason::LeaseExpired));
+        });
+    });
+    let rendered = handle.render();
+
+    let raw = include_str!("../../dashboards/dlock-grafana.json");
+    let dashboard: serde_json::Value = serde_json::from_str(raw).expect("the dashboard is valid JSON");
+    let mut exprs = Vec::new();
+    for panel in dashboard["panels"].as_array().unwrap() {
+        for target in panel["targets"].as_array().unwrap() {
+            exprs.push(target["expr"].as_str().unwrap().to_owned());
+        }
+    }
+    assert!(exprs.len() >= 6);
+    for expr in &exprs {
+        for word in expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+            if word.starts_with("dlock_") {
+                assert!(
+                    rendered.lines().any(|l| l.starts_with(word)),
+                    "dashboard query {expr:?} uses {word}, which the exporter does not emit:\n{rendered}"
+                );
+            }
+        }
+    }
+}
