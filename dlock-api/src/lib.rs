@@ -46,6 +46,8 @@ mod guard;
 mod hold;
 mod lock;
 mod manager;
+#[cfg(feature = "tower")]
+pub mod tower;
 mod watchdog;
 
 pub use connect::{open_backend, SUPPORTED};

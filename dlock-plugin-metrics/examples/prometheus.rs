@@ -14,7 +14,10 @@ use metrics_exporter_prometheus::PrometheusBuilder;
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
-    let addr: std::net::SocketAddr = args.next().unwrap_or_else(|| "127.0.0.1:9187".into()).parse()?;
+    let addr: std::net::SocketAddr = args
+        .next()
+        .unwrap_or_else(|| "127.0.0.1:9187".into())
+        .parse()?;
     let seconds: u64 = args.next().map(|s| s.parse()).transpose()?.unwrap_or(60);
     PrometheusBuilder::new()
         .set_buckets(SECONDS_BUCKETS)?
@@ -33,8 +36,16 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         workers.push(tokio::spawn(async move {
             let mut n = 0u64;
             while Instant::now() < end {
-                let name = if n % 3 == 0 { format!("reports:{}", n % 2) } else { format!("orders:{}", n % 4) };
-                if let Ok(Some(guard)) = manager.lock(&name).try_lock(Duration::from_millis(20)).await {
+                let name = if n % 3 == 0 {
+                    format!("reports:{}", n % 2)
+                } else {
+                    format!("orders:{}", n % 4)
+                };
+                if let Ok(Some(guard)) = manager
+                    .lock(&name)
+                    .try_lock(Duration::from_millis(20))
+                    .await
+                {
                     tokio::time::sleep(Duration::from_millis(5 + (w * 3) as u64)).await;
                     let _ = guard.unlock().await;
                 }

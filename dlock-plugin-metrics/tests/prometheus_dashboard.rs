@@ -31,10 +31,16 @@ impl LockHandler for Refuse {
 
 #[test]
 fn every_dashboard_query_names_an_exported_series() {
-    let recorder = PrometheusBuilder::new().set_buckets(SECONDS_BUCKETS).unwrap().build_recorder();
+    let recorder = PrometheusBuilder::new()
+        .set_buckets(SECONDS_BUCKETS)
+        .unwrap()
+        .build_recorder();
     let handle = recorder.handle();
     metrics::with_local_recorder(&recorder, || {
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
         rt.block_on(async {
             let chain = HandlerChain::new(
                 Arc::new(InMemoryBackend::new()),
@@ -48,20 +54,40 @@ fn every_dashboard_query_names_an_exported_series() {
             );
             let token = chain.acquire(&mut ctx).await.unwrap().token().unwrap();
             chain
-                .renew(&RenewRequest::new(name.clone(), owner.clone(), LockMode::Exclusive, Duration::from_secs(5), token))
+                .renew(&RenewRequest::new(
+                    name.clone(),
+                    owner.clone(),
+                    LockMode::Exclusive,
+                    Duration::from_secs(5),
+                    token,
+                ))
                 .await
                 .unwrap();
-            let rel = ReleaseContext::new(ReleaseRequest::new(name.clone(), owner.clone(), LockMode::Exclusive, token), "memory", Some(ctx.started));
+            let rel = ReleaseContext::new(
+                ReleaseRequest::new(name.clone(), owner.clone(), LockMode::Exclusive, token),
+                "memory",
+                Some(ctx.started),
+            );
             chain.release(&rel).await.unwrap();
-            let mut blocked = AcquireContext::new(AcquireRequest::new(LockName::new("blocked:1").unwrap(), owner.clone()), "memory");
+            let mut blocked = AcquireContext::new(
+                AcquireRequest::new(LockName::new("blocked:1").unwrap(), owner.clone()),
+                "memory",
+            );
             assert!(chain.acquire(&mut blocked).await.is_err());
-            chain.notify_lost(&LostEvent::new(&name, &owner, LockMode::Exclusive, token, LostReason::LeaseExpired));
+            chain.notify_lost(&LostEvent::new(
+                &name,
+                &owner,
+                LockMode::Exclusive,
+                token,
+                LostReason::LeaseExpired,
+            ));
         });
     });
     let rendered = handle.render();
 
     let raw = include_str!("../../dashboards/dlock-grafana.json");
-    let dashboard: serde_json::Value = serde_json::from_str(raw).expect("the dashboard is valid JSON");
+    let dashboard: serde_json::Value =
+        serde_json::from_str(raw).expect("the dashboard is valid JSON");
     let mut exprs = Vec::new();
     for panel in dashboard["panels"].as_array().unwrap() {
         for target in panel["targets"].as_array().unwrap() {
