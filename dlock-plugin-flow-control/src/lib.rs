@@ -37,7 +37,7 @@ use dlock_spi::{
     AcquireChain, AcquireContext, AcquireResult, Error, ErrorKind, LockHandler, LockMode, LockName,
     LostEvent, OwnerId, ReleaseChain, ReleaseContext, ReleaseResult, Result,
 };
-use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
+use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 use tokio::sync::Semaphore;
 
 /// What to do when a limit is reached.
@@ -54,13 +54,19 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// One group's limiters.
+struct GroupLimits {
+    rate: Option<DefaultDirectRateLimiter>,
+    in_flight: Option<Arc<Semaphore>>,
+}
+
 /// Per-group rate and concurrency limits in front of the backend.
 pub struct FlowControlHandler {
     separator: char,
     on_limit: OnLimit,
-    rate: Option<(NonZeroU32, DefaultKeyedRateLimiter<String>)>,
+    rate: Option<NonZeroU32>,
     concurrency: Option<usize>,
-    in_flight: Mutex<HashMap<String, Arc<Semaphore>>>,
+    groups: Mutex<rustc_hash::FxHashMap<String, Arc<GroupLimits>>>,
 }
 
 impl Default for FlowControlHandler {
@@ -71,7 +77,7 @@ impl Default for FlowControlHandler {
             on_limit: OnLimit::Reject,
             rate: None,
             concurrency: None,
-            in_flight: Mutex::new(HashMap::new()),
+            groups: Mutex::new(rustc_hash::FxHashMap::default()),
         }
     }
 }
@@ -80,7 +86,7 @@ impl std::fmt::Debug for FlowControlHandler {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("FlowControlHandler")
             .field("on_limit", &self.on_limit)
-            .field("rate_per_second", &self.rate.as_ref().map(|(r, _)| r.get()))
+            .field("rate_per_second", &self.rate.map(NonZeroU32::get))
             .field("concurrency", &self.concurrency)
             .finish()
     }
@@ -89,10 +95,7 @@ impl std::fmt::Debug for FlowControlHandler {
 impl FlowControlHandler {
     /// At most `per_second` acquire calls per second per group (bursts up to that many).
     pub fn with_rate_limit(mut self, per_second: NonZeroU32) -> Self {
-        self.rate = Some((
-            per_second,
-            RateLimiter::keyed(Quota::per_second(per_second)),
-        ));
+        self.rate = Some(per_second);
         self
     }
 
@@ -125,14 +128,33 @@ impl FlowControlHandler {
         Error::new(ErrorKind::Rejected, what).with_context("lock", &ctx.request.name)
     }
 
-    async fn admit_rate(&self, group: &str, ctx: &AcquireContext) -> Result<()> {
-        let Some((per_second, limiter)) = &self.rate else {
+    /// The limiters of `group`, created on first use (looked up without allocating).
+    fn limits(&self, group: &str) -> Arc<GroupLimits> {
+        let mut groups = lock(&self.groups);
+        if let Some(l) = groups.get(group) {
+            return Arc::clone(l);
+        }
+        let limits = Arc::new(GroupLimits {
+            rate: self.rate.map(|r| RateLimiter::direct(Quota::per_second(r))),
+            in_flight: self.concurrency.map(|n| Arc::new(Semaphore::new(n))),
+        });
+        groups.insert(group.to_owned(), Arc::clone(&limits));
+        limits
+    }
+
+    async fn admit_rate(
+        &self,
+        limits: &GroupLimits,
+        group: &str,
+        ctx: &AcquireContext,
+    ) -> Result<()> {
+        let Some(limiter) = &limits.rate else {
             return Ok(());
         };
-        let key = group.to_owned();
-        if limiter.check_key(&key).is_ok() {
+        if limiter.check().is_ok() {
             return Ok(());
         }
+        let per_second = self.rate.map_or(0, NonZeroU32::get);
         let over = || {
             Self::rejected(
                 format!(
@@ -143,7 +165,7 @@ impl FlowControlHandler {
         };
         match (self.on_limit, ctx.request.deadline) {
             (OnLimit::Wait, Some(deadline)) => {
-                tokio::time::timeout_at(deadline.into(), limiter.until_key_ready(&key))
+                tokio::time::timeout_at(deadline.into(), limiter.until_ready())
                     .await
                     .map_err(|_| over())
             }
@@ -153,17 +175,14 @@ impl FlowControlHandler {
 
     async fn admit_concurrency(
         &self,
+        limits: &GroupLimits,
         group: &str,
         ctx: &AcquireContext,
     ) -> Result<Option<tokio::sync::OwnedSemaphorePermit>> {
-        let Some(limit) = self.concurrency else {
+        let Some(semaphore) = &limits.in_flight else {
             return Ok(None);
         };
-        let semaphore = Arc::clone(
-            lock(&self.in_flight)
-                .entry(group.to_owned())
-                .or_insert_with(|| Arc::new(Semaphore::new(limit))),
-        );
+        let limit = self.concurrency.unwrap_or(0);
         let over = || {
             Self::rejected(
                 format!(
@@ -172,12 +191,17 @@ impl FlowControlHandler {
                 ctx,
             )
         };
-        if let Ok(p) = Arc::clone(&semaphore).try_acquire_owned() {
+        if let Ok(p) = Arc::clone(semaphore).try_acquire_owned() {
             return Ok(Some(p));
         }
         match (self.on_limit, ctx.request.deadline) {
             (OnLimit::Wait, Some(deadline)) => {
-                match tokio::time::timeout_at(deadline.into(), semaphore.acquire_owned()).await {
+                match tokio::time::timeout_at(
+                    deadline.into(),
+                    Arc::clone(semaphore).acquire_owned(),
+                )
+                .await
+                {
                     Ok(Ok(p)) => Ok(Some(p)),
                     _ => Err(over()),
                 }
@@ -190,9 +214,13 @@ impl FlowControlHandler {
 #[async_trait]
 impl LockHandler for FlowControlHandler {
     async fn acquire(&self, ctx: &AcquireContext, next: AcquireChain<'_>) -> Result<AcquireResult> {
+        if self.rate.is_none() && self.concurrency.is_none() {
+            return next.invoke(ctx).await;
+        }
         let group = self.group_of(ctx.request.name.as_str());
-        self.admit_rate(group, ctx).await?;
-        let _permit = self.admit_concurrency(group, ctx).await?;
+        let limits = self.limits(group);
+        self.admit_rate(&limits, group, ctx).await?;
+        let _permit = self.admit_concurrency(&limits, group, ctx).await?;
         next.invoke(ctx).await
     }
 

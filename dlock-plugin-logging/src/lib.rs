@@ -88,6 +88,12 @@ impl LockHandler for LoggingHandler {
             token = Empty,
             elapsed_ms = Empty,
         );
+        let access =
+            self.access_log && tracing::enabled!(target: ACCESS_TARGET, tracing::Level::INFO);
+        if span.is_disabled() && !access {
+            // Nothing to record at the levels enabled: cost nothing (not even a clock read).
+            return next.invoke(ctx).await;
+        }
         let result = next.invoke(ctx).instrument(span.clone()).await;
         let elapsed = ms(ctx.started);
         let outcome = match &result {
@@ -100,7 +106,7 @@ impl LockHandler for LoggingHandler {
         };
         span.record("outcome", outcome);
         span.record("elapsed_ms", elapsed);
-        if self.access_log {
+        if access {
             tracing::info!(target: ACCESS_TARGET, "acquire|{}|{}|{}|{}", req.name, req.owner, outcome, elapsed);
         }
         result
@@ -119,6 +125,15 @@ impl LockHandler for LoggingHandler {
             held_ms = Empty,
             elapsed_ms = Empty,
         );
+        let access =
+            self.access_log && tracing::enabled!(target: ACCESS_TARGET, tracing::Level::INFO);
+        if span.is_disabled() && !access {
+            let result = next.invoke(ctx).await;
+            if matches!(result, Ok(ReleaseResult::NotOwner)) {
+                tracing::warn!(lock = %req.name, owner = %req.owner, "dlock: released a lock this owner no longer held");
+            }
+            return result;
+        }
         let result = next.invoke(ctx).instrument(span.clone()).await;
         let elapsed = ms(ctx.started);
         let outcome = match &result {
@@ -131,7 +146,7 @@ impl LockHandler for LoggingHandler {
         if let Some(at) = ctx.acquired_at {
             span.record("held_ms", ms(at));
         }
-        if self.access_log {
+        if access {
             tracing::info!(target: ACCESS_TARGET, "release|{}|{}|{}|{}", req.name, req.owner, outcome, elapsed);
         }
         if matches!(result, Ok(ReleaseResult::NotOwner)) {

@@ -17,12 +17,18 @@
 //! → `orders` — never the full name, so label cardinality stays bounded. Names without
 //! the separator are grouped as `-`.
 //!
+//! The handler registers its metrics once per (backend, group) and keeps the handles,
+//! so the hot path does no label allocation or registry lookup: **install your
+//! recorder before the first lock operation** (as with most `metrics` users).
+//!
 //! ```no_run
 //! use dlock_plugin_metrics::MetricsHandler;
 //! let handler = MetricsHandler::default().with_group_separator('/');
 //! # let _ = handler;
 //! ```
 #![deny(missing_docs)]
+
+use std::sync::{Arc, PoisonError, RwLock};
 
 use async_trait::async_trait;
 use dlock_spi::{
@@ -38,16 +44,52 @@ pub const SECONDS_BUCKETS: &[f64] = &[
     60.0,
 ];
 
+/// The hot-path metrics of one (backend, group), registered once.
+struct Handles {
+    acquired: metrics::Counter,
+    timeout: metrics::Counter,
+    wait: metrics::Histogram,
+    held: metrics::Gauge,
+    hold: metrics::Histogram,
+}
+
+impl Handles {
+    fn new(backend: &'static str, group: &str) -> Self {
+        let g = group.to_owned();
+        Handles {
+            acquired: metrics::counter!("dlock_acquire_total", "outcome" => "acquired", "backend" => backend, "group" => g.clone()),
+            timeout: metrics::counter!("dlock_acquire_total", "outcome" => "timeout", "backend" => backend, "group" => g.clone()),
+            wait: metrics::histogram!("dlock_acquire_wait_seconds", "backend" => backend, "group" => g.clone()),
+            held: metrics::gauge!("dlock_held", "backend" => backend, "group" => g.clone()),
+            hold: metrics::histogram!("dlock_hold_seconds", "backend" => backend, "group" => g),
+        }
+    }
+}
+
+/// group → [(backend, handles)]: one hash per call; a process has few backends.
+type HandleMap = rustc_hash::FxHashMap<String, Vec<(&'static str, Arc<Handles>)>>;
+
 /// Records dlock metrics. See the crate docs for names and labels.
-#[derive(Debug, Clone)]
 pub struct MetricsHandler {
     separator: char,
+    handles: RwLock<HandleMap>,
 }
 
 impl Default for MetricsHandler {
     /// Groups by the name's prefix up to `:`.
     fn default() -> Self {
-        MetricsHandler { separator: ':' }
+        MetricsHandler {
+            separator: ':',
+            handles: RwLock::new(HandleMap::default()),
+        }
+    }
+}
+
+impl std::fmt::Debug for MetricsHandler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MetricsHandler")
+            .field("separator", &self.separator)
+            .finish()
     }
 }
 
@@ -56,6 +98,31 @@ impl MetricsHandler {
     pub fn with_group_separator(mut self, separator: char) -> Self {
         self.separator = separator;
         self
+    }
+
+    fn handles(&self, backend: &'static str, group: &str) -> Arc<Handles> {
+        let find = |list: &Vec<(&'static str, Arc<Handles>)>| {
+            list.iter()
+                .find(|(b, _)| std::ptr::eq(*b, backend) || *b == backend)
+                .map(|(_, h)| Arc::clone(h))
+        };
+        if let Some(h) = self
+            .handles
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(group)
+            .and_then(find)
+        {
+            return h;
+        }
+        let mut map = self.handles.write().unwrap_or_else(PoisonError::into_inner);
+        let list = map.entry(group.to_owned()).or_default();
+        if let Some(h) = find(list) {
+            return h;
+        }
+        let h = Arc::new(Handles::new(backend, group));
+        list.push((backend, Arc::clone(&h)));
+        h
     }
 
     /// The group label of a lock name.
@@ -71,37 +138,34 @@ impl MetricsHandler {
 impl LockHandler for MetricsHandler {
     async fn acquire(&self, ctx: &AcquireContext, next: AcquireChain<'_>) -> Result<AcquireResult> {
         let result = next.invoke(ctx).await;
-        let group = self.group_of(ctx.request.name.as_str()).to_owned();
-        let outcome = match &result {
-            Ok(AcquireResult::Acquired { .. }) => "acquired",
-            Ok(AcquireResult::NotAcquired { .. }) => "timeout",
-            Err(e) => e.kind().as_str(),
-        };
-        metrics::counter!("dlock_acquire_total", "outcome" => outcome, "backend" => ctx.backend, "group" => group.clone())
-            .increment(1);
-        metrics::histogram!("dlock_acquire_wait_seconds", "backend" => ctx.backend, "group" => group.clone())
-            .record(ctx.started.elapsed().as_secs_f64());
+        let group = self.group_of(ctx.request.name.as_str());
+        let h = self.handles(ctx.backend, group);
+        h.wait.record(ctx.started.elapsed().as_secs_f64());
         match &result {
             Ok(AcquireResult::Acquired { .. }) => {
-                metrics::gauge!("dlock_held", "backend" => ctx.backend, "group" => group)
-                    .increment(1.0);
+                h.acquired.increment(1);
+                h.held.increment(1.0);
             }
-            Err(e) if e.kind() == ErrorKind::Rejected => {
-                metrics::counter!("dlock_rejected_total", "group" => group).increment(1);
+            Ok(AcquireResult::NotAcquired { .. }) => h.timeout.increment(1),
+            Err(e) => {
+                // Errors are rare: register their series on demand.
+                metrics::counter!("dlock_acquire_total", "outcome" => e.kind().as_str(), "backend" => ctx.backend, "group" => group.to_owned())
+                    .increment(1);
+                if e.kind() == ErrorKind::Rejected {
+                    metrics::counter!("dlock_rejected_total", "group" => group.to_owned())
+                        .increment(1);
+                }
             }
-            _ => {}
         }
         result
     }
 
     async fn release(&self, ctx: &ReleaseContext, next: ReleaseChain<'_>) -> Result<ReleaseResult> {
         let result = next.invoke(ctx).await;
-        let group = self.group_of(ctx.request.name.as_str()).to_owned();
-        metrics::gauge!("dlock_held", "backend" => ctx.backend, "group" => group.clone())
-            .decrement(1.0);
+        let h = self.handles(ctx.backend, self.group_of(ctx.request.name.as_str()));
+        h.held.decrement(1.0);
         if let Some(at) = ctx.acquired_at {
-            metrics::histogram!("dlock_hold_seconds", "backend" => ctx.backend, "group" => group)
-                .record(at.elapsed().as_secs_f64());
+            h.hold.record(at.elapsed().as_secs_f64());
         }
         result
     }

@@ -77,6 +77,52 @@ fn bench(c: &mut Criterion) {
         });
     }
 
+    // The three stock plugins: logging (no subscriber: a disabled level), metrics with
+    // a real Prometheus recorder installed, and flow control with limits never reached.
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .install_recorder()
+        .unwrap();
+    let stock: Vec<Arc<dyn LockHandler>> = vec![
+        Arc::new(dlock_api::LoggingHandler::default()),
+        Arc::new(dlock_api::MetricsHandler::default()),
+        Arc::new(
+            dlock_api::FlowControlHandler::default()
+                .with_rate_limit(std::num::NonZeroU32::new(u32::MAX).unwrap())
+                .with_concurrency_limit(1 << 16),
+        ),
+    ];
+    for (label, one) in [
+        ("chain_logging_only", 0usize),
+        ("chain_metrics_only", 1),
+        ("chain_flow_control_only", 2),
+    ] {
+        let chain = HandlerChain::new(
+            Arc::new(InMemoryBackend::new()),
+            vec![Arc::clone(&stock[one])],
+        );
+        group.bench_function(label, |b| {
+            b.to_async(&rt).iter(|| async {
+                let mut ctx = AcquireContext::new(request.clone(), "memory");
+                let token = chain.acquire(&mut ctx).await.unwrap().token().unwrap();
+                let rel =
+                    ReleaseRequest::new(name.clone(), owner.clone(), LockMode::Exclusive, token);
+                let ctx = ReleaseContext::new(rel, "memory", Some(ctx.started));
+                assert_eq!(chain.release(&ctx).await.unwrap(), ReleaseResult::Released);
+            })
+        });
+    }
+    let chain = HandlerChain::new(Arc::new(InMemoryBackend::new()), stock);
+    group.bench_function("chain_stock_plugins", |b| {
+        b.to_async(&rt).iter(|| async {
+            let mut ctx = AcquireContext::new(request.clone(), "memory");
+            let token = chain.acquire(&mut ctx).await.unwrap().token().unwrap();
+            let rel = ReleaseRequest::new(name.clone(), owner.clone(), LockMode::Exclusive, token);
+            let ctx = ReleaseContext::new(rel, "memory", Some(ctx.started));
+            assert_eq!(chain.release(&ctx).await.unwrap(), ReleaseResult::Released);
+        })
+    });
+    assert!(recorder.render().contains("dlock_acquire_total"));
+
     let manager = rt.block_on(async {
         let mut builder = DistributeLockManager::builder(InMemoryBackend::new());
         for h in handlers(3) {
