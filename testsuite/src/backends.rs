@@ -103,24 +103,66 @@ impl TestBackend for MemoryTestBackend {
     }
 }
 
-/// A SQL database; every client is a new connection pool, as another process would have.
-pub struct SqlTestBackend {
-    label: &'static str,
-    url: String,
-    admin: JdbcBackend,
-    clients: Mutex<Vec<JdbcBackend>>,
+/// A backend client type the suite can open again (a new connection or pool, as
+/// another process would have) and count acquire attempts on.
+#[async_trait]
+pub trait ServerClient: LockRemoteResource + LockAdmin + Clone {
+    /// Opens a new client for `label` at `url`.
+    async fn open(label: &str, url: &str) -> Result<Self>;
+    /// Backend-side acquire attempts this client has made.
+    fn attempts(&self) -> u64;
 }
 
-impl SqlTestBackend {
-    /// Connects (and migrates) once, so an unreachable database fails here.
-    pub async fn open(label: &str, url: String) -> Result<Self> {
-        let label = match label {
-            "sqlite" => "sqlite",
-            "mysql" => "mysql",
-            _ => "postgres",
+#[async_trait]
+impl ServerClient for JdbcBackend {
+    async fn open(_label: &str, url: &str) -> Result<Self> {
+        JdbcBackend::connect(url).await
+    }
+    fn attempts(&self) -> u64 {
+        self.acquire_attempts()
+    }
+}
+
+#[async_trait]
+impl ServerClient for RedisBackend {
+    async fn open(label: &str, url: &str) -> Result<Self> {
+        let options = if label == "redis-polling" {
+            RedisOptions::default().polling(dlock_spi::Backoff::default())
+        } else {
+            RedisOptions::default()
         };
-        let admin = JdbcBackend::connect(&url).await?;
-        Ok(SqlTestBackend {
+        RedisBackend::connect_with(url, options).await
+    }
+    fn attempts(&self) -> u64 {
+        self.acquire_attempts()
+    }
+}
+
+/// A backend behind a server (or a SQLite file): one admin client for the hooks, and a
+/// new client per `client()` call.
+pub struct ServerTestBackend<C> {
+    label: &'static str,
+    url: String,
+    admin: C,
+    clients: Mutex<Vec<C>>,
+}
+
+/// The SQL backends' test backend.
+pub type SqlTestBackend = ServerTestBackend<JdbcBackend>;
+/// The Redis backends' test backend.
+pub type RedisTestBackend = ServerTestBackend<RedisBackend>;
+
+impl<C: ServerClient> ServerTestBackend<C> {
+    /// Connects once — and makes one round trip — so an unreachable server fails here.
+    pub async fn open(label: &str, url: String) -> Result<Self> {
+        let label = KNOWN
+            .iter()
+            .copied()
+            .find(|k| *k == label)
+            .unwrap_or("unknown");
+        let admin = C::open(label, &url).await?;
+        admin.live_locks("").await?;
+        Ok(ServerTestBackend {
             label,
             url,
             admin,
@@ -130,13 +172,13 @@ impl SqlTestBackend {
 }
 
 #[async_trait]
-impl TestBackend for SqlTestBackend {
+impl<C: ServerClient> TestBackend for ServerTestBackend<C> {
     fn label(&self) -> &'static str {
         self.label
     }
 
     async fn client(&self) -> Result<Arc<dyn LockRemoteResource>> {
-        let client = JdbcBackend::connect(&self.url).await?;
+        let client = C::open(self.label, &self.url).await?;
         self.clients.lock().expect("clients").push(client.clone());
         Ok(Arc::new(client))
     }
@@ -151,12 +193,13 @@ impl TestBackend for SqlTestBackend {
 
     fn acquire_attempts(&self) -> Option<u64> {
         let clients = self.clients.lock().expect("clients");
-        Some(clients.iter().map(JdbcBackend::acquire_attempts).sum())
+        Some(clients.iter().map(ServerClient::attempts).sum())
     }
 }
 
-impl Drop for SqlTestBackend {
+impl<C> Drop for ServerTestBackend<C> {
     fn drop(&mut self) {
+        // A per-case SQLite file made by `sql_url`.
         if let Some(path) = self.url.strip_prefix("sqlite://") {
             if path.contains("dlock-test-") {
                 for suffix in ["", "-wal", "-shm"] {
@@ -164,64 +207,5 @@ impl Drop for SqlTestBackend {
                 }
             }
         }
-    }
-}
-
-/// Redis (single node or Cluster); every client is a new connection, as another
-/// process would have.
-pub struct RedisTestBackend {
-    label: &'static str,
-    url: String,
-    admin: RedisBackend,
-    clients: Mutex<Vec<RedisBackend>>,
-}
-
-impl RedisTestBackend {
-    /// Connects once, so an unreachable server fails here.
-    pub async fn open(label: &str, url: String) -> Result<Self> {
-        let label = if label == "redis" {
-            "redis"
-        } else {
-            "redis-cluster"
-        };
-        let admin = RedisBackend::connect(&url).await?;
-        admin.live_locks("").await?; // a round trip: reachable, not just configured
-        Ok(RedisTestBackend {
-            label,
-            url,
-            admin,
-            clients: Mutex::new(Vec::new()),
-        })
-    }
-}
-
-#[async_trait]
-impl TestBackend for RedisTestBackend {
-    fn label(&self) -> &'static str {
-        self.label
-    }
-
-    async fn client(&self) -> Result<Arc<dyn LockRemoteResource>> {
-        let options = if self.label == "redis-polling" {
-            RedisOptions::default().polling(dlock_spi::Backoff::default())
-        } else {
-            RedisOptions::default()
-        };
-        let client = RedisBackend::connect_with(&self.url, options).await?;
-        self.clients.lock().expect("clients").push(client.clone());
-        Ok(Arc::new(client))
-    }
-
-    async fn steal(&self, name: &LockName) -> Result<()> {
-        self.admin.force_release(name).await.map(drop)
-    }
-
-    async fn live_state(&self, prefix: &str) -> Result<usize> {
-        self.admin.live_locks(prefix).await
-    }
-
-    fn acquire_attempts(&self) -> Option<u64> {
-        let clients = self.clients.lock().expect("clients");
-        Some(clients.iter().map(RedisBackend::acquire_attempts).sum())
     }
 }
