@@ -5,11 +5,11 @@
 
 use std::time::{Duration, Instant};
 
-use dlock_api::{DistributeLockManager, ErrorKind, LostReason};
+use dlock_api::{DistributeLockManager, ErrorKind};
 use dlock_redis::{RedisBackend, RedisOptions};
 use testsuite::backends::sql_url;
 use testsuite::conformance::eventually;
-use testsuite::proxy::{Fault, FaultProxy};
+use testsuite::proxy::FaultProxy;
 use testsuite::runner::selected;
 
 fn redis_url() -> Option<String> {
@@ -136,35 +136,8 @@ async fn an_outage_is_typed_loses_on_time_and_notices_resume() {
         .operation_timeout(Duration::from_millis(500))
         .build()
         .unwrap();
+    testsuite::faults::outage_is_typed_loses_on_time_and_recovers("redis", &m, &proxy, lease).await;
     let lock = name("outage");
-    let g = m
-        .lock(&lock)
-        .try_lock(Duration::ZERO)
-        .await
-        .unwrap()
-        .unwrap();
-    proxy.set(Fault::Reset);
-    let err = m.lock("other").try_lock(Duration::ZERO).await.unwrap_err();
-    assert!(
-        matches!(err.kind(), ErrorKind::Backend | ErrorKind::Timeout),
-        "{err}"
-    );
-    assert!(err.is_retryable(), "{err}");
-    let reason = tokio::time::timeout(lease * 3, g.lost())
-        .await
-        .expect("lost fired");
-    assert_eq!(reason, LostReason::LeaseExpired);
-    assert!(g.acquired_at().elapsed() >= lease);
-    drop(g);
-    proxy.set(Fault::Pass);
-    let back = eventually(Duration::from_secs(20), || async {
-        match m.lock(&lock).try_lock(Duration::from_millis(200)).await {
-            Ok(Some(g)) => g.unlock().await.is_ok(),
-            _ => false,
-        }
-    })
-    .await;
-    assert!(back, "commands did not recover");
     assert!(
         eventually(Duration::from_secs(10), || async {
             backend.notices_connected()

@@ -212,42 +212,8 @@ async fn database_outage_is_typed_loses_on_time_and_recovers() {
         let lease = Duration::from_millis(900);
         let options = JdbcOptions::default().acquire_timeout(Duration::from_millis(500));
         let m = manager(&url, options, lease).await;
-        let name = format!("outage-{:x}", fastrand::u64(..));
-        let g = m
-            .lock(&name)
-            .try_lock(Duration::ZERO)
-            .await
-            .unwrap()
-            .unwrap();
-
-        proxy.set(Fault::Reset);
-        let err = m.lock("other").try_lock(Duration::ZERO).await.unwrap_err();
-        assert!(
-            matches!(err.kind(), ErrorKind::Backend | ErrorKind::Timeout),
-            "{label}: {err}"
-        );
-        assert!(err.is_retryable(), "{label}: {err}");
-        let reason = tokio::time::timeout(lease * 3, g.lost())
-            .await
-            .expect("lost fired");
-        assert_eq!(reason, LostReason::LeaseExpired);
-        assert!(
-            g.acquired_at().elapsed() >= lease,
-            "{label}: declared lost before the lease ended"
-        );
-
-        proxy.set(Fault::Pass);
-        let back = eventually(Duration::from_secs(20), || async {
-            match m.lock(&name).try_lock(Duration::from_secs(1)).await {
-                Ok(Some(g)) => g.unlock().await.is_ok(),
-                _ => false,
-            }
-        })
-        .await;
-        assert!(
-            back,
-            "{label}: the pool did not reconnect after the database came back"
-        );
+        testsuite::faults::outage_is_typed_loses_on_time_and_recovers(&label, &m, &proxy, lease)
+            .await;
         m.close().await;
     }
 }
