@@ -17,7 +17,7 @@ use redis::{FromRedisValue, Value};
 
 use crate::error::map_redis;
 use crate::keys::{
-    scan_pattern, Key, LockKeys, CHANNEL, EXCLUSIVE, FENCE, QUEUE, QUEUE_ALIVE, QUEUE_MODE,
+    scan_pattern, Key, LockKeys, ALL, CHANNEL, EXCLUSIVE, FENCE, RELEASE_EXCLUSIVE_KEYS,
     WRITER_WAITING,
 };
 use crate::notices::Notices;
@@ -240,6 +240,17 @@ impl RedisBackend {
         self.inner.notices.as_ref().is_some_and(|n| n.connected())
     }
 
+    /// Runs a script that answers 1 (done) or 0 (not the owner).
+    async fn run_flag(&self, inv: &redis::ScriptInvocation<'_>, op: &'static str) -> Result<bool> {
+        let n: i64 = self
+            .inner
+            .conn
+            .invoke(inv)
+            .await
+            .map_err(|e| map_redis(e, op))?;
+        Ok(n == 1)
+    }
+
     /// Test hook: acquire script runs sent by this backend.
     pub fn acquire_attempts(&self) -> u64 {
         self.inner.attempts.load(Ordering::Relaxed)
@@ -255,10 +266,7 @@ impl RedisBackend {
     }
 
     async fn leave_queue(&self, keys: &LockKeys, owner: &str) -> Result<()> {
-        let mut inv = self.inner.scripts.leave.prepare_invoke();
-        for k in keys.all() {
-            inv.key(k);
-        }
+        let mut inv = keys.invocation(&self.inner.scripts.leave, &ALL);
         inv.arg(owner).arg(self.channel(keys));
         self.inner
             .conn
@@ -281,11 +289,11 @@ impl RedisBackend {
         });
         if req.mode == LockMode::Exclusive && req.fairness == Fairness::NonFair {
             // The hot path: a lean script that declares only the keys it touches.
-            let mut inv = self.inner.scripts.acquire_exclusive.prepare_invoke();
-            inv.key(keys.key(EXCLUSIVE))
-                .key(keys.key(FENCE))
-                .key(keys.key(WRITER_WAITING))
-                .arg(req.owner.as_str())
+            let mut inv = keys.invocation(
+                &self.inner.scripts.acquire_exclusive,
+                &[EXCLUSIVE, FENCE, WRITER_WAITING],
+            );
+            inv.arg(req.owner.as_str())
                 .arg(ms(req.lease))
                 .arg(req.context.as_ref())
                 .arg(if waiting { "1" } else { "0" })
@@ -302,10 +310,7 @@ impl RedisBackend {
                 false,
             ));
         }
-        let mut inv = self.inner.scripts.acquire.prepare_invoke();
-        for k in keys.all() {
-            inv.key(k);
-        }
+        let mut inv = keys.invocation(&self.inner.scripts.acquire, &ALL);
         inv.arg(req.owner.as_str())
             .arg(if req.mode == LockMode::Exclusive {
                 "x"
@@ -484,27 +489,15 @@ impl LockRemoteResource for RedisBackend {
 
     async fn release(&self, req: &ReleaseRequest) -> Result<ReleaseResult> {
         let keys = self.keys(&req.name);
-        let mut inv;
-        if req.mode == LockMode::Exclusive {
-            inv = self.inner.scripts.release_exclusive.prepare_invoke();
-            inv.key(keys.key(EXCLUSIVE))
-                .key(keys.key(QUEUE))
-                .key(keys.key(QUEUE_ALIVE))
-                .key(keys.key(QUEUE_MODE));
-        } else {
-            inv = self.inner.scripts.release_shared.prepare_invoke();
-            for k in keys.all() {
-                inv.key(k);
+        let scripts = &self.inner.scripts;
+        let mut inv = match req.mode {
+            LockMode::Exclusive => {
+                keys.invocation(&scripts.release_exclusive, &RELEASE_EXCLUSIVE_KEYS)
             }
-        }
+            LockMode::Shared => keys.invocation(&scripts.release_shared, &ALL),
+        };
         inv.arg(req.owner.as_str()).arg(self.channel(&keys));
-        let n: i64 = self
-            .inner
-            .conn
-            .invoke(&inv)
-            .await
-            .map_err(|e| map_redis(e, "release"))?;
-        Ok(if n == 1 {
+        Ok(if self.run_flag(&inv, "release").await? {
             ReleaseResult::Released
         } else {
             ReleaseResult::NotOwner
@@ -514,24 +507,13 @@ impl LockRemoteResource for RedisBackend {
     async fn renew(&self, req: &RenewRequest) -> Result<RenewResult> {
         let keys = self.keys(&req.name);
         let sent = Instant::now();
-        let mut inv;
-        if req.mode == LockMode::Exclusive {
-            inv = self.inner.scripts.renew_exclusive.prepare_invoke();
-            inv.key(keys.key(EXCLUSIVE));
-        } else {
-            inv = self.inner.scripts.renew_shared.prepare_invoke();
-            for k in keys.all() {
-                inv.key(k);
-            }
-        }
+        let scripts = &self.inner.scripts;
+        let mut inv = match req.mode {
+            LockMode::Exclusive => keys.invocation(&scripts.renew_exclusive, &[EXCLUSIVE]),
+            LockMode::Shared => keys.invocation(&scripts.renew_shared, &ALL),
+        };
         inv.arg(req.owner.as_str()).arg(ms(req.lease));
-        let n: i64 = self
-            .inner
-            .conn
-            .invoke(&inv)
-            .await
-            .map_err(|e| map_redis(e, "renew"))?;
-        Ok(if n == 1 {
+        Ok(if self.run_flag(&inv, "renew").await? {
             RenewResult::renewed(Some(sent + req.lease))
         } else {
             RenewResult::NotOwner
@@ -540,10 +522,7 @@ impl LockRemoteResource for RedisBackend {
 
     async fn inspect(&self, name: &LockName) -> Result<Option<LockState>> {
         let keys = self.keys(name);
-        let mut inv = self.inner.scripts.inspect.prepare_invoke();
-        for k in keys.all() {
-            inv.key(k);
-        }
+        let inv = keys.invocation(&self.inner.scripts.inspect, &ALL);
         let v: Vec<Value> = self
             .inner
             .conn
@@ -589,10 +568,7 @@ impl LockRemoteResource for RedisBackend {
 impl LockAdmin for RedisBackend {
     async fn force_release(&self, name: &LockName) -> Result<usize> {
         let keys = self.keys(name);
-        let mut inv = self.inner.scripts.force_release.prepare_invoke();
-        for k in keys.all() {
-            inv.key(k);
-        }
+        let mut inv = keys.invocation(&self.inner.scripts.force_release, &ALL);
         inv.arg(self.channel(&keys));
         let n: i64 = self
             .inner

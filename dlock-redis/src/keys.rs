@@ -31,6 +31,20 @@ pub(crate) const WRITER_WAITING: &str = ":ww";
 /// The channel release notices go to.
 pub(crate) const CHANNEL: &str = ":c";
 
+/// The general scripts' keys, in order (KEYS[1..8]).
+pub(crate) const ALL: [&str; 8] = [
+    EXCLUSIVE,
+    READERS,
+    READER_DATA,
+    FENCE,
+    QUEUE,
+    QUEUE_ALIVE,
+    QUEUE_MODE,
+    WRITER_WAITING,
+];
+/// The exclusive-release script's keys.
+pub(crate) const RELEASE_EXCLUSIVE_KEYS: [&str; 4] = [EXCLUSIVE, QUEUE, QUEUE_ALIVE, QUEUE_MODE];
+
 /// The keys of one lock: `<prefix>{<encoded name>}` plus a suffix each.
 #[derive(Debug, Clone)]
 pub(crate) struct LockKeys {
@@ -88,26 +102,24 @@ impl LockKeys {
         LockKeys { base }
     }
 
+    /// A script invocation with these keys (by suffix) declared, in order.
+    pub(crate) fn invocation<'s>(
+        &self,
+        script: &'s redis::Script,
+        suffixes: &[&'static str],
+    ) -> redis::ScriptInvocation<'s> {
+        let mut inv = script.prepare_invoke();
+        for s in suffixes {
+            inv.key(self.key(s));
+        }
+        inv
+    }
+
     pub(crate) fn key(&self, suffix: &'static str) -> Key<'_> {
         Key {
             base: &self.base,
             suffix,
         }
-    }
-
-    /// The keys the general scripts take, in order (KEYS[1..8]).
-    pub(crate) fn all(&self) -> [Key<'_>; 8] {
-        [
-            EXCLUSIVE,
-            READERS,
-            READER_DATA,
-            FENCE,
-            QUEUE,
-            QUEUE_ALIVE,
-            QUEUE_MODE,
-            WRITER_WAITING,
-        ]
-        .map(|s| self.key(s))
     }
 }
 

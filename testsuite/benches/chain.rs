@@ -35,6 +35,20 @@ fn handlers(n: usize) -> Vec<Arc<dyn LockHandler>> {
         .collect()
 }
 
+/// One acquire + release through `chain`.
+async fn chain_cycle(chain: &HandlerChain, request: &AcquireRequest) {
+    let mut ctx = AcquireContext::new(request.clone(), "memory");
+    let token = chain.acquire(&mut ctx).await.unwrap().token().unwrap();
+    let rel = ReleaseRequest::new(
+        request.name.clone(),
+        request.owner.clone(),
+        LockMode::Exclusive,
+        token,
+    );
+    let ctx = ReleaseContext::new(rel, "memory", Some(ctx.started));
+    assert_eq!(chain.release(&ctx).await.unwrap(), ReleaseResult::Released);
+}
+
 fn bench(c: &mut Criterion) {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -66,14 +80,7 @@ fn bench(c: &mut Criterion) {
     for n in [0usize, 3] {
         let chain = HandlerChain::new(Arc::new(InMemoryBackend::new()), handlers(n));
         group.bench_function(format!("chain_{n}_handlers"), |b| {
-            b.to_async(&rt).iter(|| async {
-                let mut ctx = AcquireContext::new(request.clone(), "memory");
-                let token = chain.acquire(&mut ctx).await.unwrap().token().unwrap();
-                let rel =
-                    ReleaseRequest::new(name.clone(), owner.clone(), LockMode::Exclusive, token);
-                let ctx = ReleaseContext::new(rel, "memory", Some(ctx.started));
-                assert_eq!(chain.release(&ctx).await.unwrap(), ReleaseResult::Released);
-            })
+            b.to_async(&rt).iter(|| chain_cycle(&chain, &request))
         });
     }
 
@@ -101,25 +108,12 @@ fn bench(c: &mut Criterion) {
             vec![Arc::clone(&stock[one])],
         );
         group.bench_function(label, |b| {
-            b.to_async(&rt).iter(|| async {
-                let mut ctx = AcquireContext::new(request.clone(), "memory");
-                let token = chain.acquire(&mut ctx).await.unwrap().token().unwrap();
-                let rel =
-                    ReleaseRequest::new(name.clone(), owner.clone(), LockMode::Exclusive, token);
-                let ctx = ReleaseContext::new(rel, "memory", Some(ctx.started));
-                assert_eq!(chain.release(&ctx).await.unwrap(), ReleaseResult::Released);
-            })
+            b.to_async(&rt).iter(|| chain_cycle(&chain, &request))
         });
     }
     let chain = HandlerChain::new(Arc::new(InMemoryBackend::new()), stock);
     group.bench_function("chain_stock_plugins", |b| {
-        b.to_async(&rt).iter(|| async {
-            let mut ctx = AcquireContext::new(request.clone(), "memory");
-            let token = chain.acquire(&mut ctx).await.unwrap().token().unwrap();
-            let rel = ReleaseRequest::new(name.clone(), owner.clone(), LockMode::Exclusive, token);
-            let ctx = ReleaseContext::new(rel, "memory", Some(ctx.started));
-            assert_eq!(chain.release(&ctx).await.unwrap(), ReleaseResult::Released);
-        })
+        b.to_async(&rt).iter(|| chain_cycle(&chain, &request))
     });
     assert!(recorder.render().contains("dlock_acquire_total"));
 
