@@ -117,13 +117,6 @@ impl FlowControlHandler {
         self
     }
 
-    fn group_of<'a>(&self, name: &'a str) -> &'a str {
-        match name.split_once(self.separator) {
-            Some((g, _)) if !g.is_empty() => g,
-            _ => "-",
-        }
-    }
-
     fn rejected(what: String, ctx: &AcquireContext) -> Error {
         Error::new(ErrorKind::Rejected, what).with_context("lock", &ctx.request.name)
     }
@@ -217,7 +210,7 @@ impl LockHandler for FlowControlHandler {
         if self.rate.is_none() && self.concurrency.is_none() {
             return next.invoke(ctx).await;
         }
-        let group = self.group_of(ctx.request.name.as_str());
+        let group = ctx.request.name.group(self.separator);
         let limits = self.limits(group);
         self.admit_rate(&limits, group, ctx).await?;
         let _permit = self.admit_concurrency(&limits, group, ctx).await?;

@@ -32,8 +32,8 @@ use std::sync::{Arc, PoisonError, RwLock};
 
 use async_trait::async_trait;
 use dlock_spi::{
-    AcquireChain, AcquireContext, AcquireResult, ErrorKind, LockHandler, LostEvent, ReleaseChain,
-    ReleaseContext, ReleaseResult, RenewEvent, RenewResult, Result,
+    AcquireChain, AcquireContext, AcquireResult, ErrorKind, LockHandler, LockName, LostEvent,
+    ReleaseChain, ReleaseContext, ReleaseResult, RenewEvent, RenewResult, Result,
 };
 
 /// Histogram bucket bounds (seconds) that suit lock waits and holds; give them to your
@@ -125,12 +125,9 @@ impl MetricsHandler {
         h
     }
 
-    /// The group label of a lock name.
-    pub fn group_of<'a>(&self, name: &'a str) -> &'a str {
-        match name.split_once(self.separator) {
-            Some((group, _)) if !group.is_empty() => group,
-            _ => "-",
-        }
+    /// The group label of a lock name (see [`dlock_spi::LockName::group`]).
+    pub fn group_of<'a>(&self, name: &'a LockName) -> &'a str {
+        name.group(self.separator)
     }
 }
 
@@ -138,7 +135,7 @@ impl MetricsHandler {
 impl LockHandler for MetricsHandler {
     async fn acquire(&self, ctx: &AcquireContext, next: AcquireChain<'_>) -> Result<AcquireResult> {
         let result = next.invoke(ctx).await;
-        let group = self.group_of(ctx.request.name.as_str());
+        let group = self.group_of(&ctx.request.name);
         let h = self.handles(ctx.backend, group);
         h.wait.record(ctx.started.elapsed().as_secs_f64());
         match &result {
@@ -162,7 +159,7 @@ impl LockHandler for MetricsHandler {
 
     async fn release(&self, ctx: &ReleaseContext, next: ReleaseChain<'_>) -> Result<ReleaseResult> {
         let result = next.invoke(ctx).await;
-        let h = self.handles(ctx.backend, self.group_of(ctx.request.name.as_str()));
+        let h = self.handles(ctx.backend, self.group_of(&ctx.request.name));
         h.held.decrement(1.0);
         if let Some(at) = ctx.acquired_at {
             h.hold.record(at.elapsed().as_secs_f64());
@@ -180,7 +177,7 @@ impl LockHandler for MetricsHandler {
     }
 
     fn on_lost(&self, event: &LostEvent<'_>) {
-        let group = self.group_of(event.name.as_str()).to_owned();
+        let group = self.group_of(event.name).to_owned();
         metrics::counter!("dlock_lost_total", "reason" => event.reason.as_str(), "group" => group)
             .increment(1);
     }

@@ -142,14 +142,12 @@ fn records_acquires_holds_losses_and_groups_by_prefix() {
 
 #[test]
 fn group_is_the_prefix_up_to_the_separator() {
+    let n = |s: &str| LockName::new(s).unwrap();
     let h = MetricsHandler::default();
-    assert_eq!(h.group_of("user:7:cart"), "user");
-    assert_eq!(h.group_of("plain"), "-");
-    assert_eq!(h.group_of(":x"), "-");
-    assert_eq!(
-        MetricsHandler::default()
-            .with_group_separator('/')
-            .group_of("a/b"),
-        "a"
-    );
+    assert_eq!(h.group_of(&n("user:7:cart")), "user");
+    assert_eq!(h.group_of(&n("plain")), "-");
+    assert_eq!(h.group_of(&n(":x")), "-");
+    let slash = MetricsHandler::default().with_group_separator('/');
+    assert_eq!(slash.group_of(&n("a/b")), "a");
+    assert_eq!(slash.group_of(&n("a:b")), "-");
 }

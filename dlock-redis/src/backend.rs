@@ -240,6 +240,21 @@ impl RedisBackend {
         self.inner.notices.as_ref().is_some_and(|n| n.connected())
     }
 
+    /// Runs an acquire script: `{1, token}` when granted, `{0, ms left, queued}` when not.
+    async fn run_acquire(&self, inv: &redis::ScriptInvocation<'_>) -> Result<(bool, i64, bool)> {
+        let reply: Vec<i64> = self
+            .inner
+            .conn
+            .invoke(inv)
+            .await
+            .map_err(|e| map_redis(e, "acquire"))?;
+        Ok((
+            reply.first() == Some(&1),
+            reply.get(1).copied().unwrap_or(0),
+            reply.get(2) == Some(&1),
+        ))
+    }
+
     /// Runs a script that answers 1 (done) or 0 (not the owner).
     async fn run_flag(&self, inv: &redis::ScriptInvocation<'_>, op: &'static str) -> Result<bool> {
         let n: i64 = self
@@ -298,17 +313,7 @@ impl RedisBackend {
                 .arg(req.context.as_ref())
                 .arg(if waiting { "1" } else { "0" })
                 .arg(ms(mark));
-            let reply: Vec<i64> = self
-                .inner
-                .conn
-                .invoke(&inv)
-                .await
-                .map_err(|e| map_redis(e, "acquire"))?;
-            return Ok((
-                reply.first() == Some(&1),
-                reply.get(1).copied().unwrap_or(0),
-                false,
-            ));
+            return self.run_acquire(&inv).await;
         }
         let mut inv = keys.invocation(&self.inner.scripts.acquire, &ALL);
         inv.arg(req.owner.as_str())
@@ -328,17 +333,7 @@ impl RedisBackend {
             .arg(ms(o.waiter_liveness))
             .arg(ms(mark))
             .arg(self.channel(keys));
-        let reply: Vec<i64> = self
-            .inner
-            .conn
-            .invoke(&inv)
-            .await
-            .map_err(|e| map_redis(e, "acquire"))?;
-        Ok((
-            reply.first() == Some(&1),
-            reply.get(1).copied().unwrap_or(0),
-            reply.get(2) == Some(&1),
-        ))
+        self.run_acquire(&inv).await
     }
 
     /// `WAIT` for replicas after an acquire; releases and fails if too few answer.

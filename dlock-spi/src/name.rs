@@ -79,6 +79,16 @@ impl LockName {
         self.0.len()
     }
 
+    /// The name's group: the part before the first `separator` (`orders:42` → `orders`
+    /// with `:`), or `-` when there is none. Plugins label metrics and apply limits per
+    /// group, so they all use this one definition.
+    pub fn group(&self, separator: char) -> &str {
+        match self.0.split_once(separator) {
+            Some((group, _)) if !group.is_empty() => group,
+            _ => "-",
+        }
+    }
+
     /// Always false: a `LockName` is never empty. Present for API symmetry with `str`.
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
@@ -157,6 +167,15 @@ mod tests {
             assert_eq!(err, Some(ErrorKind::InvalidName), "{bad:?}");
         }
         assert!(LockName::new("x".repeat(LockName::MAX_LEN)).is_ok());
+    }
+
+    #[test]
+    fn group_is_the_prefix_up_to_the_separator() {
+        let n = |s: &str| LockName::new(s).unwrap();
+        assert_eq!(n("user:7:cart").group(':'), "user");
+        assert_eq!(n("plain").group(':'), "-");
+        assert_eq!(n(":x").group(':'), "-");
+        assert_eq!(n("a/b").group('/'), "a");
     }
 
     #[test]

@@ -26,7 +26,7 @@ pub const KNOWN: &[&str] = &[
 /// The URL a server-backed label uses: `DLOCK_<LABEL>_URL`, or the local default
 /// (MariaDB root with no password and PostgreSQL trust auth, database `test`, on
 /// 127.0.0.1; SQLite in a fresh temporary file).
-pub fn sql_url(label: &str) -> Option<String> {
+pub fn server_url(label: &str) -> Option<String> {
     let var = format!("DLOCK_{}_URL", label.to_ascii_uppercase().replace('-', "_"));
     if let Ok(url) = std::env::var(&var) {
         return Some(url);
@@ -55,11 +55,11 @@ pub async fn open(label: &str) -> Result<Arc<dyn TestBackend>> {
     match label {
         "memory" => Ok(Arc::new(MemoryTestBackend::default())),
         "sqlite" | "mysql" | "postgres" => {
-            let url = sql_url(label).unwrap_or_default();
+            let url = server_url(label).unwrap_or_default();
             Ok(Arc::new(SqlTestBackend::open(label, url).await?))
         }
         "redis" | "redis-polling" | "redis-cluster" => {
-            let url = sql_url(label).unwrap_or_default();
+            let url = server_url(label).unwrap_or_default();
             Ok(Arc::new(RedisTestBackend::open(label, url).await?))
         }
         other => Err(Error::new(
@@ -89,13 +89,13 @@ impl TestBackend for MemoryTestBackend {
     }
 
     async fn steal(&self, name: &LockName) -> Result<()> {
-        self.backend.force_release(name);
-        Ok(())
+        LockAdmin::force_release(&self.backend, name)
+            .await
+            .map(drop)
     }
 
-    async fn live_state(&self, _prefix: &str) -> Result<usize> {
-        // One instance per case: everything in it belongs to the case.
-        Ok(self.backend.active_locks())
+    async fn live_state(&self, prefix: &str) -> Result<usize> {
+        self.backend.live_locks(prefix).await
     }
 
     fn acquire_attempts(&self) -> Option<u64> {
@@ -199,7 +199,7 @@ impl<C: ServerClient> TestBackend for ServerTestBackend<C> {
 
 impl<C> Drop for ServerTestBackend<C> {
     fn drop(&mut self) {
-        // A per-case SQLite file made by `sql_url`.
+        // A per-case SQLite file made by `server_url`.
         if let Some(path) = self.url.strip_prefix("sqlite://") {
             if path.contains("dlock-test-") {
                 for suffix in ["", "-wal", "-shm"] {

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use dlock_api::{DistributeLockManager, ErrorKind};
 use dlock_redis::{RedisBackend, RedisOptions};
-use testsuite::backends::sql_url;
+use testsuite::backends::server_url;
 use testsuite::conformance::eventually;
 use testsuite::proxy::FaultProxy;
 use testsuite::runner::selected;
@@ -16,7 +16,7 @@ fn redis_url() -> Option<String> {
     let url = selected()
         .iter()
         .any(|l| l == "redis")
-        .then(|| sql_url("redis").unwrap());
+        .then(|| server_url("redis").unwrap());
     if url.is_none() {
         eprintln!("redis is not selected in DLOCK_TEST_BACKENDS; nothing to check here");
     }

@@ -11,7 +11,7 @@ use dlock_api::{DistributeLockManager, ErrorKind, LostReason};
 use dlock_jdbc::{JdbcBackend, JdbcOptions};
 use dlock_spi::{Backoff, Jitter};
 use sqlx::Connection;
-use testsuite::backends::sql_url;
+use testsuite::backends::server_url;
 use testsuite::conformance::eventually;
 use testsuite::proxy::{Fault, FaultProxy};
 use testsuite::runner::selected;
@@ -22,7 +22,7 @@ fn sql_backends() -> Vec<(String, String)> {
         .into_iter()
         .filter(|l| matches!(l.as_str(), "sqlite" | "mysql" | "postgres"))
         .map(|l| {
-            let url = sql_url(&l).unwrap();
+            let url = server_url(&l).unwrap();
             (l, url)
         })
         .collect();
@@ -255,6 +255,6 @@ async fn silent_network_loses_the_lock_when_the_lease_ends() {
 fn the_suite_knows_every_sql_label() {
     for label in ["sqlite", "mysql", "postgres"] {
         assert!(testsuite::backends::KNOWN.contains(&label));
-        assert!(sql_url(label).is_some());
+        assert!(server_url(label).is_some());
     }
 }
