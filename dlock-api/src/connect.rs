@@ -18,6 +18,8 @@ pub const SUPPORTED: &[&str] = &[
     "redis://",
     #[cfg(feature = "redis")]
     "redis+cluster://",
+    #[cfg(feature = "zk")]
+    "zk://",
 ];
 
 /// Opens the backend a URL names.
@@ -30,6 +32,7 @@ pub const SUPPORTED: &[&str] = &[
 /// | `postgres://…`, `postgresql://…` | PostgreSQL via `dlock-jdbc` | `postgres` |
 /// | `redis://…`, `rediss://…` | Redis via `dlock-redis` | `redis` |
 /// | `redis+cluster://h1:p1,h2:p2,…` | Redis Cluster via `dlock-redis` | `redis` |
+/// | `zk://h1:p1,h2:p2/root`, `zookeeper://…` | ZooKeeper via `dlock-zk` | `zk` |
 ///
 /// Unknown schemes, and schemes whose feature is not enabled, fail with
 /// [`ErrorKind::Config`] naming what to do. Passwords in the URL never appear in errors.
@@ -53,10 +56,12 @@ pub async fn open_backend(url: &str) -> Result<Arc<dyn LockRemoteResource>> {
         "postgres" | "postgresql" => Ok(Arc::new(dlock_jdbc::JdbcBackend::connect(url).await?)),
         #[cfg(feature = "redis")]
         "redis" | "rediss" | "redis+cluster" => Ok(Arc::new(dlock_redis::RedisBackend::connect(url).await?)),
+        #[cfg(feature = "zk")]
+        "zk" | "zookeeper" => Ok(Arc::new(dlock_zk::ZkBackend::connect(url).await?)),
         other => Err(Error::new(
             ErrorKind::Config,
             format!(
-                "unsupported backend scheme {other:?} in {:?}; this build supports {} (enable dlock-api's sqlite, mysql, postgres or redis features for more)",
+                "unsupported backend scheme {other:?} in {:?}; this build supports {} (enable dlock-api's sqlite, mysql, postgres, redis or zk features for more)",
                 redact_url(url),
                 SUPPORTED.join(", ")
             ),

@@ -57,6 +57,14 @@ impl LockGuard {
         self.hold.acquired_at
     }
 
+    /// Whether the backend's connection is down while the hold may still be alive
+    /// (session-bound backends such as ZooKeeper): pause protected work until it
+    /// clears or [`lost`](Self::lost) fires. Always false for lease-based backends,
+    /// whose guards are lost or held.
+    pub fn is_suspended(&self) -> bool {
+        self.hold.is_suspended()
+    }
+
     /// How many guards (reentrant acquisitions) share this hold.
     pub fn hold_count(&self) -> usize {
         self.hold.guards()

@@ -39,6 +39,12 @@
 //! stalls longer than its lease (GC pause, SIGSTOP, partition) can keep running while
 //! another holds the lock; the lost signal tells it as soon as this process can know,
 //! and the fencing token lets the protected resource reject its late writes.
+//!
+//! A ZooKeeper lock is tied to its client's session instead of a lease. The guard is
+//! *suspended* ([`LockGuard::is_suspended`]) while the connection is down, and lost
+//! once the session expires or stays disconnected for half its timeout — before the
+//! server can expire the session and grant the lock to someone else, given equal clock
+//! rates and round trips under 5 % of the session timeout (see `dlock-zk`).
 #![deny(missing_docs)]
 
 mod connect;
@@ -60,6 +66,10 @@ pub use dlock_jdbc as jdbc;
 /// The Redis backend (feature `redis`).
 #[cfg(feature = "redis")]
 pub use dlock_redis as redis;
+
+/// The ZooKeeper backend (feature `zk`).
+#[cfg(feature = "zk")]
+pub use dlock_zk as zk;
 
 /// The logging handler (feature `logging`).
 #[cfg(feature = "logging")]

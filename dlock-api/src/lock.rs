@@ -194,7 +194,7 @@ impl DistributeLock {
         let mut ctx = AcquireContext::new(request, manager.chain.resource().backend_name());
         let sent_at = ctx.started;
         match manager.chain.acquire(&mut ctx).await? {
-            AcquireResult::Acquired { token, .. } => {
+            AcquireResult::Acquired { token, watch, .. } => {
                 let hold = Arc::new(Hold::new(
                     manager.next_id(),
                     name,
@@ -204,6 +204,9 @@ impl DistributeLock {
                     sent_at,
                 ));
                 manager.track(&hold, lease, renew, sent_at);
+                if let Some(watch) = watch {
+                    manager.follow(&hold, watch);
+                }
                 *self.handle.current() = Some(Arc::clone(&hold));
                 Ok(Some(LockGuard::new(Arc::clone(&self.handle), hold)))
             }

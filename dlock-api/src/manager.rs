@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use dlock_spi::{
-    Capabilities, Error, ErrorKind, Fairness, HandlerChain, LockHandler, LockMode, LockName,
+    Capabilities, Error, ErrorKind, Fairness, HandlerChain, HoldStatus, HoldWatch, LockHandler, LockMode, LockName,
     LockRemoteResource, LockState, LostReason, OwnerId, ReleaseContext, ReleaseRequest,
     ReleaseResult, Result, MAX_LEASE,
 };
@@ -81,6 +81,48 @@ impl ManagerInner {
             self.watchdog
                 .register(Arc::clone(hold), lease, renew, sent_at);
         }
+    }
+
+    /// Follows a session-bound hold's status feed: suspended while the backend's
+    /// connection is down, lost when the backend says so. One small task per hold,
+    /// ending when the hold is released or lost, or the backend ends the feed.
+    pub(crate) fn follow(self: &Arc<Self>, hold: &Arc<Hold>, mut watch: HoldWatch) {
+        let manager = Arc::downgrade(self);
+        let hold = Arc::clone(hold);
+        let mut lost = hold.subscribe();
+        let apply = move |status: HoldStatus| -> bool {
+            let Some(manager) = manager.upgrade() else {
+                return false;
+            };
+            if !manager.holds().contains_key(&hold.id) {
+                return false;
+            }
+            match status {
+                HoldStatus::Held => hold.set_suspended(false),
+                HoldStatus::Suspended => hold.set_suspended(true),
+                HoldStatus::Lost(reason) => {
+                    hold.set_suspended(false);
+                    hold.report_lost(&manager.chain, reason);
+                    return false;
+                }
+                _ => {}
+            }
+            true
+        };
+        if !apply(watch.status()) {
+            return;
+        }
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    status = watch.changed() => match status {
+                        Some(status) if apply(status) => {}
+                        _ => return,
+                    },
+                    _ = lost.wait_for(Option::is_some) => return,
+                }
+            }
+        });
     }
 
     /// Releases a hold through the chain and forgets it.

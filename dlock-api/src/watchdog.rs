@@ -13,7 +13,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use dlock_spi::{Error, HandlerChain, LostEvent, LostReason, RenewRequest, RenewResult, Result};
+use dlock_spi::{Error, HandlerChain, LostReason, RenewRequest, RenewResult, Result};
 use tokio::sync::Notify;
 use tokio::task::{JoinHandle, JoinSet};
 
@@ -275,18 +275,5 @@ fn lose(shared: &Shared, id: u64, reason: LostReason) {
         entry
     };
     let Some(entry) = entry else { return };
-    let hold = &entry.hold;
-    if hold.mark_lost(reason) {
-        tracing::warn!(
-            lock = %hold.name, owner = %hold.owner, token = hold.token.get(), reason = %reason,
-            "dlock: lock lost"
-        );
-        shared.chain.notify_lost(&LostEvent::new(
-            &hold.name,
-            &hold.owner,
-            hold.mode,
-            hold.token,
-            reason,
-        ));
-    }
+    entry.hold.report_lost(&shared.chain, reason);
 }

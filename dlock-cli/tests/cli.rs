@@ -30,6 +30,11 @@ fn sql_urls() -> Vec<(String, String)> {
             "redis-cluster" => std::env::var("DLOCK_REDIS_CLUSTER_URL").unwrap_or_else(|_| {
                 "redis+cluster://127.0.0.1:7000,127.0.0.1:7001,127.0.0.1:7002".into()
             }),
+            "zk" => std::env::var("DLOCK_ZK_URL")
+                .unwrap_or_else(|_| "zk://127.0.0.1:2181/dlock-test".into()),
+            "zk-ensemble" => std::env::var("DLOCK_ZK_ENSEMBLE_URL").unwrap_or_else(|_| {
+                "zk://127.0.0.1:2191,127.0.0.1:2192,127.0.0.1:2193/dlock-test".into()
+            }),
             _ => continue,
         };
         urls.push((label.to_owned(), url));

@@ -34,6 +34,7 @@ mod outcome;
 mod redact;
 mod request;
 mod resource;
+mod hold_watch;
 mod types;
 
 pub use backoff::{Backoff, BackoffKind, Jitter};
@@ -50,6 +51,7 @@ pub use outcome::{AcquireResult, HolderInfo, LockState, ReleaseResult, RenewResu
 pub use redact::redact_url;
 pub use request::{AcquireRequest, ReleaseRequest, RenewRequest};
 pub use resource::{LockAdmin, LockRemoteResource};
+pub use hold_watch::{HoldStatus, HoldWatch};
 pub use types::{Fairness, FencingToken, LockMode, LostReason, OwnerId};
 
 /// Re-exported so implementors use the same `async_trait` and `bytes` as the traits.

@@ -4,6 +4,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
+use crate::hold_watch::HoldWatch;
 use crate::types::{FencingToken, LockMode, OwnerId};
 
 /// The answer to an acquire. Contention is an answer, not an error.
@@ -18,6 +19,9 @@ pub enum AcquireResult {
         /// (the backend's own clock is authoritative). `None` when the hold is tied
         /// to a session rather than a lease.
         lease_until: Option<Instant>,
+        /// How the hold stands, pushed by session-bound backends (ZooKeeper); `None`
+        /// for lease-based holds, which the manager's watchdog looks after.
+        watch: Option<HoldWatch>,
     },
     /// Someone else holds it and the deadline passed (or there was none).
     #[non_exhaustive]
@@ -32,7 +36,20 @@ pub enum AcquireResult {
 impl AcquireResult {
     /// Builds [`AcquireResult::Acquired`].
     pub fn acquired(token: FencingToken, lease_until: Option<Instant>) -> Self {
-        AcquireResult::Acquired { token, lease_until }
+        AcquireResult::Acquired {
+            token,
+            lease_until,
+            watch: None,
+        }
+    }
+
+    /// Attaches the backend's status feed of a session-bound hold to a grant (no
+    /// effect on `NotAcquired`). See [`HoldWatch`].
+    pub fn with_watch(mut self, hold_watch: HoldWatch) -> Self {
+        if let AcquireResult::Acquired { watch, .. } = &mut self {
+            *watch = Some(hold_watch);
+        }
+        self
     }
 
     /// Builds [`AcquireResult::NotAcquired`].

@@ -144,6 +144,89 @@ ensure_redis_cluster() {
   log "Redis Cluster ready"
 }
 
+# ZooKeeper from Debian's package, run straight from its jars (no init system): a
+# single server on 127.0.0.1:2181 and a 3-node ensemble on 127.0.0.1:2191-2193.
+# tickTime is short (250 ms) so session-expiry tests are fast: sessions may last
+# 0.5 s to 5 s. The admin HTTP server is off (it would take port 8080).
+ZK_RUN_DIR="${TMPDIR:-/tmp}/dlock-zookeeper"
+ZK_JARS="zookeeper zookeeper-jute slf4j-api slf4j-simple commons-cli commons-io metrics-core netty-handler netty-transport netty-buffer netty-common netty-codec netty-resolver netty-transport-native-epoll netty-transport-native-unix-common"
+
+ensure_zookeeper_package() {
+  [ -f /usr/share/java/zookeeper.jar ] && [ -f /usr/share/java/curator-recipes.jar ] && command -v javac >/dev/null 2>&1 \
+    || apt_install zookeeper libcurator-recipes-java default-jdk-headless
+  local cp="" jar
+  for jar in $ZK_JARS; do cp="$cp${cp:+:}/usr/share/java/$jar.jar"; done
+  export DLOCK_ZK_CLASSPATH="$cp"
+}
+
+
+# zk_serving PORT: the server answers requests (in an ensemble: has joined a quorum).
+zk_serving() { (exec 3<>"/dev/tcp/127.0.0.1/$1" && printf srvr >&3 && grep -q '^Mode: ' <&3) 2>/dev/null; }
+
+# start_zk DIR: starts the server whose configuration is DIR/zoo.cfg, pid in DIR/pid.
+start_zk() {
+  local dir=$1
+  nohup java -Xmx256m -Dzookeeper.admin.enableServer=false -cp "$DLOCK_ZK_CLASSPATH" \
+    org.apache.zookeeper.server.quorum.QuorumPeerMain "$dir/zoo.cfg" >"$dir/server.log" 2>&1 &
+  echo $! >"$dir/pid"
+}
+
+# write_zk_cfg DIR CLIENT_PORT [SERVER LINES…]
+write_zk_cfg() {
+  local dir=$1 port=$2
+  shift 2
+  rm -rf "$dir" && mkdir -p "$dir/data"
+  {
+    echo "tickTime=250"
+    echo "initLimit=20"
+    echo "syncLimit=8"
+    echo "dataDir=$dir/data"
+    echo "clientPort=$port"
+    echo "clientPortAddress=127.0.0.1"
+    echo "maxClientCnxns=0"
+    echo "4lw.commands.whitelist=ruok,srvr,stat,cons"
+    echo "admin.enableServer=false"
+    echo "standaloneEnabled=true"
+    for line in "$@"; do echo "$line"; done
+  } >"$dir/zoo.cfg"
+}
+
+ensure_zookeeper() {
+  export DLOCK_ZK_URL="${DLOCK_ZK_URL:-zk://127.0.0.1:2181/dlock-test}"
+  ensure_zookeeper_package
+  if ! zk_serving 2181; then
+    log "starting ZooKeeper on 127.0.0.1:2181"
+    write_zk_cfg "$ZK_RUN_DIR/single" 2181
+    start_zk "$ZK_RUN_DIR/single"
+    wait_for 60 "ZooKeeper on 127.0.0.1:2181" zk_serving 2181
+  fi
+  log "ZooKeeper ready at 127.0.0.1:2181"
+}
+
+ensure_zookeeper_ensemble() {
+  export DLOCK_ZK_ENSEMBLE_URL="${DLOCK_ZK_ENSEMBLE_URL:-zk://127.0.0.1:2191,127.0.0.1:2192,127.0.0.1:2193/dlock-test}"
+  export DLOCK_ZK_ENSEMBLE_DIR="$ZK_RUN_DIR/ensemble"
+  ensure_zookeeper_package
+  if zk_serving 2191 && zk_serving 2192 && zk_serving 2193; then
+    log "ZooKeeper ensemble already running on 127.0.0.1:2191-2193"
+    return
+  fi
+  log "starting a 3-node ZooKeeper ensemble on 127.0.0.1:2191-2193"
+  local i servers=()
+  for i in 1 2 3; do
+    local pidfile="$DLOCK_ZK_ENSEMBLE_DIR/$i/pid"
+    [ -f "$pidfile" ] && kill "$(cat "$pidfile")" 2>/dev/null || true
+    servers+=("server.$i=127.0.0.1:$((2890 + i)):$((3890 + i))")
+  done
+  for i in 1 2 3; do
+    write_zk_cfg "$DLOCK_ZK_ENSEMBLE_DIR/$i" $((2190 + i)) "${servers[@]}"
+    echo "$i" >"$DLOCK_ZK_ENSEMBLE_DIR/$i/data/myid"
+  done
+  for i in 1 2 3; do start_zk "$DLOCK_ZK_ENSEMBLE_DIR/$i"; done
+  for i in 1 2 3; do wait_for 90 "ZooKeeper ensemble node $i" zk_serving $((2190 + i)); done
+  log "ZooKeeper ensemble ready"
+}
+
 # ensure_backend LABEL: make the backend behind a DLOCK_TEST_BACKENDS label usable.
 ensure_backend() {
   case "$1" in
@@ -153,6 +236,8 @@ ensure_backend() {
 
     redis | redis-polling) ensure_redis ;;
     redis-cluster) ensure_redis_cluster ;;
+    zk) ensure_zookeeper ;;
+    zk-ensemble) ensure_zookeeper_ensemble ;;
     *) fail "unknown backend '$1' in DLOCK_TEST_BACKENDS (known: $ALL_BACKENDS)" ;;
   esac
 }

@@ -7,6 +7,7 @@ use std::sync::Mutex;
 
 use dlock_jdbc::JdbcBackend;
 use dlock_redis::{RedisBackend, RedisOptions};
+use dlock_zk::ZkBackend;
 use dlock_spi::{
     Error, ErrorKind, InMemoryBackend, LockAdmin, LockName, LockRemoteResource, Result,
 };
@@ -20,7 +21,10 @@ pub const KNOWN: &[&str] = &[
     "mysql",
     "postgres",
     "redis",
+    "redis-polling",
     "redis-cluster",
+    "zk",
+    "zk-ensemble",
 ];
 
 /// The URL a server-backed label uses: `DLOCK_<LABEL>_URL`, or the local default
@@ -45,6 +49,10 @@ pub fn server_url(label: &str) -> Option<String> {
         "redis-cluster" => {
             Some("redis+cluster://127.0.0.1:7000,127.0.0.1:7001,127.0.0.1:7002".to_owned())
         }
+        "zk" => Some("zk://127.0.0.1:2181/dlock-test".to_owned()),
+        "zk-ensemble" => Some(
+            "zk://127.0.0.1:2191,127.0.0.1:2192,127.0.0.1:2193/dlock-test".to_owned(),
+        ),
         _ => None,
     }
 }
@@ -61,6 +69,10 @@ pub async fn open(label: &str) -> Result<Arc<dyn TestBackend>> {
         "redis" | "redis-polling" | "redis-cluster" => {
             let url = server_url(label).unwrap_or_default();
             Ok(Arc::new(RedisTestBackend::open(label, url).await?))
+        }
+        "zk" | "zk-ensemble" => {
+            let url = server_url(label).unwrap_or_default();
+            Ok(Arc::new(ZkTestBackend::open(label, url).await?))
         }
         other => Err(Error::new(
             ErrorKind::Config,
@@ -138,6 +150,16 @@ impl ServerClient for RedisBackend {
     }
 }
 
+#[async_trait]
+impl ServerClient for ZkBackend {
+    async fn open(_label: &str, url: &str) -> Result<Self> {
+        ZkBackend::connect(url).await
+    }
+    fn attempts(&self) -> u64 {
+        self.acquire_attempts()
+    }
+}
+
 /// A backend behind a server (or a SQLite file): one admin client for the hooks, and a
 /// new client per `client()` call.
 pub struct ServerTestBackend<C> {
@@ -151,6 +173,8 @@ pub struct ServerTestBackend<C> {
 pub type SqlTestBackend = ServerTestBackend<JdbcBackend>;
 /// The Redis backends' test backend.
 pub type RedisTestBackend = ServerTestBackend<RedisBackend>;
+/// The ZooKeeper backends' test backend.
+pub type ZkTestBackend = ServerTestBackend<ZkBackend>;
 
 impl<C: ServerClient> ServerTestBackend<C> {
     /// Connects once — and makes one round trip — so an unreachable server fails here.

@@ -1,0 +1,688 @@
+//! The ZooKeeper lock backend.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::time::{Duration, Instant};
+
+use dlock_spi::{
+    async_trait, AcquireRequest, AcquireResult, Bytes, Capabilities, Error, FencingToken,
+    HolderInfo, HoldStatus, HoldWatch, LockAdmin, LockMode, LockName, LockRemoteResource,
+    LockState, LostReason, OwnerId, ReleaseRequest, ReleaseResult, RenewRequest, RenewResult,
+    Result,
+};
+use tokio::sync::watch;
+use zookeeper_client::{Acls, CreateMode, CreateOptions, Error as ZkError, EventType};
+
+use crate::error::map_zk;
+use crate::layout::{self, Contender, ExclusiveNode};
+use crate::session::{ConnectSpec, Session, SessionPhase, Sessions};
+use crate::{parse_url, ZkOptions};
+
+const EPHEMERAL_SEQUENTIAL: CreateOptions<'static> =
+    CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
+const CONTAINER: CreateOptions<'static> = CreateMode::Container.with_acls(Acls::anyone_all());
+const PERSISTENT: CreateOptions<'static> = CreateMode::Persistent.with_acls(Acls::anyone_all());
+
+/// Marks node data written by dlock: `dlock1\n<owner>\n<context>`.
+const DATA_MAGIC: &[u8] = b"dlock1\n";
+
+/// How often an acquire re-creates its node when it keeps vanishing (force-released,
+/// session replaced) before giving up with an error.
+const MAX_ENQUEUES: usize = 8;
+
+/// Locks on ZooKeeper. Cheap to share (`Arc` inside); one session per backend.
+#[derive(Clone)]
+pub struct ZkBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    sessions: Arc<Sessions>,
+    root: String,
+    exclusive: ExclusiveNode,
+    /// Nodes this backend holds, by owner: for release, renew and reentry.
+    held: Mutex<HashMap<HeldKey, HeldNode>>,
+    /// Looks at a lock's queue (one per acquire, one per wake-up).
+    attempts: AtomicU64,
+    /// Dropped with the backend: stops the session supervisor.
+    _shutdown: watch::Sender<()>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct HeldKey {
+    name: LockName,
+    owner: OwnerId,
+    mode: LockMode,
+}
+
+#[derive(Debug, Clone)]
+struct HeldNode {
+    path: String,
+    token: FencingToken,
+}
+
+/// Our contender node, while we wait: found in the queue, or gone.
+struct Enqueued {
+    node: String,
+    token: FencingToken,
+    children: Vec<String>,
+}
+
+impl ZkBackend {
+    /// Connects to the ensemble a `zk://` URL names, with default options for what the
+    /// URL leaves out:
+    /// `zk://[user:password@]host:port[,host:port…][/root][?session_timeout=10s&exclusive=mutex|rw]`.
+    /// Creates the root path (default `/dlock`) if it is missing.
+    pub async fn connect(url: &str) -> Result<Self> {
+        Self::connect_with(url, ZkOptions::default()).await
+    }
+
+    /// Connects with `options`; what the URL sets overrides them.
+    pub async fn connect_with(url: &str, options: ZkOptions) -> Result<Self> {
+        let parsed = parse_url(url, options)?;
+        let spec = ConnectSpec {
+            hosts: parsed.hosts,
+            session_timeout: parsed.options.session_timeout,
+            digest: parsed.options.digest.clone(),
+        };
+        let (shutdown, shutdown_rx) = watch::channel(());
+        let sessions = Sessions::open(spec, shutdown_rx).await.map_err(|e| {
+            Error::new(
+                e.kind(),
+                format!(
+                    "cannot open a ZooKeeper session at {}: {}",
+                    dlock_spi::redact_url(url),
+                    e.message()
+                ),
+            )
+            .set_retryable(e.is_retryable())
+        })?;
+        let root = parsed.options.root;
+        sessions
+            .current()
+            .client
+            .mkdir(&root, &PERSISTENT)
+            .await
+            .map_err(|e| map_zk(e, "create root"))?;
+        Ok(ZkBackend {
+            inner: Arc::new(Inner {
+                sessions,
+                root,
+                exclusive: parsed.options.exclusive_node,
+                held: Mutex::new(HashMap::new()),
+                attempts: AtomicU64::new(0),
+                _shutdown: shutdown,
+            }),
+        })
+    }
+
+    /// The path of a lock's node: give it to a Curator `InterProcessMutex` (or
+    /// read-write lock) to share the lock with a Java service.
+    pub fn lock_path(&self, name: &LockName) -> String {
+        layout::lock_path(&self.inner.root, name)
+    }
+
+    /// The root path locks live under.
+    pub fn root(&self) -> &str {
+        &self.inner.root
+    }
+
+    /// The session timeout the server granted.
+    pub fn session_timeout(&self) -> Duration {
+        self.inner.sessions.current().client.session_timeout()
+    }
+
+    /// How many times this backend has looked at a lock's queue to decide a grant:
+    /// once per acquire, once more per wake-up (a waiter woken for nothing shows here).
+    pub fn acquire_attempts(&self) -> u64 {
+        self.inner.attempts.load(Ordering::Relaxed)
+    }
+
+    /// Whether the current session is connected.
+    pub fn is_connected(&self) -> bool {
+        self.inner.sessions.subscribe().borrow().phase == SessionPhase::Connected
+    }
+}
+
+impl Inner {
+    fn held(&self) -> MutexGuard<'_, HashMap<HeldKey, HeldNode>> {
+        self.held.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Puts our node into the lock's queue and lists the queue, in one round trip:
+    /// the create and the listing go out back to back on the session, which the
+    /// server serves in order. Creates the lock's node (a container) when missing,
+    /// finds our node again after a connection loss, and keeps only the oldest when
+    /// the owner already had one (a retried or repeated acquire).
+    async fn enqueue(&self, session: &Session, lock: &str, prefix: &str, data: &[u8]) -> Result<Enqueued> {
+        let client = &session.client;
+        let node_path = format!("{lock}/{prefix}");
+        for _ in 0..3 {
+            let create = client.create(&node_path, data, &EPHEMERAL_SEQUENTIAL);
+            let list = client.list_children(lock);
+            let (created, listed) = tokio::join!(create, list);
+            let (node, token) = match created {
+                Ok((stat, sequence)) => (format!("{prefix}{sequence}"), token_of(stat.czxid)),
+                Err(ZkError::NoNode) => {
+                    self.create_lock_node(session, lock).await?;
+                    continue;
+                }
+                Err(ZkError::ConnectionLoss) => {
+                    // The create may have happened: look for our node by its prefix.
+                    let children = client.list_children(lock).await.map_err(|e| map_zk(e, "list"))?;
+                    match self.adopt(session, lock, prefix, &children, None).await? {
+                        Some((node, token)) => return Ok(Enqueued { node, token, children }),
+                        None => continue,
+                    }
+                }
+                Err(err) => return Err(map_zk(err, "create")),
+            };
+            let children = match listed {
+                Ok(children) => children,
+                Err(err) => {
+                    delete_quietly(session, format!("{lock}/{node}"));
+                    return Err(map_zk(err, "list"));
+                }
+            };
+            let (node, token) = self
+                .adopt(session, lock, prefix, &children, Some((node, token)))
+                .await?
+                .ok_or_else(|| Error::new(dlock_spi::ErrorKind::Backend, "ZooKeeper lost a node it had just created; retry"))?;
+            return Ok(Enqueued { node, token, children });
+        }
+        Err(Error::new(
+            dlock_spi::ErrorKind::Backend,
+            "could not queue for the lock: its ZooKeeper node keeps disappearing; retry",
+        )
+        .set_retryable(true))
+    }
+
+    /// Of the owner's nodes among `children` (same prefix), keeps the oldest and
+    /// deletes the others. `created` is the node just made, with its token.
+    async fn adopt(
+        &self,
+        session: &Session,
+        lock: &str,
+        prefix: &str,
+        children: &[String],
+        created: Option<(String, FencingToken)>,
+    ) -> Result<Option<(String, FencingToken)>> {
+        let mut mine: Vec<Contender> = children
+            .iter()
+            .filter(|c| c.starts_with(prefix))
+            .filter_map(|c| Contender::parse(c))
+            .collect();
+        mine.sort_by_key(|c| c.sequence);
+        let Some(oldest) = mine.first() else {
+            return Ok(created);
+        };
+        for extra in &mine[1..] {
+            delete_quietly(session, format!("{lock}/{}", extra.node));
+        }
+        if let Some((node, _)) = &created {
+            if *node == oldest.node {
+                return Ok(created);
+            }
+        }
+        let path = format!("{lock}/{}", oldest.node);
+        let known = self.held().values().find(|h| h.path == path).map(|h| h.token);
+        let token = match known {
+            Some(token) => token,
+            None => match session.client.check_stat(&path).await.map_err(|e| map_zk(e, "stat"))? {
+                Some(stat) => token_of(stat.czxid),
+                None => return Ok(None),
+            },
+        };
+        Ok(Some((oldest.node.clone(), token)))
+    }
+
+    async fn create_lock_node(&self, session: &Session, lock: &str) -> Result<()> {
+        match session.client.create(lock, &[], &CONTAINER).await {
+            Ok(_) | Err(ZkError::NodeExists) => Ok(()),
+            Err(ZkError::NoNode) => {
+                // The root itself is gone (deleted by hand): put it back.
+                session
+                    .client
+                    .mkdir(&self.root, &PERSISTENT)
+                    .await
+                    .map_err(|e| map_zk(e, "create root"))
+            }
+            Err(err) => Err(map_zk(err, "create lock node")),
+        }
+    }
+
+    /// Finds an owner's node under a lock by its prefix (when this backend does not
+    /// know it: another handle's stale guard, a restarted process).
+    async fn find(&self, lock: &str, prefix: &str) -> Result<Option<String>> {
+        let client = &self.sessions.current().client;
+        match client.list_children(lock).await {
+            Ok(children) => Ok(children
+                .into_iter()
+                .filter(|c| c.starts_with(prefix))
+                .min_by_key(|c| Contender::parse(c).map(|c| c.sequence))
+                .map(|c| format!("{lock}/{c}"))),
+            Err(ZkError::NoNode) => Ok(None),
+            Err(err) => Err(map_zk(err, "list")),
+        }
+    }
+
+    /// The path of the owner's node for a release or renewal.
+    async fn node_of(&self, key: &HeldKey) -> Result<Option<String>> {
+        if let Some(held) = self.held().get(key) {
+            return Ok(Some(held.path.clone()));
+        }
+        let lock = layout::lock_path(&self.root, &key.name);
+        let prefix = layout::node_prefix(&key.owner, key.mode, self.exclusive);
+        self.find(&lock, &prefix).await
+    }
+}
+
+impl ZkBackend {
+    /// Starts the feed that tells the guard how the hold stands: suspended while the
+    /// connection is down, lost when the session ends or the node is deleted by
+    /// someone else. Ends on release.
+    fn watch_hold(&self, session: &Arc<Session>, key: HeldKey, path: String) -> HoldWatch {
+        let (tx, watch) = HoldWatch::channel();
+        // The client clone is dropped once the watch is set, so an abandoned session
+        // is not kept open by the feeds of its holds.
+        let client = session.client.clone();
+        let node = path.clone();
+        let node_watch = async move {
+            let watcher = match client.check_and_watch_stat(&node).await {
+                Ok((Some(_), watcher)) => watcher,
+                Ok((None, _)) => return Some(EventType::NodeDeleted),
+                // No answer (connection trouble): the session feed decides.
+                Err(_) => return None,
+            };
+            drop(client);
+            Some(watcher.changed().await.event_type)
+        };
+        let mut sessions = self.inner.sessions.subscribe();
+        let ours = session.id;
+        let inner: Weak<Inner> = Arc::downgrade(&self.inner);
+        let still_ours = move || {
+            inner
+                .upgrade()
+                .is_some_and(|inner| inner.held().get(&key).is_some_and(|h| h.path == path))
+        };
+        tokio::spawn(async move {
+            tokio::pin!(node_watch);
+            let mut node_watched = true;
+            loop {
+                tokio::select! {
+                    event = &mut node_watch, if node_watched => {
+                        node_watched = false;
+                        let reason = match event {
+                            Some(EventType::NodeDeleted) => LostReason::NotOwner,
+                            Some(EventType::Session) => LostReason::SessionExpired,
+                            // Data changed (not by dlock) or no answer: keep following the session.
+                            _ => continue,
+                        };
+                        if still_ours() {
+                            tx.send_replace(HoldStatus::Lost(reason));
+                        }
+                        return;
+                    }
+                    changed = sessions.changed() => {
+                        if changed.is_err() {
+                            return;
+                        }
+                        let status = *sessions.borrow_and_update();
+                        let next = match status.phase {
+                            _ if status.id != ours => HoldStatus::Lost(LostReason::SessionExpired),
+                            SessionPhase::Lost => HoldStatus::Lost(LostReason::SessionExpired),
+                            SessionPhase::Suspended => HoldStatus::Suspended,
+                            SessionPhase::Connected => HoldStatus::Held,
+                        };
+                        if !still_ours() {
+                            return;
+                        }
+                        tx.send_replace(next);
+                        if matches!(next, HoldStatus::Lost(_)) {
+                            return;
+                        }
+                    }
+                    () = tx.closed() => return,
+                }
+            }
+        });
+        watch
+    }
+}
+
+#[async_trait]
+impl LockRemoteResource for ZkBackend {
+    fn backend_name(&self) -> &'static str {
+        "zookeeper"
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        let mut caps = Capabilities::default();
+        caps.lease = false;
+        caps.renew = false;
+        caps.reentrant = true;
+        caps.fair = true;
+        caps.shared = true;
+        caps.push_wakeup = true;
+        caps.fencing = true;
+        caps
+    }
+
+    async fn try_acquire(&self, req: &AcquireRequest) -> Result<AcquireResult> {
+        let inner = &self.inner;
+        let lock = layout::lock_path(&inner.root, &req.name);
+        let prefix = layout::node_prefix(&req.owner, req.mode, inner.exclusive);
+        let data = node_data(&req.owner, &req.context);
+        let session = inner.sessions.current();
+        let mut mine = inner.enqueue(&session, &lock, &prefix, &data).await?;
+        let mut pending = PendingNode::new(&session, format!("{lock}/{}", mine.node));
+        let mut enqueues = 1;
+        loop {
+            inner.attempts.fetch_add(1, Ordering::Relaxed);
+            let queue = layout::contenders(&mine.children);
+            let Some(index) = queue.iter().position(|c| c.node == mine.node) else {
+                // Our node vanished (deleted by an operator, or its session ended).
+                pending.disarm();
+                if enqueues >= MAX_ENQUEUES || deadline_passed(req.deadline) {
+                    return Ok(AcquireResult::not_acquired(None, None));
+                }
+                mine = inner.enqueue(&session, &lock, &prefix, &data).await?;
+                pending = PendingNode::new(&session, format!("{lock}/{}", mine.node));
+                enqueues += 1;
+                continue;
+            };
+            let ahead = match layout::standing(&queue, index) {
+                Ok(ahead) => ahead.map(|c| format!("{lock}/{}", c.node)),
+                Err(()) => None,
+            };
+            let Some(ahead) = ahead else {
+                pending.disarm();
+                let key = HeldKey {
+                    name: req.name.clone(),
+                    owner: req.owner.clone(),
+                    mode: req.mode,
+                };
+                let path = format!("{lock}/{}", mine.node);
+                inner.held().insert(
+                    key.clone(),
+                    HeldNode {
+                        path: path.clone(),
+                        token: mine.token,
+                    },
+                );
+                let watch = self.watch_hold(&session, key, path);
+                return Ok(AcquireResult::acquired(mine.token, None).with_watch(watch));
+            };
+            let deadline = match req.deadline {
+                Some(deadline) if deadline > Instant::now() => deadline,
+                _ => {
+                    pending.delete().await;
+                    return Ok(AcquireResult::not_acquired(None, None));
+                }
+            };
+            // Wait for the one node ahead of us to go (or change), then look again.
+            match session.client.check_and_watch_stat(&ahead).await {
+                Ok((None, _)) => {}
+                Ok((Some(_), watcher)) => {
+                    tokio::select! {
+                        _ = watcher.changed() => {}
+                        () = tokio::time::sleep_until(deadline.into()) => {
+                            pending.delete().await;
+                            return Ok(AcquireResult::not_acquired(None, None));
+                        }
+                    }
+                }
+                Err(err) => return Err(map_zk(err, "watch")),
+            }
+            mine.children = match session.client.list_children(&lock).await {
+                Ok(children) => children,
+                Err(ZkError::NoNode) => Vec::new(),
+                Err(err) => return Err(map_zk(err, "list")),
+            };
+        }
+    }
+
+    async fn release(&self, req: &ReleaseRequest) -> Result<ReleaseResult> {
+        let inner = &self.inner;
+        let key = HeldKey {
+            name: req.name.clone(),
+            owner: req.owner.clone(),
+            mode: req.mode,
+        };
+        let held = inner.held().remove(&key);
+        let path = match &held {
+            Some(held) => held.path.clone(),
+            None => match inner.node_of(&key).await? {
+                Some(path) => path,
+                None => return Ok(ReleaseResult::NotOwner),
+            },
+        };
+        match inner.sessions.current().client.delete(&path, None).await {
+            Ok(()) => Ok(ReleaseResult::Released),
+            Err(ZkError::NoNode) => Ok(ReleaseResult::NotOwner),
+            Err(err) => {
+                if let Some(held) = held {
+                    inner.held().insert(key, held);
+                }
+                Err(map_zk(err, "delete"))
+            }
+        }
+    }
+
+    async fn renew(&self, req: &RenewRequest) -> Result<RenewResult> {
+        let key = HeldKey {
+            name: req.name.clone(),
+            owner: req.owner.clone(),
+            mode: req.mode,
+        };
+        let Some(path) = self.inner.node_of(&key).await? else {
+            return Ok(RenewResult::NotOwner);
+        };
+        let client = &self.inner.sessions.current().client;
+        match client.check_stat(&path).await {
+            Ok(Some(_)) => Ok(RenewResult::renewed(None)),
+            Ok(None) => Ok(RenewResult::NotOwner),
+            Err(err) => Err(map_zk(err, "stat")),
+        }
+    }
+
+    async fn inspect(&self, name: &LockName) -> Result<Option<LockState>> {
+        let lock = layout::lock_path(&self.inner.root, name);
+        let session = self.inner.sessions.current();
+        let children = match session.client.list_children(&lock).await {
+            Ok(children) => children,
+            Err(ZkError::NoNode) => return Ok(None),
+            Err(err) => return Err(map_zk(err, "list")),
+        };
+        let queue = layout::contenders(&children);
+        if queue.is_empty() {
+            return Ok(None);
+        }
+        let holders = layout::holders(&queue);
+        // All requests go out before the first answer is awaited.
+        let reads: Vec<_> = holders
+            .iter()
+            .map(|c| session.client.get_data(&format!("{lock}/{}", c.node)))
+            .collect();
+        let mut infos = Vec::with_capacity(holders.len());
+        for (contender, read) in holders.iter().zip(reads) {
+            match read.await {
+                Ok((data, stat)) => {
+                    let (owner, context) = parse_node_data(&contender.node, data);
+                    infos.push(HolderInfo::new(owner, contender.mode, token_of(stat.czxid), context, None));
+                }
+                Err(ZkError::NoNode) => {}
+                Err(err) => return Err(map_zk(err, "get")),
+            }
+        }
+        Ok(Some(LockState::new(infos, Some(queue.len() - holders.len()))))
+    }
+
+    fn admin(&self) -> Option<&dyn LockAdmin> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl LockAdmin for ZkBackend {
+    async fn force_release(&self, name: &LockName) -> Result<usize> {
+        let lock = layout::lock_path(&self.inner.root, name);
+        let session = self.inner.sessions.current();
+        let children = match session.client.list_children(&lock).await {
+            Ok(children) => children,
+            Err(ZkError::NoNode) => return Ok(0),
+            Err(err) => return Err(map_zk(err, "list")),
+        };
+        let queue = layout::contenders(&children);
+        let holders = layout::holders(&queue).len();
+        let deletes: Vec<_> = queue
+            .iter()
+            .map(|c| session.client.delete(&format!("{lock}/{}", c.node), None))
+            .collect();
+        for delete in deletes {
+            match delete.await {
+                Ok(()) | Err(ZkError::NoNode) => {}
+                Err(err) => return Err(map_zk(err, "delete")),
+            }
+        }
+        Ok(holders)
+    }
+
+    async fn live_locks(&self, prefix: &str) -> Result<usize> {
+        let session = self.inner.sessions.current();
+        let root = &self.inner.root;
+        let locks = match session.client.list_children(root).await {
+            Ok(locks) => locks,
+            Err(ZkError::NoNode) => return Ok(0),
+            Err(err) => return Err(map_zk(err, "list")),
+        };
+        let lists: Vec<_> = locks
+            .iter()
+            .filter(|segment| layout::decode_segment(segment).is_some_and(|name| name.starts_with(prefix)))
+            .map(|segment| session.client.list_children(&format!("{root}/{segment}")))
+            .collect();
+        let mut live = 0;
+        for list in lists {
+            match list.await {
+                Ok(children) if !layout::contenders(&children).is_empty() => live += 1,
+                Ok(_) | Err(ZkError::NoNode) => {}
+                Err(err) => return Err(map_zk(err, "list")),
+            }
+        }
+        Ok(live)
+    }
+}
+
+impl fmt::Debug for ZkBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ZkBackend")
+            .field("root", &self.inner.root)
+            .field("exclusive_node", &self.inner.exclusive)
+            .field("connected", &self.is_connected())
+            .finish()
+    }
+}
+
+/// A contender node that must not outlive a failed, timed-out or cancelled acquire.
+struct PendingNode {
+    session: Arc<Session>,
+    path: Option<String>,
+}
+
+impl PendingNode {
+    fn new(session: &Arc<Session>, path: String) -> Self {
+        PendingNode {
+            session: Arc::clone(session),
+            path: Some(path),
+        }
+    }
+
+    /// The node is ours to keep (granted) or already gone.
+    fn disarm(&mut self) {
+        self.path = None;
+    }
+
+    /// Deletes the node and waits for the answer, so the queue is clean on return.
+    async fn delete(&mut self) {
+        if let Some(path) = self.path.take() {
+            match self.session.client.delete(&path, None).await {
+                Ok(()) | Err(ZkError::NoNode) => {}
+                Err(err) => {
+                    tracing::warn!(node = %path, error = %err, "dlock-zk: could not delete an abandoned contender node; it goes with the session");
+                }
+            }
+        }
+    }
+}
+
+impl Drop for PendingNode {
+    fn drop(&mut self) {
+        if let Some(path) = self.path.take() {
+            // Cancelled while waiting: the request is sent now, on this session.
+            delete_quietly(&self.session, path);
+        }
+    }
+}
+
+/// Sends a delete and does not wait for it (the request leaves at once).
+fn delete_quietly(session: &Session, path: String) {
+    let delete = session.client.delete(&path, None);
+    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        runtime.spawn(async move {
+            if let Err(err) = delete.await {
+                if err != ZkError::NoNode {
+                    tracing::debug!(node = %path, error = %err, "dlock-zk: delete of a stray node failed");
+                }
+            }
+        });
+    }
+}
+
+fn deadline_passed(deadline: Option<Instant>) -> bool {
+    deadline.is_none_or(|d| d <= Instant::now())
+}
+
+fn token_of(czxid: i64) -> FencingToken {
+    FencingToken::new(u64::try_from(czxid).unwrap_or(0))
+}
+
+fn node_data(owner: &OwnerId, context: &Bytes) -> Vec<u8> {
+    let mut data = Vec::with_capacity(DATA_MAGIC.len() + owner.as_str().len() + 1 + context.len());
+    data.extend_from_slice(DATA_MAGIC);
+    data.extend_from_slice(owner.as_str().as_bytes());
+    data.push(b'\n');
+    data.extend_from_slice(context);
+    data
+}
+
+/// The owner and context stored in a node; a foreign node (Curator's) is described by
+/// its own name and data.
+fn parse_node_data(node: &str, data: Vec<u8>) -> (OwnerId, Bytes) {
+    if let Some(rest) = data.strip_prefix(DATA_MAGIC) {
+        if let Some(at) = rest.iter().position(|b| *b == b'\n') {
+            if let Ok(owner) = std::str::from_utf8(&rest[..at]) {
+                return (OwnerId::new(owner), Bytes::copy_from_slice(&rest[at + 1..]));
+            }
+        }
+    }
+    (OwnerId::new(node), Bytes::from(data))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_data_round_trips_and_foreign_data_is_kept() {
+        let owner = OwnerId::new("m:7");
+        let data = node_data(&owner, &Bytes::from_static(b"pid=1\nhost=a"));
+        let (o, c) = parse_node_data("_c_x-lock-0000000001", data);
+        assert_eq!(o, owner);
+        assert_eq!(&c[..], b"pid=1\nhost=a");
+        let (o, c) = parse_node_data("_c_x-lock-0000000002", b"10.0.0.7".to_vec());
+        assert_eq!(o.as_str(), "_c_x-lock-0000000002");
+        assert_eq!(&c[..], b"10.0.0.7");
+    }
+}

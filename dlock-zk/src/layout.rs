@@ -1,0 +1,306 @@
+//! Where a lock lives in the ZooKeeper tree, and how its contender nodes are named.
+//!
+//! The layout is Apache Curator's, so Curator recipes on the same path see dlock's
+//! nodes as contenders and the other way round:
+//!
+//! ```text
+//! <root>/<escaped lock name>/_c_<protection id>-lock-0000000042      exclusive (InterProcessMutex)
+//! <root>/<escaped lock name>/_c_<protection id>-__WRIT__0000000043   exclusive (read-write lock's writer)
+//! <root>/<escaped lock name>/_c_<protection id>-__READ__0000000044   shared (read-write lock's reader)
+//! ```
+//!
+//! The lock's node is a container (the server removes it once it is empty); the
+//! contender nodes are ephemeral and sequential. The protection id is derived from the
+//! owner, so an owner finds its node again after a connection loss (no orphans) and a
+//! retried acquire does not queue twice.
+
+use std::fmt::Write as _;
+
+use dlock_spi::{Error, ErrorKind, LockMode, LockName, OwnerId, Result};
+
+/// Curator's prefix for "protected" nodes: `_c_<uuid>-`.
+const PROTECTED_PREFIX: &str = "_c_";
+/// `InterProcessMutex`'s lock name.
+pub(crate) const MUTEX_MARKER: &str = "lock-";
+/// `InterProcessReadWriteLock`'s write-lock name.
+pub(crate) const WRITE_MARKER: &str = "__WRIT__";
+/// `InterProcessReadWriteLock`'s read-lock name.
+pub(crate) const READ_MARKER: &str = "__READ__";
+
+/// Which Curator recipe dlock's exclusive holds look like to Curator clients.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum ExclusiveNode {
+    /// `…-lock-<seq>`, as Curator's `InterProcessMutex` (default).
+    #[default]
+    Mutex,
+    /// `…-__WRIT__<seq>`, as the writer of Curator's `InterProcessReadWriteLock`; use it
+    /// when Java services take the same locks with the read-write recipe.
+    ReadWrite,
+}
+
+/// Checks a root path (`/dlock`, `/apps/x/locks`): absolute, no empty, `.` or `..`
+/// segment, no trailing slash, no control characters.
+pub(crate) fn validate_root(root: &str) -> Result<()> {
+    let bad = |why: &str| {
+        Err(Error::new(
+            ErrorKind::Config,
+            format!("ZooKeeper root path {root:?} {why}; write it like /dlock or /apps/orders/locks"),
+        ))
+    };
+    if !root.starts_with('/') || root.len() < 2 {
+        return bad("must be absolute and not `/` itself");
+    }
+    if root[1..]
+        .split('/')
+        .any(|seg| seg.is_empty() || seg == "." || seg == "..")
+    {
+        return bad("has an empty, `.` or `..` segment (or a trailing slash)");
+    }
+    if root.chars().any(|c| c != '/' && c != '%' && needs_escape(c)) {
+        return bad("contains characters ZooKeeper does not allow in paths");
+    }
+    if root == "/zookeeper" || root.starts_with("/zookeeper/") {
+        return bad("is inside ZooKeeper's own /zookeeper tree");
+    }
+    Ok(())
+}
+
+/// Characters ZooKeeper refuses in a path segment (besides `/`), per its
+/// `PathUtils.validatePath`, plus `%`, our escape character. ZooKeeper checks UTF-16
+/// units and refuses surrogates, so every character beyond U+FFFF is escaped too.
+fn needs_escape(c: char) -> bool {
+    matches!(c,
+        '/' | '%'
+        | '\u{0}'..='\u{1f}'
+        | '\u{7f}'..='\u{9f}'
+        | '\u{e000}'..='\u{f8ff}'
+        | '\u{fff0}'..='\u{10ffff}')
+}
+
+/// The lock's node: `<root>/<escaped name>`. `/` and `%` are percent-encoded, so a
+/// name is always exactly one segment under the root; `.`, `..` and `zookeeper`
+/// (names ZooKeeper reserves) are encoded too. Distinct names give distinct paths.
+pub(crate) fn lock_path(root: &str, name: &LockName) -> String {
+    let name = name.as_str();
+    let mut path = String::with_capacity(root.len() + 1 + name.len());
+    path.push_str(root);
+    path.push('/');
+    match name {
+        "." => path.push_str("%2E"),
+        ".." => path.push_str("%2E%2E"),
+        "zookeeper" => path.push_str("%7Aookeeper"),
+        _ => {
+            for c in name.chars() {
+                if needs_escape(c) {
+                    let mut buf = [0u8; 4];
+                    for b in c.encode_utf8(&mut buf).bytes() {
+                        let _ = write!(path, "%{b:02X}");
+                    }
+                } else {
+                    path.push(c);
+                }
+            }
+        }
+    }
+    path
+}
+
+/// The inverse of the segment encoding of [`lock_path`]; `None` for segments dlock
+/// did not write.
+pub(crate) fn decode_segment(segment: &str) -> Option<String> {
+    let bytes = segment.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = segment.get(i + 1..i + 3)?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+/// The protection id of an owner's nodes: a name-based UUID of the owner, so the
+/// owner recognises its node among the children after a connection loss.
+pub(crate) fn protection_id(owner: &OwnerId) -> String {
+    const NAMESPACE: uuid::Uuid = uuid::Uuid::from_u128(0x6a1f_3c52_9d0e_4b7a_8c21_5e4f_d10c_b3a9);
+    uuid::Uuid::new_v5(&NAMESPACE, owner.as_str().as_bytes())
+        .hyphenated()
+        .to_string()
+}
+
+/// The prefix of an owner's contender node in `mode` (before ZooKeeper's sequence).
+pub(crate) fn node_prefix(owner: &OwnerId, mode: LockMode, exclusive: ExclusiveNode) -> String {
+    let marker = match (mode, exclusive) {
+        (LockMode::Shared, _) => READ_MARKER,
+        (LockMode::Exclusive, ExclusiveNode::Mutex) => MUTEX_MARKER,
+        (LockMode::Exclusive, ExclusiveNode::ReadWrite) => WRITE_MARKER,
+    };
+    format!("{PROTECTED_PREFIX}{}-{marker}", protection_id(owner))
+}
+
+/// One contender node among a lock's children.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Contender {
+    /// The child's name (not the full path).
+    pub(crate) node: String,
+    /// ZooKeeper's sequence number: the queue order.
+    pub(crate) sequence: i64,
+    /// Shared (`__READ__`) or exclusive (anything else: `lock-`, `__WRIT__`, foreign).
+    pub(crate) mode: LockMode,
+}
+
+impl Contender {
+    /// Parses a child name; `None` when it does not end in a sequence number after
+    /// one of the known markers (not a lock contender).
+    pub(crate) fn parse(node: &str) -> Option<Contender> {
+        let (at, marker) = [READ_MARKER, WRITE_MARKER, MUTEX_MARKER]
+            .into_iter()
+            .filter_map(|m| node.rfind(m).map(|at| (at, m)))
+            .max_by_key(|(at, _)| *at)?;
+        let digits = &node[at + marker.len()..];
+        if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        let sequence = digits.parse().ok()?;
+        let mode = if marker == READ_MARKER {
+            LockMode::Shared
+        } else {
+            LockMode::Exclusive
+        };
+        Some(Contender {
+            node: node.to_owned(),
+            sequence,
+            mode,
+        })
+    }
+}
+
+/// A lock's contenders in queue order.
+pub(crate) fn contenders(children: &[String]) -> Vec<Contender> {
+    let mut all: Vec<Contender> = children.iter().filter_map(|c| Contender::parse(c)).collect();
+    all.sort_by_key(|c| c.sequence);
+    all
+}
+
+/// Whether the contender at `index` holds the lock, and if not, which node to watch
+/// (Curator's rules): an exclusive contender holds when it is first and watches the
+/// one just before it; a shared contender holds when no exclusive contender is ahead
+/// of it and watches the first exclusive one.
+pub(crate) fn standing(queue: &[Contender], index: usize) -> Result<Option<&Contender>, ()> {
+    let me = queue.get(index).ok_or(())?;
+    match me.mode {
+        LockMode::Exclusive => Ok(index.checked_sub(1).and_then(|i| queue.get(i))),
+        LockMode::Shared => Ok(queue[..index]
+            .iter()
+            .find(|c| c.mode == LockMode::Exclusive)),
+    }
+}
+
+/// The holders among `queue`: the first contender if exclusive, else the shared
+/// contenders before the first exclusive one.
+pub(crate) fn holders(queue: &[Contender]) -> &[Contender] {
+    match queue.first() {
+        None => &[],
+        Some(first) if first.mode == LockMode::Exclusive => &queue[..1],
+        Some(_) => {
+            let end = queue
+                .iter()
+                .position(|c| c.mode == LockMode::Exclusive)
+                .unwrap_or(queue.len());
+            &queue[..end]
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn name(s: &str) -> LockName {
+        LockName::new(s).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn names_stay_one_segment_under_the_root() {
+        assert_eq!(lock_path("/dlock", &name("orders:42")), "/dlock/orders:42");
+        assert_eq!(lock_path("/dlock", &name("a/b")), "/dlock/a%2Fb");
+        assert_eq!(lock_path("/dlock", &name("../x")), "/dlock/..%2Fx");
+        assert_eq!(lock_path("/dlock", &name("..")), "/dlock/%2E%2E");
+        assert_eq!(lock_path("/dlock", &name(".")), "/dlock/%2E");
+        assert_eq!(lock_path("/dlock", &name("zookeeper")), "/dlock/%7Aookeeper");
+        assert_eq!(lock_path("/dlock", &name("100%")), "/dlock/100%25");
+        assert_eq!(lock_path("/dlock", &name("a%2Fb")), "/dlock/a%252Fb");
+        assert_ne!(lock_path("/r", &name("a/b")), lock_path("/r", &name("a%2Fb")));
+        assert_eq!(lock_path("/r", &name("\u{e000}")), "/r/%EE%80%80");
+        assert_eq!(lock_path("/r", &name("\u{1f512}")), "/r/%F0%9F%94%92");
+        for n in ["a/b", "..", "100%", "zookeeper", "é/ü", "\u{e000}x"] {
+            let path = lock_path("/r", &name(n));
+            let segment = &path[3..];
+            assert!(!segment.contains('/'));
+            let decoded = decode_segment(segment);
+            if n == "zookeeper" || n == ".." {
+                assert!(decoded.is_some());
+            } else {
+                assert_eq!(decoded.as_deref(), Some(n));
+            }
+        }
+    }
+
+    #[test]
+    fn roots_are_checked() {
+        for ok in ["/dlock", "/a/b/c", "/dlock-test"] {
+            assert!(validate_root(ok).is_ok(), "{ok}");
+        }
+        for bad in ["", "/", "dlock", "/a//b", "/a/", "/a/../b", "/zookeeper", "/zookeeper/x", "/a\u{1}"] {
+            let err = validate_root(bad).err().map(|e| e.kind());
+            assert_eq!(err, Some(ErrorKind::Config), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn contenders_parse_curator_and_dlock_nodes() {
+        let owner = OwnerId::new("m:1");
+        let prefix = node_prefix(&owner, LockMode::Exclusive, ExclusiveNode::Mutex);
+        assert!(prefix.starts_with("_c_") && prefix.ends_with("-lock-") && prefix.len() == 3 + 36 + 6);
+        assert_eq!(prefix, node_prefix(&owner, LockMode::Exclusive, ExclusiveNode::Mutex));
+        assert_ne!(prefix, node_prefix(&OwnerId::new("m:2"), LockMode::Exclusive, ExclusiveNode::Mutex));
+        let children: Vec<String> = [
+            "_c_0b2e-__READ__0000000007",
+            "_c_1234-lock-0000000003",
+            "junk",
+            "_c_9-__WRIT__0000000005",
+            "x-lock-",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let q = contenders(&children);
+        let seqs: Vec<i64> = q.iter().map(|c| c.sequence).collect();
+        assert_eq!(seqs, [3, 5, 7]);
+        assert_eq!(q[2].mode, LockMode::Shared);
+        assert_eq!(holders(&q).len(), 1);
+        assert_eq!(standing(&q, 0), Ok(None));
+        assert_eq!(standing(&q, 1).map(|w| w.map(|c| c.sequence)), Ok(Some(3)));
+        assert_eq!(standing(&q, 2).map(|w| w.map(|c| c.sequence)), Ok(Some(3)));
+        assert!(standing(&q, 9).is_err());
+    }
+
+    #[test]
+    fn readers_before_the_first_writer_hold_together() {
+        let children: Vec<String> = ["r-__READ__01", "r-__READ__02", "w-__WRIT__03", "r-__READ__04"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let q = contenders(&children);
+        assert_eq!(holders(&q).len(), 2);
+        assert_eq!(standing(&q, 1), Ok(None));
+        assert_eq!(standing(&q, 2).map(|w| w.map(|c| c.sequence)), Ok(Some(2)));
+        assert_eq!(standing(&q, 3).map(|w| w.map(|c| c.sequence)), Ok(Some(3)));
+    }
+}

@@ -1,0 +1,229 @@
+//! # dlock-zk — ZooKeeper backend for dlock
+//!
+//! A [`LockRemoteResource`](dlock_spi::LockRemoteResource) on the `zookeeper-client`
+//! crate, following Apache Curator's lock recipes so that Java services using Curator's
+//! `InterProcessMutex` (or `InterProcessReadWriteLock`, see [`ExclusiveNode`]) on the
+//! same path are mutually excluded with dlock.
+//!
+//! ```no_run
+//! # async fn demo() -> dlock_spi::Result<()> {
+//! let zk = dlock_zk::ZkBackend::connect(
+//!     "zk://127.0.0.1:2181,127.0.0.1:2182/apps/orders/locks?session_timeout=10s").await?;
+//! # Ok(()) }
+//! ```
+//!
+//! ## How it works
+//!
+//! * **Layout** `<root>/<escaped name>/_c_<owner uuid>-lock-<sequence>`: one ephemeral
+//!   sequential node per contender under the lock's node (a container, which the server
+//!   deletes once empty). Names are one path segment: `/`, `%`, `.`, `..` and
+//!   `zookeeper` are percent-encoded, so no name escapes the root or reaches another
+//!   lock. [`ZkBackend::lock_path`] tells the path a Java service must use.
+//! * **Fair by construction**: the lowest sequence holds; each waiter watches only the
+//!   node just before it (no herd); a reader holds when no writer is ahead of it and
+//!   watches the first writer ahead. Non-fair requests get the same order.
+//! * **One round trip to acquire** when the lock is free: the create and the listing
+//!   of the children are sent back to back on the session, which ZooKeeper serves in
+//!   order, so the listing already contains the new node.
+//! * **No orphans**: the node's prefix is derived from the owner, so after a connection
+//!   loss the owner finds the node it may have created; a timed-out or cancelled
+//!   acquire deletes its node.
+//! * **Fencing token**: the node's creation zxid — strictly increasing across all
+//!   clients, all locks, and the deletion of the lock's node. Reentry keeps it.
+//! * **Session, not lease**: holds need no renewal (the watchdog stays idle). Each hold
+//!   pushes its status to its guard: *suspended* as soon as the connection drops,
+//!   *lost* ([`LostReason::SessionExpired`](dlock_spi::LostReason)) when the session
+//!   expires or stays disconnected for half the session timeout — early enough that the
+//!   server cannot have handed the lock to another client yet (see the `session`
+//!   module's notes for the exact bound) — and lost
+//!   ([`LostReason::NotOwner`](dlock_spi::LostReason)) when someone deletes the node.
+#![deny(missing_docs)]
+
+mod backend;
+mod error;
+mod layout;
+mod session;
+
+use std::time::Duration;
+
+use dlock_spi::{redact_url, Error, ErrorKind, Result};
+
+pub use backend::ZkBackend;
+pub use layout::ExclusiveNode;
+
+/// Settings of a [`ZkBackend`].
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct ZkOptions {
+    /// The path every lock lives under. Default `/dlock`; created if missing.
+    pub root: String,
+    /// The session timeout to ask the server for (it clamps it to 2–20 ticks).
+    /// Default 10 s.
+    pub session_timeout: Duration,
+    /// `user:password` for ZooKeeper's digest authentication.
+    pub digest: Option<String>,
+    /// How exclusive holds are named, for interoperating with Curator recipes.
+    pub exclusive_node: ExclusiveNode,
+}
+
+impl Default for ZkOptions {
+    fn default() -> Self {
+        ZkOptions {
+            root: "/dlock".to_owned(),
+            session_timeout: Duration::from_secs(10),
+            digest: None,
+            exclusive_node: ExclusiveNode::Mutex,
+        }
+    }
+}
+
+impl ZkOptions {
+    /// Sets the root path.
+    pub fn root(mut self, root: impl Into<String>) -> Self {
+        self.root = root.into();
+        self
+    }
+
+    /// Sets the session timeout to ask for.
+    pub fn session_timeout(mut self, timeout: Duration) -> Self {
+        self.session_timeout = timeout;
+        self
+    }
+
+    /// Authenticates with ZooKeeper's digest scheme as `user:password`.
+    pub fn digest(mut self, credentials: impl Into<String>) -> Self {
+        self.digest = Some(credentials.into());
+        self
+    }
+
+    /// Names exclusive holds as the given Curator recipe does.
+    pub fn exclusive_node(mut self, node: ExclusiveNode) -> Self {
+        self.exclusive_node = node;
+        self
+    }
+}
+
+/// A parsed `zk://` URL: the hosts and the options it sets.
+#[derive(Debug)]
+struct ZkUrl {
+    hosts: String,
+    options: ZkOptions,
+}
+
+/// Parses `zk://[user:password@]host:port[,host:port…][/root][?option=value&…]`.
+///
+/// Options: `session_timeout` (`10s`, `2500ms`), `exclusive` (`mutex` or `rw`).
+fn parse_url(url: &str, mut options: ZkOptions) -> Result<ZkUrl> {
+    let shown = redact_url(url);
+    let bad = |what: String| {
+        Error::new(
+            ErrorKind::Config,
+            format!("ZooKeeper URL {shown:?}: {what}; write it as zk://host:2181,host2:2181/root?session_timeout=10s"),
+        )
+    };
+    let rest = url
+        .strip_prefix("zk://")
+        .or_else(|| url.strip_prefix("zookeeper://"))
+        .ok_or_else(|| bad("the scheme must be zk://".into()))?;
+    let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
+    let (authority, root) = match rest.find('/') {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, ""),
+    };
+    let hosts = match authority.rsplit_once('@') {
+        Some((credentials, hosts)) => {
+            if !credentials.contains(':') {
+                return Err(bad("credentials must be user:password".into()));
+            }
+            options.digest = Some(credentials.to_owned());
+            hosts
+        }
+        None => authority,
+    };
+    if hosts.is_empty() || hosts.split(',').any(|h| h.trim().is_empty()) {
+        return Err(bad("no host given (or an empty one between commas)".into()));
+    }
+    if !root.is_empty() && root != "/" {
+        options.root = root.trim_end_matches('/').to_owned();
+    }
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        match key {
+            "session_timeout" => {
+                options.session_timeout = parse_duration(value)
+                    .filter(|d| !d.is_zero())
+                    .ok_or_else(|| bad(format!("session_timeout={value:?} is not a duration like 10s or 2500ms")))?;
+            }
+            "exclusive" => {
+                options.exclusive_node = match value {
+                    "mutex" => ExclusiveNode::Mutex,
+                    "rw" | "readwrite" => ExclusiveNode::ReadWrite,
+                    _ => return Err(bad(format!("exclusive={value:?} must be mutex or rw"))),
+                };
+            }
+            _ => return Err(bad(format!("unknown option {key:?} (known: session_timeout, exclusive)"))),
+        }
+    }
+    layout::validate_root(&options.root)?;
+    Ok(ZkUrl {
+        hosts: hosts.to_owned(),
+        options,
+    })
+}
+
+/// `10s`, `2500ms`, `1m`, or a bare number of milliseconds.
+fn parse_duration(s: &str) -> Option<Duration> {
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (number, unit) = s.split_at(split);
+    let n: u64 = number.parse().ok()?;
+    match unit {
+        "" | "ms" => Some(Duration::from_millis(n)),
+        "s" => Some(Duration::from_secs(n)),
+        "m" => n.checked_mul(60).map(Duration::from_secs),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_parse_hosts_root_credentials_and_options() {
+        let u = parse_url(
+            "zk://app:s3cret@10.0.0.1:2181,10.0.0.2:2181/apps/locks?session_timeout=2500ms&exclusive=rw",
+            ZkOptions::default(),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(u.hosts, "10.0.0.1:2181,10.0.0.2:2181");
+        assert_eq!(u.options.root, "/apps/locks");
+        assert_eq!(u.options.digest.as_deref(), Some("app:s3cret"));
+        assert_eq!(u.options.session_timeout, Duration::from_millis(2500));
+        assert_eq!(u.options.exclusive_node, ExclusiveNode::ReadWrite);
+        let d = parse_url("zk://127.0.0.1:2181", ZkOptions::default()).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!((d.options.root.as_str(), d.options.digest), ("/dlock", None));
+    }
+
+    #[test]
+    fn bad_urls_are_config_errors_without_the_password() {
+        for url in [
+            "redis://x",
+            "zk://",
+            "zk://h1,,h2",
+            "zk://h:1/a//b",
+            "zk://h:1/zookeeper",
+            "zk://h:1?session_timeout=soon",
+            "zk://h:1?exclusive=maybe",
+            "zk://h:1?nope=1",
+            "zk://justuser@h:1",
+            "zk://u:topsecret@h:1?nope=1",
+        ] {
+            let err = parse_url(url, ZkOptions::default()).err();
+            let err = err.map(|e| (e.kind(), e.to_string()));
+            assert!(
+                matches!(&err, Some((ErrorKind::Config, msg)) if !msg.contains("topsecret")),
+                "{url}: {err:?}"
+            );
+        }
+    }
+}

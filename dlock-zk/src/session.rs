@@ -1,0 +1,201 @@
+//! The ZooKeeper session every hold of a backend lives in, and its replacement when
+//! it ends.
+//!
+//! A supervisor task follows the client's connection state and publishes a
+//! [`SessionStatus`]:
+//!
+//! * connection down → [`SessionPhase::Suspended`] at once;
+//! * still down after half the negotiated session timeout, or the server reports the
+//!   session expired → [`SessionPhase::Lost`], and a new session is opened.
+//!
+//! Why half: the client notices a dead connection when nothing arrived for its
+//! connection timeout (2/5 of the session timeout) plus one tick (1/20), so the server
+//! last heard from it no earlier than 0.45 × timeout before the client noticed, and
+//! cannot expire the session (and hand its locks to others) sooner than 0.55 × timeout
+//! after. Declaring the loss at 0.5 × timeout is therefore early, provided the two
+//! clocks run at the same rate and a round trip takes less than 5 % of the session
+//! timeout. A session judged lost is abandoned even if the connection comes back: its
+//! client is dropped, which closes the session and deletes its nodes.
+
+use std::sync::{Arc, PoisonError, RwLock, Weak};
+use std::time::Duration;
+
+use dlock_spi::Result;
+use tokio::sync::watch;
+use zookeeper_client::{Client, SessionState};
+
+use crate::error::map_zk;
+
+/// Identifies one session of this backend (ZooKeeper's session id).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct SessionId(pub(crate) i64);
+
+/// Where the current session stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SessionPhase {
+    Connected,
+    Suspended,
+    Lost,
+}
+
+/// The current session and its phase.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SessionStatus {
+    pub(crate) id: SessionId,
+    pub(crate) phase: SessionPhase,
+}
+
+/// How to open a session.
+#[derive(Debug, Clone)]
+pub(crate) struct ConnectSpec {
+    /// `host:port,host:port`.
+    pub(crate) hosts: String,
+    pub(crate) session_timeout: Duration,
+    /// Digest credentials `user:password`.
+    pub(crate) digest: Option<String>,
+}
+
+impl ConnectSpec {
+    pub(crate) async fn connect(&self) -> Result<Client> {
+        let mut connector = Client::connector();
+        connector.session_timeout(self.session_timeout);
+        if let Some(digest) = &self.digest {
+            connector.auth("digest".to_owned(), digest.as_bytes().to_vec());
+        }
+        connector
+            .connect(&self.hosts)
+            .await
+            .map_err(|e| map_zk(e, "connect"))
+    }
+}
+
+/// One live session.
+pub(crate) struct Session {
+    pub(crate) client: Client,
+    pub(crate) id: SessionId,
+}
+
+/// The backend's current session, replaced when it is lost.
+pub(crate) struct Sessions {
+    spec: ConnectSpec,
+    current: RwLock<Arc<Session>>,
+    status: watch::Sender<SessionStatus>,
+}
+
+impl Sessions {
+    /// Opens the first session and starts the supervisor; the supervisor stops when
+    /// `shutdown` is dropped.
+    pub(crate) async fn open(spec: ConnectSpec, shutdown: watch::Receiver<()>) -> Result<Arc<Self>> {
+        let client = spec.connect().await?;
+        let session = Arc::new(Session {
+            id: SessionId(client.session_id().0),
+            client,
+        });
+        let status = watch::Sender::new(SessionStatus {
+            id: session.id,
+            phase: SessionPhase::Connected,
+        });
+        let sessions = Arc::new(Sessions {
+            spec,
+            current: RwLock::new(session),
+            status,
+        });
+        tokio::spawn(supervise(Arc::downgrade(&sessions), shutdown));
+        Ok(sessions)
+    }
+
+    /// The session new operations go to.
+    pub(crate) fn current(&self) -> Arc<Session> {
+        Arc::clone(&self.current.read().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// Follows the status of the current session and its successors.
+    pub(crate) fn subscribe(&self) -> watch::Receiver<SessionStatus> {
+        self.status.subscribe()
+    }
+
+    fn publish(&self, id: SessionId, phase: SessionPhase) {
+        self.status.send_if_modified(|status| {
+            let changed = status.id != id || status.phase != phase;
+            *status = SessionStatus { id, phase };
+            changed
+        });
+    }
+}
+
+/// Follows the current session's connection state; replaces the session when lost.
+async fn supervise(sessions: Weak<Sessions>, mut shutdown: watch::Receiver<()>) {
+    loop {
+        let Some(strong) = sessions.upgrade() else { return };
+        let session = strong.current();
+        let grace = session.client.session_timeout() / 2;
+        let mut states = session.client.state_watcher();
+        drop(strong);
+        let mut state = states.state();
+        // Follow this session until it is lost.
+        loop {
+            let Some(strong) = sessions.upgrade() else { return };
+            let phase = match state {
+                SessionState::SyncConnected | SessionState::ConnectedReadOnly => {
+                    SessionPhase::Connected
+                }
+                SessionState::Disconnected => SessionPhase::Suspended,
+                _ => SessionPhase::Lost,
+            };
+            strong.publish(session.id, phase);
+            drop(strong);
+            if phase == SessionPhase::Lost {
+                break;
+            }
+            let give_up = async {
+                if phase == SessionPhase::Suspended {
+                    tokio::time::sleep(grace).await;
+                } else {
+                    std::future::pending::<()>().await;
+                }
+            };
+            tokio::select! {
+                next = states.changed() => state = next,
+                () = give_up => {
+                    tracing::warn!(session = session.id.0, "dlock-zk: disconnected for half the session timeout; the session's locks are declared lost");
+                    state = SessionState::Expired;
+                }
+                _ = shutdown.changed() => return,
+            }
+        }
+        drop(session);
+        // Open a new session, retrying with backoff until it works or the backend ends.
+        let mut delay = Duration::from_millis(50);
+        loop {
+            let Some(strong) = sessions.upgrade() else { return };
+            let spec = strong.spec.clone();
+            drop(strong);
+            let opened = tokio::select! {
+                opened = spec.connect() => opened,
+                _ = shutdown.changed() => return,
+            };
+            match opened {
+                Ok(client) => {
+                    let Some(strong) = sessions.upgrade() else { return };
+                    let session = Arc::new(Session {
+                        id: SessionId(client.session_id().0),
+                        client,
+                    });
+                    let id = session.id;
+                    *strong.current.write().unwrap_or_else(PoisonError::into_inner) = session;
+                    strong.publish(id, SessionPhase::Connected);
+                    tracing::info!(session = id.0, "dlock-zk: new session");
+                    break;
+                }
+                Err(err) => {
+                    tracing::warn!(error = %err, "dlock-zk: cannot open a new session yet");
+                    tokio::select! {
+                        () = tokio::time::sleep(delay) => {}
+                        _ = shutdown.changed() => return,
+                    }
+                    delay = (delay * 2).min(Duration::from_secs(2));
+                }
+            }
+        }
+    }
+}
