@@ -3,9 +3,7 @@
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Instant;
 
-use dlock_spi::{
-    FencingToken, HandlerChain, LockMode, LockName, LostEvent, LostReason, OwnerId,
-};
+use dlock_spi::{FencingToken, HandlerChain, LockMode, LockName, LostEvent, LostReason, OwnerId};
 use tokio::sync::watch;
 
 /// A lock granted by the backend. Reentrant acquisitions share it and bump `count`;

@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use dlock_spi::{
-    Capabilities, Error, ErrorKind, Fairness, HandlerChain, HoldStatus, HoldWatch, LockHandler, LockMode, LockName,
-    LockRemoteResource, LockState, LostReason, OwnerId, ReleaseContext, ReleaseRequest,
-    ReleaseResult, Result, MAX_LEASE,
+    Capabilities, Error, ErrorKind, Fairness, HandlerChain, HoldStatus, HoldWatch, LockHandler,
+    LockMode, LockName, LockRemoteResource, LockState, LostReason, OwnerId, ReleaseContext,
+    ReleaseRequest, ReleaseResult, Result, MAX_LEASE,
 };
 use tokio::sync::watch;
 

@@ -80,7 +80,10 @@ mod tests {
         assert_eq!(watch.changed().await, Some(HoldStatus::Suspended));
         tx.send_replace(HoldStatus::Lost(LostReason::SessionExpired));
         drop(tx);
-        assert_eq!(watch.changed().await, Some(HoldStatus::Lost(LostReason::SessionExpired)));
+        assert_eq!(
+            watch.changed().await,
+            Some(HoldStatus::Lost(LostReason::SessionExpired))
+        );
         assert_eq!(watch.changed().await, None);
     }
 }

@@ -28,13 +28,13 @@ mod capabilities;
 mod chain;
 mod error;
 mod extensions;
+mod hold_watch;
 mod memory;
 mod name;
 mod outcome;
 mod redact;
 mod request;
 mod resource;
-mod hold_watch;
 mod types;
 
 pub use backoff::{Backoff, BackoffKind, Jitter};
@@ -45,13 +45,13 @@ pub use chain::{
 };
 pub use error::{Error, ErrorKind, Result};
 pub use extensions::Extensions;
+pub use hold_watch::{HoldStatus, HoldWatch};
 pub use memory::InMemoryBackend;
 pub use name::LockName;
 pub use outcome::{AcquireResult, HolderInfo, LockState, ReleaseResult, RenewResult};
 pub use redact::redact_url;
 pub use request::{AcquireRequest, ReleaseRequest, RenewRequest};
 pub use resource::{LockAdmin, LockRemoteResource};
-pub use hold_watch::{HoldStatus, HoldWatch};
 pub use types::{Fairness, FencingToken, LockMode, LostReason, OwnerId};
 
 /// Re-exported so implementors use the same `async_trait` and `bytes` as the traits.

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use dlock_spi::{
     async_trait, AcquireRequest, AcquireResult, Bytes, Capabilities, Error, FencingToken,
-    HolderInfo, HoldStatus, HoldWatch, LockAdmin, LockMode, LockName, LockRemoteResource,
+    HoldStatus, HoldWatch, HolderInfo, LockAdmin, LockMode, LockName, LockRemoteResource,
     LockState, LostReason, OwnerId, ReleaseRequest, ReleaseResult, RenewRequest, RenewResult,
     Result,
 };
@@ -124,6 +124,12 @@ impl ZkBackend {
         layout::lock_path(&self.inner.root, name)
     }
 
+    /// The name prefix of `owner`'s contender node in `mode` (`_c_<uuid>-lock-` and
+    /// the like): the owner's node among a lock's children is the one starting with it.
+    pub fn node_prefix(&self, owner: &OwnerId, mode: LockMode) -> String {
+        layout::node_prefix(owner, mode, self.inner.exclusive)
+    }
+
     /// The root path locks live under.
     pub fn root(&self) -> &str {
         &self.inner.root
@@ -156,7 +162,13 @@ impl Inner {
     /// server serves in order. Creates the lock's node (a container) when missing,
     /// finds our node again after a connection loss, and keeps only the oldest when
     /// the owner already had one (a retried or repeated acquire).
-    async fn enqueue(&self, session: &Session, lock: &str, prefix: &str, data: &[u8]) -> Result<Enqueued> {
+    async fn enqueue(
+        &self,
+        session: &Session,
+        lock: &str,
+        prefix: &str,
+        data: &[u8],
+    ) -> Result<Enqueued> {
         let client = &session.client;
         let node_path = format!("{lock}/{prefix}");
         for _ in 0..3 {
@@ -171,9 +183,18 @@ impl Inner {
                 }
                 Err(ZkError::ConnectionLoss) => {
                     // The create may have happened: look for our node by its prefix.
-                    let children = client.list_children(lock).await.map_err(|e| map_zk(e, "list"))?;
+                    let children = client
+                        .list_children(lock)
+                        .await
+                        .map_err(|e| map_zk(e, "list"))?;
                     match self.adopt(session, lock, prefix, &children, None).await? {
-                        Some((node, token)) => return Ok(Enqueued { node, token, children }),
+                        Some((node, token)) => {
+                            return Ok(Enqueued {
+                                node,
+                                token,
+                                children,
+                            })
+                        }
                         None => continue,
                     }
                 }
@@ -189,8 +210,17 @@ impl Inner {
             let (node, token) = self
                 .adopt(session, lock, prefix, &children, Some((node, token)))
                 .await?
-                .ok_or_else(|| Error::new(dlock_spi::ErrorKind::Backend, "ZooKeeper lost a node it had just created; retry"))?;
-            return Ok(Enqueued { node, token, children });
+                .ok_or_else(|| {
+                    Error::new(
+                        dlock_spi::ErrorKind::Backend,
+                        "ZooKeeper lost a node it had just created; retry",
+                    )
+                })?;
+            return Ok(Enqueued {
+                node,
+                token,
+                children,
+            });
         }
         Err(Error::new(
             dlock_spi::ErrorKind::Backend,
@@ -218,8 +248,20 @@ impl Inner {
         let Some(oldest) = mine.first() else {
             return Ok(created);
         };
-        for extra in &mine[1..] {
-            delete_quietly(session, format!("{lock}/{}", extra.node));
+        // Sent together, awaited together: the queue is clean when we answer.
+        let extras: Vec<_> = mine[1..]
+            .iter()
+            .map(|extra| {
+                session
+                    .client
+                    .delete(&format!("{lock}/{}", extra.node), None)
+            })
+            .collect();
+        for delete in extras {
+            match delete.await {
+                Ok(()) | Err(ZkError::NoNode) => {}
+                Err(err) => return Err(map_zk(err, "delete")),
+            }
         }
         if let Some((node, _)) = &created {
             if *node == oldest.node {
@@ -227,10 +269,19 @@ impl Inner {
             }
         }
         let path = format!("{lock}/{}", oldest.node);
-        let known = self.held().values().find(|h| h.path == path).map(|h| h.token);
+        let known = self
+            .held()
+            .values()
+            .find(|h| h.path == path)
+            .map(|h| h.token);
         let token = match known {
             Some(token) => token,
-            None => match session.client.check_stat(&path).await.map_err(|e| map_zk(e, "stat"))? {
+            None => match session
+                .client
+                .check_stat(&path)
+                .await
+                .map_err(|e| map_zk(e, "stat"))?
+            {
                 Some(stat) => token_of(stat.czxid),
                 None => return Ok(None),
             },
@@ -256,8 +307,8 @@ impl Inner {
     /// Finds an owner's node under a lock by its prefix (when this backend does not
     /// know it: another handle's stale guard, a restarted process).
     async fn find(&self, lock: &str, prefix: &str) -> Result<Option<String>> {
-        let client = &self.sessions.current().client;
-        match client.list_children(lock).await {
+        let session = self.sessions.usable(None, None).await?;
+        match session.client.list_children(lock).await {
             Ok(children) => Ok(children
                 .into_iter()
                 .filter(|c| c.starts_with(prefix))
@@ -371,11 +422,55 @@ impl LockRemoteResource for ZkBackend {
     }
 
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<AcquireResult> {
+        let sessions = &self.inner.sessions;
+        let mut ended = None;
+        for _ in 0..MAX_ENQUEUES {
+            let session = sessions.usable(ended, req.deadline).await?;
+            match self.acquire_in(&session, req).await {
+                // The session ended under us: its node is gone; queue again in the new one.
+                Err(err) if sessions.has_ended(&session) && !deadline_passed(req.deadline) => {
+                    tracing::debug!(error = %err, "dlock-zk: session ended while acquiring; retrying in the next");
+                    ended = Some(session.id);
+                }
+                other => return other,
+            }
+        }
+        Err(Error::new(
+            dlock_spi::ErrorKind::Backend,
+            "ZooKeeper sessions keep ending while acquiring; check the ensemble's health",
+        )
+        .set_retryable(true))
+    }
+
+    async fn release(&self, req: &ReleaseRequest) -> Result<ReleaseResult> {
+        self.release_in(req).await
+    }
+
+    async fn renew(&self, req: &RenewRequest) -> Result<RenewResult> {
+        self.renew_in(req).await
+    }
+
+    async fn inspect(&self, name: &LockName) -> Result<Option<LockState>> {
+        self.inspect_in(name).await
+    }
+
+    fn admin(&self) -> Option<&dyn LockAdmin> {
+        Some(self)
+    }
+}
+
+impl ZkBackend {
+    /// One acquire in one session.
+    async fn acquire_in(
+        &self,
+        session: &Arc<Session>,
+        req: &AcquireRequest,
+    ) -> Result<AcquireResult> {
         let inner = &self.inner;
         let lock = layout::lock_path(&inner.root, &req.name);
         let prefix = layout::node_prefix(&req.owner, req.mode, inner.exclusive);
         let data = node_data(&req.owner, &req.context);
-        let session = inner.sessions.current();
+        let session = Arc::clone(session);
         let mut mine = inner.enqueue(&session, &lock, &prefix, &data).await?;
         let mut pending = PendingNode::new(&session, format!("{lock}/{}", mine.node));
         let mut enqueues = 1;
@@ -444,7 +539,7 @@ impl LockRemoteResource for ZkBackend {
         }
     }
 
-    async fn release(&self, req: &ReleaseRequest) -> Result<ReleaseResult> {
+    async fn release_in(&self, req: &ReleaseRequest) -> Result<ReleaseResult> {
         let inner = &self.inner;
         let key = HeldKey {
             name: req.name.clone(),
@@ -459,7 +554,14 @@ impl LockRemoteResource for ZkBackend {
                 None => return Ok(ReleaseResult::NotOwner),
             },
         };
-        match inner.sessions.current().client.delete(&path, None).await {
+        match inner
+            .sessions
+            .usable(None, None)
+            .await?
+            .client
+            .delete(&path, None)
+            .await
+        {
             Ok(()) => Ok(ReleaseResult::Released),
             Err(ZkError::NoNode) => Ok(ReleaseResult::NotOwner),
             Err(err) => {
@@ -471,7 +573,7 @@ impl LockRemoteResource for ZkBackend {
         }
     }
 
-    async fn renew(&self, req: &RenewRequest) -> Result<RenewResult> {
+    async fn renew_in(&self, req: &RenewRequest) -> Result<RenewResult> {
         let key = HeldKey {
             name: req.name.clone(),
             owner: req.owner.clone(),
@@ -480,17 +582,17 @@ impl LockRemoteResource for ZkBackend {
         let Some(path) = self.inner.node_of(&key).await? else {
             return Ok(RenewResult::NotOwner);
         };
-        let client = &self.inner.sessions.current().client;
-        match client.check_stat(&path).await {
+        let session = self.inner.sessions.usable(None, None).await?;
+        match session.client.check_stat(&path).await {
             Ok(Some(_)) => Ok(RenewResult::renewed(None)),
             Ok(None) => Ok(RenewResult::NotOwner),
             Err(err) => Err(map_zk(err, "stat")),
         }
     }
 
-    async fn inspect(&self, name: &LockName) -> Result<Option<LockState>> {
+    async fn inspect_in(&self, name: &LockName) -> Result<Option<LockState>> {
         let lock = layout::lock_path(&self.inner.root, name);
-        let session = self.inner.sessions.current();
+        let session = self.inner.sessions.usable(None, None).await?;
         let children = match session.client.list_children(&lock).await {
             Ok(children) => children,
             Err(ZkError::NoNode) => return Ok(None),
@@ -511,17 +613,22 @@ impl LockRemoteResource for ZkBackend {
             match read.await {
                 Ok((data, stat)) => {
                     let (owner, context) = parse_node_data(&contender.node, data);
-                    infos.push(HolderInfo::new(owner, contender.mode, token_of(stat.czxid), context, None));
+                    infos.push(HolderInfo::new(
+                        owner,
+                        contender.mode,
+                        token_of(stat.czxid),
+                        context,
+                        None,
+                    ));
                 }
                 Err(ZkError::NoNode) => {}
                 Err(err) => return Err(map_zk(err, "get")),
             }
         }
-        Ok(Some(LockState::new(infos, Some(queue.len() - holders.len()))))
-    }
-
-    fn admin(&self) -> Option<&dyn LockAdmin> {
-        Some(self)
+        Ok(Some(LockState::new(
+            infos,
+            Some(queue.len() - holders.len()),
+        )))
     }
 }
 
@@ -529,7 +636,7 @@ impl LockRemoteResource for ZkBackend {
 impl LockAdmin for ZkBackend {
     async fn force_release(&self, name: &LockName) -> Result<usize> {
         let lock = layout::lock_path(&self.inner.root, name);
-        let session = self.inner.sessions.current();
+        let session = self.inner.sessions.usable(None, None).await?;
         let children = match session.client.list_children(&lock).await {
             Ok(children) => children,
             Err(ZkError::NoNode) => return Ok(0),
@@ -551,7 +658,7 @@ impl LockAdmin for ZkBackend {
     }
 
     async fn live_locks(&self, prefix: &str) -> Result<usize> {
-        let session = self.inner.sessions.current();
+        let session = self.inner.sessions.usable(None, None).await?;
         let root = &self.inner.root;
         let locks = match session.client.list_children(root).await {
             Ok(locks) => locks,
@@ -560,7 +667,9 @@ impl LockAdmin for ZkBackend {
         };
         let lists: Vec<_> = locks
             .iter()
-            .filter(|segment| layout::decode_segment(segment).is_some_and(|name| name.starts_with(prefix)))
+            .filter(|segment| {
+                layout::decode_segment(segment).is_some_and(|name| name.starts_with(prefix))
+            })
             .map(|segment| session.client.list_children(&format!("{root}/{segment}")))
             .collect();
         let mut live = 0;

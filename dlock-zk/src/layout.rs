@@ -45,7 +45,9 @@ pub(crate) fn validate_root(root: &str) -> Result<()> {
     let bad = |why: &str| {
         Err(Error::new(
             ErrorKind::Config,
-            format!("ZooKeeper root path {root:?} {why}; write it like /dlock or /apps/orders/locks"),
+            format!(
+                "ZooKeeper root path {root:?} {why}; write it like /dlock or /apps/orders/locks"
+            ),
         ))
     };
     if !root.starts_with('/') || root.len() < 2 {
@@ -57,7 +59,10 @@ pub(crate) fn validate_root(root: &str) -> Result<()> {
     {
         return bad("has an empty, `.` or `..` segment (or a trailing slash)");
     }
-    if root.chars().any(|c| c != '/' && c != '%' && needs_escape(c)) {
+    if root
+        .chars()
+        .any(|c| c != '/' && c != '%' && needs_escape(c))
+    {
         return bad("contains characters ZooKeeper does not allow in paths");
     }
     if root == "/zookeeper" || root.starts_with("/zookeeper/") {
@@ -183,7 +188,10 @@ impl Contender {
 
 /// A lock's contenders in queue order.
 pub(crate) fn contenders(children: &[String]) -> Vec<Contender> {
-    let mut all: Vec<Contender> = children.iter().filter_map(|c| Contender::parse(c)).collect();
+    let mut all: Vec<Contender> = children
+        .iter()
+        .filter_map(|c| Contender::parse(c))
+        .collect();
     all.sort_by_key(|c| c.sequence);
     all
 }
@@ -233,10 +241,16 @@ mod tests {
         assert_eq!(lock_path("/dlock", &name("../x")), "/dlock/..%2Fx");
         assert_eq!(lock_path("/dlock", &name("..")), "/dlock/%2E%2E");
         assert_eq!(lock_path("/dlock", &name(".")), "/dlock/%2E");
-        assert_eq!(lock_path("/dlock", &name("zookeeper")), "/dlock/%7Aookeeper");
+        assert_eq!(
+            lock_path("/dlock", &name("zookeeper")),
+            "/dlock/%7Aookeeper"
+        );
         assert_eq!(lock_path("/dlock", &name("100%")), "/dlock/100%25");
         assert_eq!(lock_path("/dlock", &name("a%2Fb")), "/dlock/a%252Fb");
-        assert_ne!(lock_path("/r", &name("a/b")), lock_path("/r", &name("a%2Fb")));
+        assert_ne!(
+            lock_path("/r", &name("a/b")),
+            lock_path("/r", &name("a%2Fb"))
+        );
         assert_eq!(lock_path("/r", &name("\u{e000}")), "/r/%EE%80%80");
         assert_eq!(lock_path("/r", &name("\u{1f512}")), "/r/%F0%9F%94%92");
         for n in ["a/b", "..", "100%", "zookeeper", "é/ü", "\u{e000}x"] {
@@ -257,7 +271,17 @@ mod tests {
         for ok in ["/dlock", "/a/b/c", "/dlock-test"] {
             assert!(validate_root(ok).is_ok(), "{ok}");
         }
-        for bad in ["", "/", "dlock", "/a//b", "/a/", "/a/../b", "/zookeeper", "/zookeeper/x", "/a\u{1}"] {
+        for bad in [
+            "",
+            "/",
+            "dlock",
+            "/a//b",
+            "/a/",
+            "/a/../b",
+            "/zookeeper",
+            "/zookeeper/x",
+            "/a\u{1}",
+        ] {
             let err = validate_root(bad).err().map(|e| e.kind());
             assert_eq!(err, Some(ErrorKind::Config), "{bad:?}");
         }
@@ -267,9 +291,21 @@ mod tests {
     fn contenders_parse_curator_and_dlock_nodes() {
         let owner = OwnerId::new("m:1");
         let prefix = node_prefix(&owner, LockMode::Exclusive, ExclusiveNode::Mutex);
-        assert!(prefix.starts_with("_c_") && prefix.ends_with("-lock-") && prefix.len() == 3 + 36 + 6);
-        assert_eq!(prefix, node_prefix(&owner, LockMode::Exclusive, ExclusiveNode::Mutex));
-        assert_ne!(prefix, node_prefix(&OwnerId::new("m:2"), LockMode::Exclusive, ExclusiveNode::Mutex));
+        assert!(
+            prefix.starts_with("_c_") && prefix.ends_with("-lock-") && prefix.len() == 3 + 36 + 6
+        );
+        assert_eq!(
+            prefix,
+            node_prefix(&owner, LockMode::Exclusive, ExclusiveNode::Mutex)
+        );
+        assert_ne!(
+            prefix,
+            node_prefix(
+                &OwnerId::new("m:2"),
+                LockMode::Exclusive,
+                ExclusiveNode::Mutex
+            )
+        );
         let children: Vec<String> = [
             "_c_0b2e-__READ__0000000007",
             "_c_1234-lock-0000000003",
@@ -293,10 +329,15 @@ mod tests {
 
     #[test]
     fn readers_before_the_first_writer_hold_together() {
-        let children: Vec<String> = ["r-__READ__01", "r-__READ__02", "w-__WRIT__03", "r-__READ__04"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
+        let children: Vec<String> = [
+            "r-__READ__01",
+            "r-__READ__02",
+            "w-__WRIT__03",
+            "r-__READ__04",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
         let q = contenders(&children);
         assert_eq!(holders(&q).len(), 2);
         assert_eq!(standing(&q, 1), Ok(None));

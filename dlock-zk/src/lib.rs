@@ -152,7 +152,11 @@ fn parse_url(url: &str, mut options: ZkOptions) -> Result<ZkUrl> {
             "session_timeout" => {
                 options.session_timeout = parse_duration(value)
                     .filter(|d| !d.is_zero())
-                    .ok_or_else(|| bad(format!("session_timeout={value:?} is not a duration like 10s or 2500ms")))?;
+                    .ok_or_else(|| {
+                        bad(format!(
+                            "session_timeout={value:?} is not a duration like 10s or 2500ms"
+                        ))
+                    })?;
             }
             "exclusive" => {
                 options.exclusive_node = match value {
@@ -161,7 +165,11 @@ fn parse_url(url: &str, mut options: ZkOptions) -> Result<ZkUrl> {
                     _ => return Err(bad(format!("exclusive={value:?} must be mutex or rw"))),
                 };
             }
-            _ => return Err(bad(format!("unknown option {key:?} (known: session_timeout, exclusive)"))),
+            _ => {
+                return Err(bad(format!(
+                    "unknown option {key:?} (known: session_timeout, exclusive)"
+                )))
+            }
         }
     }
     layout::validate_root(&options.root)?;
@@ -200,8 +208,12 @@ mod tests {
         assert_eq!(u.options.digest.as_deref(), Some("app:s3cret"));
         assert_eq!(u.options.session_timeout, Duration::from_millis(2500));
         assert_eq!(u.options.exclusive_node, ExclusiveNode::ReadWrite);
-        let d = parse_url("zk://127.0.0.1:2181", ZkOptions::default()).unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!((d.options.root.as_str(), d.options.digest), ("/dlock", None));
+        let d = parse_url("zk://127.0.0.1:2181", ZkOptions::default())
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            (d.options.root.as_str(), d.options.digest),
+            ("/dlock", None)
+        );
     }
 
     #[test]

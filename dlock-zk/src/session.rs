@@ -18,9 +18,9 @@
 //! client is dropped, which closes the session and deletes its nodes.
 
 use std::sync::{Arc, PoisonError, RwLock, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use dlock_spi::Result;
+use dlock_spi::{Error, ErrorKind, Result};
 use tokio::sync::watch;
 use zookeeper_client::{Client, SessionState};
 
@@ -85,7 +85,10 @@ pub(crate) struct Sessions {
 impl Sessions {
     /// Opens the first session and starts the supervisor; the supervisor stops when
     /// `shutdown` is dropped.
-    pub(crate) async fn open(spec: ConnectSpec, shutdown: watch::Receiver<()>) -> Result<Arc<Self>> {
+    pub(crate) async fn open(
+        spec: ConnectSpec,
+        shutdown: watch::Receiver<()>,
+    ) -> Result<Arc<Self>> {
         let client = spec.connect().await?;
         let session = Arc::new(Session {
             id: SessionId(client.session_id().0),
@@ -109,6 +112,41 @@ impl Sessions {
         Arc::clone(&self.current.read().unwrap_or_else(PoisonError::into_inner))
     }
 
+    /// The session to use: the current one unless it is lost (or is `ended`), else
+    /// its replacement, waited for until `deadline` (`None`: not at all).
+    pub(crate) async fn usable(
+        &self,
+        ended: Option<SessionId>,
+        deadline: Option<Instant>,
+    ) -> Result<Arc<Session>> {
+        let mut status = self.status.subscribe();
+        let ready = |s: &SessionStatus| s.phase != SessionPhase::Lost && Some(s.id) != ended;
+        if ready(&status.borrow_and_update()) {
+            return Ok(self.current());
+        }
+        let limit = deadline.unwrap_or_else(Instant::now);
+        let waited = tokio::time::timeout_at(limit.into(), status.wait_for(ready))
+            .await
+            .map(|r| r.is_ok());
+        match waited {
+            Ok(true) => Ok(self.current()),
+            _ => Err(Error::new(
+                ErrorKind::Backend,
+                "no ZooKeeper session: the last one was lost and a new one is not open yet; retry",
+            )
+            .set_retryable(true)
+            .with_context("backend", "zookeeper")),
+        }
+    }
+
+    /// Whether `session` has ended (expired, closed, or given up on).
+    pub(crate) fn has_ended(&self, session: &Session) -> bool {
+        let status = *self.status.borrow();
+        session.client.state().is_terminated()
+            || status.id != session.id
+            || status.phase == SessionPhase::Lost
+    }
+
     /// Follows the status of the current session and its successors.
     pub(crate) fn subscribe(&self) -> watch::Receiver<SessionStatus> {
         self.status.subscribe()
@@ -126,7 +164,9 @@ impl Sessions {
 /// Follows the current session's connection state; replaces the session when lost.
 async fn supervise(sessions: Weak<Sessions>, mut shutdown: watch::Receiver<()>) {
     loop {
-        let Some(strong) = sessions.upgrade() else { return };
+        let Some(strong) = sessions.upgrade() else {
+            return;
+        };
         let session = strong.current();
         let grace = session.client.session_timeout() / 2;
         let mut states = session.client.state_watcher();
@@ -134,7 +174,9 @@ async fn supervise(sessions: Weak<Sessions>, mut shutdown: watch::Receiver<()>) 
         let mut state = states.state();
         // Follow this session until it is lost.
         loop {
-            let Some(strong) = sessions.upgrade() else { return };
+            let Some(strong) = sessions.upgrade() else {
+                return;
+            };
             let phase = match state {
                 SessionState::SyncConnected | SessionState::ConnectedReadOnly => {
                     SessionPhase::Connected
@@ -167,7 +209,9 @@ async fn supervise(sessions: Weak<Sessions>, mut shutdown: watch::Receiver<()>) 
         // Open a new session, retrying with backoff until it works or the backend ends.
         let mut delay = Duration::from_millis(50);
         loop {
-            let Some(strong) = sessions.upgrade() else { return };
+            let Some(strong) = sessions.upgrade() else {
+                return;
+            };
             let spec = strong.spec.clone();
             drop(strong);
             let opened = tokio::select! {
@@ -176,13 +220,18 @@ async fn supervise(sessions: Weak<Sessions>, mut shutdown: watch::Receiver<()>) 
             };
             match opened {
                 Ok(client) => {
-                    let Some(strong) = sessions.upgrade() else { return };
+                    let Some(strong) = sessions.upgrade() else {
+                        return;
+                    };
                     let session = Arc::new(Session {
                         id: SessionId(client.session_id().0),
                         client,
                     });
                     let id = session.id;
-                    *strong.current.write().unwrap_or_else(PoisonError::into_inner) = session;
+                    *strong
+                        .current
+                        .write()
+                        .unwrap_or_else(PoisonError::into_inner) = session;
                     strong.publish(id, SessionPhase::Connected);
                     tracing::info!(session = id.0, "dlock-zk: new session");
                     break;

@@ -7,10 +7,10 @@ use std::sync::Mutex;
 
 use dlock_jdbc::JdbcBackend;
 use dlock_redis::{RedisBackend, RedisOptions};
-use dlock_zk::ZkBackend;
 use dlock_spi::{
     Error, ErrorKind, InMemoryBackend, LockAdmin, LockName, LockRemoteResource, Result,
 };
+use dlock_zk::ZkBackend;
 
 use crate::TestBackend;
 
@@ -50,9 +50,9 @@ pub fn server_url(label: &str) -> Option<String> {
             Some("redis+cluster://127.0.0.1:7000,127.0.0.1:7001,127.0.0.1:7002".to_owned())
         }
         "zk" => Some("zk://127.0.0.1:2181/dlock-test".to_owned()),
-        "zk-ensemble" => Some(
-            "zk://127.0.0.1:2191,127.0.0.1:2192,127.0.0.1:2193/dlock-test".to_owned(),
-        ),
+        "zk-ensemble" => {
+            Some("zk://127.0.0.1:2191,127.0.0.1:2192,127.0.0.1:2193/dlock-test".to_owned())
+        }
         _ => None,
     }
 }

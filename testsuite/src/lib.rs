@@ -11,6 +11,7 @@
 
 pub mod backends;
 pub mod conformance;
+pub mod curator;
 pub mod faults;
 pub mod proxy;
 pub mod runner;

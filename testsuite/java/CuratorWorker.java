@@ -1,0 +1,111 @@
+// A Java service taking the same locks as dlock through Apache Curator's recipes, for
+// the interoperability test and the benchmark. Built by the tests with javac against
+// Debian's jars (libcurator-recipes-java); nothing is downloaded.
+//
+//   counter  CONNECT LOCK_PATH COUNTER_FILE ITERATIONS mutex|rw
+//       ITERATIONS times: take the lock (InterProcessMutex, or the write side of
+//       InterProcessReadWriteLock), claim the marker file COUNTER_FILE.held with an
+//       exclusive create (fails if another holder is inside), read the counter, sleep,
+//       write counter + 1, remove the marker, release. Prints "ready" once connected
+//       and "curator acquired=N overlaps=M" at the end.
+//   bench    CONNECT LOCK_PATH SECONDS
+//       Uncontended acquire + release cycles of one InterProcessMutex for SECONDS;
+//       prints "curator cycles=N seconds=S".
+
+import java.nio.charset.StandardCharsets;
+import java.nio.file.FileAlreadyExistsException;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.nio.file.Paths;
+import java.util.concurrent.TimeUnit;
+
+import org.apache.curator.framework.CuratorFramework;
+import org.apache.curator.framework.CuratorFrameworkFactory;
+import org.apache.curator.framework.recipes.locks.InterProcessLock;
+import org.apache.curator.framework.recipes.locks.InterProcessMutex;
+import org.apache.curator.framework.recipes.locks.InterProcessReadWriteLock;
+import org.apache.curator.retry.RetryNTimes;
+
+public final class CuratorWorker {
+    public static void main(String[] args) throws Exception {
+        if (args.length < 1) {
+            System.err.println("usage: counter CONNECT LOCK_PATH COUNTER_FILE ITERATIONS mutex|rw | bench CONNECT LOCK_PATH SECONDS");
+            System.exit(64);
+        }
+        CuratorFramework client = CuratorFrameworkFactory.newClient(args[1], 10000, 5000, new RetryNTimes(10, 100));
+        client.start();
+        if (!client.blockUntilConnected(30, TimeUnit.SECONDS)) {
+            System.err.println("curator: cannot connect to " + args[1]);
+            System.exit(69);
+        }
+        try {
+            if (args[0].equals("counter")) {
+                System.out.println("ready");
+                System.out.flush();
+                counter(client, args[2], Paths.get(args[3]), Integer.parseInt(args[4]), args[5]);
+            } else if (args[0].equals("bench")) {
+                bench(client, args[2], Double.parseDouble(args[3]));
+            } else {
+                System.err.println("unknown command " + args[0]);
+                System.exit(64);
+            }
+        } finally {
+            client.close();
+        }
+    }
+
+    static void counter(CuratorFramework client, String path, Path counter, int iterations, String kind)
+            throws Exception {
+        InterProcessLock lock = kind.equals("rw")
+                ? new InterProcessReadWriteLock(client, path).writeLock()
+                : new InterProcessMutex(client, path);
+        Path marker = Paths.get(counter.toString() + ".held");
+        int acquired = 0;
+        int overlaps = 0;
+        for (int i = 0; i < iterations; i++) {
+            if (!lock.acquire(60, TimeUnit.SECONDS)) {
+                System.err.println("curator: no lock within 60 s");
+                System.exit(75);
+            }
+            try {
+                acquired++;
+                boolean claimed = true;
+                try {
+                    Files.createFile(marker);
+                } catch (FileAlreadyExistsException e) {
+                    overlaps++;
+                    claimed = false;
+                }
+                long value = Long.parseLong(new String(Files.readAllBytes(counter), StandardCharsets.UTF_8).trim());
+                Thread.sleep(1);
+                Files.write(counter, Long.toString(value + 1).getBytes(StandardCharsets.UTF_8));
+                if (claimed) {
+                    Files.delete(marker);
+                }
+            } finally {
+                lock.release();
+            }
+        }
+        System.out.println("curator acquired=" + acquired + " overlaps=" + overlaps);
+    }
+
+    static void bench(CuratorFramework client, String path, double seconds) throws Exception {
+        InterProcessMutex lock = new InterProcessMutex(client, path);
+        // Warm up the connection and the JIT for a second, as the Rust side warms up too.
+        long warm = System.nanoTime() + 1_000_000_000L;
+        while (System.nanoTime() < warm) {
+            lock.acquire();
+            lock.release();
+        }
+        long cycles = 0;
+        long start = System.nanoTime();
+        long end = start + (long) (seconds * 1e9);
+        while (System.nanoTime() < end) {
+            lock.acquire();
+            lock.release();
+            cycles++;
+        }
+        double took = (System.nanoTime() - start) / 1e9;
+        System.out.println("curator cycles=" + cycles + " seconds=" + took);
+    }
+}

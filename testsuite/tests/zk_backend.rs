@@ -1,0 +1,559 @@
+//! What only the ZooKeeper backend promises, when `zk` (single server) or
+//! `zk-ensemble` is in `DLOCK_TEST_BACKENDS`: Curator's node layout and mutual
+//! exclusion with a real Java Curator client, finding an owner's node again, fencing
+//! across the deletion of the lock's node, session loss signalled before anyone else
+//! is granted the lock, and a stopped ensemble leader never losing a lock silently.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use dlock_api::{DistributeLockManager, LockMode, LostReason};
+use dlock_spi::{AcquireRequest, LockName, LockRemoteResource, OwnerId};
+use dlock_zk::ZkBackend;
+use testsuite::backends::server_url;
+use testsuite::conformance::eventually;
+use testsuite::curator;
+use testsuite::proxy::{Fault, FaultProxy};
+use testsuite::runner::selected;
+use zookeeper_client::Client;
+
+fn url_for(label: &str) -> Option<String> {
+    let url = selected()
+        .iter()
+        .any(|l| l == label)
+        .then(|| server_url(label).unwrap());
+    if url.is_none() {
+        eprintln!("{label} is not selected in DLOCK_TEST_BACKENDS; nothing to check here");
+    }
+    url
+}
+
+fn name(tag: &str) -> String {
+    format!("{tag}-{:x}", fastrand::u64(..))
+}
+
+/// `zk://hosts/root?…` → `hosts`.
+fn hosts_of(url: &str) -> String {
+    let rest = url.trim_start_matches("zk://");
+    rest.split(['/', '?']).next().unwrap().to_owned()
+}
+
+async fn manager(url: &str) -> DistributeLockManager {
+    DistributeLockManager::builder(ZkBackend::connect(url).await.unwrap())
+        .build()
+        .unwrap()
+}
+
+async fn raw_client(url: &str) -> Client {
+    Client::connect(&hosts_of(url)).await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_follow_curators_layout_and_names_stay_under_the_root() {
+    let Some(url) = url_for("zk") else { return };
+    let backend = ZkBackend::connect(&url).await.unwrap();
+    let m = DistributeLockManager::builder(backend.clone())
+        .build()
+        .unwrap();
+    let raw = raw_client(&url).await;
+    for lock in [
+        name("layout"),
+        format!("../../zookeeper/{}", name("x")),
+        "zookeeper".to_owned(),
+    ] {
+        let full = LockName::new(lock.as_str()).unwrap();
+        let path = backend.lock_path(&full);
+        assert!(path.starts_with("/dlock-test/"), "{path}");
+        assert_eq!(
+            path.matches('/').count(),
+            2,
+            "{lock:?} left its segment: {path}"
+        );
+        let g = m
+            .lock(&lock)
+            .try_lock(Duration::ZERO)
+            .await
+            .unwrap()
+            .expect("free");
+        let children = raw.list_children(&path).await.unwrap();
+        assert_eq!(children.len(), 1, "{children:?}");
+        let node = &children[0];
+        // _c_<36-char uuid>-lock-<10 digits>, as Curator's protected InterProcessMutex node.
+        assert!(
+            node.starts_with("_c_") && node.len() == 3 + 36 + 1 + 5 + 10,
+            "{node}"
+        );
+        assert_eq!(&node[39..45], "-lock-", "{node}");
+        assert!(node[45..].bytes().all(|b| b.is_ascii_digit()), "{node}");
+        // The fencing token is the node's creation zxid.
+        let (_, stat) = raw.get_data(&format!("{path}/{node}")).await.unwrap();
+        assert_eq!(g.fencing_token().get(), stat.czxid as u64);
+        g.unlock().await.unwrap();
+        assert!(raw
+            .list_children(&path)
+            .await
+            .map(|c| c.is_empty())
+            .unwrap_or(true));
+    }
+    m.close().await;
+}
+
+/// A node created just before a connection loss (its answer never arrived) is found
+/// again by its owner's prefix: the retried acquire adopts it instead of queueing a
+/// second node behind it (which would deadlock against itself).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owners_earlier_node_is_adopted_not_orphaned() {
+    let Some(url) = url_for("zk") else { return };
+    let backend = ZkBackend::connect(&url).await.unwrap();
+    let lock = LockName::new(name("adopt")).unwrap();
+    let owner = OwnerId::new(format!("test:{:x}", fastrand::u64(..)));
+    let path = backend.lock_path(&lock);
+    // The "lost" create: an ephemeral sequential node with the owner's prefix, made on
+    // the backend's behalf by another session that stays open.
+    let raw = raw_client(&url).await;
+    let _ = raw
+        .create(
+            &path,
+            &[],
+            &zookeeper_client::CreateMode::Container
+                .with_acls(zookeeper_client::Acls::anyone_all()),
+        )
+        .await;
+    let prefix = backend.node_prefix(&owner, LockMode::Exclusive);
+    let (stat, _) = raw
+        .create(
+            &format!("{path}/{prefix}"),
+            b"",
+            &zookeeper_client::CreateMode::EphemeralSequential
+                .with_acls(zookeeper_client::Acls::anyone_all()),
+        )
+        .await
+        .unwrap();
+    let req = AcquireRequest::new(lock.clone(), owner.clone())
+        .with_deadline(Some(Instant::now() + Duration::from_secs(5)));
+    let got = backend.try_acquire(&req).await.unwrap();
+    assert_eq!(
+        got.token().map(|t| t.get()),
+        Some(stat.czxid as u64),
+        "{got:?}"
+    );
+    let children = raw.list_children(&path).await.unwrap();
+    assert_eq!(children.len(), 1, "a second node was queued: {children:?}");
+    // Acquiring again (a retry) is idempotent: same node, same token.
+    let again = backend.try_acquire(&req).await.unwrap();
+    assert_eq!(again.token(), got.token());
+    assert_eq!(raw.list_children(&path).await.unwrap().len(), 1);
+    let released = backend
+        .release(&dlock_spi::ReleaseRequest::new(
+            lock,
+            owner,
+            LockMode::Exclusive,
+            got.token().unwrap(),
+        ))
+        .await
+        .unwrap();
+    assert_eq!(released, dlock_spi::ReleaseResult::Released);
+    assert!(raw
+        .list_children(&path)
+        .await
+        .map(|c| c.is_empty())
+        .unwrap_or(true));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fencing_tokens_increase_across_deletion_of_the_lock_node() {
+    let Some(url) = url_for("zk") else { return };
+    let backend = ZkBackend::connect(&url).await.unwrap();
+    let m = DistributeLockManager::builder(backend.clone())
+        .build()
+        .unwrap();
+    let raw = raw_client(&url).await;
+    let lock = name("fence");
+    let path = backend.lock_path(&LockName::new(lock.as_str()).unwrap());
+    let mut last = 0;
+    for round in 0..3 {
+        let g = m
+            .lock(&lock)
+            .try_lock(Duration::ZERO)
+            .await
+            .unwrap()
+            .expect("free");
+        let token = g.fencing_token().get();
+        assert!(token > last, "round {round}: token {token} after {last}");
+        last = token;
+        g.unlock().await.unwrap();
+        // Remove the lock's node itself; the next acquire recreates it.
+        raw.delete(&path, None).await.unwrap();
+        assert!(raw.check_stat(&path).await.unwrap().is_none());
+    }
+    m.close().await;
+}
+
+/// A partition between the holder and ZooKeeper: the guard is suspended at once and
+/// lost once half the session timeout passes; the server expires the session later,
+/// and only then does another client get the lock. After the partition heals, the
+/// first client works again on a new session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_loss_is_signalled_before_another_client_gets_the_lock() {
+    let Some(url) = url_for("zk") else { return };
+    let upstream = hosts_of(&url).split(',').next().unwrap().parse().unwrap();
+    let proxy = FaultProxy::start(upstream).await.unwrap();
+    let a = manager(&format!(
+        "zk://{}/dlock-test?session_timeout=2000ms",
+        proxy.addr()
+    ))
+    .await;
+    let b = manager(&url).await;
+    let lock = name("expire");
+    let held = a
+        .lock(&lock)
+        .try_lock(Duration::ZERO)
+        .await
+        .unwrap()
+        .expect("free");
+    let signal = held.lost_signal();
+
+    proxy.set(Fault::Blackhole);
+    let cut = Instant::now();
+    assert!(
+        eventually(Duration::from_secs(5), || async { held.is_suspended() }).await,
+        "the guard was not suspended when the connection went dark"
+    );
+    assert!(!held.is_lost());
+    let contender = b.lock(&lock);
+    let taker = tokio::spawn(async move {
+        let g = contender.try_lock(Duration::from_secs(20)).await.unwrap();
+        (Instant::now(), g)
+    });
+    let reason = tokio::time::timeout(Duration::from_secs(10), signal.lost())
+        .await
+        .expect("the lost signal fired");
+    let lost_at = Instant::now();
+    assert_eq!(reason, LostReason::SessionExpired);
+    assert!(!held.is_suspended());
+    let (taken_at, taken) = taker.await.unwrap();
+    let taken = taken.expect("the other client got the lock once the session expired");
+    assert!(
+        lost_at < taken_at,
+        "lost signal {:?} after the cut, but the other client had the lock at {:?}",
+        lost_at - cut,
+        taken_at - cut
+    );
+    eprintln!(
+        "suspended → lost at {:?}, other client granted at {:?} after the cut",
+        lost_at - cut,
+        taken_at - cut
+    );
+    assert!(
+        held.unlock().await.is_err(),
+        "a lost guard's unlock reports the loss"
+    );
+
+    // Heal: A's backend opens a new session and takes the lock after B.
+    proxy.set(Fault::Pass);
+    let before = taken.fencing_token();
+    taken.unlock().await.unwrap();
+    let again = a
+        .lock(&lock)
+        .try_lock(Duration::from_secs(15))
+        .await
+        .unwrap()
+        .expect("the first client works again after the partition");
+    assert!(again.fencing_token() > before);
+    again.unlock().await.unwrap();
+    a.close().await;
+    b.close().await;
+}
+
+/// Stopping the ensemble's leader while a lock is held: the holder either keeps the
+/// lock (the ensemble still lists its node first once a new leader is elected) or its
+/// guard says it lost it — never a silent loss.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stopping_the_leader_keeps_the_lock_or_reports_its_loss() {
+    let Some(url) = url_for("zk-ensemble") else {
+        return;
+    };
+    let dir = PathBuf::from(std::env::var("DLOCK_ZK_ENSEMBLE_DIR").expect(
+        "DLOCK_ZK_ENSEMBLE_DIR is not set: run the tests through scripts/test, which starts the ensemble",
+    ));
+    let classpath =
+        std::env::var("DLOCK_ZK_CLASSPATH").expect("DLOCK_ZK_CLASSPATH (set by scripts/test)");
+    let backend = ZkBackend::connect(&url).await.unwrap();
+    let holder = DistributeLockManager::builder(backend.clone())
+        .build()
+        .unwrap();
+    let other = manager(&url).await;
+    let lock = name("leader");
+    let guard = holder
+        .lock(&lock)
+        .try_lock(Duration::ZERO)
+        .await
+        .unwrap()
+        .expect("free");
+
+    let leader = ensemble_leader().await.expect("the ensemble has a leader");
+    let node_dir = dir.join(leader.to_string());
+    let pid = std::fs::read_to_string(node_dir.join("pid")).unwrap();
+    let stopped = std::process::Command::new("kill")
+        .arg(pid.trim())
+        .status()
+        .unwrap();
+    assert!(stopped.success(), "could not stop leader {leader}");
+    // Restart the stopped node whatever happens below, so the ensemble is whole again.
+    let mut restart = Restart {
+        dir: Some(node_dir),
+        classpath,
+    };
+    {
+        // A new leader among the other two.
+        assert!(
+            eventually(Duration::from_secs(30), || async {
+                ensemble_leader().await.is_some_and(|l| l != leader)
+            })
+            .await,
+            "no new leader within 30 s"
+        );
+        // Settle: the holder reconnects (suspension clears) or is told it lost the lock.
+        assert!(
+            eventually(Duration::from_secs(20), || async {
+                guard.is_lost() || (backend.is_connected() && !guard.is_suspended())
+            })
+            .await,
+            "the guard stayed suspended without a verdict"
+        );
+        if guard.is_lost() {
+            eprintln!(
+                "leader {leader} stopped: the holder was told it lost the lock ({:?})",
+                guard.lost_reason()
+            );
+        } else {
+            // Still held: the ensemble agrees, and nobody else can take it.
+            let state = other.inspect(&lock).await.unwrap().expect("held");
+            assert_eq!(state.holders.len(), 1);
+            assert_eq!(state.holders[0].token, guard.fencing_token());
+            assert!(other
+                .lock(&lock)
+                .try_lock(Duration::ZERO)
+                .await
+                .unwrap()
+                .is_none());
+            eprintln!("leader {leader} stopped: the holder kept the lock");
+        }
+    }
+    restart.now();
+    assert!(
+        eventually(Duration::from_secs(60), || async {
+            zk_mode(2190 + leader).await.is_some()
+        })
+        .await,
+        "the restarted node did not rejoin"
+    );
+    let _ = guard.unlock().await;
+    holder.close().await;
+    other.close().await;
+}
+
+/// The ensemble member (1–3) whose `srvr` says it leads.
+async fn ensemble_leader() -> Option<u16> {
+    for i in 1..=3u16 {
+        if zk_mode(2190 + i).await.as_deref() == Some("leader") {
+            return Some(i);
+        }
+    }
+    None
+}
+
+/// A server's mode (`leader`, `follower`, `standalone`) from the `srvr` command.
+async fn zk_mode(port: u16) -> Option<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let attempt = async {
+        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .ok()?;
+        s.write_all(b"srvr").await.ok()?;
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.ok()?;
+        out.lines()
+            .find_map(|l| l.strip_prefix("Mode: "))
+            .map(|m| m.trim().to_owned())
+    };
+    tokio::time::timeout(Duration::from_secs(2), attempt)
+        .await
+        .ok()
+        .flatten()
+}
+
+/// Restarts a stopped ensemble member when told to, or at the latest when dropped
+/// (also while a failed assertion unwinds).
+struct Restart {
+    dir: Option<PathBuf>,
+    classpath: String,
+}
+
+impl Restart {
+    fn now(&mut self) {
+        if let Some(dir) = self.dir.take() {
+            restart_zk(&dir, &self.classpath);
+        }
+    }
+}
+
+impl Drop for Restart {
+    fn drop(&mut self) {
+        self.now();
+    }
+}
+
+/// Starts an ensemble member again from its directory, as scripts/lib/services.sh does.
+fn restart_zk(dir: &Path, classpath: &str) {
+    let log = std::fs::File::create(dir.join("server.log")).unwrap();
+    let child = std::process::Command::new("java")
+        .args([
+            "-Xmx256m",
+            "-Dzookeeper.admin.enableServer=false",
+            "-cp",
+            classpath,
+        ])
+        .arg("org.apache.zookeeper.server.quorum.QuorumPeerMain")
+        .arg(dir.join("zoo.cfg"))
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    std::fs::write(dir.join("pid"), child.id().to_string()).unwrap();
+}
+
+/// A Java service using Curator's `InterProcessMutex` and two dlock clients increment
+/// one non-atomic counter under the same ZooKeeper lock: no update is lost and no two
+/// holders ever overlap. Then the same with Curator's read-write lock (writers) against
+/// dlock's read-write lock configured with `exclusive=rw`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dlock_and_java_curator_exclude_each_other() {
+    let Some(url) = url_for("zk") else { return };
+    for (recipe, query) in [("mutex", ""), ("rw", "?exclusive=rw")] {
+        let dlock_url = format!("{url}{query}");
+        let backend = ZkBackend::connect(&dlock_url).await.unwrap();
+        let lock = name(&format!("curator-{recipe}"));
+        let path = backend.lock_path(&LockName::new(lock.as_str()).unwrap());
+        let dir = std::env::temp_dir().join(format!("dlock-curator-{:x}", fastrand::u64(..)));
+        std::fs::create_dir_all(&dir).unwrap();
+        let counter = dir.join("counter");
+        std::fs::write(&counter, "0").unwrap();
+
+        const JAVA_ITERATIONS: u64 = 150;
+        const DLOCK_ITERATIONS: u64 = 100;
+        let mut java = curator::worker().unwrap_or_else(|e| panic!("{e}"));
+        let mut child = java
+            .args(["counter", &hosts_of(&url), &path])
+            .arg(&counter)
+            .args([&JAVA_ITERATIONS.to_string(), recipe])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("run java");
+        let stdout = child.stdout.take().unwrap();
+        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+        let reader = std::thread::spawn(move || {
+            let mut lines = BufReader::new(stdout).lines();
+            let mut ready = Some(ready_tx);
+            let mut last = String::new();
+            for line in lines.by_ref() {
+                let line = line.unwrap_or_default();
+                if line == "ready" {
+                    if let Some(tx) = ready.take() {
+                        let _ = tx.send(());
+                    }
+                } else {
+                    last = line;
+                }
+            }
+            last
+        });
+        tokio::time::timeout(Duration::from_secs(60), ready_rx)
+            .await
+            .expect("the Java worker connected within 60 s")
+            .expect("the Java worker started");
+
+        let mut workers = Vec::new();
+        for _ in 0..2 {
+            let m = manager(&dlock_url).await;
+            let (lock, counter) = (lock.clone(), counter.clone());
+            workers.push(tokio::spawn(async move {
+                let handle = m.read_write_lock(&lock);
+                let mut overlaps = 0;
+                for _ in 0..DLOCK_ITERATIONS {
+                    let g = if recipe == "rw" {
+                        handle.write().try_lock(Duration::from_secs(60)).await
+                    } else {
+                        m.lock(&lock).try_lock(Duration::from_secs(60)).await
+                    };
+                    let g = g.unwrap().expect("lock within 60 s");
+                    overlaps += increment(&counter);
+                    g.unlock().await.unwrap();
+                }
+                m.close().await;
+                overlaps
+            }));
+        }
+        let mut overlaps = 0;
+        for w in workers {
+            overlaps += w.await.unwrap();
+        }
+        let status = tokio::task::spawn_blocking(move || child.wait())
+            .await
+            .unwrap()
+            .unwrap();
+        let summary = reader.join().unwrap();
+        assert!(status.success(), "the Java worker failed: {summary}");
+        assert_eq!(
+            summary,
+            format!("curator acquired={JAVA_ITERATIONS} overlaps=0"),
+            "{recipe}"
+        );
+        let value: u64 = std::fs::read_to_string(&counter)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        assert_eq!(overlaps, 0, "{recipe}: dlock saw another holder inside");
+        assert_eq!(
+            value,
+            JAVA_ITERATIONS + 2 * DLOCK_ITERATIONS,
+            "{recipe}: lost updates"
+        );
+        eprintln!(
+            "{recipe}: counter {value} = {JAVA_ITERATIONS} (Curator) + {} (dlock), 0 overlaps",
+            2 * DLOCK_ITERATIONS
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+        drop(backend);
+    }
+}
+
+/// The counter step both sides run: claim the marker file exclusively (counting an
+/// overlap if someone else is inside), read, pause, write + 1, drop the marker.
+fn increment(counter: &Path) -> u32 {
+    let marker = PathBuf::from(format!("{}.held", counter.display()));
+    let claimed = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&marker)
+        .is_ok();
+    let value: u64 = std::fs::read_to_string(counter)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1));
+    std::fs::write(counter, (value + 1).to_string()).unwrap();
+    if claimed {
+        std::fs::remove_file(&marker).unwrap();
+        0
+    } else {
+        1
+    }
+}
