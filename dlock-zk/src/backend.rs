@@ -13,7 +13,7 @@ use dlock_spi::{
     Result,
 };
 use tokio::sync::watch;
-use zookeeper_client::{Acls, CreateMode, CreateOptions, Error as ZkError, EventType};
+use zookeeper_client::{Acls, CreateMode, CreateOptions, Error as ZkError, EventType, OneshotWatcher, WatchedEvent};
 
 use crate::error::map_zk;
 use crate::layout::{self, Contender, ExclusiveNode};
@@ -68,6 +68,8 @@ struct Enqueued {
     node: String,
     token: FencingToken,
     children: Vec<String>,
+    /// The child watch set by the latest listing: the holder's steal detector.
+    watch: Option<OneshotWatcher>,
 }
 
 impl ZkBackend {
@@ -173,7 +175,7 @@ impl Inner {
         let node_path = format!("{lock}/{prefix}");
         for _ in 0..3 {
             let create = client.create(&node_path, data, &EPHEMERAL_SEQUENTIAL);
-            let list = client.list_children(lock);
+            let list = client.list_and_watch_children(lock);
             let (created, listed) = tokio::join!(create, list);
             let (node, token) = match created {
                 Ok((stat, sequence)) => (format!("{prefix}{sequence}"), token_of(stat.czxid)),
@@ -183,8 +185,8 @@ impl Inner {
                 }
                 Err(ZkError::ConnectionLoss) => {
                     // The create may have happened: look for our node by its prefix.
-                    let children = client
-                        .list_children(lock)
+                    let (children, watch) = client
+                        .list_and_watch_children(lock)
                         .await
                         .map_err(|e| map_zk(e, "list"))?;
                     match self.adopt(session, lock, prefix, &children, None).await? {
@@ -193,6 +195,7 @@ impl Inner {
                                 node,
                                 token,
                                 children,
+                                watch: Some(watch),
                             })
                         }
                         None => continue,
@@ -200,8 +203,8 @@ impl Inner {
                 }
                 Err(err) => return Err(map_zk(err, "create")),
             };
-            let children = match listed {
-                Ok(children) => children,
+            let (children, watch) = match listed {
+                Ok(listed) => listed,
                 Err(err) => {
                     delete_quietly(session, format!("{lock}/{node}"));
                     return Err(map_zk(err, "list"));
@@ -220,6 +223,7 @@ impl Inner {
                 node,
                 token,
                 children,
+                watch: Some(watch),
             });
         }
         Err(Error::new(
@@ -332,49 +336,56 @@ impl Inner {
 
 impl ZkBackend {
     /// Starts the feed that tells the guard how the hold stands: suspended while the
-    /// connection is down, lost when the session ends or the node is deleted by
-    /// someone else. Ends on release.
-    fn watch_hold(&self, session: &Arc<Session>, key: HeldKey, path: String) -> HoldWatch {
+    /// connection is down, lost when the session ends or our node is deleted by
+    /// someone else. It rides on the child watch the acquire's listing already set
+    /// (no extra request): a change among the lock's children makes it list again and
+    /// check that our node is still there. Ends on release.
+    fn watch_hold(
+        &self,
+        session: &Arc<Session>,
+        key: HeldKey,
+        lock: String,
+        node: String,
+        children_watch: OneshotWatcher,
+    ) -> HoldWatch {
         let (tx, watch) = HoldWatch::channel();
-        // The client clone is dropped once the watch is set, so an abandoned session
-        // is not kept open by the feeds of its holds.
         let client = session.client.clone();
-        let node = path.clone();
-        let node_watch = async move {
-            let watcher = match client.check_and_watch_stat(&node).await {
-                Ok((Some(_), watcher)) => watcher,
-                Ok((None, _)) => return Some(EventType::NodeDeleted),
-                // No answer (connection trouble): the session feed decides.
-                Err(_) => return None,
-            };
-            drop(client);
-            Some(watcher.changed().await.event_type)
-        };
         let mut sessions = self.inner.sessions.subscribe();
         let ours = session.id;
         let inner: Weak<Inner> = Arc::downgrade(&self.inner);
+        let path = format!("{lock}/{node}");
         let still_ours = move || {
             inner
                 .upgrade()
                 .is_some_and(|inner| inner.held().get(&key).is_some_and(|h| h.path == path))
         };
         tokio::spawn(async move {
-            tokio::pin!(node_watch);
-            let mut node_watched = true;
+            // The pending child-watch event; `None` while we have no watch (trouble).
+            let mut watcher: Option<PendingEvent> = Some(Box::pin(children_watch.changed()));
             loop {
                 tokio::select! {
-                    event = &mut node_watch, if node_watched => {
-                        node_watched = false;
-                        let reason = match event {
-                            Some(EventType::NodeDeleted) => LostReason::NotOwner,
-                            Some(EventType::Session) => LostReason::SessionExpired,
-                            // Data changed (not by dlock) or no answer: keep following the session.
-                            _ => continue,
-                        };
-                        if still_ours() {
-                            tx.send_replace(HoldStatus::Lost(reason));
+                    event = next_event(&mut watcher) => {
+                        watcher = None;
+                        if !still_ours() {
+                            return;
                         }
-                        return;
+                        if event.event_type == EventType::Session {
+                            // The session feed below tells suspension from expiry.
+                            continue;
+                        }
+                        match client.list_and_watch_children(&lock).await {
+                            Ok((children, w)) if children.contains(&node) => {
+                                watcher = Some(Box::pin(w.changed()));
+                            }
+                            Ok(_) | Err(ZkError::NoNode) => {
+                                if still_ours() {
+                                    tx.send_replace(HoldStatus::Lost(LostReason::NotOwner));
+                                }
+                                return;
+                            }
+                            // Connection trouble: the session feed decides from here.
+                            Err(_) => {}
+                        }
                     }
                     changed = sessions.changed() => {
                         if changed.is_err() {
@@ -393,6 +404,21 @@ impl ZkBackend {
                         tx.send_replace(next);
                         if matches!(next, HoldStatus::Lost(_)) {
                             return;
+                        }
+                        if next == HoldStatus::Held && watcher.is_none() {
+                            // Back after trouble: check the node and watch again.
+                            match client.list_and_watch_children(&lock).await {
+                                Ok((children, w)) if children.contains(&node) => {
+                                    watcher = Some(Box::pin(w.changed()));
+                                }
+                                Ok(_) | Err(ZkError::NoNode) => {
+                                    if still_ours() {
+                                        tx.send_replace(HoldStatus::Lost(LostReason::NotOwner));
+                                    }
+                                    return;
+                                }
+                                Err(_) => {}
+                            }
                         }
                     }
                     () = tx.closed() => return,
@@ -507,7 +533,16 @@ impl ZkBackend {
                         token: mine.token,
                     },
                 );
-                let watch = self.watch_hold(&session, key, path);
+                let children_watch = match mine.watch.take() {
+                    Some(watch) => watch,
+                    None => session
+                        .client
+                        .list_and_watch_children(&lock)
+                        .await
+                        .map_err(|e| map_zk(e, "list"))?
+                        .1,
+                };
+                let watch = self.watch_hold(&session, key, lock, mine.node, children_watch);
                 return Ok(AcquireResult::acquired(mine.token, None).with_watch(watch));
             };
             let deadline = match req.deadline {
@@ -531,9 +566,9 @@ impl ZkBackend {
                 }
                 Err(err) => return Err(map_zk(err, "watch")),
             }
-            mine.children = match session.client.list_children(&lock).await {
-                Ok(children) => children,
-                Err(ZkError::NoNode) => Vec::new(),
+            (mine.children, mine.watch) = match session.client.list_and_watch_children(&lock).await {
+                Ok((children, watch)) => (children, Some(watch)),
+                Err(ZkError::NoNode) => (Vec::new(), None),
                 Err(err) => return Err(map_zk(err, "list")),
             };
         }
@@ -691,6 +726,17 @@ impl fmt::Debug for ZkBackend {
             .field("exclusive_node", &self.inner.exclusive)
             .field("connected", &self.is_connected())
             .finish()
+    }
+}
+
+/// A child-watch event still to come.
+type PendingEvent = std::pin::Pin<Box<dyn std::future::Future<Output = WatchedEvent> + Send>>;
+
+/// The next child-watch event, or never when there is no watch.
+async fn next_event(watcher: &mut Option<PendingEvent>) -> WatchedEvent {
+    match watcher {
+        Some(event) => event.await,
+        None => std::future::pending().await,
     }
 }
 

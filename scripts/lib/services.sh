@@ -164,11 +164,17 @@ ensure_zookeeper_package() {
 zk_serving() { (exec 3<>"/dev/tcp/127.0.0.1/$1" && printf srvr >&3 && grep -q '^Mode: ' <&3) 2>/dev/null; }
 
 # start_zk DIR: starts the server whose configuration is DIR/zoo.cfg, pid in DIR/pid.
+# The command is kept in DIR/start.sh, so tests that stop a server can start it again.
 start_zk() {
   local dir=$1
-  nohup java -Xmx256m -Dzookeeper.admin.enableServer=false -cp "$DLOCK_ZK_CLASSPATH" \
-    org.apache.zookeeper.server.quorum.QuorumPeerMain "$dir/zoo.cfg" >"$dir/server.log" 2>&1 &
-  echo $! >"$dir/pid"
+  cat >"$dir/start.sh" <<EOF
+#!/bin/sh
+# Starts this ZooKeeper server in the background (written by scripts/lib/services.sh).
+nohup java -Xmx256m -Dzookeeper.admin.enableServer=false -cp "$DLOCK_ZK_CLASSPATH" \\
+  org.apache.zookeeper.server.quorum.QuorumPeerMain "$dir/zoo.cfg" >"$dir/server.log" 2>&1 &
+echo \$! >"$dir/pid"
+EOF
+  sh "$dir/start.sh"
 }
 
 # write_zk_cfg DIR CLIENT_PORT [SERVER LINES…]

@@ -276,11 +276,10 @@ async fn stopping_the_leader_keeps_the_lock_or_reports_its_loss() {
     let Some(url) = url_for("zk-ensemble") else {
         return;
     };
-    let dir = PathBuf::from(std::env::var("DLOCK_ZK_ENSEMBLE_DIR").expect(
-        "DLOCK_ZK_ENSEMBLE_DIR is not set: run the tests through scripts/test, which starts the ensemble",
-    ));
-    let classpath =
-        std::env::var("DLOCK_ZK_CLASSPATH").expect("DLOCK_ZK_CLASSPATH (set by scripts/test)");
+    // Where scripts/lib/services.sh keeps the members: DIR/<n>/{zoo.cfg,pid,start.sh}.
+    let dir = std::env::var("DLOCK_ZK_ENSEMBLE_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| std::env::temp_dir().join("dlock-zookeeper/ensemble"));
     let backend = ZkBackend::connect(&url).await.unwrap();
     let holder = DistributeLockManager::builder(backend.clone())
         .build()
@@ -303,9 +302,13 @@ async fn stopping_the_leader_keeps_the_lock_or_reports_its_loss() {
         .unwrap();
     assert!(stopped.success(), "could not stop leader {leader}");
     // Restart the stopped node whatever happens below, so the ensemble is whole again.
+    assert!(
+        node_dir.join("start.sh").exists(),
+        "{} has no start.sh: start the ensemble with scripts/test",
+        node_dir.display()
+    );
     let mut restart = Restart {
         dir: Some(node_dir),
-        classpath,
     };
     {
         // A new leader among the other two.
@@ -386,17 +389,21 @@ async fn zk_mode(port: u16) -> Option<String> {
         .flatten()
 }
 
-/// Restarts a stopped ensemble member when told to, or at the latest when dropped
-/// (also while a failed assertion unwinds).
+/// Restarts a stopped ensemble member (with the start.sh the script left in its
+/// directory) when told to, or at the latest when dropped (also while a failed
+/// assertion unwinds).
 struct Restart {
     dir: Option<PathBuf>,
-    classpath: String,
 }
 
 impl Restart {
     fn now(&mut self) {
         if let Some(dir) = self.dir.take() {
-            restart_zk(&dir, &self.classpath);
+            let started = std::process::Command::new("sh")
+                .arg(dir.join("start.sh"))
+                .stdin(Stdio::null())
+                .status();
+            assert!(started.is_ok_and(|s| s.success()), "could not restart {}", dir.display());
         }
     }
 }
@@ -405,26 +412,6 @@ impl Drop for Restart {
     fn drop(&mut self) {
         self.now();
     }
-}
-
-/// Starts an ensemble member again from its directory, as scripts/lib/services.sh does.
-fn restart_zk(dir: &Path, classpath: &str) {
-    let log = std::fs::File::create(dir.join("server.log")).unwrap();
-    let child = std::process::Command::new("java")
-        .args([
-            "-Xmx256m",
-            "-Dzookeeper.admin.enableServer=false",
-            "-cp",
-            classpath,
-        ])
-        .arg("org.apache.zookeeper.server.quorum.QuorumPeerMain")
-        .arg(dir.join("zoo.cfg"))
-        .stdin(Stdio::null())
-        .stdout(log.try_clone().unwrap())
-        .stderr(log)
-        .spawn()
-        .unwrap();
-    std::fs::write(dir.join("pid"), child.id().to_string()).unwrap();
 }
 
 /// A Java service using Curator's `InterProcessMutex` and two dlock clients increment
