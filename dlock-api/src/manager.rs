@@ -83,10 +83,13 @@ impl ManagerInner {
         }
     }
 
-    /// Follows a session-bound hold's status feed: suspended while the backend's
+    /// Drives a session-bound hold's status feed: suspended while the backend's
     /// connection is down, lost when the backend says so. One small task per hold,
-    /// ending when the hold is released or lost, or the backend ends the feed.
-    pub(crate) fn follow(self: &Arc<Self>, hold: &Arc<Hold>, mut watch: HoldWatch) {
+    /// ending when the hold is released or lost, or the feed ends.
+    pub(crate) fn follow(self: &Arc<Self>, hold: &Arc<Hold>, watch: HoldWatch) {
+        let Some(mut feed) = watch.take() else {
+            return;
+        };
         let manager = Arc::downgrade(self);
         let hold = Arc::clone(hold);
         let mut lost = hold.subscribe();
@@ -109,13 +112,10 @@ impl ManagerInner {
             }
             true
         };
-        if !apply(watch.status()) {
-            return;
-        }
         tokio::spawn(async move {
             loop {
                 tokio::select! {
-                    status = watch.changed() => match status {
+                    status = feed.next() => match status {
                         Some(status) if apply(status) => {}
                         _ => return,
                     },

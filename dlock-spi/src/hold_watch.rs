@@ -3,12 +3,14 @@
 //! A ZooKeeper hold is an ephemeral node: it needs no lease renewal, but it can be
 //! lost without the holder doing anything — the session expires, an operator deletes
 //! the node. Such backends attach a [`HoldWatch`] to each grant
-//! ([`crate::AcquireResult::with_watch`]) and publish on it; the manager marks the
-//! guard suspended while the status is [`HoldStatus::Suspended`] and fires its lost
-//! signal on [`HoldStatus::Lost`].
+//! ([`crate::AcquireResult::with_watch`]). The manager drives the feed in one task per
+//! hold: it marks the guard suspended while the status is [`HoldStatus::Suspended`]
+//! and fires its lost signal on [`HoldStatus::Lost`].
 
 use std::fmt;
+use std::sync::{Arc, Mutex, PoisonError};
 
+use async_trait::async_trait;
 use tokio::sync::watch;
 
 use crate::types::LostReason;
@@ -26,26 +28,51 @@ pub enum HoldStatus {
     Lost(LostReason),
 }
 
-/// The receiving end of a hold's status feed. The backend keeps the sender and
-/// publishes every change; when it drops the sender without publishing `Lost`, the
-/// hold was released normally.
+/// The backend's side of a feed: produces status changes when polled. Driven by the
+/// follower's task, so a backend needs no task of its own per hold.
+#[async_trait]
+pub trait HoldFeed: Send + 'static {
+    /// Waits for the next change of status; `None` once the hold has ended without a
+    /// loss (it was released) and nothing more will come.
+    async fn next(&mut self) -> Option<HoldStatus>;
+}
+
+/// A grant's status feed. Clones share one feed, which the follower
+/// [`take`](Self::take)s once.
 #[derive(Clone)]
-pub struct HoldWatch(watch::Receiver<HoldStatus>);
+pub struct HoldWatch {
+    feed: Arc<Mutex<Option<Box<dyn HoldFeed>>>>,
+}
 
 impl HoldWatch {
-    /// A new feed starting at [`HoldStatus::Held`]: the backend keeps the sender.
+    /// Wraps a backend's feed.
+    pub fn new(feed: impl HoldFeed) -> Self {
+        HoldWatch {
+            feed: Arc::new(Mutex::new(Some(Box::new(feed)))),
+        }
+    }
+
+    /// A feed the backend pushes into from its own task: publish on the sender; drop
+    /// it (without publishing `Lost`) when the hold is released.
     pub fn channel() -> (watch::Sender<HoldStatus>, HoldWatch) {
         let (tx, rx) = watch::channel(HoldStatus::Held);
-        (tx, HoldWatch(rx))
+        (tx, HoldWatch::new(ChannelFeed(rx)))
     }
 
-    /// The latest status.
-    pub fn status(&self) -> HoldStatus {
-        *self.0.borrow()
+    /// Takes the feed to drive it; `None` if it was taken already.
+    pub fn take(&self) -> Option<Box<dyn HoldFeed>> {
+        self.feed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
     }
+}
 
-    /// Waits for the next change; `None` once the backend has dropped the sender.
-    pub async fn changed(&mut self) -> Option<HoldStatus> {
+struct ChannelFeed(watch::Receiver<HoldStatus>);
+
+#[async_trait]
+impl HoldFeed for ChannelFeed {
+    async fn next(&mut self) -> Option<HoldStatus> {
         self.0.changed().await.ok()?;
         Some(*self.0.borrow_and_update())
     }
@@ -53,14 +80,14 @@ impl HoldWatch {
 
 impl fmt::Debug for HoldWatch {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_tuple("HoldWatch").field(&self.status()).finish()
+        f.debug_struct("HoldWatch").finish_non_exhaustive()
     }
 }
 
-/// Two watches are equal when they follow the same hold.
+/// Two watches are equal when they share one feed.
 impl PartialEq for HoldWatch {
     fn eq(&self, other: &Self) -> bool {
-        self.0.same_channel(&other.0)
+        Arc::ptr_eq(&self.feed, &other.feed)
     }
 }
 
@@ -71,19 +98,20 @@ mod tests {
     use super::*;
 
     #[tokio::test]
-    async fn the_feed_reports_changes_and_its_end() {
-        let (tx, mut watch) = HoldWatch::channel();
-        assert_eq!(watch.status(), HoldStatus::Held);
+    async fn a_channel_feed_reports_changes_and_its_end_and_is_taken_once() {
+        let (tx, watch) = HoldWatch::channel();
         assert_eq!(watch, watch.clone());
         assert_ne!(watch, HoldWatch::channel().1);
+        let mut feed = watch.take().unwrap_or_else(|| panic!("first take"));
+        assert!(watch.clone().take().is_none());
         tx.send_replace(HoldStatus::Suspended);
-        assert_eq!(watch.changed().await, Some(HoldStatus::Suspended));
+        assert_eq!(feed.next().await, Some(HoldStatus::Suspended));
         tx.send_replace(HoldStatus::Lost(LostReason::SessionExpired));
         drop(tx);
         assert_eq!(
-            watch.changed().await,
+            feed.next().await,
             Some(HoldStatus::Lost(LostReason::SessionExpired))
         );
-        assert_eq!(watch.changed().await, None);
+        assert_eq!(feed.next().await, None);
     }
 }

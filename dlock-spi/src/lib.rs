@@ -45,7 +45,7 @@ pub use chain::{
 };
 pub use error::{Error, ErrorKind, Result};
 pub use extensions::Extensions;
-pub use hold_watch::{HoldStatus, HoldWatch};
+pub use hold_watch::{HoldFeed, HoldStatus, HoldWatch};
 pub use memory::InMemoryBackend;
 pub use name::LockName;
 pub use outcome::{AcquireResult, HolderInfo, LockState, ReleaseResult, RenewResult};

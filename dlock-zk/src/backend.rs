@@ -7,13 +7,15 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 use dlock_spi::{
-    async_trait, AcquireRequest, AcquireResult, Bytes, Capabilities, Error, FencingToken,
+    async_trait, AcquireRequest, AcquireResult, Bytes, Capabilities, Error, FencingToken, HoldFeed,
     HoldStatus, HoldWatch, HolderInfo, LockAdmin, LockMode, LockName, LockRemoteResource,
     LockState, LostReason, OwnerId, ReleaseRequest, ReleaseResult, RenewRequest, RenewResult,
     Result,
 };
 use tokio::sync::watch;
-use zookeeper_client::{Acls, CreateMode, CreateOptions, Error as ZkError, EventType, OneshotWatcher, WatchedEvent};
+use zookeeper_client::{
+    Acls, CreateMode, CreateOptions, Error as ZkError, EventType, OneshotWatcher, WatchedEvent,
+};
 
 use crate::error::map_zk;
 use crate::layout::{self, Contender, ExclusiveNode};
@@ -335,11 +337,11 @@ impl Inner {
 }
 
 impl ZkBackend {
-    /// Starts the feed that tells the guard how the hold stands: suspended while the
+    /// The feed that tells the guard how the hold stands: suspended while the
     /// connection is down, lost when the session ends or our node is deleted by
     /// someone else. It rides on the child watch the acquire's listing already set
     /// (no extra request): a change among the lock's children makes it list again and
-    /// check that our node is still there. Ends on release.
+    /// check that our node is still there. The manager drives it; it ends on release.
     fn watch_hold(
         &self,
         session: &Arc<Session>,
@@ -348,84 +350,19 @@ impl ZkBackend {
         node: String,
         children_watch: OneshotWatcher,
     ) -> HoldWatch {
-        let (tx, watch) = HoldWatch::channel();
-        let client = session.client.clone();
-        let mut sessions = self.inner.sessions.subscribe();
-        let ours = session.id;
-        let inner: Weak<Inner> = Arc::downgrade(&self.inner);
         let path = format!("{lock}/{node}");
-        let still_ours = move || {
-            inner
-                .upgrade()
-                .is_some_and(|inner| inner.held().get(&key).is_some_and(|h| h.path == path))
-        };
-        tokio::spawn(async move {
-            // The pending child-watch event; `None` while we have no watch (trouble).
-            let mut watcher: Option<PendingEvent> = Some(Box::pin(children_watch.changed()));
-            loop {
-                tokio::select! {
-                    event = next_event(&mut watcher) => {
-                        watcher = None;
-                        if !still_ours() {
-                            return;
-                        }
-                        if event.event_type == EventType::Session {
-                            // The session feed below tells suspension from expiry.
-                            continue;
-                        }
-                        match client.list_and_watch_children(&lock).await {
-                            Ok((children, w)) if children.contains(&node) => {
-                                watcher = Some(Box::pin(w.changed()));
-                            }
-                            Ok(_) | Err(ZkError::NoNode) => {
-                                if still_ours() {
-                                    tx.send_replace(HoldStatus::Lost(LostReason::NotOwner));
-                                }
-                                return;
-                            }
-                            // Connection trouble: the session feed decides from here.
-                            Err(_) => {}
-                        }
-                    }
-                    changed = sessions.changed() => {
-                        if changed.is_err() {
-                            return;
-                        }
-                        let status = *sessions.borrow_and_update();
-                        let next = match status.phase {
-                            _ if status.id != ours => HoldStatus::Lost(LostReason::SessionExpired),
-                            SessionPhase::Lost => HoldStatus::Lost(LostReason::SessionExpired),
-                            SessionPhase::Suspended => HoldStatus::Suspended,
-                            SessionPhase::Connected => HoldStatus::Held,
-                        };
-                        if !still_ours() {
-                            return;
-                        }
-                        tx.send_replace(next);
-                        if matches!(next, HoldStatus::Lost(_)) {
-                            return;
-                        }
-                        if next == HoldStatus::Held && watcher.is_none() {
-                            // Back after trouble: check the node and watch again.
-                            match client.list_and_watch_children(&lock).await {
-                                Ok((children, w)) if children.contains(&node) => {
-                                    watcher = Some(Box::pin(w.changed()));
-                                }
-                                Ok(_) | Err(ZkError::NoNode) => {
-                                    if still_ours() {
-                                        tx.send_replace(HoldStatus::Lost(LostReason::NotOwner));
-                                    }
-                                    return;
-                                }
-                                Err(_) => {}
-                            }
-                        }
-                    }
-                    () = tx.closed() => return,
-                }
-            }
-        });
-        watch
+        HoldWatch::new(ZkHoldFeed {
+            client: session.client.clone(),
+            session: session.id,
+            sessions: self.inner.sessions.subscribe(),
+            inner: Arc::downgrade(&self.inner),
+            key,
+            path,
+            lock,
+            node,
+            watcher: Some(Box::pin(children_watch.changed())),
+            last: HoldStatus::Held,
+        })
     }
 }
 
@@ -535,12 +472,14 @@ impl ZkBackend {
                 );
                 let children_watch = match mine.watch.take() {
                     Some(watch) => watch,
-                    None => session
-                        .client
-                        .list_and_watch_children(&lock)
-                        .await
-                        .map_err(|e| map_zk(e, "list"))?
-                        .1,
+                    None => {
+                        session
+                            .client
+                            .list_and_watch_children(&lock)
+                            .await
+                            .map_err(|e| map_zk(e, "list"))?
+                            .1
+                    }
                 };
                 let watch = self.watch_hold(&session, key, lock, mine.node, children_watch);
                 return Ok(AcquireResult::acquired(mine.token, None).with_watch(watch));
@@ -566,7 +505,8 @@ impl ZkBackend {
                 }
                 Err(err) => return Err(map_zk(err, "watch")),
             }
-            (mine.children, mine.watch) = match session.client.list_and_watch_children(&lock).await {
+            (mine.children, mine.watch) = match session.client.list_and_watch_children(&lock).await
+            {
                 Ok((children, watch)) => (children, Some(watch)),
                 Err(ZkError::NoNode) => (Vec::new(), None),
                 Err(err) => return Err(map_zk(err, "list")),
@@ -726,6 +666,104 @@ impl fmt::Debug for ZkBackend {
             .field("exclusive_node", &self.inner.exclusive)
             .field("connected", &self.is_connected())
             .finish()
+    }
+}
+
+/// How one hold stands, worked out when its follower polls: child-watch events on
+/// the lock's node and the session's status.
+struct ZkHoldFeed {
+    client: zookeeper_client::Client,
+    session: crate::session::SessionId,
+    sessions: watch::Receiver<crate::session::SessionStatus>,
+    inner: Weak<Inner>,
+    key: HeldKey,
+    path: String,
+    lock: String,
+    node: String,
+    /// The pending child-watch event; `None` while there is no watch (trouble).
+    watcher: Option<PendingEvent>,
+    last: HoldStatus,
+}
+
+impl ZkHoldFeed {
+    /// Whether this backend still holds the node (not released by its owner).
+    fn still_ours(&self) -> bool {
+        self.inner.upgrade().is_some_and(|inner| {
+            inner
+                .held()
+                .get(&self.key)
+                .is_some_and(|h| h.path == self.path)
+        })
+    }
+
+    /// Lists the lock's children with a new watch: `Some(Lost)` if our node is gone,
+    /// `None` otherwise (watch renewed, or connection trouble: the session decides).
+    async fn recheck(&mut self) -> Option<HoldStatus> {
+        match self.client.list_and_watch_children(&self.lock).await {
+            Ok((children, w)) if children.contains(&self.node) => {
+                self.watcher = Some(Box::pin(w.changed()));
+                None
+            }
+            Ok(_) | Err(ZkError::NoNode) => Some(HoldStatus::Lost(LostReason::NotOwner)),
+            Err(_) => None,
+        }
+    }
+}
+
+#[async_trait]
+impl HoldFeed for ZkHoldFeed {
+    async fn next(&mut self) -> Option<HoldStatus> {
+        loop {
+            if matches!(self.last, HoldStatus::Lost(_)) {
+                return None;
+            }
+            let status = tokio::select! {
+                event = next_event(&mut self.watcher) => {
+                    self.watcher = None;
+                    if !self.still_ours() {
+                        return None;
+                    }
+                    if event.event_type == EventType::Session {
+                        // The session status below tells suspension from expiry.
+                        continue;
+                    }
+                    match self.recheck().await {
+                        Some(lost) => lost,
+                        None => continue,
+                    }
+                }
+                changed = self.sessions.changed() => {
+                    if changed.is_err() {
+                        return None;
+                    }
+                    let status = *self.sessions.borrow_and_update();
+                    match status.phase {
+                        _ if status.id != self.session => HoldStatus::Lost(LostReason::SessionExpired),
+                        SessionPhase::Lost => HoldStatus::Lost(LostReason::SessionExpired),
+                        SessionPhase::Suspended => HoldStatus::Suspended,
+                        SessionPhase::Connected => {
+                            if self.last == HoldStatus::Suspended && self.watcher.is_none() {
+                                // Back after trouble: check the node and watch again.
+                                if let Some(lost) = self.recheck().await {
+                                    lost
+                                } else {
+                                    HoldStatus::Held
+                                }
+                            } else {
+                                HoldStatus::Held
+                            }
+                        }
+                    }
+                }
+            };
+            if !self.still_ours() {
+                return None;
+            }
+            if status != self.last {
+                self.last = status;
+                return Some(status);
+            }
+        }
     }
 }
 

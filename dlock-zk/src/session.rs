@@ -119,11 +119,11 @@ impl Sessions {
         ended: Option<SessionId>,
         deadline: Option<Instant>,
     ) -> Result<Arc<Session>> {
-        let mut status = self.status.subscribe();
         let ready = |s: &SessionStatus| s.phase != SessionPhase::Lost && Some(s.id) != ended;
-        if ready(&status.borrow_and_update()) {
+        if ready(&self.status.borrow()) {
             return Ok(self.current());
         }
+        let mut status = self.status.subscribe();
         let limit = deadline.unwrap_or_else(Instant::now);
         let waited = tokio::time::timeout_at(limit.into(), status.wait_for(ready))
             .await

@@ -2,15 +2,23 @@
 //! sequential node + delete it, on one session: the least a ZooKeeper lock can do)
 //! and against Java Curator's `InterProcessMutex` (testsuite/java, Debian's jars).
 //!
-//! Scenarios: 1 task uncontended (floor, dlock user API, dlock SPI, Curator);
-//! 16 tasks on 16 locks over one session (floor, dlock).
+//! Scenarios: 1 task uncontended (floor, dlock user API, dlock SPI, Curator); 16 tasks
+//! on 16 locks over one session (floor, dlock). The server fsyncs every write, and
+//! this VM's disk speed drifts, so the implementations run in interleaved rounds
+//! (floor, dlock, …, floor, dlock, …) and each figure is the total over its rounds:
+//! drift hits all of them alike.
 //!
 //! Run: `cargo bench -p testsuite --bench zk` (DLOCK_ZK_URL, default
-//! zk://127.0.0.1:2181/dlock-test; DLOCK_BENCH_SECS per measurement, default 3).
-//! Under `cargo test` it runs a short smoke pass.
+//! zk://127.0.0.1:2181/dlock-test; DLOCK_BENCH_SECS per implementation, default 6,
+//! split into 6 rounds; DLOCK_BENCH_ONLY=one,many picks scenarios and
+//! DLOCK_BENCH_IMPL=floor,SPI implementations). Under `cargo test` it runs a short
+//! smoke pass.
 #![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
 
 use std::future::Future;
+use std::io::{BufRead, BufReader, Write};
+use std::pin::Pin;
+use std::process::{Child, ChildStdin, ChildStdout, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -19,28 +27,12 @@ use dlock_api::{DistributeLockManager, LockMode, LockName, LockRemoteResource, O
 use dlock_zk::ZkBackend;
 use zookeeper_client::{Acls, Client, CreateMode};
 
-struct Cfg {
-    url: String,
-    hosts: String,
-    secs: Duration,
-}
-
-fn rate(n: u64, t: Duration) -> f64 {
-    n as f64 / t.as_secs_f64()
-}
-
-/// Runs `tasks` copies of `body(task_index, end)` after a short warm-up window;
-/// returns total cycles and the measured time.
-async fn run_tasks<F, Fut>(tasks: usize, secs: Duration, body: F) -> (u64, Duration)
+/// Runs `tasks` copies of `body(task_index, end)` until `end`; total cycles.
+async fn run_tasks<F, Fut>(tasks: usize, secs: Duration, body: &F) -> (u64, Duration)
 where
     F: Fn(usize, Instant) -> Fut,
     Fut: Future<Output = u64> + Send + 'static,
 {
-    let warm = Instant::now() + secs / 4;
-    let warmups: Vec<_> = (0..tasks).map(|i| tokio::spawn(body(i, warm))).collect();
-    for h in warmups {
-        h.await.unwrap();
-    }
     let start = Instant::now();
     let end = start + secs;
     let handles: Vec<_> = (0..tasks).map(|i| tokio::spawn(body(i, end))).collect();
@@ -51,130 +43,239 @@ where
     (total, start.elapsed())
 }
 
-async fn uncontended(cfg: &Cfg, tasks: usize, with_curator: bool) -> Vec<(&'static str, f64)> {
-    let tag = format!("bench{:x}", fastrand::u32(..));
-    let mut out = Vec::new();
+type Round<'a> =
+    Box<dyn FnMut(Duration) -> Pin<Box<dyn Future<Output = (u64, Duration)> + 'a>> + 'a>;
 
-    // Floor: create ephemeral-sequential + delete on one session, parents made once.
-    let client = Arc::new(Client::connect(&cfg.hosts).await.unwrap());
-    let parents: Vec<String> = (0..tasks).map(|i| format!("/dlock-test/{tag}-floor-{i}")).collect();
-    for p in &parents {
-        client
-            .create(p, &[], &CreateMode::Persistent.with_acls(Acls::anyone_all()))
-            .await
-            .unwrap();
-    }
-    let (n, d) = run_tasks(tasks, cfg.secs, |i, end| {
-        let client = Arc::clone(&client);
-        let prefix = format!("{}/lock-", parents[i]);
-        async move {
-            let opts = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
-            let mut n = 0;
-            while Instant::now() < end {
-                let (_, seq) = client.create(&prefix, b"", &opts).await.unwrap();
-                client.delete(&format!("{prefix}{seq}"), None).await.unwrap();
-                n += 1;
-            }
-            n
-        }
-    })
-    .await;
-    out.push(("floor (create ephemeral-sequential + delete)", rate(n, d)));
-    if std::env::var("DLOCK_BENCH_EXPLORE").is_ok() {
-        for variant in 1..=3u8 {
-            let (n, d) = run_tasks(tasks, cfg.secs, |i, end| {
-                let client = Arc::clone(&client);
-                let parent = parents[i].clone();
-                let prefix = format!("{}/lock-", parents[i]);
-                async move {
-                    let opts = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
-                    let mut n = 0;
-                    while Instant::now() < end {
-                        let create = client.create(&prefix, b"", &opts);
-                        let list = client.list_children(&parent);
-                        let (c, l) = tokio::join!(create, list);
-                        let (_, seq) = c.unwrap();
-                        l.unwrap();
-                        let node = format!("{prefix}{seq}");
-                        if variant >= 2 {
-                            let w = client.check_and_watch_stat(&node);
-                            if variant == 3 {
-                                w.await.unwrap();
-                            } else {
-                                drop(w);
-                            }
-                        }
-                        client.delete(&node, None).await.unwrap();
-                        n += 1;
-                    }
-                    n
-                }
-            })
-            .await;
-            let label = ["", "explore: create‖list + delete", "explore: + exists-watch not awaited", "explore: + exists-watch awaited"][variant as usize];
-            out.push((label, rate(n, d)));
+/// One implementation under test: its label, one round of it, and its running total.
+struct Contestant<'a> {
+    label: &'static str,
+    round: Round<'a>,
+    cycles: u64,
+    time: Duration,
+}
+
+impl<'a> Contestant<'a> {
+    fn new(label: &'static str, round: Round<'a>) -> Self {
+        Contestant {
+            label,
+            round,
+            cycles: 0,
+            time: Duration::ZERO,
         }
     }
-    for p in &parents {
-        client.delete(p, None).await.unwrap();
-    }
+}
 
-    let backend = ZkBackend::connect(&cfg.url).await.unwrap();
-    let m = DistributeLockManager::builder(backend.clone()).build().unwrap();
-    let (n, d) = run_tasks(tasks, cfg.secs, |i, end| {
-        let lock = m.lock(&format!("{tag}-dlock-{i}"));
-        async move {
-            let mut n = 0;
-            while Instant::now() < end {
-                let g = lock.try_lock(Duration::ZERO).await.unwrap().expect("uncontended");
-                g.unlock().await.unwrap();
-                n += 1;
-            }
-            n
-        }
-    })
-    .await;
-    out.push(("dlock (user API)", rate(n, d)));
-    m.close().await;
+/// The Java Curator benchmark server: rounds on request over stdin/stdout.
+struct Curator {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
 
-    let spi: Arc<dyn LockRemoteResource> = Arc::new(backend);
-    let (n, d) = run_tasks(tasks, cfg.secs, |i, end| {
-        let spi = Arc::clone(&spi);
-        let name = LockName::new(format!("{tag}-spi-{i}")).unwrap();
-        let owner = OwnerId::new(format!("bench:{i}"));
-        async move {
-            let mut n = 0;
-            while Instant::now() < end {
-                let got = spi.try_acquire(&AcquireRequest::new(name.clone(), owner.clone())).await.unwrap();
-                let token = got.token().expect("uncontended");
-                spi.release(&ReleaseRequest::new(name.clone(), owner.clone(), LockMode::Exclusive, token))
-                    .await
-                    .unwrap();
-                n += 1;
-            }
-            n
-        }
-    })
-    .await;
-    out.push(("dlock (SPI, backend only)", rate(n, d)));
-
-    if with_curator {
+impl Curator {
+    fn start(hosts: &str, path: &str) -> Curator {
         let mut java = testsuite::curator::worker().unwrap_or_else(|e| panic!("{e}"));
-        let path = format!("/dlock-test/{tag}-curator");
-        let secs = format!("{}", cfg.secs.as_secs_f64());
-        let output = java.args(["bench", &cfg.hosts, &path, &secs]).output().expect("run java");
-        let stdout = String::from_utf8_lossy(&output.stdout);
-        assert!(output.status.success(), "Curator bench failed: {stdout}\n{}", String::from_utf8_lossy(&output.stderr));
-        let line = stdout.lines().find(|l| l.starts_with("curator cycles=")).expect("curator result");
+        let mut child = java
+            .args(["serve", hosts, path])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("run java");
+        let stdin = child.stdin.take().unwrap();
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        stdout.read_line(&mut line).unwrap();
+        assert_eq!(line.trim(), "ready", "the Curator bench did not start");
+        Curator {
+            child,
+            stdin,
+            stdout,
+        }
+    }
+
+    /// One round, blocking this thread while Java runs it (nothing else is measured
+    /// meanwhile).
+    fn round(&mut self, secs: Duration) -> (u64, Duration) {
+        writeln!(self.stdin, "{}", secs.as_secs_f64()).unwrap();
+        self.stdin.flush().unwrap();
+        let mut line = String::new();
+        self.stdout.read_line(&mut line).unwrap();
         let field = |key: &str| -> f64 {
             line.split_whitespace()
                 .find_map(|kv| kv.strip_prefix(key))
                 .and_then(|v| v.parse().ok())
-                .expect("curator figure")
+                .unwrap_or_else(|| panic!("bad Curator answer {line:?}"))
         };
-        out.push(("Java Curator InterProcessMutex", field("cycles=") / field("seconds=")));
+        (
+            field("cycles=") as u64,
+            Duration::from_secs_f64(field("seconds=")),
+        )
     }
-    out
+}
+
+impl Drop for Curator {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+async fn scenario(
+    url: &str,
+    hosts: &str,
+    tasks: usize,
+    rounds: u32,
+    per_round: Duration,
+    with_curator: bool,
+) -> Vec<(&'static str, f64)> {
+    let tag = format!("bench{:x}", fastrand::u32(..));
+
+    // Floor: create ephemeral-sequential + delete on one session, parents made once.
+    let client = Arc::new(Client::connect(hosts).await.unwrap());
+    let parents: Arc<Vec<String>> = Arc::new(
+        (0..tasks)
+            .map(|i| format!("/dlock-test/{tag}-floor-{i}"))
+            .collect(),
+    );
+    for p in parents.iter() {
+        client
+            .create(
+                p,
+                &[],
+                &CreateMode::Persistent.with_acls(Acls::anyone_all()),
+            )
+            .await
+            .unwrap();
+    }
+    let floor = {
+        let client = Arc::clone(&client);
+        let parents = Arc::clone(&parents);
+        move |i: usize, end: Instant| {
+            let client = Arc::clone(&client);
+            let prefix = format!("{}/lock-", parents[i]);
+            async move {
+                let opts = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
+                let mut n = 0;
+                while Instant::now() < end {
+                    let (_, seq) = client.create(&prefix, b"", &opts).await.unwrap();
+                    client
+                        .delete(&format!("{prefix}{seq}"), None)
+                        .await
+                        .unwrap();
+                    n += 1;
+                }
+                n
+            }
+        }
+    };
+
+    let backend = ZkBackend::connect(url).await.unwrap();
+    let m = DistributeLockManager::builder(backend.clone())
+        .build()
+        .unwrap();
+    let user_api = {
+        let locks: Vec<_> = (0..tasks)
+            .map(|i| m.lock(&format!("{tag}-dlock-{i}")))
+            .collect();
+        move |i: usize, end: Instant| {
+            let lock = locks[i].clone();
+            async move {
+                let mut n = 0;
+                while Instant::now() < end {
+                    let g = lock
+                        .try_lock(Duration::ZERO)
+                        .await
+                        .unwrap()
+                        .expect("uncontended");
+                    g.unlock().await.unwrap();
+                    n += 1;
+                }
+                n
+            }
+        }
+    };
+
+    let spi: Arc<dyn LockRemoteResource> = Arc::new(backend);
+    let backend_only = {
+        let tag = tag.clone();
+        move |i: usize, end: Instant| {
+            let spi = Arc::clone(&spi);
+            let name = LockName::new(format!("{tag}-spi-{i}")).unwrap();
+            let owner = OwnerId::new(format!("bench:{i}"));
+            async move {
+                let mut n = 0;
+                while Instant::now() < end {
+                    let got = spi
+                        .try_acquire(&AcquireRequest::new(name.clone(), owner.clone()))
+                        .await
+                        .unwrap();
+                    let token = got.token().expect("uncontended");
+                    spi.release(&ReleaseRequest::new(
+                        name.clone(),
+                        owner.clone(),
+                        LockMode::Exclusive,
+                        token,
+                    ))
+                    .await
+                    .unwrap();
+                    n += 1;
+                }
+                n
+            }
+        }
+    };
+
+    let mut curator =
+        with_curator.then(|| Curator::start(hosts, &format!("/dlock-test/{tag}-curator")));
+    let mut contestants = vec![
+        Contestant::new(
+            "floor (create ephemeral-sequential + delete)",
+            Box::new(|d| Box::pin(run_tasks(tasks, d, &floor))),
+        ),
+        Contestant::new(
+            "dlock (user API)",
+            Box::new(|d| Box::pin(run_tasks(tasks, d, &user_api))),
+        ),
+        Contestant::new(
+            "dlock (SPI, backend only)",
+            Box::new(|d| Box::pin(run_tasks(tasks, d, &backend_only))),
+        ),
+    ];
+    if let Some(curator) = curator.as_mut() {
+        contestants.push(Contestant::new(
+            "Java Curator InterProcessMutex",
+            Box::new(move |d| {
+                let result = curator.round(d);
+                Box::pin(async move { result })
+            }),
+        ));
+    }
+    // DLOCK_BENCH_IMPL=floor,SPI: only implementations whose label contains a word.
+    if let Ok(list) = std::env::var("DLOCK_BENCH_IMPL") {
+        contestants.retain(|c| list.split(',').any(|w| c.label.contains(w)));
+    }
+    // Warm-up round, not counted.
+    for c in contestants.iter_mut() {
+        (c.round)(per_round / 2).await;
+    }
+    for _ in 0..rounds {
+        for c in contestants.iter_mut() {
+            let (n, d) = (c.round)(per_round).await;
+            c.cycles += n;
+            c.time += d;
+        }
+    }
+    let rows = contestants
+        .iter()
+        .map(|c| (c.label, c.cycles as f64 / c.time.as_secs_f64()))
+        .collect();
+    drop(contestants);
+    m.close().await;
+    for p in parents.iter() {
+        client.delete(p, None).await.unwrap();
+    }
+    rows
 }
 
 fn main() {
@@ -184,29 +285,38 @@ fn main() {
         println!("zk not selected in DLOCK_TEST_BACKENDS; skipping the ZooKeeper bench");
         return;
     }
-    let url = std::env::var("DLOCK_ZK_URL").unwrap_or_else(|_| "zk://127.0.0.1:2181/dlock-test".into());
-    let hosts = url.trim_start_matches("zk://").split(['/', '?']).next().unwrap().to_owned();
-    let secs = if bench {
-        Duration::from_secs_f64(
-            std::env::var("DLOCK_BENCH_SECS")
-                .ok()
-                .and_then(|s| s.parse().ok())
-                .unwrap_or(3.0),
-        )
+    let url =
+        std::env::var("DLOCK_ZK_URL").unwrap_or_else(|_| "zk://127.0.0.1:2181/dlock-test".into());
+    let hosts = url
+        .trim_start_matches("zk://")
+        .split(['/', '?'])
+        .next()
+        .unwrap()
+        .to_owned();
+    let (rounds, total) = if bench {
+        let secs = std::env::var("DLOCK_BENCH_SECS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(6.0);
+        (6, Duration::from_secs_f64(secs))
     } else {
-        Duration::from_millis(200)
+        (1, Duration::from_millis(200))
     };
-    let cfg = Cfg { url, hosts, secs };
+    let per_round = total / rounds;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .unwrap();
     rt.block_on(async {
-        for (tasks, title, curator) in [(1usize, "1 task, uncontended", true), (16, "16 tasks on 16 locks, one session", false)] {
-            let rows = uncontended(&cfg, tasks, curator).await;
+        let only = std::env::var("DLOCK_BENCH_ONLY").unwrap_or_default();
+        for (tasks, title, curator, key) in [(1usize, "1 task, uncontended", true, "one"), (16, "16 tasks on 16 locks, one session", false, "many")] {
+            if !only.is_empty() && !only.split(',').any(|o| o == key) {
+                continue;
+            }
+            let rows = scenario(&url, &hosts, tasks, rounds, per_round, curator).await;
             let floor = rows.first().map_or(1.0, |r| r.1);
-            println!("\n**{title}** (acquire+release cycles/s)\n\n| implementation | cycles/s | × floor |\n|---|---|---|");
+            println!("\n**{title}** (acquire+release cycles/s, {rounds} interleaved rounds)\n\n| implementation | cycles/s | × floor |\n|---|---|---|");
             for (name, r) in rows {
                 println!("| {name} | {r:.0} | {:.2} |", r / floor);
             }

@@ -8,9 +8,12 @@
 //       exclusive create (fails if another holder is inside), read the counter, sleep,
 //       write counter + 1, remove the marker, release. Prints "ready" once connected
 //       and "curator acquired=N overlaps=M" at the end.
-//   bench    CONNECT LOCK_PATH SECONDS
-//       Uncontended acquire + release cycles of one InterProcessMutex for SECONDS;
-//       prints "curator cycles=N seconds=S".
+//   serve    CONNECT LOCK_PATH
+//       Benchmark server: warms up one InterProcessMutex for a second, prints "ready",
+//       then for each line SECONDS read from stdin runs uncontended acquire + release
+//       cycles for that long and prints "cycles=N seconds=S"; exits at end of input.
+//       (The Rust bench interleaves these rounds with its own, so drift in the
+//       machine's speed hits every implementation alike.)
 
 import java.nio.charset.StandardCharsets;
 import java.nio.file.FileAlreadyExistsException;
@@ -29,7 +32,7 @@ import org.apache.curator.retry.RetryNTimes;
 public final class CuratorWorker {
     public static void main(String[] args) throws Exception {
         if (args.length < 1) {
-            System.err.println("usage: counter CONNECT LOCK_PATH COUNTER_FILE ITERATIONS mutex|rw | bench CONNECT LOCK_PATH SECONDS");
+            System.err.println("usage: counter CONNECT LOCK_PATH COUNTER_FILE ITERATIONS mutex|rw | serve CONNECT LOCK_PATH");
             System.exit(64);
         }
         CuratorFramework client = CuratorFrameworkFactory.newClient(args[1], 10000, 5000, new RetryNTimes(10, 100));
@@ -43,8 +46,8 @@ public final class CuratorWorker {
                 System.out.println("ready");
                 System.out.flush();
                 counter(client, args[2], Paths.get(args[3]), Integer.parseInt(args[4]), args[5]);
-            } else if (args[0].equals("bench")) {
-                bench(client, args[2], Double.parseDouble(args[3]));
+            } else if (args[0].equals("serve")) {
+                serve(client, args[2]);
             } else {
                 System.err.println("unknown command " + args[0]);
                 System.exit(64);
@@ -89,23 +92,29 @@ public final class CuratorWorker {
         System.out.println("curator acquired=" + acquired + " overlaps=" + overlaps);
     }
 
-    static void bench(CuratorFramework client, String path, double seconds) throws Exception {
+    static void serve(CuratorFramework client, String path) throws Exception {
         InterProcessMutex lock = new InterProcessMutex(client, path);
-        // Warm up the connection and the JIT for a second, as the Rust side warms up too.
         long warm = System.nanoTime() + 1_000_000_000L;
         while (System.nanoTime() < warm) {
             lock.acquire();
             lock.release();
         }
-        long cycles = 0;
-        long start = System.nanoTime();
-        long end = start + (long) (seconds * 1e9);
-        while (System.nanoTime() < end) {
-            lock.acquire();
-            lock.release();
-            cycles++;
+        System.out.println("ready");
+        System.out.flush();
+        java.io.BufferedReader in = new java.io.BufferedReader(new java.io.InputStreamReader(System.in, StandardCharsets.UTF_8));
+        String line;
+        while ((line = in.readLine()) != null) {
+            double seconds = Double.parseDouble(line.trim());
+            long cycles = 0;
+            long start = System.nanoTime();
+            long end = start + (long) (seconds * 1e9);
+            while (System.nanoTime() < end) {
+                lock.acquire();
+                lock.release();
+                cycles++;
+            }
+            System.out.println("cycles=" + cycles + " seconds=" + (System.nanoTime() - start) / 1e9);
+            System.out.flush();
         }
-        double took = (System.nanoTime() - start) / 1e9;
-        System.out.println("curator cycles=" + cycles + " seconds=" + took);
     }
 }

@@ -403,7 +403,11 @@ impl Restart {
                 .arg(dir.join("start.sh"))
                 .stdin(Stdio::null())
                 .status();
-            assert!(started.is_ok_and(|s| s.success()), "could not restart {}", dir.display());
+            assert!(
+                started.is_ok_and(|s| s.success()),
+                "could not restart {}",
+                dir.display()
+            );
         }
     }
 }
