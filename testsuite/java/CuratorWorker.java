@@ -8,10 +8,12 @@
 //       exclusive create (fails if another holder is inside), read the counter, sleep,
 //       write counter + 1, remove the marker, release. Prints "ready" once connected
 //       and "curator acquired=N overlaps=M" at the end.
-//   serve    CONNECT LOCK_PATH
-//       Benchmark server: warms up one InterProcessMutex for a second, prints "ready",
-//       then for each line SECONDS read from stdin runs uncontended acquire + release
-//       cycles for that long and prints "cycles=N seconds=S"; exits at end of input.
+//   serve    CONNECT LOCK_PATH THREADS
+//       Benchmark server: THREADS threads, each with its own InterProcessMutex
+//       (LOCK_PATH-<i>) on the one client session. Warms up for a second, prints
+//       "ready", then for each line SECONDS read from stdin runs uncontended acquire +
+//       release cycles for that long and prints the total "cycles=N seconds=S"; exits
+//       at end of input.
 //       (The Rust bench interleaves these rounds with its own, so drift in the
 //       machine's speed hits every implementation alike.)
 
@@ -32,7 +34,7 @@ import org.apache.curator.retry.RetryNTimes;
 public final class CuratorWorker {
     public static void main(String[] args) throws Exception {
         if (args.length < 1) {
-            System.err.println("usage: counter CONNECT LOCK_PATH COUNTER_FILE ITERATIONS mutex|rw | serve CONNECT LOCK_PATH");
+            System.err.println("usage: counter CONNECT LOCK_PATH COUNTER_FILE ITERATIONS mutex|rw | serve CONNECT LOCK_PATH THREADS");
             System.exit(64);
         }
         CuratorFramework client = CuratorFrameworkFactory.newClient(args[1], 10000, 5000, new RetryNTimes(10, 100));
@@ -47,7 +49,7 @@ public final class CuratorWorker {
                 System.out.flush();
                 counter(client, args[2], Paths.get(args[3]), Integer.parseInt(args[4]), args[5]);
             } else if (args[0].equals("serve")) {
-                serve(client, args[2]);
+                serve(client, args[2], Integer.parseInt(args[3]));
             } else {
                 System.err.println("unknown command " + args[0]);
                 System.exit(64);
@@ -92,29 +94,53 @@ public final class CuratorWorker {
         System.out.println("curator acquired=" + acquired + " overlaps=" + overlaps);
     }
 
-    static void serve(CuratorFramework client, String path) throws Exception {
-        InterProcessMutex lock = new InterProcessMutex(client, path);
-        long warm = System.nanoTime() + 1_000_000_000L;
-        while (System.nanoTime() < warm) {
-            lock.acquire();
-            lock.release();
+    static void serve(CuratorFramework client, String path, int threads) throws Exception {
+        InterProcessMutex[] locks = new InterProcessMutex[threads];
+        for (int i = 0; i < threads; i++) {
+            locks[i] = new InterProcessMutex(client, path + "-" + i);
         }
+        cycleAll(locks, 1.0);
         System.out.println("ready");
         System.out.flush();
         java.io.BufferedReader in = new java.io.BufferedReader(new java.io.InputStreamReader(System.in, StandardCharsets.UTF_8));
         String line;
         while ((line = in.readLine()) != null) {
-            double seconds = Double.parseDouble(line.trim());
-            long cycles = 0;
             long start = System.nanoTime();
-            long end = start + (long) (seconds * 1e9);
-            while (System.nanoTime() < end) {
-                lock.acquire();
-                lock.release();
-                cycles++;
-            }
+            long cycles = cycleAll(locks, Double.parseDouble(line.trim()));
             System.out.println("cycles=" + cycles + " seconds=" + (System.nanoTime() - start) / 1e9);
             System.out.flush();
         }
+    }
+
+    /** Every lock cycled by its own thread for SECONDS; the total number of cycles. */
+    static long cycleAll(InterProcessMutex[] locks, double seconds) throws Exception {
+        long end = System.nanoTime() + (long) (seconds * 1e9);
+        java.util.concurrent.atomic.AtomicLong total = new java.util.concurrent.atomic.AtomicLong();
+        java.util.concurrent.atomic.AtomicReference<Exception> failure = new java.util.concurrent.atomic.AtomicReference<>();
+        Thread[] threads = new Thread[locks.length];
+        for (int i = 0; i < locks.length; i++) {
+            InterProcessMutex lock = locks[i];
+            threads[i] = new Thread(() -> {
+                long n = 0;
+                try {
+                    while (System.nanoTime() < end) {
+                        lock.acquire();
+                        lock.release();
+                        n++;
+                    }
+                } catch (Exception e) {
+                    failure.set(e);
+                }
+                total.addAndGet(n);
+            });
+            threads[i].start();
+        }
+        for (Thread t : threads) {
+            t.join();
+        }
+        if (failure.get() != null) {
+            throw failure.get();
+        }
+        return total.get();
     }
 }
