@@ -177,6 +177,16 @@ EOF
   sh "$dir/start.sh"
 }
 
+# stop_zk DIR: stops the server started from DIR, if its pid is still that server.
+stop_zk() {
+  local pid
+  pid=$(cat "$1/pid" 2>/dev/null) || return 0
+  if grep -qa QuorumPeerMain "/proc/$pid/cmdline" 2>/dev/null; then
+    kill "$pid" 2>/dev/null || true
+    wait_for 30 "ZooKeeper (pid $pid) to stop" sh -c "! kill -0 $pid"
+  fi
+}
+
 # write_zk_cfg DIR CLIENT_PORT [SERVER LINES…]
 write_zk_cfg() {
   local dir=$1 port=$2
@@ -202,6 +212,7 @@ ensure_zookeeper() {
   ensure_zookeeper_package
   if ! zk_serving 2181; then
     log "starting ZooKeeper on 127.0.0.1:2181"
+    stop_zk "$ZK_RUN_DIR/single"
     write_zk_cfg "$ZK_RUN_DIR/single" 2181
     start_zk "$ZK_RUN_DIR/single"
     wait_for 60 "ZooKeeper on 127.0.0.1:2181" zk_serving 2181
@@ -220,8 +231,7 @@ ensure_zookeeper_ensemble() {
   log "starting a 3-node ZooKeeper ensemble on 127.0.0.1:2191-2193"
   local i servers=()
   for i in 1 2 3; do
-    local pidfile="$DLOCK_ZK_ENSEMBLE_DIR/$i/pid"
-    [ -f "$pidfile" ] && kill "$(cat "$pidfile")" 2>/dev/null || true
+    stop_zk "$DLOCK_ZK_ENSEMBLE_DIR/$i"
     servers+=("server.$i=127.0.0.1:$((2890 + i)):$((3890 + i))")
   done
   for i in 1 2 3; do
