@@ -53,10 +53,8 @@ async fn run(url: &str, coalesce: bool, polling: bool, per_task: usize) -> (u64,
 }
 
 fn main() {
-    let bench = std::env::args().any(|a| a == "--bench");
-    let selected = std::env::var("DLOCK_TEST_BACKENDS").unwrap_or_else(|_| "redis".into());
-    if !selected.split(',').any(|l| l.trim() == "redis") {
-        println!("redis not selected in DLOCK_TEST_BACKENDS; skipping the coalescing bench");
+    let bench = testsuite::bench::is_bench();
+    if !testsuite::bench::backend_selected("redis", "coalescing") {
         return;
     }
     let url = std::env::var("DLOCK_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());

@@ -24,6 +24,7 @@ use dlock_api::spi::{
 use dlock_api::spi::{AcquireRequest, ReleaseRequest};
 use dlock_api::{DistributeLockManager, LockMode, LockName, LockRemoteResource, OwnerId};
 use dlock_redis::RedisBackend;
+use testsuite::bench::{backend_selected, is_bench, run_tasks};
 
 const RELEASE_LUA: &str =
     "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end";
@@ -45,22 +46,6 @@ fn wanted(label: &str) -> bool {
 
 fn rate(n: u64, t: Duration) -> f64 {
     n as f64 / t.as_secs_f64()
-}
-
-/// Runs `tasks` copies of `body(task_index)` for `secs`; returns total cycles and time.
-async fn run_tasks<F, Fut>(tasks: usize, secs: Duration, body: F) -> (u64, Duration)
-where
-    F: Fn(usize, Instant) -> Fut,
-    Fut: Future<Output = u64> + Send + 'static,
-{
-    let start = Instant::now();
-    let end = start + secs;
-    let handles: Vec<_> = (0..tasks).map(|i| tokio::spawn(body(i, end))).collect();
-    let mut total = 0;
-    for h in handles {
-        total += h.await.unwrap();
-    }
-    (total, start.elapsed())
 }
 
 async fn floor_conn(url: &str) -> redis::aio::ConnectionManager {
@@ -530,10 +515,8 @@ async fn many_held(cfg: &Cfg) {
 }
 
 fn main() {
-    let bench = std::env::args().any(|a| a == "--bench");
-    let selected = std::env::var("DLOCK_TEST_BACKENDS").unwrap_or_else(|_| "redis".into());
-    if !selected.split(',').any(|l| l.trim() == "redis") {
-        println!("redis not selected in DLOCK_TEST_BACKENDS; skipping the Redis bench");
+    let bench = is_bench();
+    if !backend_selected("redis", "Redis") {
         return;
     }
     let cfg = Cfg {

@@ -127,7 +127,7 @@ where
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
-    let bench = std::env::args().any(|a| a == "--bench");
+    let bench = testsuite::bench::is_bench();
     let labels =
         std::env::var("DLOCK_TEST_BACKENDS").unwrap_or_else(|_| "sqlite,mysql,postgres".into());
     let secs = if bench {

@@ -25,23 +25,8 @@ use std::time::{Duration, Instant};
 use dlock_api::spi::{AcquireRequest, ReleaseRequest};
 use dlock_api::{DistributeLockManager, LockMode, LockName, LockRemoteResource, OwnerId};
 use dlock_zk::ZkBackend;
+use testsuite::bench::{backend_selected, is_bench, run_tasks};
 use zookeeper_client::{Acls, Client, CreateMode};
-
-/// Runs `tasks` copies of `body(task_index, end)` until `end`; total cycles.
-async fn run_tasks<F, Fut>(tasks: usize, secs: Duration, body: &F) -> (u64, Duration)
-where
-    F: Fn(usize, Instant) -> Fut,
-    Fut: Future<Output = u64> + Send + 'static,
-{
-    let start = Instant::now();
-    let end = start + secs;
-    let handles: Vec<_> = (0..tasks).map(|i| tokio::spawn(body(i, end))).collect();
-    let mut total = 0;
-    for h in handles {
-        total += h.await.unwrap();
-    }
-    (total, start.elapsed())
-}
 
 type Round<'a> =
     Box<dyn FnMut(Duration) -> Pin<Box<dyn Future<Output = (u64, Duration)> + 'a>> + 'a>;
@@ -279,10 +264,8 @@ async fn scenario(
 }
 
 fn main() {
-    let bench = std::env::args().any(|a| a == "--bench");
-    let selected = std::env::var("DLOCK_TEST_BACKENDS").unwrap_or_else(|_| "zk".into());
-    if !selected.split(',').any(|l| l.trim() == "zk") {
-        println!("zk not selected in DLOCK_TEST_BACKENDS; skipping the ZooKeeper bench");
+    let bench = is_bench();
+    if !backend_selected("zk", "ZooKeeper") {
         return;
     }
     let url =

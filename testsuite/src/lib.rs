@@ -10,6 +10,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 pub mod backends;
+pub mod bench;
 pub mod conformance;
 pub mod curator;
 pub mod faults;

@@ -51,14 +51,19 @@ async fn raw_client(url: &str) -> Client {
     Client::connect(&hosts_of(url)).await.unwrap()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn nodes_follow_curators_layout_and_names_stay_under_the_root() {
-    let Some(url) = url_for("zk") else { return };
-    let backend = ZkBackend::connect(&url).await.unwrap();
+/// A backend, a manager over it, and a raw client to look at the tree.
+async fn setup(url: &str) -> (ZkBackend, DistributeLockManager, Client) {
+    let backend = ZkBackend::connect(url).await.unwrap();
     let m = DistributeLockManager::builder(backend.clone())
         .build()
         .unwrap();
-    let raw = raw_client(&url).await;
+    (backend, m, raw_client(url).await)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_follow_curators_layout_and_names_stay_under_the_root() {
+    let Some(url) = url_for("zk") else { return };
+    let (backend, m, raw) = setup(&url).await;
     for lock in [
         name("layout"),
         format!("../../zookeeper/{}", name("x")),
@@ -166,11 +171,7 @@ async fn an_owners_earlier_node_is_adopted_not_orphaned() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fencing_tokens_increase_across_deletion_of_the_lock_node() {
     let Some(url) = url_for("zk") else { return };
-    let backend = ZkBackend::connect(&url).await.unwrap();
-    let m = DistributeLockManager::builder(backend.clone())
-        .build()
-        .unwrap();
-    let raw = raw_client(&url).await;
+    let (backend, m, raw) = setup(&url).await;
     let lock = name("fence");
     let path = backend.lock_path(&LockName::new(lock.as_str()).unwrap());
     let mut last = 0;

@@ -1,0 +1,39 @@
+//! Pieces the benchmark binaries share (`benches/*.rs`, run with `cargo bench`; under
+//! `cargo test` they make a short smoke pass).
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+/// Whether the binary runs as a real benchmark (`cargo bench` passes `--bench`)
+/// rather than as a smoke test.
+pub fn is_bench() -> bool {
+    std::env::args().any(|a| a == "--bench")
+}
+
+/// Whether `label` is among the backends in `DLOCK_TEST_BACKENDS` (default: `label`
+/// itself, so a bare `cargo bench --bench <name>` runs); says so when it is not.
+pub fn backend_selected(label: &str, bench: &str) -> bool {
+    let selected = std::env::var("DLOCK_TEST_BACKENDS").unwrap_or_else(|_| label.to_owned());
+    let on = selected.split(',').any(|l| l.trim() == label);
+    if !on {
+        println!("{label} not selected in DLOCK_TEST_BACKENDS; not running the {bench} bench");
+    }
+    on
+}
+
+/// Runs `tasks` copies of `body(task_index, end)` until `end` (each returns how many
+/// cycles it made); returns the total and the time taken.
+pub async fn run_tasks<F, Fut>(tasks: usize, secs: Duration, body: F) -> (u64, Duration)
+where
+    F: Fn(usize, Instant) -> Fut,
+    Fut: Future<Output = u64> + Send + 'static,
+{
+    let start = Instant::now();
+    let end = start + secs;
+    let handles: Vec<_> = (0..tasks).map(|i| tokio::spawn(body(i, end))).collect();
+    let mut total = 0;
+    for h in handles {
+        total += h.await.expect("bench task");
+    }
+    (total, start.elapsed())
+}
