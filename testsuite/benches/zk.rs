@@ -116,6 +116,9 @@ async fn scenario(
 ) -> Vec<(&'static str, f64)> {
     let tag = format!("bench{:x}", fastrand::u32(..));
 
+    // Connecting dlock first also creates the root the floor's parents go under.
+    let backend = ZkBackend::connect(url).await.unwrap();
+
     // Floor: create ephemeral-sequential + delete on one session, parents made once.
     let client = Arc::new(Client::connect(hosts).await.unwrap());
     let parents: Arc<Vec<String>> = Arc::new(
@@ -155,7 +158,6 @@ async fn scenario(
         }
     };
 
-    let backend = ZkBackend::connect(url).await.unwrap();
     let m = DistributeLockManager::builder(backend.clone())
         .build()
         .unwrap();
