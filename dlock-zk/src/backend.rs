@@ -22,10 +22,33 @@ use crate::layout::{self, Contender, ExclusiveNode};
 use crate::session::{ConnectSpec, Session, SessionPhase, Sessions};
 use crate::{parse_url, ZkOptions};
 
-const EPHEMERAL_SEQUENTIAL: CreateOptions<'static> =
-    CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
-const CONTAINER: CreateOptions<'static> = CreateMode::Container.with_acls(Acls::anyone_all());
-const PERSISTENT: CreateOptions<'static> = CreateMode::Persistent.with_acls(Acls::anyone_all());
+/// The ACLs of the nodes dlock creates: open, or — when the URL carries digest
+/// credentials — full rights for that identity only, so a root an operator secured
+/// stays secured below the lock nodes dlock creates.
+#[derive(Debug, Clone, Copy)]
+struct NodeAcls(Acls<'static>);
+
+impl NodeAcls {
+    fn new(authenticated: bool) -> Self {
+        NodeAcls(if authenticated {
+            Acls::creator_all()
+        } else {
+            Acls::anyone_all()
+        })
+    }
+
+    fn contender(self) -> CreateOptions<'static> {
+        CreateMode::EphemeralSequential.with_acls(self.0)
+    }
+
+    fn lock_node(self) -> CreateOptions<'static> {
+        CreateMode::Container.with_acls(self.0)
+    }
+
+    fn root(self) -> CreateOptions<'static> {
+        CreateMode::Persistent.with_acls(self.0)
+    }
+}
 
 /// Marks node data written by dlock: `dlock1\n<owner>\n<context>`.
 const DATA_MAGIC: &[u8] = b"dlock1\n";
@@ -44,6 +67,7 @@ struct Inner {
     sessions: Arc<Sessions>,
     root: String,
     exclusive: ExclusiveNode,
+    acls: NodeAcls,
     /// Nodes this backend holds, by owner: for release, renew and reentry.
     held: Mutex<HashMap<HeldKey, HeldNode>>,
     /// Looks at a lock's queue (one per acquire, one per wake-up).
@@ -104,10 +128,11 @@ impl ZkBackend {
             .set_retryable(e.is_retryable())
         })?;
         let root = parsed.options.root;
+        let acls = NodeAcls::new(parsed.options.digest.is_some());
         sessions
             .current()
             .client
-            .mkdir(&root, &PERSISTENT)
+            .mkdir(&root, &acls.root())
             .await
             .map_err(|e| map_zk(e, "create root"))?;
         Ok(ZkBackend {
@@ -115,6 +140,7 @@ impl ZkBackend {
                 sessions,
                 root,
                 exclusive: parsed.options.exclusive_node,
+                acls,
                 held: Mutex::new(HashMap::new()),
                 attempts: AtomicU64::new(0),
                 _shutdown: shutdown,
@@ -176,7 +202,7 @@ impl Inner {
         let client = &session.client;
         let node_path = format!("{lock}/{prefix}");
         for _ in 0..3 {
-            let create = client.create(&node_path, data, &EPHEMERAL_SEQUENTIAL);
+            let create = client.create(&node_path, data, &self.acls.contender());
             let list = client.list_and_watch_children(lock);
             let (created, listed) = tokio::join!(create, list);
             let (node, token) = match created {
@@ -296,13 +322,17 @@ impl Inner {
     }
 
     async fn create_lock_node(&self, session: &Session, lock: &str) -> Result<()> {
-        match session.client.create(lock, &[], &CONTAINER).await {
+        match session
+            .client
+            .create(lock, &[], &self.acls.lock_node())
+            .await
+        {
             Ok(_) | Err(ZkError::NodeExists) => Ok(()),
             Err(ZkError::NoNode) => {
                 // The root itself is gone (deleted by hand): put it back.
                 session
                     .client
-                    .mkdir(&self.root, &PERSISTENT)
+                    .mkdir(&self.root, &self.acls.root())
                     .await
                     .map_err(|e| map_zk(e, "create root"))
             }

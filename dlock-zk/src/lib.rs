@@ -60,7 +60,9 @@ pub struct ZkOptions {
     /// The session timeout to ask the server for (it clamps it to 2–20 ticks).
     /// Default 10 s.
     pub session_timeout: Duration,
-    /// `user:password` for ZooKeeper's digest authentication.
+    /// `user:password` for ZooKeeper's digest authentication. With it, the nodes
+    /// dlock creates get a creator-all ACL (writable by this identity only); without,
+    /// they are open to everyone.
     pub digest: Option<String>,
     /// How exclusive holds are named, for interoperating with Curator recipes.
     pub exclusive_node: ExclusiveNode,

@@ -60,7 +60,9 @@ impl ConnectSpec {
         let mut connector = Client::connector();
         // Try every host once and fail, rather than cycling until the session timeout:
         // an unreachable ensemble is reported at once; the supervisor retries itself.
-        connector.session_timeout(self.session_timeout).fail_eagerly();
+        connector
+            .session_timeout(self.session_timeout)
+            .fail_eagerly();
         if let Some(digest) = &self.digest {
             connector.auth("digest".to_owned(), digest.as_bytes().to_vec());
         }

@@ -193,6 +193,61 @@ async fn fencing_tokens_increase_across_deletion_of_the_lock_node() {
     m.close().await;
 }
 
+/// Digest credentials in the URL are used: under a root only an authenticated user
+/// may write to, the client with the credentials locks and the one without gets a
+/// configuration error saying access was refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn digest_credentials_in_the_url_are_used() {
+    let Some(url) = url_for("zk") else { return };
+    let hosts = hosts_of(&url);
+    let root = format!("/dlock-secure-{:x}", fastrand::u64(..));
+    let mut connector = Client::connector();
+    connector.auth("digest".to_owned(), b"app:s3cret".to_vec());
+    let owner = connector.connect(&hosts).await.unwrap();
+    owner
+        .create(
+            &root,
+            &[],
+            &zookeeper_client::CreateMode::Persistent
+                .with_acls(zookeeper_client::Acls::creator_all()),
+        )
+        .await
+        .unwrap();
+
+    let allowed = manager(&format!("zk://app:s3cret@{hosts}{root}")).await;
+    let g = allowed
+        .lock("secure")
+        .try_lock(Duration::ZERO)
+        .await
+        .unwrap()
+        .expect("free");
+    assert!(g.fencing_token().get() > 0);
+    g.unlock().await.unwrap();
+    allowed.close().await;
+
+    let refused = manager(&format!("zk://{hosts}{root}")).await;
+    let err = refused
+        .lock("secure")
+        .try_lock(Duration::ZERO)
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), dlock_api::ErrorKind::Config, "{err}");
+    assert!(err.to_string().contains("refused access"), "{err}");
+    let wrong = manager(&format!("zk://app:wrong@{hosts}{root}")).await;
+    let err = wrong
+        .lock("secure")
+        .try_lock(Duration::ZERO)
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), dlock_api::ErrorKind::Config, "{err}");
+    refused.close().await;
+    wrong.close().await;
+    for child in owner.list_children(&root).await.unwrap() {
+        let _ = owner.delete(&format!("{root}/{child}"), None).await;
+    }
+    owner.delete(&root, None).await.unwrap();
+}
+
 /// A partition between the holder and ZooKeeper: the guard is suspended at once and
 /// lost once half the session timeout passes; the server expires the session later,
 /// and only then does another client get the lock. After the partition heals, the
