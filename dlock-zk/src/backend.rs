@@ -194,7 +194,7 @@ impl Inner {
     /// the owner already had one (a retried or repeated acquire).
     async fn enqueue(
         &self,
-        session: &Session,
+        session: &Arc<Session>,
         lock: &str,
         prefix: &str,
         data: &[u8],
@@ -234,7 +234,8 @@ impl Inner {
             let (children, watch) = match listed {
                 Ok(listed) => listed,
                 Err(err) => {
-                    delete_quietly(session, format!("{lock}/{node}"));
+                    self.sessions
+                        .delete_later(session, format!("{lock}/{node}"));
                     return Err(map_zk(err, "list"));
                 }
             };
@@ -465,7 +466,8 @@ impl ZkBackend {
         let data = node_data(&req.owner, &req.context);
         let session = Arc::clone(session);
         let mut mine = inner.enqueue(&session, &lock, &prefix, &data).await?;
-        let mut pending = PendingNode::new(&session, format!("{lock}/{}", mine.node));
+        let mut pending =
+            PendingNode::new(&inner.sessions, &session, format!("{lock}/{}", mine.node));
         let mut enqueues = 1;
         loop {
             inner.attempts.fetch_add(1, Ordering::Relaxed);
@@ -477,7 +479,8 @@ impl ZkBackend {
                     return Ok(AcquireResult::not_acquired(None, None));
                 }
                 mine = inner.enqueue(&session, &lock, &prefix, &data).await?;
-                pending = PendingNode::new(&session, format!("{lock}/{}", mine.node));
+                pending =
+                    PendingNode::new(&inner.sessions, &session, format!("{lock}/{}", mine.node));
                 enqueues += 1;
                 continue;
             };
@@ -533,14 +536,26 @@ impl ZkBackend {
                         }
                     }
                 }
+                // A blip: our node survives it with the session; wait and look again.
+                Err(ZkError::ConnectionLoss)
+                    if inner.sessions.reconnected(&session, deadline).await => {}
                 Err(err) => return Err(map_zk(err, "watch")),
             }
-            (mine.children, mine.watch) = match session.client.list_and_watch_children(&lock).await
-            {
-                Ok((children, watch)) => (children, Some(watch)),
-                Err(ZkError::NoNode) => (Vec::new(), None),
-                Err(err) => return Err(map_zk(err, "list")),
-            };
+            loop {
+                match session.client.list_and_watch_children(&lock).await {
+                    Ok((children, watch)) => {
+                        (mine.children, mine.watch) = (children, Some(watch));
+                    }
+                    Err(ZkError::NoNode) => (mine.children, mine.watch) = (Vec::new(), None),
+                    Err(ZkError::ConnectionLoss)
+                        if inner.sessions.reconnected(&session, deadline).await =>
+                    {
+                        continue
+                    }
+                    Err(err) => return Err(map_zk(err, "list")),
+                }
+                break;
+            }
         }
     }
 
@@ -810,13 +825,15 @@ async fn next_event(watcher: &mut Option<PendingEvent>) -> WatchedEvent {
 
 /// A contender node that must not outlive a failed, timed-out or cancelled acquire.
 struct PendingNode {
+    sessions: Arc<Sessions>,
     session: Arc<Session>,
     path: Option<String>,
 }
 
 impl PendingNode {
-    fn new(session: &Arc<Session>, path: String) -> Self {
+    fn new(sessions: &Arc<Sessions>, session: &Arc<Session>, path: String) -> Self {
         PendingNode {
+            sessions: Arc::clone(sessions),
             session: Arc::clone(session),
             path: Some(path),
         }
@@ -827,14 +844,13 @@ impl PendingNode {
         self.path = None;
     }
 
-    /// Deletes the node and waits for the answer, so the queue is clean on return.
+    /// Deletes the node and waits for the answer, so the queue is clean on return
+    /// (when the connection is down, the delete is retried in the background).
     async fn delete(&mut self) {
         if let Some(path) = self.path.take() {
             match self.session.client.delete(&path, None).await {
                 Ok(()) | Err(ZkError::NoNode) => {}
-                Err(err) => {
-                    tracing::warn!(node = %path, error = %err, "dlock-zk: could not delete an abandoned contender node; it goes with the session");
-                }
+                Err(_) => self.sessions.delete_later(&self.session, path),
             }
         }
     }
@@ -843,23 +859,9 @@ impl PendingNode {
 impl Drop for PendingNode {
     fn drop(&mut self) {
         if let Some(path) = self.path.take() {
-            // Cancelled while waiting: the request is sent now, on this session.
-            delete_quietly(&self.session, path);
+            // Cancelled while waiting: the delete is sent now, on this session.
+            self.sessions.delete_later(&self.session, path);
         }
-    }
-}
-
-/// Sends a delete and does not wait for it (the request leaves at once).
-fn delete_quietly(session: &Session, path: String) {
-    let delete = session.client.delete(&path, None);
-    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-        runtime.spawn(async move {
-            if let Err(err) = delete.await {
-                if err != ZkError::NoNode {
-                    tracing::debug!(node = %path, error = %err, "dlock-zk: delete of a stray node failed");
-                }
-            }
-        });
     }
 }
 

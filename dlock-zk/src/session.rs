@@ -143,6 +143,47 @@ impl Sessions {
         }
     }
 
+    /// Waits until `session` is connected again; false if it ended (or was given up
+    /// on) instead, or `deadline` passed first.
+    pub(crate) async fn reconnected(&self, session: &Session, deadline: Instant) -> bool {
+        let mut status = self.status.subscribe();
+        let settled = status.wait_for(|s| s.id != session.id || s.phase != SessionPhase::Suspended);
+        let outcome = tokio::time::timeout_at(deadline.into(), settled)
+            .await
+            .ok()
+            .and_then(|r| r.ok().map(|s| *s));
+        outcome.is_some_and(|s| s.id == session.id && s.phase == SessionPhase::Connected)
+    }
+
+    /// Deletes a node we no longer want (an abandoned contender) in the background.
+    /// If the connection is down, the delete is sent again once it is back; if the
+    /// session ends instead, the server removes the (ephemeral) node itself.
+    pub(crate) fn delete_later(self: &Arc<Self>, session: &Arc<Session>, path: String) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let sessions = Arc::downgrade(self);
+        let session = Arc::clone(session);
+        runtime.spawn(async move {
+            for _ in 0..10 {
+                match session.client.delete(&path, None).await {
+                    Ok(()) | Err(zookeeper_client::Error::NoNode) => return,
+                    Err(zookeeper_client::Error::ConnectionLoss) => {
+                        let Some(sessions) = sessions.upgrade() else { return };
+                        let limit = Instant::now() + session.client.session_timeout();
+                        if !sessions.reconnected(&session, limit).await {
+                            return;
+                        }
+                    }
+                    Err(err) => {
+                        tracing::warn!(node = %path, error = %err, "dlock-zk: could not delete an abandoned contender node; it goes with the session");
+                        return;
+                    }
+                }
+            }
+        });
+    }
+
     /// Whether `session` has ended (expired, closed, or given up on).
     pub(crate) fn has_ended(&self, session: &Session) -> bool {
         let status = *self.status.borrow();

@@ -248,6 +248,80 @@ async fn digest_credentials_in_the_url_are_used() {
     owner.delete(&root, None).await.unwrap();
 }
 
+/// A connection blip (reset, back within the session timeout) does not cost a waiter
+/// its place: the release it missed while disconnected wakes it once it is back. And a
+/// waiter that times out while disconnected has its node deleted once the connection
+/// returns, so it does not block the queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_ride_out_a_connection_blip_and_leave_no_node_behind() {
+    let Some(url) = url_for("zk") else { return };
+    let upstream = hosts_of(&url).split(',').next().unwrap().parse().unwrap();
+    let proxy = FaultProxy::start(upstream).await.unwrap();
+    let via_proxy = format!("zk://{}/dlock-test?session_timeout=5000ms", proxy.addr());
+    let (holder, waiter) = (manager(&url).await, manager(&via_proxy).await);
+    let lock = name("blip");
+    let waiters = |n: usize| {
+        let (holder, lock) = (holder.clone(), lock.clone());
+        async move {
+            eventually(Duration::from_secs(5), || async {
+                holder.inspect(&lock).await.unwrap().and_then(|s| s.waiters) == Some(n)
+            })
+            .await
+        }
+    };
+
+    // 1. The release happens while the waiter is cut off.
+    let held = holder
+        .lock(&lock)
+        .try_lock(Duration::ZERO)
+        .await
+        .unwrap()
+        .expect("free");
+    let contender = waiter.lock(&lock);
+    let waiting = tokio::spawn(async move { contender.try_lock(Duration::from_secs(15)).await });
+    assert!(waiters(1).await, "the waiter queued");
+    proxy.set(Fault::Reset);
+    held.unlock().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await; // the outage being tested
+    proxy.set(Fault::Pass);
+    let got = waiting
+        .await
+        .unwrap()
+        .unwrap()
+        .expect("the waiter got the lock after the blip");
+    assert!(!got.is_lost());
+    let state = holder.inspect(&lock).await.unwrap().expect("held");
+    assert_eq!(state.holders[0].token, got.fencing_token());
+    got.unlock().await.unwrap();
+
+    // 2. A waiter times out while cut off: its node goes once the connection is back.
+    let held = holder
+        .lock(&lock)
+        .try_lock(Duration::ZERO)
+        .await
+        .unwrap()
+        .expect("free");
+    let contender = waiter.lock(&lock);
+    let waiting =
+        tokio::spawn(async move { contender.try_lock(Duration::from_millis(1500)).await });
+    assert!(waiters(1).await, "the waiter queued");
+    proxy.set(Fault::Reset);
+    let outcome = waiting.await.unwrap();
+    assert!(
+        !matches!(outcome, Ok(Some(_))),
+        "no lock while cut off: {outcome:?}"
+    );
+    proxy.set(Fault::Pass);
+    assert!(
+        waiters(0).await,
+        "the timed-out waiter's node is gone once reconnected"
+    );
+    held.unlock().await.unwrap();
+    assert!(holder.inspect(&lock).await.unwrap().is_none());
+    holder.close().await;
+    waiter.close().await;
+}
+
 /// A partition between the holder and ZooKeeper: the guard is suspended at once and
 /// lost once half the session timeout passes; the server expires the session later,
 /// and only then does another client get the lock. After the partition heals, the
