@@ -42,9 +42,10 @@
 //!
 //! A ZooKeeper lock is tied to its client's session instead of a lease. The guard is
 //! *suspended* ([`LockGuard::is_suspended`]) while the connection is down, and lost
-//! once the session expires or stays disconnected for half its timeout — before the
+//! once the session expires or stays disconnected for 0.4 × its timeout — before the
 //! server can expire the session and grant the lock to someone else, given equal clock
-//! rates and round trips under 5 % of the session timeout (see `dlock-zk`).
+//! rates and round trips plus timer delays under 15 % of the session timeout (see
+//! `dlock-zk`).
 #![deny(missing_docs)]
 
 mod connect;

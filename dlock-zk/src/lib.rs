@@ -33,8 +33,8 @@
 //! * **Session, not lease**: holds need no renewal (the watchdog stays idle). Each hold
 //!   pushes its status to its guard: *suspended* as soon as the connection drops,
 //!   *lost* ([`LostReason::SessionExpired`](dlock_spi::LostReason)) when the session
-//!   expires or stays disconnected for half the session timeout — early enough that the
-//!   server cannot have handed the lock to another client yet (see the `session`
+//!   expires or stays disconnected for 0.4 × the session timeout — early enough that
+//!   the server cannot have handed the lock to another client yet (see the `session`
 //!   module's notes for the exact bound) — and lost
 //!   ([`LostReason::NotOwner`](dlock_spi::LostReason)) when someone deletes the node.
 #![deny(missing_docs)]

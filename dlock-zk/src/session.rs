@@ -5,17 +5,18 @@
 //! [`SessionStatus`]:
 //!
 //! * connection down → [`SessionPhase::Suspended`] at once;
-//! * still down after half the negotiated session timeout, or the server reports the
+//! * still down 0.4 × the negotiated session timeout later, or the server reports the
 //!   session expired → [`SessionPhase::Lost`], and a new session is opened.
 //!
-//! Why half: the client notices a dead connection when nothing arrived for its
-//! connection timeout (2/5 of the session timeout) plus one tick (1/20), so the server
-//! last heard from it no earlier than 0.45 × timeout before the client noticed, and
-//! cannot expire the session (and hand its locks to others) sooner than 0.55 × timeout
-//! after. Declaring the loss at 0.5 × timeout is therefore early, provided the two
-//! clocks run at the same rate and a round trip takes less than 5 % of the session
-//! timeout. A session judged lost is abandoned even if the connection comes back: its
-//! client is dropped, which closes the session and deletes its nodes.
+//! Why 0.4: the client notices a dead connection when nothing arrived for its
+//! connection timeout (2/5 of the session timeout) plus at most one tick (1/20), so
+//! the server last heard from it no earlier than 0.45 × timeout (plus a round trip)
+//! before the client noticed, and cannot expire the session — and hand its locks to
+//! others — sooner than 0.55 × timeout (minus a round trip) after. Declaring the loss
+//! at 0.4 × timeout leaves 0.15 × timeout (1.5 s at the default 10 s) for round trips
+//! and a late timer on a busy machine, provided the client's and the server's clocks
+//! run at the same rate. A session judged lost is abandoned even if the connection
+//! comes back: its client is dropped, which closes the session and deletes its nodes.
 
 use std::sync::{Arc, PoisonError, RwLock, Weak};
 use std::time::{Duration, Instant};
@@ -213,7 +214,7 @@ async fn supervise(sessions: Weak<Sessions>, mut shutdown: watch::Receiver<()>) 
             return;
         };
         let session = strong.current();
-        let grace = session.client.session_timeout() / 2;
+        let grace = session.client.session_timeout() * 2 / 5;
         let mut states = session.client.state_watcher();
         drop(strong);
         let mut state = states.state();
@@ -244,7 +245,7 @@ async fn supervise(sessions: Weak<Sessions>, mut shutdown: watch::Receiver<()>) 
             tokio::select! {
                 next = states.changed() => state = next,
                 () = give_up => {
-                    tracing::warn!(session = session.id.0, "dlock-zk: disconnected for half the session timeout; the session's locks are declared lost");
+                    tracing::warn!(session = session.id.0, "dlock-zk: disconnected for 0.4 × the session timeout; the session's locks are declared lost");
                     state = SessionState::Expired;
                 }
                 _ = shutdown.changed() => return,

@@ -323,7 +323,7 @@ async fn waiters_ride_out_a_connection_blip_and_leave_no_node_behind() {
 }
 
 /// A partition between the holder and ZooKeeper: the guard is suspended at once and
-/// lost once half the session timeout passes; the server expires the session later,
+/// lost once 0.4 × the session timeout passes; the server expires the session later,
 /// and only then does another client get the lock. After the partition heals, the
 /// first client works again on a new session.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -332,7 +332,7 @@ async fn session_loss_is_signalled_before_another_client_gets_the_lock() {
     let upstream = hosts_of(&url).split(',').next().unwrap().parse().unwrap();
     let proxy = FaultProxy::start(upstream).await.unwrap();
     let a = manager(&format!(
-        "zk://{}/dlock-test?session_timeout=2000ms",
+        "zk://{}/dlock-test?session_timeout=4000ms",
         proxy.addr()
     ))
     .await;
