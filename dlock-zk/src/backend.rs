@@ -486,7 +486,12 @@ impl ZkBackend {
             };
             let ahead = match layout::standing(&queue, index) {
                 Ok(ahead) => ahead.map(|c| format!("{lock}/{}", c.node)),
-                Err(()) => None,
+                Err(()) => {
+                    return Err(Error::new(
+                        dlock_spi::ErrorKind::Backend,
+                        "dlock-zk lost track of its node in the queue (a bug); retry",
+                    ))
+                }
             };
             let Some(ahead) = ahead else {
                 pending.disarm();
