@@ -59,11 +59,7 @@ fn main() {
     }
     let url = std::env::var("DLOCK_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
     let per_task = if bench { 20 } else { 2 };
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = testsuite::bench::runtime();
     rt.block_on(async {
         println!("| waiting | coalescing | acquisitions | backend acquire calls | calls per acquisition | acquisitions/s |");
         println!("|---|---|---|---|---|---|");

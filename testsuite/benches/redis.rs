@@ -533,11 +533,7 @@ fn main() {
         },
         smoke: !bench,
     };
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = testsuite::bench::runtime();
     let only = std::env::var("DLOCK_BENCH_ONLY").unwrap_or_default();
     let want = |s: &str| only.is_empty() || only.split(',').any(|o| o == s);
     rt.block_on(async {

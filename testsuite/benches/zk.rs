@@ -288,11 +288,7 @@ fn main() {
         (1, Duration::from_millis(200))
     };
     let per_round = total / rounds;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = testsuite::bench::runtime();
     rt.block_on(async {
         let only = std::env::var("DLOCK_BENCH_ONLY").unwrap_or_default();
         for (tasks, title, curator, key) in [(1usize, "1 task, uncontended", true, "one"), (16, "16 tasks on 16 locks, one session", true, "many")] {

@@ -37,3 +37,12 @@ where
     }
     (total, start.elapsed())
 }
+
+/// The runtime every bench runs on: 2 worker threads, as many as the machine's cores.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
+}

@@ -138,7 +138,8 @@ async fn holders(m: &DistributeLockManager, name: &str) -> Vec<OwnerId> {
         .unwrap_or_default()
 }
 
-async fn take(lock: &dlock_api::DistributeLock, wait: Duration) -> LockGuard {
+/// Takes `lock` within `wait`, failing the test if it is not granted.
+pub async fn take(lock: &dlock_api::DistributeLock, wait: Duration) -> LockGuard {
     lock.try_lock(wait)
         .await
         .expect("acquire without error")

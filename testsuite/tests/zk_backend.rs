@@ -14,7 +14,7 @@ use dlock_api::{DistributeLockManager, LockMode, LostReason};
 use dlock_spi::{AcquireRequest, LockName, LockRemoteResource, OwnerId};
 use dlock_zk::ZkBackend;
 use testsuite::backends::server_url;
-use testsuite::conformance::eventually;
+use testsuite::conformance::{eventually, take};
 use testsuite::curator;
 use testsuite::proxy::{Fault, FaultProxy};
 use testsuite::runner::selected;
@@ -77,12 +77,7 @@ async fn nodes_follow_curators_layout_and_names_stay_under_the_root() {
             2,
             "{lock:?} left its segment: {path}"
         );
-        let g = m
-            .lock(&lock)
-            .try_lock(Duration::ZERO)
-            .await
-            .unwrap()
-            .expect("free");
+        let g = take(&m.lock(&lock), Duration::ZERO).await;
         let children = raw.list_children(&path).await.unwrap();
         assert_eq!(children.len(), 1, "{children:?}");
         let node = &children[0];
@@ -176,12 +171,7 @@ async fn fencing_tokens_increase_across_deletion_of_the_lock_node() {
     let path = backend.lock_path(&LockName::new(lock.as_str()).unwrap());
     let mut last = 0;
     for round in 0..3 {
-        let g = m
-            .lock(&lock)
-            .try_lock(Duration::ZERO)
-            .await
-            .unwrap()
-            .expect("free");
+        let g = take(&m.lock(&lock), Duration::ZERO).await;
         let token = g.fencing_token().get();
         assert!(token > last, "round {round}: token {token} after {last}");
         last = token;
@@ -271,12 +261,7 @@ async fn waiters_ride_out_a_connection_blip_and_leave_no_node_behind() {
     };
 
     // 1. The release happens while the waiter is cut off.
-    let held = holder
-        .lock(&lock)
-        .try_lock(Duration::ZERO)
-        .await
-        .unwrap()
-        .expect("free");
+    let held = take(&holder.lock(&lock), Duration::ZERO).await;
     let contender = waiter.lock(&lock);
     let waiting = tokio::spawn(async move { contender.try_lock(Duration::from_secs(15)).await });
     assert!(waiters(1).await, "the waiter queued");
@@ -295,12 +280,7 @@ async fn waiters_ride_out_a_connection_blip_and_leave_no_node_behind() {
     got.unlock().await.unwrap();
 
     // 2. A waiter times out while cut off: its node goes once the connection is back.
-    let held = holder
-        .lock(&lock)
-        .try_lock(Duration::ZERO)
-        .await
-        .unwrap()
-        .expect("free");
+    let held = take(&holder.lock(&lock), Duration::ZERO).await;
     let contender = waiter.lock(&lock);
     let waiting =
         tokio::spawn(async move { contender.try_lock(Duration::from_millis(1500)).await });
@@ -338,12 +318,7 @@ async fn session_loss_is_signalled_before_another_client_gets_the_lock() {
     .await;
     let b = manager(&url).await;
     let lock = name("expire");
-    let held = a
-        .lock(&lock)
-        .try_lock(Duration::ZERO)
-        .await
-        .unwrap()
-        .expect("free");
+    let held = take(&a.lock(&lock), Duration::ZERO).await;
     let signal = held.lost_signal();
 
     proxy.set(Fault::Blackhole);
@@ -416,12 +391,7 @@ async fn stopping_the_leader_keeps_the_lock_or_reports_its_loss() {
         .unwrap();
     let other = manager(&url).await;
     let lock = name("leader");
-    let guard = holder
-        .lock(&lock)
-        .try_lock(Duration::ZERO)
-        .await
-        .unwrap()
-        .expect("free");
+    let guard = take(&holder.lock(&lock), Duration::ZERO).await;
 
     let leader = ensemble_leader().await.expect("the ensemble has a leader");
     let node_dir = dir.join(leader.to_string());
