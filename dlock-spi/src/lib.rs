@@ -9,6 +9,8 @@
 //! * [`LockHandler`] with [`AcquireChain`] / [`ReleaseChain`] — interceptors on the
 //!   acquire and release paths, composed by [`HandlerChain`] as
 //!   Head → handlers in registration order → Tail → backend.
+//! * [`HoldWatch`] / [`HoldFeed`] — how a session-bound backend (ZooKeeper) tells the
+//!   manager that a hold is suspended or lost.
 //! * Value types: [`LockName`] (validated), [`OwnerId`], [`FencingToken`],
 //!   [`LockMode`], [`Fairness`], requests, results, [`Capabilities`].
 //! * [`Error`] with a non-exhaustive [`ErrorKind`] and [`Error::is_retryable`].

@@ -26,6 +26,9 @@ use crate::request::{AcquireRequest, ReleaseRequest, RenewRequest};
 ///   waiting, no waiter or queue entry may be left behind (clean up in `Drop`, or
 ///   make queue entries expire). An acquire by the current owner grants again with
 ///   the same token (idempotent) if [`Capabilities::reentrant`] is set.
+///   Backends whose holds are tied to a session rather than a lease (no
+///   [`Capabilities::lease`]) attach a [`crate::HoldWatch`] to the grant
+///   ([`AcquireResult::with_watch`]) so the guard learns of suspension and loss.
 ///   Honour [`crate::Fairness::Fair`] when [`Capabilities::fair`] is set, and
 ///   [`crate::LockMode::Shared`] when [`Capabilities::shared`] is set (the chain's head
 ///   rejects them otherwise). When the lock frees, wake one waiter, not all.
