@@ -8,9 +8,9 @@ use std::time::Duration;
 use dlock_api::spi::async_trait;
 use dlock_api::spi::{
     AcquireChain, AcquireContext, AcquireRequest, AcquireResult, Capabilities, Error, ErrorKind,
-    InMemoryBackend, LockAdmin, LockHandler, LockName, LockRemoteResource, LockState, LostEvent,
-    LostReason, ReleaseChain, ReleaseContext, ReleaseRequest, ReleaseResult, RenewEvent,
-    RenewRequest, RenewResult, Result,
+    HoldStatus, HoldWatch, InMemoryBackend, LockAdmin, LockHandler, LockName, LockRemoteResource,
+    LockState, LostEvent, LostReason, ReleaseChain, ReleaseContext, ReleaseRequest, ReleaseResult,
+    RenewEvent, RenewRequest, RenewResult, Result,
 };
 use dlock_api::DistributeLockManager;
 
@@ -376,4 +376,102 @@ fn dropping_a_guard_after_its_runtime_is_gone_does_not_panic() {
     });
     drop(rt);
     drop(g);
+}
+
+/// A session-bound backend stand-in: the in-memory backend without leases, attaching
+/// a status feed to every grant that the test publishes on.
+#[derive(Clone, Default)]
+struct SessionBound {
+    inner: InMemoryBackend,
+    feeds: Arc<Mutex<Vec<tokio::sync::watch::Sender<HoldStatus>>>>,
+}
+
+#[async_trait]
+impl LockRemoteResource for SessionBound {
+    fn backend_name(&self) -> &'static str {
+        "memory"
+    }
+    fn capabilities(&self) -> Capabilities {
+        let mut caps = self.inner.capabilities();
+        caps.lease = false;
+        caps.renew = false;
+        caps
+    }
+    async fn try_acquire(&self, req: &AcquireRequest) -> Result<AcquireResult> {
+        let got = self.inner.try_acquire(req).await?;
+        if !got.is_acquired() {
+            return Ok(got);
+        }
+        let (tx, watch) = HoldWatch::channel();
+        self.feeds.lock().unwrap().push(tx);
+        Ok(got.with_watch(watch))
+    }
+    async fn release(&self, req: &ReleaseRequest) -> Result<ReleaseResult> {
+        self.inner.release(req).await
+    }
+    async fn renew(&self, req: &RenewRequest) -> Result<RenewResult> {
+        self.inner.renew(req).await
+    }
+    async fn inspect(&self, name: &LockName) -> Result<Option<LockState>> {
+        self.inner.inspect(name).await
+    }
+    fn admin(&self) -> Option<&dyn LockAdmin> {
+        self.inner.admin()
+    }
+}
+
+/// The manager follows a grant's status feed: suspended and back, then lost — the
+/// guard's lost signal fires and the handlers' `on_lost` hook hears it; no watchdog
+/// entry is made for a lease-less hold.
+#[tokio::test]
+async fn a_session_bound_hold_follows_its_status_feed() {
+    let observer = Arc::new(Observer::default());
+    let backend = SessionBound::default();
+    let m = DistributeLockManager::builder(backend.clone())
+        .with_handler(ObserverHandler(Arc::clone(&observer)))
+        .build()
+        .unwrap();
+    let g = m.lock("s").try_lock(Duration::ZERO).await.unwrap().unwrap();
+    assert_eq!(m.watched_count(), 0, "no lease, nothing for the watchdog");
+    let feed = backend.feeds.lock().unwrap().pop().unwrap();
+    let until = |want: bool| {
+        let g = &g;
+        async move {
+            tokio::time::timeout(Duration::from_secs(5), async {
+                while g.is_suspended() != want {
+                    tokio::task::yield_now().await;
+                }
+            })
+            .await
+            .is_ok()
+        }
+    };
+    feed.send_replace(HoldStatus::Suspended);
+    assert!(until(true).await, "suspended");
+    assert!(!g.is_lost());
+    feed.send_replace(HoldStatus::Held);
+    assert!(until(false).await, "back");
+    feed.send_replace(HoldStatus::Lost(LostReason::SessionExpired));
+    let reason = tokio::time::timeout(Duration::from_secs(5), g.lost())
+        .await
+        .unwrap();
+    assert_eq!(reason, LostReason::SessionExpired);
+    assert!(!g.is_suspended());
+    assert_eq!(
+        *observer.lost.lock().unwrap(),
+        vec![LostReason::SessionExpired]
+    );
+    assert!(
+        g.unlock().await.is_err(),
+        "a lost guard's unlock reports the loss"
+    );
+
+    // A released hold's feed is no longer followed: a late Lost is ignored.
+    let g = m.lock("s").try_lock(Duration::ZERO).await.unwrap().unwrap();
+    let feed = backend.feeds.lock().unwrap().pop().unwrap();
+    g.unlock().await.unwrap();
+    feed.send_replace(HoldStatus::Lost(LostReason::NotOwner));
+    drop(feed);
+    assert_eq!(observer.lost.lock().unwrap().len(), 1);
+    m.close().await;
 }
