@@ -1,4 +1,4 @@
-//! The `dlock` binary as a user runs it, on the SQL backends in `DLOCK_TEST_BACKENDS`
+//! The `dlock` binary as a user runs it, on the backends in `DLOCK_TEST_BACKENDS`
 //! (`sqlite` always runs: it needs no server).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -311,4 +311,77 @@ fn log_and_metrics_flags_turn_the_plugins_on() {
     );
     assert!(body.contains("group=\"orders\""), "{body}");
     assert!(body.contains("dlock_held"), "{body}");
+}
+
+/// A `dlock exec` holding a ZooKeeper lock is frozen (SIGSTOP): it can send no
+/// heartbeats, the server expires its session, and another client gets the lock.
+/// Thawed (SIGCONT), it learns the session is gone, reports the loss and stops its
+/// command (exit 76) instead of carrying on as if it still held the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_zookeeper_holder_loses_the_lock_and_says_so_when_thawed() {
+    use nix::sys::signal::{kill, Signal};
+    use nix::unistd::Pid;
+
+    let selected = std::env::var("DLOCK_TEST_BACKENDS").unwrap_or_default();
+    if !selected.split(',').any(|l| l.trim() == "zk") {
+        eprintln!("zk is not selected in DLOCK_TEST_BACKENDS; nothing to check here");
+        return;
+    }
+    let base =
+        std::env::var("DLOCK_ZK_URL").unwrap_or_else(|_| "zk://127.0.0.1:2181/dlock-test".into());
+    let url = format!("{base}?session_timeout=2000ms");
+    let ns = namespace();
+    let other =
+        DistributeLockManager::builder(dlock_api::zk::ZkBackend::connect(&base).await.unwrap())
+            .namespace(ns.clone())
+            .build()
+            .unwrap();
+    let child = Command::new(DLOCK)
+        .args([
+            "--backend",
+            &url,
+            "--namespace",
+            &ns,
+            "exec",
+            "frozen",
+            "--",
+            "sleep",
+            "60",
+        ])
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = Pid::from_raw(child.id() as i32);
+    assert!(
+        testsuite_eventually(|| async { other.inspect("frozen").await.unwrap().is_some() }).await,
+        "dlock exec never took the lock"
+    );
+    kill(pid, Signal::SIGSTOP).unwrap();
+    let frozen = Instant::now();
+    let taken = other.lock("frozen").try_lock(Duration::from_secs(20)).await;
+    let taken = taken
+        .unwrap()
+        .expect("the frozen holder's session expired and the lock was granted");
+    let handed_over = frozen.elapsed();
+    kill(pid, Signal::SIGCONT).unwrap();
+    let thawed = Instant::now();
+    let out = tokio::task::spawn_blocking(move || child.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(76), "{stderr}");
+    assert!(stderr.contains("lock lost"), "{stderr}");
+    assert!(
+        thawed.elapsed() < Duration::from_secs(10),
+        "the thawed holder took {:?} to notice",
+        thawed.elapsed()
+    );
+    eprintln!(
+        "handed over {handed_over:?} after the freeze; the thawed holder stopped after {:?}",
+        thawed.elapsed()
+    );
+    taken.unlock().await.unwrap();
+    other.close().await;
 }
