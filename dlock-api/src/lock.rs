@@ -203,10 +203,7 @@ impl DistributeLock {
                     token,
                     sent_at,
                 ));
-                manager.track(&hold, lease, renew, sent_at);
-                if let Some(watch) = watch {
-                    manager.follow(&hold, watch);
-                }
+                manager.track(&hold, lease, renew, sent_at, watch);
                 *self.handle.current() = Some(Arc::clone(&hold));
                 Ok(Some(LockGuard::new(Arc::clone(&self.handle), hold)))
             }

@@ -67,13 +67,15 @@ impl ManagerInner {
         )
     }
 
-    /// Records a new hold and puts it under the watchdog when its lease needs watching.
+    /// Records a new hold and has it looked after: by the watchdog when it has a lease,
+    /// by its backend's status feed when it is session-bound (`watch`).
     pub(crate) fn track(
-        &self,
+        self: &Arc<Self>,
         hold: &Arc<Hold>,
         lease: Duration,
         renew: bool,
         sent_at: std::time::Instant,
+        watch: Option<HoldWatch>,
     ) {
         self.holds().insert(hold.id, Arc::clone(hold));
         if self.capabilities.lease {
@@ -81,12 +83,15 @@ impl ManagerInner {
             self.watchdog
                 .register(Arc::clone(hold), lease, renew, sent_at);
         }
+        if let Some(watch) = watch {
+            self.follow(hold, watch);
+        }
     }
 
     /// Drives a session-bound hold's status feed: suspended while the backend's
     /// connection is down, lost when the backend says so. One small task per hold,
     /// ending when the hold is released or lost, or the feed ends.
-    pub(crate) fn follow(self: &Arc<Self>, hold: &Arc<Hold>, watch: HoldWatch) {
+    fn follow(self: &Arc<Self>, hold: &Arc<Hold>, watch: HoldWatch) {
         let Some(mut feed) = watch.take() else {
             return;
         };

@@ -192,24 +192,47 @@ impl LockHandler for ObserverHandler {
     }
 }
 
-/// The in-memory backend whose renewals can be made to fail, as a backend that
-/// became unreachable would.
+/// The in-memory backend, changed as a test needs: renewals that fail (a backend
+/// that became unreachable), or session-bound holds (no lease; every grant carries a
+/// status feed the test publishes on, as ZooKeeper's do).
 #[derive(Clone, Default)]
-struct Unreachable {
+struct Wrapped {
     inner: InMemoryBackend,
     renew_fails: Arc<AtomicBool>,
+    session_bound: bool,
+    feeds: Arc<Mutex<Vec<tokio::sync::watch::Sender<HoldStatus>>>>,
+}
+
+impl Wrapped {
+    fn session_bound() -> Self {
+        Wrapped {
+            session_bound: true,
+            ..Wrapped::default()
+        }
+    }
 }
 
 #[async_trait]
-impl LockRemoteResource for Unreachable {
+impl LockRemoteResource for Wrapped {
     fn backend_name(&self) -> &'static str {
         "memory"
     }
     fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
+        let mut caps = self.inner.capabilities();
+        if self.session_bound {
+            caps.lease = false;
+            caps.renew = false;
+        }
+        caps
     }
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<AcquireResult> {
-        self.inner.try_acquire(req).await
+        let got = self.inner.try_acquire(req).await?;
+        if !self.session_bound || !got.is_acquired() {
+            return Ok(got);
+        }
+        let (tx, watch) = HoldWatch::channel();
+        self.feeds.lock().unwrap().push(tx);
+        Ok(got.with_watch(watch))
     }
     async fn release(&self, req: &ReleaseRequest) -> Result<ReleaseResult> {
         self.inner.release(req).await
@@ -260,7 +283,7 @@ async fn watchdog_renews_at_a_third_of_the_lease() {
 #[tokio::test]
 async fn failing_renewals_fire_lost_when_the_lease_passes() {
     let observer = Arc::new(Observer::default());
-    let backend = Unreachable::default();
+    let backend = Wrapped::default();
     let lease = Duration::from_millis(300);
     let m = DistributeLockManager::builder(backend.clone())
         .lease(lease)
@@ -290,7 +313,7 @@ async fn failing_renewals_fire_lost_when_the_lease_passes() {
 
 #[tokio::test]
 async fn a_retryable_renew_failure_is_survived() {
-    let backend = Unreachable::default();
+    let backend = Wrapped::default();
     let lease = Duration::from_millis(600);
     let m = DistributeLockManager::builder(backend.clone())
         .lease(lease)
@@ -378,55 +401,13 @@ fn dropping_a_guard_after_its_runtime_is_gone_does_not_panic() {
     drop(g);
 }
 
-/// A session-bound backend stand-in: the in-memory backend without leases, attaching
-/// a status feed to every grant that the test publishes on.
-#[derive(Clone, Default)]
-struct SessionBound {
-    inner: InMemoryBackend,
-    feeds: Arc<Mutex<Vec<tokio::sync::watch::Sender<HoldStatus>>>>,
-}
-
-#[async_trait]
-impl LockRemoteResource for SessionBound {
-    fn backend_name(&self) -> &'static str {
-        "memory"
-    }
-    fn capabilities(&self) -> Capabilities {
-        let mut caps = self.inner.capabilities();
-        caps.lease = false;
-        caps.renew = false;
-        caps
-    }
-    async fn try_acquire(&self, req: &AcquireRequest) -> Result<AcquireResult> {
-        let got = self.inner.try_acquire(req).await?;
-        if !got.is_acquired() {
-            return Ok(got);
-        }
-        let (tx, watch) = HoldWatch::channel();
-        self.feeds.lock().unwrap().push(tx);
-        Ok(got.with_watch(watch))
-    }
-    async fn release(&self, req: &ReleaseRequest) -> Result<ReleaseResult> {
-        self.inner.release(req).await
-    }
-    async fn renew(&self, req: &RenewRequest) -> Result<RenewResult> {
-        self.inner.renew(req).await
-    }
-    async fn inspect(&self, name: &LockName) -> Result<Option<LockState>> {
-        self.inner.inspect(name).await
-    }
-    fn admin(&self) -> Option<&dyn LockAdmin> {
-        self.inner.admin()
-    }
-}
-
 /// The manager follows a grant's status feed: suspended and back, then lost — the
 /// guard's lost signal fires and the handlers' `on_lost` hook hears it; no watchdog
 /// entry is made for a lease-less hold.
 #[tokio::test]
 async fn a_session_bound_hold_follows_its_status_feed() {
     let observer = Arc::new(Observer::default());
-    let backend = SessionBound::default();
+    let backend = Wrapped::session_bound();
     let m = DistributeLockManager::builder(backend.clone())
         .with_handler(ObserverHandler(Arc::clone(&observer)))
         .build()

@@ -2,7 +2,7 @@
 //! (`sqlite` always runs: it needs no server).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::process::{Command, Output, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use dlock_api::DistributeLockManager;
@@ -42,16 +42,36 @@ fn sql_urls() -> Vec<(String, String)> {
     urls
 }
 
-fn dlock(url: &str, namespace: &str, args: &[&str]) -> Output {
-    Command::new(DLOCK)
-        .arg("--backend")
+fn command(url: &str, namespace: &str, args: &[&str]) -> Command {
+    let mut cmd = Command::new(DLOCK);
+    cmd.arg("--backend")
         .arg(url)
         .arg("--namespace")
         .arg(namespace)
         .args(args)
-        .stdin(Stdio::null())
-        .output()
+        .stdin(Stdio::null());
+    cmd
+}
+
+/// Runs `dlock` to completion.
+fn dlock(url: &str, namespace: &str, args: &[&str]) -> Output {
+    command(url, namespace, args).output().expect("run dlock")
+}
+
+/// Starts `dlock` in the background, its stderr captured.
+fn spawn_dlock(url: &str, namespace: &str, args: &[&str]) -> Child {
+    command(url, namespace, args)
+        .stderr(Stdio::piped())
+        .spawn()
         .expect("run dlock")
+}
+
+/// Waits for a background `dlock` to end.
+async fn finished(child: Child) -> Output {
+    tokio::task::spawn_blocking(move || child.wait_with_output())
+        .await
+        .expect("waiter")
+        .expect("dlock output")
 }
 
 fn namespace() -> String {
@@ -166,24 +186,11 @@ async fn exec_gives_up_after_wait_and_stops_the_command_when_the_lock_is_lost() 
     g.unlock().await.unwrap();
 
     // The command runs under the lock; an operator breaks it; dlock stops the command.
-    let child = Command::new(DLOCK)
-        .args([
-            "--backend",
-            &url,
-            "--namespace",
-            &ns,
-            "exec",
-            "victim",
-            "--lease",
-            "600ms",
-            "--",
-            "sleep",
-            "30",
-        ])
-        .stdin(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child = spawn_dlock(
+        &url,
+        &ns,
+        &["exec", "victim", "--lease", "600ms", "--", "sleep", "30"],
+    );
     let held =
         testsuite_eventually(|| async { holder.inspect("victim").await.unwrap().is_some() }).await;
     assert!(held, "dlock exec never took the lock");
@@ -191,10 +198,7 @@ async fn exec_gives_up_after_wait_and_stops_the_command_when_the_lock_is_lost() 
     let out = dlock(&url, &ns, &["unlock", "victim", "--force"]);
     assert!(out.status.success());
     assert!(String::from_utf8_lossy(&out.stdout).contains("removed 1"));
-    let status = tokio::task::spawn_blocking(move || child.wait_with_output())
-        .await
-        .unwrap()
-        .unwrap();
+    let status = finished(child).await;
     assert_eq!(
         status.status.code(),
         Some(76),
@@ -255,21 +259,7 @@ fn status_unlock_and_input_errors() {
 fn log_and_metrics_flags_turn_the_plugins_on() {
     let url = sqlite_url();
     let ns = namespace();
-    let out = Command::new(DLOCK)
-        .args([
-            "--backend",
-            &url,
-            "--namespace",
-            &ns,
-            "--log",
-            "exec",
-            "logged",
-            "--",
-            "true",
-        ])
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
+    let out = dlock(&url, &ns, &["--log", "exec", "logged", "--", "true"]);
     assert!(out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -336,22 +326,7 @@ async fn a_frozen_zookeeper_holder_loses_the_lock_and_says_so_when_thawed() {
             .namespace(ns.clone())
             .build()
             .unwrap();
-    let child = Command::new(DLOCK)
-        .args([
-            "--backend",
-            &url,
-            "--namespace",
-            &ns,
-            "exec",
-            "frozen",
-            "--",
-            "sleep",
-            "60",
-        ])
-        .stdin(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child = spawn_dlock(&url, &ns, &["exec", "frozen", "--", "sleep", "60"]);
     let pid = Pid::from_raw(child.id() as i32);
     assert!(
         testsuite_eventually(|| async { other.inspect("frozen").await.unwrap().is_some() }).await,
@@ -366,10 +341,7 @@ async fn a_frozen_zookeeper_holder_loses_the_lock_and_says_so_when_thawed() {
     let handed_over = frozen.elapsed();
     kill(pid, Signal::SIGCONT).unwrap();
     let thawed = Instant::now();
-    let out = tokio::task::spawn_blocking(move || child.wait_with_output())
-        .await
-        .unwrap()
-        .unwrap();
+    let out = finished(child).await;
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(76), "{stderr}");
     assert!(stderr.contains("lock lost"), "{stderr}");

@@ -83,6 +83,16 @@ struct HeldKey {
     mode: LockMode,
 }
 
+impl HeldKey {
+    fn new(name: &LockName, owner: &OwnerId, mode: LockMode) -> Self {
+        HeldKey {
+            name: name.clone(),
+            owner: owner.clone(),
+            mode,
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 struct HeldNode {
     path: String,
@@ -95,7 +105,7 @@ struct Enqueued {
     token: FencingToken,
     children: Vec<String>,
     /// The child watch set by the latest listing: the holder's steal detector.
-    watch: Option<OneshotWatcher>,
+    watch: OneshotWatcher,
 }
 
 impl ZkBackend {
@@ -178,7 +188,7 @@ impl ZkBackend {
 
     /// Whether the current session is connected.
     pub fn is_connected(&self) -> bool {
-        self.inner.sessions.subscribe().borrow().phase == SessionPhase::Connected
+        self.inner.sessions.status().phase == SessionPhase::Connected
     }
 }
 
@@ -195,6 +205,7 @@ impl Inner {
     async fn enqueue(
         &self,
         session: &Arc<Session>,
+        key: &HeldKey,
         lock: &str,
         prefix: &str,
         data: &[u8],
@@ -217,13 +228,16 @@ impl Inner {
                         .list_and_watch_children(lock)
                         .await
                         .map_err(|e| map_zk(e, "list"))?;
-                    match self.adopt(session, lock, prefix, &children, None).await? {
+                    match self
+                        .adopt(session, key, lock, prefix, &children, None)
+                        .await?
+                    {
                         Some((node, token)) => {
                             return Ok(Enqueued {
                                 node,
                                 token,
                                 children,
-                                watch: Some(watch),
+                                watch,
                             })
                         }
                         None => continue,
@@ -240,7 +254,7 @@ impl Inner {
                 }
             };
             let (node, token) = self
-                .adopt(session, lock, prefix, &children, Some((node, token)))
+                .adopt(session, key, lock, prefix, &children, Some((node, token)))
                 .await?
                 .ok_or_else(|| {
                     Error::new(
@@ -252,7 +266,7 @@ impl Inner {
                 node,
                 token,
                 children,
-                watch: Some(watch),
+                watch,
             });
         }
         Err(Error::new(
@@ -267,6 +281,7 @@ impl Inner {
     async fn adopt(
         &self,
         session: &Session,
+        key: &HeldKey,
         lock: &str,
         prefix: &str,
         children: &[String],
@@ -304,8 +319,8 @@ impl Inner {
         let path = format!("{lock}/{}", oldest.node);
         let known = self
             .held()
-            .values()
-            .find(|h| h.path == path)
+            .get(key)
+            .filter(|h| h.path == path)
             .map(|h| h.token);
         let token = match known {
             Some(token) => token,
@@ -379,16 +394,16 @@ impl ZkBackend {
         key: HeldKey,
         lock: String,
         node: String,
+        token: FencingToken,
         children_watch: OneshotWatcher,
     ) -> HoldWatch {
-        let path = format!("{lock}/{node}");
         HoldWatch::new(ZkHoldFeed {
             client: session.client.clone(),
-            session: session.id,
+            session: session.id(),
             sessions: self.inner.sessions.subscribe(),
             inner: Arc::downgrade(&self.inner),
             key,
-            path,
+            token,
             lock,
             node,
             watcher: Some(Box::pin(children_watch.changed())),
@@ -424,7 +439,7 @@ impl LockRemoteResource for ZkBackend {
                 // The session ended under us: its node is gone; queue again in the new one.
                 Err(err) if sessions.has_ended(&session) && !deadline_passed(req.deadline) => {
                     tracing::debug!(error = %err, "dlock-zk: session ended while acquiring; retrying in the next");
-                    ended = Some(session.id);
+                    ended = Some(session.id());
                 }
                 other => return other,
             }
@@ -437,140 +452,8 @@ impl LockRemoteResource for ZkBackend {
     }
 
     async fn release(&self, req: &ReleaseRequest) -> Result<ReleaseResult> {
-        self.release_in(req).await
-    }
-
-    async fn renew(&self, req: &RenewRequest) -> Result<RenewResult> {
-        self.renew_in(req).await
-    }
-
-    async fn inspect(&self, name: &LockName) -> Result<Option<LockState>> {
-        self.inspect_in(name).await
-    }
-
-    fn admin(&self) -> Option<&dyn LockAdmin> {
-        Some(self)
-    }
-}
-
-impl ZkBackend {
-    /// One acquire in one session.
-    async fn acquire_in(
-        &self,
-        session: &Arc<Session>,
-        req: &AcquireRequest,
-    ) -> Result<AcquireResult> {
         let inner = &self.inner;
-        let lock = layout::lock_path(&inner.root, &req.name);
-        let prefix = layout::node_prefix(&req.owner, req.mode, inner.exclusive);
-        let data = node_data(&req.owner, &req.context);
-        let session = Arc::clone(session);
-        let mut mine = inner.enqueue(&session, &lock, &prefix, &data).await?;
-        let mut pending =
-            PendingNode::new(&inner.sessions, &session, format!("{lock}/{}", mine.node));
-        let mut enqueues = 1;
-        loop {
-            inner.attempts.fetch_add(1, Ordering::Relaxed);
-            let queue = layout::contenders(&mine.children);
-            let Some(index) = queue.iter().position(|c| c.node == mine.node) else {
-                // Our node vanished (deleted by an operator, or its session ended).
-                pending.disarm();
-                if enqueues >= MAX_ENQUEUES || deadline_passed(req.deadline) {
-                    return Ok(AcquireResult::not_acquired(None, None));
-                }
-                mine = inner.enqueue(&session, &lock, &prefix, &data).await?;
-                pending =
-                    PendingNode::new(&inner.sessions, &session, format!("{lock}/{}", mine.node));
-                enqueues += 1;
-                continue;
-            };
-            let ahead = match layout::standing(&queue, index) {
-                Ok(ahead) => ahead.map(|c| format!("{lock}/{}", c.node)),
-                Err(()) => {
-                    return Err(Error::new(
-                        dlock_spi::ErrorKind::Backend,
-                        "dlock-zk lost track of its node in the queue (a bug); retry",
-                    ))
-                }
-            };
-            let Some(ahead) = ahead else {
-                pending.disarm();
-                let key = HeldKey {
-                    name: req.name.clone(),
-                    owner: req.owner.clone(),
-                    mode: req.mode,
-                };
-                let path = format!("{lock}/{}", mine.node);
-                inner.held().insert(
-                    key.clone(),
-                    HeldNode {
-                        path: path.clone(),
-                        token: mine.token,
-                    },
-                );
-                let children_watch = match mine.watch.take() {
-                    Some(watch) => watch,
-                    None => {
-                        session
-                            .client
-                            .list_and_watch_children(&lock)
-                            .await
-                            .map_err(|e| map_zk(e, "list"))?
-                            .1
-                    }
-                };
-                let watch = self.watch_hold(&session, key, lock, mine.node, children_watch);
-                return Ok(AcquireResult::acquired(mine.token, None).with_watch(watch));
-            };
-            let deadline = match req.deadline {
-                Some(deadline) if deadline > Instant::now() => deadline,
-                _ => {
-                    pending.delete().await;
-                    return Ok(AcquireResult::not_acquired(None, None));
-                }
-            };
-            // Wait for the one node ahead of us to go (or change), then look again.
-            match session.client.check_and_watch_stat(&ahead).await {
-                Ok((None, _)) => {}
-                Ok((Some(_), watcher)) => {
-                    tokio::select! {
-                        _ = watcher.changed() => {}
-                        () = tokio::time::sleep_until(deadline.into()) => {
-                            pending.delete().await;
-                            return Ok(AcquireResult::not_acquired(None, None));
-                        }
-                    }
-                }
-                // A blip: our node survives it with the session; wait and look again.
-                Err(ZkError::ConnectionLoss)
-                    if inner.sessions.reconnected(&session, deadline).await => {}
-                Err(err) => return Err(map_zk(err, "watch")),
-            }
-            loop {
-                match session.client.list_and_watch_children(&lock).await {
-                    Ok((children, watch)) => {
-                        (mine.children, mine.watch) = (children, Some(watch));
-                    }
-                    Err(ZkError::NoNode) => (mine.children, mine.watch) = (Vec::new(), None),
-                    Err(ZkError::ConnectionLoss)
-                        if inner.sessions.reconnected(&session, deadline).await =>
-                    {
-                        continue
-                    }
-                    Err(err) => return Err(map_zk(err, "list")),
-                }
-                break;
-            }
-        }
-    }
-
-    async fn release_in(&self, req: &ReleaseRequest) -> Result<ReleaseResult> {
-        let inner = &self.inner;
-        let key = HeldKey {
-            name: req.name.clone(),
-            owner: req.owner.clone(),
-            mode: req.mode,
-        };
+        let key = HeldKey::new(&req.name, &req.owner, req.mode);
         let held = inner.held().remove(&key);
         let path = match &held {
             Some(held) => held.path.clone(),
@@ -598,12 +481,8 @@ impl ZkBackend {
         }
     }
 
-    async fn renew_in(&self, req: &RenewRequest) -> Result<RenewResult> {
-        let key = HeldKey {
-            name: req.name.clone(),
-            owner: req.owner.clone(),
-            mode: req.mode,
-        };
+    async fn renew(&self, req: &RenewRequest) -> Result<RenewResult> {
+        let key = HeldKey::new(&req.name, &req.owner, req.mode);
         let Some(path) = self.inner.node_of(&key).await? else {
             return Ok(RenewResult::NotOwner);
         };
@@ -615,7 +494,7 @@ impl ZkBackend {
         }
     }
 
-    async fn inspect_in(&self, name: &LockName) -> Result<Option<LockState>> {
+    async fn inspect(&self, name: &LockName) -> Result<Option<LockState>> {
         let lock = layout::lock_path(&self.inner.root, name);
         let session = self.inner.sessions.usable(None, None).await?;
         let children = match session.client.list_children(&lock).await {
@@ -654,6 +533,104 @@ impl ZkBackend {
             infos,
             Some(queue.len() - holders.len()),
         )))
+    }
+
+    fn admin(&self) -> Option<&dyn LockAdmin> {
+        Some(self)
+    }
+}
+
+impl ZkBackend {
+    /// One acquire in one session.
+    async fn acquire_in(
+        &self,
+        session: &Arc<Session>,
+        req: &AcquireRequest,
+    ) -> Result<AcquireResult> {
+        let inner = &self.inner;
+        let lock = layout::lock_path(&inner.root, &req.name);
+        let prefix = layout::node_prefix(&req.owner, req.mode, inner.exclusive);
+        let data = node_data(&req.owner, &req.context);
+        let key = HeldKey::new(&req.name, &req.owner, req.mode);
+        let mut mine = inner.enqueue(session, &key, &lock, &prefix, &data).await?;
+        let mut pending =
+            PendingNode::new(&inner.sessions, session, format!("{lock}/{}", mine.node));
+        let mut enqueues = 1;
+        loop {
+            inner.attempts.fetch_add(1, Ordering::Relaxed);
+            let queue = layout::contenders(&mine.children);
+            let Some(index) = queue.iter().position(|c| c.node == mine.node) else {
+                // Our node vanished (deleted by an operator, or its session ended).
+                pending.disarm();
+                if enqueues >= MAX_ENQUEUES || deadline_passed(req.deadline) {
+                    return Ok(AcquireResult::not_acquired(None, None));
+                }
+                mine = inner.enqueue(session, &key, &lock, &prefix, &data).await?;
+                pending =
+                    PendingNode::new(&inner.sessions, session, format!("{lock}/{}", mine.node));
+                enqueues += 1;
+                continue;
+            };
+            let ahead = match layout::standing(&queue, index) {
+                Ok(ahead) => ahead.map(|c| format!("{lock}/{}", c.node)),
+                Err(()) => {
+                    return Err(Error::new(
+                        dlock_spi::ErrorKind::Backend,
+                        "dlock-zk lost track of its node in the queue (a bug); retry",
+                    ))
+                }
+            };
+            let Some(ahead) = ahead else {
+                pending.disarm();
+                inner.held().insert(
+                    key.clone(),
+                    HeldNode {
+                        path: format!("{lock}/{}", mine.node),
+                        token: mine.token,
+                    },
+                );
+                let watch = self.watch_hold(session, key, lock, mine.node, mine.token, mine.watch);
+                return Ok(AcquireResult::acquired(mine.token, None).with_watch(watch));
+            };
+            let deadline = match req.deadline {
+                Some(deadline) if deadline > Instant::now() => deadline,
+                _ => {
+                    pending.delete().await;
+                    return Ok(AcquireResult::not_acquired(None, None));
+                }
+            };
+            // Wait for the one node ahead of us to go (or change), then look again.
+            match session.client.check_and_watch_stat(&ahead).await {
+                Ok((None, _)) => {}
+                Ok((Some(_), watcher)) => {
+                    tokio::select! {
+                        _ = watcher.changed() => {}
+                        () = tokio::time::sleep_until(deadline.into()) => {
+                            pending.delete().await;
+                            return Ok(AcquireResult::not_acquired(None, None));
+                        }
+                    }
+                }
+                // A blip: our node survives it with the session; wait and look again.
+                Err(ZkError::ConnectionLoss)
+                    if inner.sessions.reconnected(session, deadline).await => {}
+                Err(err) => return Err(map_zk(err, "watch")),
+            }
+            loop {
+                match session.client.list_and_watch_children(&lock).await {
+                    Ok((children, watch)) => (mine.children, mine.watch) = (children, watch),
+                    // The lock node is gone, and our node with it: queue again above.
+                    Err(ZkError::NoNode) => mine.children.clear(),
+                    Err(ZkError::ConnectionLoss)
+                        if inner.sessions.reconnected(session, deadline).await =>
+                    {
+                        continue
+                    }
+                    Err(err) => return Err(map_zk(err, "list")),
+                }
+                break;
+            }
+        }
     }
 }
 
@@ -727,7 +704,8 @@ struct ZkHoldFeed {
     sessions: watch::Receiver<crate::session::SessionStatus>,
     inner: Weak<Inner>,
     key: HeldKey,
-    path: String,
+    /// The node's creation zxid: tells our node from a later one of the same owner.
+    token: FencingToken,
     lock: String,
     node: String,
     /// The pending child-watch event; `None` while there is no watch (trouble).
@@ -742,7 +720,7 @@ impl ZkHoldFeed {
             inner
                 .held()
                 .get(&self.key)
-                .is_some_and(|h| h.path == self.path)
+                .is_some_and(|h| h.token == self.token)
         })
     }
 
@@ -791,18 +769,11 @@ impl HoldFeed for ZkHoldFeed {
                         _ if status.id != self.session => HoldStatus::Lost(LostReason::SessionExpired),
                         SessionPhase::Lost => HoldStatus::Lost(LostReason::SessionExpired),
                         SessionPhase::Suspended => HoldStatus::Suspended,
-                        SessionPhase::Connected => {
-                            if self.last == HoldStatus::Suspended && self.watcher.is_none() {
-                                // Back after trouble: check the node and watch again.
-                                if let Some(lost) = self.recheck().await {
-                                    lost
-                                } else {
-                                    HoldStatus::Held
-                                }
-                            } else {
-                                HoldStatus::Held
-                            }
+                        // Back after trouble that cost us the watch: check and watch again.
+                        SessionPhase::Connected if self.watcher.is_none() => {
+                            self.recheck().await.unwrap_or(HoldStatus::Held)
                         }
+                        SessionPhase::Connected => HoldStatus::Held,
                     }
                 }
             };

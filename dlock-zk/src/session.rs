@@ -77,7 +77,12 @@ impl ConnectSpec {
 /// One live session.
 pub(crate) struct Session {
     pub(crate) client: Client,
-    pub(crate) id: SessionId,
+}
+
+impl Session {
+    pub(crate) fn id(&self) -> SessionId {
+        SessionId(self.client.session_id().0)
+    }
 }
 
 /// The backend's current session, replaced when it is lost.
@@ -95,12 +100,9 @@ impl Sessions {
         shutdown: watch::Receiver<()>,
     ) -> Result<Arc<Self>> {
         let client = spec.connect().await?;
-        let session = Arc::new(Session {
-            id: SessionId(client.session_id().0),
-            client,
-        });
+        let session = Arc::new(Session { client });
         let status = watch::Sender::new(SessionStatus {
-            id: session.id,
+            id: session.id(),
             phase: SessionPhase::Connected,
         });
         let sessions = Arc::new(Sessions {
@@ -117,6 +119,25 @@ impl Sessions {
         Arc::clone(&self.current.read().unwrap_or_else(PoisonError::into_inner))
     }
 
+    /// The latest status.
+    pub(crate) fn status(&self) -> SessionStatus {
+        *self.status.borrow()
+    }
+
+    /// Waits (until `deadline`) for a status `ready` accepts; `None` if none came.
+    async fn wait_until(
+        &self,
+        deadline: Instant,
+        ready: impl FnMut(&SessionStatus) -> bool,
+    ) -> Option<SessionStatus> {
+        let mut status = self.status.subscribe();
+        let waited = tokio::time::timeout_at(deadline.into(), status.wait_for(ready)).await;
+        // Copied out before `status` goes: the borrow guard must not outlive it.
+        let seen = waited.ok()?.ok().map(|s| *s);
+        #[allow(clippy::let_and_return)]
+        seen
+    }
+
     /// The session to use: the current one unless it is lost (or is `ended`), else
     /// its replacement, waited for until `deadline` (`None`: not at all).
     pub(crate) async fn usable(
@@ -125,17 +146,15 @@ impl Sessions {
         deadline: Option<Instant>,
     ) -> Result<Arc<Session>> {
         let ready = |s: &SessionStatus| s.phase != SessionPhase::Lost && Some(s.id) != ended;
-        if ready(&self.status.borrow()) {
+        if ready(&self.status()) {
             return Ok(self.current());
         }
-        let mut status = self.status.subscribe();
-        let limit = deadline.unwrap_or_else(Instant::now);
-        let waited = tokio::time::timeout_at(limit.into(), status.wait_for(ready))
+        match self
+            .wait_until(deadline.unwrap_or_else(Instant::now), ready)
             .await
-            .map(|r| r.is_ok());
-        match waited {
-            Ok(true) => Ok(self.current()),
-            _ => Err(Error::new(
+        {
+            Some(_) => Ok(self.current()),
+            None => Err(Error::new(
                 ErrorKind::Backend,
                 "no ZooKeeper session: the last one was lost and a new one is not open yet; retry",
             )
@@ -147,13 +166,12 @@ impl Sessions {
     /// Waits until `session` is connected again; false if it ended (or was given up
     /// on) instead, or `deadline` passed first.
     pub(crate) async fn reconnected(&self, session: &Session, deadline: Instant) -> bool {
-        let mut status = self.status.subscribe();
-        let settled = status.wait_for(|s| s.id != session.id || s.phase != SessionPhase::Suspended);
-        let outcome = tokio::time::timeout_at(deadline.into(), settled)
-            .await
-            .ok()
-            .and_then(|r| r.ok().map(|s| *s));
-        outcome.is_some_and(|s| s.id == session.id && s.phase == SessionPhase::Connected)
+        let id = session.id();
+        self.wait_until(deadline, |s| {
+            s.id != id || s.phase != SessionPhase::Suspended
+        })
+        .await
+        .is_some_and(|s| s.id == id && s.phase == SessionPhase::Connected)
     }
 
     /// Deletes a node we no longer want (an abandoned contender) in the background.
@@ -187,9 +205,9 @@ impl Sessions {
 
     /// Whether `session` has ended (expired, closed, or given up on).
     pub(crate) fn has_ended(&self, session: &Session) -> bool {
-        let status = *self.status.borrow();
+        let status = self.status();
         session.client.state().is_terminated()
-            || status.id != session.id
+            || status.id != session.id()
             || status.phase == SessionPhase::Lost
     }
 
@@ -230,7 +248,7 @@ async fn supervise(sessions: Weak<Sessions>, mut shutdown: watch::Receiver<()>) 
                 SessionState::Disconnected => SessionPhase::Suspended,
                 _ => SessionPhase::Lost,
             };
-            strong.publish(session.id, phase);
+            strong.publish(session.id(), phase);
             drop(strong);
             if phase == SessionPhase::Lost {
                 break;
@@ -245,7 +263,7 @@ async fn supervise(sessions: Weak<Sessions>, mut shutdown: watch::Receiver<()>) 
             tokio::select! {
                 next = states.changed() => state = next,
                 () = give_up => {
-                    tracing::warn!(session = session.id.0, "dlock-zk: disconnected for 0.4 × the session timeout; the session's locks are declared lost");
+                    tracing::warn!(session = session.id().0, "dlock-zk: disconnected for 0.4 × the session timeout; the session's locks are declared lost");
                     state = SessionState::Expired;
                 }
                 _ = shutdown.changed() => return,
@@ -269,11 +287,8 @@ async fn supervise(sessions: Weak<Sessions>, mut shutdown: watch::Receiver<()>) 
                     let Some(strong) = sessions.upgrade() else {
                         return;
                     };
-                    let session = Arc::new(Session {
-                        id: SessionId(client.session_id().0),
-                        client,
-                    });
-                    let id = session.id;
+                    let session = Arc::new(Session { client });
+                    let id = session.id();
                     *strong
                         .current
                         .write()

@@ -17,12 +17,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use distributed_lock_core::{DistributedLock, LockHandle, LockProvider};
+use dlock_api::spi::AcquireRequest;
 use dlock_api::spi::{
     async_trait, AcquireChain, AcquireContext, AcquireResult, LockHandler, ReleaseChain,
     ReleaseContext, ReleaseResult, RenewEvent, Result as DResult,
 };
-use dlock_api::spi::{AcquireRequest, ReleaseRequest};
-use dlock_api::{DistributeLockManager, LockMode, LockName, LockRemoteResource, OwnerId};
+use dlock_api::{DistributeLockManager, LockName, LockRemoteResource, OwnerId};
 use dlock_redis::RedisBackend;
 use testsuite::bench::{backend_selected, is_bench, run_tasks};
 
@@ -165,12 +165,7 @@ async fn uncontended(cfg: &Cfg, tasks: usize) -> Vec<(&'static str, f64)> {
             async move {
                 let mut n = 0;
                 while Instant::now() < end {
-                    let g = lock
-                        .try_lock(Duration::ZERO)
-                        .await
-                        .unwrap()
-                        .expect("uncontended");
-                    g.unlock().await.unwrap();
+                    testsuite::bench::api_cycle(&lock).await;
                     n += 1;
                 }
                 n
@@ -190,22 +185,10 @@ async fn uncontended(cfg: &Cfg, tasks: usize) -> Vec<(&'static str, f64)> {
             let name = LockName::new(format!("{t}:spi:{i}")).unwrap();
             let owner = OwnerId::new(format!("{t}-owner-{i}"));
             async move {
-                let req = AcquireRequest::new(name.clone(), owner.clone());
+                let req = AcquireRequest::new(name, owner);
                 let mut n = 0;
                 while Instant::now() < end {
-                    let token = backend
-                        .try_acquire(&req)
-                        .await
-                        .unwrap()
-                        .token()
-                        .expect("uncontended");
-                    let rel = ReleaseRequest::new(
-                        name.clone(),
-                        owner.clone(),
-                        LockMode::Exclusive,
-                        token,
-                    );
-                    backend.release(&rel).await.unwrap();
+                    testsuite::bench::spi_cycle(&*backend, &req).await;
                     n += 1;
                 }
                 n

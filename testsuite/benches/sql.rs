@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use dlock_api::DistributeLockManager;
 use dlock_jdbc::{sqlx, JdbcBackend, SqlPool};
-use dlock_spi::{AcquireRequest, LockMode, LockName, LockRemoteResource, OwnerId, ReleaseRequest};
+use dlock_spi::{AcquireRequest, LockName, LockRemoteResource, OwnerId};
 
 fn urls(labels: &str) -> Vec<(String, String)> {
     labels
@@ -171,30 +171,10 @@ async fn main() {
         for _ in 0..rounds {
             let r = measure(secs, || floor.cycle(&floor_name, "owner")).await;
             f = (f.0 + r.0, f.1 + r.1);
-            let r = measure(secs, || async {
-                let token = resource
-                    .try_acquire(&acquire)
-                    .await
-                    .unwrap()
-                    .token()
-                    .expect("uncontended acquire");
-                let rel = ReleaseRequest::new(
-                    spi_name.clone(),
-                    owner.clone(),
-                    LockMode::Exclusive,
-                    token,
-                );
-                resource.release(&rel).await.unwrap();
-            })
-            .await;
+            let r = measure(secs, || testsuite::bench::spi_cycle(&*resource, &acquire)).await;
             s = (s.0 + r.0, s.1 + r.1);
             let r = measure(secs, || async {
-                let g = lock
-                    .try_lock(Duration::ZERO)
-                    .await
-                    .unwrap()
-                    .expect("uncontended lock");
-                g.unlock().await.unwrap();
+                testsuite::bench::api_cycle(&lock).await;
             })
             .await;
             a = (a.0 + r.0, a.1 + r.1);

@@ -22,8 +22,8 @@ use std::process::{Child, ChildStdin, ChildStdout, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use dlock_api::spi::{AcquireRequest, ReleaseRequest};
-use dlock_api::{DistributeLockManager, LockMode, LockName, LockRemoteResource, OwnerId};
+use dlock_api::spi::AcquireRequest;
+use dlock_api::{DistributeLockManager, LockName, LockRemoteResource, OwnerId};
 use dlock_zk::ZkBackend;
 use testsuite::bench::{backend_selected, is_bench, run_tasks};
 use zookeeper_client::{Acls, Client, CreateMode};
@@ -170,12 +170,7 @@ async fn scenario(
             async move {
                 let mut n = 0;
                 while Instant::now() < end {
-                    let g = lock
-                        .try_lock(Duration::ZERO)
-                        .await
-                        .unwrap()
-                        .expect("uncontended");
-                    g.unlock().await.unwrap();
+                    testsuite::bench::api_cycle(&lock).await;
                     n += 1;
                 }
                 n
@@ -191,21 +186,10 @@ async fn scenario(
             let name = LockName::new(format!("{tag}-spi-{i}")).unwrap();
             let owner = OwnerId::new(format!("bench:{i}"));
             async move {
+                let req = AcquireRequest::new(name, owner);
                 let mut n = 0;
                 while Instant::now() < end {
-                    let got = spi
-                        .try_acquire(&AcquireRequest::new(name.clone(), owner.clone()))
-                        .await
-                        .unwrap();
-                    let token = got.token().expect("uncontended");
-                    spi.release(&ReleaseRequest::new(
-                        name.clone(),
-                        owner.clone(),
-                        LockMode::Exclusive,
-                        token,
-                    ))
-                    .await
-                    .unwrap();
+                    testsuite::bench::spi_cycle(&*spi, &req).await;
                     n += 1;
                 }
                 n

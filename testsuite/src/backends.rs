@@ -57,31 +57,40 @@ pub fn server_url(label: &str) -> Option<String> {
     }
 }
 
+/// The label as the suite knows it, or a configuration error naming the known ones:
+/// the one place a label is checked, so a misspelt or missing label can never fall
+/// back to another backend's behaviour.
+fn known(label: &str) -> Result<&'static str> {
+    KNOWN.iter().copied().find(|k| *k == label).ok_or_else(|| {
+        Error::new(
+            ErrorKind::Config,
+            format!(
+                "unknown test backend {label:?} in DLOCK_TEST_BACKENDS; known: {}",
+                KNOWN.join(", ")
+            ),
+        )
+    })
+}
+
 /// Opens a fresh test backend for one case. Unknown labels and unreachable backends
 /// are errors (the runner turns them into failures).
 pub async fn open(label: &str) -> Result<Arc<dyn TestBackend>> {
-    match label {
-        "memory" => Ok(Arc::new(MemoryTestBackend::default())),
-        "sqlite" | "mysql" | "postgres" => {
-            let url = server_url(label).unwrap_or_default();
-            Ok(Arc::new(SqlTestBackend::open(label, url).await?))
-        }
+    let label = known(label)?;
+    let url = server_url(label).unwrap_or_default();
+    Ok(match label {
+        "memory" => Arc::new(MemoryTestBackend::default()),
+        "sqlite" | "mysql" | "postgres" => Arc::new(SqlTestBackend::open(label, url).await?),
         "redis" | "redis-polling" | "redis-cluster" => {
-            let url = server_url(label).unwrap_or_default();
-            Ok(Arc::new(RedisTestBackend::open(label, url).await?))
+            Arc::new(RedisTestBackend::open(label, url).await?)
         }
-        "zk" | "zk-ensemble" => {
-            let url = server_url(label).unwrap_or_default();
-            Ok(Arc::new(ZkTestBackend::open(label, url).await?))
+        "zk" | "zk-ensemble" => Arc::new(ZkTestBackend::open(label, url).await?),
+        other => {
+            return Err(Error::new(
+                ErrorKind::Config,
+                format!("test backend {other:?} is known but has no opener in backends::open"),
+            ))
         }
-        other => Err(Error::new(
-            ErrorKind::Config,
-            format!(
-                "unknown test backend {other:?} in DLOCK_TEST_BACKENDS; known: {}",
-                KNOWN.join(", ")
-            ),
-        )),
-    }
+    })
 }
 
 /// The in-memory backend; one instance per case, shared by all its clients.
@@ -179,11 +188,7 @@ pub type ZkTestBackend = ServerTestBackend<ZkBackend>;
 impl<C: ServerClient> ServerTestBackend<C> {
     /// Connects once — and makes one round trip — so an unreachable server fails here.
     pub async fn open(label: &str, url: String) -> Result<Self> {
-        let label = KNOWN
-            .iter()
-            .copied()
-            .find(|k| *k == label)
-            .unwrap_or("unknown");
+        let label = known(label)?;
         let admin = C::open(label, &url).await?;
         admin.live_locks("").await?;
         Ok(ServerTestBackend {

@@ -46,3 +46,29 @@ pub fn runtime() -> tokio::runtime::Runtime {
         .build()
         .expect("tokio runtime")
 }
+
+/// One uncontended acquire + release through the user API (chain, guard, hold).
+pub async fn api_cycle(lock: &dlock_api::DistributeLock) {
+    let guard = lock
+        .try_lock(Duration::ZERO)
+        .await
+        .expect("acquire")
+        .expect("uncontended");
+    guard.unlock().await.expect("release");
+}
+
+/// One uncontended acquire + release through the backend alone (no chain, no guard).
+pub async fn spi_cycle(
+    backend: &dyn dlock_spi::LockRemoteResource,
+    req: &dlock_spi::AcquireRequest,
+) {
+    let token = backend
+        .try_acquire(req)
+        .await
+        .expect("acquire")
+        .token()
+        .expect("uncontended");
+    let release =
+        dlock_spi::ReleaseRequest::new(req.name.clone(), req.owner.clone(), req.mode, token);
+    backend.release(&release).await.expect("release");
+}

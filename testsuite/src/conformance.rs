@@ -48,6 +48,11 @@ impl Env {
         &self.backend
     }
 
+    /// Two managers on two new clients, as two processes would have.
+    pub async fn two_managers(&self) -> (DistributeLockManager, DistributeLockManager) {
+        (self.manager().await, self.manager().await)
+    }
+
     /// A manager on a new client, with default settings in this case's namespace.
     pub async fn manager(&self) -> DistributeLockManager {
         self.manager_with(|b| b).await
@@ -214,7 +219,7 @@ pub async fn mutual_exclusion(backend: Arc<dyn TestBackend>) {
 /// `wait` + [`WAIT_SLACK`]; `try_lock(0)` returns at once.
 pub async fn try_lock_wait_is_bounded(backend: Arc<dyn TestBackend>) {
     let env = Env::new(backend);
-    let (a, b) = (env.manager().await, env.manager().await);
+    let (a, b) = env.two_managers().await;
     let held = take(&a.lock("w"), Duration::ZERO).await;
     let other = b.lock("w");
     for wait in [
@@ -244,7 +249,7 @@ pub async fn try_lock_wait_is_bounded(backend: Arc<dyn TestBackend>) {
 /// release the next holder's lock.
 pub async fn explicit_lease_expires(backend: Arc<dyn TestBackend>) {
     let env = Env::new(backend);
-    let (a, b) = (env.manager().await, env.manager().await);
+    let (a, b) = env.two_managers().await;
     if !a.capabilities().lease {
         // Session-bound backends (ZooKeeper) tie holds to the session, not a lease:
         // only check that such a hold is taken and released cleanly.
@@ -459,7 +464,7 @@ pub async fn reentrancy_counts(backend: Arc<dyn TestBackend>) {
 /// leaves the holder in place, on the SPI and through a stale guard.
 pub async fn only_owner_releases(backend: Arc<dyn TestBackend>) {
     let env = Env::new(backend);
-    let (a, b) = (env.manager().await, env.manager().await);
+    let (a, b) = env.two_managers().await;
     let lock = a.lock("own");
     let g = take(&lock, Duration::ZERO).await;
     let client = env.backend().client().await.expect("client");
@@ -513,7 +518,7 @@ pub async fn only_owner_releases(backend: Arc<dyn TestBackend>) {
 /// Dropping a guard releases the lock in the background.
 pub async fn drop_releases(backend: Arc<dyn TestBackend>) {
     let env = Env::new(backend);
-    let (a, b) = (env.manager().await, env.manager().await);
+    let (a, b) = env.two_managers().await;
     let g = take(&a.lock("drop"), Duration::ZERO).await;
     drop(g);
     let start = Instant::now();
@@ -531,7 +536,7 @@ pub async fn drop_releases(backend: Arc<dyn TestBackend>) {
 /// A `lock()` cancelled by dropping its future leaves no waiter behind.
 pub async fn cancelled_lock_leaves_nothing(backend: Arc<dyn TestBackend>) {
     let env = Env::new(backend);
-    let (a, b) = (env.manager().await, env.manager().await);
+    let (a, b) = env.two_managers().await;
     let g = take(&a.lock("cancel"), Duration::ZERO).await;
     for lock in [b.lock("cancel"), b.fair_lock("cancel")] {
         if lock.fairness() == dlock_spi::Fairness::Fair && !b.capabilities().fair {
@@ -919,7 +924,7 @@ pub async fn bad_arguments_are_refused(backend: Arc<dyn TestBackend>) {
 /// its waiting `lock()` calls with `Closed`, and refuses new acquires.
 pub async fn close_releases_everything(backend: Arc<dyn TestBackend>) {
     let env = Env::new(backend);
-    let (a, b) = (env.manager().await, env.manager().await);
+    let (a, b) = env.two_managers().await;
     let mut guards = Vec::new();
     for i in 0..3 {
         guards.push(take(&a.lock(&format!("c{i}")), Duration::ZERO).await);

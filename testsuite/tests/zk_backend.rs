@@ -205,33 +205,25 @@ async fn digest_credentials_in_the_url_are_used() {
         .unwrap();
 
     let allowed = manager(&format!("zk://app:s3cret@{hosts}{root}")).await;
-    let g = allowed
-        .lock("secure")
-        .try_lock(Duration::ZERO)
-        .await
-        .unwrap()
-        .expect("free");
+    let g = take(&allowed.lock("secure"), Duration::ZERO).await;
     assert!(g.fencing_token().get() > 0);
     g.unlock().await.unwrap();
     allowed.close().await;
 
-    let refused = manager(&format!("zk://{hosts}{root}")).await;
-    let err = refused
-        .lock("secure")
-        .try_lock(Duration::ZERO)
-        .await
-        .unwrap_err();
-    assert_eq!(err.kind(), dlock_api::ErrorKind::Config, "{err}");
-    assert!(err.to_string().contains("refused access"), "{err}");
-    let wrong = manager(&format!("zk://app:wrong@{hosts}{root}")).await;
-    let err = wrong
-        .lock("secure")
-        .try_lock(Duration::ZERO)
-        .await
-        .unwrap_err();
-    assert_eq!(err.kind(), dlock_api::ErrorKind::Config, "{err}");
-    refused.close().await;
-    wrong.close().await;
+    for (who, url) in [
+        ("no credentials", format!("zk://{hosts}{root}")),
+        ("a wrong password", format!("zk://app:wrong@{hosts}{root}")),
+    ] {
+        let refused = manager(&url).await;
+        let err = refused
+            .lock("secure")
+            .try_lock(Duration::ZERO)
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), dlock_api::ErrorKind::Config, "{who}: {err}");
+        assert!(err.to_string().contains("refused access"), "{who}: {err}");
+        refused.close().await;
+    }
     for child in owner.list_children(&root).await.unwrap() {
         let _ = owner.delete(&format!("{root}/{child}"), None).await;
     }
