@@ -58,17 +58,17 @@ pub async fn api_cycle(lock: &dlock_api::DistributeLock) {
 }
 
 /// One uncontended acquire + release through the backend alone (no chain, no guard).
+/// The grant — and the status feed a session-bound backend attaches to it — is kept
+/// until the release, as a holder keeps it (dropping a ZooKeeper feed early would
+/// cost a watch-removal request the user API never sends).
 pub async fn spi_cycle(
     backend: &dyn dlock_spi::LockRemoteResource,
     req: &dlock_spi::AcquireRequest,
 ) {
-    let token = backend
-        .try_acquire(req)
-        .await
-        .expect("acquire")
-        .token()
-        .expect("uncontended");
+    let grant = backend.try_acquire(req).await.expect("acquire");
+    let token = grant.token().expect("uncontended");
     let release =
         dlock_spi::ReleaseRequest::new(req.name.clone(), req.owner.clone(), req.mode, token);
     backend.release(&release).await.expect("release");
+    drop(grant);
 }
