@@ -17,8 +17,8 @@ use redis::{FromRedisValue, Value};
 
 use crate::error::map_redis;
 use crate::keys::{
-    scan_pattern, Key, LockKeys, ALL, CHANNEL, EXCLUSIVE, FENCE, RELEASE_EXCLUSIVE_KEYS,
-    WRITER_WAITING,
+    scan_pattern, HolderValue, Key, LockKeys, OwnerPart, ScriptCall, ACQUIRE_EXCLUSIVE_KEYS, ALL,
+    CHANNEL, EXCLUSIVE, RELEASE_EXCLUSIVE_KEYS,
 };
 use crate::notices::Notices;
 use crate::scripts::Scripts;
@@ -27,6 +27,10 @@ use crate::RedisOptions;
 /// How often a parked non-fair waiter re-checks even without a notice: a safety net
 /// for notices lost in transit, not the way waiters normally wake.
 const SAFETY_RECHECK: Duration = Duration::from_secs(5);
+/// How long a non-fair waiter's waiting mark lives (releases notify only while it
+/// does): longer than the waiter's longest park, [`SAFETY_RECHECK`], by a margin for
+/// the round trip and timer delays; every re-check renews it.
+const WAITING_MARK: Duration = Duration::from_secs(6);
 
 #[derive(Clone)]
 enum Conn {
@@ -35,13 +39,26 @@ enum Conn {
 }
 
 impl Conn {
-    async fn invoke<T: FromRedisValue>(
-        &self,
-        inv: &redis::ScriptInvocation<'_>,
-    ) -> redis::RedisResult<T> {
+    /// Runs a script by SHA; loads it (on every primary, for Cluster) and runs it
+    /// again if the server does not know it yet.
+    async fn invoke<T: FromRedisValue>(&self, call: &ScriptCall<'_>) -> redis::RedisResult<T> {
+        match self.query(&call.cmd).await {
+            Err(e) if e.kind() == redis::ErrorKind::NoScriptError => {
+                let load = call.script.prepare_invoke();
+                match self {
+                    Conn::Single(c) => load.load_async(&mut c.clone()).await?,
+                    Conn::Cluster(c) => load.load_async(&mut c.clone()).await?,
+                };
+                self.query(&call.cmd).await
+            }
+            result => result,
+        }
+    }
+
+    async fn query<T: FromRedisValue>(&self, cmd: &redis::Cmd) -> redis::RedisResult<T> {
         match self {
-            Conn::Single(c) => inv.invoke_async(&mut c.clone()).await,
-            Conn::Cluster(c) => inv.invoke_async(&mut c.clone()).await,
+            Conn::Single(c) => cmd.query_async(&mut c.clone()).await,
+            Conn::Cluster(c) => cmd.query_async(&mut c.clone()).await,
         }
     }
 }
@@ -241,7 +258,7 @@ impl RedisBackend {
     }
 
     /// Runs an acquire script: `{1, token}` when granted, `{0, ms left, queued}` when not.
-    async fn run_acquire(&self, inv: &redis::ScriptInvocation<'_>) -> Result<(bool, i64, bool)> {
+    async fn run_acquire(&self, inv: &ScriptCall<'_>) -> Result<(bool, i64, bool)> {
         let reply: Vec<i64> = self
             .inner
             .conn
@@ -256,7 +273,7 @@ impl RedisBackend {
     }
 
     /// Runs a script that answers 1 (done) or 0 (not the owner).
-    async fn run_flag(&self, inv: &redis::ScriptInvocation<'_>, op: &'static str) -> Result<bool> {
+    async fn run_flag(&self, inv: &ScriptCall<'_>, op: &'static str) -> Result<bool> {
         let n: i64 = self
             .inner
             .conn
@@ -302,16 +319,19 @@ impl RedisBackend {
         let mark = o.polling.map_or(Duration::from_secs(1), |b| {
             (b.delay(u32::MAX) * 4).max(Duration::from_secs(1))
         });
+        let owner = OwnerPart(req.owner.as_str());
+        let value = HolderValue(owner, req.context.as_ref());
         if req.mode == LockMode::Exclusive && req.fairness == Fairness::NonFair {
             // The hot path: a lean script that declares only the keys it touches.
             let mut inv = keys.invocation(
                 &self.inner.scripts.acquire_exclusive,
-                &[EXCLUSIVE, FENCE, WRITER_WAITING],
+                &ACQUIRE_EXCLUSIVE_KEYS,
             );
-            inv.arg(req.owner.as_str())
+            inv.arg(value)
+                .arg(owner.len())
                 .arg(ms(req.lease))
-                .arg(req.context.as_ref())
                 .arg(if waiting { "1" } else { "0" })
+                .arg(ms(WAITING_MARK))
                 .arg(ms(mark));
             return self.run_acquire(&inv).await;
         }
@@ -323,7 +343,7 @@ impl RedisBackend {
                 "s"
             })
             .arg(ms(req.lease))
-            .arg(req.context.as_ref())
+            .arg(value)
             .arg(if req.fairness == Fairness::Fair {
                 "1"
             } else {
@@ -332,7 +352,9 @@ impl RedisBackend {
             .arg(if waiting { "1" } else { "0" })
             .arg(ms(o.waiter_liveness))
             .arg(ms(mark))
-            .arg(self.channel(keys));
+            .arg(self.channel(keys))
+            .arg(ms(WAITING_MARK))
+            .arg(req.context.as_ref());
         self.run_acquire(&inv).await
     }
 
@@ -366,6 +388,29 @@ impl RedisBackend {
             ),
         )
         .with_context("lock", &req.name))
+    }
+}
+
+/// A release or renewal call: the exclusive script identifies the holder by the owner
+/// part of its value, the shared one (all keys) by the owner itself.
+fn owner_call<'s>(
+    keys: &LockKeys,
+    owner: &OwnerId,
+    mode: LockMode,
+    (exclusive, exclusive_keys): (&'s redis::Script, &[&'static str]),
+    shared: &'s redis::Script,
+) -> ScriptCall<'s> {
+    match mode {
+        LockMode::Exclusive => {
+            let mut call = keys.invocation(exclusive, exclusive_keys);
+            call.arg(OwnerPart(owner.as_str()));
+            call
+        }
+        LockMode::Shared => {
+            let mut call = keys.invocation(shared, &ALL);
+            call.arg(owner.as_str());
+            call
+        }
     }
 }
 
@@ -485,13 +530,14 @@ impl LockRemoteResource for RedisBackend {
     async fn release(&self, req: &ReleaseRequest) -> Result<ReleaseResult> {
         let keys = self.keys(&req.name);
         let scripts = &self.inner.scripts;
-        let mut inv = match req.mode {
-            LockMode::Exclusive => {
-                keys.invocation(&scripts.release_exclusive, &RELEASE_EXCLUSIVE_KEYS)
-            }
-            LockMode::Shared => keys.invocation(&scripts.release_shared, &ALL),
-        };
-        inv.arg(req.owner.as_str()).arg(self.channel(&keys));
+        let mut inv = owner_call(
+            &keys,
+            &req.owner,
+            req.mode,
+            (&scripts.release_exclusive, &RELEASE_EXCLUSIVE_KEYS),
+            &scripts.release_shared,
+        );
+        inv.arg(self.channel(&keys));
         Ok(if self.run_flag(&inv, "release").await? {
             ReleaseResult::Released
         } else {
@@ -503,11 +549,14 @@ impl LockRemoteResource for RedisBackend {
         let keys = self.keys(&req.name);
         let sent = Instant::now();
         let scripts = &self.inner.scripts;
-        let mut inv = match req.mode {
-            LockMode::Exclusive => keys.invocation(&scripts.renew_exclusive, &[EXCLUSIVE]),
-            LockMode::Shared => keys.invocation(&scripts.renew_shared, &ALL),
-        };
-        inv.arg(req.owner.as_str()).arg(ms(req.lease));
+        let mut inv = owner_call(
+            &keys,
+            &req.owner,
+            req.mode,
+            (&scripts.renew_exclusive, &[EXCLUSIVE]),
+            &scripts.renew_shared,
+        );
+        inv.arg(ms(req.lease));
         Ok(if self.run_flag(&inv, "renew").await? {
             RenewResult::renewed(Some(sent + req.lease))
         } else {

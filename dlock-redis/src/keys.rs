@@ -28,11 +28,13 @@ pub(crate) const QUEUE_ALIVE: &str = ":ql";
 pub(crate) const QUEUE_MODE: &str = ":qm";
 /// A waiting writer's mark (non-fair read-write locks): readers stand back.
 pub(crate) const WRITER_WAITING: &str = ":ww";
+/// A parked non-fair waiter's mark: releases send a notice only while it exists.
+pub(crate) const WAITING: &str = ":w";
 /// The channel release notices go to.
 pub(crate) const CHANNEL: &str = ":c";
 
-/// The general scripts' keys, in order (KEYS[1..8]).
-pub(crate) const ALL: [&str; 8] = [
+/// The general scripts' keys, in order (KEYS[1..9]).
+pub(crate) const ALL: [&str; 9] = [
     EXCLUSIVE,
     READERS,
     READER_DATA,
@@ -41,9 +43,13 @@ pub(crate) const ALL: [&str; 8] = [
     QUEUE_ALIVE,
     QUEUE_MODE,
     WRITER_WAITING,
+    WAITING,
 ];
+/// The non-fair exclusive acquire script's keys.
+pub(crate) const ACQUIRE_EXCLUSIVE_KEYS: [&str; 4] = [EXCLUSIVE, FENCE, WAITING, WRITER_WAITING];
 /// The exclusive-release script's keys.
-pub(crate) const RELEASE_EXCLUSIVE_KEYS: [&str; 4] = [EXCLUSIVE, QUEUE, QUEUE_ALIVE, QUEUE_MODE];
+pub(crate) const RELEASE_EXCLUSIVE_KEYS: [&str; 5] =
+    [EXCLUSIVE, QUEUE, QUEUE_ALIVE, QUEUE_MODE, WAITING];
 
 /// The keys of one lock: `<prefix>{<encoded name>}` plus a suffix each.
 #[derive(Debug, Clone)]
@@ -102,17 +108,18 @@ impl LockKeys {
         LockKeys { base }
     }
 
-    /// A script invocation with these keys (by suffix) declared, in order.
+    /// A call of `script` with these keys (by suffix) declared, in order.
     pub(crate) fn invocation<'s>(
         &self,
         script: &'s redis::Script,
         suffixes: &[&'static str],
-    ) -> redis::ScriptInvocation<'s> {
-        let mut inv = script.prepare_invoke();
+    ) -> ScriptCall<'s> {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(script.get_hash()).arg(suffixes.len());
         for s in suffixes {
-            inv.key(self.key(s));
+            cmd.arg(self.key(s));
         }
-        inv
+        ScriptCall { script, cmd }
     }
 
     pub(crate) fn key(&self, suffix: &'static str) -> Key<'_> {
@@ -120,6 +127,63 @@ impl LockKeys {
             base: &self.base,
             suffix,
         }
+    }
+}
+
+/// An `EVALSHA` command being built: keys and arguments go straight into the
+/// command's buffer (redis' own `ScriptInvocation` collects each in a vector of its
+/// own first and copies them over).
+pub(crate) struct ScriptCall<'s> {
+    pub(crate) script: &'s redis::Script,
+    pub(crate) cmd: redis::Cmd,
+}
+
+impl ScriptCall<'_> {
+    /// Appends an `ARGV` argument.
+    pub(crate) fn arg<T: ToRedisArgs>(&mut self, arg: T) -> &mut Self {
+        self.cmd.arg(arg);
+        self
+    }
+}
+
+/// The owner part of an exclusive holder value, `<owner length>|<owner>`: a prefix
+/// no other owner's value has, whatever the owner strings are.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct OwnerPart<'a>(pub(crate) &'a str);
+
+impl OwnerPart<'_> {
+    /// Its length in bytes.
+    pub(crate) fn len(self) -> usize {
+        let mut digits = 1;
+        let mut n = self.0.len();
+        while n >= 10 {
+            n /= 10;
+            digits += 1;
+        }
+        digits + 1 + self.0.len()
+    }
+
+    fn write(self, w: &mut impl Write) {
+        // Writing into an in-memory buffer cannot fail.
+        let _ = write!(w, "{}|{}", self.0.len(), self.0);
+    }
+}
+
+impl ToRedisArgs for OwnerPart<'_> {
+    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
+        self.write(&mut out.writer_for_next_arg());
+    }
+}
+
+/// An exclusive holder value: the owner part, then the owner's context.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct HolderValue<'a>(pub(crate) OwnerPart<'a>, pub(crate) &'a [u8]);
+
+impl ToRedisArgs for HolderValue<'_> {
+    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
+        let mut w = out.writer_for_next_arg();
+        self.0.write(&mut w);
+        let _ = w.write_all(self.1);
     }
 }
 
@@ -162,6 +226,24 @@ mod tests {
     fn keys_are_written_as_single_arguments() {
         let k = LockKeys::new("d:", &LockName::new("n").unwrap());
         assert_eq!(k.key(FENCE).to_redis_args(), vec![b"d:{n}:f".to_vec()]);
+    }
+
+    #[test]
+    fn holder_values_start_with_the_owner_part_and_its_length_is_right() {
+        for owner in ["", "a", "owner-1234567890", &"x".repeat(123)] {
+            let part = OwnerPart(owner);
+            let bytes = part.to_redis_args().concat();
+            assert_eq!(bytes.len(), part.len());
+            assert_eq!(bytes, format!("{}|{owner}", owner.len()).into_bytes());
+            let value = HolderValue(part, b"ctx").to_redis_args().concat();
+            assert!(value.starts_with(&bytes) && value.ends_with(b"ctx"));
+        }
+        // "ab" is a prefix of "abc", but their owner parts are not prefixes of each other.
+        let (ab, abc) = (
+            OwnerPart("ab").to_redis_args(),
+            OwnerPart("abc").to_redis_args(),
+        );
+        assert!(!abc[0].starts_with(&ab[0]) && !ab[0].starts_with(&abc[0]));
     }
 
     #[test]

@@ -17,17 +17,20 @@
 //!   Cluster slot; `%`, `{` and `}` in names are percent-encoded so no name reaches
 //!   another lock's keys.
 //! * **One round trip per operation**: acquire, release and renew are Lua scripts
-//!   (loaded once, run by SHA). Acquire sets the holder with a `PX` lease, advances the
-//!   fencing counter and stores the owner's context atomically; the common case
-//!   (non-fair, exclusive, free) is just `INCR` + `SET NX PX`. Readers occupy the same
-//!   key while they hold. Expiry is judged by the server (`PX`, `TIME`), never by a
-//!   client clock.
+//!   (loaded once, run by SHA). Acquire sets the holder (owner and context) with a
+//!   `PX` lease and advances the fencing counter atomically; the common case
+//!   (non-fair, exclusive, free) is just `SET NX PX` + `INCR`, and a release nobody
+//!   waits for is `GET`, `DEL` and one `EXISTS`. Readers occupy the same key while they
+//!   hold. Expiry is judged by the server (`PX`, `TIME`), never by a client clock.
 //! * **Fencing**: a per-lock counter (`INCR`, no expiry) — strictly increasing whatever
-//!   the clocks do. A counter that is created (first use, or after it was deleted)
-//!   starts at the server clock in µs, so it still starts above every earlier token.
-//!   It is the one key that outlives a release.
+//!   the clocks do. It advances only on a grant, so while a writer holds the lock the
+//!   counter is the writer's token (reentry returns it). A counter that is created
+//!   (first use, or after it was deleted) starts at the server clock in µs, so it
+//!   still starts above every earlier token. It is the one key that outlives a release.
 //! * **Waiting without polling storms**: one pub/sub connection per backend carries
-//!   release notices. Non-fair: a release wakes one waiter per process. Fair: the
+//!   release notices, sent only while someone waits (a parked non-fair waiter leaves
+//!   a mark that outlives its longest park). Non-fair: a release wakes one waiter per
+//!   process. Fair: the
 //!   release names the head of a server-side queue (a sorted set ordered by the server
 //!   clock, with a liveness deadline per waiter that waiting refreshes) and exactly that
 //!   waiter wakes; dead waiters are skipped once their liveness lapses. Every waiter also

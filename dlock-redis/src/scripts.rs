@@ -2,17 +2,21 @@
 //! `TIME`, and touches only the keys of one lock (one Cluster slot).
 //!
 //! The hot paths — a non-fair exclusive acquire, an exclusive release, an exclusive
-//! renewal — have lean scripts of their own (about five server calls each); fair and
-//! shared modes go through the general scripts.
+//! renewal — have lean scripts of their own, written inline (no helper closures, no
+//! string building: a server call inside a script costs about as much as the whole
+//! rest of the script); fair and shared modes go through the general scripts.
 //!
-//! The exclusive key is one string, `<token>|<owner length>|<owner><context>`, with
-//! `PX` = the lease so the server expires it; while readers hold the lock it is
-//! `R` (expiring with the last reader). The fencing counter is a separate key that
-//! never expires.
+//! The exclusive key is one string, `<owner length>|<owner><context>` (built by the
+//! client), with `PX` = the lease so the server expires it; while readers hold the
+//! lock it is `R` (expiring with the last reader). The fencing counter is a separate
+//! key that never expires and advances only on a grant — so while a writer holds the
+//! lock, the counter *is* the writer's token and the holder value need not carry it.
+//!
+//! Release notices go out only when someone waits: a fair waiter is in the queue, a
+//! non-fair waiter leaves a waiting mark that outlives its longest park.
 
-/// Helper fragments; each script includes only the ones it uses (Lua re-creates
-/// every local function on each call). Keys are passed explicitly so the lean
-/// scripts can declare only what they touch.
+/// Helper fragments for the general scripts; each includes only the ones it uses
+/// (Lua re-creates every local function on each call).
 const H_CLOCK: &str = r#"
 local now, now_us
 local function clock()
@@ -24,21 +28,22 @@ local function clock()
 end
 "#;
 const H_HOLDER: &str = r#"
--- owner, token, context of an exclusive holder value; nil when free or held by
+-- owner and context of an exclusive holder value; nil when free or held by
 -- readers (value "R").
 local function holder(v)
   if not v then return nil end
-  local tok, olen, rest = string.match(v, '^(%d+)|(%d+)|(.*)$')
-  if not tok then return nil end
+  local olen, rest = string.match(v, '^(%d+)|(.*)$')
+  if not olen then return nil end
   olen = tonumber(olen)
-  return string.sub(rest, 1, olen), tok, string.sub(rest, olen + 1)
+  return string.sub(rest, 1, olen), string.sub(rest, olen + 1)
 end
 "#;
 const H_NEXT_TOKEN: &str = r#"
 -- The lock's fencing counter (KEYS fence) never expires, so tokens increase
 -- whatever the clocks do. A counter that does not exist yet (first use, or deleted
 -- by someone) starts at the server clock in µs: above every token issued before.
-local function seeded(fence, tok)
+local function next_token(fence)
+  local tok = redis.call('INCR', fence)
   if tok == 1 then
     clock()
     tok = now_us
@@ -46,8 +51,11 @@ local function seeded(fence, tok)
   end
   return tok
 end
-local function next_token(fence)
-  return seeded(fence, redis.call('INCR', fence))
+-- The token of the current exclusive holder: the counter, which only a grant moves.
+local function holder_token(fence)
+  local tok = tonumber(redis.call('GET', fence))
+  if tok then return tok end
+  return next_token(fence)
 end
 "#;
 const H_PURGE_READERS: &str = r#"
@@ -91,8 +99,8 @@ end
 "#;
 const H_NOTIFY: &str = r#"
 -- Tells waiters the lock may be free: the live head of the fair queue by name
--- ("o:<owner>"), or anyone ("r").
-local function notify(channel, queue, alive, modes)
+-- ("o:<owner>"), or, if a non-fair waiter left its mark, anyone ("r").
+local function notify(channel, queue, alive, modes, waiting)
   if channel == '' then return end
   if redis.call('EXISTS', queue) == 1 then
     purge_queue(queue, alive, modes)
@@ -102,7 +110,7 @@ local function notify(channel, queue, alive, modes)
       return
     end
   end
-  redis.call('PUBLISH', channel, 'r')
+  if redis.call('EXISTS', waiting) == 1 then redis.call('PUBLISH', channel, 'r') end
 end
 "#;
 const H_TIME_LEFT: &str = r#"
@@ -114,48 +122,70 @@ local function time_left(x)
 end
 "#;
 
-/// Non-fair exclusive acquire. KEYS: exclusive, fence, writer mark. ARGV: owner,
-/// lease ms, context, waiting (1|0), writer mark ms. Granted in two server calls
-/// (`INCR`, `SET NX PX`), like the raw floor plus the fencing counter.
-/// Returns {1, token} or {0, ms left, 0}.
+/// Non-fair exclusive acquire. KEYS: exclusive, fence, waiting mark, writer mark.
+/// ARGV: holder value (`<owner length>|<owner><context>`), length of its owner
+/// part, lease ms, waiting (1|0), waiting mark ms, writer mark ms.
+/// A free lock is granted in two server calls (`SET NX PX`, `INCR`), like the raw
+/// floor plus the fencing counter. Returns {1, token} or {0, ms left, 0}.
 const ACQUIRE_EXCLUSIVE: &str = r#"
-local owner, lease = ARGV[1], ARGV[2]
-local tok = seeded(KEYS[2], redis.call('INCR', KEYS[2]))
-if redis.call('SET', KEYS[1], string.format('%.0f|%d|', tok, #owner) .. owner .. ARGV[3], 'NX', 'PX', lease) then
-  return {1, tok}
+local x, fence = KEYS[1], KEYS[2]
+local tok
+if redis.call('SET', x, ARGV[1], 'NX', 'PX', ARGV[3]) then
+  tok = redis.call('INCR', fence)
+else
+  -- Taken. The current owner asking again is idempotent (same token).
+  local v, n = redis.call('GET', x), tonumber(ARGV[2])
+  if not v or string.sub(v, 1, n) ~= string.sub(ARGV[1], 1, n) then
+    if ARGV[4] == '1' then
+      -- Ask the releaser for a notice, and new readers to stand back.
+      redis.call('SET', KEYS[3], '1', 'PX', ARGV[5])
+      redis.call('SET', KEYS[4], '1', 'PX', ARGV[6])
+    end
+    local left = redis.call('PTTL', x)
+    if left < 0 then left = 0 end
+    return {0, left, 0}
+  end
+  redis.call('PEXPIRE', x, ARGV[3])
+  tok = tonumber(redis.call('GET', fence)) or redis.call('INCR', fence)
 end
--- Taken. The current owner asking again is idempotent (same token); the counter
--- step just made is simply never used.
-local o, held = holder(redis.call('GET', KEYS[1]))
-if o == owner then
-  redis.call('PEXPIRE', KEYS[1], lease)
-  return {1, tonumber(held)}
+if tok == 1 then
+  -- A new counter starts at the server clock in µs (see the general scripts).
+  local t = redis.call('TIME')
+  tok = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  redis.call('SET', fence, string.format('%.0f', tok))
 end
--- A waiting writer asks new readers to stand back.
-if ARGV[4] == '1' then redis.call('SET', KEYS[3], '1', 'PX', tonumber(ARGV[5])) end
-return {0, time_left(KEYS[1]), 0}
+return {1, tok}
 "#;
 
-/// Exclusive release. KEYS: exclusive, queue, queue liveness, queue modes.
-/// ARGV: owner, channel. Returns 1 if released, 0 if not the owner.
+/// Exclusive release. KEYS: exclusive, queue, queue liveness, queue modes, waiting
+/// mark. ARGV: owner part of the holder value, channel. Returns 1 if released, 0 if
+/// not the owner. With nobody waiting (the common case) it is `GET`, `DEL`, `EXISTS`
+/// and returns before the helpers of [`RELEASE_EXCLUSIVE_NOTIFY`] are even created.
 const RELEASE_EXCLUSIVE: &str = r#"
-if holder(redis.call('GET', KEYS[1])) ~= ARGV[1] then return 0 end
+local v = redis.call('GET', KEYS[1])
+if not v or string.sub(v, 1, #ARGV[1]) ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1])
-notify(ARGV[2], KEYS[2], KEYS[3], KEYS[4])
+if ARGV[2] == '' or redis.call('EXISTS', KEYS[2], KEYS[5]) == 0 then return 1 end
+"#;
+/// The exclusive release's tail, after its helpers: someone waits.
+const RELEASE_EXCLUSIVE_NOTIFY: &str = r#"
+notify(ARGV[2], KEYS[2], KEYS[3], KEYS[4], KEYS[5])
 return 1
 "#;
 
-/// Exclusive renewal. KEYS: exclusive. ARGV: owner, lease ms.
+/// Exclusive renewal. KEYS: exclusive. ARGV: owner part of the holder value, lease ms.
 const RENEW_EXCLUSIVE: &str = r#"
-if holder(redis.call('GET', KEYS[1])) ~= ARGV[1] then return 0 end
-redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[2]))
+local v = redis.call('GET', KEYS[1])
+if not v or string.sub(v, 1, #ARGV[1]) ~= ARGV[1] then return 0 end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return 1
 "#;
 
 /// The general acquire (fair mode, shared mode). KEYS: exclusive, readers, reader
-/// data, fence, queue, queue liveness, queue modes, writer mark. ARGV: owner, mode
-/// (x|s), lease ms, context, fair (1|0), waiting (1|0), liveness ms, writer mark ms,
-/// channel. Returns {1, token} or {0, ms left, queued}.
+/// data, fence, queue, queue liveness, queue modes, writer mark, waiting mark.
+/// ARGV: owner, mode (x|s), lease ms, holder value, fair (1|0), waiting (1|0),
+/// liveness ms, writer mark ms, channel, waiting mark ms, context.
+/// Returns {1, token} or {0, ms left, queued}.
 const ACQUIRE: &str = r#"
 local owner, mode, lease = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local fair, waiting = ARGV[5] == '1', ARGV[6] == '1'
@@ -168,10 +198,9 @@ end
 
 local v = redis.call('GET', KEYS[1])
 if mode == 'x' then
-  local o, tok = holder(v)
-  if o == owner then
+  if holder(v) == owner then
     redis.call('PEXPIRE', KEYS[1], lease)
-    return {1, tonumber(tok)}
+    return {1, holder_token(KEYS[4])}
   end
   if v == 'R' then
     -- Readers' horizon may outlast readers that left early: check the live ones.
@@ -190,7 +219,7 @@ if mode == 'x' then
     end
     if ok then
       local t = next_token(KEYS[4])
-      redis.call('SET', KEYS[1], string.format('%.0f|%d|', t, #owner) .. owner .. ARGV[4], 'PX', lease)
+      redis.call('SET', KEYS[1], ARGV[4], 'PX', lease)
       redis.call('DEL', KEYS[8])
       if rank then dequeue_self() end
       return {1, t}
@@ -221,7 +250,7 @@ else
   if free then
     local tok = next_token(KEYS[4])
     redis.call('ZADD', KEYS[2], now + lease, owner)
-    redis.call('HSET', KEYS[3], owner, string.format('%.0f', tok), 'c:' .. owner, ARGV[4])
+    redis.call('HSET', KEYS[3], owner, string.format('%.0f', tok), 'c:' .. owner, ARGV[11])
     reader_horizon(KEYS[1], KEYS[2], KEYS[3])
     if rank then
       dequeue_self()
@@ -245,8 +274,9 @@ if waiting then
     -- The queue itself lapses if no waiter refreshes it (all crashed).
     for i = 5, 7 do redis.call('PEXPIRE', KEYS[i], 2 * tonumber(ARGV[7])) end
     queued = 1
-  elseif mode == 'x' then
-    redis.call('SET', KEYS[8], '1', 'PX', tonumber(ARGV[8]))
+  else
+    redis.call('SET', KEYS[9], '1', 'PX', tonumber(ARGV[10]))
+    if mode == 'x' then redis.call('SET', KEYS[8], '1', 'PX', tonumber(ARGV[8])) end
   end
 end
 return {0, time_left(KEYS[1]), queued}
@@ -258,7 +288,7 @@ purge_readers(KEYS[2], KEYS[3])
 if not redis.call('ZSCORE', KEYS[2], ARGV[1]) then return 0 end
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('HDEL', KEYS[3], ARGV[1], 'c:' .. ARGV[1])
-if reader_horizon(KEYS[1], KEYS[2], KEYS[3]) == 0 then notify(ARGV[2], KEYS[5], KEYS[6], KEYS[7]) end
+if reader_horizon(KEYS[1], KEYS[2], KEYS[3]) == 0 then notify(ARGV[2], KEYS[5], KEYS[6], KEYS[7], KEYS[9]) end
 return 1
 "#;
 
@@ -278,7 +308,7 @@ local was_head = redis.call('ZRANK', KEYS[5], ARGV[1]) == 0
 redis.call('ZREM', KEYS[5], ARGV[1])
 redis.call('ZREM', KEYS[6], ARGV[1])
 redis.call('HDEL', KEYS[7], ARGV[1])
-if was_head and redis.call('EXISTS', KEYS[1]) == 0 then notify(ARGV[2], KEYS[5], KEYS[6], KEYS[7]) end
+if was_head and redis.call('EXISTS', KEYS[1]) == 0 then notify(ARGV[2], KEYS[5], KEYS[6], KEYS[7], KEYS[9]) end
 return 1
 "#;
 
@@ -287,8 +317,10 @@ return 1
 const INSPECT: &str = r#"
 purge_readers(KEYS[2], KEYS[3])
 purge_queue(KEYS[5], KEYS[6], KEYS[7])
-local o, tok, ctx = holder(redis.call('GET', KEYS[1]))
-local out = {o or '', tok or '0', ctx or '', o and redis.call('PTTL', KEYS[1]) or -2,
+local o, ctx = holder(redis.call('GET', KEYS[1]))
+local tok = '0'
+if o then tok = string.format('%.0f', tonumber(redis.call('GET', KEYS[4])) or 0) end
+local out = {o or '', tok, ctx or '', o and redis.call('PTTL', KEYS[1]) or -2,
              redis.call('ZCARD', KEYS[5]) + redis.call('EXISTS', KEYS[8])}
 local rs = redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES')
 for i = 1, #rs, 2 do
@@ -307,7 +339,7 @@ const FORCE_RELEASE: &str = r#"
 purge_readers(KEYS[2], KEYS[3])
 local n = (holder(redis.call('GET', KEYS[1])) and 1 or 0) + redis.call('ZCARD', KEYS[2])
 redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[8])
-notify(ARGV[1], KEYS[5], KEYS[6], KEYS[7])
+notify(ARGV[1], KEYS[5], KEYS[6], KEYS[7], KEYS[9])
 return n
 "#;
 
@@ -338,21 +370,12 @@ fn sources() -> [String; 9] {
     ];
     let with = |helpers: &[&str], body: &str| format!("{}\n{body}", helpers.concat());
     [
-        with(
-            &[
-                H_CLOCK,
-                H_HOLDER,
-                H_NEXT_TOKEN,
-                H_PURGE_READERS,
-                H_TIME_LEFT,
-            ],
-            ACQUIRE_EXCLUSIVE,
+        ACQUIRE_EXCLUSIVE.to_owned(),
+        format!(
+            "{RELEASE_EXCLUSIVE}{}{RELEASE_EXCLUSIVE_NOTIFY}",
+            [H_CLOCK, H_PURGE_QUEUE, H_NOTIFY].concat()
         ),
-        with(
-            &[H_CLOCK, H_HOLDER, H_NEXT_TOKEN, H_PURGE_QUEUE, H_NOTIFY],
-            RELEASE_EXCLUSIVE,
-        ),
-        with(&[H_HOLDER], RENEW_EXCLUSIVE),
+        RENEW_EXCLUSIVE.to_owned(),
         with(all, ACQUIRE),
         with(all, RELEASE_SHARED),
         with(all, RENEW_SHARED),
@@ -390,8 +413,8 @@ mod tests {
         let helpers = [
             "clock",
             "holder",
-            "seeded",
             "next_token",
+            "holder_token",
             "purge_readers",
             "reader_horizon",
             "purge_queue",

@@ -24,24 +24,17 @@ use dlock_api::spi::{
 };
 use dlock_api::{DistributeLockManager, LockName, LockRemoteResource, OwnerId};
 use dlock_redis::RedisBackend;
-use testsuite::bench::{backend_selected, is_bench, run_tasks};
+use testsuite::bench::{backend_selected, interleaved, is_bench, Contestant};
 
 const RELEASE_LUA: &str =
     "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end";
 
 struct Cfg {
     url: String,
+    /// Per implementation and scenario (split into `rounds` for the uncontended ones).
     secs: Duration,
+    rounds: u32,
     smoke: bool,
-}
-
-/// `DLOCK_BENCH_IMPL=dlock,floor`: measure only implementations whose label contains
-/// one of these words.
-fn wanted(label: &str) -> bool {
-    match std::env::var("DLOCK_BENCH_IMPL") {
-        Ok(list) if !list.is_empty() => list.split(',').any(|w| label.contains(w)),
-        _ => true,
-    }
 }
 
 fn rate(n: u64, t: Duration) -> f64 {
@@ -93,155 +86,137 @@ async fn dlr_provider(url: &str) -> distributed_lock_redis::RedisLockProvider {
         .unwrap()
 }
 
-/// Scenario A (tasks = 1) and B (tasks = 64): each task cycles its own lock.
+/// A task body of the uncontended scenarios: runs `cycle` until `end`. The cycle
+/// takes its state (connection, key, …) and hands it back, so no borrow crosses an
+/// await of the task.
+async fn cycles<S, F, Fut>(mut state: S, end: Instant, mut cycle: F) -> u64
+where
+    F: FnMut(S) -> Fut,
+    Fut: Future<Output = S>,
+{
+    let mut n = 0;
+    while Instant::now() < end {
+        state = cycle(state).await;
+        n += 1;
+    }
+    n
+}
+
+/// Scenario A (tasks = 1) and B (tasks = 64): each task cycles its own lock; the
+/// implementations run in interleaved rounds against the same server.
 async fn uncontended(cfg: &Cfg, tasks: usize) -> Vec<(&'static str, f64)> {
     let tag = format!("bench{:x}", fastrand::u32(..));
-    let mut out = Vec::new();
 
-    let label = "floor (SET NX PX + EVAL)";
-    if wanted(label) {
+    let floor = {
         let conn = floor_conn(&cfg.url).await;
         let t = tag.clone();
-        let (n, d) = run_tasks(tasks, cfg.secs, move |i, end| {
-            let mut conn = conn.clone();
-            let key = format!("{t}:floor:{i}");
-            async move {
-                let mut n = 0;
-                while Instant::now() < end {
-                    assert!(floor_cycle(&mut conn, &key, "owner").await);
-                    n += 1;
-                }
-                n
-            }
-        })
-        .await;
-        out.push((label, rate(n, d)));
-    }
+        move |i: usize, end: Instant| {
+            let state = (conn.clone(), format!("{t}:floor:{i}"));
+            cycles(state, end, |(mut conn, key)| async move {
+                assert!(floor_cycle(&mut conn, &key, "owner").await);
+                (conn, key)
+            })
+        }
+    };
 
-    let label = "floor with a scripted acquire (EVALSHA SET NX PX + EVAL)";
-    if wanted(label) {
+    let scripted_floor = {
         let conn = floor_conn(&cfg.url).await;
         let script = Arc::new(redis::Script::new(
             "return redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', 30000)",
         ));
         let t = tag.clone();
-        let (n, d) = run_tasks(tasks, cfg.secs, move |i, end| {
-            let mut conn = conn.clone();
-            let script = Arc::clone(&script);
-            let key = format!("{t}:sfloor:{i}");
-            async move {
-                let mut n = 0;
-                while Instant::now() < end {
-                    let set: Option<String> = script
-                        .key(&key)
-                        .arg("owner")
-                        .invoke_async(&mut conn)
-                        .await
-                        .unwrap();
-                    assert!(set.is_some());
-                    let _: i64 = redis::cmd("EVAL")
-                        .arg(RELEASE_LUA)
-                        .arg(1)
-                        .arg(&key)
-                        .arg("owner")
-                        .query_async(&mut conn)
-                        .await
-                        .unwrap();
-                    n += 1;
-                }
-                n
-            }
-        })
-        .await;
-        out.push((label, rate(n, d)));
-    }
+        move |i: usize, end: Instant| {
+            let state = (conn.clone(), Arc::clone(&script), format!("{t}:sfloor:{i}"));
+            cycles(state, end, |(mut conn, script, key)| async move {
+                let set: Option<String> = script
+                    .key(&key)
+                    .arg("owner")
+                    .invoke_async(&mut conn)
+                    .await
+                    .unwrap();
+                assert!(set.is_some());
+                let _: i64 = redis::cmd("EVAL")
+                    .arg(RELEASE_LUA)
+                    .arg(1)
+                    .arg(&key)
+                    .arg("owner")
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap();
+                (conn, script, key)
+            })
+        }
+    };
 
-    let label = "dlock (user API)";
-    if wanted(label) {
+    let user_api = {
         let m = dlock_manager(&cfg.url).await;
         let t = tag.clone();
-        let (n, d) = run_tasks(tasks, cfg.secs, move |i, end| {
+        move |i: usize, end: Instant| {
             let lock = m.lock(&format!("{t}:dlock:{i}"));
-            async move {
-                let mut n = 0;
-                while Instant::now() < end {
-                    testsuite::bench::api_cycle(&lock).await;
-                    n += 1;
-                }
-                n
-            }
-        })
-        .await;
-        out.push((label, rate(n, d)));
-    }
+            cycles(lock, end, |lock| async move {
+                testsuite::bench::api_cycle(&lock).await;
+                lock
+            })
+        }
+    };
 
-    let label = "dlock (SPI, backend only)";
-    if wanted(label) {
+    let backend_only = {
         let backend: Arc<dyn LockRemoteResource> =
             Arc::new(RedisBackend::connect(&cfg.url).await.unwrap());
         let t = tag.clone();
-        let (n, d) = run_tasks(tasks, cfg.secs, move |i, end| {
-            let backend = Arc::clone(&backend);
+        move |i: usize, end: Instant| {
             let name = LockName::new(format!("{t}:spi:{i}")).unwrap();
             let owner = OwnerId::new(format!("{t}-owner-{i}"));
-            async move {
-                let req = AcquireRequest::new(name, owner);
-                let mut n = 0;
-                while Instant::now() < end {
-                    testsuite::bench::spi_cycle(&*backend, &req).await;
-                    n += 1;
-                }
-                n
-            }
-        })
-        .await;
-        out.push((label, rate(n, d)));
-    }
+            let state = (Arc::clone(&backend), AcquireRequest::new(name, owner));
+            cycles(state, end, |(backend, req)| async move {
+                testsuite::bench::spi_cycle(&*backend, &req).await;
+                (backend, req)
+            })
+        }
+    };
 
-    let label = "rslock";
-    if wanted(label) {
+    let rslock = {
         let rl = Arc::new(rslock::LockManager::new(vec![cfg.url.clone()]));
         let t = tag.clone();
-        let (n, d) = run_tasks(tasks, cfg.secs, move |i, end| {
-            let rl = Arc::clone(&rl);
-            let key = format!("{t}:rslock:{i}");
-            async move {
-                let mut n = 0;
-                while Instant::now() < end {
-                    let l = rl
-                        .lock(key.as_bytes(), Duration::from_secs(30))
-                        .await
-                        .expect("uncontended");
-                    rl.unlock(&l).await;
-                    n += 1;
-                }
-                n
-            }
-        })
-        .await;
-        out.push((label, rate(n, d)));
-    }
+        move |i: usize, end: Instant| {
+            let state = (Arc::clone(&rl), format!("{t}:rslock:{i}"));
+            cycles(state, end, |(rl, key)| async move {
+                let l = rl
+                    .lock(key.as_bytes(), Duration::from_secs(30))
+                    .await
+                    .expect("uncontended");
+                rl.unlock(&l).await;
+                (rl, key)
+            })
+        }
+    };
 
-    let label = "distributed-lock-redis";
-    if wanted(label) {
+    let dlr = {
         let p = Arc::new(dlr_provider(&cfg.url).await);
         let t = tag.clone();
-        let (n, d) = run_tasks(tasks, cfg.secs, move |i, end| {
+        move |i: usize, end: Instant| {
             let lock = p.create_lock(&format!("{t}:dlr:{i}"));
-            async move {
-                let mut n = 0;
-                while Instant::now() < end {
-                    let h = lock.try_acquire().await.unwrap().expect("uncontended");
-                    h.release().await.unwrap();
-                    n += 1;
-                }
-                n
-            }
-        })
-        .await;
-        out.push((label, rate(n, d)));
-    }
-    out
+            cycles(lock, end, |lock| async move {
+                let h = lock.try_acquire().await.unwrap().expect("uncontended");
+                h.release().await.unwrap();
+                lock
+            })
+        }
+    };
+
+    let contestants = vec![
+        Contestant::tasks("floor (SET NX PX + EVAL)", tasks, floor),
+        Contestant::tasks(
+            "floor with a scripted acquire (EVALSHA SET NX PX + EVAL)",
+            tasks,
+            scripted_floor,
+        ),
+        Contestant::tasks("dlock (user API)", tasks, user_api),
+        Contestant::tasks("dlock (SPI, backend only)", tasks, backend_only),
+        Contestant::tasks("rslock", tasks, rslock),
+        Contestant::tasks("distributed-lock-redis", tasks, dlr),
+    ];
+    interleaved(contestants, cfg.rounds, cfg.secs / cfg.rounds).await
 }
 
 #[derive(Default, Debug, Clone, Copy)]
@@ -514,6 +489,7 @@ fn main() {
         } else {
             Duration::from_millis(150)
         },
+        rounds: if bench { 12 } else { 1 },
         smoke: !bench,
     };
     let rt = testsuite::bench::runtime();

@@ -15,9 +15,7 @@
 //! smoke pass.
 #![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
 
-use std::future::Future;
 use std::io::{BufRead, BufReader, Write};
-use std::pin::Pin;
 use std::process::{Child, ChildStdin, ChildStdout, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -25,30 +23,8 @@ use std::time::{Duration, Instant};
 use dlock_api::spi::AcquireRequest;
 use dlock_api::{DistributeLockManager, LockName, LockRemoteResource, OwnerId};
 use dlock_zk::ZkBackend;
-use testsuite::bench::{backend_selected, is_bench, run_tasks};
+use testsuite::bench::{backend_selected, interleaved, is_bench, Contestant};
 use zookeeper_client::{Acls, Client, CreateMode};
-
-type Round<'a> =
-    Box<dyn FnMut(Duration) -> Pin<Box<dyn Future<Output = (u64, Duration)> + 'a>> + 'a>;
-
-/// One implementation under test: its label, one round of it, and its running total.
-struct Contestant<'a> {
-    label: &'static str,
-    round: Round<'a>,
-    cycles: u64,
-    time: Duration,
-}
-
-impl<'a> Contestant<'a> {
-    fn new(label: &'static str, round: Round<'a>) -> Self {
-        Contestant {
-            label,
-            round,
-            cycles: 0,
-            time: Duration::ZERO,
-        }
-    }
-}
 
 /// The Java Curator benchmark server: rounds on request over stdin/stdout.
 struct Curator {
@@ -200,18 +176,9 @@ async fn scenario(
     let mut curator =
         with_curator.then(|| Curator::start(hosts, &format!("/dlock-test/{tag}-curator"), tasks));
     let mut contestants = vec![
-        Contestant::new(
-            "floor (create ephemeral-sequential + delete)",
-            Box::new(|d| Box::pin(run_tasks(tasks, d, &floor))),
-        ),
-        Contestant::new(
-            "dlock (user API)",
-            Box::new(|d| Box::pin(run_tasks(tasks, d, &user_api))),
-        ),
-        Contestant::new(
-            "dlock (SPI, backend only)",
-            Box::new(|d| Box::pin(run_tasks(tasks, d, &backend_only))),
-        ),
+        Contestant::tasks("floor (create ephemeral-sequential + delete)", tasks, floor),
+        Contestant::tasks("dlock (user API)", tasks, user_api),
+        Contestant::tasks("dlock (SPI, backend only)", tasks, backend_only),
     ];
     if let Some(curator) = curator.as_mut() {
         contestants.push(Contestant::new(
@@ -222,26 +189,7 @@ async fn scenario(
             }),
         ));
     }
-    // DLOCK_BENCH_IMPL=floor,SPI: only implementations whose label contains a word.
-    if let Ok(list) = std::env::var("DLOCK_BENCH_IMPL") {
-        contestants.retain(|c| list.split(',').any(|w| c.label.contains(w)));
-    }
-    // Warm-up round, not counted.
-    for c in contestants.iter_mut() {
-        (c.round)(per_round / 2).await;
-    }
-    for _ in 0..rounds {
-        for c in contestants.iter_mut() {
-            let (n, d) = (c.round)(per_round).await;
-            c.cycles += n;
-            c.time += d;
-        }
-    }
-    let rows = contestants
-        .iter()
-        .map(|c| (c.label, c.cycles as f64 / c.time.as_secs_f64()))
-        .collect();
-    drop(contestants);
+    let rows = interleaved(contestants, rounds, per_round).await;
     m.close().await;
     for p in parents.iter() {
         client.delete(p, None).await.unwrap();

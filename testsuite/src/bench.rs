@@ -2,6 +2,7 @@
 //! `cargo test` they make a short smoke pass).
 
 use std::future::Future;
+use std::pin::Pin;
 use std::time::{Duration, Instant};
 
 /// Whether the binary runs as a real benchmark (`cargo bench` passes `--bench`)
@@ -36,6 +37,81 @@ where
         total += h.await.expect("bench task");
     }
     (total, start.elapsed())
+}
+
+/// One round of an implementation under test: runs it for the given time and returns
+/// (cycles, time taken).
+pub type Round<'a> =
+    Box<dyn FnMut(Duration) -> Pin<Box<dyn Future<Output = (u64, Duration)> + 'a>> + 'a>;
+
+/// One implementation under test: its label, one round of it, and its running total.
+pub struct Contestant<'a> {
+    label: &'static str,
+    round: Round<'a>,
+    cycles: u64,
+    time: Duration,
+}
+
+impl<'a> Contestant<'a> {
+    /// An implementation whose every round is `round`.
+    pub fn new(label: &'static str, round: Round<'a>) -> Self {
+        Contestant {
+            label,
+            round,
+            cycles: 0,
+            time: Duration::ZERO,
+        }
+    }
+
+    /// An implementation whose round runs `tasks` copies of `body` (see [`run_tasks`]).
+    pub fn tasks<F, Fut>(label: &'static str, tasks: usize, body: F) -> Self
+    where
+        F: Fn(usize, Instant) -> Fut + 'a,
+        Fut: Future<Output = u64> + Send + 'static,
+    {
+        let body = std::sync::Arc::new(body);
+        Self::new(
+            label,
+            Box::new(move |d| {
+                let body = std::sync::Arc::clone(&body);
+                Box::pin(async move { run_tasks(tasks, d, &*body).await })
+            }),
+        )
+    }
+}
+
+/// Whether `label` is wanted: `DLOCK_BENCH_IMPL=floor,SPI` keeps only implementations
+/// whose label contains one of the words (default: all).
+pub fn impl_selected(label: &str) -> bool {
+    match std::env::var("DLOCK_BENCH_IMPL") {
+        Ok(list) if !list.is_empty() => list.split(',').any(|w| label.contains(w)),
+        _ => true,
+    }
+}
+
+/// Runs the selected contestants in interleaved rounds (a, b, c, a, b, c, …) after a
+/// half-round warm-up each, and returns each one's label and cycles/s over all its
+/// rounds: a machine whose speed drifts (a shared VM, a disk) hits them all alike.
+pub async fn interleaved(
+    mut contestants: Vec<Contestant<'_>>,
+    rounds: u32,
+    per_round: Duration,
+) -> Vec<(&'static str, f64)> {
+    contestants.retain(|c| impl_selected(c.label));
+    for c in contestants.iter_mut() {
+        (c.round)(per_round / 2).await;
+    }
+    for _ in 0..rounds {
+        for c in contestants.iter_mut() {
+            let (n, d) = (c.round)(per_round).await;
+            c.cycles += n;
+            c.time += d;
+        }
+    }
+    contestants
+        .iter()
+        .map(|c| (c.label, c.cycles as f64 / c.time.as_secs_f64()))
+        .collect()
 }
 
 /// The runtime every bench runs on: 2 worker threads, as many as the machine's cores.

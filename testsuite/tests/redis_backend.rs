@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use dlock_api::{DistributeLockManager, ErrorKind};
+use dlock_api::{DistributeLock, DistributeLockManager, ErrorKind, LockGuard};
 use dlock_redis::{RedisBackend, RedisOptions};
 use testsuite::backends::server_url;
 use testsuite::conformance::eventually;
@@ -162,28 +162,7 @@ async fn an_outage_is_typed_loses_on_time_and_notices_resume() {
         .await
         .unwrap()
         .unwrap();
-    let waiter = m.lock(&lock);
-    let before = backend.acquire_attempts();
-    let task = tokio::spawn(async move {
-        let g = waiter
-            .try_lock(Duration::from_secs(20))
-            .await
-            .unwrap()
-            .unwrap();
-        let at = Instant::now();
-        g.unlock().await.unwrap();
-        at
-    });
-    // The waiter has tried once and parked.
-    assert!(
-        eventually(Duration::from_secs(5), || async {
-            backend.acquire_attempts() > before
-        })
-        .await
-    );
-    let released = Instant::now();
-    holder.unlock().await.unwrap();
-    let woke = task.await.unwrap().duration_since(released);
+    let woke = wake_after_release(holder, m.lock(&lock), &backend, Duration::ZERO).await;
     assert!(
         woke < Duration::from_secs(1),
         "the waiter was not woken by the notice ({woke:?})"
@@ -230,4 +209,137 @@ async fn fencing_tokens_survive_the_counter_being_deleted() {
             .unwrap();
     }
     m.close().await;
+}
+
+/// Parks a waiter on `waiter` (whose backend is `waiter_side`) behind `holder`, keeps
+/// the holder `park` longer, releases, and returns how long the waiter took to get
+/// the lock after the release. Fails if the waiter tried again while parked (polled):
+/// only a release notice may wake it before its 5 s safety re-check.
+async fn wake_after_release(
+    holder: LockGuard,
+    waiter: DistributeLock,
+    waiter_side: &RedisBackend,
+    park: Duration,
+) -> Duration {
+    let before = waiter_side.acquire_attempts();
+    let task = tokio::spawn(async move {
+        let g = waiter
+            .try_lock(Duration::from_secs(20))
+            .await
+            .unwrap()
+            .unwrap();
+        let at = Instant::now();
+        g.unlock().await.unwrap();
+        at
+    });
+    // The waiter has tried once and parked.
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            waiter_side.acquire_attempts() > before
+        })
+        .await
+    );
+    tokio::time::sleep(park).await;
+    assert_eq!(
+        waiter_side.acquire_attempts(),
+        before + 1,
+        "the waiter polled instead of parking"
+    );
+    let released = Instant::now();
+    holder.unlock().await.unwrap();
+    task.await.unwrap().duration_since(released)
+}
+
+/// Publishes `probe` on `channel` and returns what the subscriber heard before it
+/// (everything published earlier arrives earlier).
+async fn until_probe(
+    publisher: &mut redis::aio::MultiplexedConnection,
+    heard: &mut tokio::sync::mpsc::UnboundedReceiver<String>,
+    channel: &str,
+    probe: &str,
+) -> Vec<String> {
+    let _: i64 = redis::cmd("PUBLISH")
+        .arg(channel)
+        .arg(probe)
+        .query_async(publisher)
+        .await
+        .unwrap();
+    let mut before = Vec::new();
+    loop {
+        let msg = heard.recv().await.unwrap();
+        if msg == probe {
+            return before;
+        }
+        before.push(msg);
+    }
+}
+
+/// Releases publish a notice only while someone waits: uncontended cycles send none,
+/// and a waiter parked longer than a writer's mark lives (1 s) is still woken by the
+/// notice at once, not by its 5 s safety re-check.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_notices_go_out_only_while_someone_waits() {
+    let Some(url) = redis_url() else { return };
+    let lock = name("notices");
+    let channel = format!("dlock:{{{lock}}}:c");
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let mut publisher = client.get_multiplexed_async_connection().await.unwrap();
+
+    // A raw subscriber on the lock's channel, on a thread of its own.
+    let (tx, mut heard) = tokio::sync::mpsc::unbounded_channel::<String>();
+    let mut sub = client.get_connection().unwrap();
+    sub.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let ch = channel.clone();
+    std::thread::spawn(move || {
+        let mut ps = sub.as_pubsub();
+        ps.subscribe(&ch).unwrap();
+        let _ = tx.send("subscribed".into());
+        while let Ok(msg) = ps.get_message() {
+            if tx.send(msg.get_payload().unwrap()).is_err() {
+                break;
+            }
+        }
+    });
+    assert_eq!(heard.recv().await.unwrap(), "subscribed");
+    let holder_side = RedisBackend::connect(&url).await.unwrap();
+    let m = DistributeLockManager::builder(holder_side).build().unwrap();
+    for _ in 0..20 {
+        let g = m
+            .lock(&lock)
+            .try_lock(Duration::ZERO)
+            .await
+            .unwrap()
+            .unwrap();
+        g.unlock().await.unwrap();
+    }
+    assert_eq!(
+        until_probe(&mut publisher, &mut heard, &channel, "probe-1").await,
+        Vec::<String>::new(),
+        "uncontended releases published notices"
+    );
+
+    let waiter_side = RedisBackend::connect(&url).await.unwrap();
+    let m2 = DistributeLockManager::builder(waiter_side.clone())
+        .build()
+        .unwrap();
+    let holder = m
+        .lock(&lock)
+        .try_lock(Duration::ZERO)
+        .await
+        .unwrap()
+        .unwrap();
+    // The scenario: the holder keeps the lock 2 s after the waiter parked.
+    let woke =
+        wake_after_release(holder, m2.lock(&lock), &waiter_side, Duration::from_secs(2)).await;
+    assert!(
+        woke < Duration::from_secs(1),
+        "the parked waiter was not woken by a notice ({woke:?})"
+    );
+    let notices = until_probe(&mut publisher, &mut heard, &channel, "probe-2").await;
+    assert!(
+        notices.iter().any(|n| n == "r"),
+        "no notice for the parked waiter: {notices:?}"
+    );
+    m.close().await;
+    m2.close().await;
 }
