@@ -5,8 +5,8 @@
 //! Scenarios: 1 task uncontended; 16 tasks on 16 locks over one session (Curator: 16
 //! threads on one client). The server fsyncs every write, and
 //! this VM's disk speed drifts, so the implementations run in interleaved rounds
-//! (floor, dlock, …, floor, dlock, …) and each figure is the total over its rounds:
-//! drift hits all of them alike.
+//! (floor, dlock, …, dlock, …, floor, rotating) and each figure is the median of its
+//! rounds: drift hits all of them alike.
 //!
 //! Run: `cargo bench -p testsuite --bench zk` (DLOCK_ZK_URL, default
 //! zk://127.0.0.1:2181/dlock-test; DLOCK_BENCH_SECS per implementation, default 6,

@@ -44,12 +44,11 @@ where
 pub type Round<'a> =
     Box<dyn FnMut(Duration) -> Pin<Box<dyn Future<Output = (u64, Duration)> + 'a>> + 'a>;
 
-/// One implementation under test: its label, one round of it, and its running total.
+/// One implementation under test: its label, one round of it, and its rates so far.
 pub struct Contestant<'a> {
     label: &'static str,
     round: Round<'a>,
-    cycles: u64,
-    time: Duration,
+    rates: Vec<f64>,
 }
 
 impl<'a> Contestant<'a> {
@@ -58,8 +57,7 @@ impl<'a> Contestant<'a> {
         Contestant {
             label,
             round,
-            cycles: 0,
-            time: Duration::ZERO,
+            rates: Vec::new(),
         }
     }
 
@@ -89,28 +87,52 @@ pub fn impl_selected(label: &str) -> bool {
     }
 }
 
-/// Runs the selected contestants in interleaved rounds (a, b, c, a, b, c, …) after a
-/// half-round warm-up each, and returns each one's label and cycles/s over all its
-/// rounds: a machine whose speed drifts (a shared VM, a disk) hits them all alike.
+/// The middle value (the mean of the two middle ones for an even count).
+pub fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    match values.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => values[n / 2],
+        n => (values[n / 2 - 1] + values[n / 2]) / 2.0,
+    }
+}
+
+/// Runs the selected contestants in interleaved, rotating rounds (a b c, b c a, c a b,
+/// …) after a half-round warm-up each, and returns each one's label and the median of its
+/// rounds' cycles/s. Interleaving exposes every implementation to the same drift
+/// (a shared VM, a disk); the median ignores the odd round in which this VM's
+/// scheduler happens to run client and server twice as fast (or half), which a
+/// total would let dominate. `DLOCK_BENCH_VERBOSE=1` prints every round.
 pub async fn interleaved(
     mut contestants: Vec<Contestant<'_>>,
     rounds: u32,
     per_round: Duration,
 ) -> Vec<(&'static str, f64)> {
+    let verbose = std::env::var("DLOCK_BENCH_VERBOSE").is_ok();
     contestants.retain(|c| impl_selected(c.label));
     for c in contestants.iter_mut() {
         (c.round)(per_round / 2).await;
     }
-    for _ in 0..rounds {
-        for c in contestants.iter_mut() {
-            let (n, d) = (c.round)(per_round).await;
-            c.cycles += n;
-            c.time += d;
+    let n = contestants.len();
+    for round in 0..rounds as usize {
+        // Each round starts one further along, so no implementation always runs
+        // right after the same other one (or first).
+        for k in 0..n {
+            let c = &mut contestants[(round + k) % n];
+            let (cycles, took) = (c.round)(per_round).await;
+            c.rates.push(cycles as f64 / took.as_secs_f64());
+        }
+        if verbose {
+            let line: Vec<String> = contestants
+                .iter()
+                .filter_map(|c| c.rates.last().map(|r| format!("{r:>9.0}")))
+                .collect();
+            eprintln!("round:{}", line.concat());
         }
     }
     contestants
-        .iter()
-        .map(|c| (c.label, c.cycles as f64 / c.time.as_secs_f64()))
+        .into_iter()
+        .map(|c| (c.label, median(c.rates)))
         .collect()
 }
 
