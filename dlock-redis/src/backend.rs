@@ -27,10 +27,6 @@ use crate::RedisOptions;
 /// How often a parked non-fair waiter re-checks even without a notice: a safety net
 /// for notices lost in transit, not the way waiters normally wake.
 const SAFETY_RECHECK: Duration = Duration::from_secs(5);
-/// How long a non-fair waiter's waiting mark lives (releases notify only while it
-/// does): longer than the waiter's longest park, [`SAFETY_RECHECK`], by a margin for
-/// the round trip and timer delays; every re-check renews it.
-const WAITING_MARK: Duration = Duration::from_secs(6);
 
 #[derive(Clone)]
 enum Conn {
@@ -226,7 +222,7 @@ impl RedisBackend {
             ));
         }
         let notices = match (&options.polling, nodes.first()) {
-            (None, Some(node)) => Some(Notices::start(node.clone()).await.map_err(|e| {
+            (None, Some(node)) => Some(Notices::start(node.clone(), options.subscription_linger).await.map_err(|e| {
                 let mapped = map_redis(e, "connect");
                 Error::new(
                     mapped.kind(),
@@ -308,11 +304,15 @@ impl RedisBackend {
             .map_err(|e| map_redis(e, "acquire"))
     }
 
+    /// One attempt. `waiting`: the caller will wait if it fails (then it queues for a
+    /// notice, when notices flow); `queued`: it already is in the queue (its
+    /// re-checks go through the general script, which also takes it out when granted).
     async fn attempt(
         &self,
         req: &AcquireRequest,
         keys: &LockKeys,
         waiting: bool,
+        queued: bool,
     ) -> Result<(bool, i64, bool)> {
         self.inner.attempts.fetch_add(1, Ordering::Relaxed);
         let o = &self.inner.options;
@@ -321,7 +321,12 @@ impl RedisBackend {
         });
         let owner = OwnerPart(req.owner.as_str());
         let value = HolderValue(owner, req.context.as_ref());
-        if req.mode == LockMode::Exclusive && req.fairness == Fairness::NonFair {
+        let waiting = match (waiting, self.inner.notices.is_some()) {
+            (false, _) => "0",
+            (true, false) => "1",
+            (true, true) => "2",
+        };
+        if req.mode == LockMode::Exclusive && req.fairness == Fairness::NonFair && !queued {
             // The hot path: a lean script that declares only the keys it touches.
             let mut inv = keys.invocation(
                 &self.inner.scripts.acquire_exclusive,
@@ -330,8 +335,8 @@ impl RedisBackend {
             inv.arg(value)
                 .arg(owner.len())
                 .arg(ms(req.lease))
-                .arg(if waiting { "1" } else { "0" })
-                .arg(ms(WAITING_MARK))
+                .arg(waiting)
+                .arg(ms(o.waiter_liveness))
                 .arg(ms(mark));
             return self.run_acquire(&inv).await;
         }
@@ -349,11 +354,10 @@ impl RedisBackend {
             } else {
                 "0"
             })
-            .arg(if waiting { "1" } else { "0" })
+            .arg(waiting)
             .arg(ms(o.waiter_liveness))
             .arg(ms(mark))
             .arg(self.channel(keys))
-            .arg(ms(WAITING_MARK))
             .arg(req.context.as_ref());
         self.run_acquire(&inv).await
     }
@@ -456,13 +460,15 @@ impl LockRemoteResource for RedisBackend {
             ),
             _ => None,
         };
-        // Only a fair waiter queues on the server; it leaves the queue if dropped.
+        // A waiter queues on the server (when notices flow); it leaves the queue if
+        // dropped.
         let mut slot: Option<QueueSlot> = None;
         let mut round = 0u32;
         loop {
             let now = Instant::now();
             let waiting = req.deadline.is_some_and(|d| d > now);
-            let (granted, left_ms, queued) = self.attempt(req, &keys, waiting).await?;
+            let (granted, left_ms, queued) =
+                self.attempt(req, &keys, waiting, slot.is_some()).await?;
             if granted {
                 if let Some(slot) = slot.as_mut() {
                     slot.armed = false;
@@ -504,7 +510,8 @@ impl LockRemoteResource for RedisBackend {
             }
             match (&registration, self.inner.options.polling) {
                 (Some(r), None) if r.subscribed() => {
-                    let recheck = if req.fairness == Fairness::Fair {
+                    // A queued waiter re-checks often enough to stay live in the queue.
+                    let recheck = if slot.is_some() {
                         self.inner.options.waiter_liveness / 3
                     } else {
                         SAFETY_RECHECK

@@ -20,21 +20,19 @@ pub(crate) const FENCE: &str = ":f";
 pub(crate) const READERS: &str = ":r";
 /// Shared holders' tokens and contexts: hash.
 pub(crate) const READER_DATA: &str = ":rd";
-/// Fair queue: sorted set owner → arrival (server µs).
+/// Waiters' queue (fair and non-fair): sorted set owner → arrival (server µs).
 pub(crate) const QUEUE: &str = ":q";
-/// Fair queue liveness: sorted set owner → liveness deadline (server ms).
+/// Queue liveness: sorted set owner → liveness deadline (server ms).
 pub(crate) const QUEUE_ALIVE: &str = ":ql";
-/// Fair queue modes: hash owner → "x" | "s".
+/// Queued waiters' modes: hash owner → "x" | "s".
 pub(crate) const QUEUE_MODE: &str = ":qm";
 /// A waiting writer's mark (non-fair read-write locks): readers stand back.
 pub(crate) const WRITER_WAITING: &str = ":ww";
-/// A parked non-fair waiter's mark: releases send a notice only while it exists.
-pub(crate) const WAITING: &str = ":w";
 /// The channel release notices go to.
 pub(crate) const CHANNEL: &str = ":c";
 
-/// The general scripts' keys, in order (KEYS[1..9]).
-pub(crate) const ALL: [&str; 9] = [
+/// The general scripts' keys, in order (KEYS[1..8]).
+pub(crate) const ALL: [&str; 8] = [
     EXCLUSIVE,
     READERS,
     READER_DATA,
@@ -43,13 +41,18 @@ pub(crate) const ALL: [&str; 9] = [
     QUEUE_ALIVE,
     QUEUE_MODE,
     WRITER_WAITING,
-    WAITING,
 ];
 /// The non-fair exclusive acquire script's keys.
-pub(crate) const ACQUIRE_EXCLUSIVE_KEYS: [&str; 4] = [EXCLUSIVE, FENCE, WAITING, WRITER_WAITING];
+pub(crate) const ACQUIRE_EXCLUSIVE_KEYS: [&str; 6] = [
+    EXCLUSIVE,
+    FENCE,
+    QUEUE,
+    QUEUE_ALIVE,
+    QUEUE_MODE,
+    WRITER_WAITING,
+];
 /// The exclusive-release script's keys.
-pub(crate) const RELEASE_EXCLUSIVE_KEYS: [&str; 5] =
-    [EXCLUSIVE, QUEUE, QUEUE_ALIVE, QUEUE_MODE, WAITING];
+pub(crate) const RELEASE_EXCLUSIVE_KEYS: [&str; 4] = [EXCLUSIVE, QUEUE, QUEUE_ALIVE, QUEUE_MODE];
 
 /// The keys of one lock: `<prefix>{<encoded name>}` plus a suffix each.
 #[derive(Debug, Clone)]

@@ -28,14 +28,16 @@
 //!   (first use, or after it was deleted) starts at the server clock in µs, so it
 //!   still starts above every earlier token. It is the one key that outlives a release.
 //! * **Waiting without polling storms**: one pub/sub connection per backend carries
-//!   release notices, sent only while someone waits (a parked non-fair waiter leaves
-//!   a mark that outlives its longest park). Non-fair: a release wakes one waiter per
-//!   process. Fair: the
-//!   release names the head of a server-side queue (a sorted set ordered by the server
-//!   clock, with a liveness deadline per waiter that waiting refreshes) and exactly that
-//!   waiter wakes; dead waiters are skipped once their liveness lapses. Every waiter also
-//!   re-checks when the holder's lease runs out, so a crashed holder is noticed without
-//!   a message. [`RedisOptions::polling`] replaces pub/sub with backoff polling.
+//!   release notices. A waiter that must wait queues on the server (a sorted set
+//!   ordered by the server clock, with a liveness deadline per waiter that its
+//!   re-checks refresh); a release names the queue's live head and exactly that
+//!   waiter wakes — one waiter in all, so no herd, and none when nobody waits. Dead
+//!   waiters are skipped once their liveness lapses. Fair mode: only the head may
+//!   take the lock. Non-fair: whoever asks first takes a free lock (newcomers barge),
+//!   but waiters are still woken in arrival order, so none starves behind the others.
+//!   Every waiter also re-checks when the holder's lease runs out, so a crashed
+//!   holder is noticed without a message. [`RedisOptions::polling`] replaces pub/sub
+//!   with backoff polling.
 //! * **Read-write locks**: readers in a sorted set with per-reader expiry; a waiting
 //!   writer marks the lock so new readers stand back (writers are not starved).
 //! * **Replica acknowledgement** ([`RedisOptions::replica_ack`], single node): after an
@@ -67,8 +69,14 @@ pub struct RedisOptions {
     /// After each acquire, require this many replicas to acknowledge within the
     /// timeout (`WAIT`); otherwise release and fail. Single node only.
     pub replica_ack: Option<(u32, Duration)>,
-    /// How long a queued fair waiter stays in the queue without re-checking.
+    /// How long a queued waiter stays in the queue without re-checking (it re-checks
+    /// every third of this): a crashed waiter is skipped at most this long after it
+    /// died. Default 3 s.
     pub waiter_liveness: Duration,
+    /// How long a lock's release-notice channel stays subscribed after its last
+    /// local waiter left (default 10 s): a lock waited for again within that time
+    /// costs no SUBSCRIBE/UNSUBSCRIBE round trips. Zero unsubscribes at the next sweep.
+    pub subscription_linger: Duration,
 }
 
 impl Default for RedisOptions {
@@ -78,6 +86,7 @@ impl Default for RedisOptions {
             polling: None,
             replica_ack: None,
             waiter_liveness: Duration::from_secs(3),
+            subscription_linger: Duration::from_secs(10),
         }
     }
 }
@@ -92,6 +101,18 @@ impl RedisOptions {
     /// Waits by polling with `backoff` instead of pub/sub notices.
     pub fn polling(mut self, backoff: Backoff) -> Self {
         self.polling = Some(backoff);
+        self
+    }
+
+    /// Sets how long a queued waiter stays queued without re-checking.
+    pub fn waiter_liveness(mut self, liveness: Duration) -> Self {
+        self.waiter_liveness = liveness;
+        self
+    }
+
+    /// Sets how long an idle release-notice channel stays subscribed.
+    pub fn subscription_linger(mut self, linger: Duration) -> Self {
+        self.subscription_linger = linger;
         self
     }
 

@@ -7,11 +7,17 @@
 //! sends at most one attempt per release. A woken waiter that leaves without the lock
 //! passes the wake-up on. If the connection drops, it is re-established, channels are
 //! re-subscribed and every waiter re-checks once (notices may have been missed).
+//!
+//! A channel stays subscribed for a while (`RedisOptions::subscription_linger`) after
+//! its last waiter leaves, so a lock
+//! taken again and again (a hot lock, a holder that loops) does not pay a SUBSCRIBE
+//! and an UNSUBSCRIBE round trip per acquisition; one sweeper task drops idle
+//! channels while any are lingering.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use redis::aio::PubSubSink;
@@ -29,11 +35,15 @@ struct Waiter {
 struct Channel {
     waiters: Vec<Waiter>,
     subscribed: bool,
+    /// Since when the channel has had no waiter (it lingers, subscribed).
+    idle_since: Option<Instant>,
 }
 
 #[derive(Default)]
 struct State {
     channels: HashMap<String, Channel>,
+    /// Whether the sweeper task is running.
+    sweeping: bool,
 }
 
 impl State {
@@ -71,6 +81,8 @@ pub(crate) struct Notices {
     /// orders SUBSCRIBE/UNSUBSCRIBE.
     sink: tokio::sync::Mutex<Option<PubSubSink>>,
     next_id: AtomicU64,
+    /// How long a channel stays subscribed after its last waiter left.
+    linger: Duration,
     task: Mutex<Option<JoinHandle<()>>>,
     connected: std::sync::atomic::AtomicBool,
 }
@@ -83,12 +95,16 @@ impl Notices {
     /// Connects the notice connection to `client` (a node of the deployment) and
     /// starts dispatching. The first connection is made here, so waiters registered
     /// right after are subscribed.
-    pub(crate) async fn start(client: redis::Client) -> redis::RedisResult<Arc<Self>> {
+    pub(crate) async fn start(
+        client: redis::Client,
+        linger: Duration,
+    ) -> redis::RedisResult<Arc<Self>> {
         let first = client.get_async_pubsub().await?;
         let notices = Arc::new(Notices {
             state: Mutex::new(State::default()),
             sink: tokio::sync::Mutex::new(None),
             next_id: AtomicU64::new(1),
+            linger,
             task: Mutex::new(None),
             connected: std::sync::atomic::AtomicBool::new(true),
         });
@@ -110,17 +126,17 @@ impl Notices {
     pub(crate) async fn register(self: &Arc<Self>, channel: &str, owner: &str) -> Registration {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let notify = Arc::new(Notify::new());
-        self.state()
-            .channels
-            .entry(channel.to_owned())
-            .or_default()
-            .waiters
-            .push(Waiter {
+        {
+            let mut state = self.state();
+            let ch = state.channels.entry(channel.to_owned()).or_default();
+            ch.idle_since = None;
+            ch.waiters.push(Waiter {
                 id,
                 owner: owner.to_owned(),
                 notify: Arc::clone(&notify),
                 woken: false,
             });
+        }
         let mut sink = self.sink.lock().await;
         let needs = !self
             .state()
@@ -150,7 +166,7 @@ impl Notices {
     }
 
     fn leave(self: &Arc<Self>, channel: &str, id: u64, acquired: bool) {
-        let empty = {
+        let start_sweeper = {
             let mut state = self.state();
             let Some(ch) = state.channels.get_mut(channel) else {
                 return;
@@ -161,36 +177,72 @@ impl Notices {
                 .position(|w| w.id == id)
                 .map(|pos| ch.waiters.remove(pos).woken)
                 .unwrap_or(false);
-            let empty = ch.waiters.is_empty();
+            if ch.waiters.is_empty() {
+                ch.idle_since = Some(Instant::now());
+            }
             if woken && !acquired {
                 state.wake_one(channel);
             }
-            empty
-        };
-        if empty {
-            let notices = Arc::clone(self);
-            let channel = channel.to_owned();
-            if let Ok(rt) = tokio::runtime::Handle::try_current() {
-                rt.spawn(async move {
-                    let mut sink = notices.sink.lock().await;
-                    let still_empty = {
-                        let mut state = notices.state();
-                        let empty = state
-                            .channels
-                            .get(&channel)
-                            .is_some_and(|c| c.waiters.is_empty());
-                        if empty {
-                            state.channels.remove(&channel);
-                        }
-                        empty
-                    };
-                    if still_empty {
-                        if let Some(s) = sink.as_mut() {
-                            let _ = s.unsubscribe(&channel).await;
-                        }
-                    }
-                });
+            let idle = state
+                .channels
+                .get(channel)
+                .is_some_and(|c| c.waiters.is_empty());
+            let start = idle && !state.sweeping;
+            if start {
+                state.sweeping = true;
             }
+            start
+        };
+        if start_sweeper {
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                rt.spawn(sweep(Arc::downgrade(self)));
+            } else {
+                self.state().sweeping = false;
+            }
+        }
+    }
+}
+
+/// Unsubscribes channels idle for the linger time; runs while any channel lingers.
+async fn sweep(notices: Weak<Notices>) {
+    loop {
+        let Some(linger) = notices.upgrade().map(|n| n.linger) else {
+            return;
+        };
+        tokio::time::sleep((linger / 2).max(Duration::from_millis(10))).await;
+        let Some(n) = notices.upgrade() else { return };
+        // The sink lock orders this UNSUBSCRIBE before a new waiter's SUBSCRIBE.
+        let mut sink = n.sink.lock().await;
+        let (expired, lingering) = {
+            let mut state = n.state();
+            let now = Instant::now();
+            let expired: Vec<String> = state
+                .channels
+                .iter()
+                .filter(|(_, c)| {
+                    c.waiters.is_empty()
+                        && c.idle_since
+                            .is_some_and(|t| now.duration_since(t) >= linger)
+                })
+                .map(|(name, _)| name.clone())
+                .collect();
+            for name in &expired {
+                state.channels.remove(name);
+            }
+            let lingering = state.channels.values().any(|c| c.waiters.is_empty());
+            if !lingering {
+                state.sweeping = false;
+            }
+            (expired, lingering)
+        };
+        if let Some(s) = sink.as_mut() {
+            for name in &expired {
+                let _ = s.unsubscribe(name).await;
+            }
+        }
+        drop(sink);
+        if !lingering {
+            return;
         }
     }
 }

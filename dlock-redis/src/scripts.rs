@@ -12,8 +12,11 @@
 //! key that never expires and advances only on a grant — so while a writer holds the
 //! lock, the counter *is* the writer's token and the holder value need not carry it.
 //!
-//! Release notices go out only when someone waits: a fair waiter is in the queue, a
-//! non-fair waiter leaves a waiting mark that outlives its longest park.
+//! Waiters — fair or not — queue (a sorted set by the server's clock, with a liveness
+//! deadline each that their re-checks refresh), so a release names one waiter, the
+//! queue's live head, and sends nothing when the queue is empty. Fair mode also makes
+//! everyone else wait for that head; non-fair mode lets whoever asks first take a
+//! free lock (barging), but the waiters among themselves are still served in order.
 
 /// Helper fragments for the general scripts; each includes only the ones it uses
 /// (Lua re-creates every local function on each call).
@@ -98,19 +101,12 @@ local function purge_queue(queue, alive, modes)
 end
 "#;
 const H_NOTIFY: &str = r#"
--- Tells waiters the lock may be free: the live head of the fair queue by name
--- ("o:<owner>"), or, if a non-fair waiter left its mark, anyone ("r").
-local function notify(channel, queue, alive, modes, waiting)
-  if channel == '' then return end
-  if redis.call('EXISTS', queue) == 1 then
-    purge_queue(queue, alive, modes)
-    local head = redis.call('ZRANGE', queue, 0, 0)
-    if head[1] then
-      redis.call('PUBLISH', channel, 'o:' .. head[1])
-      return
-    end
-  end
-  if redis.call('EXISTS', waiting) == 1 then redis.call('PUBLISH', channel, 'r') end
+-- Tells the live head of the queue, by name ("o:<owner>"), that the lock may be free.
+local function notify(channel, queue, alive, modes)
+  if channel == '' or redis.call('EXISTS', queue) == 0 then return end
+  purge_queue(queue, alive, modes)
+  local head = redis.call('ZRANGE', queue, 0, 0)
+  if head[1] then redis.call('PUBLISH', channel, 'o:' .. head[1]) end
 end
 "#;
 const H_TIME_LEFT: &str = r#"
@@ -122,11 +118,12 @@ local function time_left(x)
 end
 "#;
 
-/// Non-fair exclusive acquire. KEYS: exclusive, fence, waiting mark, writer mark.
-/// ARGV: holder value (`<owner length>|<owner><context>`), length of its owner
-/// part, lease ms, waiting (1|0), waiting mark ms, writer mark ms.
+/// Non-fair exclusive acquire, a waiter's first attempt. KEYS: exclusive, fence,
+/// queue, queue liveness, queue modes, writer mark. ARGV: holder value (`<owner
+/// length>|<owner><context>`), length of its owner part, lease ms, waiting (0 no,
+/// 1 yes, 2 yes and queue for a notice), liveness ms, writer mark ms.
 /// A free lock is granted in two server calls (`SET NX PX`, `INCR`), like the raw
-/// floor plus the fencing counter. Returns {1, token} or {0, ms left, 0}.
+/// floor plus the fencing counter. Returns {1, token} or {0, ms left, queued}.
 const ACQUIRE_EXCLUSIVE: &str = r#"
 local x, fence = KEYS[1], KEYS[2]
 local tok
@@ -136,14 +133,25 @@ else
   -- Taken. The current owner asking again is idempotent (same token).
   local v, n = redis.call('GET', x), tonumber(ARGV[2])
   if not v or string.sub(v, 1, n) ~= string.sub(ARGV[1], 1, n) then
-    if ARGV[4] == '1' then
-      -- Ask the releaser for a notice, and new readers to stand back.
-      redis.call('SET', KEYS[3], '1', 'PX', ARGV[5])
-      redis.call('SET', KEYS[4], '1', 'PX', ARGV[6])
+    local queued = 0
+    if ARGV[4] ~= '0' then
+      -- New readers stand back for a waiting writer.
+      redis.call('SET', KEYS[6], '1', 'PX', ARGV[6])
+    end
+    if ARGV[4] == '2' then
+      -- Queue for a release notice (as the general script does).
+      local owner = string.sub(ARGV[1], n - tonumber(string.match(ARGV[1], '^(%d+)|')) + 1, n)
+      local t = redis.call('TIME')
+      local live = tonumber(ARGV[5])
+      redis.call('ZADD', KEYS[3], 'NX', string.format('%.0f', tonumber(t[1]) * 1000000 + tonumber(t[2])), owner)
+      redis.call('ZADD', KEYS[4], tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + live, owner)
+      redis.call('HSET', KEYS[5], owner, 'x')
+      for i = 3, 5 do redis.call('PEXPIRE', KEYS[i], 2 * live) end
+      queued = 1
     end
     local left = redis.call('PTTL', x)
     if left < 0 then left = 0 end
-    return {0, left, 0}
+    return {0, left, queued}
   end
   redis.call('PEXPIRE', x, ARGV[3])
   tok = tonumber(redis.call('GET', fence)) or redis.call('INCR', fence)
@@ -157,19 +165,19 @@ end
 return {1, tok}
 "#;
 
-/// Exclusive release. KEYS: exclusive, queue, queue liveness, queue modes, waiting
-/// mark. ARGV: owner part of the holder value, channel. Returns 1 if released, 0 if
-/// not the owner. With nobody waiting (the common case) it is `GET`, `DEL`, `EXISTS`
+/// Exclusive release. KEYS: exclusive, queue, queue liveness, queue modes.
+/// ARGV: owner part of the holder value, channel. Returns 1 if released, 0 if not
+/// the owner. With nobody waiting (the common case) it is `GET`, `DEL`, `EXISTS`
 /// and returns before the helpers of [`RELEASE_EXCLUSIVE_NOTIFY`] are even created.
 const RELEASE_EXCLUSIVE: &str = r#"
 local v = redis.call('GET', KEYS[1])
 if not v or string.sub(v, 1, #ARGV[1]) ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1])
-if ARGV[2] == '' or redis.call('EXISTS', KEYS[2], KEYS[5]) == 0 then return 1 end
+if ARGV[2] == '' or redis.call('EXISTS', KEYS[2]) == 0 then return 1 end
 "#;
 /// The exclusive release's tail, after its helpers: someone waits.
 const RELEASE_EXCLUSIVE_NOTIFY: &str = r#"
-notify(ARGV[2], KEYS[2], KEYS[3], KEYS[4], KEYS[5])
+notify(ARGV[2], KEYS[2], KEYS[3], KEYS[4])
 return 1
 "#;
 
@@ -181,14 +189,15 @@ redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return 1
 "#;
 
-/// The general acquire (fair mode, shared mode). KEYS: exclusive, readers, reader
-/// data, fence, queue, queue liveness, queue modes, writer mark, waiting mark.
-/// ARGV: owner, mode (x|s), lease ms, holder value, fair (1|0), waiting (1|0),
-/// liveness ms, writer mark ms, channel, waiting mark ms, context.
-/// Returns {1, token} or {0, ms left, queued}.
+/// The general acquire (fair mode, shared mode, a queued waiter's re-check). KEYS:
+/// exclusive, readers, reader data, fence, queue, queue liveness, queue modes,
+/// writer mark. ARGV: owner, mode (x|s), lease ms, holder value, fair (1|0), waiting
+/// (0 no, 1 yes, 2 yes and queue for a notice), liveness ms, writer mark ms, channel,
+/// context. Returns {1, token} or {0, ms left, queued}.
 const ACQUIRE: &str = r#"
 local owner, mode, lease = ARGV[1], ARGV[2], tonumber(ARGV[3])
-local fair, waiting = ARGV[5] == '1', ARGV[6] == '1'
+local fair, waiting = ARGV[5] == '1', ARGV[6] ~= '0'
+local queue = fair or ARGV[6] == '2'
 
 local function dequeue_self()
   redis.call('ZREM', KEYS[5], owner)
@@ -212,10 +221,11 @@ if mode == 'x' then
   end
   if not v then
     local ok, rank = true, false
-    if fair and redis.call('EXISTS', KEYS[5]) == 1 then
+    if redis.call('EXISTS', KEYS[5]) == 1 then
       purge_queue(KEYS[5], KEYS[6], KEYS[7])
       rank = redis.call('ZRANK', KEYS[5], owner)
-      ok = rank == 0 or (rank == false and redis.call('ZCARD', KEYS[5]) == 0)
+      -- Fair: only the head, or anyone when nobody queues. Non-fair: anyone.
+      if fair then ok = rank == 0 or (rank == false and redis.call('ZCARD', KEYS[5]) == 0) end
     end
     if ok then
       local t = next_token(KEYS[4])
@@ -235,9 +245,11 @@ else
   end
   local free = holder(v) == nil
   local rank = false
-  if fair then
+  if redis.call('EXISTS', KEYS[5]) == 1 then
     purge_queue(KEYS[5], KEYS[6], KEYS[7])
     rank = redis.call('ZRANK', KEYS[5], owner)
+  end
+  if fair then
     local count = rank or redis.call('ZCARD', KEYS[5])
     if free and count > 0 then
       for _, o in ipairs(redis.call('ZRANGE', KEYS[5], 0, count - 1)) do
@@ -250,7 +262,7 @@ else
   if free then
     local tok = next_token(KEYS[4])
     redis.call('ZADD', KEYS[2], now + lease, owner)
-    redis.call('HSET', KEYS[3], owner, string.format('%.0f', tok), 'c:' .. owner, ARGV[11])
+    redis.call('HSET', KEYS[3], owner, string.format('%.0f', tok), 'c:' .. owner, ARGV[10])
     reader_horizon(KEYS[1], KEYS[2], KEYS[3])
     if rank then
       dequeue_self()
@@ -266,18 +278,17 @@ end
 
 local queued = 0
 if waiting then
-  if fair then
+  if queue then
     clock()
-    redis.call('ZADD', KEYS[5], 'NX', now_us, owner)
+    redis.call('ZADD', KEYS[5], 'NX', string.format('%.0f', now_us), owner)
     redis.call('ZADD', KEYS[6], now + tonumber(ARGV[7]), owner)
     redis.call('HSET', KEYS[7], owner, mode)
     -- The queue itself lapses if no waiter refreshes it (all crashed).
     for i = 5, 7 do redis.call('PEXPIRE', KEYS[i], 2 * tonumber(ARGV[7])) end
     queued = 1
-  else
-    redis.call('SET', KEYS[9], '1', 'PX', tonumber(ARGV[10]))
-    if mode == 'x' then redis.call('SET', KEYS[8], '1', 'PX', tonumber(ARGV[8])) end
   end
+  -- New readers stand back for a waiting writer (non-fair; fair mode has the queue).
+  if mode == 'x' and not fair then redis.call('SET', KEYS[8], '1', 'PX', tonumber(ARGV[8])) end
 end
 return {0, time_left(KEYS[1]), queued}
 "#;
@@ -288,7 +299,7 @@ purge_readers(KEYS[2], KEYS[3])
 if not redis.call('ZSCORE', KEYS[2], ARGV[1]) then return 0 end
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('HDEL', KEYS[3], ARGV[1], 'c:' .. ARGV[1])
-if reader_horizon(KEYS[1], KEYS[2], KEYS[3]) == 0 then notify(ARGV[2], KEYS[5], KEYS[6], KEYS[7], KEYS[9]) end
+if reader_horizon(KEYS[1], KEYS[2], KEYS[3]) == 0 then notify(ARGV[2], KEYS[5], KEYS[6], KEYS[7]) end
 return 1
 "#;
 
@@ -308,7 +319,7 @@ local was_head = redis.call('ZRANK', KEYS[5], ARGV[1]) == 0
 redis.call('ZREM', KEYS[5], ARGV[1])
 redis.call('ZREM', KEYS[6], ARGV[1])
 redis.call('HDEL', KEYS[7], ARGV[1])
-if was_head and redis.call('EXISTS', KEYS[1]) == 0 then notify(ARGV[2], KEYS[5], KEYS[6], KEYS[7], KEYS[9]) end
+if was_head and redis.call('EXISTS', KEYS[1]) == 0 then notify(ARGV[2], KEYS[5], KEYS[6], KEYS[7]) end
 return 1
 "#;
 
@@ -320,8 +331,10 @@ purge_queue(KEYS[5], KEYS[6], KEYS[7])
 local o, ctx = holder(redis.call('GET', KEYS[1]))
 local tok = '0'
 if o then tok = string.format('%.0f', tonumber(redis.call('GET', KEYS[4])) or 0) end
-local out = {o or '', tok, ctx or '', o and redis.call('PTTL', KEYS[1]) or -2,
-             redis.call('ZCARD', KEYS[5]) + redis.call('EXISTS', KEYS[8])}
+-- Waiters queue; in polling mode only a waiting writer's mark shows one.
+local waiters = redis.call('ZCARD', KEYS[5])
+if waiters == 0 then waiters = redis.call('EXISTS', KEYS[8]) end
+local out = {o or '', tok, ctx or '', o and redis.call('PTTL', KEYS[1]) or -2, waiters}
 local rs = redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES')
 for i = 1, #rs, 2 do
   local r = rs[i]
@@ -339,7 +352,7 @@ const FORCE_RELEASE: &str = r#"
 purge_readers(KEYS[2], KEYS[3])
 local n = (holder(redis.call('GET', KEYS[1])) and 1 or 0) + redis.call('ZCARD', KEYS[2])
 redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[8])
-notify(ARGV[1], KEYS[5], KEYS[6], KEYS[7], KEYS[9])
+notify(ARGV[1], KEYS[5], KEYS[6], KEYS[7])
 return n
 "#;
 

@@ -124,6 +124,51 @@ ensure_redis() {
   log "Redis ready at 127.0.0.1:6379 (replica at 6380)"
 }
 
+# A TLS-only Redis on 127.0.0.1:6390 that also demands a client certificate, with a
+# throwaway CA, server and client certificate made by openssl (valid for 127.0.0.1).
+REDIS_TLS_DIR="${TMPDIR:-/tmp}/dlock-redis-tls"
+
+redis_tls_ping() {
+  redis-cli --tls --cacert "$REDIS_TLS_DIR/ca.crt" --cert "$REDIS_TLS_DIR/client.crt" \
+    --key "$REDIS_TLS_DIR/client.key" -h 127.0.0.1 -p 6390 ping
+}
+
+make_redis_tls_certs() {
+  command -v openssl >/dev/null 2>&1 || apt_install openssl
+  local d=$REDIS_TLS_DIR
+  rm -rf "$d" && mkdir -p "$d"
+  openssl req -x509 -newkey rsa:2048 -nodes -days 30 -subj "/CN=dlock test CA" \
+    -keyout "$d/ca.key" -out "$d/ca.crt" 2>/dev/null || fail "openssl: CA"
+  for who in server client; do
+    openssl req -newkey rsa:2048 -nodes -subj "/CN=dlock test $who" \
+      -keyout "$d/$who.key" -out "$d/$who.csr" 2>/dev/null || fail "openssl: $who key"
+    printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\n' >"$d/$who.ext"
+    openssl x509 -req -in "$d/$who.csr" -CA "$d/ca.crt" -CAkey "$d/ca.key" -CAcreateserial \
+      -days 30 -extfile "$d/$who.ext" -out "$d/$who.crt" 2>/dev/null || fail "openssl: $who certificate"
+  done
+  chmod 644 "$d"/*.key
+}
+
+ensure_redis_tls() {
+  export DLOCK_REDIS_TLS_DIR="$REDIS_TLS_DIR"
+  ensure_redis_server_binary
+  if [ -f "$REDIS_TLS_DIR/ca.crt" ] && redis_tls_ping >/dev/null 2>&1; then
+    log "Redis with TLS already running on 127.0.0.1:6390"
+    return
+  fi
+  redis-cli -h 127.0.0.1 -p 6390 shutdown nosave >/dev/null 2>&1 || true
+  make_redis_tls_certs
+  log "starting Redis with TLS (client certificates required) on 127.0.0.1:6390"
+  local dir="${TMPDIR:-/tmp}/dlock-redis-6390"
+  rm -rf "$dir" && mkdir -p "$dir"
+  redis-server --daemonize yes --bind 127.0.0.1 --port 0 --tls-port 6390 --dir "$dir" \
+    --tls-cert-file "$REDIS_TLS_DIR/server.crt" --tls-key-file "$REDIS_TLS_DIR/server.key" \
+    --tls-ca-cert-file "$REDIS_TLS_DIR/ca.crt" --tls-auth-clients yes \
+    --save "" --appendonly no --logfile "$dir/redis.log" --pidfile "$dir/redis.pid" \
+    || fail "redis-server with TLS did not start (see $dir/redis.log)"
+  wait_for 30 "Redis with TLS on port 6390" redis_tls_ping
+}
+
 ensure_redis_cluster() {
   export DLOCK_REDIS_CLUSTER_URL="${DLOCK_REDIS_CLUSTER_URL:-redis+cluster://127.0.0.1:7000,127.0.0.1:7001,127.0.0.1:7002}"
   ensure_redis_server_binary
@@ -252,6 +297,7 @@ ensure_backend() {
 
     redis | redis-polling) ensure_redis ;;
     redis-cluster) ensure_redis_cluster ;;
+    redis-tls) ensure_redis_tls ;;
     zk) ensure_zookeeper ;;
     zk-ensemble) ensure_zookeeper_ensemble ;;
     *) fail "unknown backend '$1' in DLOCK_TEST_BACKENDS (known: $ALL_BACKENDS)" ;;

@@ -147,8 +147,8 @@ async fn an_outage_is_typed_loses_on_time_and_notices_resume() {
     );
 
     // A waiter on this (reconnected) backend is subscribed, so it does not poll: only
-    // a release notice can wake it this soon (its safety re-check is 5 s away and the
-    // holder's lease 30 s).
+    // a release notice can wake it this soon (its re-check is 1 s away — a third of
+    // the default 3 s liveness — and the holder's lease 30 s).
     let direct = DistributeLockManager::builder(
         RedisBackend::connect("redis://127.0.0.1:6379")
             .await
@@ -164,7 +164,7 @@ async fn an_outage_is_typed_loses_on_time_and_notices_resume() {
         .unwrap();
     let woke = wake_after_release(holder, m.lock(&lock), &backend, Duration::ZERO).await;
     assert!(
-        woke < Duration::from_secs(1),
+        woke < Duration::from_millis(500),
         "the waiter was not woken by the notice ({woke:?})"
     );
     m.close().await;
@@ -214,7 +214,7 @@ async fn fencing_tokens_survive_the_counter_being_deleted() {
 /// Parks a waiter on `waiter` (whose backend is `waiter_side`) behind `holder`, keeps
 /// the holder `park` longer, releases, and returns how long the waiter took to get
 /// the lock after the release. Fails if the waiter tried again while parked (polled):
-/// only a release notice may wake it before its 5 s safety re-check.
+/// only a release notice may wake it before its re-check.
 async fn wake_after_release(
     holder: LockGuard,
     waiter: DistributeLock,
@@ -275,8 +275,8 @@ async fn until_probe(
 }
 
 /// Releases publish a notice only while someone waits: uncontended cycles send none,
-/// and a waiter parked longer than a writer's mark lives (1 s) is still woken by the
-/// notice at once, not by its 5 s safety re-check.
+/// and a parked waiter is named by the release and woken at once (not by its
+/// re-check, 3 s away with a 9 s liveness), also after a writer's mark (1 s) lapsed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn release_notices_go_out_only_while_someone_waits() {
     let Some(url) = redis_url() else { return };
@@ -318,7 +318,12 @@ async fn release_notices_go_out_only_while_someone_waits() {
         "uncontended releases published notices"
     );
 
-    let waiter_side = RedisBackend::connect(&url).await.unwrap();
+    let waiter_side = RedisBackend::connect_with(
+        &url,
+        RedisOptions::default().waiter_liveness(Duration::from_secs(9)),
+    )
+    .await
+    .unwrap();
     let m2 = DistributeLockManager::builder(waiter_side.clone())
         .build()
         .unwrap();
@@ -337,9 +342,130 @@ async fn release_notices_go_out_only_while_someone_waits() {
     );
     let notices = until_probe(&mut publisher, &mut heard, &channel, "probe-2").await;
     assert!(
-        notices.iter().any(|n| n == "r"),
-        "no notice for the parked waiter: {notices:?}"
+        notices.len() == 1 && notices[0].starts_with("o:"),
+        "the release should name the parked waiter, once: {notices:?}"
     );
     m.close().await;
     m2.close().await;
+}
+
+/// A lock's notice channel stays subscribed for the linger time after its last
+/// waiter leaves (the next wait needs no SUBSCRIBE round trip), then is dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn notice_channels_linger_then_go() {
+    let Some(url) = redis_url() else { return };
+    let lock = name("linger");
+    let channel = format!("dlock:{{{lock}}}:c");
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let c = client.get_multiplexed_async_connection().await.unwrap();
+    let subscribers = |mut c: redis::aio::MultiplexedConnection| {
+        let channel = channel.clone();
+        async move {
+            let (_, n): (String, i64) = redis::cmd("PUBSUB")
+                .arg("NUMSUB")
+                .arg(&channel)
+                .query_async(&mut c)
+                .await
+                .unwrap();
+            n
+        }
+    };
+    let options = RedisOptions::default().subscription_linger(Duration::from_millis(600));
+    let m =
+        DistributeLockManager::builder(RedisBackend::connect_with(&url, options).await.unwrap())
+            .build()
+            .unwrap();
+    for _ in 0..3 {
+        // A wait (deadline) registers on the channel before the first attempt.
+        let g = m
+            .lock(&lock)
+            .try_lock(Duration::from_secs(1))
+            .await
+            .unwrap()
+            .unwrap();
+        g.unlock().await.unwrap();
+        assert_eq!(
+            subscribers(c.clone()).await,
+            1,
+            "the channel did not linger"
+        );
+    }
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            subscribers(c.clone()).await == 0
+        })
+        .await,
+        "the idle channel was never unsubscribed"
+    );
+    m.close().await;
+}
+
+/// Non-fair waiters in separate processes queue on the server: each release names
+/// one waiter, the longest waiting, so they get the lock in arrival order and no
+/// waiter makes an attempt it was not woken for (no herd).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn non_fair_waiters_are_woken_one_at_a_time_in_arrival_order() {
+    let Some(url) = redis_url() else { return };
+    let lock = name("herd");
+    // Re-checks 10 s away: within this test only notices wake anyone.
+    let options = RedisOptions::default().waiter_liveness(Duration::from_secs(30));
+    let mut sides = Vec::new();
+    let mut managers = Vec::new();
+    for _ in 0..4 {
+        let backend = RedisBackend::connect_with(&url, options.clone())
+            .await
+            .unwrap();
+        managers.push(
+            DistributeLockManager::builder(backend.clone())
+                .build()
+                .unwrap(),
+        );
+        sides.push(backend);
+    }
+    let holder = managers[0]
+        .lock(&lock)
+        .try_lock(Duration::ZERO)
+        .await
+        .unwrap()
+        .unwrap();
+    let (order_tx, mut order) = tokio::sync::mpsc::unbounded_channel();
+    let mut tasks = Vec::new();
+    for i in 1..4 {
+        let waiter = managers[i].lock(&lock);
+        let tx = order_tx.clone();
+        tasks.push(tokio::spawn(async move {
+            let g = waiter
+                .try_lock(Duration::from_secs(20))
+                .await
+                .unwrap()
+                .unwrap();
+            tx.send(i).unwrap();
+            g.unlock().await.unwrap();
+        }));
+        // Parked (queued) before the next one arrives.
+        assert!(
+            eventually(Duration::from_secs(5), || async {
+                sides[i].acquire_attempts() == 1
+            })
+            .await
+        );
+    }
+    holder.unlock().await.unwrap();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let mut got = Vec::new();
+    while let Ok(i) = order.try_recv() {
+        got.push(i);
+    }
+    assert_eq!(got, vec![1, 2, 3], "not served in arrival order");
+    let attempts: Vec<u64> = sides[1..].iter().map(|b| b.acquire_attempts()).collect();
+    assert_eq!(
+        attempts,
+        vec![2, 2, 2],
+        "a waiter attempted without being named (one failed attempt, one granted each)"
+    );
+    for m in managers {
+        m.close().await;
+    }
 }
