@@ -14,30 +14,19 @@ fn sqlite_url() -> String {
     format!("sqlite://{}", file.display())
 }
 
-/// The selected server backends' URLs (the same defaults as the test suite's).
+/// The selected server backends' URLs (the test suite's), SQLite always.
 fn sql_urls() -> Vec<(String, String)> {
     let selected = std::env::var("DLOCK_TEST_BACKENDS").unwrap_or_else(|_| "memory".to_owned());
     let mut urls = vec![("sqlite".to_owned(), sqlite_url())];
     for label in selected.split(',').map(str::trim) {
-        let url = match label {
-            "mysql" => std::env::var("DLOCK_MYSQL_URL")
-                .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into()),
-            "postgres" => std::env::var("DLOCK_POSTGRES_URL")
-                .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into()),
-            "redis" => {
-                std::env::var("DLOCK_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
-            }
-            "redis-cluster" => std::env::var("DLOCK_REDIS_CLUSTER_URL").unwrap_or_else(|_| {
-                "redis+cluster://127.0.0.1:7000,127.0.0.1:7001,127.0.0.1:7002".into()
-            }),
-            "zk" => std::env::var("DLOCK_ZK_URL")
-                .unwrap_or_else(|_| "zk://127.0.0.1:2181/dlock-test".into()),
-            "zk-ensemble" => std::env::var("DLOCK_ZK_ENSEMBLE_URL").unwrap_or_else(|_| {
-                "zk://127.0.0.1:2191,127.0.0.1:2192,127.0.0.1:2193/dlock-test".into()
-            }),
-            _ => continue,
-        };
-        urls.push((label.to_owned(), url));
+        // memory has no server; redis-polling is redis' URL with an option the
+        // command does not take.
+        if matches!(label, "memory" | "sqlite" | "redis-polling") {
+            continue;
+        }
+        if let Some(url) = testsuite::backends::server_url(label) {
+            urls.push((label.to_owned(), url));
+        }
     }
     urls
 }

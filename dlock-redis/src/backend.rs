@@ -172,7 +172,7 @@ fn ms(d: Duration) -> u64 {
 
 impl RedisBackend {
     /// Connects with default options. URLs: `redis://[user:pass@]host:port[/db]`,
-    /// `rediss://…` (TLS, if the redis crate's TLS feature is enabled), or
+    /// `rediss://…[?tls_ca=<pem>&tls_cert=<pem>&tls_key=<pem>]` (TLS, feature `tls`), or
     /// `redis+cluster://[user:pass@]host1:port,host2:port,…`.
     pub async fn connect(url: &str) -> Result<Self> {
         Self::connect_with(url, RedisOptions::default()).await
@@ -180,7 +180,11 @@ impl RedisBackend {
 
     /// Connects with `options`.
     pub async fn connect_with(url: &str, options: RedisOptions) -> Result<Self> {
+        let shown = url;
+        let (url, tls) = crate::tls::split(url, &options)?;
+        let url = url.as_str();
         let (conn, nodes) = if url.starts_with("redis+cluster://") {
+            crate::tls::refuse_for_cluster(shown, &tls)?;
             if options.replica_ack.is_some() {
                 return Err(Error::new(
                     ErrorKind::Config,
@@ -190,28 +194,37 @@ impl RedisBackend {
             let node_urls = parse_cluster_url(url)?;
             let nodes = node_urls
                 .iter()
-                .map(|u| redis::Client::open(u.as_str()).map_err(|e| config_error(url, e)))
+                .map(|u| redis::Client::open(u.as_str()).map_err(|e| config_error(shown, e)))
                 .collect::<Result<Vec<_>>>()?;
-            let client = redis::cluster::ClusterClient::new(node_urls.clone())
-                .map_err(|e| config_error(url, e))?;
-            let conn = client
-                .get_async_connection()
+            let client = redis::cluster::ClusterClientBuilder::new(node_urls.clone())
+                .connection_timeout(options.connect_timeout)
+                .build()
+                .map_err(|e| config_error(shown, e))?;
+            let conn = bounded(options.connect_timeout, client.get_async_connection())
                 .await
-                .map_err(|e| unreachable(url, e))?;
+                .map_err(|e| unreachable(shown, e))?;
             (Conn::Cluster(conn), nodes)
         } else if url.starts_with("redis://") || url.starts_with("rediss://") {
-            let client = redis::Client::open(url).map_err(|e| config_error(url, e))?;
-            let conn = client
-                .get_connection_manager()
-                .await
-                .map_err(|e| unreachable(url, e))?;
+            let client = crate::tls::client(url, shown, &tls)?;
+            // No retry loop inside connect (the redis crate's default backs off for
+            // minutes): an unreachable server is reported at once; after a loss,
+            // the next command reconnects.
+            let config = redis::aio::ConnectionManagerConfig::new()
+                .set_number_of_retries(0)
+                .set_connection_timeout(options.connect_timeout);
+            let conn = bounded(
+                options.connect_timeout,
+                client.get_connection_manager_with_config(config),
+            )
+            .await
+            .map_err(|e| unreachable(shown, e))?;
             (Conn::Single(conn), vec![client])
         } else {
             return Err(Error::new(
                 ErrorKind::Config,
                 format!(
-                    "{:?} is not a Redis URL; use redis://host:6379 or redis+cluster://host1:7000,host2:7001",
-                    redact_url(url)
+                    "{:?} is not a Redis URL; use redis://host:6379, rediss://host:6380 (TLS) or redis+cluster://host1:7000,host2:7001",
+                    redact_url(shown)
                 ),
             ));
         };
@@ -222,13 +235,13 @@ impl RedisBackend {
             ));
         }
         let notices = match (&options.polling, nodes.first()) {
-            (None, Some(node)) => Some(Notices::start(node.clone(), options.subscription_linger).await.map_err(|e| {
+            (None, Some(node)) => Some(bounded(options.connect_timeout, Notices::start(node.clone(), options.subscription_linger)).await.map_err(|e| {
                 let mapped = map_redis(e, "connect");
                 Error::new(
                     mapped.kind(),
                     format!(
                         "cannot open the release-notice (pub/sub) connection to {}: {} — if pub/sub is not allowed, use RedisOptions::polling",
-                        redact_url(url),
+                        redact_url(shown),
                         mapped.message()
                     ),
                 )
@@ -418,18 +431,33 @@ fn owner_call<'s>(
     }
 }
 
+/// `fut`, failing with a timeout error after `limit`.
+async fn bounded<T>(
+    limit: Duration,
+    fut: impl std::future::Future<Output = redis::RedisResult<T>>,
+) -> redis::RedisResult<T> {
+    tokio::time::timeout(limit, fut).await.unwrap_or_else(|_| {
+        Err(redis::RedisError::from(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("no connection within {limit:?}"),
+        )))
+    })
+}
+
 fn unreachable(url: &str, e: redis::RedisError) -> Error {
-    let mapped = map_redis(e, "connect");
+    let (kind, hint, transient) = crate::error::classify(&e);
+    let hint = if transient {
+        "check that the server is up and the address (and, for rediss://, its certificates) are right"
+    } else {
+        hint
+    };
     Error::new(
-        mapped.kind(),
-        format!(
-            "cannot connect to {}: {}",
-            redact_url(url),
-            mapped.message()
-        ),
+        kind,
+        format!("cannot connect to {}: {e}; {hint}", redact_url(url)),
     )
-    .set_retryable(mapped.is_retryable())
-    .with_source(mapped)
+    .set_retryable(transient)
+    .with_context("backend", "redis")
+    .with_context("op", "connect")
 }
 
 #[async_trait]

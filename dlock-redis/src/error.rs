@@ -3,6 +3,16 @@
 use dlock_spi::{Error, ErrorKind};
 
 pub(crate) fn map_redis(err: redis::RedisError, op: &'static str) -> Error {
+    let (kind, hint, transient) = classify(&err);
+    Error::new(kind, hint)
+        .set_retryable(transient)
+        .with_context("backend", "redis")
+        .with_context("op", op)
+        .with_source(err)
+}
+
+/// The dlock kind of a redis error, what to do about it, and whether retrying can help.
+pub(crate) fn classify(err: &redis::RedisError) -> (ErrorKind, &'static str, bool) {
     let transient = err.is_io_error()
         || err.is_connection_dropped()
         || err.is_connection_refusal()
@@ -34,9 +44,5 @@ pub(crate) fn map_redis(err: redis::RedisError, op: &'static str) -> Error {
     } else {
         (ErrorKind::Backend, "Redis refused the command; check that the server is Redis 6.2+ and the user may run EVALSHA")
     };
-    Error::new(kind, hint)
-        .set_retryable(transient)
-        .with_context("backend", "redis")
-        .with_context("op", op)
-        .with_source(err)
+    (kind, hint, transient)
 }

@@ -40,6 +40,11 @@
 //!   with backoff polling.
 //! * **Read-write locks**: readers in a sorted set with per-reader expiry; a waiting
 //!   writer marks the lock so new readers stand back (writers are not starved).
+//! * **TLS** (`rediss://`, feature `tls`, rustls): the server is verified against the
+//!   system's roots or a given CA ([`RedisOptions::tls_root_certificate`], URL
+//!   parameter `tls_ca=<pem file>`); a client certificate can be presented
+//!   ([`RedisOptions::tls_identity`], `tls_cert=<file>&tls_key=<file>`). Single node
+//!   only for now.
 //! * **Replica acknowledgement** ([`RedisOptions::replica_ack`], single node): after an
 //!   acquire, `WAIT n timeout`; with fewer acknowledgements the lock is released and the
 //!   acquire fails.
@@ -50,12 +55,14 @@ mod error;
 mod keys;
 mod notices;
 mod scripts;
+mod tls;
 
 use std::time::Duration;
 
 use dlock_spi::Backoff;
 
 pub use backend::RedisBackend;
+pub use tls::TlsIdentity;
 
 /// Settings of a [`RedisBackend`].
 #[derive(Debug, Clone)]
@@ -77,6 +84,15 @@ pub struct RedisOptions {
     /// local waiter left (default 10 s): a lock waited for again within that time
     /// costs no SUBSCRIBE/UNSUBSCRIBE round trips. Zero unsubscribes at the next sweep.
     pub subscription_linger: Duration,
+    /// How long connecting may take (each connection: commands, notices) before
+    /// `connect` fails. Default 5 s.
+    pub connect_timeout: Duration,
+    /// `rediss://` only: the CA (PEM) that verifies the server, instead of the
+    /// system's roots. The URL parameter `tls_ca=<file>` does the same.
+    pub tls_root_certificate: Option<Vec<u8>>,
+    /// `rediss://` only: the client certificate and key to present. The URL
+    /// parameters `tls_cert=<file>&tls_key=<file>` do the same.
+    pub tls_identity: Option<TlsIdentity>,
 }
 
 impl Default for RedisOptions {
@@ -87,6 +103,9 @@ impl Default for RedisOptions {
             replica_ack: None,
             waiter_liveness: Duration::from_secs(3),
             subscription_linger: Duration::from_secs(10),
+            connect_timeout: Duration::from_secs(5),
+            tls_root_certificate: None,
+            tls_identity: None,
         }
     }
 }
@@ -113,6 +132,24 @@ impl RedisOptions {
     /// Sets how long an idle release-notice channel stays subscribed.
     pub fn subscription_linger(mut self, linger: Duration) -> Self {
         self.subscription_linger = linger;
+        self
+    }
+
+    /// Sets how long connecting may take.
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// Verifies the server (`rediss://`) with this CA certificate (PEM).
+    pub fn tls_root_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls_root_certificate = Some(pem.into());
+        self
+    }
+
+    /// Presents this client certificate (`rediss://`).
+    pub fn tls_identity(mut self, identity: TlsIdentity) -> Self {
+        self.tls_identity = Some(identity);
         self
     }
 

@@ -23,6 +23,7 @@ pub const KNOWN: &[&str] = &[
     "redis",
     "redis-polling",
     "redis-cluster",
+    "redis-tls",
     "zk",
     "zk-ensemble",
 ];
@@ -48,6 +49,19 @@ pub fn server_url(label: &str) -> Option<String> {
             .or_else(|| Some("redis://127.0.0.1:6379".to_owned())),
         "redis-cluster" => {
             Some("redis+cluster://127.0.0.1:7000,127.0.0.1:7001,127.0.0.1:7002".to_owned())
+        }
+        // The TLS-only server scripts/test starts, with the CA and client certificate
+        // it made (DLOCK_REDIS_TLS_DIR).
+        "redis-tls" => {
+            let dir = std::env::var("DLOCK_REDIS_TLS_DIR").unwrap_or_else(|_| {
+                std::env::temp_dir()
+                    .join("dlock-redis-tls")
+                    .display()
+                    .to_string()
+            });
+            Some(format!(
+                "rediss://127.0.0.1:6390/?tls_ca={dir}/ca.crt&tls_cert={dir}/client.crt&tls_key={dir}/client.key"
+            ))
         }
         "zk" => Some("zk://127.0.0.1:2181/dlock-test".to_owned()),
         "zk-ensemble" => {
@@ -80,7 +94,7 @@ pub async fn open(label: &str) -> Result<Arc<dyn TestBackend>> {
     Ok(match label {
         "memory" => Arc::new(MemoryTestBackend::default()),
         "sqlite" | "mysql" | "postgres" => Arc::new(SqlTestBackend::open(label, url).await?),
-        "redis" | "redis-polling" | "redis-cluster" => {
+        "redis" | "redis-polling" | "redis-cluster" | "redis-tls" => {
             Arc::new(RedisTestBackend::open(label, url).await?)
         }
         "zk" | "zk-ensemble" => Arc::new(ZkTestBackend::open(label, url).await?),

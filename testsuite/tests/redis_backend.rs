@@ -9,7 +9,7 @@ use dlock_api::{DistributeLock, DistributeLockManager, ErrorKind, LockGuard};
 use dlock_redis::{RedisBackend, RedisOptions};
 use testsuite::backends::server_url;
 use testsuite::conformance::eventually;
-use testsuite::proxy::FaultProxy;
+use testsuite::proxy::{Fault, FaultProxy};
 use testsuite::runner::selected;
 
 fn redis_url() -> Option<String> {
@@ -467,5 +467,106 @@ async fn non_fair_waiters_are_woken_one_at_a_time_in_arrival_order() {
     );
     for m in managers {
         m.close().await;
+    }
+}
+
+/// TLS (`rediss://`, the suite's TLS-only server on 127.0.0.1:6390 that requires a
+/// client certificate; the conformance suite runs over it as `redis-tls`): a server
+/// certificate from an unknown CA, or a missing client certificate, is refused with
+/// a typed error that says so, not a hang or a panic.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_refuses_unknown_servers_and_missing_client_certificates() {
+    if !selected().iter().any(|l| l == "redis-tls") {
+        eprintln!("redis-tls is not selected in DLOCK_TEST_BACKENDS; nothing to check here");
+        return;
+    }
+    let url = server_url("redis-tls").unwrap();
+    let (base, query) = url.split_once('?').unwrap();
+    let param = |name: &str| {
+        query
+            .split('&')
+            .find_map(|p| p.strip_prefix(&format!("{name}=")))
+            .unwrap()
+            .to_owned()
+    };
+
+    // The whole set works (and really is TLS: the server has no plain port).
+    let m = DistributeLockManager::builder(RedisBackend::connect(&url).await.unwrap())
+        .build()
+        .unwrap();
+    let g = m
+        .lock(&name("tls"))
+        .try_lock(Duration::ZERO)
+        .await
+        .unwrap()
+        .unwrap();
+    g.unlock().await.unwrap();
+    m.close().await;
+
+    // No CA: the system's roots do not know the test CA.
+    let no_ca = format!(
+        "{base}?tls_cert={}&tls_key={}",
+        param("tls_cert"),
+        param("tls_key")
+    );
+    let err = RedisBackend::connect(&no_ca).await.map(drop).unwrap_err();
+    assert!(
+        err.message().to_lowercase().contains("certificate"),
+        "an unknown server certificate should be named as the cause: {err}"
+    );
+
+    // The CA but no client certificate: the server hangs up during the handshake.
+    let no_identity = format!("{base}?tls_ca={}", param("tls_ca"));
+    let started = Instant::now();
+    let err = RedisBackend::connect(&no_identity)
+        .await
+        .map(drop)
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Backend, "{err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "refusal took {:?}",
+        started.elapsed()
+    );
+
+    // A plain client on the TLS port gets nowhere either.
+    let plain = RedisBackend::connect("redis://127.0.0.1:6390").await;
+    assert!(plain.is_err(), "a plain connection to the TLS port worked");
+}
+
+/// Connecting to a server that refuses, or to one that never answers (the fault
+/// proxy's black hole), fails within the connect timeout with a typed, retryable
+/// error naming the address — not after the redis crate's minutes of back-off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connecting_to_a_dead_or_silent_server_fails_fast() {
+    let Some(_url) = redis_url() else { return };
+    let proxy = FaultProxy::start("127.0.0.1:6379".parse().unwrap())
+        .await
+        .unwrap();
+    let limit = Duration::from_millis(800);
+    for (fault, url) in [
+        (Fault::Reset, format!("redis://u:secret@{}", proxy.addr())),
+        (
+            Fault::Blackhole,
+            format!("redis://u:secret@{}", proxy.addr()),
+        ),
+    ] {
+        proxy.set(fault);
+        let started = Instant::now();
+        let err = RedisBackend::connect_with(&url, RedisOptions::default().connect_timeout(limit))
+            .await
+            .map(drop)
+            .unwrap_err();
+        let took = started.elapsed();
+        assert!(
+            took < limit + Duration::from_secs(1),
+            "{fault:?}: took {took:?}"
+        );
+        assert_eq!(err.kind(), ErrorKind::Backend, "{fault:?}: {err}");
+        assert!(err.is_retryable(), "{fault:?}: {err}");
+        assert!(
+            err.message().contains(&proxy.addr().to_string()) && !err.message().contains("secret"),
+            "{fault:?}: {err}"
+        );
     }
 }

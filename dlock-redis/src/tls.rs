@@ -1,0 +1,226 @@
+//! TLS connections (`rediss://`). Certificates come from [`RedisOptions`] or from
+//! the URL's `tls_ca`, `tls_cert` and `tls_key` parameters (paths of PEM files, so
+//! the `dlock` command and `open_backend` can use them too); without a CA the
+//! system's roots verify the server. Needs the crate's `tls` feature.
+
+use dlock_spi::{redact_url, Error, ErrorKind, Result};
+
+use crate::RedisOptions;
+
+/// A client certificate chain and its private key (PEM), for servers that require
+/// client authentication (Redis' default with TLS: `tls-auth-clients yes`).
+#[derive(Clone)]
+pub struct TlsIdentity {
+    cert_pem: Vec<u8>,
+    #[cfg_attr(not(feature = "tls"), allow(dead_code))]
+    key_pem: Vec<u8>,
+}
+
+impl TlsIdentity {
+    /// A certificate chain and private key, both PEM.
+    pub fn new(cert_pem: impl Into<Vec<u8>>, key_pem: impl Into<Vec<u8>>) -> Self {
+        TlsIdentity {
+            cert_pem: cert_pem.into(),
+            key_pem: key_pem.into(),
+        }
+    }
+}
+
+impl std::fmt::Debug for TlsIdentity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TlsIdentity")
+            .field("cert_pem", &format_args!("<{} bytes>", self.cert_pem.len()))
+            .field("key_pem", &"<redacted>")
+            .finish()
+    }
+}
+
+/// What a connection trusts and presents.
+#[derive(Default)]
+pub(crate) struct TlsMaterial {
+    root_pem: Option<Vec<u8>>,
+    identity: Option<TlsIdentity>,
+}
+
+impl TlsMaterial {
+    fn is_empty(&self) -> bool {
+        self.root_pem.is_none() && self.identity.is_none()
+    }
+}
+
+fn config(message: String) -> Error {
+    Error::new(ErrorKind::Config, message)
+}
+
+fn read_pem(url: &str, param: &str, path: &str) -> Result<Vec<u8>> {
+    std::fs::read(path).map_err(|e| {
+        config(format!(
+            "cannot read {param}={path:?} given in {}: {e}; give the path of a PEM file",
+            redact_url(url)
+        ))
+    })
+}
+
+/// Takes dlock's TLS parameters off `url` (reading their files) and adds the
+/// options' certificates (the URL's win). Returns the URL for the redis crate.
+pub(crate) fn split(url: &str, options: &RedisOptions) -> Result<(String, TlsMaterial)> {
+    let mut material = TlsMaterial {
+        root_pem: options.tls_root_certificate.clone(),
+        identity: options.tls_identity.clone(),
+    };
+    let (rest, fragment) = match url.split_once('#') {
+        Some((rest, fragment)) => (rest, Some(fragment)),
+        None => (url, None),
+    };
+    let Some((base, query)) = rest.split_once('?') else {
+        return Ok((url.to_owned(), material));
+    };
+    let mut kept = Vec::new();
+    let (mut cert, mut key) = (None, None);
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let Some((name, value)) = url::form_urlencoded::parse(pair.as_bytes()).next() else {
+            continue;
+        };
+        match name.as_ref() {
+            "tls_ca" => material.root_pem = Some(read_pem(url, "tls_ca", &value)?),
+            "tls_cert" => cert = Some(read_pem(url, "tls_cert", &value)?),
+            "tls_key" => key = Some(read_pem(url, "tls_key", &value)?),
+            _ => kept.push(pair),
+        }
+    }
+    match (cert, key) {
+        (Some(cert), Some(key)) => material.identity = Some(TlsIdentity::new(cert, key)),
+        (None, None) => {}
+        _ => {
+            return Err(config(format!(
+                "{} gives only one of tls_cert and tls_key; give both (a client certificate and its key) or neither",
+                redact_url(url)
+            )))
+        }
+    }
+    let mut out = base.to_owned();
+    if !kept.is_empty() {
+        out.push('?');
+        out.push_str(&kept.join("&"));
+    }
+    if let Some(fragment) = fragment {
+        out.push('#');
+        out.push_str(fragment);
+    }
+    Ok((out, material))
+}
+
+/// A client for one node: plain, or TLS with `material`. `shown` is the URL as the
+/// user gave it (for messages).
+pub(crate) fn client(url: &str, shown: &str, material: &TlsMaterial) -> Result<redis::Client> {
+    let bad_url =
+        |e: redis::RedisError| config(format!("invalid Redis URL {}: {e}", redact_url(shown)));
+    if !url.starts_with("rediss://") {
+        if !material.is_empty() {
+            return Err(config(format!(
+                "TLS certificates were given for {}, which is not a rediss:// URL; use rediss://",
+                redact_url(shown)
+            )));
+        }
+        return redis::Client::open(url).map_err(bad_url);
+    }
+    tls_client(url, material).map_err(|e| match e {
+        Some(e) => bad_url(e),
+        None => config(format!(
+            "{} needs TLS, and this build has none: enable dlock-redis' `tls` feature (dlock-api: `redis-tls`)",
+            redact_url(shown)
+        )),
+    })
+}
+
+#[cfg(feature = "tls")]
+fn tls_client(
+    url: &str,
+    material: &TlsMaterial,
+) -> std::result::Result<redis::Client, Option<redis::RedisError>> {
+    // The redis crate builds its rustls config from the process' default crypto
+    // provider; make sure there is one (a no-op if the application chose its own).
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    if material.is_empty() {
+        return redis::Client::open(url).map_err(Some);
+    }
+    redis::Client::build_with_tls(
+        url,
+        redis::TlsCertificates {
+            client_tls: material.identity.as_ref().map(|id| redis::ClientTlsConfig {
+                client_cert: id.cert_pem.clone(),
+                client_key: id.key_pem.clone(),
+            }),
+            root_cert: material.root_pem.clone(),
+        },
+    )
+    .map_err(Some)
+}
+
+#[cfg(not(feature = "tls"))]
+fn tls_client(
+    _url: &str,
+    _material: &TlsMaterial,
+) -> std::result::Result<redis::Client, Option<redis::RedisError>> {
+    Err(None)
+}
+
+/// Cluster connections are plain only (so far).
+pub(crate) fn refuse_for_cluster(url: &str, material: &TlsMaterial) -> Result<()> {
+    if material.is_empty() {
+        return Ok(());
+    }
+    Err(config(format!(
+        "TLS is supported for a single Redis node (rediss://), not yet for Redis Cluster: {}",
+        redact_url(url)
+    )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tls_parameters_are_taken_off_the_url_and_the_rest_kept() {
+        let dir = std::env::temp_dir().join(format!("dlock-tls-{:x}", fastrand::u64(..)));
+        std::fs::create_dir_all(&dir).unwrap();
+        let ca = dir.join("ca a.pem");
+        std::fs::write(&ca, b"CA").unwrap();
+        let url = format!(
+            "rediss://u:secret@127.0.0.1:6390/0?protocol=resp3&tls_ca={}#insecure",
+            ca.display().to_string().replace(' ', "%20")
+        );
+        let (left, material) = split(&url, &RedisOptions::default()).unwrap();
+        assert_eq!(
+            left,
+            "rediss://u:secret@127.0.0.1:6390/0?protocol=resp3#insecure"
+        );
+        assert_eq!(material.root_pem.as_deref(), Some(&b"CA"[..]));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn bad_tls_parameters_are_config_errors_without_the_password() {
+        for url in [
+            "rediss://u:secret@h:1/?tls_ca=/nonexistent/ca.pem",
+            "rediss://u:secret@h:1/?tls_cert=/etc/hostname",
+        ] {
+            let err = match split(url, &RedisOptions::default()) {
+                Ok(_) => panic!("{url} was accepted"),
+                Err(e) => e,
+            };
+            assert_eq!(err.kind(), ErrorKind::Config);
+            assert!(!err.message().contains("secret"), "{}", err.message());
+        }
+        let with_ca = RedisOptions::default().tls_root_certificate(b"CA".to_vec());
+        let (url, material) = split("redis://h:1", &with_ca).unwrap();
+        let err = client(&url, &url, &material).map(drop).unwrap_err();
+        assert!(err.message().contains("rediss://"), "{}", err.message());
+    }
+
+    #[test]
+    fn a_client_key_never_shows_in_debug_output() {
+        let id = TlsIdentity::new(b"CERT".to_vec(), b"PRIVATE KEY".to_vec());
+        assert!(!format!("{id:?}").contains("PRIVATE"));
+    }
+}
