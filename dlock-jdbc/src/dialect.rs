@@ -28,6 +28,17 @@ impl Dialect {
         }
     }
 
+    /// A fencing-token seed: the database clock in epoch microseconds, at the finest
+    /// resolution the database has (SQLite: milliseconds × 1000). A lock row created
+    /// anew (first use, or after someone deleted it) starts its tokens here.
+    fn clock_us(self) -> &'static str {
+        match self {
+            Dialect::Sqlite => "(NOW * 1000)",
+            Dialect::MySql => "CAST(UNIX_TIMESTAMP(CURRENT_TIMESTAMP(6)) * 1000000 AS SIGNED)",
+            Dialect::Postgres => "(EXTRACT(EPOCH FROM statement_timestamp()) * 1000000)::BIGINT",
+        }
+    }
+
     fn greatest(self) -> &'static str {
         match self {
             Dialect::Sqlite => "MAX",
@@ -71,6 +82,7 @@ impl Stmt {
             .replace("{channel}", &format!("{prefix}release"))
             .replace("{owner}", dialect.owner_text())
             .replace("GREATEST(", &format!("{}(", dialect.greatest()))
+            .replace("CLOCK_US", dialect.clock_us())
             .replace("NOW", dialect.now_ms());
         let mut sql = String::with_capacity(template.len());
         let mut order = Vec::new();
@@ -176,10 +188,10 @@ impl Statements {
                 // packet: one round trip. @dlock_grant is computed by the first
                 // assignment, before any column it reads is changed.
                 "INSERT INTO {locks} (name, owner, token, context, acquired_at, expires_at, shared_until, writer_wait_until) \
-                 VALUES ($1, $2, LAST_INSERT_ID(NOW * 1000), $4, NOW, NOW + $3, 0, 0) \
+                 VALUES ($1, $2, LAST_INSERT_ID(CLOCK_US), $4, NOW, NOW + $3, 0, 0) \
                  ON DUPLICATE KEY UPDATE \
                    token = IF(@dlock_grant := ((owner IS NULL OR expires_at <= NOW OR owner = VALUES(owner)) AND shared_until <= NOW), \
-                              LAST_INSERT_ID(IF(owner <=> VALUES(owner) AND expires_at > NOW, token, GREATEST(token + 1, NOW * 1000))), \
+                              LAST_INSERT_ID(IF(owner <=> VALUES(owner) AND expires_at > NOW, token, GREATEST(token + 1, CLOCK_US))), \
                               token + LAST_INSERT_ID(0)), \
                    acquired_at = IF(@dlock_grant, IF(owner <=> VALUES(owner) AND expires_at > NOW, acquired_at, NOW), acquired_at), \
                    context = IF(@dlock_grant, VALUES(context), context), \
@@ -189,7 +201,7 @@ impl Statements {
             ),
             Dialect::Sqlite | Dialect::Postgres => s(
                 "INSERT INTO {locks} (name, owner, token, context, acquired_at, expires_at, shared_until, writer_wait_until) \
-                 VALUES ($1, $2, NOW * 1000, $4, NOW, NOW + $3, 0, 0) \
+                 VALUES ($1, $2, CLOCK_US, $4, NOW, NOW + $3, 0, 0) \
                  ON CONFLICT (name) DO UPDATE SET \
                    token = CASE WHEN {locks}.owner = excluded.owner AND {locks}.expires_at > NOW \
                                 THEN {locks}.token ELSE GREATEST({locks}.token + 1, excluded.token) END, \
@@ -205,15 +217,15 @@ impl Statements {
         let acquire_shared_row = match dialect {
             Dialect::MySql => s(
                 "INSERT INTO {locks} (name, owner, token, context, acquired_at, expires_at, shared_until, writer_wait_until) \
-                 VALUES ($1, NULL, LAST_INSERT_ID(NOW * 1000), NULL, 0, 0, NOW + $2, 0) \
+                 VALUES ($1, NULL, LAST_INSERT_ID(CLOCK_US), NULL, 0, 0, NOW + $2, 0) \
                  ON DUPLICATE KEY UPDATE \
                    token = IF(@dlock_grant := ((owner IS NULL OR expires_at <= NOW) AND writer_wait_until <= NOW), \
-                              LAST_INSERT_ID(GREATEST(token + 1, NOW * 1000)), token + LAST_INSERT_ID(0)), \
+                              LAST_INSERT_ID(GREATEST(token + 1, CLOCK_US)), token + LAST_INSERT_ID(0)), \
                    shared_until = IF(@dlock_grant, GREATEST(shared_until, NOW + $2), shared_until)",
             ),
             Dialect::Sqlite | Dialect::Postgres => s(
                 "INSERT INTO {locks} (name, owner, token, context, acquired_at, expires_at, shared_until, writer_wait_until) \
-                 VALUES ($1, NULL, NOW * 1000, NULL, 0, 0, NOW + $2, 0) \
+                 VALUES ($1, NULL, CLOCK_US, NULL, 0, 0, NOW + $2, 0) \
                  ON CONFLICT (name) DO UPDATE SET \
                    token = GREATEST({locks}.token + 1, excluded.token), \
                    shared_until = GREATEST({locks}.shared_until, excluded.shared_until) \

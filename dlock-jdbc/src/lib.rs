@@ -33,7 +33,9 @@
 //!   transactions that lock the lock's row first.
 //! * **Fencing tokens** live in the lock's row, which outlives releases, and advance
 //!   as `token = max(token + 1, database clock in µs)`: strictly increasing, and still
-//!   above every earlier token if the row is deleted and recreated later.
+//!   above every earlier token if the row is deleted and recreated later — later than
+//!   the clock's resolution: µs on MariaDB/MySQL and PostgreSQL, ms on SQLite (a row
+//!   deleted and recreated within the millisecond of its last grant could repeat it).
 //! * **Waiting** polls with [`Backoff`] (equal jitter), never past
 //!   the deadline and never past the holder's lease end; on PostgreSQL a release also
 //!   sends `NOTIFY` and one local waiter per process wakes at once.
