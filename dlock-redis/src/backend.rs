@@ -235,18 +235,17 @@ impl RedisBackend {
             ));
         }
         let notices = match (&options.polling, nodes.first()) {
-            (None, Some(node)) => Some(bounded(options.connect_timeout, Notices::start(node.clone(), options.subscription_linger)).await.map_err(|e| {
-                let mapped = map_redis(e, "connect");
-                Error::new(
-                    mapped.kind(),
-                    format!(
-                        "cannot open the release-notice (pub/sub) connection to {}: {} — if pub/sub is not allowed, use RedisOptions::polling",
-                        redact_url(shown),
-                        mapped.message()
-                    ),
-                )
-                .with_source(mapped)
-            })?),
+            (None, Some(node)) => {
+                let start = Notices::start(node.clone(), options.subscription_linger);
+                let notices = bounded(options.connect_timeout, start).await.map_err(|e| {
+                    let message = format!(
+                        "cannot open the release-notice (pub/sub) connection to {}: {e}; if pub/sub is not allowed, use RedisOptions::polling",
+                        redact_url(shown)
+                    );
+                    connect_error(&e, message)
+                })?;
+                Some(notices)
+            }
             _ => None,
         };
         Ok(RedisBackend {
@@ -445,19 +444,24 @@ async fn bounded<T>(
 }
 
 fn unreachable(url: &str, e: redis::RedisError) -> Error {
-    let (kind, hint, transient) = crate::error::classify(&e);
-    let hint = if transient {
-        "check that the server is up and the address (and, for rediss://, its certificates) are right"
-    } else {
-        hint
+    let hint = match crate::error::classify(&e) {
+        (_, _, true) => "check that the server is up and the address (and, for rediss://, its certificates) are right",
+        (_, hint, false) => hint,
     };
-    Error::new(
-        kind,
+    connect_error(
+        &e,
         format!("cannot connect to {}: {e}; {hint}", redact_url(url)),
     )
-    .set_retryable(transient)
-    .with_context("backend", "redis")
-    .with_context("op", "connect")
+}
+
+/// A failed connection as a dlock error: the redis error's kind and retryability,
+/// `message` saying what failed and what to check.
+fn connect_error(e: &redis::RedisError, message: String) -> Error {
+    let (kind, _, transient) = crate::error::classify(e);
+    Error::new(kind, message)
+        .set_retryable(transient)
+        .with_context("backend", "redis")
+        .with_context("op", "connect")
 }
 
 #[async_trait]
