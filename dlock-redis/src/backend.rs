@@ -317,8 +317,8 @@ impl RedisBackend {
     }
 
     /// One attempt. `waiting`: the caller will wait if it fails (then it queues for a
-    /// notice, when notices flow); `queued`: it already is in the queue (its
-    /// re-checks go through the general script, which also takes it out when granted).
+    /// notice, when notices flow); `queued`: it already is in the queue (a grant
+    /// takes it out).
     async fn attempt(
         &self,
         req: &AcquireRequest,
@@ -338,7 +338,8 @@ impl RedisBackend {
             (true, false) => "1",
             (true, true) => "2",
         };
-        if req.mode == LockMode::Exclusive && req.fairness == Fairness::NonFair && !queued {
+        if req.mode == LockMode::Exclusive && req.fairness == Fairness::NonFair {
+            let waiting = if queued { "3" } else { waiting };
             // The hot path: a lean script that declares only the keys it touches.
             let mut inv = keys.invocation(
                 &self.inner.scripts.acquire_exclusive,

@@ -118,34 +118,38 @@ local function time_left(x)
 end
 "#;
 
-/// Non-fair exclusive acquire, a waiter's first attempt. KEYS: exclusive, fence,
-/// queue, queue liveness, queue modes, writer mark. ARGV: holder value (`<owner
-/// length>|<owner><context>`), length of its owner part, lease ms, waiting (0 no,
-/// 1 yes, 2 yes and queue for a notice), liveness ms, writer mark ms.
+/// Non-fair exclusive acquire. KEYS: exclusive, fence, queue, queue liveness, queue
+/// modes, writer mark. ARGV: holder value (`<owner length>|<owner><context>`), length
+/// of its owner part, lease ms, waiting (0 no, 1 yes, 2 yes and queue for a notice,
+/// 3 already queued), liveness ms, writer mark ms.
 /// A free lock is granted in two server calls (`SET NX PX`, `INCR`), like the raw
 /// floor plus the fencing counter. Returns {1, token} or {0, ms left, queued}.
 const ACQUIRE_EXCLUSIVE: &str = r#"
 local x, fence = KEYS[1], KEYS[2]
+local n, waiting = tonumber(ARGV[2]), ARGV[4]
+local function owner()
+  return string.sub(ARGV[1], n - tonumber(string.match(ARGV[1], '^(%d+)|')) + 1, n)
+end
 local tok
 if redis.call('SET', x, ARGV[1], 'NX', 'PX', ARGV[3]) then
   tok = redis.call('INCR', fence)
 else
   -- Taken. The current owner asking again is idempotent (same token).
-  local v, n = redis.call('GET', x), tonumber(ARGV[2])
+  local v = redis.call('GET', x)
   if not v or string.sub(v, 1, n) ~= string.sub(ARGV[1], 1, n) then
     local queued = 0
-    if ARGV[4] ~= '0' then
+    if waiting ~= '0' then
       -- New readers stand back for a waiting writer.
       redis.call('SET', KEYS[6], '1', 'PX', ARGV[6])
     end
-    if ARGV[4] == '2' then
-      -- Queue for a release notice (as the general script does).
-      local owner = string.sub(ARGV[1], n - tonumber(string.match(ARGV[1], '^(%d+)|')) + 1, n)
-      local t = redis.call('TIME')
+    if waiting == '2' or waiting == '3' then
+      -- Queue for a release notice (keeping the place of an earlier arrival), and
+      -- stay live in the queue.
+      local o, t = owner(), redis.call('TIME')
       local live = tonumber(ARGV[5])
-      redis.call('ZADD', KEYS[3], 'NX', string.format('%.0f', tonumber(t[1]) * 1000000 + tonumber(t[2])), owner)
-      redis.call('ZADD', KEYS[4], tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + live, owner)
-      redis.call('HSET', KEYS[5], owner, 'x')
+      redis.call('ZADD', KEYS[3], 'NX', string.format('%.0f', tonumber(t[1]) * 1000000 + tonumber(t[2])), o)
+      redis.call('ZADD', KEYS[4], tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + live, o)
+      redis.call('HSET', KEYS[5], o, 'x')
       for i = 3, 5 do redis.call('PEXPIRE', KEYS[i], 2 * live) end
       queued = 1
     end
@@ -161,6 +165,13 @@ if tok == 1 then
   local t = redis.call('TIME')
   tok = tonumber(t[1]) * 1000000 + tonumber(t[2])
   redis.call('SET', fence, string.format('%.0f', tok))
+end
+if waiting == '3' then
+  -- Granted: out of the queue.
+  local o = owner()
+  redis.call('ZREM', KEYS[3], o)
+  redis.call('ZREM', KEYS[4], o)
+  redis.call('HDEL', KEYS[5], o)
 end
 return {1, tok}
 "#;
