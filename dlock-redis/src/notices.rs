@@ -2,10 +2,10 @@
 //!
 //! A waiter registers on its lock's channel *before* its first attempt and the
 //! channel's SUBSCRIBE is confirmed by then, so a release that follows a failed
-//! attempt always reaches it (no lost wake-up). A notice `o:<owner>` (fair mode)
-//! wakes exactly that waiter; `r` wakes one local waiter, the oldest, so each process
-//! sends at most one attempt per release. A woken waiter that leaves without the lock
-//! passes the wake-up on. If the connection drops, it is re-established, channels are
+//! attempt always reaches it (no lost wake-up). A release names the waiter it wakes
+//! (`o:<owner>`, the head of the lock's server-side queue), so exactly that waiter
+//! attempts; `r` (from older clients) wakes one local waiter, the oldest. A woken
+//! waiter that leaves without the lock passes the wake-up on to another local one. If the connection drops, it is re-established, channels are
 //! re-subscribed and every waiter re-checks once (notices may have been missed).
 //!
 //! A channel stays subscribed for a while (`RedisOptions::subscription_linger`) after
