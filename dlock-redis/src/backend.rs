@@ -340,11 +340,14 @@ impl RedisBackend {
         };
         if req.mode == LockMode::Exclusive && req.fairness == Fairness::NonFair {
             let waiting = if queued { "3" } else { waiting };
-            // The hot path: a lean script that declares only the keys it touches.
-            let mut inv = keys.invocation(
-                &self.inner.scripts.acquire_exclusive,
-                &ACQUIRE_EXCLUSIVE_KEYS,
-            );
+            // The hot path: a lean script that declares only the keys it can touch
+            // (a caller that will not wait never touches the queue or the mark).
+            let declared = if waiting == "0" {
+                &ACQUIRE_EXCLUSIVE_KEYS[..2]
+            } else {
+                &ACQUIRE_EXCLUSIVE_KEYS[..]
+            };
+            let mut inv = keys.invocation(&self.inner.scripts.acquire_exclusive, declared);
             inv.arg(value)
                 .arg(owner.len())
                 .arg(ms(req.lease))

@@ -118,8 +118,8 @@ local function time_left(x)
 end
 "#;
 
-/// Non-fair exclusive acquire. KEYS: exclusive, fence, queue, queue liveness, queue
-/// modes, writer mark. ARGV: holder value (`<owner length>|<owner><context>`), length
+/// Non-fair exclusive acquire. KEYS: exclusive, fence, and — unless waiting is 0,
+/// when they are not declared — queue, queue liveness, queue modes, writer mark. ARGV: holder value (`<owner length>|<owner><context>`), length
 /// of its owner part, lease ms, waiting (0 no, 1 yes, 2 yes and queue for a notice,
 /// 3 already queued), liveness ms, writer mark ms.
 /// A free lock is granted in two server calls (`SET NX PX`, `INCR`), like the raw
