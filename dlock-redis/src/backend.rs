@@ -15,7 +15,7 @@ use redis::aio::ConnectionManager;
 use redis::cluster_async::ClusterConnection;
 use redis::{FromRedisValue, Value};
 
-use crate::error::map_redis;
+use crate::error::{config_error, map_redis};
 use crate::keys::{
     scan_pattern, HolderValue, Key, LockKeys, OwnerPart, ScriptCall, ACQUIRE_EXCLUSIVE_KEYS, ALL,
     CHANNEL, EXCLUSIVE, RELEASE_EXCLUSIVE_KEYS,
@@ -87,7 +87,31 @@ impl redis::ToRedisArgs for ChannelArg<'_> {
     }
 }
 
-/// Removes a fair waiter's queue entry if its acquire is dropped mid-wait.
+/// What an acquire attempt does if refused (the scripts' `waiting` argument).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Waiting {
+    /// Nothing: the caller returns.
+    No,
+    /// Mark a waiting writer; the caller polls (no notices).
+    Polling,
+    /// Also queue, to be named by a release notice.
+    ForNotice,
+    /// Already queued: stay (refresh liveness); leave the queue if granted.
+    Queued,
+}
+
+impl Waiting {
+    fn arg(self) -> &'static str {
+        match self {
+            Waiting::No => "0",
+            Waiting::Polling => "1",
+            Waiting::ForNotice => "2",
+            Waiting::Queued => "3",
+        }
+    }
+}
+
+/// Removes a waiter's queue entry if its acquire is dropped mid-wait.
 struct QueueSlot {
     backend: RedisBackend,
     keys: LockKeys,
@@ -140,13 +164,6 @@ fn parse_cluster_url(url: &str) -> Result<Vec<String>> {
     Ok(nodes)
 }
 
-fn config_error(url: &str, e: redis::RedisError) -> Error {
-    Error::new(
-        ErrorKind::Config,
-        format!("invalid Redis URL {}: {e}", redact_url(url)),
-    )
-}
-
 fn int(v: Option<&Value>) -> i64 {
     match v {
         Some(Value::Int(i)) => *i,
@@ -181,10 +198,10 @@ impl RedisBackend {
     /// Connects with `options`.
     pub async fn connect_with(url: &str, options: RedisOptions) -> Result<Self> {
         let shown = url;
-        let (url, tls) = crate::tls::split(url, &options)?;
+        let (url, options) = crate::tls::split(url, options)?;
         let url = url.as_str();
         let (conn, nodes) = if url.starts_with("redis+cluster://") {
-            crate::tls::refuse_for_cluster(shown, &tls)?;
+            crate::tls::refuse_for_cluster(shown, &options)?;
             if options.replica_ack.is_some() {
                 return Err(Error::new(
                     ErrorKind::Config,
@@ -205,19 +222,17 @@ impl RedisBackend {
                 .map_err(|e| unreachable(shown, e))?;
             (Conn::Cluster(conn), nodes)
         } else if url.starts_with("redis://") || url.starts_with("rediss://") {
-            let client = crate::tls::client(url, shown, &tls)?;
+            let client = crate::tls::client(url, shown, &options)?;
             // No retry loop inside connect (the redis crate's default backs off for
             // minutes): an unreachable server is reported at once; after a loss,
             // the next command reconnects.
             let config = redis::aio::ConnectionManagerConfig::new()
                 .set_number_of_retries(0)
                 .set_connection_timeout(options.connect_timeout);
-            let conn = bounded(
-                options.connect_timeout,
-                client.get_connection_manager_with_config(config),
-            )
-            .await
-            .map_err(|e| unreachable(shown, e))?;
+            let conn = client
+                .get_connection_manager_with_config(config)
+                .await
+                .map_err(|e| unreachable(shown, e))?;
             (Conn::Single(conn), vec![client])
         } else {
             return Err(Error::new(
@@ -316,9 +331,8 @@ impl RedisBackend {
             .map_err(|e| map_redis(e, "acquire"))
     }
 
-    /// One attempt. `waiting`: the caller will wait if it fails (then it queues for a
-    /// notice, when notices flow); `queued`: it already is in the queue (a grant
-    /// takes it out).
+    /// One attempt. `waiting`: the caller will wait if it fails; `queued`: it is in
+    /// the lock's queue already.
     async fn attempt(
         &self,
         req: &AcquireRequest,
@@ -328,30 +342,31 @@ impl RedisBackend {
     ) -> Result<(bool, i64, bool)> {
         self.inner.attempts.fetch_add(1, Ordering::Relaxed);
         let o = &self.inner.options;
-        let mark = o.polling.map_or(Duration::from_secs(1), |b| {
-            (b.delay(u32::MAX) * 4).max(Duration::from_secs(1))
-        });
         let owner = OwnerPart(req.owner.as_str());
         let value = HolderValue(owner, req.context.as_ref());
-        let waiting = match (waiting, self.inner.notices.is_some()) {
-            (false, _) => "0",
-            (true, false) => "1",
-            (true, true) => "2",
+        let waiting = match (waiting, queued, self.inner.notices.is_some()) {
+            (_, true, _) => Waiting::Queued,
+            (false, ..) => Waiting::No,
+            (true, _, false) => Waiting::Polling,
+            (true, _, true) => Waiting::ForNotice,
         };
         if req.mode == LockMode::Exclusive && req.fairness == Fairness::NonFair {
-            let waiting = if queued { "3" } else { waiting };
             // The hot path: a lean script that declares only the keys it can touch
             // (a caller that will not wait never touches the queue or the mark).
-            let declared = if waiting == "0" {
+            let declared = if waiting == Waiting::No {
                 &ACQUIRE_EXCLUSIVE_KEYS[..2]
             } else {
                 &ACQUIRE_EXCLUSIVE_KEYS[..]
             };
+            // A waiting writer's mark outlives a polling waiter's longest sleep.
+            let mark = o.polling.map_or(Duration::from_secs(1), |b| {
+                (b.delay(u32::MAX) * 4).max(Duration::from_secs(1))
+            });
             let mut inv = keys.invocation(&self.inner.scripts.acquire_exclusive, declared);
             inv.arg(value)
                 .arg(owner.len())
                 .arg(ms(req.lease))
-                .arg(waiting)
+                .arg(waiting.arg())
                 .arg(ms(o.waiter_liveness))
                 .arg(ms(mark));
             return self.run_acquire(&inv).await;
@@ -370,9 +385,8 @@ impl RedisBackend {
             } else {
                 "0"
             })
-            .arg(waiting)
+            .arg(waiting.arg())
             .arg(ms(o.waiter_liveness))
-            .arg(ms(mark))
             .arg(self.channel(keys))
             .arg(req.context.as_ref());
         self.run_acquire(&inv).await

@@ -1,6 +1,14 @@
 //! The one place redis errors become dlock errors.
 
-use dlock_spi::{Error, ErrorKind};
+use dlock_spi::{redact_url, Error, ErrorKind};
+
+/// The redis crate refused `url` (as the user wrote it; shown without its password).
+pub(crate) fn config_error(url: &str, e: redis::RedisError) -> Error {
+    Error::new(
+        ErrorKind::Config,
+        format!("invalid Redis URL {}: {e}", redact_url(url)),
+    )
+}
 
 pub(crate) fn map_redis(err: redis::RedisError, op: &'static str) -> Error {
     let (kind, hint, transient) = classify(&err);

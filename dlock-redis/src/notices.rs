@@ -5,14 +5,14 @@
 //! attempt always reaches it (no lost wake-up). A release names the waiter it wakes
 //! (`o:<owner>`, the head of the lock's server-side queue), so exactly that waiter
 //! attempts; `r` (from older clients) wakes one local waiter, the oldest. A woken
-//! waiter that leaves without the lock passes the wake-up on to another local one. If the connection drops, it is re-established, channels are
-//! re-subscribed and every waiter re-checks once (notices may have been missed).
+//! waiter that leaves without the lock passes the wake-up on to another local one.
+//! If the connection drops, it is re-established, channels are re-subscribed and
+//! every waiter re-checks once (notices may have been missed).
 //!
 //! A channel stays subscribed for a while (`RedisOptions::subscription_linger`) after
-//! its last waiter leaves, so a lock
-//! taken again and again (a hot lock, a holder that loops) does not pay a SUBSCRIBE
-//! and an UNSUBSCRIBE round trip per acquisition; one sweeper task drops idle
-//! channels while any are lingering.
+//! its last waiter leaves, so a lock taken again and again (a hot lock, a holder that
+//! loops) does not pay a SUBSCRIBE and an UNSUBSCRIBE round trip per acquisition; one
+//! sweeper task drops idle channels while any linger.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -35,7 +35,8 @@ struct Waiter {
 struct Channel {
     waiters: Vec<Waiter>,
     subscribed: bool,
-    /// Since when the channel has had no waiter (it lingers, subscribed).
+    /// Since when the channel has had no waiter (it lingers, subscribed); `None`
+    /// while it has waiters.
     idle_since: Option<Instant>,
 }
 
@@ -177,38 +178,28 @@ impl Notices {
                 .position(|w| w.id == id)
                 .map(|pos| ch.waiters.remove(pos).woken)
                 .unwrap_or(false);
-            if ch.waiters.is_empty() {
+            let idle = ch.waiters.is_empty();
+            if idle {
                 ch.idle_since = Some(Instant::now());
-            }
-            if woken && !acquired {
+            } else if woken && !acquired {
                 state.wake_one(channel);
             }
-            let idle = state
-                .channels
-                .get(channel)
-                .is_some_and(|c| c.waiters.is_empty());
             let start = idle && !state.sweeping;
-            if start {
-                state.sweeping = true;
-            }
+            state.sweeping |= start;
             start
         };
         if start_sweeper {
-            if let Ok(rt) = tokio::runtime::Handle::try_current() {
-                rt.spawn(sweep(Arc::downgrade(self)));
-            } else {
-                self.state().sweeping = false;
+            match tokio::runtime::Handle::try_current() {
+                Ok(rt) => drop(rt.spawn(sweep(Arc::downgrade(self), self.linger))),
+                Err(_) => self.state().sweeping = false,
             }
         }
     }
 }
 
-/// Unsubscribes channels idle for the linger time; runs while any channel lingers.
-async fn sweep(notices: Weak<Notices>) {
+/// Unsubscribes channels idle for `linger`; runs while any channel lingers.
+async fn sweep(notices: Weak<Notices>, linger: Duration) {
     loop {
-        let Some(linger) = notices.upgrade().map(|n| n.linger) else {
-            return;
-        };
         tokio::time::sleep((linger / 2).max(Duration::from_millis(10))).await;
         let Some(n) = notices.upgrade() else { return };
         // The sink lock orders this UNSUBSCRIBE before a new waiter's SUBSCRIBE.
@@ -220,19 +211,16 @@ async fn sweep(notices: Weak<Notices>) {
                 .channels
                 .iter()
                 .filter(|(_, c)| {
-                    c.waiters.is_empty()
-                        && c.idle_since
-                            .is_some_and(|t| now.duration_since(t) >= linger)
+                    c.idle_since
+                        .is_some_and(|t| now.duration_since(t) >= linger)
                 })
                 .map(|(name, _)| name.clone())
                 .collect();
             for name in &expired {
                 state.channels.remove(name);
             }
-            let lingering = state.channels.values().any(|c| c.waiters.is_empty());
-            if !lingering {
-                state.sweeping = false;
-            }
+            let lingering = state.channels.values().any(|c| c.idle_since.is_some());
+            state.sweeping = lingering;
             (expired, lingering)
         };
         if let Some(s) = sink.as_mut() {

@@ -45,20 +45,19 @@ const H_NEXT_TOKEN: &str = r#"
 -- The lock's fencing counter (KEYS fence) never expires, so tokens increase
 -- whatever the clocks do. A counter that does not exist yet (first use, or deleted
 -- by someone) starts at the server clock in µs: above every token issued before.
+local function seed(fence)
+  clock()
+  redis.call('SET', fence, string.format('%.0f', now_us))
+  return now_us
+end
 local function next_token(fence)
   local tok = redis.call('INCR', fence)
-  if tok == 1 then
-    clock()
-    tok = now_us
-    redis.call('SET', fence, string.format('%.0f', tok))
-  end
+  if tok == 1 then return seed(fence) end
   return tok
 end
 -- The token of the current exclusive holder: the counter, which only a grant moves.
 local function holder_token(fence)
-  local tok = tonumber(redis.call('GET', fence))
-  if tok then return tok end
-  return next_token(fence)
+  return tonumber(redis.call('GET', fence)) or next_token(fence)
 end
 "#;
 const H_PURGE_READERS: &str = r#"
@@ -100,6 +99,23 @@ local function purge_queue(queue, alive, modes)
   if #dead > 0 then redis.call('ZREMRANGEBYSCORE', alive, '-inf', now) end
 end
 "#;
+const H_QUEUE: &str = r#"
+-- Queues owner o (mode m) for a release notice, keeping the place of an earlier
+-- arrival, and refreshes its liveness; the queue itself lapses if no waiter
+-- refreshes it (all crashed).
+local function enqueue(queue, alive, modes, o, m, live)
+  clock()
+  redis.call('ZADD', queue, 'NX', string.format('%.0f', now_us), o)
+  redis.call('ZADD', alive, now + live, o)
+  redis.call('HSET', modes, o, m)
+  for _, k in ipairs({queue, alive, modes}) do redis.call('PEXPIRE', k, 2 * live) end
+end
+local function dequeue(queue, alive, modes, o)
+  redis.call('ZREM', queue, o)
+  redis.call('ZREM', alive, o)
+  redis.call('HDEL', modes, o)
+end
+"#;
 const H_NOTIFY: &str = r#"
 -- Tells the live head of the queue, by name ("o:<owner>"), that the lock may be free.
 local function notify(channel, queue, alive, modes)
@@ -119,22 +135,30 @@ end
 "#;
 
 /// Non-fair exclusive acquire. KEYS: exclusive, fence, and — unless waiting is 0,
-/// when they are not declared — queue, queue liveness, queue modes, writer mark. ARGV: holder value (`<owner length>|<owner><context>`), length
-/// of its owner part, lease ms, waiting (0 no, 1 yes, 2 yes and queue for a notice,
-/// 3 already queued), liveness ms, writer mark ms.
+/// when they are not declared — queue, queue liveness, queue modes, writer mark.
+/// ARGV: holder value (`<owner length>|<owner><context>`), length of its owner part,
+/// lease ms, waiting (0 no, 1 yes, 2 yes and queue for a notice, 3 already queued),
+/// liveness ms, writer mark ms. Returns {1, token} or {0, ms left, queued}.
+///
 /// A free lock is granted in two server calls (`SET NX PX`, `INCR`), like the raw
-/// floor plus the fencing counter. Returns {1, token} or {0, ms left, queued}.
+/// floor plus the fencing counter, and returns before the helpers of
+/// [`ACQUIRE_EXCLUSIVE_TAIL`] are even created.
 const ACQUIRE_EXCLUSIVE: &str = r#"
 local x, fence = KEYS[1], KEYS[2]
 local n, waiting = tonumber(ARGV[2]), ARGV[4]
-local function owner()
-  return string.sub(ARGV[1], n - tonumber(string.match(ARGV[1], '^(%d+)|')) + 1, n)
-end
 local tok
 if redis.call('SET', x, ARGV[1], 'NX', 'PX', ARGV[3]) then
   tok = redis.call('INCR', fence)
-else
-  -- Taken. The current owner asking again is idempotent (same token).
+  if tok > 1 and waiting ~= '3' then return {1, tok} end
+end
+"#;
+/// The non-fair exclusive acquire's tail, after its helpers: a new counter, a queued
+/// waiter's grant, reentry, or a refusal.
+const ACQUIRE_EXCLUSIVE_TAIL: &str = r#"
+local owner = string.sub(ARGV[1], n - tonumber(string.match(ARGV[1], '^(%d+)|')) + 1, n)
+if tok == 1 then
+  tok = seed(fence)
+elseif not tok then
   local v = redis.call('GET', x)
   if not v or string.sub(v, 1, n) ~= string.sub(ARGV[1], 1, n) then
     local queued = 0
@@ -143,36 +167,16 @@ else
       redis.call('SET', KEYS[6], '1', 'PX', ARGV[6])
     end
     if waiting == '2' or waiting == '3' then
-      -- Queue for a release notice (keeping the place of an earlier arrival), and
-      -- stay live in the queue.
-      local o, t = owner(), redis.call('TIME')
-      local live = tonumber(ARGV[5])
-      redis.call('ZADD', KEYS[3], 'NX', string.format('%.0f', tonumber(t[1]) * 1000000 + tonumber(t[2])), o)
-      redis.call('ZADD', KEYS[4], tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + live, o)
-      redis.call('HSET', KEYS[5], o, 'x')
-      for i = 3, 5 do redis.call('PEXPIRE', KEYS[i], 2 * live) end
+      enqueue(KEYS[3], KEYS[4], KEYS[5], owner, 'x', tonumber(ARGV[5]))
       queued = 1
     end
-    local left = redis.call('PTTL', x)
-    if left < 0 then left = 0 end
-    return {0, left, queued}
+    return {0, time_left(x), queued}
   end
+  -- The current owner asking again is idempotent (same token).
   redis.call('PEXPIRE', x, ARGV[3])
-  tok = tonumber(redis.call('GET', fence)) or redis.call('INCR', fence)
+  tok = holder_token(fence)
 end
-if tok == 1 then
-  -- A new counter starts at the server clock in µs (see the general scripts).
-  local t = redis.call('TIME')
-  tok = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  redis.call('SET', fence, string.format('%.0f', tok))
-end
-if waiting == '3' then
-  -- Granted: out of the queue.
-  local o = owner()
-  redis.call('ZREM', KEYS[3], o)
-  redis.call('ZREM', KEYS[4], o)
-  redis.call('HDEL', KEYS[5], o)
-end
+if waiting == '3' then dequeue(KEYS[3], KEYS[4], KEYS[5], owner) end
 return {1, tok}
 "#;
 
@@ -200,21 +204,17 @@ redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return 1
 "#;
 
-/// The general acquire (fair mode, shared mode, a queued waiter's re-check). KEYS:
+/// The general acquire: fair mode (exclusive or shared) and non-fair shared (a
+/// non-fair exclusive acquire always goes through [`ACQUIRE_EXCLUSIVE`]). KEYS:
 /// exclusive, readers, reader data, fence, queue, queue liveness, queue modes,
 /// writer mark. ARGV: owner, mode (x|s), lease ms, holder value, fair (1|0), waiting
-/// (0 no, 1 yes, 2 yes and queue for a notice), liveness ms, writer mark ms, channel,
-/// context. Returns {1, token} or {0, ms left, queued}.
+/// (as [`ACQUIRE_EXCLUSIVE`]), liveness ms, channel, context. Returns {1, token} or {0, ms left, queued}.
 const ACQUIRE: &str = r#"
 local owner, mode, lease = ARGV[1], ARGV[2], tonumber(ARGV[3])
-local fair, waiting = ARGV[5] == '1', ARGV[6] ~= '0'
-local queue = fair or ARGV[6] == '2'
-
-local function dequeue_self()
-  redis.call('ZREM', KEYS[5], owner)
-  redis.call('ZREM', KEYS[6], owner)
-  redis.call('HDEL', KEYS[7], owner)
-end
+local fair = ARGV[5] == '1'
+-- A refused waiter queues (or stays queued) to be named by a release, and in fair
+-- mode for its turn also when it polls.
+local queue = ARGV[6] == '2' or ARGV[6] == '3' or (fair and ARGV[6] == '1')
 
 local v = redis.call('GET', KEYS[1])
 if mode == 'x' then
@@ -231,18 +231,18 @@ if mode == 'x' then
     end
   end
   if not v then
+    -- (Fair mode.) Only the head of the queue, or anyone when nobody queues.
     local ok, rank = true, false
     if redis.call('EXISTS', KEYS[5]) == 1 then
       purge_queue(KEYS[5], KEYS[6], KEYS[7])
       rank = redis.call('ZRANK', KEYS[5], owner)
-      -- Fair: only the head, or anyone when nobody queues. Non-fair: anyone.
-      if fair then ok = rank == 0 or (rank == false and redis.call('ZCARD', KEYS[5]) == 0) end
+      ok = rank == 0 or (rank == false and redis.call('ZCARD', KEYS[5]) == 0)
     end
     if ok then
       local t = next_token(KEYS[4])
       redis.call('SET', KEYS[1], ARGV[4], 'PX', lease)
       redis.call('DEL', KEYS[8])
-      if rank then dequeue_self() end
+      if rank then dequeue(KEYS[5], KEYS[6], KEYS[7], owner) end
       return {1, t}
     end
   end
@@ -273,14 +273,14 @@ else
   if free then
     local tok = next_token(KEYS[4])
     redis.call('ZADD', KEYS[2], now + lease, owner)
-    redis.call('HSET', KEYS[3], owner, string.format('%.0f', tok), 'c:' .. owner, ARGV[10])
+    redis.call('HSET', KEYS[3], owner, string.format('%.0f', tok), 'c:' .. owner, ARGV[9])
     reader_horizon(KEYS[1], KEYS[2], KEYS[3])
     if rank then
-      dequeue_self()
+      dequeue(KEYS[5], KEYS[6], KEYS[7], owner)
       -- Readers queued right behind this reader may join it.
       local head = redis.call('ZRANGE', KEYS[5], 0, 0)
-      if head[1] and redis.call('HGET', KEYS[7], head[1]) == 's' and ARGV[9] ~= '' then
-        redis.call('PUBLISH', ARGV[9], 'o:' .. head[1])
+      if head[1] and redis.call('HGET', KEYS[7], head[1]) == 's' and ARGV[8] ~= '' then
+        redis.call('PUBLISH', ARGV[8], 'o:' .. head[1])
       end
     end
     return {1, tok}
@@ -288,18 +288,9 @@ else
 end
 
 local queued = 0
-if waiting then
-  if queue then
-    clock()
-    redis.call('ZADD', KEYS[5], 'NX', string.format('%.0f', now_us), owner)
-    redis.call('ZADD', KEYS[6], now + tonumber(ARGV[7]), owner)
-    redis.call('HSET', KEYS[7], owner, mode)
-    -- The queue itself lapses if no waiter refreshes it (all crashed).
-    for i = 5, 7 do redis.call('PEXPIRE', KEYS[i], 2 * tonumber(ARGV[7])) end
-    queued = 1
-  end
-  -- New readers stand back for a waiting writer (non-fair; fair mode has the queue).
-  if mode == 'x' and not fair then redis.call('SET', KEYS[8], '1', 'PX', tonumber(ARGV[8])) end
+if queue then
+  enqueue(KEYS[5], KEYS[6], KEYS[7], owner, mode, tonumber(ARGV[7]))
+  queued = 1
 end
 return {0, time_left(KEYS[1]), queued}
 "#;
@@ -327,9 +318,7 @@ return 1
 /// ARGV: owner, channel.
 const LEAVE: &str = r#"
 local was_head = redis.call('ZRANK', KEYS[5], ARGV[1]) == 0
-redis.call('ZREM', KEYS[5], ARGV[1])
-redis.call('ZREM', KEYS[6], ARGV[1])
-redis.call('HDEL', KEYS[7], ARGV[1])
+dequeue(KEYS[5], KEYS[6], KEYS[7], ARGV[1])
 if was_head and redis.call('EXISTS', KEYS[1]) == 0 then notify(ARGV[2], KEYS[5], KEYS[6], KEYS[7]) end
 return 1
 "#;
@@ -389,15 +378,24 @@ fn sources() -> [String; 9] {
         H_PURGE_READERS,
         H_READER_HORIZON,
         H_PURGE_QUEUE,
+        H_QUEUE,
         H_NOTIFY,
         H_TIME_LEFT,
     ];
     let with = |helpers: &[&str], body: &str| format!("{}\n{body}", helpers.concat());
+    // A lean script: its fast part, then the helpers only its slow part uses.
+    let lean =
+        |fast: &str, helpers: &[&str], tail: &str| format!("{fast}{}{tail}", helpers.concat());
     [
-        ACQUIRE_EXCLUSIVE.to_owned(),
-        format!(
-            "{RELEASE_EXCLUSIVE}{}{RELEASE_EXCLUSIVE_NOTIFY}",
-            [H_CLOCK, H_PURGE_QUEUE, H_NOTIFY].concat()
+        lean(
+            ACQUIRE_EXCLUSIVE,
+            &[H_CLOCK, H_NEXT_TOKEN, H_QUEUE, H_TIME_LEFT],
+            ACQUIRE_EXCLUSIVE_TAIL,
+        ),
+        lean(
+            RELEASE_EXCLUSIVE,
+            &[H_CLOCK, H_PURGE_QUEUE, H_NOTIFY],
+            RELEASE_EXCLUSIVE_NOTIFY,
         ),
         RENEW_EXCLUSIVE.to_owned(),
         with(all, ACQUIRE),
@@ -437,8 +435,11 @@ mod tests {
         let helpers = [
             "clock",
             "holder",
+            "seed",
             "next_token",
             "holder_token",
+            "enqueue",
+            "dequeue",
             "purge_readers",
             "reader_horizon",
             "purge_queue",

@@ -5,6 +5,7 @@
 
 use dlock_spi::{redact_url, Error, ErrorKind, Result};
 
+use crate::error::config_error;
 use crate::RedisOptions;
 
 /// A client certificate chain and its private key (PEM), for servers that require
@@ -35,17 +36,9 @@ impl std::fmt::Debug for TlsIdentity {
     }
 }
 
-/// What a connection trusts and presents.
-#[derive(Default)]
-pub(crate) struct TlsMaterial {
-    root_pem: Option<Vec<u8>>,
-    identity: Option<TlsIdentity>,
-}
-
-impl TlsMaterial {
-    fn is_empty(&self) -> bool {
-        self.root_pem.is_none() && self.identity.is_none()
-    }
+/// Whether `options` carry TLS certificates.
+fn has_certificates(options: &RedisOptions) -> bool {
+    options.tls_root_certificate.is_some() || options.tls_identity.is_some()
 }
 
 fn config(message: String) -> Error {
@@ -61,19 +54,15 @@ fn read_pem(url: &str, param: &str, path: &str) -> Result<Vec<u8>> {
     })
 }
 
-/// Takes dlock's TLS parameters off `url` (reading their files) and adds the
-/// options' certificates (the URL's win). Returns the URL for the redis crate.
-pub(crate) fn split(url: &str, options: &RedisOptions) -> Result<(String, TlsMaterial)> {
-    let mut material = TlsMaterial {
-        root_pem: options.tls_root_certificate.clone(),
-        identity: options.tls_identity.clone(),
-    };
+/// Takes dlock's TLS parameters off `url`, reading their files into `options` (the
+/// URL's win over what the options already hold). Returns the URL for the redis crate.
+pub(crate) fn split(url: &str, mut options: RedisOptions) -> Result<(String, RedisOptions)> {
     let (rest, fragment) = match url.split_once('#') {
         Some((rest, fragment)) => (rest, Some(fragment)),
         None => (url, None),
     };
     let Some((base, query)) = rest.split_once('?') else {
-        return Ok((url.to_owned(), material));
+        return Ok((url.to_owned(), options));
     };
     let mut kept = Vec::new();
     let (mut cert, mut key) = (None, None);
@@ -82,14 +71,14 @@ pub(crate) fn split(url: &str, options: &RedisOptions) -> Result<(String, TlsMat
             continue;
         };
         match name.as_ref() {
-            "tls_ca" => material.root_pem = Some(read_pem(url, "tls_ca", &value)?),
+            "tls_ca" => options.tls_root_certificate = Some(read_pem(url, "tls_ca", &value)?),
             "tls_cert" => cert = Some(read_pem(url, "tls_cert", &value)?),
             "tls_key" => key = Some(read_pem(url, "tls_key", &value)?),
             _ => kept.push(pair),
         }
     }
     match (cert, key) {
-        (Some(cert), Some(key)) => material.identity = Some(TlsIdentity::new(cert, key)),
+        (Some(cert), Some(key)) => options.tls_identity = Some(TlsIdentity::new(cert, key)),
         (None, None) => {}
         _ => {
             return Err(config(format!(
@@ -107,67 +96,60 @@ pub(crate) fn split(url: &str, options: &RedisOptions) -> Result<(String, TlsMat
         out.push('#');
         out.push_str(fragment);
     }
-    Ok((out, material))
+    Ok((out, options))
 }
 
-/// A client for one node: plain, or TLS with `material`. `shown` is the URL as the
-/// user gave it (for messages).
-pub(crate) fn client(url: &str, shown: &str, material: &TlsMaterial) -> Result<redis::Client> {
-    let bad_url =
-        |e: redis::RedisError| config(format!("invalid Redis URL {}: {e}", redact_url(shown)));
-    if !url.starts_with("rediss://") {
-        if !material.is_empty() {
-            return Err(config(format!(
-                "TLS certificates were given for {}, which is not a rediss:// URL; use rediss://",
-                redact_url(shown)
-            )));
-        }
-        return redis::Client::open(url).map_err(bad_url);
+/// A client for one node: plain, or TLS with the options' certificates. `shown` is
+/// the URL as the user gave it (for messages).
+pub(crate) fn client(url: &str, shown: &str, options: &RedisOptions) -> Result<redis::Client> {
+    if url.starts_with("rediss://") {
+        return tls_client(url, shown, options);
     }
-    tls_client(url, material).map_err(|e| match e {
-        Some(e) => bad_url(e),
-        None => config(format!(
-            "{} needs TLS, and this build has none: enable dlock-redis' `tls` feature (dlock-api: `redis-tls`)",
+    if has_certificates(options) {
+        return Err(config(format!(
+            "TLS certificates were given for {}, which is not a rediss:// URL; use rediss://",
             redact_url(shown)
-        )),
-    })
+        )));
+    }
+    redis::Client::open(url).map_err(|e| config_error(shown, e))
 }
 
 #[cfg(feature = "tls")]
-fn tls_client(
-    url: &str,
-    material: &TlsMaterial,
-) -> std::result::Result<redis::Client, Option<redis::RedisError>> {
+fn tls_client(url: &str, shown: &str, options: &RedisOptions) -> Result<redis::Client> {
     // The redis crate builds its rustls config from the process' default crypto
     // provider; make sure there is one (a no-op if the application chose its own).
     let _ = rustls::crypto::ring::default_provider().install_default();
-    if material.is_empty() {
-        return redis::Client::open(url).map_err(Some);
-    }
-    redis::Client::build_with_tls(
-        url,
-        redis::TlsCertificates {
-            client_tls: material.identity.as_ref().map(|id| redis::ClientTlsConfig {
-                client_cert: id.cert_pem.clone(),
-                client_key: id.key_pem.clone(),
-            }),
-            root_cert: material.root_pem.clone(),
-        },
-    )
-    .map_err(Some)
+    let client = if !has_certificates(options) {
+        redis::Client::open(url)
+    } else {
+        redis::Client::build_with_tls(
+            url,
+            redis::TlsCertificates {
+                client_tls: options
+                    .tls_identity
+                    .as_ref()
+                    .map(|id| redis::ClientTlsConfig {
+                        client_cert: id.cert_pem.clone(),
+                        client_key: id.key_pem.clone(),
+                    }),
+                root_cert: options.tls_root_certificate.clone(),
+            },
+        )
+    };
+    client.map_err(|e| config_error(shown, e))
 }
 
 #[cfg(not(feature = "tls"))]
-fn tls_client(
-    _url: &str,
-    _material: &TlsMaterial,
-) -> std::result::Result<redis::Client, Option<redis::RedisError>> {
-    Err(None)
+fn tls_client(_url: &str, shown: &str, _options: &RedisOptions) -> Result<redis::Client> {
+    Err(config(format!(
+        "{} needs TLS, and this build has none: enable dlock-redis' `tls` feature (dlock-api: `redis-tls`)",
+        redact_url(shown)
+    )))
 }
 
 /// Cluster connections are plain only (so far).
-pub(crate) fn refuse_for_cluster(url: &str, material: &TlsMaterial) -> Result<()> {
-    if material.is_empty() {
+pub(crate) fn refuse_for_cluster(url: &str, options: &RedisOptions) -> Result<()> {
+    if !has_certificates(options) {
         return Ok(());
     }
     Err(config(format!(
@@ -190,12 +172,12 @@ mod tests {
             "rediss://u:secret@127.0.0.1:6390/0?protocol=resp3&tls_ca={}#insecure",
             ca.display().to_string().replace(' ', "%20")
         );
-        let (left, material) = split(&url, &RedisOptions::default()).unwrap();
+        let (left, options) = split(&url, RedisOptions::default()).unwrap();
         assert_eq!(
             left,
             "rediss://u:secret@127.0.0.1:6390/0?protocol=resp3#insecure"
         );
-        assert_eq!(material.root_pem.as_deref(), Some(&b"CA"[..]));
+        assert_eq!(options.tls_root_certificate.as_deref(), Some(&b"CA"[..]));
         let _ = std::fs::remove_dir_all(&dir);
     }
 
@@ -205,7 +187,7 @@ mod tests {
             "rediss://u:secret@h:1/?tls_ca=/nonexistent/ca.pem",
             "rediss://u:secret@h:1/?tls_cert=/etc/hostname",
         ] {
-            let err = match split(url, &RedisOptions::default()) {
+            let err = match split(url, RedisOptions::default()) {
                 Ok(_) => panic!("{url} was accepted"),
                 Err(e) => e,
             };
@@ -213,8 +195,8 @@ mod tests {
             assert!(!err.message().contains("secret"), "{}", err.message());
         }
         let with_ca = RedisOptions::default().tls_root_certificate(b"CA".to_vec());
-        let (url, material) = split("redis://h:1", &with_ca).unwrap();
-        let err = client(&url, &url, &material).map(drop).unwrap_err();
+        let (url, options) = split("redis://h:1", with_ca).unwrap();
+        let err = client(&url, &url, &options).map(drop).unwrap_err();
         assert!(err.message().contains("rediss://"), "{}", err.message());
     }
 

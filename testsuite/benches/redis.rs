@@ -24,14 +24,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use distributed_lock_core::{DistributedLock, LockHandle, LockProvider};
-use dlock_api::spi::AcquireRequest;
 use dlock_api::spi::{
     async_trait, AcquireChain, AcquireContext, AcquireResult, LockHandler, ReleaseChain,
     ReleaseContext, ReleaseResult, RenewEvent, Result as DResult,
 };
-use dlock_api::{DistributeLockManager, LockName, LockRemoteResource, OwnerId};
+use dlock_api::{DistributeLockManager, LockRemoteResource};
 use dlock_redis::RedisBackend;
-use testsuite::bench::{backend_selected, interleaved, is_bench, Contestant};
+use testsuite::bench::{
+    api_contestant, backend_selected, cycles, interleaved, is_bench, spi_contestant, Contestant,
+};
 
 const RELEASE_LUA: &str =
     "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end";
@@ -93,22 +94,6 @@ async fn dlr_provider(url: &str) -> distributed_lock_redis::RedisLockProvider {
         .unwrap()
 }
 
-/// A task body of the uncontended scenarios: runs `cycle` until `end`. The cycle
-/// takes its state (connection, key, …) and hands it back, so no borrow crosses an
-/// await of the task.
-async fn cycles<S, F, Fut>(mut state: S, end: Instant, mut cycle: F) -> u64
-where
-    F: FnMut(S) -> Fut,
-    Fut: Future<Output = S>,
-{
-    let mut n = 0;
-    while Instant::now() < end {
-        state = cycle(state).await;
-        n += 1;
-    }
-    n
-}
-
 /// Scenario A (tasks = 1) and B (tasks = 64): each task cycles its own lock; the
 /// implementations run in interleaved rounds against the same server.
 async fn uncontended(cfg: &Cfg, tasks: usize) -> Vec<(&'static str, f64)> {
@@ -155,32 +140,9 @@ async fn uncontended(cfg: &Cfg, tasks: usize) -> Vec<(&'static str, f64)> {
         }
     };
 
-    let user_api = {
-        let m = dlock_manager(&cfg.url).await;
-        let t = tag.clone();
-        move |i: usize, end: Instant| {
-            let lock = m.lock(&format!("{t}:dlock:{i}"));
-            cycles(lock, end, |lock| async move {
-                testsuite::bench::api_cycle(&lock).await;
-                lock
-            })
-        }
-    };
-
-    let backend_only = {
-        let backend: Arc<dyn LockRemoteResource> =
-            Arc::new(RedisBackend::connect(&cfg.url).await.unwrap());
-        let t = tag.clone();
-        move |i: usize, end: Instant| {
-            let name = LockName::new(format!("{t}:spi:{i}")).unwrap();
-            let owner = OwnerId::new(format!("{t}-owner-{i}"));
-            let state = (Arc::clone(&backend), AcquireRequest::new(name, owner));
-            cycles(state, end, |(backend, req)| async move {
-                testsuite::bench::spi_cycle(&*backend, &req).await;
-                (backend, req)
-            })
-        }
-    };
+    let manager = dlock_manager(&cfg.url).await;
+    let backend: Arc<dyn LockRemoteResource> =
+        Arc::new(RedisBackend::connect(&cfg.url).await.unwrap());
 
     let rslock = {
         let rl = Arc::new(rslock::LockManager::new(vec![cfg.url.clone()]));
@@ -218,8 +180,14 @@ async fn uncontended(cfg: &Cfg, tasks: usize) -> Vec<(&'static str, f64)> {
             tasks,
             scripted_floor,
         ),
-        Contestant::tasks("dlock (user API)", tasks, user_api),
-        Contestant::tasks("dlock (SPI, backend only)", tasks, backend_only),
+        api_contestant(tasks, manager, {
+            let t = tag.clone();
+            move |i| format!("{t}:dlock:{i}")
+        }),
+        spi_contestant(tasks, backend, {
+            let t = tag.clone();
+            move |i| format!("{t}:spi:{i}")
+        }),
         Contestant::tasks("rslock", tasks, rslock),
         Contestant::tasks("distributed-lock-redis", tasks, dlr),
     ];

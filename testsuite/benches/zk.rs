@@ -20,10 +20,11 @@ use std::process::{Child, ChildStdin, ChildStdout, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use dlock_api::spi::AcquireRequest;
-use dlock_api::{DistributeLockManager, LockName, LockRemoteResource, OwnerId};
+use dlock_api::{DistributeLockManager, LockRemoteResource};
 use dlock_zk::ZkBackend;
-use testsuite::bench::{backend_selected, interleaved, is_bench, Contestant};
+use testsuite::bench::{
+    api_contestant, backend_selected, cycles, interleaved, is_bench, spi_contestant, Contestant,
+};
 use zookeeper_client::{Acls, Client, CreateMode};
 
 /// The Java Curator benchmark server: rounds on request over stdin/stdout.
@@ -118,67 +119,35 @@ async fn scenario(
         move |i: usize, end: Instant| {
             let client = Arc::clone(&client);
             let prefix = format!("{}/lock-", parents[i]);
-            async move {
+            cycles((client, prefix), end, |(client, prefix)| async move {
                 let opts = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
-                let mut n = 0;
-                while Instant::now() < end {
-                    let (_, seq) = client.create(&prefix, b"", &opts).await.unwrap();
-                    client
-                        .delete(&format!("{prefix}{seq}"), None)
-                        .await
-                        .unwrap();
-                    n += 1;
-                }
-                n
-            }
+                let (_, seq) = client.create(&prefix, b"", &opts).await.unwrap();
+                client
+                    .delete(&format!("{prefix}{seq}"), None)
+                    .await
+                    .unwrap();
+                (client, prefix)
+            })
         }
     };
 
     let m = DistributeLockManager::builder(backend.clone())
         .build()
         .unwrap();
-    let user_api = {
-        let locks: Vec<_> = (0..tasks)
-            .map(|i| m.lock(&format!("{tag}-dlock-{i}")))
-            .collect();
-        move |i: usize, end: Instant| {
-            let lock = locks[i].clone();
-            async move {
-                let mut n = 0;
-                while Instant::now() < end {
-                    testsuite::bench::api_cycle(&lock).await;
-                    n += 1;
-                }
-                n
-            }
-        }
-    };
-
     let spi: Arc<dyn LockRemoteResource> = Arc::new(backend);
-    let backend_only = {
-        let tag = tag.clone();
-        move |i: usize, end: Instant| {
-            let spi = Arc::clone(&spi);
-            let name = LockName::new(format!("{tag}-spi-{i}")).unwrap();
-            let owner = OwnerId::new(format!("bench:{i}"));
-            async move {
-                let req = AcquireRequest::new(name, owner);
-                let mut n = 0;
-                while Instant::now() < end {
-                    testsuite::bench::spi_cycle(&*spi, &req).await;
-                    n += 1;
-                }
-                n
-            }
-        }
-    };
 
     let mut curator =
         with_curator.then(|| Curator::start(hosts, &format!("/dlock-test/{tag}-curator"), tasks));
     let mut contestants = vec![
         Contestant::tasks("floor (create ephemeral-sequential + delete)", tasks, floor),
-        Contestant::tasks("dlock (user API)", tasks, user_api),
-        Contestant::tasks("dlock (SPI, backend only)", tasks, backend_only),
+        api_contestant(tasks, m.clone(), {
+            let tag = tag.clone();
+            move |i| format!("{tag}-dlock-{i}")
+        }),
+        spi_contestant(tasks, spi, {
+            let tag = tag.clone();
+            move |i| format!("{tag}-spi-{i}")
+        }),
     ];
     if let Some(curator) = curator.as_mut() {
         contestants.push(Contestant::new(

@@ -78,9 +78,61 @@ impl<'a> Contestant<'a> {
     }
 }
 
+/// A task body: runs `cycle` until `end` and returns how many it ran. The cycle takes
+/// its state (connection, key, …) and hands it back, so no borrow crosses an await.
+pub async fn cycles<S, F, Fut>(mut state: S, end: Instant, mut cycle: F) -> u64
+where
+    F: FnMut(S) -> Fut,
+    Fut: Future<Output = S>,
+{
+    let mut n = 0;
+    while Instant::now() < end {
+        state = cycle(state).await;
+        n += 1;
+    }
+    n
+}
+
+/// "dlock (user API)": task `i` cycles `manager`'s lock `name(i)` ([`api_cycle`]).
+pub fn api_contestant<'a>(
+    tasks: usize,
+    manager: dlock_api::DistributeLockManager,
+    name: impl Fn(usize) -> String + 'a,
+) -> Contestant<'a> {
+    Contestant::tasks("dlock (user API)", tasks, move |i, end| {
+        cycles(manager.lock(&name(i)), end, |lock| async move {
+            api_cycle(&lock).await;
+            lock
+        })
+    })
+}
+
+/// "dlock (SPI, backend only)": task `i` cycles `name(i)` on `backend` directly
+/// ([`spi_cycle`]), as owner `bench:<i>`.
+pub fn spi_contestant<'a>(
+    tasks: usize,
+    backend: std::sync::Arc<dyn dlock_spi::LockRemoteResource>,
+    name: impl Fn(usize) -> String + 'a,
+) -> Contestant<'a> {
+    Contestant::tasks("dlock (SPI, backend only)", tasks, move |i, end| {
+        let req = dlock_spi::AcquireRequest::new(
+            dlock_spi::LockName::new(name(i)).expect("bench lock name"),
+            dlock_spi::OwnerId::new(format!("bench:{i}")),
+        );
+        cycles(
+            (std::sync::Arc::clone(&backend), req),
+            end,
+            |(backend, req)| async move {
+                spi_cycle(&*backend, &req).await;
+                (backend, req)
+            },
+        )
+    })
+}
+
 /// Whether `label` is wanted: `DLOCK_BENCH_IMPL=floor,SPI` keeps only implementations
 /// whose label contains one of the words (default: all).
-pub fn impl_selected(label: &str) -> bool {
+fn impl_selected(label: &str) -> bool {
     match std::env::var("DLOCK_BENCH_IMPL") {
         Ok(list) if !list.is_empty() => list.split(',').any(|w| label.contains(w)),
         _ => true,
@@ -88,7 +140,7 @@ pub fn impl_selected(label: &str) -> bool {
 }
 
 /// The middle value (the mean of the two middle ones for an even count).
-pub fn median(mut values: Vec<f64>) -> f64 {
+fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);
     match values.len() {
         0 => 0.0,

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use dlock_api::{DistributeLock, DistributeLockManager, ErrorKind, LockGuard};
 use dlock_redis::{RedisBackend, RedisOptions};
 use testsuite::backends::server_url;
-use testsuite::conformance::eventually;
+use testsuite::conformance::{eventually, take};
 use testsuite::proxy::{Fault, FaultProxy};
 use testsuite::runner::selected;
 
@@ -21,6 +21,15 @@ fn redis_url() -> Option<String> {
         eprintln!("redis is not selected in DLOCK_TEST_BACKENDS; nothing to check here");
     }
     url
+}
+
+/// A client: a backend on `url` with `options`, and a manager over it.
+async fn dlock_client(url: &str, options: RedisOptions) -> (RedisBackend, DistributeLockManager) {
+    let backend = RedisBackend::connect_with(url, options).await.unwrap();
+    let m = DistributeLockManager::builder(backend.clone())
+        .build()
+        .unwrap();
+    (backend, m)
 }
 
 fn name(tag: &str) -> String {
@@ -92,9 +101,7 @@ async fn a_dead_fair_waiter_is_skipped_once_its_liveness_lapses() {
         .query_async::<()>(&mut c)
         .await
         .unwrap();
-    let m = DistributeLockManager::builder(RedisBackend::connect(&url).await.unwrap())
-        .build()
-        .unwrap();
+    let (_, m) = dlock_client(&url, RedisOptions::default()).await;
     let start = Instant::now();
     let g = m
         .fair_lock(&lock)
@@ -149,19 +156,8 @@ async fn an_outage_is_typed_loses_on_time_and_notices_resume() {
     // A waiter on this (reconnected) backend is subscribed, so it does not poll: only
     // a release notice can wake it this soon (its re-check is 1 s away — a third of
     // the default 3 s liveness — and the holder's lease 30 s).
-    let direct = DistributeLockManager::builder(
-        RedisBackend::connect("redis://127.0.0.1:6379")
-            .await
-            .unwrap(),
-    )
-    .build()
-    .unwrap();
-    let holder = direct
-        .lock(&lock)
-        .try_lock(Duration::ZERO)
-        .await
-        .unwrap()
-        .unwrap();
+    let (_, direct) = dlock_client("redis://127.0.0.1:6379", RedisOptions::default()).await;
+    let holder = take(&direct.lock(&lock), Duration::ZERO).await;
     let woke = wake_after_release(holder, m.lock(&lock), &backend, Duration::ZERO).await;
     assert!(
         woke < Duration::from_millis(500),
@@ -174,20 +170,13 @@ async fn an_outage_is_typed_loses_on_time_and_notices_resume() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fencing_tokens_survive_the_counter_being_deleted() {
     let Some(url) = redis_url() else { return };
-    let m = DistributeLockManager::builder(RedisBackend::connect(&url).await.unwrap())
-        .build()
-        .unwrap();
-    let client = redis::Client::open(url.as_str()).unwrap();
-    let mut c = client.get_multiplexed_async_connection().await.unwrap();
+    let (_, m) = dlock_client(&url, RedisOptions::default()).await;
+    let raw = redis::Client::open(url.as_str()).unwrap();
+    let mut c = raw.get_multiplexed_async_connection().await.unwrap();
     let lock = name("fence-del");
     let mut last = 0;
     for round in 0..4 {
-        let g = m
-            .lock(&lock)
-            .try_lock(Duration::ZERO)
-            .await
-            .unwrap()
-            .unwrap();
+        let g = take(&m.lock(&lock), Duration::ZERO).await;
         let token = g.fencing_token().get();
         assert!(token > last, "token {token} after {last} in round {round}");
         last = token;
@@ -223,11 +212,7 @@ async fn wake_after_release(
 ) -> Duration {
     let before = waiter_side.acquire_attempts();
     let task = tokio::spawn(async move {
-        let g = waiter
-            .try_lock(Duration::from_secs(20))
-            .await
-            .unwrap()
-            .unwrap();
+        let g = take(&waiter, Duration::from_secs(20)).await;
         let at = Instant::now();
         g.unlock().await.unwrap();
         at
@@ -301,15 +286,9 @@ async fn release_notices_go_out_only_while_someone_waits() {
         }
     });
     assert_eq!(heard.recv().await.unwrap(), "subscribed");
-    let holder_side = RedisBackend::connect(&url).await.unwrap();
-    let m = DistributeLockManager::builder(holder_side).build().unwrap();
+    let (_, m) = dlock_client(&url, RedisOptions::default()).await;
     for _ in 0..20 {
-        let g = m
-            .lock(&lock)
-            .try_lock(Duration::ZERO)
-            .await
-            .unwrap()
-            .unwrap();
+        let g = take(&m.lock(&lock), Duration::ZERO).await;
         g.unlock().await.unwrap();
     }
     assert_eq!(
@@ -318,21 +297,9 @@ async fn release_notices_go_out_only_while_someone_waits() {
         "uncontended releases published notices"
     );
 
-    let waiter_side = RedisBackend::connect_with(
-        &url,
-        RedisOptions::default().waiter_liveness(Duration::from_secs(9)),
-    )
-    .await
-    .unwrap();
-    let m2 = DistributeLockManager::builder(waiter_side.clone())
-        .build()
-        .unwrap();
-    let holder = m
-        .lock(&lock)
-        .try_lock(Duration::ZERO)
-        .await
-        .unwrap()
-        .unwrap();
+    let liveness = RedisOptions::default().waiter_liveness(Duration::from_secs(9));
+    let (waiter_side, m2) = dlock_client(&url, liveness).await;
+    let holder = take(&m.lock(&lock), Duration::ZERO).await;
     // The scenario: the holder keeps the lock 2 s after the waiter parked.
     let woke =
         wake_after_release(holder, m2.lock(&lock), &waiter_side, Duration::from_secs(2)).await;
@@ -371,18 +338,10 @@ async fn notice_channels_linger_then_go() {
         }
     };
     let options = RedisOptions::default().subscription_linger(Duration::from_millis(600));
-    let m =
-        DistributeLockManager::builder(RedisBackend::connect_with(&url, options).await.unwrap())
-            .build()
-            .unwrap();
+    let (_, m) = dlock_client(&url, options).await;
     for _ in 0..3 {
         // A wait (deadline) registers on the channel before the first attempt.
-        let g = m
-            .lock(&lock)
-            .try_lock(Duration::from_secs(1))
-            .await
-            .unwrap()
-            .unwrap();
+        let g = take(&m.lock(&lock), Duration::from_secs(1)).await;
         g.unlock().await.unwrap();
         assert_eq!(
             subscribers(c.clone()).await,
@@ -412,33 +371,18 @@ async fn non_fair_waiters_are_woken_one_at_a_time_in_arrival_order() {
     let mut sides = Vec::new();
     let mut managers = Vec::new();
     for _ in 0..4 {
-        let backend = RedisBackend::connect_with(&url, options.clone())
-            .await
-            .unwrap();
-        managers.push(
-            DistributeLockManager::builder(backend.clone())
-                .build()
-                .unwrap(),
-        );
+        let (backend, m) = dlock_client(&url, options.clone()).await;
         sides.push(backend);
+        managers.push(m);
     }
-    let holder = managers[0]
-        .lock(&lock)
-        .try_lock(Duration::ZERO)
-        .await
-        .unwrap()
-        .unwrap();
+    let holder = take(&managers[0].lock(&lock), Duration::ZERO).await;
     let (order_tx, mut order) = tokio::sync::mpsc::unbounded_channel();
     let mut tasks = Vec::new();
     for i in 1..4 {
         let waiter = managers[i].lock(&lock);
         let tx = order_tx.clone();
         tasks.push(tokio::spawn(async move {
-            let g = waiter
-                .try_lock(Duration::from_secs(20))
-                .await
-                .unwrap()
-                .unwrap();
+            let g = take(&waiter, Duration::from_secs(20)).await;
             tx.send(i).unwrap();
             g.unlock().await.unwrap();
         }));
@@ -491,15 +435,8 @@ async fn tls_refuses_unknown_servers_and_missing_client_certificates() {
     };
 
     // The whole set works (and really is TLS: the server has no plain port).
-    let m = DistributeLockManager::builder(RedisBackend::connect(&url).await.unwrap())
-        .build()
-        .unwrap();
-    let g = m
-        .lock(&name("tls"))
-        .try_lock(Duration::ZERO)
-        .await
-        .unwrap()
-        .unwrap();
+    let (_, m) = dlock_client(&url, RedisOptions::default()).await;
+    let g = take(&m.lock(&name("tls")), Duration::ZERO).await;
     g.unlock().await.unwrap();
     m.close().await;
 
