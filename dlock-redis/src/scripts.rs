@@ -102,9 +102,14 @@ end
 const H_QUEUE: &str = r#"
 -- Queues owner o (mode m) for a release notice, keeping the place of an earlier
 -- arrival, and refreshes its liveness; the queue itself lapses if no waiter
--- refreshes it (all crashed).
+-- refreshes it (all crashed). A waiter refreshed less than a third of its liveness
+-- ago is left as it is: on a hot lock the head re-checks on every release, and those
+-- re-checks then rewrite (and replicate) no queue entry. Refreshes stay at most
+-- two thirds of the liveness apart, as queued waiters re-check every third.
 local function enqueue(queue, alive, modes, o, m, live)
   clock()
+  local live_until = tonumber(redis.call('ZSCORE', alive, o))
+  if live_until and live_until - now > live * 2 / 3 then return end
   redis.call('ZADD', queue, 'NX', string.format('%.0f', now_us), o)
   redis.call('ZADD', alive, now + live, o)
   redis.call('HSET', modes, o, m)

@@ -414,6 +414,100 @@ async fn non_fair_waiters_are_woken_one_at_a_time_in_arrival_order() {
     }
 }
 
+/// A queued waiter woken while the lock is still taken re-checks without rewriting
+/// its queue entry when it refreshed it less than a third of its liveness ago (a hot
+/// lock's head is woken on every release), and still refreshes it in time to stay
+/// live; it gets the lock once the holder leaves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_woken_waiter_rewrites_its_queue_entry_only_when_due() {
+    let Some(url) = redis_url() else { return };
+    let lock = name("refresh");
+    let alive_key = format!("dlock:{{{lock}}}:ql");
+    let channel = format!("dlock:{{{lock}}}:c");
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let mut raw = client.get_multiplexed_async_connection().await.unwrap();
+    let (_, holder_side) = dlock_client(&url, RedisOptions::default()).await;
+    let liveness = Duration::from_millis(1500);
+    let options = RedisOptions::default().waiter_liveness(liveness);
+    let (waiter_side, m) = dlock_client(&url, options).await;
+    let holder = take(&holder_side.lock(&lock), Duration::ZERO).await;
+    let waiter = m.lock(&lock);
+    let task =
+        tokio::spawn(async move { take(&waiter, Duration::from_secs(20)).await.unlock().await });
+
+    // The waiter's liveness deadline (server ms) and its owner, once it is queued.
+    let probe = raw.clone();
+    let queued = || {
+        let mut raw = probe.clone();
+        let alive_key = alive_key.clone();
+        async move {
+            let entry: Vec<(String, f64)> = redis::cmd("ZRANGE")
+                .arg(&alive_key)
+                .arg(0)
+                .arg(0)
+                .arg("WITHSCORES")
+                .query_async(&mut raw)
+                .await
+                .unwrap();
+            entry.into_iter().next()
+        }
+    };
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            queued().await.is_some()
+        })
+        .await
+    );
+    let (owner, deadline) = queued().await.unwrap();
+    assert_eq!(waiter_side.acquire_attempts(), 1);
+    // A notice naming the waiter, as a release would send: it re-checks at once. Its
+    // failed re-check sets the writer mark again (in the same script), which tells
+    // when that script has run.
+    let mark = format!("dlock:{{{lock}}}:ww");
+    let _: i64 = redis::cmd("DEL")
+        .arg(&mark)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let _: i64 = redis::cmd("PUBLISH")
+        .arg(&channel)
+        .arg(format!("o:{owner}"))
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert!(
+        eventually(Duration::from_secs(2), || async {
+            let mut raw = raw.clone();
+            let n: i64 = redis::cmd("EXISTS")
+                .arg(&mark)
+                .query_async(&mut raw)
+                .await
+                .unwrap();
+            n == 1
+        })
+        .await,
+        "the named waiter did not re-check"
+    );
+    assert_eq!(waiter_side.acquire_attempts(), 2);
+    let (_, after) = queued().await.unwrap();
+    assert_eq!(
+        after, deadline,
+        "a fresh entry was rewritten by the re-check"
+    );
+    // Its own re-checks (every third of the liveness) keep it live.
+    assert!(
+        eventually(Duration::from_secs(3), || async {
+            queued().await.is_some_and(|(_, d)| d > deadline)
+        })
+        .await,
+        "the waiter's liveness was never refreshed"
+    );
+    holder.unlock().await.unwrap();
+    task.await.unwrap().unwrap();
+    holder_side.close().await;
+    m.close().await;
+}
+
 /// TLS (`rediss://`, the suite's TLS-only server on 127.0.0.1:6390 that requires a
 /// client certificate; the conformance suite runs over it as `redis-tls`): a server
 /// certificate from an unknown CA, or a missing client certificate, is refused with
