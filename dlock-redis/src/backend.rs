@@ -351,20 +351,20 @@ impl RedisBackend {
             (true, _, true) => Waiting::ForNotice,
         };
         if req.mode == LockMode::Exclusive && req.fairness == Fairness::NonFair {
-            // The hot path: a lean script that declares only the keys it can touch
-            // (a caller that will not wait never touches the queue or the mark).
-            let declared = if waiting == Waiting::No {
-                &ACQUIRE_EXCLUSIVE_KEYS[..2]
-            } else {
-                &ACQUIRE_EXCLUSIVE_KEYS[..]
-            };
+            // The hot path: a lean script; a caller that will not wait declares only
+            // the two keys it can touch and sends only its value and lease.
+            let script = &self.inner.scripts.acquire_exclusive;
+            if waiting == Waiting::No {
+                let mut inv = keys.invocation(script, &ACQUIRE_EXCLUSIVE_KEYS[..2]);
+                inv.arg(value).arg(ms(req.lease));
+                return self.run_acquire(&inv).await;
+            }
             // A waiting writer's mark outlives a polling waiter's longest sleep.
             let mark = o.polling.map_or(Duration::from_secs(1), |b| {
                 (b.delay(u32::MAX) * 4).max(Duration::from_secs(1))
             });
-            let mut inv = keys.invocation(&self.inner.scripts.acquire_exclusive, declared);
+            let mut inv = keys.invocation(script, &ACQUIRE_EXCLUSIVE_KEYS);
             inv.arg(value)
-                .arg(owner.len())
                 .arg(ms(req.lease))
                 .arg(waiting.arg())
                 .arg(ms(o.waiter_liveness))

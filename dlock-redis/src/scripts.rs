@@ -141,18 +141,19 @@ end
 
 /// Non-fair exclusive acquire. KEYS: exclusive, fence, and — unless waiting is 0,
 /// when they are not declared — queue, queue liveness, queue modes, writer mark.
-/// ARGV: holder value (`<owner length>|<owner><context>`), length of its owner part,
-/// lease ms, waiting (0 no, 1 yes, 2 yes and queue for a notice, 3 already queued),
-/// liveness ms, writer mark ms. Returns {1, token} or {0, ms left, queued}.
+/// ARGV: holder value (`<owner length>|<owner><context>`), lease ms, and — unless
+/// waiting is 0, when they are not sent — waiting (1 yes, 2 yes and queue for a
+/// notice, 3 already queued), liveness ms, writer mark ms. Returns {1, token} or
+/// {0, ms left, queued}.
 ///
 /// A free lock is granted in two server calls (`SET NX PX`, `INCR`), like the raw
 /// floor plus the fencing counter, and returns before the helpers of
 /// [`ACQUIRE_EXCLUSIVE_TAIL`] are even created.
 const ACQUIRE_EXCLUSIVE: &str = r#"
 local x, fence = KEYS[1], KEYS[2]
-local n, waiting = tonumber(ARGV[2]), ARGV[4]
+local waiting = ARGV[3] or '0'
 local tok
-if redis.call('SET', x, ARGV[1], 'NX', 'PX', ARGV[3]) then
+if redis.call('SET', x, ARGV[1], 'NX', 'PX', ARGV[2]) then
   tok = redis.call('INCR', fence)
   if tok > 1 and waiting ~= '3' then return {1, tok} end
 end
@@ -160,7 +161,10 @@ end
 /// The non-fair exclusive acquire's tail, after its helpers: a new counter, a queued
 /// waiter's grant, reentry, or a refusal.
 const ACQUIRE_EXCLUSIVE_TAIL: &str = r#"
-local owner = string.sub(ARGV[1], n - tonumber(string.match(ARGV[1], '^(%d+)|')) + 1, n)
+local olen = string.match(ARGV[1], '^(%d+)|')
+-- n: the length of the owner part, "<olen>|<owner>".
+local n = #olen + 1 + tonumber(olen)
+local owner = string.sub(ARGV[1], #olen + 2, n)
 if tok == 1 then
   tok = seed(fence)
 elseif not tok then
@@ -169,16 +173,16 @@ elseif not tok then
     local queued = 0
     if waiting ~= '0' then
       -- New readers stand back for a waiting writer.
-      redis.call('SET', KEYS[6], '1', 'PX', ARGV[6])
+      redis.call('SET', KEYS[6], '1', 'PX', ARGV[5])
     end
     if waiting == '2' or waiting == '3' then
-      enqueue(KEYS[3], KEYS[4], KEYS[5], owner, 'x', tonumber(ARGV[5]))
+      enqueue(KEYS[3], KEYS[4], KEYS[5], owner, 'x', tonumber(ARGV[4]))
       queued = 1
     end
     return {0, time_left(x), queued}
   end
   -- The current owner asking again is idempotent (same token).
-  redis.call('PEXPIRE', x, ARGV[3])
+  redis.call('PEXPIRE', x, ARGV[2])
   tok = holder_token(fence)
 end
 if waiting == '3' then dequeue(KEYS[3], KEYS[4], KEYS[5], owner) end

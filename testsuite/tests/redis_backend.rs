@@ -5,7 +5,10 @@
 
 use std::time::{Duration, Instant};
 
-use dlock_api::{DistributeLock, DistributeLockManager, ErrorKind, LockGuard};
+use dlock_api::spi::{
+    AcquireRequest, LockName, LockRemoteResource, OwnerId, ReleaseRequest, ReleaseResult,
+};
+use dlock_api::{DistributeLock, DistributeLockManager, ErrorKind, LockGuard, LockMode};
 use dlock_redis::{RedisBackend, RedisOptions};
 use testsuite::backends::server_url;
 use testsuite::conformance::{eventually, take};
@@ -506,6 +509,44 @@ async fn a_woken_waiter_rewrites_its_queue_entry_only_when_due() {
     task.await.unwrap().unwrap();
     holder_side.close().await;
     m.close().await;
+}
+
+/// An owner that asks again (a retry whose first reply was lost) gets the lock it
+/// holds with the same token, whether or not it would wait, and the lease renewed;
+/// another owner — even one whose name the first owner's starts with — is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_holder_asking_again_gets_the_same_token() {
+    let Some(url) = redis_url() else { return };
+    let backend = RedisBackend::connect(&url).await.unwrap();
+    let lock = LockName::new(name("again")).unwrap();
+    let ask = |owner: &str, wait: bool| {
+        AcquireRequest::new(lock.clone(), OwnerId::new(owner))
+            .with_lease(Duration::from_secs(5))
+            .with_context(dlock_api::spi::Bytes::from_static(b"ctx|1"))
+            .with_deadline(wait.then(|| Instant::now() + Duration::from_millis(200)))
+    };
+    let first = backend.try_acquire(&ask("owner-12", false)).await.unwrap();
+    let token = first.token().expect("granted");
+    for wait in [false, true] {
+        let again = backend.try_acquire(&ask("owner-12", wait)).await.unwrap();
+        assert_eq!(again.token(), Some(token), "wait {wait}: {again:?}");
+    }
+    for other in ["owner-1", "owner-13", "owner-123", "owner-12x"] {
+        let refused = backend.try_acquire(&ask(other, false)).await.unwrap();
+        assert!(!refused.is_acquired(), "{other} got the lock: {refused:?}");
+    }
+    let release = ReleaseRequest::new(
+        lock.clone(),
+        OwnerId::new("owner-12"),
+        LockMode::Exclusive,
+        token,
+    );
+    assert_eq!(
+        backend.release(&release).await.unwrap(),
+        ReleaseResult::Released
+    );
+    let next = backend.try_acquire(&ask("owner-1", false)).await.unwrap();
+    assert!(next.token().is_some_and(|t| t > token), "{next:?}");
 }
 
 /// TLS (`rediss://`, the suite's TLS-only server on 127.0.0.1:6390 that requires a
