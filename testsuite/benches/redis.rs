@@ -6,19 +6,22 @@
 //! lock (cycles/s, per-client min and max, longest single wait, timeouts); 10 000
 //! locks held by one manager while its watchdog renews them (process CPU).
 //!
-//! The uncontended scenarios run the implementations in interleaved, rotating rounds
-//! and report each one's median round (see `testsuite::bench::interleaved`): on this
-//! 2-core VM a loopback round trip sometimes takes half as long for a second or so,
-//! and a total would let such rounds decide the comparison.
+//! Every scenario but the last runs the implementations in interleaved, rotating
+//! rounds and reports each one's median round (see `testsuite::bench::interleaved`):
+//! on this 2-core VM a loopback round trip sometimes takes half as long for a second
+//! or so, and a total — or one implementation after another — would let such spells
+//! decide the comparison.
 //!
 //! Run: `cargo bench -p testsuite --bench redis` (DLOCK_REDIS_URL, default
 //! redis://127.0.0.1:6379; DLOCK_BENCH_SECS per implementation and scenario, default
-//! 8, split into 24 rounds for the uncontended ones; DLOCK_BENCH_ONLY=one,many,
+//! 8, split into 24 rounds for the uncontended ones and 6 for the contended one;
+//! DLOCK_BENCH_ONLY=one,many,
 //! contended,held picks scenarios, DLOCK_BENCH_IMPL=floor,dlock implementations).
 //! Under `cargo test` it runs a short smoke pass.
 #![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -31,7 +34,8 @@ use dlock_api::spi::{
 use dlock_api::{DistributeLockManager, LockRemoteResource};
 use dlock_redis::RedisBackend;
 use testsuite::bench::{
-    api_contestant, backend_selected, cycles, interleaved, is_bench, spi_contestant, Contestant,
+    api_contestant, backend_selected, cycles, impl_selected, interleaved, is_bench, spi_contestant,
+    Contestant,
 };
 
 const RELEASE_LUA: &str =
@@ -39,7 +43,7 @@ const RELEASE_LUA: &str =
 
 struct Cfg {
     url: String,
-    /// Per implementation and scenario (split into `rounds` for the uncontended ones).
+    /// Per implementation and scenario (split into rounds).
     secs: Duration,
     rounds: u32,
     smoke: bool,
@@ -197,13 +201,17 @@ async fn uncontended(cfg: &Cfg, tasks: usize) -> Vec<(&'static str, f64)> {
 #[derive(Default, Debug, Clone, Copy)]
 struct Client {
     cycles: u64,
+    /// Cycles that ended within the round's time (the rate counts only these, so a
+    /// round's stragglers — waiters still waiting when time is up — do not stretch it).
+    in_time: u64,
     longest_wait: Duration,
     timeouts: u64,
 }
 
 struct Contended {
     name: &'static str,
-    total_rate: f64,
+    /// The median round's cycles/s.
+    rate: f64,
     min: u64,
     max: u64,
     longest_wait: Duration,
@@ -213,40 +221,36 @@ struct Contended {
 const CLIENTS: usize = 8;
 const MAX_WAIT: Duration = Duration::from_secs(5);
 const HOLD: Duration = Duration::from_millis(1);
+/// Rounds per implementation in the contended scenario (each `secs / ROUNDS`).
+const CONTENDED_ROUNDS: u32 = 6;
 
-fn summarize(name: &'static str, clients: Vec<Client>, elapsed: Duration) -> Contended {
-    Contended {
-        name,
-        total_rate: rate(clients.iter().map(|c| c.cycles).sum(), elapsed),
-        min: clients.iter().map(|c| c.cycles).min().unwrap_or(0),
-        max: clients.iter().map(|c| c.cycles).max().unwrap_or(0),
-        longest_wait: clients
-            .iter()
-            .map(|c| c.longest_wait)
-            .max()
-            .unwrap_or_default(),
-        timeouts: clients.iter().map(|c| c.timeouts).sum(),
-    }
+/// One client's loop body: acquires (waiting up to MAX_WAIT), holds HOLD, releases;
+/// false on a timeout.
+type Cycle = Box<dyn FnMut() -> Pin<Box<dyn Future<Output = bool> + Send>> + Send>;
+
+/// An implementation in the contended scenario: `CLIENTS` separate clients on one lock.
+struct ContendedImpl {
+    name: &'static str,
+    /// Client `i`'s cycle (the clients persist across rounds).
+    cycle: Box<dyn Fn(usize) -> Cycle>,
+    clients: Vec<Client>,
+    rates: Vec<f64>,
 }
 
-/// Runs `CLIENTS` separate clients; `cycle` acquires (waiting up to MAX_WAIT), holds
-/// HOLD, releases, and returns false on a timeout.
-async fn contend<F, Fut>(secs: Duration, make: impl Fn(usize) -> F) -> (Vec<Client>, Duration)
-where
-    F: FnMut() -> Fut + Send + 'static,
-    Fut: Future<Output = bool> + Send,
-{
+/// Runs the clients of `imp` for `secs`, adding their counts to its totals.
+async fn contend_round(imp: &mut ContendedImpl, secs: Duration) {
     let start = Instant::now();
     let end = start + secs;
     let handles: Vec<_> = (0..CLIENTS)
         .map(|i| {
-            let mut cycle = make(i);
+            let mut cycle = (imp.cycle)(i);
             tokio::spawn(async move {
                 let mut c = Client::default();
                 while Instant::now() < end {
                     let t = Instant::now();
                     if cycle().await {
                         c.cycles += 1;
+                        c.in_time += u64::from(Instant::now() <= end);
                         c.longest_wait = c.longest_wait.max(t.elapsed().saturating_sub(HOLD));
                     } else {
                         c.timeouts += 1;
@@ -256,61 +260,84 @@ where
             })
         })
         .collect();
-    let mut clients = Vec::new();
-    for h in handles {
-        clients.push(h.await.unwrap());
+    let mut in_time = 0;
+    for (i, h) in handles.into_iter().enumerate() {
+        let c = h.await.unwrap();
+        in_time += c.in_time;
+        let total = &mut imp.clients[i];
+        total.cycles += c.cycles;
+        total.longest_wait = total.longest_wait.max(c.longest_wait);
+        total.timeouts += c.timeouts;
     }
-    (clients, start.elapsed())
+    imp.rates.push(rate(in_time, secs));
 }
 
+fn contended_impl(name: &'static str, cycle: impl Fn(usize) -> Cycle + 'static) -> ContendedImpl {
+    ContendedImpl {
+        name,
+        cycle: Box::new(cycle),
+        clients: vec![Client::default(); CLIENTS],
+        rates: Vec::new(),
+    }
+}
+
+fn contended_rounds(cfg: &Cfg) -> u32 {
+    if cfg.smoke {
+        1
+    } else {
+        CONTENDED_ROUNDS
+    }
+}
+
+/// The four implementations run in rotating interleaved rounds (as the uncontended
+/// scenarios do), so a slow spell of the VM does not fall on one of them; each keeps
+/// its clients and lock across rounds.
 async fn contended(cfg: &Cfg) -> Vec<Contended> {
     let tag = format!("bench{:x}", fastrand::u32(..));
-    let mut out = Vec::new();
+    let mut imps = Vec::new();
     for fair in [false, true] {
-        let mut managers = Vec::new();
-        for _ in 0..CLIENTS {
-            managers.push(dlock_manager(&cfg.url).await);
-        }
+        let mut locks = Vec::new();
         let name = format!("{tag}:dlock:{fair}");
-        let (clients, d) = contend(cfg.secs, |i| {
-            let lock = if fair {
-                managers[i].fair_lock(&name)
+        for _ in 0..CLIENTS {
+            let m = dlock_manager(&cfg.url).await;
+            locks.push(if fair {
+                m.fair_lock(&name)
             } else {
-                managers[i].lock(&name)
-            };
-            move || {
-                let lock = lock.clone();
-                async move {
-                    match lock.try_lock(MAX_WAIT).await.unwrap() {
-                        Some(g) => {
-                            tokio::time::sleep(HOLD).await;
-                            g.unlock().await.unwrap();
-                            true
-                        }
-                        None => false,
-                    }
-                }
-            }
-        })
-        .await;
-        out.push(summarize(
+                m.lock(&name)
+            });
+        }
+        imps.push(contended_impl(
             if fair { "dlock fair" } else { "dlock non-fair" },
-            clients,
-            d,
+            move |i| {
+                let lock = locks[i].clone();
+                Box::new(move || {
+                    let lock = lock.clone();
+                    Box::pin(async move {
+                        match lock.try_lock(MAX_WAIT).await.unwrap() {
+                            Some(g) => {
+                                tokio::time::sleep(HOLD).await;
+                                g.unlock().await.unwrap();
+                                true
+                            }
+                            None => false,
+                        }
+                    })
+                })
+            },
         ));
     }
 
-    let name = format!("{tag}:rslock");
+    let name = Arc::new(format!("{tag}:rslock"));
     let managers: Vec<_> = (0..CLIENTS)
         .map(|_| Arc::new(rslock::LockManager::new(vec![cfg.url.clone()])))
         .collect();
-    let (clients, d) = contend(cfg.secs, |i| {
+    imps.push(contended_impl("rslock", move |i| {
         let rl = Arc::clone(&managers[i]);
-        let name = name.clone();
-        move || {
+        let name = Arc::clone(&name);
+        Box::new(move || {
             let rl = Arc::clone(&rl);
-            let name = name.clone();
-            async move {
+            let name = Arc::clone(&name);
+            Box::pin(async move {
                 // rslock retries internally (3 × 200 ms); keep asking until MAX_WAIT.
                 let until = Instant::now() + MAX_WAIT;
                 while Instant::now() < until {
@@ -321,22 +348,20 @@ async fn contended(cfg: &Cfg) -> Vec<Contended> {
                     }
                 }
                 false
-            }
-        }
-    })
-    .await;
-    out.push(summarize("rslock", clients, d));
+            })
+        })
+    }));
 
-    let mut providers = Vec::new();
-    for _ in 0..CLIENTS {
-        providers.push(Arc::new(dlr_provider(&cfg.url).await));
-    }
+    let mut locks = Vec::new();
     let name = format!("{tag}:dlr");
-    let (clients, d) = contend(cfg.secs, |i| {
-        let lock = Arc::new(providers[i].create_lock(&name));
-        move || {
+    for _ in 0..CLIENTS {
+        locks.push(Arc::new(dlr_provider(&cfg.url).await.create_lock(&name)));
+    }
+    imps.push(contended_impl("distributed-lock-redis", move |i| {
+        let lock = Arc::clone(&locks[i]);
+        Box::new(move || {
             let lock = Arc::clone(&lock);
-            async move {
+            Box::pin(async move {
                 match lock.acquire(Some(MAX_WAIT)).await {
                     Ok(h) => {
                         tokio::time::sleep(HOLD).await;
@@ -345,12 +370,38 @@ async fn contended(cfg: &Cfg) -> Vec<Contended> {
                     }
                     Err(_) => false,
                 }
-            }
+            })
+        })
+    }));
+
+    imps.retain(|imp| impl_selected(imp.name));
+    let rounds = contended_rounds(cfg);
+    let n = imps.len();
+    for round in 0..rounds as usize {
+        for k in 0..n {
+            let imp = &mut imps[(k + round) % n];
+            contend_round(imp, cfg.secs / rounds).await;
         }
-    })
-    .await;
-    out.push(summarize("distributed-lock-redis", clients, d));
-    out
+    }
+    imps.into_iter()
+        .map(|imp| {
+            let mut rates = imp.rates;
+            rates.sort_by(f64::total_cmp);
+            Contended {
+                name: imp.name,
+                rate: rates.get(rates.len() / 2).copied().unwrap_or(0.0),
+                min: imp.clients.iter().map(|c| c.cycles).min().unwrap_or(0),
+                max: imp.clients.iter().map(|c| c.cycles).max().unwrap_or(0),
+                longest_wait: imp
+                    .clients
+                    .iter()
+                    .map(|c| c.longest_wait)
+                    .max()
+                    .unwrap_or_default(),
+                timeouts: imp.clients.iter().map(|c| c.timeouts).sum(),
+            }
+        })
+        .collect()
 }
 
 /// Counts renewals.
@@ -485,13 +536,14 @@ fn main() {
         if want("contended") {
         let rows = contended(&cfg).await;
         println!(
-            "\n**{CLIENTS} clients on one lock** (hold {HOLD:?}, wait ≤ {MAX_WAIT:?})\n\n| implementation | cycles/s | per-client min | per-client max | max/min | longest wait | timeouts |\n|---|---|---|---|---|---|---|"
+            "\n**{CLIENTS} clients on one lock** (hold {HOLD:?}, wait ≤ {MAX_WAIT:?}; cycles/s of the median of {} rounds, the rest over all rounds)\n\n| implementation | cycles/s | per-client min | per-client max | max/min | longest wait | timeouts |\n|---|---|---|---|---|---|---|",
+            contended_rounds(&cfg)
         );
         for c in rows {
             println!(
                 "| {} | {:.0} | {} | {} | {:.2} | {:.0} ms | {} |",
                 c.name,
-                c.total_rate,
+                c.rate,
                 c.min,
                 c.max,
                 c.max as f64 / c.min.max(1) as f64,
