@@ -2,7 +2,8 @@
 //! compare-and-delete on one connection) and against the peers rslock and
 //! distributed-lock-redis.
 //!
-//! Scenarios: 1 task uncontended; 64 tasks on 64 locks; 8 separate clients on one
+//! Scenarios: 1 task uncontended; 64 tasks on 64 locks; 1 task's time per acquire
+//! and per release (where a cycle's time goes); 8 separate clients on one
 //! lock (cycles/s, per-client min and max, longest single wait, timeouts); 10 000
 //! locks held by one manager while its watchdog renews them (process CPU).
 //!
@@ -15,7 +16,7 @@
 //! Run: `cargo bench -p testsuite --bench redis` (DLOCK_REDIS_URL, default
 //! redis://127.0.0.1:6379; DLOCK_BENCH_SECS per implementation and scenario, default
 //! 8, split into 24 rounds for the uncontended ones and 6 for the contended one;
-//! DLOCK_BENCH_ONLY=one,many,
+//! DLOCK_BENCH_ONLY=one,many,latency,
 //! contended,held picks scenarios, DLOCK_BENCH_IMPL=floor,dlock implementations).
 //! Under `cargo test` it runs a short smoke pass.
 #![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
@@ -404,6 +405,122 @@ async fn contended(cfg: &Cfg) -> Vec<Contended> {
         .collect()
 }
 
+/// The latency scenario's implementations, one task, cycle after cycle.
+const LATENCY_IMPLS: [&str; 5] = [
+    "floor (SET NX PX / EVAL GET+DEL)",
+    "floor with a scripted acquire (EVALSHA: SET NX PX)",
+    "fenced floor (EVALSHA: SET NX PX, INCR)",
+    "dlock (SPI, backend only)",
+    "dlock (user API)",
+];
+
+/// One task: the median and 90th percentile time of each acquire and each release,
+/// per implementation, in interleaved rounds. It shows where a cycle's time goes:
+/// the script call itself, the fencing counter, and dlock's own client-side work.
+async fn latency(cfg: &Cfg) -> Vec<(&'static str, [Duration; 4])> {
+    let tag = format!("bench{:x}", fastrand::u32(..));
+    let mut conn = floor_conn(&cfg.url).await;
+    let set = redis::Script::new("return redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', 30000)");
+    let fenced = redis::Script::new(
+        "if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', 30000) then return redis.call('INCR', KEYS[2]) end return 0",
+    );
+    let backend = RedisBackend::connect(&cfg.url).await.unwrap();
+    let manager = dlock_manager(&cfg.url).await;
+    let lock = manager.lock(&format!("{tag}:api"));
+    let spi_req = dlock_api::spi::AcquireRequest::new(
+        dlock_api::spi::LockName::new(format!("{tag}:spi")).unwrap(),
+        dlock_api::spi::OwnerId::new("bench:latency"),
+    );
+    let spi_release = dlock_api::spi::ReleaseRequest::new(
+        spi_req.name.clone(),
+        spi_req.owner.clone(),
+        dlock_api::LockMode::Exclusive,
+        dlock_api::spi::FencingToken::new(0),
+    );
+    let key = format!("{tag}:floor");
+    let fenced_keys = [format!("{tag}:{{f}}"), format!("{tag}:{{f}}:c")];
+    let (rounds, per_round) = if cfg.smoke { (1, 20) } else { (10, 500) };
+    let n = LATENCY_IMPLS.len();
+    let mut acquires: Vec<Vec<Duration>> = vec![Vec::new(); n];
+    let mut releases: Vec<Vec<Duration>> = vec![Vec::new(); n];
+    for round in 0..rounds {
+        for k in 0..n {
+            let imp = (k + round) % n;
+            for _ in 0..per_round {
+                let t0 = Instant::now();
+                let t1;
+                match imp {
+                    0..=2 => {
+                        let key = if imp == 2 { &fenced_keys[0] } else { &key };
+                        let granted = match imp {
+                            0 => redis::cmd("SET")
+                                .arg(key)
+                                .arg("owner")
+                                .arg("NX")
+                                .arg("PX")
+                                .arg(30_000)
+                                .query_async::<Option<String>>(&mut conn)
+                                .await
+                                .unwrap()
+                                .is_some(),
+                            1 => set
+                                .key(key)
+                                .arg("owner")
+                                .invoke_async::<Option<String>>(&mut conn)
+                                .await
+                                .unwrap()
+                                .is_some(),
+                            _ => {
+                                fenced
+                                    .key(key)
+                                    .key(&fenced_keys[1])
+                                    .arg("owner")
+                                    .invoke_async::<i64>(&mut conn)
+                                    .await
+                                    .unwrap()
+                                    > 0
+                            }
+                        };
+                        assert!(granted);
+                        t1 = Instant::now();
+                        let _: i64 = redis::cmd("EVAL")
+                            .arg(RELEASE_LUA)
+                            .arg(1)
+                            .arg(key)
+                            .arg("owner")
+                            .query_async(&mut conn)
+                            .await
+                            .unwrap();
+                    }
+                    3 => {
+                        assert!(backend.try_acquire(&spi_req).await.unwrap().is_acquired());
+                        t1 = Instant::now();
+                        backend.release(&spi_release).await.unwrap();
+                    }
+                    _ => {
+                        let g = lock.try_lock(Duration::ZERO).await.unwrap().unwrap();
+                        t1 = Instant::now();
+                        g.unlock().await.unwrap();
+                    }
+                }
+                acquires[imp].push(t1 - t0);
+                releases[imp].push(t1.elapsed());
+            }
+        }
+    }
+    let pct = |v: &mut Vec<Duration>, p: usize| {
+        v.sort();
+        v[(v.len() * p / 100).min(v.len() - 1)]
+    };
+    let mut out = Vec::new();
+    for (imp, name) in LATENCY_IMPLS.iter().enumerate() {
+        let (a, r) = (&mut acquires[imp], &mut releases[imp]);
+        out.push((*name, [pct(a, 50), pct(a, 90), pct(r, 50), pct(r, 90)]));
+    }
+    manager.close().await;
+    out
+}
+
 /// Counts renewals.
 #[derive(Default)]
 struct RenewCounter(AtomicU64);
@@ -531,6 +648,17 @@ fn main() {
             println!("\n**{title}** (acquire+release cycles/s)\n\n| implementation | cycles/s | × floor |\n|---|---|---|");
             for (name, r) in rows {
                 println!("| {name} | {r:.0} | {:.2} |", r / floor);
+            }
+        }
+        if want("latency") {
+            println!("
+**1 task, time per call** (median / 90th percentile, µs)
+
+| implementation | acquire p50 | p90 | release p50 | p90 |
+|---|---|---|---|---|");
+            for (name, [a50, a90, r50, r90]) in latency(&cfg).await {
+                let us = |d: Duration| d.as_secs_f64() * 1e6;
+                println!("| {name} | {:.1} | {:.1} | {:.1} | {:.1} |", us(a50), us(a90), us(r50), us(r90));
             }
         }
         if want("contended") {
