@@ -18,6 +18,8 @@ pub const SUPPORTED: &[&str] = &[
     "redis://",
     #[cfg(feature = "redis")]
     "redis+cluster://",
+    #[cfg(feature = "redis")]
+    "rediss+cluster://",
     #[cfg(feature = "zk")]
     "zk://",
 ];
@@ -31,7 +33,7 @@ pub const SUPPORTED: &[&str] = &[
 /// | `mysql://…`, `mariadb://…` | MariaDB / MySQL via `dlock-jdbc` | `mysql` |
 /// | `postgres://…`, `postgresql://…` | PostgreSQL via `dlock-jdbc` | `postgres` |
 /// | `redis://…`, `rediss://…` | Redis via `dlock-redis` | `redis` |
-/// | `redis+cluster://h1:p1,h2:p2,…` | Redis Cluster via `dlock-redis` | `redis` |
+/// | `redis+cluster://h1:p1,h2:p2,…`, `rediss+cluster://…` | Redis Cluster via `dlock-redis` (`rediss`: TLS, feature `redis-tls`) | `redis` |
 /// | `zk://h1:p1,h2:p2/root`, `zookeeper://…` | ZooKeeper via `dlock-zk` | `zk` |
 ///
 /// Unknown schemes, and schemes whose feature is not enabled, fail with
@@ -55,7 +57,7 @@ pub async fn open_backend(url: &str) -> Result<Arc<dyn LockRemoteResource>> {
         #[cfg(feature = "postgres")]
         "postgres" | "postgresql" => Ok(Arc::new(dlock_jdbc::JdbcBackend::connect(url).await?)),
         #[cfg(feature = "redis")]
-        "redis" | "rediss" | "redis+cluster" => Ok(Arc::new(dlock_redis::RedisBackend::connect(url).await?)),
+        "redis" | "rediss" | "redis+cluster" | "rediss+cluster" => Ok(Arc::new(dlock_redis::RedisBackend::connect(url).await?)),
         #[cfg(feature = "zk")]
         "zk" | "zookeeper" => Ok(Arc::new(dlock_zk::ZkBackend::connect(url).await?)),
         other => Err(Error::new(

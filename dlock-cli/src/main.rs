@@ -20,7 +20,7 @@ use crate::exit::Failure;
 #[derive(Parser, Debug)]
 #[command(name = "dlock", version, about)]
 struct Cli {
-    /// Backend URL: sqlite://FILE, mysql://USER@HOST/DB, postgres://USER@HOST/DB, redis://HOST:6379, redis+cluster://H1,H2, zk://H1:2181,H2:2181/ROOT, memory://
+    /// Backend URL: sqlite://FILE, mysql://USER@HOST/DB, postgres://USER@HOST/DB, redis://HOST:6379, redis+cluster://H1,H2 (rediss://, rediss+cluster:// for TLS), zk://H1:2181,H2:2181/ROOT, memory://
     #[arg(
         long,
         env = "DLOCK_URL",

@@ -137,8 +137,17 @@ impl Drop for QueueSlot {
     }
 }
 
+/// The Cluster URL schemes: plain, and TLS.
+const CLUSTER: &str = "redis+cluster://";
+const CLUSTER_TLS: &str = "rediss+cluster://";
+
+/// The node URLs of a Cluster URL (`redis://` or, for `rediss+cluster://`,
+/// `rediss://` each).
 fn parse_cluster_url(url: &str) -> Result<Vec<String>> {
-    let rest = &url["redis+cluster://".len()..];
+    let (rest, scheme) = match url.strip_prefix(CLUSTER_TLS) {
+        Some(rest) => (rest, "rediss"),
+        None => (url.strip_prefix(CLUSTER).unwrap_or(url), "redis"),
+    };
     let (userinfo, hosts) = match rest.rfind('@') {
         Some(at) => (Some(&rest[..at]), &rest[at + 1..]),
         None => (None, rest),
@@ -148,8 +157,8 @@ fn parse_cluster_url(url: &str) -> Result<Vec<String>> {
         .split(',')
         .filter(|h| !h.is_empty())
         .map(|h| match userinfo {
-            Some(u) => format!("redis://{u}@{h}"),
-            None => format!("redis://{h}"),
+            Some(u) => format!("{scheme}://{u}@{h}"),
+            None => format!("{scheme}://{h}"),
         })
         .collect();
     if nodes.is_empty() {
@@ -189,8 +198,9 @@ fn ms(d: Duration) -> u64 {
 
 impl RedisBackend {
     /// Connects with default options. URLs: `redis://[user:pass@]host:port[/db]`,
-    /// `rediss://…[?tls_ca=<pem>&tls_cert=<pem>&tls_key=<pem>]` (TLS, feature `tls`), or
-    /// `redis+cluster://[user:pass@]host1:port,host2:port,…`.
+    /// `rediss://…[?tls_ca=<pem>&tls_cert=<pem>&tls_key=<pem>]` (TLS, feature `tls`),
+    /// `redis+cluster://[user:pass@]host1:port,host2:port,…`, or
+    /// `rediss+cluster://…` (a Cluster over TLS; the same TLS parameters).
     pub async fn connect(url: &str) -> Result<Self> {
         Self::connect_with(url, RedisOptions::default()).await
     }
@@ -200,8 +210,7 @@ impl RedisBackend {
         let shown = url;
         let (url, options) = crate::tls::split(url, options)?;
         let url = url.as_str();
-        let (conn, nodes) = if url.starts_with("redis+cluster://") {
-            crate::tls::refuse_for_cluster(shown, &options)?;
+        let (conn, nodes) = if url.starts_with(CLUSTER) || url.starts_with(CLUSTER_TLS) {
             if options.replica_ack.is_some() {
                 return Err(Error::new(
                     ErrorKind::Config,
@@ -211,10 +220,11 @@ impl RedisBackend {
             let node_urls = parse_cluster_url(url)?;
             let nodes = node_urls
                 .iter()
-                .map(|u| redis::Client::open(u.as_str()).map_err(|e| config_error(shown, e)))
+                .map(|u| crate::tls::client(u, shown, &options))
                 .collect::<Result<Vec<_>>>()?;
-            let client = redis::cluster::ClusterClientBuilder::new(node_urls.clone())
-                .connection_timeout(options.connect_timeout)
+            let builder = redis::cluster::ClusterClientBuilder::new(node_urls.clone())
+                .connection_timeout(options.connect_timeout);
+            let client = crate::tls::cluster(builder, &options)
                 .build()
                 .map_err(|e| config_error(shown, e))?;
             let conn = bounded(options.connect_timeout, client.get_async_connection())
@@ -238,7 +248,7 @@ impl RedisBackend {
             return Err(Error::new(
                 ErrorKind::Config,
                 format!(
-                    "{:?} is not a Redis URL; use redis://host:6379, rediss://host:6380 (TLS) or redis+cluster://host1:7000,host2:7001",
+                    "{:?} is not a Redis URL; use redis://host:6379, rediss://host:6380 (TLS), redis+cluster://host1:7000,host2:7001 or rediss+cluster://… (Cluster over TLS)",
                     redact_url(shown)
                 ),
             ));

@@ -40,11 +40,11 @@
 //!   with backoff polling.
 //! * **Read-write locks**: readers in a sorted set with per-reader expiry; a waiting
 //!   writer marks the lock so new readers stand back (writers are not starved).
-//! * **TLS** (`rediss://`, feature `tls`, rustls): the server is verified against the
-//!   system's roots or a given CA ([`RedisOptions::tls_root_certificate`], URL
-//!   parameter `tls_ca=<pem file>`); a client certificate can be presented
-//!   ([`RedisOptions::tls_identity`], `tls_cert=<file>&tls_key=<file>`). Single node
-//!   only for now.
+//! * **TLS** (`rediss://`, and `rediss+cluster://` for a Cluster; feature `tls`,
+//!   rustls): the server is verified against the system's roots or a given CA
+//!   ([`RedisOptions::tls_root_certificate`], URL parameter `tls_ca=<pem file>`); a
+//!   client certificate can be presented ([`RedisOptions::tls_identity`],
+//!   `tls_cert=<file>&tls_key=<file>`).
 //! * **Replica acknowledgement** ([`RedisOptions::replica_ack`], single node): after an
 //!   acquire, `WAIT n timeout`; with fewer acknowledgements the lock is released and the
 //!   acquire fails.
@@ -87,10 +87,10 @@ pub struct RedisOptions {
     /// How long connecting may take (each connection: commands, notices) before
     /// `connect` fails. Default 5 s.
     pub connect_timeout: Duration,
-    /// `rediss://` only: the CA (PEM) that verifies the server, instead of the
+    /// `rediss://` (and `rediss+cluster://`) only: the CA (PEM) that verifies the server, instead of the
     /// system's roots. The URL parameter `tls_ca=<file>` does the same.
     pub tls_root_certificate: Option<Vec<u8>>,
-    /// `rediss://` only: the client certificate and key to present. The URL
+    /// `rediss://` (and `rediss+cluster://`) only: the client certificate and key to present. The URL
     /// parameters `tls_cert=<file>&tls_key=<file>` do the same.
     pub tls_identity: Option<TlsIdentity>,
 }

@@ -1,4 +1,4 @@
-//! TLS connections (`rediss://`). Certificates come from [`RedisOptions`] or from
+//! TLS connections (`rediss://`, and `rediss+cluster://` for a Cluster). Certificates come from [`RedisOptions`] or from
 //! the URL's `tls_ca`, `tls_cert` and `tls_key` parameters (paths of PEM files, so
 //! the `dlock` command and `open_backend` can use them too); without a CA the
 //! system's roots verify the server. Needs the crate's `tls` feature.
@@ -107,7 +107,7 @@ pub(crate) fn client(url: &str, shown: &str, options: &RedisOptions) -> Result<r
     }
     if has_certificates(options) {
         return Err(config(format!(
-            "TLS certificates were given for {}, which is not a rediss:// URL; use rediss://",
+            "TLS certificates were given for {}, which is not a TLS URL; use rediss:// (rediss+cluster:// for a Cluster)",
             redact_url(shown)
         )));
     }
@@ -122,21 +122,24 @@ fn tls_client(url: &str, shown: &str, options: &RedisOptions) -> Result<redis::C
     let client = if !has_certificates(options) {
         redis::Client::open(url)
     } else {
-        redis::Client::build_with_tls(
-            url,
-            redis::TlsCertificates {
-                client_tls: options
-                    .tls_identity
-                    .as_ref()
-                    .map(|id| redis::ClientTlsConfig {
-                        client_cert: id.cert_pem.clone(),
-                        client_key: id.key_pem.clone(),
-                    }),
-                root_cert: options.tls_root_certificate.clone(),
-            },
-        )
+        redis::Client::build_with_tls(url, certificates(options))
     };
     client.map_err(|e| config_error(shown, e))
+}
+
+/// The options' certificates as the redis crate takes them.
+#[cfg(feature = "tls")]
+fn certificates(options: &RedisOptions) -> redis::TlsCertificates {
+    redis::TlsCertificates {
+        client_tls: options
+            .tls_identity
+            .as_ref()
+            .map(|id| redis::ClientTlsConfig {
+                client_cert: id.cert_pem.clone(),
+                client_key: id.key_pem.clone(),
+            }),
+        root_cert: options.tls_root_certificate.clone(),
+    }
 }
 
 #[cfg(not(feature = "tls"))]
@@ -147,15 +150,26 @@ fn tls_client(_url: &str, shown: &str, _options: &RedisOptions) -> Result<redis:
     )))
 }
 
-/// Cluster connections are plain only (so far).
-pub(crate) fn refuse_for_cluster(url: &str, options: &RedisOptions) -> Result<()> {
+/// The Cluster client's TLS: the options' certificates, if any (the node URLs'
+/// scheme — `rediss://` from `rediss+cluster://` — turns TLS on; each node was
+/// checked by [`client`] already, which also refuses certificates for plain nodes).
+#[cfg(feature = "tls")]
+pub(crate) fn cluster(
+    builder: redis::cluster::ClusterClientBuilder,
+    options: &RedisOptions,
+) -> redis::cluster::ClusterClientBuilder {
     if !has_certificates(options) {
-        return Ok(());
+        return builder;
     }
-    Err(config(format!(
-        "TLS is supported for a single Redis node (rediss://), not yet for Redis Cluster: {}",
-        redact_url(url)
-    )))
+    builder.certs(certificates(options))
+}
+
+#[cfg(not(feature = "tls"))]
+pub(crate) fn cluster(
+    builder: redis::cluster::ClusterClientBuilder,
+    _options: &RedisOptions,
+) -> redis::cluster::ClusterClientBuilder {
+    builder
 }
 
 #[cfg(test)]

@@ -169,6 +169,46 @@ ensure_redis_tls() {
   wait_for 30 "Redis with TLS on port 6390" redis_tls_ping
 }
 
+# A TLS-only 3-master Redis Cluster on 127.0.0.1:7100-7102 (cluster bus over TLS too,
+# client certificates required), with the TLS server's certificates.
+redis_cluster_tls_cli() {
+  redis-cli --tls --cacert "$REDIS_TLS_DIR/ca.crt" --cert "$REDIS_TLS_DIR/client.crt" \
+    --key "$REDIS_TLS_DIR/client.key" "$@"
+}
+
+redis_cluster_tls_ok() {
+  redis_cluster_tls_cli -h 127.0.0.1 -p 7100 cluster info 2>/dev/null | grep -q 'cluster_state:ok'
+}
+
+ensure_redis_cluster_tls() {
+  ensure_redis_tls # the certificates
+  if redis_cluster_tls_ok; then
+    log "Redis Cluster with TLS already running on 127.0.0.1:7100-7102"
+    return
+  fi
+  log "starting a 3-master Redis Cluster with TLS on 127.0.0.1:7100-7102"
+  local port dir
+  for port in 7100 7101 7102; do
+    redis_cluster_tls_cli -h 127.0.0.1 -p "$port" shutdown nosave >/dev/null 2>&1 || true
+  done
+  for port in 7100 7101 7102; do
+    dir="${TMPDIR:-/tmp}/dlock-redis-$port"
+    rm -rf "$dir" && mkdir -p "$dir"
+    redis-server --daemonize yes --bind 127.0.0.1 --port 0 --tls-port "$port" --dir "$dir" \
+      --tls-cert-file "$REDIS_TLS_DIR/server.crt" --tls-key-file "$REDIS_TLS_DIR/server.key" \
+      --tls-ca-cert-file "$REDIS_TLS_DIR/ca.crt" --tls-auth-clients yes \
+      --tls-cluster yes --tls-replication yes \
+      --cluster-enabled yes --cluster-config-file nodes.conf --cluster-node-timeout 2000 \
+      --save "" --appendonly no --logfile "$dir/redis.log" --pidfile "$dir/redis.pid" \
+      || fail "redis-server with TLS on port $port did not start (see $dir/redis.log)"
+    wait_for 30 "Redis with TLS on port $port" redis_cluster_tls_cli -h 127.0.0.1 -p "$port" ping
+  done
+  redis_cluster_tls_cli --cluster create 127.0.0.1:7100 127.0.0.1:7101 127.0.0.1:7102 \
+    --cluster-replicas 0 --cluster-yes >/dev/null || fail "redis-cli --cluster create (TLS) failed"
+  wait_for 30 "Redis Cluster with TLS" redis_cluster_tls_ok
+  log "Redis Cluster with TLS ready"
+}
+
 ensure_redis_cluster() {
   export DLOCK_REDIS_CLUSTER_URL="${DLOCK_REDIS_CLUSTER_URL:-redis+cluster://127.0.0.1:7000,127.0.0.1:7001,127.0.0.1:7002}"
   ensure_redis_server_binary
@@ -298,6 +338,7 @@ ensure_backend() {
     redis | redis-polling) ensure_redis ;;
     redis-cluster) ensure_redis_cluster ;;
     redis-tls) ensure_redis_tls ;;
+    redis-cluster-tls) ensure_redis_cluster_tls ;;
     zk) ensure_zookeeper ;;
     zk-ensemble) ensure_zookeeper_ensemble ;;
     *) fail "unknown backend '$1' in DLOCK_TEST_BACKENDS (known: $ALL_BACKENDS)" ;;

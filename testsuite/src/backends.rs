@@ -24,6 +24,7 @@ pub const KNOWN: &[&str] = &[
     "redis-polling",
     "redis-cluster",
     "redis-tls",
+    "redis-cluster-tls",
     "zk",
     "zk-ensemble",
 ];
@@ -52,23 +53,30 @@ pub fn server_url(label: &str) -> Option<String> {
         }
         // The TLS-only server scripts/test starts, with the CA and client certificate
         // it made (DLOCK_REDIS_TLS_DIR).
-        "redis-tls" => {
-            let dir = std::env::var("DLOCK_REDIS_TLS_DIR").unwrap_or_else(|_| {
-                std::env::temp_dir()
-                    .join("dlock-redis-tls")
-                    .display()
-                    .to_string()
-            });
-            Some(format!(
-                "rediss://127.0.0.1:6390/?tls_ca={dir}/ca.crt&tls_cert={dir}/client.crt&tls_key={dir}/client.key"
-            ))
-        }
+        "redis-tls" => Some(format!("rediss://127.0.0.1:6390/?{}", redis_tls_params())),
+        // The TLS-only Cluster on the same certificates.
+        "redis-cluster-tls" => Some(format!(
+            "rediss+cluster://127.0.0.1:7100,127.0.0.1:7101,127.0.0.1:7102/?{}",
+            redis_tls_params()
+        )),
         "zk" => Some("zk://127.0.0.1:2181/dlock-test".to_owned()),
         "zk-ensemble" => {
             Some("zk://127.0.0.1:2191,127.0.0.1:2192,127.0.0.1:2193/dlock-test".to_owned())
         }
         _ => None,
     }
+}
+
+/// The URL parameters naming the CA and client certificate `scripts/test` made for
+/// its TLS servers (in DLOCK_REDIS_TLS_DIR).
+fn redis_tls_params() -> String {
+    let dir = std::env::var("DLOCK_REDIS_TLS_DIR").unwrap_or_else(|_| {
+        std::env::temp_dir()
+            .join("dlock-redis-tls")
+            .display()
+            .to_string()
+    });
+    format!("tls_ca={dir}/ca.crt&tls_cert={dir}/client.crt&tls_key={dir}/client.key")
 }
 
 /// The label as the suite knows it, or a configuration error naming the known ones:
@@ -94,7 +102,7 @@ pub async fn open(label: &str) -> Result<Arc<dyn TestBackend>> {
     Ok(match label {
         "memory" => Arc::new(MemoryTestBackend::default()),
         "sqlite" | "mysql" | "postgres" => Arc::new(SqlTestBackend::open(label, url).await?),
-        "redis" | "redis-polling" | "redis-cluster" | "redis-tls" => {
+        "redis" | "redis-polling" | "redis-cluster" | "redis-tls" | "redis-cluster-tls" => {
             Arc::new(RedisTestBackend::open(label, url).await?)
         }
         "zk" | "zk-ensemble" => Arc::new(ZkTestBackend::open(label, url).await?),

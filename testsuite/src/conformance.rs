@@ -529,7 +529,12 @@ pub async fn drop_releases(backend: Arc<dyn TestBackend>) {
         start.elapsed()
     );
     g.unlock().await.expect("unlock");
-    assert_eq!(a.held_count(), 0);
+    // The background release forgets the hold once its reply is in, which may come
+    // after `b`, on its own connection, has already taken and released the lock.
+    assert!(
+        eventually(Duration::from_secs(5), || async { a.held_count() == 0 }).await,
+        "the dropped guard's hold was never forgotten"
+    );
     env.finish(&[&a, &b]).await;
 }
 

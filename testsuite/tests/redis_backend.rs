@@ -549,17 +549,33 @@ async fn the_holder_asking_again_gets_the_same_token() {
     assert!(next.token().is_some_and(|t| t > token), "{next:?}");
 }
 
-/// TLS (`rediss://`, the suite's TLS-only server on 127.0.0.1:6390 that requires a
-/// client certificate; the conformance suite runs over it as `redis-tls`): a server
-/// certificate from an unknown CA, or a missing client certificate, is refused with
-/// a typed error that says so, not a hang or a panic.
+/// TLS (`rediss://`, the suite's TLS-only server on 127.0.0.1:6390, and
+/// `rediss+cluster://`, its TLS-only Cluster on 127.0.0.1:7100-7102; both require a
+/// client certificate, and the conformance suite runs over them as `redis-tls` and
+/// `redis-cluster-tls`): a server certificate from an unknown CA, or a missing client
+/// certificate, is refused with a typed error that says so, not a hang or a panic.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_refuses_unknown_servers_and_missing_client_certificates() {
-    if !selected().iter().any(|l| l == "redis-tls") {
-        eprintln!("redis-tls is not selected in DLOCK_TEST_BACKENDS; nothing to check here");
-        return;
+    let mut checked = 0;
+    for (label, plain) in [
+        ("redis-tls", "redis://127.0.0.1:6390"),
+        (
+            "redis-cluster-tls",
+            "redis+cluster://127.0.0.1:7100,127.0.0.1:7101",
+        ),
+    ] {
+        if selected().iter().any(|l| l == label) {
+            tls_refusals(&server_url(label).unwrap(), plain).await;
+            checked += 1;
+        }
     }
-    let url = server_url("redis-tls").unwrap();
+    if checked == 0 {
+        eprintln!("no TLS label is selected in DLOCK_TEST_BACKENDS; nothing to check here");
+    }
+}
+
+/// The checks for one TLS deployment at `url`; `plain` is the same servers without TLS.
+async fn tls_refusals(url: &str, plain: &str) {
     let (base, query) = url.split_once('?').unwrap();
     let param = |name: &str| {
         query
@@ -569,8 +585,8 @@ async fn tls_refuses_unknown_servers_and_missing_client_certificates() {
             .to_owned()
     };
 
-    // The whole set works (and really is TLS: the server has no plain port).
-    let (_, m) = dlock_client(&url, RedisOptions::default()).await;
+    // The whole set works (and really is TLS: the servers have no plain port).
+    let (_, m) = dlock_client(url, RedisOptions::default()).await;
     let g = take(&m.lock(&name("tls")), Duration::ZERO).await;
     g.unlock().await.unwrap();
     m.close().await;
@@ -584,7 +600,7 @@ async fn tls_refuses_unknown_servers_and_missing_client_certificates() {
     let err = RedisBackend::connect(&no_ca).await.map(drop).unwrap_err();
     assert!(
         err.message().to_lowercase().contains("certificate"),
-        "an unknown server certificate should be named as the cause: {err}"
+        "{url}: an unknown server certificate should be named as the cause: {err}"
     );
 
     // The CA but no client certificate: the server hangs up during the handshake.
@@ -594,16 +610,24 @@ async fn tls_refuses_unknown_servers_and_missing_client_certificates() {
         .await
         .map(drop)
         .unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::Backend, "{err}");
+    assert_eq!(err.kind(), ErrorKind::Backend, "{url}: {err}");
     assert!(
         started.elapsed() < Duration::from_secs(30),
-        "refusal took {:?}",
+        "{url}: refusal took {:?}",
         started.elapsed()
     );
 
-    // A plain client on the TLS port gets nowhere either.
-    let plain = RedisBackend::connect("redis://127.0.0.1:6390").await;
-    assert!(plain.is_err(), "a plain connection to the TLS port worked");
+    // A plain client on the TLS ports gets nowhere either, and certificates on a
+    // plain URL are a configuration error that names the TLS scheme.
+    let plain_client = RedisBackend::connect(plain).await;
+    assert!(
+        plain_client.is_err(),
+        "a plain connection to {plain} worked"
+    );
+    let with_ca = format!("{plain}?tls_ca={}", param("tls_ca"));
+    let err = RedisBackend::connect(&with_ca).await.map(drop).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Config, "{with_ca}: {err}");
+    assert!(err.message().contains("rediss"), "{err}");
 }
 
 /// Connecting to a server that refuses, or to one that never answers (the fault
