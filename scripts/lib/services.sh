@@ -107,6 +107,17 @@ start_redis() {
   wait_for 30 "Redis on port $port" redis-cli -h 127.0.0.1 -p "$port" ping
 }
 
+# stop_redis_at PORT: stops a redis-server this script started on PORT (by its pid
+# file: a TLS-only server does not answer a plain redis-cli, and after the
+# certificates were remade not a TLS one either).
+stop_redis_at() {
+  local pidfile="${TMPDIR:-/tmp}/dlock-redis-$1/redis.pid"
+  if [ -f "$pidfile" ]; then
+    kill "$(cat "$pidfile")" 2>/dev/null || true
+    wait_for 30 "Redis on port $1 to stop" sh -c "! kill -0 $(cat "$pidfile") 2>/dev/null"
+  fi
+}
+
 ensure_redis() {
   export DLOCK_REDIS_URL="${DLOCK_REDIS_URL:-redis://127.0.0.1:6379}"
   ensure_redis_server_binary
@@ -156,7 +167,7 @@ ensure_redis_tls() {
     log "Redis with TLS already running on 127.0.0.1:6390"
     return
   fi
-  redis-cli -h 127.0.0.1 -p 6390 shutdown nosave >/dev/null 2>&1 || true
+  stop_redis_at 6390
   make_redis_tls_certs
   log "starting Redis with TLS (client certificates required) on 127.0.0.1:6390"
   local dir="${TMPDIR:-/tmp}/dlock-redis-6390"
@@ -188,9 +199,7 @@ ensure_redis_cluster_tls() {
   fi
   log "starting a 3-master Redis Cluster with TLS on 127.0.0.1:7100-7102"
   local port dir
-  for port in 7100 7101 7102; do
-    redis_cluster_tls_cli -h 127.0.0.1 -p "$port" shutdown nosave >/dev/null 2>&1 || true
-  done
+  for port in 7100 7101 7102; do stop_redis_at "$port"; done
   for port in 7100 7101 7102; do
     dir="${TMPDIR:-/tmp}/dlock-redis-$port"
     rm -rf "$dir" && mkdir -p "$dir"
