@@ -750,3 +750,23 @@ impl std::fmt::Debug for RedisBackend {
             .finish()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cluster_urls_name_their_nodes_with_the_right_scheme() {
+        assert_eq!(
+            parse_cluster_url("redis+cluster://u:p@h1:7000,h2:7001/?x=1").unwrap(),
+            vec!["redis://u:p@h1:7000", "redis://u:p@h2:7001"]
+        );
+        assert_eq!(
+            parse_cluster_url("rediss+cluster://h1:7100,h2:7101").unwrap(),
+            vec!["rediss://h1:7100", "rediss://h2:7101"]
+        );
+        let err = parse_cluster_url("rediss+cluster://u:secret@/").unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Config);
+        assert!(!err.message().contains("secret"), "{}", err.message());
+    }
+}
