@@ -568,15 +568,16 @@ impl LockRemoteResource for RedisBackend {
             if let Some(left) = left {
                 wake_at = wake_at.min(Instant::now() + left + Duration::from_millis(1));
             }
+            // A queued waiter re-checks often enough to stay live in the queue, also
+            // when it polls with a backoff longer than that.
+            if slot.is_some() {
+                wake_at = wake_at.min(Instant::now() + self.inner.options.waiter_liveness / 3);
+            }
             match (&registration, self.inner.options.polling) {
                 (Some(r), None) if r.subscribed() => {
-                    // A queued waiter re-checks often enough to stay live in the queue.
-                    let recheck = if slot.is_some() {
-                        self.inner.options.waiter_liveness / 3
-                    } else {
-                        SAFETY_RECHECK
-                    };
-                    wake_at = wake_at.min(Instant::now() + recheck);
+                    if slot.is_none() {
+                        wake_at = wake_at.min(Instant::now() + SAFETY_RECHECK);
+                    }
                     tokio::select! {
                         _ = r.notified() => {}
                         _ = tokio::time::sleep_until(wake_at.into()) => {}

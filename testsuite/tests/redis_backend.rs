@@ -511,6 +511,74 @@ async fn a_woken_waiter_rewrites_its_queue_entry_only_when_due() {
     m.close().await;
 }
 
+/// A queued fair waiter that polls (no pub/sub) with a backoff longer than its
+/// liveness still re-checks often enough to stay live in the queue (it would otherwise
+/// be purged as dead and lose its place), and gets the lock soon after the release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_polling_fair_waiter_stays_live_whatever_its_backoff() {
+    let Some(url) = redis_url() else { return };
+    let lock = name("slowpoll");
+    let alive_key = format!("dlock:{{{lock}}}:ql");
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let raw = client.get_multiplexed_async_connection().await.unwrap();
+    let (_, holder_side) = dlock_client(&url, RedisOptions::default()).await;
+    let options = RedisOptions::default()
+        .polling(dlock_api::spi::Backoff::constant(Duration::from_secs(10)))
+        .waiter_liveness(Duration::from_millis(1500));
+    let (_, m) = dlock_client(&url, options).await;
+    let holder = take(&holder_side.fair_lock(&lock), Duration::ZERO).await;
+    let waiter = m.fair_lock(&lock);
+    let task = tokio::spawn(async move {
+        let g = take(&waiter, Duration::from_secs(20)).await;
+        let at = Instant::now();
+        g.unlock().await.unwrap();
+        at
+    });
+    // The waiter's liveness deadline and the server's clock, both in ms.
+    let margin = || {
+        let mut raw = raw.clone();
+        let alive_key = alive_key.clone();
+        async move {
+            let entry: Vec<(String, f64)> = redis::cmd("ZRANGE")
+                .arg(&alive_key)
+                .arg(0)
+                .arg(0)
+                .arg("WITHSCORES")
+                .query_async(&mut raw)
+                .await
+                .unwrap();
+            let (secs, micros): (u64, u64) =
+                redis::cmd("TIME").query_async(&mut raw).await.unwrap();
+            let now = (secs * 1000 + micros / 1000) as f64;
+            entry.first().map(|(_, deadline)| deadline - now)
+        }
+    };
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            margin().await.is_some()
+        })
+        .await
+    );
+    // Over almost three liveness periods the entry stays live (refreshed by re-checks).
+    for _ in 0..8 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let left = margin().await.expect("the waiter left the queue");
+        assert!(
+            left > 0.0,
+            "the waiter's liveness lapsed ({left} ms) while it waited"
+        );
+    }
+    let released = Instant::now();
+    holder.unlock().await.unwrap();
+    let got = task.await.unwrap().duration_since(released);
+    assert!(
+        got < Duration::from_secs(1),
+        "the waiter took {got:?} after the release"
+    );
+    holder_side.close().await;
+    m.close().await;
+}
+
 /// An owner that asks again (a retry whose first reply was lost) gets the lock it
 /// holds with the same token, whether or not it would wait, and the lease renewed;
 /// another owner — even one whose name the first owner's starts with — is refused.
