@@ -417,6 +417,23 @@ async fn non_fair_waiters_are_woken_one_at_a_time_in_arrival_order() {
     }
 }
 
+/// The first member of the queue-liveness key `alive_key` and its liveness deadline
+/// (server ms), if anyone is queued.
+async fn queue_head(
+    mut raw: redis::aio::MultiplexedConnection,
+    alive_key: &str,
+) -> Option<(String, f64)> {
+    let entry: Vec<(String, f64)> = redis::cmd("ZRANGE")
+        .arg(alive_key)
+        .arg(0)
+        .arg(0)
+        .arg("WITHSCORES")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    entry.into_iter().next()
+}
+
 /// A queued waiter woken while the lock is still taken re-checks without rewriting
 /// its queue entry when it refreshed it less than a third of its liveness ago (a hot
 /// lock's head is woken on every release), and still refreshes it in time to stay
@@ -438,23 +455,9 @@ async fn a_woken_waiter_rewrites_its_queue_entry_only_when_due() {
     let task =
         tokio::spawn(async move { take(&waiter, Duration::from_secs(20)).await.unlock().await });
 
-    // The waiter's liveness deadline (server ms) and its owner, once it is queued.
+    // The waiter's owner and liveness deadline (server ms), once it is queued.
     let probe = raw.clone();
-    let queued = || {
-        let mut raw = probe.clone();
-        let alive_key = alive_key.clone();
-        async move {
-            let entry: Vec<(String, f64)> = redis::cmd("ZRANGE")
-                .arg(&alive_key)
-                .arg(0)
-                .arg(0)
-                .arg("WITHSCORES")
-                .query_async(&mut raw)
-                .await
-                .unwrap();
-            entry.into_iter().next()
-        }
-    };
+    let queued = || queue_head(probe.clone(), &alive_key);
     assert!(
         eventually(Duration::from_secs(5), || async {
             queued().await.is_some()
@@ -539,18 +542,11 @@ async fn a_polling_fair_waiter_stays_live_whatever_its_backoff() {
         let mut raw = raw.clone();
         let alive_key = alive_key.clone();
         async move {
-            let entry: Vec<(String, f64)> = redis::cmd("ZRANGE")
-                .arg(&alive_key)
-                .arg(0)
-                .arg(0)
-                .arg("WITHSCORES")
-                .query_async(&mut raw)
-                .await
-                .unwrap();
+            let entry = queue_head(raw.clone(), &alive_key).await;
             let (secs, micros): (u64, u64) =
                 redis::cmd("TIME").query_async(&mut raw).await.unwrap();
             let now = (secs * 1000 + micros / 1000) as f64;
-            entry.first().map(|(_, deadline)| deadline - now)
+            entry.map(|(_, deadline)| deadline - now)
         }
     };
     assert!(
