@@ -82,7 +82,7 @@ impl LockGuard {
 
     /// Completes when the lock is lost (at once if it already is).
     pub async fn lost(&self) -> LostReason {
-        wait_lost(&self.hold).await
+        self.hold.wait_lost().await
     }
 
     /// An owned, cloneable signal to hand to another task.
@@ -181,7 +181,7 @@ pub struct LostSignal {
 impl LostSignal {
     /// Completes when the lock is lost (at once if it already is).
     pub async fn lost(&self) -> LostReason {
-        wait_lost(&self.hold).await
+        self.hold.wait_lost().await
     }
 
     /// Whether the lock has been lost.
@@ -196,16 +196,6 @@ impl fmt::Debug for LostSignal {
             .field("lock", &self.hold.name)
             .field("lost", &self.hold.lost_reason())
             .finish()
-    }
-}
-
-async fn wait_lost(hold: &Hold) -> LostReason {
-    let mut rx = hold.subscribe();
-    let outcome = rx.wait_for(Option::is_some).await.ok().and_then(|r| *r);
-    match outcome {
-        Some(reason) => reason,
-        // The sender lives inside `hold`, which we borrow: it cannot be gone.
-        None => std::future::pending().await,
     }
 }
 

@@ -1,10 +1,11 @@
 //! One remote acquisition, shared by the reentrant guards of a handle.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::OnceLock;
 use std::time::Instant;
 
 use dlock_spi::{FencingToken, HandlerChain, LockMode, LockName, LostEvent, LostReason, OwnerId};
-use tokio::sync::watch;
+use tokio::sync::Notify;
 
 /// A lock granted by the backend. Reentrant acquisitions share it and bump `count`;
 /// the remote release happens when `count` returns to zero.
@@ -19,7 +20,10 @@ pub(crate) struct Hold {
     suspended: AtomicBool,
     /// Guards alive for this hold. Changed only under the handle's `current` mutex.
     pub(crate) count: AtomicUsize,
-    lost: watch::Sender<Option<LostReason>>,
+    /// Why the hold was lost; set once. With `lost_notify` instead of a watch
+    /// channel: a hold costs no allocation for it, and dropping one wakes no one.
+    lost: OnceLock<LostReason>,
+    lost_notify: Notify,
 }
 
 impl Hold {
@@ -40,20 +44,18 @@ impl Hold {
             acquired_at,
             suspended: AtomicBool::new(false),
             count: AtomicUsize::new(1),
-            lost: watch::Sender::new(None),
+            lost: OnceLock::new(),
+            lost_notify: Notify::new(),
         }
     }
 
     /// Records the loss; true the first time only.
     pub(crate) fn mark_lost(&self, reason: LostReason) -> bool {
-        self.lost.send_if_modified(|slot| {
-            if slot.is_none() {
-                *slot = Some(reason);
-                true
-            } else {
-                false
-            }
-        })
+        let first = self.lost.set(reason).is_ok();
+        if first {
+            self.lost_notify.notify_waiters();
+        }
+        first
     }
 
     /// Records the loss, logs it and tells the chain's observers; once only.
@@ -82,11 +84,21 @@ impl Hold {
     }
 
     pub(crate) fn lost_reason(&self) -> Option<LostReason> {
-        *self.lost.borrow()
+        self.lost.get().copied()
     }
 
-    pub(crate) fn subscribe(&self) -> watch::Receiver<Option<LostReason>> {
-        self.lost.subscribe()
+    /// Completes when the hold is lost (at once if it is already).
+    pub(crate) async fn wait_lost(&self) -> LostReason {
+        loop {
+            let notified = self.lost_notify.notified();
+            tokio::pin!(notified);
+            // Registered before the check, so a loss in between still wakes us.
+            notified.as_mut().enable();
+            if let Some(reason) = self.lost_reason() {
+                return reason;
+            }
+            notified.await;
+        }
     }
 
     pub(crate) fn guards(&self) -> usize {

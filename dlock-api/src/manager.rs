@@ -97,7 +97,7 @@ impl ManagerInner {
         };
         let manager = Arc::downgrade(self);
         let hold = Arc::clone(hold);
-        let mut lost = hold.subscribe();
+        let watched = Arc::clone(&hold);
         let apply = move |status: HoldStatus| -> bool {
             let Some(manager) = manager.upgrade() else {
                 return false;
@@ -124,7 +124,7 @@ impl ManagerInner {
                         Some(status) if apply(status) => {}
                         _ => return,
                     },
-                    _ = lost.wait_for(Option::is_some) => return,
+                    _ = watched.wait_lost() => return,
                 }
             }
         });
