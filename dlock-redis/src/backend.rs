@@ -137,17 +137,19 @@ impl Drop for QueueSlot {
     }
 }
 
-/// The Cluster URL schemes: plain, and TLS.
-const CLUSTER: &str = "redis+cluster://";
-const CLUSTER_TLS: &str = "rediss+cluster://";
+/// A Cluster URL's part after the scheme and the scheme of its nodes:
+/// `redis+cluster://` → `redis`, `rediss+cluster://` (TLS) → `rediss`.
+fn split_cluster_url(url: &str) -> Option<(&str, &'static str)> {
+    if let Some(rest) = url.strip_prefix("rediss+cluster://") {
+        return Some((rest, "rediss"));
+    }
+    url.strip_prefix("redis+cluster://")
+        .map(|rest| (rest, "redis"))
+}
 
-/// The node URLs of a Cluster URL (`redis://` or, for `rediss+cluster://`,
-/// `rediss://` each).
-fn parse_cluster_url(url: &str) -> Result<Vec<String>> {
-    let (rest, scheme) = match url.strip_prefix(CLUSTER_TLS) {
-        Some(rest) => (rest, "rediss"),
-        None => (url.strip_prefix(CLUSTER).unwrap_or(url), "redis"),
-    };
+/// The node URLs (`<scheme>://[user:pass@]host:port` each) of a Cluster URL whose
+/// part after the scheme is `rest`; `url` is the whole URL, for messages.
+fn parse_cluster_url(url: &str, rest: &str, scheme: &str) -> Result<Vec<String>> {
     let (userinfo, hosts) = match rest.rfind('@') {
         Some(at) => (Some(&rest[..at]), &rest[at + 1..]),
         None => (None, rest),
@@ -210,14 +212,14 @@ impl RedisBackend {
         let shown = url;
         let (url, options) = crate::tls::split(url, options)?;
         let url = url.as_str();
-        let (conn, nodes) = if url.starts_with(CLUSTER) || url.starts_with(CLUSTER_TLS) {
+        let (conn, nodes) = if let Some((rest, scheme)) = split_cluster_url(url) {
             if options.replica_ack.is_some() {
                 return Err(Error::new(
                     ErrorKind::Config,
                     "replica acknowledgement (WAIT) is supported on a single node only; remove replica_ack for Cluster",
                 ));
             }
-            let node_urls = parse_cluster_url(url)?;
+            let node_urls = parse_cluster_url(url, rest, scheme)?;
             let nodes = node_urls
                 .iter()
                 .map(|u| crate::tls::client(u, shown, &options))
@@ -363,22 +365,22 @@ impl RedisBackend {
         if req.mode == LockMode::Exclusive && req.fairness == Fairness::NonFair {
             // The hot path: a lean script; a caller that will not wait declares only
             // the two keys it can touch and sends only its value and lease.
-            let script = &self.inner.scripts.acquire_exclusive;
-            if waiting == Waiting::No {
-                let mut inv = keys.invocation(script, &ACQUIRE_EXCLUSIVE_KEYS[..2]);
-                inv.arg(value).arg(ms(req.lease));
-                return self.run_acquire(&inv).await;
+            let declared = if waiting == Waiting::No {
+                &ACQUIRE_EXCLUSIVE_KEYS[..2]
+            } else {
+                &ACQUIRE_EXCLUSIVE_KEYS[..]
+            };
+            let mut inv = keys.invocation(&self.inner.scripts.acquire_exclusive, declared);
+            inv.arg(value).arg(ms(req.lease));
+            if waiting != Waiting::No {
+                // A waiting writer's mark outlives a polling waiter's longest sleep.
+                let mark = o.polling.map_or(Duration::from_secs(1), |b| {
+                    (b.delay(u32::MAX) * 4).max(Duration::from_secs(1))
+                });
+                inv.arg(waiting.arg())
+                    .arg(ms(o.waiter_liveness))
+                    .arg(ms(mark));
             }
-            // A waiting writer's mark outlives a polling waiter's longest sleep.
-            let mark = o.polling.map_or(Duration::from_secs(1), |b| {
-                (b.delay(u32::MAX) * 4).max(Duration::from_secs(1))
-            });
-            let mut inv = keys.invocation(script, &ACQUIRE_EXCLUSIVE_KEYS);
-            inv.arg(value)
-                .arg(ms(req.lease))
-                .arg(waiting.arg())
-                .arg(ms(o.waiter_liveness))
-                .arg(ms(mark));
             return self.run_acquire(&inv).await;
         }
         let mut inv = keys.invocation(&self.inner.scripts.acquire, &ALL);
@@ -758,15 +760,20 @@ mod tests {
 
     #[test]
     fn cluster_urls_name_their_nodes_with_the_right_scheme() {
+        let nodes = |url: &str| {
+            let (rest, scheme) = split_cluster_url(url).expect("a Cluster URL");
+            parse_cluster_url(url, rest, scheme)
+        };
         assert_eq!(
-            parse_cluster_url("redis+cluster://u:p@h1:7000,h2:7001/?x=1").unwrap(),
+            nodes("redis+cluster://u:p@h1:7000,h2:7001/?x=1").unwrap(),
             vec!["redis://u:p@h1:7000", "redis://u:p@h2:7001"]
         );
         assert_eq!(
-            parse_cluster_url("rediss+cluster://h1:7100,h2:7101").unwrap(),
+            nodes("rediss+cluster://h1:7100,h2:7101").unwrap(),
             vec!["rediss://h1:7100", "rediss://h2:7101"]
         );
-        let err = parse_cluster_url("rediss+cluster://u:secret@/").unwrap_err();
+        assert!(split_cluster_url("rediss://h1:7100").is_none());
+        let err = nodes("rediss+cluster://u:secret@/").unwrap_err();
         assert_eq!(err.kind(), ErrorKind::Config);
         assert!(!err.message().contains("secret"), "{}", err.message());
     }

@@ -87,11 +87,12 @@ pub struct RedisOptions {
     /// How long connecting may take (each connection: commands, notices) before
     /// `connect` fails. Default 5 s.
     pub connect_timeout: Duration,
-    /// `rediss://` (and `rediss+cluster://`) only: the CA (PEM) that verifies the server, instead of the
-    /// system's roots. The URL parameter `tls_ca=<file>` does the same.
+    /// TLS URLs (`rediss://`, `rediss+cluster://`) only: the CA (PEM) that verifies
+    /// the server, instead of the system's roots. The URL parameter `tls_ca=<file>`
+    /// does the same.
     pub tls_root_certificate: Option<Vec<u8>>,
-    /// `rediss://` (and `rediss+cluster://`) only: the client certificate and key to present. The URL
-    /// parameters `tls_cert=<file>&tls_key=<file>` do the same.
+    /// TLS URLs only: the client certificate and key to present. The URL parameters
+    /// `tls_cert=<file>&tls_key=<file>` do the same.
     pub tls_identity: Option<TlsIdentity>,
 }
 

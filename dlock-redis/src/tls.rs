@@ -1,7 +1,8 @@
-//! TLS connections (`rediss://`, and `rediss+cluster://` for a Cluster). Certificates come from [`RedisOptions`] or from
-//! the URL's `tls_ca`, `tls_cert` and `tls_key` parameters (paths of PEM files, so
-//! the `dlock` command and `open_backend` can use them too); without a CA the
-//! system's roots verify the server. Needs the crate's `tls` feature.
+//! TLS connections (`rediss://`, and `rediss+cluster://` for a Cluster). Certificates
+//! come from [`RedisOptions`] or from the URL's `tls_ca`, `tls_cert` and `tls_key`
+//! parameters (paths of PEM files, so the `dlock` command and `open_backend` can use
+//! them too); without a CA the system's roots verify the server. Needs the crate's
+//! `tls` feature.
 
 use dlock_spi::{redact_url, Error, ErrorKind, Result};
 
@@ -152,23 +153,18 @@ fn tls_client(_url: &str, shown: &str, _options: &RedisOptions) -> Result<redis:
 
 /// The Cluster client's TLS: the options' certificates, if any (the node URLs'
 /// scheme — `rediss://` from `rediss+cluster://` — turns TLS on; each node was
-/// checked by [`client`] already, which also refuses certificates for plain nodes).
-#[cfg(feature = "tls")]
+/// checked by [`client`] already, which also refuses certificates for plain nodes and
+/// TLS in a build without it).
 pub(crate) fn cluster(
     builder: redis::cluster::ClusterClientBuilder,
     options: &RedisOptions,
 ) -> redis::cluster::ClusterClientBuilder {
-    if !has_certificates(options) {
-        return builder;
+    #[cfg(feature = "tls")]
+    if has_certificates(options) {
+        return builder.certs(certificates(options));
     }
-    builder.certs(certificates(options))
-}
-
-#[cfg(not(feature = "tls"))]
-pub(crate) fn cluster(
-    builder: redis::cluster::ClusterClientBuilder,
-    _options: &RedisOptions,
-) -> redis::cluster::ClusterClientBuilder {
+    #[cfg(not(feature = "tls"))]
+    let _ = options;
     builder
 }
 

@@ -95,27 +95,56 @@ ensure_redis_server_binary() {
   command -v redis-server >/dev/null 2>&1 && command -v redis-cli >/dev/null 2>&1 || apt_install redis-server redis-tools
 }
 
-# start_redis PORT [ARGS…]: a throwaway redis-server on 127.0.0.1:PORT, no persistence.
-start_redis() {
+# launch_redis PORT ARGS…: a throwaway redis-server (daemon) for PORT on 127.0.0.1, no
+# persistence, working in $TMPDIR/dlock-redis-PORT.
+launch_redis() {
   local port=$1
   shift
   local dir="${TMPDIR:-/tmp}/dlock-redis-$port"
   rm -rf "$dir" && mkdir -p "$dir"
-  redis-server --daemonize yes --bind 127.0.0.1 --port "$port" --dir "$dir" \
+  redis-server --daemonize yes --bind 127.0.0.1 --dir "$dir" \
     --save "" --appendonly no --logfile "$dir/redis.log" --pidfile "$dir/redis.pid" "$@" \
-    || fail "redis-server on port $port did not start"
+    || fail "redis-server on port $port did not start (see $dir/redis.log)"
+}
+
+# start_redis PORT [ARGS…]: a plain server on PORT, up when this returns.
+start_redis() {
+  local port=$1
+  shift
+  launch_redis "$port" --port "$port" "$@"
   wait_for 30 "Redis on port $port" redis-cli -h 127.0.0.1 -p "$port" ping
 }
 
-# stop_redis_at PORT: stops a redis-server this script started on PORT (by its pid
-# file: a TLS-only server does not answer a plain redis-cli, and after the
-# certificates were remade not a TLS one either).
+# stop_redis_at PORT: stops the server on PORT: a plain one by SHUTDOWN, one this
+# script started also by its pid file (a TLS-only server does not answer a plain
+# redis-cli, and after the certificates were remade not a TLS one either).
 stop_redis_at() {
+  redis-cli -h 127.0.0.1 -p "$1" shutdown nosave >/dev/null 2>&1 || true
   local pidfile="${TMPDIR:-/tmp}/dlock-redis-$1/redis.pid"
   if [ -f "$pidfile" ]; then
     kill "$(cat "$pidfile")" 2>/dev/null || true
     wait_for 30 "Redis on port $1 to stop" sh -c "! kill -0 $(cat "$pidfile") 2>/dev/null"
   fi
+}
+
+# cluster_ok CLI PORT: the cluster the node on PORT belongs to is serving.
+cluster_ok() {
+  "$1" -h 127.0.0.1 -p "$2" cluster info 2>/dev/null | grep -q 'cluster_state:ok'
+}
+
+# form_cluster CLI START PORT…: (re)starts one node per PORT with START (start_redis
+# or start_redis_tls) and joins them into a cluster of masters with CLI.
+form_cluster() {
+  local cli=$1 start=$2 port nodes=()
+  shift 2
+  for port in "$@"; do stop_redis_at "$port"; done
+  for port in "$@"; do
+    "$start" "$port" --cluster-enabled yes --cluster-config-file nodes.conf --cluster-node-timeout 2000
+    nodes+=("127.0.0.1:$port")
+  done
+  "$cli" --cluster create "${nodes[@]}" --cluster-replicas 0 --cluster-yes >/dev/null \
+    || fail "redis-cli --cluster create failed for ${nodes[*]}"
+  wait_for 30 "the Redis Cluster on ${nodes[*]}" cluster_ok "$cli" "$1"
 }
 
 ensure_redis() {
@@ -139,9 +168,22 @@ ensure_redis() {
 # throwaway CA, server and client certificate made by openssl (valid for 127.0.0.1).
 REDIS_TLS_DIR="${TMPDIR:-/tmp}/dlock-redis-tls"
 
-redis_tls_ping() {
+# redis_tls_cli ARGS…: redis-cli with the test CA and client certificate.
+redis_tls_cli() {
   redis-cli --tls --cacert "$REDIS_TLS_DIR/ca.crt" --cert "$REDIS_TLS_DIR/client.crt" \
-    --key "$REDIS_TLS_DIR/client.key" -h 127.0.0.1 -p 6390 ping
+    --key "$REDIS_TLS_DIR/client.key" "$@"
+}
+
+# start_redis_tls PORT [ARGS…]: a TLS-only server on PORT (cluster bus and replication
+# over TLS too) that demands a client certificate, up when this returns.
+start_redis_tls() {
+  local port=$1
+  shift
+  launch_redis "$port" --port 0 --tls-port "$port" \
+    --tls-cert-file "$REDIS_TLS_DIR/server.crt" --tls-key-file "$REDIS_TLS_DIR/server.key" \
+    --tls-ca-cert-file "$REDIS_TLS_DIR/ca.crt" --tls-auth-clients yes \
+    --tls-cluster yes --tls-replication yes "$@"
+  wait_for 30 "Redis with TLS on port $port" redis_tls_cli -h 127.0.0.1 -p "$port" ping
 }
 
 make_redis_tls_certs() {
@@ -163,78 +205,37 @@ make_redis_tls_certs() {
 ensure_redis_tls() {
   export DLOCK_REDIS_TLS_DIR="$REDIS_TLS_DIR"
   ensure_redis_server_binary
-  if [ -f "$REDIS_TLS_DIR/ca.crt" ] && redis_tls_ping >/dev/null 2>&1; then
+  if [ -f "$REDIS_TLS_DIR/ca.crt" ] && redis_tls_cli -h 127.0.0.1 -p 6390 ping >/dev/null 2>&1; then
     log "Redis with TLS already running on 127.0.0.1:6390"
     return
   fi
   stop_redis_at 6390
   make_redis_tls_certs
   log "starting Redis with TLS (client certificates required) on 127.0.0.1:6390"
-  local dir="${TMPDIR:-/tmp}/dlock-redis-6390"
-  rm -rf "$dir" && mkdir -p "$dir"
-  redis-server --daemonize yes --bind 127.0.0.1 --port 0 --tls-port 6390 --dir "$dir" \
-    --tls-cert-file "$REDIS_TLS_DIR/server.crt" --tls-key-file "$REDIS_TLS_DIR/server.key" \
-    --tls-ca-cert-file "$REDIS_TLS_DIR/ca.crt" --tls-auth-clients yes \
-    --save "" --appendonly no --logfile "$dir/redis.log" --pidfile "$dir/redis.pid" \
-    || fail "redis-server with TLS did not start (see $dir/redis.log)"
-  wait_for 30 "Redis with TLS on port 6390" redis_tls_ping
+  start_redis_tls 6390
 }
 
-# A TLS-only 3-master Redis Cluster on 127.0.0.1:7100-7102 (cluster bus over TLS too,
-# client certificates required), with the TLS server's certificates.
-redis_cluster_tls_cli() {
-  redis-cli --tls --cacert "$REDIS_TLS_DIR/ca.crt" --cert "$REDIS_TLS_DIR/client.crt" \
-    --key "$REDIS_TLS_DIR/client.key" "$@"
-}
-
-redis_cluster_tls_ok() {
-  redis_cluster_tls_cli -h 127.0.0.1 -p 7100 cluster info 2>/dev/null | grep -q 'cluster_state:ok'
-}
-
+# A TLS-only 3-master Redis Cluster on 127.0.0.1:7100-7102 on the same certificates.
 ensure_redis_cluster_tls() {
   ensure_redis_tls # the certificates
-  if redis_cluster_tls_ok; then
+  if cluster_ok redis_tls_cli 7100; then
     log "Redis Cluster with TLS already running on 127.0.0.1:7100-7102"
     return
   fi
   log "starting a 3-master Redis Cluster with TLS on 127.0.0.1:7100-7102"
-  local port dir
-  for port in 7100 7101 7102; do stop_redis_at "$port"; done
-  for port in 7100 7101 7102; do
-    dir="${TMPDIR:-/tmp}/dlock-redis-$port"
-    rm -rf "$dir" && mkdir -p "$dir"
-    redis-server --daemonize yes --bind 127.0.0.1 --port 0 --tls-port "$port" --dir "$dir" \
-      --tls-cert-file "$REDIS_TLS_DIR/server.crt" --tls-key-file "$REDIS_TLS_DIR/server.key" \
-      --tls-ca-cert-file "$REDIS_TLS_DIR/ca.crt" --tls-auth-clients yes \
-      --tls-cluster yes --tls-replication yes \
-      --cluster-enabled yes --cluster-config-file nodes.conf --cluster-node-timeout 2000 \
-      --save "" --appendonly no --logfile "$dir/redis.log" --pidfile "$dir/redis.pid" \
-      || fail "redis-server with TLS on port $port did not start (see $dir/redis.log)"
-    wait_for 30 "Redis with TLS on port $port" redis_cluster_tls_cli -h 127.0.0.1 -p "$port" ping
-  done
-  redis_cluster_tls_cli --cluster create 127.0.0.1:7100 127.0.0.1:7101 127.0.0.1:7102 \
-    --cluster-replicas 0 --cluster-yes >/dev/null || fail "redis-cli --cluster create (TLS) failed"
-  wait_for 30 "Redis Cluster with TLS" redis_cluster_tls_ok
+  form_cluster redis_tls_cli start_redis_tls 7100 7101 7102
   log "Redis Cluster with TLS ready"
 }
 
 ensure_redis_cluster() {
   export DLOCK_REDIS_CLUSTER_URL="${DLOCK_REDIS_CLUSTER_URL:-redis+cluster://127.0.0.1:7000,127.0.0.1:7001,127.0.0.1:7002}"
   ensure_redis_server_binary
-  if redis-cli -h 127.0.0.1 -p 7000 cluster info 2>/dev/null | grep -q 'cluster_state:ok'; then
+  if cluster_ok redis-cli 7000; then
     log "Redis Cluster already running on 127.0.0.1:7000-7002"
     return
   fi
   log "starting a 3-master Redis Cluster on 127.0.0.1:7000-7002"
-  for port in 7000 7001 7002; do
-    redis-cli -h 127.0.0.1 -p "$port" shutdown nosave >/dev/null 2>&1 || true
-  done
-  for port in 7000 7001 7002; do
-    start_redis "$port" --cluster-enabled yes --cluster-config-file nodes.conf --cluster-node-timeout 2000
-  done
-  redis-cli --cluster create 127.0.0.1:7000 127.0.0.1:7001 127.0.0.1:7002 --cluster-replicas 0 --cluster-yes >/dev/null \
-    || fail "redis-cli --cluster create failed"
-  wait_for 30 "Redis Cluster" sh -c "redis-cli -h 127.0.0.1 -p 7000 cluster info | grep -q 'cluster_state:ok'"
+  form_cluster redis-cli start_redis 7000 7001 7002
   log "Redis Cluster ready"
 }
 

@@ -21,8 +21,10 @@
 //! Under `cargo test` it runs a short smoke pass.
 #![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
 
+use std::cell::RefCell;
 use std::future::Future;
 use std::pin::Pin;
+use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -35,8 +37,7 @@ use dlock_api::spi::{
 use dlock_api::{DistributeLockManager, LockRemoteResource};
 use dlock_redis::RedisBackend;
 use testsuite::bench::{
-    api_contestant, backend_selected, cycles, impl_selected, interleaved, is_bench, spi_contestant,
-    Contestant,
+    api_contestant, backend_selected, cycles, interleaved, is_bench, spi_contestant, Contestant,
 };
 
 const RELEASE_LUA: &str =
@@ -62,8 +63,8 @@ async fn floor_conn(url: &str) -> redis::aio::ConnectionManager {
         .unwrap()
 }
 
-/// One floor cycle: SET NX PX, then EVAL compare-and-delete.
-async fn floor_cycle(conn: &mut redis::aio::ConnectionManager, key: &str, token: &str) -> bool {
+/// The floor's acquire: SET NX PX.
+async fn floor_acquire(conn: &mut redis::aio::ConnectionManager, key: &str, token: &str) -> bool {
     let set: Option<String> = redis::cmd("SET")
         .arg(key)
         .arg(token)
@@ -73,9 +74,11 @@ async fn floor_cycle(conn: &mut redis::aio::ConnectionManager, key: &str, token:
         .query_async(conn)
         .await
         .unwrap();
-    if set.is_none() {
-        return false;
-    }
+    set.is_some()
+}
+
+/// The floor's release: EVAL compare-and-delete.
+async fn floor_release(conn: &mut redis::aio::ConnectionManager, key: &str, token: &str) {
     let _: i64 = redis::cmd("EVAL")
         .arg(RELEASE_LUA)
         .arg(1)
@@ -84,6 +87,14 @@ async fn floor_cycle(conn: &mut redis::aio::ConnectionManager, key: &str, token:
         .query_async(conn)
         .await
         .unwrap();
+}
+
+/// One floor cycle.
+async fn floor_cycle(conn: &mut redis::aio::ConnectionManager, key: &str, token: &str) -> bool {
+    if !floor_acquire(conn, key, token).await {
+        return false;
+    }
+    floor_release(conn, key, token).await;
     true
 }
 
@@ -132,14 +143,7 @@ async fn uncontended(cfg: &Cfg, tasks: usize) -> Vec<(&'static str, f64)> {
                     .await
                     .unwrap();
                 assert!(set.is_some());
-                let _: i64 = redis::cmd("EVAL")
-                    .arg(RELEASE_LUA)
-                    .arg(1)
-                    .arg(&key)
-                    .arg("owner")
-                    .query_async(&mut conn)
-                    .await
-                    .unwrap();
+                floor_release(&mut conn, &key, "owner").await;
                 (conn, script, key)
             })
         }
@@ -202,8 +206,7 @@ async fn uncontended(cfg: &Cfg, tasks: usize) -> Vec<(&'static str, f64)> {
 #[derive(Default, Debug, Clone, Copy)]
 struct Client {
     cycles: u64,
-    /// Cycles that ended within the round's time (the rate counts only these, so a
-    /// round's stragglers — waiters still waiting when time is up — do not stretch it).
+    /// Cycles that ended within the round's time (the rate counts only these).
     in_time: u64,
     longest_wait: Duration,
     timeouts: u64,
@@ -229,22 +232,17 @@ const CONTENDED_ROUNDS: u32 = 6;
 /// false on a timeout.
 type Cycle = Box<dyn FnMut() -> Pin<Box<dyn Future<Output = bool> + Send>> + Send>;
 
-/// An implementation in the contended scenario: `CLIENTS` separate clients on one lock.
-struct ContendedImpl {
-    name: &'static str,
-    /// Client `i`'s cycle (the clients persist across rounds).
-    cycle: Box<dyn Fn(usize) -> Cycle>,
-    clients: Vec<Client>,
-    rates: Vec<f64>,
-}
+/// Client `i`'s cycle of one implementation (the clients persist across rounds).
+type Clients = Box<dyn Fn(usize) -> Cycle>;
 
-/// Runs the clients of `imp` for `secs`, adding their counts to its totals.
-async fn contend_round(imp: &mut ContendedImpl, secs: Duration) {
-    let start = Instant::now();
-    let end = start + secs;
+/// Runs `CLIENTS` clients for `secs`, adding their counts to `totals`; returns the
+/// cycles that ended within `secs` (stragglers — waiters still waiting when time is
+/// up — do not stretch the round).
+async fn contend_round(clients: &Clients, totals: &RefCell<Vec<Client>>, secs: Duration) -> u64 {
+    let end = Instant::now() + secs;
     let handles: Vec<_> = (0..CLIENTS)
         .map(|i| {
-            let mut cycle = (imp.cycle)(i);
+            let mut cycle = clients(i);
             tokio::spawn(async move {
                 let mut c = Client::default();
                 while Instant::now() < end {
@@ -265,21 +263,12 @@ async fn contend_round(imp: &mut ContendedImpl, secs: Duration) {
     for (i, h) in handles.into_iter().enumerate() {
         let c = h.await.unwrap();
         in_time += c.in_time;
-        let total = &mut imp.clients[i];
+        let total = &mut totals.borrow_mut()[i];
         total.cycles += c.cycles;
         total.longest_wait = total.longest_wait.max(c.longest_wait);
         total.timeouts += c.timeouts;
     }
-    imp.rates.push(rate(in_time, secs));
-}
-
-fn contended_impl(name: &'static str, cycle: impl Fn(usize) -> Cycle + 'static) -> ContendedImpl {
-    ContendedImpl {
-        name,
-        cycle: Box::new(cycle),
-        clients: vec![Client::default(); CLIENTS],
-        rates: Vec::new(),
-    }
+    in_time
 }
 
 fn contended_rounds(cfg: &Cfg) -> u32 {
@@ -290,12 +279,13 @@ fn contended_rounds(cfg: &Cfg) -> u32 {
     }
 }
 
-/// The four implementations run in rotating interleaved rounds (as the uncontended
-/// scenarios do), so a slow spell of the VM does not fall on one of them; each keeps
-/// its clients and lock across rounds.
+/// The four implementations run in interleaved rounds (`interleaved`, as the
+/// uncontended scenarios), so a slow spell of the VM does not fall on one of them;
+/// each keeps its clients and lock across rounds. Per-client counts, the longest wait
+/// and timeouts are over all rounds (the warm-up included).
 async fn contended(cfg: &Cfg) -> Vec<Contended> {
     let tag = format!("bench{:x}", fastrand::u32(..));
-    let mut imps = Vec::new();
+    let mut imps: Vec<(&'static str, Clients)> = Vec::new();
     for fair in [false, true] {
         let mut locks = Vec::new();
         let name = format!("{tag}:dlock:{fair}");
@@ -307,9 +297,9 @@ async fn contended(cfg: &Cfg) -> Vec<Contended> {
                 m.lock(&name)
             });
         }
-        imps.push(contended_impl(
+        imps.push((
             if fair { "dlock fair" } else { "dlock non-fair" },
-            move |i| {
+            Box::new(move |i| {
                 let lock = locks[i].clone();
                 Box::new(move || {
                     let lock = lock.clone();
@@ -324,7 +314,7 @@ async fn contended(cfg: &Cfg) -> Vec<Contended> {
                         }
                     })
                 })
-            },
+            }),
         ));
     }
 
@@ -332,75 +322,90 @@ async fn contended(cfg: &Cfg) -> Vec<Contended> {
     let managers: Vec<_> = (0..CLIENTS)
         .map(|_| Arc::new(rslock::LockManager::new(vec![cfg.url.clone()])))
         .collect();
-    imps.push(contended_impl("rslock", move |i| {
-        let rl = Arc::clone(&managers[i]);
-        let name = Arc::clone(&name);
-        Box::new(move || {
-            let rl = Arc::clone(&rl);
+    imps.push((
+        "rslock",
+        Box::new(move |i| {
+            let rl = Arc::clone(&managers[i]);
             let name = Arc::clone(&name);
-            Box::pin(async move {
-                // rslock retries internally (3 × 200 ms); keep asking until MAX_WAIT.
-                let until = Instant::now() + MAX_WAIT;
-                while Instant::now() < until {
-                    if let Ok(l) = rl.lock(name.as_bytes(), Duration::from_secs(30)).await {
-                        tokio::time::sleep(HOLD).await;
-                        rl.unlock(&l).await;
-                        return true;
+            Box::new(move || {
+                let rl = Arc::clone(&rl);
+                let name = Arc::clone(&name);
+                Box::pin(async move {
+                    // rslock retries internally (3 × 200 ms); keep asking until MAX_WAIT.
+                    let until = Instant::now() + MAX_WAIT;
+                    while Instant::now() < until {
+                        if let Ok(l) = rl.lock(name.as_bytes(), Duration::from_secs(30)).await {
+                            tokio::time::sleep(HOLD).await;
+                            rl.unlock(&l).await;
+                            return true;
+                        }
                     }
-                }
-                false
+                    false
+                })
             })
-        })
-    }));
+        }),
+    ));
 
     let mut locks = Vec::new();
     let name = format!("{tag}:dlr");
     for _ in 0..CLIENTS {
         locks.push(Arc::new(dlr_provider(&cfg.url).await.create_lock(&name)));
     }
-    imps.push(contended_impl("distributed-lock-redis", move |i| {
-        let lock = Arc::clone(&locks[i]);
-        Box::new(move || {
-            let lock = Arc::clone(&lock);
-            Box::pin(async move {
-                match lock.acquire(Some(MAX_WAIT)).await {
-                    Ok(h) => {
-                        tokio::time::sleep(HOLD).await;
-                        h.release().await.unwrap();
-                        true
+    imps.push((
+        "distributed-lock-redis",
+        Box::new(move |i| {
+            let lock = Arc::clone(&locks[i]);
+            Box::new(move || {
+                let lock = Arc::clone(&lock);
+                Box::pin(async move {
+                    match lock.acquire(Some(MAX_WAIT)).await {
+                        Ok(h) => {
+                            tokio::time::sleep(HOLD).await;
+                            h.release().await.unwrap();
+                            true
+                        }
+                        Err(_) => false,
                     }
-                    Err(_) => false,
-                }
+                })
             })
-        })
-    }));
+        }),
+    ));
 
-    imps.retain(|imp| impl_selected(imp.name));
-    let rounds = contended_rounds(cfg);
-    let n = imps.len();
-    for round in 0..rounds as usize {
-        for k in 0..n {
-            let imp = &mut imps[(k + round) % n];
-            contend_round(imp, cfg.secs / rounds).await;
-        }
+    // Each implementation's per-client totals, kept by name: `interleaved` drops the
+    // ones DLOCK_BENCH_IMPL leaves out.
+    let mut totals = Vec::new();
+    let mut contestants = Vec::new();
+    for (name, clients) in imps {
+        let mine = Rc::new(RefCell::new(vec![Client::default(); CLIENTS]));
+        totals.push((name, Rc::clone(&mine)));
+        let clients = Rc::new(clients);
+        contestants.push(Contestant::new(
+            name,
+            Box::new(move |d| {
+                let (clients, mine) = (Rc::clone(&clients), Rc::clone(&mine));
+                Box::pin(async move { (contend_round(&clients, &mine, d).await, d) })
+            }),
+        ));
     }
-    imps.into_iter()
-        .map(|imp| {
-            let mut rates = imp.rates;
-            rates.sort_by(f64::total_cmp);
-            Contended {
-                name: imp.name,
-                rate: rates.get(rates.len() / 2).copied().unwrap_or(0.0),
-                min: imp.clients.iter().map(|c| c.cycles).min().unwrap_or(0),
-                max: imp.clients.iter().map(|c| c.cycles).max().unwrap_or(0),
-                longest_wait: imp
-                    .clients
+    let rounds = contended_rounds(cfg);
+    let rates = interleaved(contestants, rounds, cfg.secs / rounds).await;
+    rates
+        .into_iter()
+        .filter_map(|(name, rate)| {
+            let (_, mine) = totals.iter().find(|(n, _)| *n == name)?;
+            let clients = mine.borrow();
+            Some(Contended {
+                name,
+                rate,
+                min: clients.iter().map(|c| c.cycles).min().unwrap_or(0),
+                max: clients.iter().map(|c| c.cycles).max().unwrap_or(0),
+                longest_wait: clients
                     .iter()
                     .map(|c| c.longest_wait)
                     .max()
                     .unwrap_or_default(),
-                timeouts: imp.clients.iter().map(|c| c.timeouts).sum(),
-            }
+                timeouts: clients.iter().map(|c| c.timeouts).sum(),
+            })
         })
         .collect()
 }
@@ -453,16 +458,7 @@ async fn latency(cfg: &Cfg) -> Vec<(&'static str, [Duration; 4])> {
                     0..=2 => {
                         let key = if imp == 2 { &fenced_keys[0] } else { &key };
                         let granted = match imp {
-                            0 => redis::cmd("SET")
-                                .arg(key)
-                                .arg("owner")
-                                .arg("NX")
-                                .arg("PX")
-                                .arg(30_000)
-                                .query_async::<Option<String>>(&mut conn)
-                                .await
-                                .unwrap()
-                                .is_some(),
+                            0 => floor_acquire(&mut conn, key, "owner").await,
                             1 => set
                                 .key(key)
                                 .arg("owner")
@@ -483,14 +479,7 @@ async fn latency(cfg: &Cfg) -> Vec<(&'static str, [Duration; 4])> {
                         };
                         assert!(granted);
                         t1 = Instant::now();
-                        let _: i64 = redis::cmd("EVAL")
-                            .arg(RELEASE_LUA)
-                            .arg(1)
-                            .arg(key)
-                            .arg("owner")
-                            .query_async(&mut conn)
-                            .await
-                            .unwrap();
+                        floor_release(&mut conn, key, "owner").await;
                     }
                     3 => {
                         assert!(backend.try_acquire(&spi_req).await.unwrap().is_acquired());
@@ -651,11 +640,7 @@ fn main() {
             }
         }
         if want("latency") {
-            println!("
-**1 task, time per call** (median / 90th percentile, µs)
-
-| implementation | acquire p50 | p90 | release p50 | p90 |
-|---|---|---|---|---|");
+            println!("\n**1 task, time per call** (median / 90th percentile, µs)\n\n| implementation | acquire p50 | p90 | release p50 | p90 |\n|---|---|---|---|---|");
             for (name, [a50, a90, r50, r90]) in latency(&cfg).await {
                 let us = |d: Duration| d.as_secs_f64() * 1e6;
                 println!("| {name} | {:.1} | {:.1} | {:.1} | {:.1} |", us(a50), us(a90), us(r50), us(r90));

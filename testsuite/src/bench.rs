@@ -132,7 +132,7 @@ pub fn spi_contestant<'a>(
 
 /// Whether `label` is wanted: `DLOCK_BENCH_IMPL=floor,SPI` keeps only implementations
 /// whose label contains one of the words (default: all).
-pub fn impl_selected(label: &str) -> bool {
+fn impl_selected(label: &str) -> bool {
     match std::env::var("DLOCK_BENCH_IMPL") {
         Ok(list) if !list.is_empty() => list.split(',').any(|w| label.contains(w)),
         _ => true,

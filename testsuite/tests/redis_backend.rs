@@ -35,6 +35,15 @@ async fn dlock_client(url: &str, options: RedisOptions) -> (RedisBackend, Distri
     (backend, m)
 }
 
+/// A plain connection to the server, for looking at keys and channels directly.
+async fn raw_connection(url: &str) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(url)
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap()
+}
+
 fn name(tag: &str) -> String {
     format!("{tag}-{:x}", fastrand::u64(..))
 }
@@ -83,8 +92,7 @@ async fn a_dead_fair_waiter_is_skipped_once_its_liveness_lapses() {
     let Some(url) = redis_url() else { return };
     let lock = name("ghost");
     // A waiter that queued and then died: queued first, liveness ends in 400 ms.
-    let client = redis::Client::open(url.as_str()).unwrap();
-    let mut c = client.get_multiplexed_async_connection().await.unwrap();
+    let mut c = raw_connection(&url).await;
     let base = format!("dlock:{{{lock}}}");
     let (secs, micros): (i64, i64) = redis::cmd("TIME").query_async(&mut c).await.unwrap();
     let now_ms = secs * 1000 + micros / 1000;
@@ -174,8 +182,7 @@ async fn an_outage_is_typed_loses_on_time_and_notices_resume() {
 async fn fencing_tokens_survive_the_counter_being_deleted() {
     let Some(url) = redis_url() else { return };
     let (_, m) = dlock_client(&url, RedisOptions::default()).await;
-    let raw = redis::Client::open(url.as_str()).unwrap();
-    let mut c = raw.get_multiplexed_async_connection().await.unwrap();
+    let mut c = raw_connection(&url).await;
     let lock = name("fence-del");
     let mut last = 0;
     for round in 0..4 {
@@ -203,6 +210,17 @@ async fn fencing_tokens_survive_the_counter_being_deleted() {
     m.close().await;
 }
 
+/// Takes `lock` (waiting up to 20 s) in a task of its own, releases it at once, and
+/// returns when it got it.
+fn take_in_background(lock: DistributeLock) -> tokio::task::JoinHandle<Instant> {
+    tokio::spawn(async move {
+        let g = take(&lock, Duration::from_secs(20)).await;
+        let at = Instant::now();
+        g.unlock().await.unwrap();
+        at
+    })
+}
+
 /// Parks a waiter on `waiter` (whose backend is `waiter_side`) behind `holder`, keeps
 /// the holder `park` longer, releases, and returns how long the waiter took to get
 /// the lock after the release. Fails if the waiter tried again while parked (polled):
@@ -214,12 +232,7 @@ async fn wake_after_release(
     park: Duration,
 ) -> Duration {
     let before = waiter_side.acquire_attempts();
-    let task = tokio::spawn(async move {
-        let g = take(&waiter, Duration::from_secs(20)).await;
-        let at = Instant::now();
-        g.unlock().await.unwrap();
-        at
-    });
+    let task = take_in_background(waiter);
     // The waiter has tried once and parked.
     assert!(
         eventually(Duration::from_secs(5), || async {
@@ -233,6 +246,12 @@ async fn wake_after_release(
         before + 1,
         "the waiter polled instead of parking"
     );
+    handed_over(holder, task).await
+}
+
+/// Releases `holder` and returns how long `task` (from [`take_in_background`]) then
+/// took to get the lock.
+async fn handed_over(holder: LockGuard, task: tokio::task::JoinHandle<Instant>) -> Duration {
     let released = Instant::now();
     holder.unlock().await.unwrap();
     task.await.unwrap().duration_since(released)
@@ -326,8 +345,7 @@ async fn notice_channels_linger_then_go() {
     let Some(url) = redis_url() else { return };
     let lock = name("linger");
     let channel = format!("dlock:{{{lock}}}:c");
-    let client = redis::Client::open(url.as_str()).unwrap();
-    let c = client.get_multiplexed_async_connection().await.unwrap();
+    let c = raw_connection(&url).await;
     let subscribers = |mut c: redis::aio::MultiplexedConnection| {
         let channel = channel.clone();
         async move {
@@ -444,16 +462,13 @@ async fn a_woken_waiter_rewrites_its_queue_entry_only_when_due() {
     let lock = name("refresh");
     let alive_key = format!("dlock:{{{lock}}}:ql");
     let channel = format!("dlock:{{{lock}}}:c");
-    let client = redis::Client::open(url.as_str()).unwrap();
-    let mut raw = client.get_multiplexed_async_connection().await.unwrap();
+    let mut raw = raw_connection(&url).await;
     let (_, holder_side) = dlock_client(&url, RedisOptions::default()).await;
     let liveness = Duration::from_millis(1500);
     let options = RedisOptions::default().waiter_liveness(liveness);
     let (waiter_side, m) = dlock_client(&url, options).await;
     let holder = take(&holder_side.lock(&lock), Duration::ZERO).await;
-    let waiter = m.lock(&lock);
-    let task =
-        tokio::spawn(async move { take(&waiter, Duration::from_secs(20)).await.unlock().await });
+    let task = take_in_background(m.lock(&lock));
 
     // The waiter's owner and liveness deadline (server ms), once it is queued.
     let probe = raw.clone();
@@ -509,7 +524,7 @@ async fn a_woken_waiter_rewrites_its_queue_entry_only_when_due() {
         "the waiter's liveness was never refreshed"
     );
     holder.unlock().await.unwrap();
-    task.await.unwrap().unwrap();
+    task.await.unwrap();
     holder_side.close().await;
     m.close().await;
 }
@@ -522,21 +537,14 @@ async fn a_polling_fair_waiter_stays_live_whatever_its_backoff() {
     let Some(url) = redis_url() else { return };
     let lock = name("slowpoll");
     let alive_key = format!("dlock:{{{lock}}}:ql");
-    let client = redis::Client::open(url.as_str()).unwrap();
-    let raw = client.get_multiplexed_async_connection().await.unwrap();
+    let raw = raw_connection(&url).await;
     let (_, holder_side) = dlock_client(&url, RedisOptions::default()).await;
     let options = RedisOptions::default()
         .polling(dlock_api::spi::Backoff::constant(Duration::from_secs(10)))
         .waiter_liveness(Duration::from_millis(1500));
     let (_, m) = dlock_client(&url, options).await;
     let holder = take(&holder_side.fair_lock(&lock), Duration::ZERO).await;
-    let waiter = m.fair_lock(&lock);
-    let task = tokio::spawn(async move {
-        let g = take(&waiter, Duration::from_secs(20)).await;
-        let at = Instant::now();
-        g.unlock().await.unwrap();
-        at
-    });
+    let task = take_in_background(m.fair_lock(&lock));
     // The waiter's liveness deadline and the server's clock, both in ms.
     let margin = || {
         let mut raw = raw.clone();
@@ -564,9 +572,7 @@ async fn a_polling_fair_waiter_stays_live_whatever_its_backoff() {
             "the waiter's liveness lapsed ({left} ms) while it waited"
         );
     }
-    let released = Instant::now();
-    holder.unlock().await.unwrap();
-    let got = task.await.unwrap().duration_since(released);
+    let got = handed_over(holder, task).await;
     assert!(
         got < Duration::from_secs(1),
         "the waiter took {got:?} after the release"
