@@ -17,10 +17,10 @@ use redis::{FromRedisValue, Value};
 
 use crate::error::{config_error, map_redis};
 use crate::keys::{
-    scan_pattern, HolderValue, Key, LockKeys, OwnerPart, ScriptCall, ACQUIRE_EXCLUSIVE_KEYS, ALL,
-    CHANNEL, EXCLUSIVE, RELEASE_EXCLUSIVE_KEYS,
+    scan_pattern, HolderValue, LockKeys, OwnerPart, ScriptCall, ACQUIRE_EXCLUSIVE_KEYS, ALL,
+    EXCLUSIVE, RELEASE_EXCLUSIVE_KEYS,
 };
-use crate::notices::Notices;
+use crate::notices::{address, Notices};
 use crate::scripts::Scripts;
 use crate::RedisOptions;
 
@@ -73,18 +73,6 @@ struct Inner {
 #[derive(Clone)]
 pub struct RedisBackend {
     inner: Arc<Inner>,
-}
-
-/// The channel as a script argument; empty when release notices are off.
-struct ChannelArg<'a>(Option<Key<'a>>);
-
-impl redis::ToRedisArgs for ChannelArg<'_> {
-    fn write_redis_args<W: ?Sized + redis::RedisWrite>(&self, out: &mut W) {
-        match self.0 {
-            Some(k) => k.write_redis_args(out),
-            None => out.write_arg(b""),
-        }
-    }
 }
 
 /// What an acquire attempt does if refused (the scripts' `waiting` argument).
@@ -263,7 +251,13 @@ impl RedisBackend {
         }
         let notices = match (&options.polling, nodes.first()) {
             (None, Some(node)) => {
-                let start = Notices::start(node.clone(), options.subscription_linger);
+                let channel = format!(
+                    "{}notices:{:016x}{:016x}",
+                    options.key_prefix,
+                    fastrand::u64(..),
+                    fastrand::u64(..)
+                );
+                let start = Notices::start(node.clone(), channel);
                 let notices = bounded(options.connect_timeout, start).await.map_err(|e| {
                     let message = format!(
                         "cannot open the release-notice (pub/sub) connection to {}: {e}; if pub/sub is not allowed, use RedisOptions::polling",
@@ -327,14 +321,15 @@ impl RedisBackend {
         LockKeys::new(&self.inner.options.key_prefix, name)
     }
 
-    /// The release-notice channel, or an empty argument in polling mode.
-    fn channel<'a>(&self, keys: &'a LockKeys) -> ChannelArg<'a> {
-        ChannelArg(self.inner.notices.is_some().then(|| keys.key(CHANNEL)))
+    /// The channel this backend's waiters are told on (one per backend), or an
+    /// empty argument in polling mode.
+    pub fn notice_channel(&self) -> &str {
+        self.inner.notices.as_ref().map_or("", |n| n.channel())
     }
 
     async fn leave_queue(&self, keys: &LockKeys, owner: &str) -> Result<()> {
         let mut inv = keys.invocation(&self.inner.scripts.leave, &ALL);
-        inv.arg(owner).arg(self.channel(keys));
+        inv.arg(owner);
         self.inner
             .conn
             .invoke::<i64>(&inv)
@@ -379,7 +374,8 @@ impl RedisBackend {
                 });
                 inv.arg(waiting.arg())
                     .arg(ms(o.waiter_liveness))
-                    .arg(ms(mark));
+                    .arg(ms(mark))
+                    .arg(self.notice_channel());
             }
             return self.run_acquire(&inv).await;
         }
@@ -399,7 +395,7 @@ impl RedisBackend {
             })
             .arg(waiting.arg())
             .arg(ms(o.waiter_liveness))
-            .arg(self.channel(keys))
+            .arg(self.notice_channel())
             .arg(req.context.as_ref());
         self.run_acquire(&inv).await
     }
@@ -514,12 +510,13 @@ impl LockRemoteResource for RedisBackend {
 
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<AcquireResult> {
         let keys = self.keys(&req.name);
-        // Subscribe (confirmed) before the first attempt: no lost wake-up.
-        let mut registration = match (&self.inner.notices, req.deadline) {
-            (Some(n), Some(_)) => Some(
-                n.register(&keys.key(CHANNEL).to_string_lossy(), req.owner.as_str())
-                    .await,
-            ),
+        // A caller that may wait registers for notices before its first attempt (the
+        // backend's channel is subscribed already): no lost wake-up.
+        let registration = match (&self.inner.notices, req.deadline) {
+            (Some(n), Some(d)) if d > Instant::now() => Some(n.register(address(
+                keys.key(EXCLUSIVE).to_string_lossy().as_bytes(),
+                req.owner.as_str(),
+            ))),
             _ => None,
         };
         // A waiter queues on the server (when notices flow); it leaves the queue if
@@ -534,9 +531,6 @@ impl LockRemoteResource for RedisBackend {
             if granted {
                 if let Some(slot) = slot.as_mut() {
                     slot.armed = false;
-                }
-                if let Some(r) = registration.as_mut() {
-                    r.mark_acquired();
                 }
                 // The token comes back as the second element when granted.
                 let token = u64::try_from(left_ms).unwrap_or(0);
@@ -600,14 +594,13 @@ impl LockRemoteResource for RedisBackend {
     async fn release(&self, req: &ReleaseRequest) -> Result<ReleaseResult> {
         let keys = self.keys(&req.name);
         let scripts = &self.inner.scripts;
-        let mut inv = owner_call(
+        let inv = owner_call(
             &keys,
             &req.owner,
             req.mode,
             (&scripts.release_exclusive, &RELEASE_EXCLUSIVE_KEYS),
             &scripts.release_shared,
         );
-        inv.arg(self.channel(&keys));
         Ok(if self.run_flag(&inv, "release").await? {
             ReleaseResult::Released
         } else {
@@ -682,8 +675,7 @@ impl LockRemoteResource for RedisBackend {
 impl LockAdmin for RedisBackend {
     async fn force_release(&self, name: &LockName) -> Result<usize> {
         let keys = self.keys(name);
-        let mut inv = keys.invocation(&self.inner.scripts.force_release, &ALL);
-        inv.arg(self.channel(&keys));
+        let inv = keys.invocation(&self.inner.scripts.force_release, &ALL);
         let n: i64 = self
             .inner
             .conn

@@ -24,12 +24,11 @@ pub(crate) const READER_DATA: &str = ":rd";
 pub(crate) const QUEUE: &str = ":q";
 /// Queue liveness: sorted set owner → liveness deadline (server ms).
 pub(crate) const QUEUE_ALIVE: &str = ":ql";
-/// Queued waiters' modes: hash owner → "x" | "s".
+/// Queued waiters' modes and notice channels: hash owner → "x" | "s", followed by
+/// the channel of the waiter's backend (empty when it polls).
 pub(crate) const QUEUE_MODE: &str = ":qm";
 /// A waiting writer's mark (non-fair read-write locks): readers stand back.
 pub(crate) const WRITER_WAITING: &str = ":ww";
-/// The channel release notices go to.
-pub(crate) const CHANNEL: &str = ":c";
 
 /// The general scripts' keys, in order (KEYS[1..8]).
 pub(crate) const ALL: [&str; 8] = [
@@ -77,7 +76,7 @@ impl ToRedisArgs for Key<'_> {
 }
 
 impl Key<'_> {
-    /// The key as a string (for pub/sub channel bookkeeping).
+    /// The key as a string (for release-notice addresses).
     pub(crate) fn to_string_lossy(self) -> String {
         let mut s = String::with_capacity(self.base.len() + self.suffix.len());
         s.push_str(self.base);

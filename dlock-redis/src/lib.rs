@@ -27,11 +27,13 @@
 //!   counter is the writer's token (reentry returns it). A counter that is created
 //!   (first use, or after it was deleted) starts at the server clock in µs, so it
 //!   still starts above every earlier token. It is the one key that outlives a release.
-//! * **Waiting without polling storms**: one pub/sub connection per backend carries
-//!   release notices. A waiter that must wait queues on the server (a sorted set
-//!   ordered by the server clock, with a liveness deadline per waiter that its
-//!   re-checks refresh); a release names the queue's live head and exactly that
-//!   waiter wakes — one waiter in all, so no herd, and none when nobody waits. Dead
+//! * **Waiting without polling storms**: one pub/sub connection per backend,
+//!   subscribed once to the backend's own channel, carries release notices. A waiter
+//!   that must wait queues on the server (a sorted set ordered by the server clock,
+//!   with a liveness deadline per waiter that its re-checks refresh, and the channel
+//!   of its backend); a release names the queue's live head in one message on that
+//!   head's channel and exactly that waiter wakes — one message and one waiter in
+//!   all however many clients wait, so no herd, and none when nobody waits. Dead
 //!   waiters are skipped once their liveness lapses. Fair mode: only the head may
 //!   take the lock. Non-fair: whoever asks first takes a free lock (newcomers barge),
 //!   but waiters are still woken in arrival order, so none starves behind the others.
@@ -80,10 +82,6 @@ pub struct RedisOptions {
     /// every third of this): a crashed waiter is skipped at most this long after it
     /// died. Default 3 s.
     pub waiter_liveness: Duration,
-    /// How long a lock's release-notice channel stays subscribed after its last
-    /// local waiter left (default 10 s): a lock waited for again within that time
-    /// costs no SUBSCRIBE/UNSUBSCRIBE round trips. Zero unsubscribes at the next sweep.
-    pub subscription_linger: Duration,
     /// How long connecting may take (each connection: commands, notices) before
     /// `connect` fails. Default 5 s.
     pub connect_timeout: Duration,
@@ -103,7 +101,6 @@ impl Default for RedisOptions {
             polling: None,
             replica_ack: None,
             waiter_liveness: Duration::from_secs(3),
-            subscription_linger: Duration::from_secs(10),
             connect_timeout: Duration::from_secs(5),
             tls_root_certificate: None,
             tls_identity: None,
@@ -127,12 +124,6 @@ impl RedisOptions {
     /// Sets how long a queued waiter stays queued without re-checking.
     pub fn waiter_liveness(mut self, liveness: Duration) -> Self {
         self.waiter_liveness = liveness;
-        self
-    }
-
-    /// Sets how long an idle release-notice channel stays subscribed.
-    pub fn subscription_linger(mut self, linger: Duration) -> Self {
-        self.subscription_linger = linger;
         self
     }
 

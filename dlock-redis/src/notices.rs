@@ -1,236 +1,119 @@
-//! Release notices: one pub/sub connection per backend carries them to local waiters.
+//! Release notices: one pub/sub connection per backend, subscribed to one channel of
+//! the backend's own, carries them to local waiters.
 //!
-//! A waiter registers on its lock's channel *before* its first attempt and the
-//! channel's SUBSCRIBE is confirmed by then, so a release that follows a failed
-//! attempt always reaches it (no lost wake-up). A release names the waiter it wakes
-//! (`o:<owner>`, the head of the lock's server-side queue), so exactly that waiter
-//! attempts; `r` (from older clients) wakes one local waiter, the oldest. A woken
-//! waiter that leaves without the lock passes the wake-up on to another local one.
-//! If the connection drops, it is re-established, channels are re-subscribed and
-//! every waiter re-checks once (notices may have been missed).
+//! A queued waiter stores its backend's channel with its queue entry; a release that
+//! finds waiters publishes one message, naming the queue's live head, on that head's
+//! channel only. So a release is one message to one connection whatever the number
+//! of waiting clients (a per-lock channel would carry it to every client that waits
+//! for, or recently waited for, the lock), and no connection subscribes per lock.
 //!
-//! A channel stays subscribed for a while (`RedisOptions::subscription_linger`) after
-//! its last waiter leaves, so a lock taken again and again (a hot lock, a holder that
-//! loops) does not pay a SUBSCRIBE and an UNSUBSCRIBE round trip per acquisition; one
-//! sweeper task drops idle channels while any linger.
+//! The message is the lock's exclusive key and the waiter's owner, separated by a
+//! newline (a key ends in `:x` and holds exactly one `{`, so the pair is unambiguous);
+//! it is the key under which the waiter registered here, looked up as it comes.
+//!
+//! The channel is subscribed before `start` returns, so a waiter registered after it
+//! misses no notice; a notice that arrives before the waiter waits is kept by its
+//! `Notify`. If the connection drops, it is re-established and re-subscribed, and
+//! every waiter re-checks (notices may have been missed); while it is down, waiters
+//! poll.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures_util::StreamExt;
-use redis::aio::PubSubSink;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
 struct Waiter {
     id: u64,
-    owner: String,
     notify: Arc<Notify>,
-    woken: bool,
-}
-
-#[derive(Default)]
-struct Channel {
-    waiters: Vec<Waiter>,
-    subscribed: bool,
-    /// Since when the channel has had no waiter (it lingers, subscribed); `None`
-    /// while it has waiters.
-    idle_since: Option<Instant>,
-}
-
-#[derive(Default)]
-struct State {
-    channels: HashMap<String, Channel>,
-    /// Whether the sweeper task is running.
-    sweeping: bool,
-}
-
-impl State {
-    fn wake_one(&mut self, channel: &str) {
-        if let Some(ch) = self.channels.get_mut(channel) {
-            if let Some(w) = ch.waiters.iter_mut().find(|w| !w.woken) {
-                w.woken = true;
-                w.notify.notify_one();
-            }
-        }
-    }
-
-    fn wake_owner(&mut self, channel: &str, owner: &str) {
-        if let Some(ch) = self.channels.get_mut(channel) {
-            if let Some(w) = ch.waiters.iter_mut().find(|w| w.owner == owner) {
-                w.woken = true;
-                w.notify.notify_one();
-            }
-        }
-    }
-
-    fn wake_all(&mut self) {
-        for ch in self.channels.values_mut() {
-            for w in &mut ch.waiters {
-                w.woken = true;
-                w.notify.notify_one();
-            }
-        }
-    }
 }
 
 pub(crate) struct Notices {
-    state: Mutex<State>,
-    /// The live connection's sink; `None` while disconnected. The async mutex also
-    /// orders SUBSCRIBE/UNSUBSCRIBE.
-    sink: tokio::sync::Mutex<Option<PubSubSink>>,
+    channel: String,
+    /// Local waiters by the message that names them.
+    waiters: Mutex<HashMap<Vec<u8>, Vec<Waiter>>>,
     next_id: AtomicU64,
-    /// How long a channel stays subscribed after its last waiter left.
-    linger: Duration,
+    connected: AtomicBool,
     task: Mutex<Option<JoinHandle<()>>>,
-    connected: std::sync::atomic::AtomicBool,
+}
+
+/// The message that names `owner` waiting for the lock whose exclusive key is `key`.
+pub(crate) fn address(key: &[u8], owner: &str) -> Vec<u8> {
+    let mut a = Vec::with_capacity(key.len() + 1 + owner.len());
+    a.extend_from_slice(key);
+    a.push(b'\n');
+    a.extend_from_slice(owner.as_bytes());
+    a
 }
 
 impl Notices {
-    fn state(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    fn waiters(&self) -> MutexGuard<'_, HashMap<Vec<u8>, Vec<Waiter>>> {
+        self.waiters.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Connects the notice connection to `client` (a node of the deployment) and
-    /// starts dispatching. The first connection is made here, so waiters registered
-    /// right after are subscribed.
+    /// Connects the notice connection to `client` (a node of the deployment),
+    /// subscribes to `channel` and starts dispatching.
     pub(crate) async fn start(
         client: redis::Client,
-        linger: Duration,
+        channel: String,
     ) -> redis::RedisResult<Arc<Self>> {
-        let first = client.get_async_pubsub().await?;
+        let mut first = client.get_async_pubsub().await?;
+        first.subscribe(&channel).await?;
         let notices = Arc::new(Notices {
-            state: Mutex::new(State::default()),
-            sink: tokio::sync::Mutex::new(None),
+            channel,
+            waiters: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(1),
-            linger,
+            connected: AtomicBool::new(true),
             task: Mutex::new(None),
-            connected: std::sync::atomic::AtomicBool::new(true),
         });
-        let (sink, stream) = first.split();
-        *notices.sink.lock().await = Some(sink);
-        let task = tokio::spawn(run(Arc::downgrade(&notices), client, Some(stream)));
+        let task = tokio::spawn(run(Arc::downgrade(&notices), client, Some(first)));
         *notices.task.lock().unwrap_or_else(PoisonError::into_inner) = Some(task);
         Ok(notices)
     }
 
-    /// Whether the notice connection is up (channels subscribed).
+    /// The channel this backend's waiters are told on.
+    pub(crate) fn channel(&self) -> &str {
+        &self.channel
+    }
+
+    /// Whether the notice connection is up (the channel subscribed).
     pub(crate) fn connected(&self) -> bool {
         self.connected.load(Ordering::Acquire)
     }
 
-    /// Registers a waiter for `owner` on `channel`; the subscription is confirmed when
-    /// this returns (unless the connection is down: then `subscribed()` is false and
-    /// the waiter must poll).
-    pub(crate) async fn register(self: &Arc<Self>, channel: &str, owner: &str) -> Registration {
+    /// Registers a waiter under `address`; notices for it are kept from now on.
+    pub(crate) fn register(self: &Arc<Self>, address: Vec<u8>) -> Registration {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let notify = Arc::new(Notify::new());
-        {
-            let mut state = self.state();
-            let ch = state.channels.entry(channel.to_owned()).or_default();
-            ch.idle_since = None;
-            ch.waiters.push(Waiter {
+        self.waiters()
+            .entry(address.clone())
+            .or_default()
+            .push(Waiter {
                 id,
-                owner: owner.to_owned(),
                 notify: Arc::clone(&notify),
-                woken: false,
             });
-        }
-        let mut sink = self.sink.lock().await;
-        let needs = !self
-            .state()
-            .channels
-            .get(channel)
-            .is_some_and(|c| c.subscribed);
-        let mut subscribed = !needs;
-        if needs {
-            if let Some(s) = sink.as_mut() {
-                if s.subscribe(channel).await.is_ok() {
-                    if let Some(c) = self.state().channels.get_mut(channel) {
-                        c.subscribed = true;
-                    }
-                    subscribed = true;
-                }
-            }
-        }
-        drop(sink);
         Registration {
             notices: Arc::clone(self),
-            channel: channel.to_owned(),
+            address,
             id,
             notify,
-            subscribed,
-            acquired: false,
         }
     }
 
-    fn leave(self: &Arc<Self>, channel: &str, id: u64, acquired: bool) {
-        let start_sweeper = {
-            let mut state = self.state();
-            let Some(ch) = state.channels.get_mut(channel) else {
-                return;
-            };
-            let woken = ch
-                .waiters
-                .iter()
-                .position(|w| w.id == id)
-                .map(|pos| ch.waiters.remove(pos).woken)
-                .unwrap_or(false);
-            let idle = ch.waiters.is_empty();
-            if idle {
-                ch.idle_since = Some(Instant::now());
-            } else if woken && !acquired {
-                state.wake_one(channel);
-            }
-            let start = idle && !state.sweeping;
-            state.sweeping |= start;
-            start
-        };
-        if start_sweeper {
-            match tokio::runtime::Handle::try_current() {
-                Ok(rt) => drop(rt.spawn(sweep(Arc::downgrade(self), self.linger))),
-                Err(_) => self.state().sweeping = false,
+    fn wake(&self, address: &[u8]) {
+        if let Some(ws) = self.waiters().get(address) {
+            for w in ws {
+                w.notify.notify_one();
             }
         }
     }
-}
 
-/// Unsubscribes channels idle for `linger`; runs while any channel lingers.
-async fn sweep(notices: Weak<Notices>, linger: Duration) {
-    loop {
-        tokio::time::sleep((linger / 2).max(Duration::from_millis(10))).await;
-        let Some(n) = notices.upgrade() else { return };
-        // The sink lock orders this UNSUBSCRIBE before a new waiter's SUBSCRIBE.
-        let mut sink = n.sink.lock().await;
-        let (expired, lingering) = {
-            let mut state = n.state();
-            let now = Instant::now();
-            let expired: Vec<String> = state
-                .channels
-                .iter()
-                .filter(|(_, c)| {
-                    c.idle_since
-                        .is_some_and(|t| now.duration_since(t) >= linger)
-                })
-                .map(|(name, _)| name.clone())
-                .collect();
-            for name in &expired {
-                state.channels.remove(name);
-            }
-            let lingering = state.channels.values().any(|c| c.idle_since.is_some());
-            state.sweeping = lingering;
-            (expired, lingering)
-        };
-        if let Some(s) = sink.as_mut() {
-            for name in &expired {
-                let _ = s.unsubscribe(name).await;
-            }
-        }
-        drop(sink);
-        if !lingering {
-            return;
+    fn wake_all(&self) {
+        for w in self.waiters().values().flatten() {
+            w.notify.notify_one();
         }
     }
 }
@@ -248,94 +131,72 @@ impl Drop for Notices {
     }
 }
 
-/// A waiter's place on a channel; leaves it on drop.
+/// A waiter's registration; removed on drop.
 pub(crate) struct Registration {
     notices: Arc<Notices>,
-    channel: String,
+    address: Vec<u8>,
     id: u64,
     notify: Arc<Notify>,
-    subscribed: bool,
-    acquired: bool,
 }
 
 impl Registration {
-    /// Whether release notices reach this waiter (else it must poll).
+    /// Whether release notices reach this waiter now (else it must poll).
     pub(crate) fn subscribed(&self) -> bool {
-        self.subscribed
+        self.notices.connected()
     }
 
-    /// Waits for a notice addressed to this waiter. A notice that arrived since the
-    /// last wait completes it at once.
+    /// Waits for a notice naming this waiter. A notice that arrived since the last
+    /// wait completes it at once.
     pub(crate) async fn notified(&self) {
         self.notify.notified().await;
-        let mut state = self.notices.state();
-        if let Some(w) = state
-            .channels
-            .get_mut(&self.channel)
-            .and_then(|c| c.waiters.iter_mut().find(|w| w.id == self.id))
-        {
-            w.woken = false;
-        }
-    }
-
-    /// The lock was granted: a pending wake-up is used, not passed on.
-    pub(crate) fn mark_acquired(&mut self) {
-        self.acquired = true;
     }
 }
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        self.notices.leave(&self.channel, self.id, self.acquired);
+        let mut waiters = self.notices.waiters();
+        if let Some(ws) = waiters.get_mut(&self.address) {
+            ws.retain(|w| w.id != self.id);
+            if ws.is_empty() {
+                waiters.remove(&self.address);
+            }
+        }
     }
 }
 
-async fn run(
-    notices: Weak<Notices>,
-    client: redis::Client,
-    mut first: Option<redis::aio::PubSubStream>,
-) {
+async fn run(notices: Weak<Notices>, client: redis::Client, mut first: Option<redis::aio::PubSub>) {
     loop {
-        if let Some(stream) = first.take() {
-            dispatch(&notices, stream).await;
-        } else {
-            let connected = client.get_async_pubsub().await;
-            let Some(n) = notices.upgrade() else { return };
-            match connected {
-                Ok(pubsub) => {
-                    let (mut sink, stream) = pubsub.split();
-                    let mut guard = n.sink.lock().await;
-                    let channels: Vec<String> = n.state().channels.keys().cloned().collect();
-                    for c in &channels {
-                        if sink.subscribe(c).await.is_ok() {
-                            if let Some(ch) = n.state().channels.get_mut(c) {
-                                ch.subscribed = true;
-                            }
-                        }
+        let pubsub = match first.take() {
+            Some(p) => p,
+            None => {
+                let Some(channel) = notices.upgrade().map(|n| n.channel.clone()) else {
+                    return;
+                };
+                let connected = match client.get_async_pubsub().await {
+                    Ok(mut p) => p.subscribe(&channel).await.map(|()| p),
+                    Err(e) => Err(e),
+                };
+                match connected {
+                    Ok(p) => {
+                        let Some(n) = notices.upgrade() else { return };
+                        n.connected.store(true, Ordering::Release);
+                        // Notices may have been missed while disconnected.
+                        n.wake_all();
+                        p
                     }
-                    *guard = Some(sink);
-                    n.connected.store(true, Ordering::Release);
-                    drop(guard);
-                    // Notices may have been missed while disconnected.
-                    n.state().wake_all();
-                    drop(n);
-                    dispatch(&notices, stream).await;
-                }
-                Err(e) => {
-                    drop(n);
-                    tracing::debug!(error = %e, "dlock-redis: release-notice connection failed; retrying");
-                    tokio::time::sleep(Duration::from_millis(250)).await;
-                    continue;
+                    Err(e) => {
+                        tracing::debug!(error = %e, "dlock-redis: release-notice connection failed; retrying");
+                        tokio::time::sleep(Duration::from_millis(250)).await;
+                        continue;
+                    }
                 }
             }
-        }
+        };
+        dispatch(&notices, pubsub).await;
         let Some(n) = notices.upgrade() else { return };
         n.connected.store(false, Ordering::Release);
-        *n.sink.lock().await = None;
-        for ch in n.state().channels.values_mut() {
-            ch.subscribed = false;
-        }
-        n.state().wake_all();
+        // Waiters switch to polling until the connection is back.
+        n.wake_all();
         drop(n);
         tracing::debug!("dlock-redis: release-notice connection lost; reconnecting");
         tokio::time::sleep(Duration::from_millis(250)).await;
@@ -343,15 +204,10 @@ async fn run(
 }
 
 /// Delivers notices until the connection ends.
-async fn dispatch(notices: &Weak<Notices>, mut stream: redis::aio::PubSubStream) {
+async fn dispatch(notices: &Weak<Notices>, mut pubsub: redis::aio::PubSub) {
+    let mut stream = pubsub.on_message();
     while let Some(msg) = stream.next().await {
         let Some(n) = notices.upgrade() else { return };
-        let payload: String = msg.get_payload().unwrap_or_default();
-        let channel = msg.get_channel_name();
-        let mut state = n.state();
-        match payload.strip_prefix("o:") {
-            Some(owner) => state.wake_owner(channel, owner),
-            None => state.wake_one(channel),
-        }
+        n.wake(msg.get_payload_bytes());
     }
 }

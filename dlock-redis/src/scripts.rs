@@ -100,19 +100,22 @@ local function purge_queue(queue, alive, modes)
 end
 "#;
 const H_QUEUE: &str = r#"
--- Queues owner o (mode m) for a release notice, keeping the place of an earlier
--- arrival, and refreshes its liveness; the queue itself lapses if no waiter
--- refreshes it (all crashed). A waiter refreshed less than a third of its liveness
--- ago is left as it is: on a hot lock the head re-checks on every release, and those
--- re-checks then rewrite (and replicate) no queue entry. Refreshes stay at most
--- two thirds of the liveness apart, as queued waiters re-check every third.
-local function enqueue(queue, alive, modes, o, m, live)
+-- Queues owner o (mode m) for a release notice on channel ch (its backend's; empty
+-- when it polls), keeping the place of an earlier arrival, and refreshes its
+-- liveness; the queue itself lapses if no waiter refreshes it (all crashed). A
+-- waiter refreshed less than a third of its liveness ago is left as it is: on a hot
+-- lock the head re-checks on every release, and those re-checks then rewrite (and
+-- replicate) no queue entry. Refreshes stay at most two thirds of the liveness
+-- apart, as queued waiters re-check every third.
+local function enqueue(queue, alive, modes, o, m, live, ch)
   clock()
+  local entry = m .. ch
   local live_until = tonumber(redis.call('ZSCORE', alive, o))
-  if live_until and live_until - now > live * 2 / 3 then return end
+  if live_until and live_until - now > live * 2 / 3
+    and redis.call('HGET', modes, o) == entry then return end
   redis.call('ZADD', queue, 'NX', string.format('%.0f', now_us), o)
   redis.call('ZADD', alive, now + live, o)
-  redis.call('HSET', modes, o, m)
+  redis.call('HSET', modes, o, entry)
   for _, k in ipairs({queue, alive, modes}) do redis.call('PEXPIRE', k, 2 * live) end
 end
 local function dequeue(queue, alive, modes, o)
@@ -122,12 +125,20 @@ local function dequeue(queue, alive, modes, o)
 end
 "#;
 const H_NOTIFY: &str = r#"
--- Tells the live head of the queue, by name ("o:<owner>"), that the lock may be free.
-local function notify(channel, queue, alive, modes)
-  if channel == '' or redis.call('EXISTS', queue) == 0 then return end
+-- Tells queued waiter o of the lock whose exclusive key is x that the lock may be
+-- free: one message ("<x>\n<o>") on o's own backend's channel, none if o polls.
+local function tell(x, modes, o)
+  local entry = redis.call('HGET', modes, o)
+  if entry and #entry > 1 then
+    redis.call('PUBLISH', string.sub(entry, 2), x .. '\n' .. o)
+  end
+end
+-- Tells the live head of the queue, if any.
+local function notify(x, queue, alive, modes)
+  if redis.call('EXISTS', queue) == 0 then return end
   purge_queue(queue, alive, modes)
   local head = redis.call('ZRANGE', queue, 0, 0)
-  if head[1] then redis.call('PUBLISH', channel, 'o:' .. head[1]) end
+  if head[1] then tell(x, modes, head[1]) end
 end
 "#;
 const H_TIME_LEFT: &str = r#"
@@ -143,8 +154,8 @@ end
 /// when they are not declared — queue, queue liveness, queue modes, writer mark.
 /// ARGV: holder value (`<owner length>|<owner><context>`), lease ms, and — unless
 /// waiting is 0, when they are not sent — waiting (1 yes, 2 yes and queue for a
-/// notice, 3 already queued), liveness ms, writer mark ms. Returns {1, token} or
-/// {0, ms left, queued}.
+/// notice, 3 already queued), liveness ms, writer mark ms, notice channel. Returns
+/// {1, token} or {0, ms left, queued}.
 ///
 /// A free lock is granted in two server calls (`SET NX PX`, `INCR`), like the raw
 /// floor plus the fencing counter, and returns before the helpers of
@@ -176,7 +187,7 @@ elseif not tok then
       redis.call('SET', KEYS[6], '1', 'PX', ARGV[5])
     end
     if waiting == '2' or waiting == '3' then
-      enqueue(KEYS[3], KEYS[4], KEYS[5], owner, 'x', tonumber(ARGV[4]))
+      enqueue(KEYS[3], KEYS[4], KEYS[5], owner, 'x', tonumber(ARGV[4]), ARGV[6])
       queued = 1
     end
     return {0, time_left(x), queued}
@@ -190,18 +201,17 @@ return {1, tok}
 "#;
 
 /// Exclusive release. KEYS: exclusive, queue, queue liveness, queue modes.
-/// ARGV: owner part of the holder value, channel. Returns 1 if released, 0 if not
-/// the owner. With nobody waiting (the common case) it is `GET`, `DEL`, `EXISTS`
+/// ARGV: owner part of the holder value. Returns 1 if released, 0 if not the owner. With nobody waiting (the common case) it is `GET`, `DEL`, `EXISTS`
 /// and returns before the helpers of [`RELEASE_EXCLUSIVE_NOTIFY`] are even created.
 const RELEASE_EXCLUSIVE: &str = r#"
 local v = redis.call('GET', KEYS[1])
 if not v or string.sub(v, 1, #ARGV[1]) ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1])
-if ARGV[2] == '' or redis.call('EXISTS', KEYS[2]) == 0 then return 1 end
+if redis.call('EXISTS', KEYS[2]) == 0 then return 1 end
 "#;
 /// The exclusive release's tail, after its helpers: someone waits.
 const RELEASE_EXCLUSIVE_NOTIFY: &str = r#"
-notify(ARGV[2], KEYS[2], KEYS[3], KEYS[4])
+notify(KEYS[1], KEYS[2], KEYS[3], KEYS[4])
 return 1
 "#;
 
@@ -217,7 +227,7 @@ return 1
 /// non-fair exclusive acquire always goes through [`ACQUIRE_EXCLUSIVE`]). KEYS:
 /// exclusive, readers, reader data, fence, queue, queue liveness, queue modes,
 /// writer mark. ARGV: owner, mode (x|s), lease ms, holder value, fair (1|0), waiting
-/// (as [`ACQUIRE_EXCLUSIVE`]), liveness ms, channel, context. Returns {1, token} or {0, ms left, queued}.
+/// (as [`ACQUIRE_EXCLUSIVE`]), liveness ms, notice channel, context. Returns {1, token} or {0, ms left, queued}.
 const ACQUIRE: &str = r#"
 local owner, mode, lease = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local fair = ARGV[5] == '1'
@@ -273,7 +283,7 @@ else
     local count = rank or redis.call('ZCARD', KEYS[5])
     if free and count > 0 then
       for _, o in ipairs(redis.call('ZRANGE', KEYS[5], 0, count - 1)) do
-        if redis.call('HGET', KEYS[7], o) == 'x' then free = false break end
+        if string.sub(redis.call('HGET', KEYS[7], o) or '', 1, 1) == 'x' then free = false break end
       end
     end
   else
@@ -288,8 +298,8 @@ else
       dequeue(KEYS[5], KEYS[6], KEYS[7], owner)
       -- Readers queued right behind this reader may join it.
       local head = redis.call('ZRANGE', KEYS[5], 0, 0)
-      if head[1] and redis.call('HGET', KEYS[7], head[1]) == 's' and ARGV[8] ~= '' then
-        redis.call('PUBLISH', ARGV[8], 'o:' .. head[1])
+      if head[1] and string.sub(redis.call('HGET', KEYS[7], head[1]) or '', 1, 1) == 's' then
+        tell(KEYS[1], KEYS[7], head[1])
       end
     end
     return {1, tok}
@@ -298,19 +308,19 @@ end
 
 local queued = 0
 if queue then
-  enqueue(KEYS[5], KEYS[6], KEYS[7], owner, mode, tonumber(ARGV[7]))
+  enqueue(KEYS[5], KEYS[6], KEYS[7], owner, mode, tonumber(ARGV[7]), ARGV[8])
   queued = 1
 end
 return {0, time_left(KEYS[1]), queued}
 "#;
 
-/// Shared release. KEYS: as ACQUIRE. ARGV: owner, channel.
+/// Shared release. KEYS: as ACQUIRE. ARGV: owner.
 const RELEASE_SHARED: &str = r#"
 purge_readers(KEYS[2], KEYS[3])
 if not redis.call('ZSCORE', KEYS[2], ARGV[1]) then return 0 end
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('HDEL', KEYS[3], ARGV[1], 'c:' .. ARGV[1])
-if reader_horizon(KEYS[1], KEYS[2], KEYS[3]) == 0 then notify(ARGV[2], KEYS[5], KEYS[6], KEYS[7]) end
+if reader_horizon(KEYS[1], KEYS[2], KEYS[3]) == 0 then notify(KEYS[1], KEYS[5], KEYS[6], KEYS[7]) end
 return 1
 "#;
 
@@ -323,12 +333,12 @@ reader_horizon(KEYS[1], KEYS[2], KEYS[3])
 return 1
 "#;
 
-/// Leaves the fair queue (a waiter that gave up or was cancelled). KEYS: as ACQUIRE.
-/// ARGV: owner, channel.
+/// Leaves the queue (a waiter that gave up or was cancelled). KEYS: as ACQUIRE.
+/// ARGV: owner.
 const LEAVE: &str = r#"
 local was_head = redis.call('ZRANK', KEYS[5], ARGV[1]) == 0
 dequeue(KEYS[5], KEYS[6], KEYS[7], ARGV[1])
-if was_head and redis.call('EXISTS', KEYS[1]) == 0 then notify(ARGV[2], KEYS[5], KEYS[6], KEYS[7]) end
+if was_head and redis.call('EXISTS', KEYS[1]) == 0 then notify(KEYS[1], KEYS[5], KEYS[6], KEYS[7]) end
 return 1
 "#;
 
@@ -356,12 +366,12 @@ return out
 "#;
 
 /// Removes every hold and writer mark (not the fence); returns the number of holds
-/// removed. KEYS: as ACQUIRE. ARGV: channel.
+/// removed. KEYS: as ACQUIRE.
 const FORCE_RELEASE: &str = r#"
 purge_readers(KEYS[2], KEYS[3])
 local n = (holder(redis.call('GET', KEYS[1])) and 1 or 0) + redis.call('ZCARD', KEYS[2])
 redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[8])
-notify(ARGV[1], KEYS[5], KEYS[6], KEYS[7])
+notify(KEYS[1], KEYS[5], KEYS[6], KEYS[7])
 return n
 "#;
 
@@ -453,6 +463,7 @@ mod tests {
             "reader_horizon",
             "purge_queue",
             "notify",
+            "tell",
             "time_left",
         ];
         for (n, src) in sources().iter().enumerate() {

@@ -257,16 +257,46 @@ async fn handed_over(holder: LockGuard, task: tokio::task::JoinHandle<Instant>) 
     task.await.unwrap().duration_since(released)
 }
 
-/// Publishes `probe` on `channel` and returns what the subscriber heard before it
-/// (everything published earlier arrives earlier).
+/// The release notices about `lock` that any backend is sent, as (channel, message),
+/// heard by a raw pattern subscriber on every backend's notice channel (on a thread
+/// of its own), plus the probes [`until_probe`] publishes.
+async fn notice_listener(
+    url: &str,
+    lock: &str,
+) -> tokio::sync::mpsc::UnboundedReceiver<(String, String)> {
+    let about = format!("dlock:{{{lock}}}:x\n");
+    let (tx, mut heard) = tokio::sync::mpsc::unbounded_channel();
+    let mut sub = redis::Client::open(url).unwrap().get_connection().unwrap();
+    sub.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    std::thread::spawn(move || {
+        let mut ps = sub.as_pubsub();
+        ps.psubscribe("dlock:notices:*").unwrap();
+        let _ = tx.send((String::new(), "subscribed".to_owned()));
+        while let Ok(msg) = ps.get_message() {
+            let payload: String = msg.get_payload().unwrap();
+            let ours = payload.starts_with(&about) || payload.starts_with("probe");
+            if ours
+                && tx
+                    .send((msg.get_channel_name().to_owned(), payload))
+                    .is_err()
+            {
+                break;
+            }
+        }
+    });
+    assert_eq!(heard.recv().await.unwrap().1, "subscribed");
+    heard
+}
+
+/// Publishes `probe` where the listener hears it and returns what the listener heard
+/// before it (everything published earlier arrives earlier).
 async fn until_probe(
     publisher: &mut redis::aio::MultiplexedConnection,
-    heard: &mut tokio::sync::mpsc::UnboundedReceiver<String>,
-    channel: &str,
+    heard: &mut tokio::sync::mpsc::UnboundedReceiver<(String, String)>,
     probe: &str,
-) -> Vec<String> {
+) -> Vec<(String, String)> {
     let _: i64 = redis::cmd("PUBLISH")
-        .arg(channel)
+        .arg("dlock:notices:probe")
         .arg(probe)
         .query_async(publisher)
         .await
@@ -274,119 +304,119 @@ async fn until_probe(
     let mut before = Vec::new();
     loop {
         let msg = heard.recv().await.unwrap();
-        if msg == probe {
+        if msg.1 == probe {
             return before;
         }
         before.push(msg);
     }
 }
 
+/// The notice that tells `owner` (waiting for `lock`) on its backend's channel.
+fn notice_for(backend: &RedisBackend, lock: &str, owner: &str) -> (String, String) {
+    (
+        backend.notice_channel().to_owned(),
+        format!("dlock:{{{lock}}}:x\n{owner}"),
+    )
+}
+
 /// Releases publish a notice only while someone waits: uncontended cycles send none,
-/// and a parked waiter is named by the release and woken at once (not by its
-/// re-check, 3 s away with a 9 s liveness), also after a writer's mark (1 s) lapsed.
+/// and a parked waiter is named by the release, on its own backend's channel, and
+/// woken at once (not by its re-check, 3 s away with a 9 s liveness), also after a
+/// writer's mark (1 s) lapsed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn release_notices_go_out_only_while_someone_waits() {
     let Some(url) = redis_url() else { return };
     let lock = name("notices");
-    let channel = format!("dlock:{{{lock}}}:c");
-    let client = redis::Client::open(url.as_str()).unwrap();
-    let mut publisher = client.get_multiplexed_async_connection().await.unwrap();
-
-    // A raw subscriber on the lock's channel, on a thread of its own.
-    let (tx, mut heard) = tokio::sync::mpsc::unbounded_channel::<String>();
-    let mut sub = client.get_connection().unwrap();
-    sub.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    let ch = channel.clone();
-    std::thread::spawn(move || {
-        let mut ps = sub.as_pubsub();
-        ps.subscribe(&ch).unwrap();
-        let _ = tx.send("subscribed".into());
-        while let Ok(msg) = ps.get_message() {
-            if tx.send(msg.get_payload().unwrap()).is_err() {
-                break;
-            }
-        }
-    });
-    assert_eq!(heard.recv().await.unwrap(), "subscribed");
+    let mut publisher = raw_connection(&url).await;
+    let mut heard = notice_listener(&url, &lock).await;
     let (_, m) = dlock_client(&url, RedisOptions::default()).await;
-    for _ in 0..20 {
-        let g = take(&m.lock(&lock), Duration::ZERO).await;
-        g.unlock().await.unwrap();
+    for wait in [Duration::ZERO, Duration::from_secs(1)] {
+        for _ in 0..10 {
+            let g = take(&m.lock(&lock), wait).await;
+            g.unlock().await.unwrap();
+        }
     }
     assert_eq!(
-        until_probe(&mut publisher, &mut heard, &channel, "probe-1").await,
-        Vec::<String>::new(),
+        until_probe(&mut publisher, &mut heard, "probe-1").await,
+        Vec::new(),
         "uncontended releases published notices"
     );
 
     let liveness = RedisOptions::default().waiter_liveness(Duration::from_secs(9));
     let (waiter_side, m2) = dlock_client(&url, liveness).await;
     let holder = take(&m.lock(&lock), Duration::ZERO).await;
+    let waiter = m2.lock(&lock);
+    let owner = waiter.owner().as_str().to_owned();
     // The scenario: the holder keeps the lock 2 s after the waiter parked.
-    let woke =
-        wake_after_release(holder, m2.lock(&lock), &waiter_side, Duration::from_secs(2)).await;
+    let woke = wake_after_release(holder, waiter, &waiter_side, Duration::from_secs(2)).await;
     assert!(
         woke < Duration::from_secs(1),
         "the parked waiter was not woken by a notice ({woke:?})"
     );
-    let notices = until_probe(&mut publisher, &mut heard, &channel, "probe-2").await;
-    assert!(
-        notices.len() == 1 && notices[0].starts_with("o:"),
-        "the release should name the parked waiter, once: {notices:?}"
+    assert_eq!(
+        until_probe(&mut publisher, &mut heard, "probe-2").await,
+        vec![notice_for(&waiter_side, &lock, &owner)],
+        "the release should name the parked waiter, once, on its backend's channel"
     );
     m.close().await;
     m2.close().await;
 }
 
-/// A lock's notice channel stays subscribed for the linger time after its last
-/// waiter leaves (the next wait needs no SUBSCRIBE round trip), then is dropped.
+/// A client subscribes once, to its own channel, whatever it waits for: waiting on
+/// three locks at once adds no subscription, and no lock has a channel of its own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn notice_channels_linger_then_go() {
+async fn one_subscription_per_client_whatever_it_waits_for() {
     let Some(url) = redis_url() else { return };
-    let lock = name("linger");
-    let channel = format!("dlock:{{{lock}}}:c");
-    let c = raw_connection(&url).await;
-    let subscribers = |mut c: redis::aio::MultiplexedConnection| {
-        let channel = channel.clone();
-        async move {
-            let (_, n): (String, i64) = redis::cmd("PUBSUB")
-                .arg("NUMSUB")
-                .arg(&channel)
-                .query_async(&mut c)
-                .await
-                .unwrap();
-            n
-        }
-    };
-    let options = RedisOptions::default().subscription_linger(Duration::from_millis(600));
-    let (_, m) = dlock_client(&url, options).await;
-    for _ in 0..3 {
-        // A wait (deadline) registers on the channel before the first attempt.
-        let g = take(&m.lock(&lock), Duration::from_secs(1)).await;
-        g.unlock().await.unwrap();
-        assert_eq!(
-            subscribers(c.clone()).await,
-            1,
-            "the channel did not linger"
-        );
+    let tag = name("subs");
+    let mut raw = raw_connection(&url).await;
+    let (_, holder_side) = dlock_client(&url, RedisOptions::default()).await;
+    let (waiter_side, m) = dlock_client(&url, RedisOptions::default()).await;
+    let mut held = Vec::new();
+    let mut waiting = Vec::new();
+    for i in 0..3 {
+        let lock = format!("{tag}:{i}");
+        held.push(take(&holder_side.lock(&lock), Duration::ZERO).await);
+        waiting.push(take_in_background(m.lock(&lock)));
     }
     assert!(
         eventually(Duration::from_secs(5), || async {
-            subscribers(c.clone()).await == 0
+            waiter_side.acquire_attempts() == 3
         })
         .await,
-        "the idle channel was never unsubscribed"
+        "the three waiters did not park"
     );
+    let (_, subscribers): (String, i64) = redis::cmd("PUBSUB")
+        .arg("NUMSUB")
+        .arg(waiter_side.notice_channel())
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert_eq!(subscribers, 1, "the client's channel");
+    let per_lock: Vec<String> = redis::cmd("PUBSUB")
+        .arg("CHANNELS")
+        .arg(format!("*{tag}*"))
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert_eq!(per_lock, Vec::<String>::new(), "channels per lock");
+    for (guard, task) in held.into_iter().zip(waiting) {
+        let got = handed_over(guard, task).await;
+        assert!(got < Duration::from_secs(1), "a waiter took {got:?}");
+    }
+    holder_side.close().await;
     m.close().await;
 }
 
 /// Non-fair waiters in separate processes queue on the server: each release names
-/// one waiter, the longest waiting, so they get the lock in arrival order and no
-/// waiter makes an attempt it was not woken for (no herd).
+/// one waiter, the longest waiting, with one message on that waiter's own channel
+/// (not one per waiting client), so they get the lock in arrival order and no waiter
+/// makes an attempt it was not woken for (no herd).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn non_fair_waiters_are_woken_one_at_a_time_in_arrival_order() {
     let Some(url) = redis_url() else { return };
     let lock = name("herd");
+    let mut publisher = raw_connection(&url).await;
+    let mut heard = notice_listener(&url, &lock).await;
     // Re-checks 10 s away: within this test only notices wake anyone.
     let options = RedisOptions::default().waiter_liveness(Duration::from_secs(30));
     let mut sides = Vec::new();
@@ -399,8 +429,10 @@ async fn non_fair_waiters_are_woken_one_at_a_time_in_arrival_order() {
     let holder = take(&managers[0].lock(&lock), Duration::ZERO).await;
     let (order_tx, mut order) = tokio::sync::mpsc::unbounded_channel();
     let mut tasks = Vec::new();
+    let mut expected = Vec::new();
     for i in 1..4 {
         let waiter = managers[i].lock(&lock);
+        expected.push(notice_for(&sides[i], &lock, waiter.owner().as_str()));
         let tx = order_tx.clone();
         tasks.push(tokio::spawn(async move {
             let g = take(&waiter, Duration::from_secs(20)).await;
@@ -429,6 +461,11 @@ async fn non_fair_waiters_are_woken_one_at_a_time_in_arrival_order() {
         attempts,
         vec![2, 2, 2],
         "a waiter attempted without being named (one failed attempt, one granted each)"
+    );
+    assert_eq!(
+        until_probe(&mut publisher, &mut heard, "probe").await,
+        expected,
+        "each release should send one message, to the next waiter's client only"
     );
     for m in managers {
         m.close().await;
@@ -461,7 +498,6 @@ async fn a_woken_waiter_rewrites_its_queue_entry_only_when_due() {
     let Some(url) = redis_url() else { return };
     let lock = name("refresh");
     let alive_key = format!("dlock:{{{lock}}}:ql");
-    let channel = format!("dlock:{{{lock}}}:c");
     let mut raw = raw_connection(&url).await;
     let (_, holder_side) = dlock_client(&url, RedisOptions::default()).await;
     let liveness = Duration::from_millis(1500);
@@ -490,9 +526,10 @@ async fn a_woken_waiter_rewrites_its_queue_entry_only_when_due() {
         .query_async(&mut raw)
         .await
         .unwrap();
+    let (channel, notice) = notice_for(&waiter_side, &lock, &owner);
     let _: i64 = redis::cmd("PUBLISH")
-        .arg(&channel)
-        .arg(format!("o:{owner}"))
+        .arg(channel)
+        .arg(notice)
         .query_async(&mut raw)
         .await
         .unwrap();
