@@ -30,12 +30,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use distributed_lock_core::{DistributedLock, LockHandle, LockProvider};
+use dlock_api::spi::Backoff;
 use dlock_api::spi::{
     async_trait, AcquireChain, AcquireContext, AcquireResult, LockHandler, ReleaseChain,
     ReleaseContext, ReleaseResult, RenewEvent, Result as DResult,
 };
 use dlock_api::{DistributeLockManager, LockRemoteResource};
-use dlock_redis::RedisBackend;
+use dlock_redis::{RedisBackend, RedisOptions};
 use testsuite::bench::{
     api_contestant, backend_selected, cycles, interleaved, is_bench, spi_contestant, Contestant,
 };
@@ -87,6 +88,29 @@ async fn floor_release(conn: &mut redis::aio::ConnectionManager, key: &str, toke
         .query_async(conn)
         .await
         .unwrap();
+}
+
+/// The fenced floor's acquire script: the least a lock with fencing tokens can do in
+/// one round trip (set the holder, advance the lock's counter only on a grant).
+const FENCED_LUA: &str =
+    "if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', 30000) then return redis.call('INCR', KEYS[2]) end return 0";
+
+/// The fenced floor's acquire (its release is the floor's): true when granted.
+async fn fenced_acquire(
+    conn: &mut redis::aio::ConnectionManager,
+    script: &redis::Script,
+    key: &str,
+    counter: &str,
+    token: &str,
+) -> bool {
+    let fence: i64 = script
+        .key(key)
+        .key(counter)
+        .arg(token)
+        .invoke_async(conn)
+        .await
+        .unwrap();
+    fence > 0
 }
 
 /// One floor cycle.
@@ -149,6 +173,21 @@ async fn uncontended(cfg: &Cfg, tasks: usize) -> Vec<(&'static str, f64)> {
         }
     };
 
+    let fenced_floor = {
+        let conn = floor_conn(&cfg.url).await;
+        let script = Arc::new(redis::Script::new(FENCED_LUA));
+        let t = tag.clone();
+        move |i: usize, end: Instant| {
+            let key = format!("{t}:ffloor:{i}");
+            let state = (conn.clone(), Arc::clone(&script), format!("{key}:c"), key);
+            cycles(state, end, |(mut conn, script, counter, key)| async move {
+                assert!(fenced_acquire(&mut conn, &script, &key, &counter, "owner").await);
+                floor_release(&mut conn, &key, "owner").await;
+                (conn, script, counter, key)
+            })
+        }
+    };
+
     let manager = dlock_manager(&cfg.url).await;
     let backend: Arc<dyn LockRemoteResource> =
         Arc::new(RedisBackend::connect(&cfg.url).await.unwrap());
@@ -188,6 +227,11 @@ async fn uncontended(cfg: &Cfg, tasks: usize) -> Vec<(&'static str, f64)> {
             "floor with a scripted acquire (EVALSHA SET NX PX + EVAL)",
             tasks,
             scripted_floor,
+        ),
+        Contestant::tasks(
+            "fenced floor (EVALSHA SET NX PX + INCR, EVAL release)",
+            tasks,
+            fenced_floor,
         ),
         api_contestant(tasks, manager, {
             let t = tag.clone();
@@ -279,18 +323,33 @@ fn contended_rounds(cfg: &Cfg) -> u32 {
     }
 }
 
-/// The four implementations run in interleaved rounds (`interleaved`, as the
+/// The implementations run in interleaved rounds (`interleaved`, as the
 /// uncontended scenarios), so a slow spell of the VM does not fall on one of them;
 /// each keeps its clients and lock across rounds. Per-client counts, the longest wait
 /// and timeouts are over all rounds (the warm-up included).
 async fn contended(cfg: &Cfg) -> Vec<Contended> {
     let tag = format!("bench{:x}", fastrand::u32(..));
     let mut imps: Vec<(&'static str, Clients)> = Vec::new();
-    for fair in [false, true] {
+    // The third dlock variant is a control: it waits as rslock does (a retry every
+    // 200 ms, nobody woken), so the gap between it and rslock is the lock path itself
+    // and the gap between it and the first is what waking a waiter costs here.
+    let polling = RedisOptions::default().polling(Backoff::constant(Duration::from_millis(200)));
+    for (label, fair, options) in [
+        ("dlock non-fair", false, RedisOptions::default()),
+        ("dlock fair", true, RedisOptions::default()),
+        (
+            "dlock non-fair, polling every 200 ms (control)",
+            false,
+            polling,
+        ),
+    ] {
         let mut locks = Vec::new();
-        let name = format!("{tag}:dlock:{fair}");
+        let name = format!("{tag}:{label}");
         for _ in 0..CLIENTS {
-            let m = dlock_manager(&cfg.url).await;
+            let backend = RedisBackend::connect_with(&cfg.url, options.clone())
+                .await
+                .unwrap();
+            let m = DistributeLockManager::builder(backend).build().unwrap();
             locks.push(if fair {
                 m.fair_lock(&name)
             } else {
@@ -298,7 +357,7 @@ async fn contended(cfg: &Cfg) -> Vec<Contended> {
             });
         }
         imps.push((
-            if fair { "dlock fair" } else { "dlock non-fair" },
+            label,
             Box::new(move |i| {
                 let lock = locks[i].clone();
                 Box::new(move || {
@@ -426,9 +485,7 @@ async fn latency(cfg: &Cfg) -> Vec<(&'static str, [Duration; 4])> {
     let tag = format!("bench{:x}", fastrand::u32(..));
     let mut conn = floor_conn(&cfg.url).await;
     let set = redis::Script::new("return redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', 30000)");
-    let fenced = redis::Script::new(
-        "if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', 30000) then return redis.call('INCR', KEYS[2]) end return 0",
-    );
+    let fenced = redis::Script::new(FENCED_LUA);
     let backend = RedisBackend::connect(&cfg.url).await.unwrap();
     let manager = dlock_manager(&cfg.url).await;
     let lock = manager.lock(&format!("{tag}:api"));
@@ -467,14 +524,8 @@ async fn latency(cfg: &Cfg) -> Vec<(&'static str, [Duration; 4])> {
                                 .unwrap()
                                 .is_some(),
                             _ => {
-                                fenced
-                                    .key(key)
-                                    .key(&fenced_keys[1])
-                                    .arg("owner")
-                                    .invoke_async::<i64>(&mut conn)
+                                fenced_acquire(&mut conn, &fenced, key, &fenced_keys[1], "owner")
                                     .await
-                                    .unwrap()
-                                    > 0
                             }
                         };
                         assert!(granted);
