@@ -251,13 +251,7 @@ impl RedisBackend {
         }
         let notices = match (&options.polling, nodes.first()) {
             (None, Some(node)) => {
-                let channel = format!(
-                    "{}notices:{:016x}{:016x}",
-                    options.key_prefix,
-                    fastrand::u64(..),
-                    fastrand::u64(..)
-                );
-                let start = Notices::start(node.clone(), channel);
+                let start = Notices::start(node.clone(), &options.key_prefix);
                 let notices = bounded(options.connect_timeout, start).await.map_err(|e| {
                     let message = format!(
                         "cannot open the release-notice (pub/sub) connection to {}: {e}; if pub/sub is not allowed, use RedisOptions::polling",
@@ -321,8 +315,8 @@ impl RedisBackend {
         LockKeys::new(&self.inner.options.key_prefix, name)
     }
 
-    /// The channel this backend's waiters are told on (one per backend), or an
-    /// empty argument in polling mode.
+    /// The channel this backend's waiters are told on (one per backend, subscribed
+    /// at connect); empty in polling mode.
     pub fn notice_channel(&self) -> &str {
         self.inner.notices.as_ref().map_or("", |n| n.channel())
     }
@@ -514,7 +508,7 @@ impl LockRemoteResource for RedisBackend {
         // backend's channel is subscribed already): no lost wake-up.
         let registration = match (&self.inner.notices, req.deadline) {
             (Some(n), Some(d)) if d > Instant::now() => Some(n.register(address(
-                keys.key(EXCLUSIVE).to_string_lossy().as_bytes(),
+                keys.key(EXCLUSIVE).to_string_lossy(),
                 req.owner.as_str(),
             ))),
             _ => None,

@@ -41,9 +41,9 @@ pub(crate) struct Notices {
 }
 
 /// The message that names `owner` waiting for the lock whose exclusive key is `key`.
-pub(crate) fn address(key: &[u8], owner: &str) -> Vec<u8> {
-    let mut a = Vec::with_capacity(key.len() + 1 + owner.len());
-    a.extend_from_slice(key);
+pub(crate) fn address(key: String, owner: &str) -> Vec<u8> {
+    let mut a = key.into_bytes();
+    a.reserve_exact(1 + owner.len());
     a.push(b'\n');
     a.extend_from_slice(owner.as_bytes());
     a
@@ -55,11 +55,17 @@ impl Notices {
     }
 
     /// Connects the notice connection to `client` (a node of the deployment),
-    /// subscribes to `channel` and starts dispatching.
+    /// subscribes to a new channel of this backend's own, `<prefix>notices:<random>`,
+    /// and starts dispatching.
     pub(crate) async fn start(
         client: redis::Client,
-        channel: String,
+        prefix: &str,
     ) -> redis::RedisResult<Arc<Self>> {
+        let channel = format!(
+            "{prefix}notices:{:016x}{:016x}",
+            fastrand::u64(..),
+            fastrand::u64(..)
+        );
         let mut first = client.get_async_pubsub().await?;
         first.subscribe(&channel).await?;
         let notices = Arc::new(Notices {

@@ -125,20 +125,26 @@ local function dequeue(queue, alive, modes, o)
 end
 "#;
 const H_NOTIFY: &str = r#"
--- Tells queued waiter o of the lock whose exclusive key is x that the lock may be
--- free: one message ("<x>\n<o>") on o's own backend's channel, none if o polls.
-local function tell(x, modes, o)
+-- The mode ('x' or 's') of queued waiter o and the notice channel of its backend
+-- ('' when it polls); nil and '' when o is not queued.
+local function queued_as(modes, o)
   local entry = redis.call('HGET', modes, o)
-  if entry and #entry > 1 then
-    redis.call('PUBLISH', string.sub(entry, 2), x .. '\n' .. o)
-  end
+  if not entry then return nil, '' end
+  return string.sub(entry, 1, 1), string.sub(entry, 2)
+end
+-- Tells queued waiter o, whose backend listens on channel ch, that the lock whose
+-- exclusive key is x may be free: one message ("<x>\n<o>"), none if o polls.
+local function tell(x, o, ch)
+  if ch ~= '' then redis.call('PUBLISH', ch, x .. '\n' .. o) end
 end
 -- Tells the live head of the queue, if any.
 local function notify(x, queue, alive, modes)
-  if redis.call('EXISTS', queue) == 0 then return end
   purge_queue(queue, alive, modes)
   local head = redis.call('ZRANGE', queue, 0, 0)
-  if head[1] then tell(x, modes, head[1]) end
+  if head[1] then
+    local _, ch = queued_as(modes, head[1])
+    tell(x, head[1], ch)
+  end
 end
 "#;
 const H_TIME_LEFT: &str = r#"
@@ -201,8 +207,9 @@ return {1, tok}
 "#;
 
 /// Exclusive release. KEYS: exclusive, queue, queue liveness, queue modes.
-/// ARGV: owner part of the holder value. Returns 1 if released, 0 if not the owner. With nobody waiting (the common case) it is `GET`, `DEL`, `EXISTS`
-/// and returns before the helpers of [`RELEASE_EXCLUSIVE_NOTIFY`] are even created.
+/// ARGV: owner part of the holder value. Returns 1 if released, 0 if not the owner.
+/// With nobody waiting (the common case) it is `GET`, `DEL`, `EXISTS` and returns
+/// before the helpers of [`RELEASE_EXCLUSIVE_NOTIFY`] are even created.
 const RELEASE_EXCLUSIVE: &str = r#"
 local v = redis.call('GET', KEYS[1])
 if not v or string.sub(v, 1, #ARGV[1]) ~= ARGV[1] then return 0 end
@@ -283,7 +290,7 @@ else
     local count = rank or redis.call('ZCARD', KEYS[5])
     if free and count > 0 then
       for _, o in ipairs(redis.call('ZRANGE', KEYS[5], 0, count - 1)) do
-        if string.sub(redis.call('HGET', KEYS[7], o) or '', 1, 1) == 'x' then free = false break end
+        if queued_as(KEYS[7], o) == 'x' then free = false break end
       end
     end
   else
@@ -298,8 +305,9 @@ else
       dequeue(KEYS[5], KEYS[6], KEYS[7], owner)
       -- Readers queued right behind this reader may join it.
       local head = redis.call('ZRANGE', KEYS[5], 0, 0)
-      if head[1] and string.sub(redis.call('HGET', KEYS[7], head[1]) or '', 1, 1) == 's' then
-        tell(KEYS[1], KEYS[7], head[1])
+      if head[1] then
+        local m, ch = queued_as(KEYS[7], head[1])
+        if m == 's' then tell(KEYS[1], head[1], ch) end
       end
     end
     return {1, tok}
@@ -463,6 +471,7 @@ mod tests {
             "reader_horizon",
             "purge_queue",
             "notify",
+            "queued_as",
             "tell",
             "time_left",
         ];

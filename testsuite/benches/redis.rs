@@ -30,9 +30,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use distributed_lock_core::{DistributedLock, LockHandle, LockProvider};
-use dlock_api::spi::Backoff;
 use dlock_api::spi::{
-    async_trait, AcquireChain, AcquireContext, AcquireResult, LockHandler, ReleaseChain,
+    async_trait, AcquireChain, AcquireContext, AcquireResult, Backoff, LockHandler, ReleaseChain,
     ReleaseContext, ReleaseResult, RenewEvent, Result as DResult,
 };
 use dlock_api::{DistributeLockManager, LockRemoteResource};
@@ -90,6 +89,9 @@ async fn floor_release(conn: &mut redis::aio::ConnectionManager, key: &str, toke
         .unwrap();
 }
 
+/// The scripted floor's acquire script: the floor's `SET NX PX`, inside a script.
+const SCRIPTED_SET_LUA: &str = "return redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', 30000)";
+
 /// The fenced floor's acquire script: the least a lock with fencing tokens can do in
 /// one round trip (set the holder, advance the lock's counter only on a grant).
 const FENCED_LUA: &str =
@@ -123,7 +125,11 @@ async fn floor_cycle(conn: &mut redis::aio::ConnectionManager, key: &str, token:
 }
 
 async fn dlock_manager(url: &str) -> DistributeLockManager {
-    DistributeLockManager::builder(RedisBackend::connect(url).await.unwrap())
+    dlock_manager_with(url, RedisOptions::default()).await
+}
+
+async fn dlock_manager_with(url: &str, options: RedisOptions) -> DistributeLockManager {
+    DistributeLockManager::builder(RedisBackend::connect_with(url, options).await.unwrap())
         .build()
         .unwrap()
 }
@@ -153,9 +159,7 @@ async fn uncontended(cfg: &Cfg, tasks: usize) -> Vec<(&'static str, f64)> {
 
     let scripted_floor = {
         let conn = floor_conn(&cfg.url).await;
-        let script = Arc::new(redis::Script::new(
-            "return redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', 30000)",
-        ));
+        let script = Arc::new(redis::Script::new(SCRIPTED_SET_LUA));
         let t = tag.clone();
         move |i: usize, end: Instant| {
             let state = (conn.clone(), Arc::clone(&script), format!("{t}:sfloor:{i}"));
@@ -346,10 +350,7 @@ async fn contended(cfg: &Cfg) -> Vec<Contended> {
         let mut locks = Vec::new();
         let name = format!("{tag}:{label}");
         for _ in 0..CLIENTS {
-            let backend = RedisBackend::connect_with(&cfg.url, options.clone())
-                .await
-                .unwrap();
-            let m = DistributeLockManager::builder(backend).build().unwrap();
+            let m = dlock_manager_with(&cfg.url, options.clone()).await;
             locks.push(if fair {
                 m.fair_lock(&name)
             } else {
@@ -484,7 +485,7 @@ const LATENCY_IMPLS: [&str; 5] = [
 async fn latency(cfg: &Cfg) -> Vec<(&'static str, [Duration; 4])> {
     let tag = format!("bench{:x}", fastrand::u32(..));
     let mut conn = floor_conn(&cfg.url).await;
-    let set = redis::Script::new("return redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', 30000)");
+    let set = redis::Script::new(SCRIPTED_SET_LUA);
     let fenced = redis::Script::new(FENCED_LUA);
     let backend = RedisBackend::connect(&cfg.url).await.unwrap();
     let manager = dlock_manager(&cfg.url).await;

@@ -264,7 +264,7 @@ async fn notice_listener(
     url: &str,
     lock: &str,
 ) -> tokio::sync::mpsc::UnboundedReceiver<(String, String)> {
-    let about = format!("dlock:{{{lock}}}:x\n");
+    let about = notice_for_lock(lock);
     let (tx, mut heard) = tokio::sync::mpsc::unbounded_channel();
     let mut sub = redis::Client::open(url).unwrap().get_connection().unwrap();
     sub.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
@@ -311,11 +311,16 @@ async fn until_probe(
     }
 }
 
+/// How every release notice about `lock` starts: its exclusive key and a newline.
+fn notice_for_lock(lock: &str) -> String {
+    format!("dlock:{{{lock}}}:x\n")
+}
+
 /// The notice that tells `owner` (waiting for `lock`) on its backend's channel.
 fn notice_for(backend: &RedisBackend, lock: &str, owner: &str) -> (String, String) {
     (
         backend.notice_channel().to_owned(),
-        format!("dlock:{{{lock}}}:x\n{owner}"),
+        notice_for_lock(lock) + owner,
     )
 }
 
