@@ -95,6 +95,11 @@ impl LockGuard {
     /// Releases this acquisition. For a reentrant hold, only the last unlock reaches
     /// the backend.
     ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: dropped before it completes, the release goes on in the
+    /// background (as when the guard is dropped); the hold is never left taken.
+    ///
     /// Errors: [`ErrorKind::LockLost`] if the lock had been lost while held (the
     /// protected work may have overlapped another holder's); [`ErrorKind::NotOwner`]
     /// if the backend says someone else owns it now (nothing was released);
@@ -112,7 +117,8 @@ impl LockGuard {
         match result {
             None | Some(Ok(ReleaseResult::Released)) => Ok(()),
             Some(Ok(ReleaseResult::NotOwner)) => {
-                self.hold.mark_lost(LostReason::NotOwner);
+                self.hold
+                    .lose(&self.handle.manager.chain, LostReason::NotOwner);
                 Err(Error::new(
                     ErrorKind::NotOwner,
                     "the lock was no longer held by this owner when released (lease expired or force-released); nothing was released — guard writes with the fencing token",
@@ -142,22 +148,7 @@ impl Drop for LockGuard {
             return;
         }
         let Some(hold) = self.leave() else { return };
-        let manager = Arc::clone(&self.handle.manager);
-        let runtime = tokio::runtime::Handle::try_current()
-            .ok()
-            .or_else(|| self.runtime.take());
-        match runtime {
-            Some(rt) => {
-                rt.spawn(async move {
-                    if let Err(err) = manager.release(&hold).await {
-                        tracing::warn!(lock = %hold.name, error = %err, "dlock: background release failed; the lease will expire on the server");
-                    }
-                });
-            }
-            None => {
-                tracing::warn!(lock = %hold.name, "dlock: guard dropped outside a tokio runtime; the lease will expire on the server");
-            }
-        }
+        Arc::clone(&self.handle.manager).release_in_background(hold, self.runtime.take());
     }
 }
 

@@ -4,7 +4,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 use std::time::Instant;
 
-use dlock_spi::{FencingToken, HandlerChain, LockMode, LockName, LostEvent, LostReason, OwnerId};
+use dlock_spi::{
+    FencingToken, GrantId, HandlerChain, LockMode, LockName, LostEvent, LostReason, OwnerId,
+};
 use tokio::sync::Notify;
 
 /// A lock granted by the backend. Reentrant acquisitions share it and bump `count`;
@@ -13,6 +15,9 @@ pub(crate) struct Hold {
     pub(crate) id: u64,
     pub(crate) name: LockName,
     pub(crate) owner: OwnerId,
+    /// The grant the backend made: releases and renewals name it, so they can never
+    /// touch a later grant of the same owner.
+    pub(crate) grant: GrantId,
     pub(crate) mode: LockMode,
     pub(crate) token: FencingToken,
     pub(crate) acquired_at: Instant,
@@ -31,6 +36,7 @@ impl Hold {
         id: u64,
         name: LockName,
         owner: OwnerId,
+        grant: GrantId,
         mode: LockMode,
         token: FencingToken,
         acquired_at: Instant,
@@ -39,6 +45,7 @@ impl Hold {
             id,
             name,
             owner,
+            grant,
             mode,
             token,
             acquired_at,
@@ -49,30 +56,28 @@ impl Hold {
         }
     }
 
-    /// Records the loss; true the first time only.
-    pub(crate) fn mark_lost(&self, reason: LostReason) -> bool {
-        let first = self.lost.set(reason).is_ok();
-        if first {
-            self.lost_notify.notify_waiters();
+    /// The one entry point for "this hold is lost", whoever finds out (the watchdog,
+    /// a session feed, `unlock`, `close`): records the reason (the first one wins),
+    /// wakes the guards' lost signals, logs, and tells the chain's handlers
+    /// ([`dlock_spi::LockHandler::on_lost`]). Once only; true the first time.
+    pub(crate) fn lose(&self, chain: &HandlerChain, reason: LostReason) -> bool {
+        if self.lost.set(reason).is_err() {
+            return false;
         }
-        first
-    }
-
-    /// Records the loss, logs it and tells the chain's observers; once only.
-    pub(crate) fn report_lost(&self, chain: &HandlerChain, reason: LostReason) {
-        if self.mark_lost(reason) {
-            tracing::warn!(
-                lock = %self.name, owner = %self.owner, token = self.token.get(), reason = %reason,
-                "dlock: lock lost"
-            );
-            chain.notify_lost(&LostEvent::new(
-                &self.name,
-                &self.owner,
-                self.mode,
-                self.token,
-                reason,
-            ));
-        }
+        self.lost_notify.notify_waiters();
+        tracing::warn!(
+            lock = %self.name, owner = %self.owner, grant = %self.grant,
+            token = self.token.get(), reason = %reason,
+            "dlock: lock lost"
+        );
+        chain.notify_lost(&LostEvent::new(
+            &self.name,
+            &self.owner,
+            self.mode,
+            self.token,
+            reason,
+        ));
+        true
     }
 
     pub(crate) fn set_suspended(&self, suspended: bool) {

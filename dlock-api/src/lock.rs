@@ -5,17 +5,18 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use dlock_spi::{
-    AcquireContext, AcquireRequest, AcquireResult, Error, Fairness, LockMode, LockName, OwnerId,
-    Result,
+    AcquireContext, AcquireRequest, AcquireResult, Error, Fairness, GrantId, LockMode, LockName,
+    OwnerId, ReleaseRequest, Result,
 };
 
 use crate::guard::LockGuard;
 use crate::hold::Hold;
 use crate::manager::{DistributeLockManager, ManagerInner};
 
-/// How long one backend wait of [`DistributeLock::lock`] lasts before it asks again;
-/// bounds how long a wait can outlive a backend that silently dropped it.
-const LOCK_WAIT_SLICE: Duration = Duration::from_secs(60);
+/// The deadline [`DistributeLock::lock`] gives its one backend wait: in effect no
+/// deadline. One wait, one grant, one place in a fair queue for as long as it takes
+/// (re-issuing the wait in slices put the waiter back at the tail each time).
+const LOCK_WAIT_FOREVER: Duration = Duration::from_secs(365 * 24 * 3600);
 
 pub(crate) struct Handle {
     pub(crate) manager: Arc<ManagerInner>,
@@ -128,7 +129,7 @@ impl DistributeLock {
         let manager = &self.handle.manager;
         let mut closed = manager.closed_signal();
         loop {
-            let deadline = Instant::now() + LOCK_WAIT_SLICE;
+            let deadline = Instant::now() + LOCK_WAIT_FOREVER;
             tokio::select! {
                 acquired = self.acquire(Some(deadline), lease) => {
                     if let Some(guard) = acquired? {
@@ -183,9 +184,19 @@ impl DistributeLock {
             return Ok(Some(guard));
         }
 
+        if lease.is_some() && !manager.capabilities.lease {
+            return Err(Error::unsupported(format!(
+                "the {} backend ties holds to its session, not to a lease; take the lock without an explicit lease (it is held until released or the session ends)",
+                manager.chain.resource().backend_name()
+            ))
+            .with_context("lock", &name));
+        }
         let renew = lease.is_none() && manager.config.watchdog;
         let lease = lease.unwrap_or(manager.config.lease);
-        let request = AcquireRequest::new(name.clone(), self.handle.owner.clone())
+        // A new grant for every acquire call: a late release of an earlier grant of
+        // this handle (a dropped guard's) cannot touch it.
+        let grant = GrantId::new(manager.next_id());
+        let request = AcquireRequest::new(name.clone(), self.handle.owner.clone(), grant)
             .with_mode(self.handle.mode)
             .with_lease(lease)
             .with_deadline(deadline)
@@ -193,21 +204,60 @@ impl DistributeLock {
             .with_context(manager.config.context.clone());
         let mut ctx = AcquireContext::new(request, manager.chain.resource().backend_name());
         let sent_at = ctx.started;
-        match manager.chain.acquire(&mut ctx).await? {
+        // Dropped while the backend may be granting, the grant is given back.
+        let mut in_flight = InFlightAcquire {
+            manager,
+            handle: &self.handle,
+            grant: Some(grant),
+        };
+        let result = manager.chain.acquire(&mut ctx).await;
+        in_flight.grant = None;
+        match result? {
             AcquireResult::Acquired { token, watch, .. } => {
                 let hold = Arc::new(Hold::new(
                     manager.next_id(),
                     name,
                     self.handle.owner.clone(),
+                    grant,
                     self.handle.mode,
                     token,
                     sent_at,
                 ));
                 manager.track(&hold, lease, renew, sent_at, watch);
+                if manager.is_closed() {
+                    // `close` ran while the grant was in flight and may have missed it:
+                    // registered first, checked second, so one of the two releases it.
+                    hold.lose(&manager.chain, dlock_spi::LostReason::ManagerClosed);
+                    let _ = manager.release(&hold).await;
+                    return Err(manager.closed_error());
+                }
                 *self.handle.current() = Some(Arc::clone(&hold));
                 Ok(Some(LockGuard::new(Arc::clone(&self.handle), hold)))
             }
             AcquireResult::NotAcquired { .. } => Ok(None),
+        }
+    }
+}
+
+/// An acquire sent to the chain and not yet answered. Dropped in that state (the
+/// caller's future was cancelled), it gives back the grant the backend may have made.
+struct InFlightAcquire<'a> {
+    manager: &'a Arc<ManagerInner>,
+    handle: &'a Handle,
+    /// `None` once the backend has answered.
+    grant: Option<GrantId>,
+}
+
+impl Drop for InFlightAcquire<'_> {
+    fn drop(&mut self) {
+        if let (Some(grant), Ok(name)) = (self.grant.take(), &self.handle.name) {
+            self.manager.abandon(ReleaseRequest::new(
+                name.clone(),
+                self.handle.owner.clone(),
+                grant,
+                self.handle.mode,
+                dlock_spi::FencingToken::new(0),
+            ));
         }
     }
 }

@@ -16,7 +16,7 @@ use tokio::sync::watch;
 
 use crate::hold::Hold;
 use crate::lock::{DistributeLock, LockGroup, ReadWriteLock};
-use crate::watchdog::Watchdog;
+use crate::watchdog::{LossMargin, Watchdog};
 
 /// Defaults every lock of a manager starts from.
 #[derive(Debug, Clone)]
@@ -26,6 +26,7 @@ pub(crate) struct Config {
     pub(crate) fairness: Fairness,
     pub(crate) namespace: String,
     pub(crate) context: Bytes,
+    pub(crate) loss_margin: LossMargin,
 }
 
 pub(crate) struct ManagerInner {
@@ -110,7 +111,7 @@ impl ManagerInner {
                 HoldStatus::Suspended => hold.set_suspended(true),
                 HoldStatus::Lost(reason) => {
                     hold.set_suspended(false);
-                    hold.report_lost(&manager.chain, reason);
+                    hold.lose(&manager.chain, reason);
                     return false;
                 }
                 _ => {}
@@ -131,10 +132,50 @@ impl ManagerInner {
     }
 
     /// Releases a hold through the chain and forgets it.
-    pub(crate) async fn release(&self, hold: &Hold) -> Result<ReleaseResult> {
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped before the backend has answered, the release goes on in a background
+    /// task: the hold is never left registered and taken. Sending the release twice is
+    /// harmless — it names the grant, and a grant released already answers `NotOwner`.
+    pub(crate) async fn release(self: &Arc<Self>, hold: &Arc<Hold>) -> Result<ReleaseResult> {
+        let mut pending = PendingRelease {
+            manager: Some(Arc::clone(self)),
+            hold: Arc::clone(hold),
+        };
+        let result = self.release_now(hold).await;
+        pending.manager = None;
+        result
+    }
+
+    /// Releases a hold in a background task (a dropped guard, a cancelled `unlock`),
+    /// on `runtime` when called outside one.
+    pub(crate) fn release_in_background(
+        self: Arc<Self>,
+        hold: Arc<Hold>,
+        runtime: Option<tokio::runtime::Handle>,
+    ) {
+        let Some(rt) = tokio::runtime::Handle::try_current().ok().or(runtime) else {
+            tracing::warn!(lock = %hold.name, "dlock: hold released outside a tokio runtime; the lease will expire on the server");
+            return;
+        };
+        rt.spawn(async move {
+            if let Err(err) = self.release_now(&hold).await {
+                tracing::warn!(lock = %hold.name, error = %err, "dlock: background release failed; the lease will expire on the server");
+            }
+        });
+    }
+
+    async fn release_now(&self, hold: &Hold) -> Result<ReleaseResult> {
         self.watchdog.unregister(hold.id);
         let ctx = ReleaseContext::new(
-            ReleaseRequest::new(hold.name.clone(), hold.owner.clone(), hold.mode, hold.token),
+            ReleaseRequest::new(
+                hold.name.clone(),
+                hold.owner.clone(),
+                hold.grant,
+                hold.mode,
+                hold.token,
+            ),
             self.chain.resource().backend_name(),
             Some(hold.acquired_at),
         );
@@ -143,8 +184,42 @@ impl ManagerInner {
         result
     }
 
+    /// Gives back a grant whose acquire was cancelled after the backend may have made
+    /// it (the request was sent, the answer never read): in a background task, straight
+    /// to the backend. A grant that was never made answers `NotOwner` and nothing
+    /// changes — the release names the grant, so it cannot touch anyone else's.
+    pub(crate) fn abandon(&self, request: ReleaseRequest) {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let resource = Arc::clone(self.chain.resource());
+        let limit = self.chain.operation_timeout();
+        rt.spawn(async move {
+            match tokio::time::timeout(limit, resource.release(&request)).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(err)) => tracing::warn!(lock = %request.name, error = %err, "dlock: releasing a cancelled acquire's grant failed; its lease will expire on the server"),
+                Err(_) => tracing::warn!(lock = %request.name, "dlock: releasing a cancelled acquire's grant timed out; its lease will expire on the server"),
+            }
+        });
+    }
+
     pub(crate) fn full_name(&self, name: &str) -> Result<LockName> {
         LockName::with_prefix(&self.config.namespace, name)
+    }
+}
+
+/// A release in flight; finished in the background if its future is dropped.
+struct PendingRelease {
+    /// `None` once the release has been answered.
+    manager: Option<Arc<ManagerInner>>,
+    hold: Arc<Hold>,
+}
+
+impl Drop for PendingRelease {
+    fn drop(&mut self) {
+        if let Some(manager) = self.manager.take() {
+            manager.release_in_background(Arc::clone(&self.hold), None);
+        }
     }
 }
 
@@ -273,7 +348,7 @@ impl DistributeLockManager {
         self.inner.watchdog.shutdown();
         let holds: Vec<Arc<Hold>> = self.inner.holds().values().cloned().collect();
         for hold in holds {
-            hold.mark_lost(LostReason::ManagerClosed);
+            hold.lose(&self.inner.chain, LostReason::ManagerClosed);
             if let Err(err) = self.inner.release(&hold).await {
                 tracing::warn!(lock = %hold.name, error = %err, "dlock: release on close failed; the lease will expire on the server");
             }
@@ -322,6 +397,7 @@ impl DistributeLockManagerBuilder {
                 fairness: Fairness::NonFair,
                 namespace: String::new(),
                 context: Bytes::from(format!("pid={}", std::process::id())),
+                loss_margin: LossMargin { fixed: None },
             },
             operation_timeout: HandlerChain::DEFAULT_OPERATION_TIMEOUT,
         }
@@ -371,6 +447,22 @@ impl DistributeLockManagerBuilder {
         self
     }
 
+    /// How long before the store may expire a lease-based hold its guard's lost signal
+    /// fires (counted from the send time of the last successful acquire or renewal).
+    ///
+    /// Default: 1 % of the lease + 10 ms (clock-rate drift and timer delay), raised to
+    /// the backend's observed renewal round trip when that is longer. Either way at
+    /// most a third of the lease. A larger margin buys time to stop protected work
+    /// before anyone else can be granted the lock; see SAFETY.md for what each
+    /// backend guarantees. No effect on session-bound backends (ZooKeeper), whose
+    /// holds end with the session.
+    pub fn loss_margin(mut self, margin: Duration) -> Self {
+        self.config.loss_margin = LossMargin {
+            fixed: Some(margin),
+        };
+        self
+    }
+
     /// The bound on one backend call beyond the caller's wait (default 10 s).
     pub fn operation_timeout(mut self, timeout: Duration) -> Self {
         self.operation_timeout = timeout;
@@ -388,6 +480,12 @@ impl DistributeLockManagerBuilder {
                     MAX_LEASE.as_secs() / 86_400
                 ),
             ));
+        }
+        if !self.resource.capabilities().lease && !self.config.watchdog {
+            return Err(Error::unsupported(format!(
+                "the {} backend ties holds to its session, not to a lease: there is no watchdog to turn off; leave watchdog(true)",
+                self.resource.backend_name()
+            )));
         }
         if self.operation_timeout.is_zero() {
             return Err(Error::new(
@@ -409,7 +507,7 @@ impl DistributeLockManagerBuilder {
         Ok(DistributeLockManager {
             inner: Arc::new(ManagerInner {
                 id: uuid::Uuid::new_v4().simple().to_string(),
-                watchdog: Watchdog::new(chain.clone()),
+                watchdog: Watchdog::new(chain.clone(), self.config.loss_margin),
                 chain,
                 capabilities,
                 config: self.config,

@@ -7,7 +7,11 @@
 //!
 //! Loss is judged on this process's monotonic clock, conservatively: a hold's lease
 //! is counted from when the acquire (or the last successful renewal) was *sent*, so
-//! the local deadline never falls after the store's.
+//! the local deadline never falls after the store's, and the lost signal fires a
+//! **loss margin** before that deadline ([`LossMargin`]): the store expires the hold
+//! no earlier than `sent + lease` on its clock, and the guard hears of the loss at
+//! `sent + lease − margin` on ours, so clock-rate drift and timer delay up to the
+//! margin cannot make the loss signal late.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -24,8 +28,33 @@ struct Entry {
     lease: Duration,
     renew: bool,
     due: Instant,
-    deadline: Instant,
+    /// When the lost signal fires unless a renewal succeeds first: the send time of
+    /// the last successful acquire or renewal + lease − margin.
+    lost_at: Instant,
     in_flight: bool,
+}
+
+/// How long before the store may expire a hold its guard is told it is lost.
+///
+/// The margin for a lease is `max(fixed or lease / 100 + 10 ms, observed round trip)`
+/// and at most a third of the lease: 1 % covers clock-rate drift between this host
+/// and the store (as Redlock's drift factor), the milliseconds cover timer and
+/// scheduling delay, and the observed round trip (the slowest recent renewal,
+/// decaying) covers a renewal that was sent but not yet answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct LossMargin {
+    /// A fixed margin instead of the 1 % + 10 ms rule.
+    pub(crate) fixed: Option<Duration>,
+}
+
+impl LossMargin {
+    /// The part of the default margin that does not scale with the lease.
+    pub(crate) const TIMER_SLACK: Duration = Duration::from_millis(10);
+
+    fn for_lease(self, lease: Duration, round_trip: Duration) -> Duration {
+        let base = self.fixed.unwrap_or(lease / 100 + Self::TIMER_SLACK);
+        base.max(round_trip).min(lease / 3)
+    }
 }
 
 #[derive(Default)]
@@ -46,6 +75,27 @@ struct Shared {
     state: Mutex<State>,
     wake: Notify,
     chain: HandlerChain,
+    margin: LossMargin,
+    /// The slowest recent successful renewal, in µs, decaying by 1/8 per renewal.
+    round_trip_us: std::sync::atomic::AtomicU64,
+}
+
+impl Shared {
+    fn margin(&self, lease: Duration) -> Duration {
+        let rtt = self
+            .round_trip_us
+            .load(std::sync::atomic::Ordering::Relaxed);
+        self.margin.for_lease(lease, Duration::from_micros(rtt))
+    }
+
+    fn observe_round_trip(&self, took: Duration) {
+        let took = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
+        let _ = self.round_trip_us.fetch_update(
+            std::sync::atomic::Ordering::Relaxed,
+            std::sync::atomic::Ordering::Relaxed,
+            |old| Some(took.max(old - old / 8)),
+        );
+    }
 }
 
 impl Shared {
@@ -65,23 +115,27 @@ fn retry_delay(lease: Duration) -> Duration {
 }
 
 impl Watchdog {
-    pub(crate) fn new(chain: HandlerChain) -> Self {
+    pub(crate) fn new(chain: HandlerChain, margin: LossMargin) -> Self {
         Watchdog {
             shared: Arc::new(Shared {
                 state: Mutex::new(State::default()),
                 wake: Notify::new(),
                 chain,
+                margin,
+                round_trip_us: std::sync::atomic::AtomicU64::new(0),
             }),
         }
     }
 
-    /// Watches `hold`: renews it every lease/3 when `renew` is set, otherwise only
-    /// fires its lost signal when `lease` (counted from `sent_at`) passes.
+    /// Watches `hold`: renews it every lease/3 when `renew` is set, and fires its lost
+    /// signal the loss margin before `lease` (counted from `sent_at`) passes without a
+    /// successful renewal.
     pub(crate) fn register(&self, hold: Arc<Hold>, lease: Duration, renew: bool, sent_at: Instant) {
+        let lost_at = sent_at + lease - self.shared.margin(lease);
         let due = if renew {
-            sent_at + lease / 3
+            (sent_at + lease / 3).min(lost_at)
         } else {
-            sent_at + lease
+            lost_at
         };
         let id = hold.id;
         let mut state = self.shared.lock();
@@ -95,7 +149,7 @@ impl Watchdog {
                 lease,
                 renew,
                 due,
-                deadline: sent_at + lease,
+                lost_at,
                 in_flight: false,
             },
         );
@@ -143,7 +197,7 @@ struct Due {
     id: u64,
     hold: Arc<Hold>,
     lease: Duration,
-    deadline: Instant,
+    lost_at: Instant,
     renew: bool,
 }
 
@@ -155,7 +209,7 @@ async fn run(shared: Arc<Shared>) {
         let now = Instant::now();
         let (due, next) = take_due(&shared, now);
         for d in due {
-            if !d.renew || now >= d.deadline {
+            if !d.renew || now >= d.lost_at {
                 lose(&shared, d.id, LostReason::LeaseExpired);
                 continue;
             }
@@ -163,16 +217,17 @@ async fn run(shared: Arc<Shared>) {
             let req = RenewRequest::new(
                 d.hold.name.clone(),
                 d.hold.owner.clone(),
+                d.hold.grant,
                 d.hold.mode,
                 d.lease,
                 d.hold.token,
             );
-            let deadline = d.deadline;
+            let lost_at = d.lost_at;
             let id = d.id;
             in_flight.spawn(async move {
                 let sent = Instant::now();
-                // A renewal that cannot finish before the lease ends is a loss.
-                let result = tokio::time::timeout_at(deadline.into(), chain.renew(&req))
+                // A renewal that cannot finish before the loss instant is a loss.
+                let result = tokio::time::timeout_at(lost_at.into(), chain.renew(&req))
                     .await
                     .ok();
                 (id, sent, result)
@@ -208,7 +263,7 @@ fn take_due(shared: &Shared, now: Instant) -> (Vec<Due>, Instant) {
                     id,
                     hold: Arc::clone(&entry.hold),
                     lease: entry.lease,
-                    deadline: entry.deadline,
+                    lost_at: entry.lost_at,
                     renew: entry.renew,
                 });
             }
@@ -233,12 +288,13 @@ fn settle(shared: &Shared, (id, sent, result): RenewOutcome) {
         entry.in_flight = false;
         let next = match result {
             Some(Ok(RenewResult::Renewed { .. })) => {
-                entry.deadline = sent + entry.lease;
-                Ok(sent + entry.lease / 3)
+                shared.observe_round_trip(now.saturating_duration_since(sent));
+                entry.lost_at = sent + entry.lease - shared.margin(entry.lease);
+                Ok((sent + entry.lease / 3).min(entry.lost_at))
             }
             Some(Ok(RenewResult::NotOwner)) => Err(LostReason::NotOwner),
-            Some(Err(err)) if now < entry.deadline && !is_final(&err) => {
-                Ok((now + retry_delay(entry.lease)).min(entry.deadline))
+            Some(Err(err)) if now < entry.lost_at && !is_final(&err) => {
+                Ok((now + retry_delay(entry.lease)).min(entry.lost_at))
             }
             Some(Err(_)) => Err(LostReason::LeaseExpired),
             None => Err(LostReason::LeaseExpired),
@@ -275,5 +331,5 @@ fn lose(shared: &Shared, id: u64, reason: LostReason) {
         entry
     };
     let Some(entry) = entry else { return };
-    entry.hold.report_lost(&shared.chain, reason);
+    entry.hold.lose(&shared.chain, reason);
 }

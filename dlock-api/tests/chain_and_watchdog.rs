@@ -281,7 +281,7 @@ async fn watchdog_renews_at_a_third_of_the_lease() {
 }
 
 #[tokio::test]
-async fn failing_renewals_fire_lost_when_the_lease_passes() {
+async fn failing_renewals_fire_lost_a_margin_before_the_lease_passes() {
     let observer = Arc::new(Observer::default());
     let backend = Wrapped::default();
     let lease = Duration::from_millis(300);
@@ -297,12 +297,16 @@ async fn failing_renewals_fire_lost_when_the_lease_passes() {
         .await
         .unwrap();
     assert_eq!(reason, LostReason::LeaseExpired);
+    // Lost a margin (here 1 % + 10 ms) before the store can expire the hold.
     let after = acquired.elapsed();
     assert!(
-        after >= lease,
-        "declared lost after {after:?}, before the lease ended"
+        after < lease,
+        "declared lost after {after:?}, not before the {lease:?} lease could end"
     );
-    assert!(after < lease * 2, "declared lost only after {after:?}");
+    assert!(
+        after >= lease * 2 / 3,
+        "declared lost after {after:?}, long before the lease ended"
+    );
     assert!(
         observer.renew_failed.load(Ordering::SeqCst) >= 2,
         "retries before giving up"

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use dlock_spi::{
     AcquireRequest, AcquireResult, Backoff, Capabilities, Error, FencingToken, HolderInfo,
-    LockAdmin, LockMode, LockName, LockRemoteResource, LockState, OwnerId, ReleaseRequest,
-    ReleaseResult, RenewRequest, RenewResult, Result,
+    HolderKey, LockAdmin, LockMode, LockName, LockRemoteResource, LockState, OwnerId,
+    ReleaseRequest, ReleaseResult, RenewRequest, RenewResult, Result,
 };
 use sqlx::Row;
 use tokio::sync::Notify;
@@ -189,10 +189,7 @@ impl JdbcBackend {
 
     async fn attempt(&self, req: &AcquireRequest, waiting: bool) -> Result<Attempt> {
         self.inner.attempts.fetch_add(1, Ordering::Relaxed);
-        let token = match req.mode {
-            LockMode::Exclusive => self.try_exclusive(req).await?,
-            LockMode::Shared => self.try_shared(req).await?,
-        };
+        let token = self.try_grant(req).await?;
         if let Some(token) = token {
             return Ok(Attempt::Granted(token));
         }
@@ -217,7 +214,9 @@ impl JdbcBackend {
             Some((owner, left, shared_left)) => {
                 let holder_live = owner.is_some() && left > 0;
                 Attempt::Busy {
-                    holder: owner.filter(|_| holder_live).map(OwnerId::new),
+                    holder: owner
+                        .filter(|_| holder_live)
+                        .map(|stored| HolderKey::parse(&stored).0),
                     retry_after: remaining(if holder_live { left } else { shared_left }),
                 }
             }
@@ -228,11 +227,48 @@ impl JdbcBackend {
         })
     }
 
+    /// Runs one grant statement to completion, in a task of its own: a caller whose
+    /// future is dropped mid-statement cannot abort it half-way, and a grant the
+    /// statement made for a caller that is gone is released by the same task, after
+    /// the statement — a release racing it on another pooled connection could land
+    /// first and leave the grant held until its lease ends.
+    async fn try_grant(&self, req: &AcquireRequest) -> Result<Option<i64>> {
+        let backend = self.clone();
+        let req = req.clone();
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        tokio::spawn(async move {
+            let token = match req.mode {
+                LockMode::Exclusive => backend.try_exclusive(&req).await,
+                LockMode::Shared => backend.try_shared(&req).await,
+            };
+            if let Err(Ok(Some(_))) = answer.send(token) {
+                let release = ReleaseRequest::new(
+                    req.name.clone(),
+                    req.owner.clone(),
+                    req.grant,
+                    req.mode,
+                    FencingToken::new(0),
+                );
+                if let Err(err) = backend.release(&release).await {
+                    tracing::warn!(lock = %req.name, error = %err, "dlock-jdbc: releasing the grant of a cancelled acquire failed; its lease will expire");
+                }
+            }
+        });
+        answered.await.map_err(|_| {
+            Error::new(
+                dlock_spi::ErrorKind::Backend,
+                "the acquire statement's task ended without an answer (the runtime is shutting down?)",
+            )
+        })?
+    }
+
     async fn try_exclusive(&self, req: &AcquireRequest) -> Result<Option<i64>> {
         let s = &self.inner.statements;
+        // The owner column holds the grant's identity.
+        let holder = req.holder();
         let params = [
             Param::Text(req.name.as_str()),
-            Param::Text(req.owner.as_str()),
+            Param::Text(holder.as_str()),
             Param::Int(ms(req.lease)),
             Param::Bytes(&req.context),
         ];
@@ -248,6 +284,7 @@ impl JdbcBackend {
         let s = &self.inner.statements;
         let name = Param::Text(req.name.as_str());
         let lease = Param::Int(ms(req.lease));
+        let holder = req.holder();
         macro_rules! body {
             ($p:ident, $token:ident) => {
                 async {
@@ -261,7 +298,7 @@ impl JdbcBackend {
                         Some(token) => {
                             let reader = [
                                 name,
-                                Param::Text(req.owner.as_str()),
+                                Param::Text(holder.as_str()),
                                 Param::Int(token),
                                 lease,
                                 Param::Bytes(&req.context),
@@ -360,7 +397,8 @@ impl LockRemoteResource for JdbcBackend {
     async fn release(&self, req: &ReleaseRequest) -> Result<ReleaseResult> {
         let s = &self.inner.statements;
         let name = Param::Text(req.name.as_str());
-        let owner = Param::Text(req.owner.as_str());
+        let holder = req.holder();
+        let owner = Param::Text(holder.as_str());
         let released: std::result::Result<bool, sqlx::Error> = match req.mode {
             LockMode::Exclusive => on_pool!(&self.inner.pool, p => {
                 if self.dialect() == Dialect::Postgres {
@@ -396,9 +434,10 @@ impl LockRemoteResource for JdbcBackend {
 
     async fn renew(&self, req: &RenewRequest) -> Result<RenewResult> {
         let s = &self.inner.statements;
+        let holder = req.holder();
         let params = [
             Param::Text(req.name.as_str()),
-            Param::Text(req.owner.as_str()),
+            Param::Text(holder.as_str()),
             Param::Int(ms(req.lease)),
         ];
         let sent = Instant::now();
@@ -478,8 +517,8 @@ fn holder(
     context: Option<Vec<u8>>,
     left: Duration,
 ) -> HolderInfo {
-    HolderInfo::new(
-        OwnerId::new(owner),
+    HolderInfo::from_stored(
+        &owner,
         mode,
         FencingToken::new(u64::try_from(token).unwrap_or(0)),
         context.unwrap_or_default().into(),

@@ -12,9 +12,13 @@ use dlock_spi::{
 };
 
 fn req(name: &str, owner: &str, wait: Option<Duration>) -> AcquireRequest {
-    AcquireRequest::new(LockName::new(name).unwrap(), OwnerId::new(owner))
-        .with_lease(Duration::from_secs(5))
-        .with_deadline(wait.map(|w| Instant::now() + w))
+    AcquireRequest::new(
+        LockName::new(name).unwrap(),
+        OwnerId::new(owner),
+        dlock_spi::GrantId::new(1),
+    )
+    .with_lease(Duration::from_secs(5))
+    .with_deadline(wait.map(|w| Instant::now() + w))
 }
 
 fn chain(backend: &InMemoryBackend, h: Arc<dyn LockHandler>) -> HandlerChain {
@@ -113,6 +117,7 @@ async fn concurrency_limit_counts_calls_in_flight() {
         ReleaseRequest::new(
             holder.request.name.clone(),
             OwnerId::new("holder"),
+            dlock_spi::GrantId::new(1),
             LockMode::Exclusive,
             dlock_spi::FencingToken::new(0),
         ),
@@ -143,6 +148,7 @@ async fn coalescing_lets_one_acquirer_per_lock_reach_the_backend() {
                 ReleaseRequest::new(
                     ctx.request.name.clone(),
                     ctx.request.owner.clone(),
+                    ctx.request.grant,
                     LockMode::Exclusive,
                     t,
                 ),
@@ -171,6 +177,7 @@ async fn coalescing_lets_one_acquirer_per_lock_reach_the_backend() {
         ReleaseRequest::new(
             holder.request.name.clone(),
             OwnerId::new("holder"),
+            dlock_spi::GrantId::new(1),
             LockMode::Exclusive,
             token,
         ),

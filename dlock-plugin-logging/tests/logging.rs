@@ -73,8 +73,12 @@ impl LockRemoteResource for Failing {
 }
 
 fn request(name: &str) -> AcquireRequest {
-    AcquireRequest::new(LockName::new(name).unwrap(), OwnerId::new("owner-1"))
-        .with_lease(Duration::from_secs(5))
+    AcquireRequest::new(
+        LockName::new(name).unwrap(),
+        OwnerId::new("owner-1"),
+        dlock_spi::GrantId::new(1),
+    )
+    .with_lease(Duration::from_secs(5))
 }
 
 #[tokio::test(flavor = "current_thread")]
@@ -91,6 +95,7 @@ async fn spans_and_access_lines_for_acquire_and_release() {
         ReleaseRequest::new(
             ctx.request.name.clone(),
             ctx.request.owner.clone(),
+            ctx.request.grant,
             LockMode::Exclusive,
             token,
         ),

@@ -62,8 +62,12 @@ fn records_acquires_holds_losses_and_groups_by_prefix() {
             let chain = HandlerChain::new(backend, vec![Arc::new(MetricsHandler::default())]);
             let name = LockName::new("orders:42").unwrap();
             let req = |owner: &str| {
-                AcquireRequest::new(name.clone(), OwnerId::new(owner))
-                    .with_lease(Duration::from_secs(5))
+                AcquireRequest::new(
+                    name.clone(),
+                    OwnerId::new(owner),
+                    dlock_spi::GrantId::new(1),
+                )
+                .with_lease(Duration::from_secs(5))
             };
             let mut a = AcquireContext::new(req("a"), "memory");
             let token = chain.acquire(&mut a).await.unwrap().token().unwrap();
@@ -71,7 +75,13 @@ fn records_acquires_holds_losses_and_groups_by_prefix() {
             assert!(!chain.acquire(&mut b).await.unwrap().is_acquired());
             tokio::time::sleep(Duration::from_millis(20)).await; // the hold being measured
             let rel = ReleaseContext::new(
-                ReleaseRequest::new(name.clone(), OwnerId::new("a"), LockMode::Exclusive, token),
+                ReleaseRequest::new(
+                    name.clone(),
+                    OwnerId::new("a"),
+                    dlock_spi::GrantId::new(1),
+                    LockMode::Exclusive,
+                    token,
+                ),
                 "memory",
                 Some(a.started),
             );

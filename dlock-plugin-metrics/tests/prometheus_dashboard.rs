@@ -49,7 +49,8 @@ fn every_dashboard_query_names_an_exported_series() {
             let name = LockName::new("orders:1").unwrap();
             let owner = OwnerId::new("o");
             let mut ctx = AcquireContext::new(
-                AcquireRequest::new(name.clone(), owner.clone()).with_lease(Duration::from_secs(5)),
+                AcquireRequest::new(name.clone(), owner.clone(), dlock_spi::GrantId::new(1))
+                    .with_lease(Duration::from_secs(5)),
                 "memory",
             );
             let token = chain.acquire(&mut ctx).await.unwrap().token().unwrap();
@@ -57,6 +58,7 @@ fn every_dashboard_query_names_an_exported_series() {
                 .renew(&RenewRequest::new(
                     name.clone(),
                     owner.clone(),
+                    dlock_spi::GrantId::new(1),
                     LockMode::Exclusive,
                     Duration::from_secs(5),
                     token,
@@ -64,13 +66,23 @@ fn every_dashboard_query_names_an_exported_series() {
                 .await
                 .unwrap();
             let rel = ReleaseContext::new(
-                ReleaseRequest::new(name.clone(), owner.clone(), LockMode::Exclusive, token),
+                ReleaseRequest::new(
+                    name.clone(),
+                    owner.clone(),
+                    dlock_spi::GrantId::new(1),
+                    LockMode::Exclusive,
+                    token,
+                ),
                 "memory",
                 Some(ctx.started),
             );
             chain.release(&rel).await.unwrap();
             let mut blocked = AcquireContext::new(
-                AcquireRequest::new(LockName::new("blocked:1").unwrap(), owner.clone()),
+                AcquireRequest::new(
+                    LockName::new("blocked:1").unwrap(),
+                    owner.clone(),
+                    dlock_spi::GrantId::new(1),
+                ),
                 "memory",
             );
             assert!(chain.acquire(&mut blocked).await.is_err());

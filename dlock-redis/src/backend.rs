@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use dlock_spi::{
     redact_url, AcquireRequest, AcquireResult, Capabilities, Error, ErrorKind, Fairness,
     FencingToken, HolderInfo, LockAdmin, LockMode, LockName, LockRemoteResource, LockState,
-    OwnerId, ReleaseRequest, ReleaseResult, RenewRequest, RenewResult, Result,
+    ReleaseRequest, ReleaseResult, RenewRequest, RenewResult, Result,
 };
 use redis::aio::ConnectionManager;
 use redis::cluster_async::ClusterConnection;
@@ -337,14 +337,14 @@ impl RedisBackend {
     async fn attempt(
         &self,
         req: &AcquireRequest,
+        holder: &str,
         keys: &LockKeys,
         waiting: bool,
         queued: bool,
     ) -> Result<(bool, i64, bool)> {
         self.inner.attempts.fetch_add(1, Ordering::Relaxed);
         let o = &self.inner.options;
-        let owner = OwnerPart(req.owner.as_str());
-        let value = HolderValue(owner, req.context.as_ref());
+        let value = HolderValue(OwnerPart(holder), req.context.as_ref());
         let waiting = match (waiting, queued, self.inner.notices.is_some()) {
             (_, true, _) => Waiting::Queued,
             (false, ..) => Waiting::No,
@@ -374,7 +374,7 @@ impl RedisBackend {
             return self.run_acquire(&inv).await;
         }
         let mut inv = keys.invocation(&self.inner.scripts.acquire, &ALL);
-        inv.arg(req.owner.as_str())
+        inv.arg(holder)
             .arg(if req.mode == LockMode::Exclusive {
                 "x"
             } else {
@@ -413,6 +413,7 @@ impl RedisBackend {
         let release = ReleaseRequest::new(
             req.name.clone(),
             req.owner.clone(),
+            req.grant,
             req.mode,
             FencingToken::new(0),
         );
@@ -427,11 +428,12 @@ impl RedisBackend {
     }
 }
 
-/// A release or renewal call: the exclusive script identifies the holder by the owner
-/// part of its value, the shared one (all keys) by the owner itself.
+/// A release or renewal call of one grant (its [`dlock_spi::HolderKey`]): the exclusive
+/// script identifies the holder by the owner part of its value, the shared one (all
+/// keys) by the key itself.
 fn owner_call<'s>(
     keys: &LockKeys,
-    owner: &OwnerId,
+    holder: &str,
     mode: LockMode,
     (exclusive, exclusive_keys): (&'s redis::Script, &[&'static str]),
     shared: &'s redis::Script,
@@ -439,12 +441,12 @@ fn owner_call<'s>(
     match mode {
         LockMode::Exclusive => {
             let mut call = keys.invocation(exclusive, exclusive_keys);
-            call.arg(OwnerPart(owner.as_str()));
+            call.arg(OwnerPart(holder));
             call
         }
         LockMode::Shared => {
             let mut call = keys.invocation(shared, &ALL);
-            call.arg(owner.as_str());
+            call.arg(holder);
             call
         }
     }
@@ -504,12 +506,14 @@ impl LockRemoteResource for RedisBackend {
 
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<AcquireResult> {
         let keys = self.keys(&req.name);
+        // The grant's identity is what the scripts store and compare as the "owner".
+        let holder = req.holder();
         // A caller that may wait registers for notices before its first attempt (the
         // backend's channel is subscribed already): no lost wake-up.
         let registration = match (&self.inner.notices, req.deadline) {
             (Some(n), Some(d)) if d > Instant::now() => Some(n.register(address(
                 keys.key(EXCLUSIVE).to_string_lossy(),
-                req.owner.as_str(),
+                holder.as_str(),
             ))),
             _ => None,
         };
@@ -520,8 +524,9 @@ impl LockRemoteResource for RedisBackend {
         loop {
             let now = Instant::now();
             let waiting = req.deadline.is_some_and(|d| d > now);
-            let (granted, left_ms, queued) =
-                self.attempt(req, &keys, waiting, slot.is_some()).await?;
+            let (granted, left_ms, queued) = self
+                .attempt(req, holder.as_str(), &keys, waiting, slot.is_some())
+                .await?;
             if granted {
                 if let Some(slot) = slot.as_mut() {
                     slot.armed = false;
@@ -538,7 +543,7 @@ impl LockRemoteResource for RedisBackend {
                 slot = Some(QueueSlot {
                     backend: self.clone(),
                     keys: keys.clone(),
-                    owner: req.owner.as_str().to_owned(),
+                    owner: holder.as_str().to_owned(),
                     armed: true,
                 });
             }
@@ -549,7 +554,7 @@ impl LockRemoteResource for RedisBackend {
             let Some(deadline) = req.deadline.filter(|d| *d > Instant::now()) else {
                 if let Some(slot) = slot.as_mut().filter(|s| s.armed) {
                     slot.armed = false;
-                    self.leave_queue(&keys, req.owner.as_str()).await?;
+                    self.leave_queue(&keys, holder.as_str()).await?;
                 }
                 return Ok(AcquireResult::not_acquired(None, left));
             };
@@ -590,7 +595,7 @@ impl LockRemoteResource for RedisBackend {
         let scripts = &self.inner.scripts;
         let inv = owner_call(
             &keys,
-            &req.owner,
+            req.holder().as_str(),
             req.mode,
             (&scripts.release_exclusive, &RELEASE_EXCLUSIVE_KEYS),
             &scripts.release_shared,
@@ -608,7 +613,7 @@ impl LockRemoteResource for RedisBackend {
         let scripts = &self.inner.scripts;
         let mut inv = owner_call(
             &keys,
-            &req.owner,
+            req.holder().as_str(),
             req.mode,
             (&scripts.renew_exclusive, &[EXCLUSIVE]),
             &scripts.renew_shared,
@@ -634,8 +639,8 @@ impl LockRemoteResource for RedisBackend {
         let owner = bytes(v.first());
         let pttl = int(v.get(3));
         if !owner.is_empty() && pttl > 0 {
-            holders.push(HolderInfo::new(
-                OwnerId::new(String::from_utf8_lossy(&owner).into_owned()),
+            holders.push(HolderInfo::from_stored(
+                &String::from_utf8_lossy(&owner),
                 LockMode::Exclusive,
                 FencingToken::new(u64::try_from(int(v.get(1))).unwrap_or(0)),
                 bytes(v.get(2)).into(),
@@ -644,8 +649,8 @@ impl LockRemoteResource for RedisBackend {
         }
         let waiters = usize::try_from(int(v.get(4))).unwrap_or(0);
         for r in v.get(5..).unwrap_or_default().chunks(4) {
-            holders.push(HolderInfo::new(
-                OwnerId::new(String::from_utf8_lossy(&bytes(r.first())).into_owned()),
+            holders.push(HolderInfo::from_stored(
+                &String::from_utf8_lossy(&bytes(r.first())),
                 LockMode::Shared,
                 FencingToken::new(u64::try_from(int(r.get(1))).unwrap_or(0)),
                 bytes(r.get(2)).into(),

@@ -11,7 +11,8 @@
 //!   Head → handlers in registration order → Tail → backend.
 //! * [`HoldWatch`] / [`HoldFeed`] — how a session-bound backend (ZooKeeper) tells the
 //!   manager that a hold is suspended or lost.
-//! * Value types: [`LockName`] (validated), [`OwnerId`], [`FencingToken`],
+//! * Value types: [`LockName`] (validated), [`OwnerId`], [`GrantId`] and [`HolderKey`]
+//!   (one grant's identity), [`FencingToken`],
 //!   [`LockMode`], [`Fairness`], requests, results, [`Capabilities`].
 //! * [`Error`] with a non-exhaustive [`ErrorKind`] and [`Error::is_retryable`].
 //! * [`Backoff`] policies for backends that wait by polling.
@@ -54,7 +55,7 @@ pub use outcome::{AcquireResult, HolderInfo, LockState, ReleaseResult, RenewResu
 pub use redact::redact_url;
 pub use request::{AcquireRequest, ReleaseRequest, RenewRequest};
 pub use resource::{LockAdmin, LockRemoteResource};
-pub use types::{Fairness, FencingToken, LockMode, LostReason, OwnerId};
+pub use types::{Fairness, FencingToken, GrantId, HolderKey, LockMode, LostReason, OwnerId};
 
 /// Re-exported so implementors use the same `async_trait` and `bytes` as the traits.
 pub use async_trait::async_trait;

@@ -23,7 +23,7 @@ use crate::name::LockName;
 use crate::outcome::{AcquireResult, HolderInfo, LockState, ReleaseResult, RenewResult};
 use crate::request::{AcquireRequest, ReleaseRequest, RenewRequest};
 use crate::resource::{LockAdmin, LockRemoteResource};
-use crate::types::{Fairness, FencingToken, LockMode, OwnerId};
+use crate::types::{Fairness, FencingToken, GrantId, LockMode, OwnerId};
 
 /// The in-memory backend. Clones share the same locks, so several managers in one
 /// process can contend through it.
@@ -54,10 +54,19 @@ struct Entry {
 
 struct Holder {
     owner: OwnerId,
+    grant: GrantId,
     mode: LockMode,
     token: u64,
     expires_at: Instant,
     context: Bytes,
+}
+
+impl Holder {
+    /// Whether this hold is grant `grant` of `owner` in `mode` (never another grant
+    /// of the same owner).
+    fn is(&self, owner: &OwnerId, grant: GrantId, mode: LockMode) -> bool {
+        self.grant == grant && self.mode == mode && self.owner == *owner
+    }
 }
 
 struct Waiter {
@@ -238,11 +247,11 @@ impl InMemoryBackend {
             entry.wake_next();
         }
 
-        // The current owner asking again (e.g. a retry whose answer was lost): idempotent.
+        // The holding grant asking again (a retry whose answer was lost): idempotent.
         if let Some(h) = entry
             .holders
             .iter_mut()
-            .find(|h| h.owner == req.owner && h.mode == req.mode)
+            .find(|h| h.is(&req.owner, req.grant, req.mode))
         {
             h.expires_at = now + req.lease;
             let result = AcquireResult::acquired(FencingToken::new(h.token), Some(h.expires_at));
@@ -263,6 +272,7 @@ impl InMemoryBackend {
             let expires_at = now + req.lease;
             entry.holders.push(Holder {
                 owner: req.owner.clone(),
+                grant: req.grant,
                 mode: req.mode,
                 token,
                 expires_at,
@@ -381,7 +391,7 @@ impl LockRemoteResource for InMemoryBackend {
         let pos = entry
             .holders
             .iter()
-            .position(|h| h.owner == req.owner && h.mode == req.mode);
+            .position(|h| h.is(&req.owner, req.grant, req.mode));
         let result = match pos {
             Some(pos) => {
                 entry.holders.swap_remove(pos);
@@ -413,7 +423,7 @@ impl LockRemoteResource for InMemoryBackend {
         let holder = entry
             .holders
             .iter_mut()
-            .find(|h| h.owner == req.owner && h.mode == req.mode);
+            .find(|h| h.is(&req.owner, req.grant, req.mode));
         Ok(match holder {
             Some(h) => {
                 h.expires_at = now + req.lease;
@@ -445,6 +455,7 @@ impl LockRemoteResource for InMemoryBackend {
                     h.context.clone(),
                     Some(h.expires_at.saturating_duration_since(now)),
                 )
+                .with_grant(Some(h.grant))
             })
             .collect();
         if holders.is_empty() && entry.waiters.is_empty() {

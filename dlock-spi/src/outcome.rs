@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 
 use crate::hold_watch::HoldWatch;
-use crate::types::{FencingToken, LockMode, OwnerId};
+use crate::types::{FencingToken, GrantId, LockMode, OwnerId};
 
 /// The answer to an acquire. Contention is an answer, not an error.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -109,6 +109,8 @@ impl RenewResult {
 pub struct HolderInfo {
     /// Who holds it.
     pub owner: OwnerId,
+    /// Which grant of the owner, when the backend stored one.
+    pub grant: Option<GrantId>,
     /// In which mode.
     pub mode: LockMode,
     /// The token of the grant.
@@ -130,11 +132,32 @@ impl HolderInfo {
     ) -> Self {
         HolderInfo {
             owner,
+            grant: None,
             mode,
             token,
             context,
             remaining_lease,
         }
+    }
+}
+
+impl HolderInfo {
+    /// Describes a holder from the [`crate::HolderKey`] text a backend stored.
+    pub fn from_stored(
+        stored: &str,
+        mode: LockMode,
+        token: FencingToken,
+        context: Bytes,
+        remaining_lease: Option<Duration>,
+    ) -> Self {
+        let (owner, grant) = crate::HolderKey::parse(stored);
+        HolderInfo::new(owner, mode, token, context, remaining_lease).with_grant(grant)
+    }
+
+    /// Sets the grant.
+    pub fn with_grant(mut self, grant: Option<GrantId>) -> Self {
+        self.grant = grant;
+        self
     }
 }
 

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 
 use crate::name::LockName;
-use crate::types::{Fairness, FencingToken, LockMode, OwnerId};
+use crate::types::{Fairness, FencingToken, GrantId, HolderKey, LockMode, OwnerId};
 
 /// A request to take a lock.
 #[derive(Debug, Clone)]
@@ -18,6 +18,9 @@ pub struct AcquireRequest {
     pub name: LockName,
     /// Who asks; the same owner must be presented on release and renewal.
     pub owner: OwnerId,
+    /// Which acquisition of the owner this is: new for every acquire call, kept by
+    /// its retries. The grant, if made, belongs to `(owner, grant)` — see [`GrantId`].
+    pub grant: GrantId,
     /// Exclusive or shared.
     pub mode: LockMode,
     /// How long the grant lasts unless renewed. Backends judge it on their own clock.
@@ -32,11 +35,13 @@ pub struct AcquireRequest {
 }
 
 impl AcquireRequest {
-    /// An exclusive, non-fair, try-once request with a 30 s lease and no context.
-    pub fn new(name: LockName, owner: OwnerId) -> Self {
+    /// An exclusive, non-fair, try-once request for grant `grant` of `owner`, with a
+    /// 30 s lease and no context.
+    pub fn new(name: LockName, owner: OwnerId, grant: GrantId) -> Self {
         AcquireRequest {
             name,
             owner,
+            grant,
             mode: LockMode::Exclusive,
             lease: Duration::from_secs(30),
             deadline: None,
@@ -75,6 +80,11 @@ impl AcquireRequest {
         self
     }
 
+    /// The grant's identity as backends store it.
+    pub fn holder(&self) -> HolderKey {
+        HolderKey::new(&self.owner, self.grant)
+    }
+
     /// How long the backend may still wait, from now (zero when trying once).
     pub fn remaining_wait(&self) -> Duration {
         self.deadline
@@ -91,21 +101,35 @@ pub struct ReleaseRequest {
     pub name: LockName,
     /// The owner that acquired it.
     pub owner: OwnerId,
+    /// The grant to give back: only this grant of `owner` is released, never a later one.
+    pub grant: GrantId,
     /// The mode it was acquired in.
     pub mode: LockMode,
-    /// The token the grant carried (informational; ownership is judged by `owner`).
+    /// The token the grant carried (informational; ownership is judged by owner and grant).
     pub token: FencingToken,
 }
 
 impl ReleaseRequest {
-    /// A release of `name` by `owner`.
-    pub fn new(name: LockName, owner: OwnerId, mode: LockMode, token: FencingToken) -> Self {
+    /// A release of grant `grant` of `name` by `owner`.
+    pub fn new(
+        name: LockName,
+        owner: OwnerId,
+        grant: GrantId,
+        mode: LockMode,
+        token: FencingToken,
+    ) -> Self {
         ReleaseRequest {
             name,
             owner,
+            grant,
             mode,
             token,
         }
+    }
+
+    /// The grant's identity as backends store it.
+    pub fn holder(&self) -> HolderKey {
+        HolderKey::new(&self.owner, self.grant)
     }
 }
 
@@ -117,6 +141,8 @@ pub struct RenewRequest {
     pub name: LockName,
     /// The owner that acquired it.
     pub owner: OwnerId,
+    /// The grant to renew: only this grant of `owner`, never a later one.
+    pub grant: GrantId,
     /// The mode it was acquired in.
     pub mode: LockMode,
     /// The new lease, counted from when the backend handles the request.
@@ -126,10 +152,11 @@ pub struct RenewRequest {
 }
 
 impl RenewRequest {
-    /// A renewal of `name` by `owner` for `lease`.
+    /// A renewal of grant `grant` of `name` by `owner` for `lease`.
     pub fn new(
         name: LockName,
         owner: OwnerId,
+        grant: GrantId,
         mode: LockMode,
         lease: Duration,
         token: FencingToken,
@@ -137,9 +164,15 @@ impl RenewRequest {
         RenewRequest {
             name,
             owner,
+            grant,
             mode,
             lease,
             token,
         }
+    }
+
+    /// The grant's identity as backends store it.
+    pub fn holder(&self) -> HolderKey {
+        HolderKey::new(&self.owner, self.grant)
     }
 }

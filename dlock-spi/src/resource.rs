@@ -16,6 +16,12 @@ use crate::request::{AcquireRequest, ReleaseRequest, RenewRequest};
 ///
 /// # What each method must honour
 ///
+/// Every hold belongs to one *grant*, `(req.owner, req.grant)` ([`crate::GrantId`];
+/// store it as a [`crate::HolderKey`]). Releases and renewals name the grant, and
+/// must never affect another grant — not even a later one of the same owner: a
+/// dropped guard's late background release must leave the same handle's next grant
+/// alone.
+///
 /// * **`try_acquire`** grants `req.mode` to `req.owner` if the lock is free for it,
 ///   otherwise waits — by the backend's best means (push, watch, polling with
 ///   [`crate::Backoff`]) — until `req.deadline`, and answers
@@ -24,19 +30,21 @@ use crate::request::{AcquireRequest, ReleaseRequest, RenewRequest};
 ///   greater than every token issued for the name before, by any client, and a
 ///   lease judged on the store's clock. If the caller's future is dropped while
 ///   waiting, no waiter or queue entry may be left behind (clean up in `Drop`, or
-///   make queue entries expire). An acquire by the current owner grants again with
-///   the same token (idempotent) if [`Capabilities::reentrant`] is set.
+///   make queue entries expire). An acquire naming the grant that holds the lock
+///   (a retry whose answer was lost) grants again with the same token (idempotent) if
+///   [`Capabilities::reentrant`] is set; an acquire by the same owner under another
+///   grant is a different holder and waits like anyone else.
 ///   Backends whose holds are tied to a session rather than a lease (no
 ///   [`Capabilities::lease`]) attach a [`crate::HoldWatch`] to the grant
 ///   ([`AcquireResult::with_watch`]) so the guard learns of suspension and loss.
 ///   Honour [`crate::Fairness::Fair`] when [`Capabilities::fair`] is set, and
 ///   [`crate::LockMode::Shared`] when [`Capabilities::shared`] is set (the chain's head
 ///   rejects them otherwise). When the lock frees, wake one waiter, not all.
-/// * **`release`** removes only `req.owner`'s hold and answers
+/// * **`release`** removes only the hold of grant `req.grant` of `req.owner`, and answers
 ///   [`ReleaseResult::NotOwner`] (changing nothing) if it is not the holder. After
 ///   the last holder leaves, no holder or queue state may remain; a small per-name
 ///   fencing counter may.
-/// * **`renew`** extends the owner's lease to `req.lease` from now (store clock), or
+/// * **`renew`** extends that grant's lease to `req.lease` from now (store clock), or
 ///   answers [`RenewResult::NotOwner`] if the hold is gone.
 /// * **`inspect`** describes holders and waiters, or `None` when nobody holds or waits.
 ///

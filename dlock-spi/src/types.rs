@@ -60,6 +60,82 @@ impl fmt::Debug for OwnerId {
     }
 }
 
+/// One grant of a lock to an owner: the manager picks a new one for every acquire
+/// call (the retries inside one call keep it, so a retried acquire stays idempotent).
+///
+/// Backends store the grant with the holder and release or renew only the grant a
+/// request names, so a late release or renewal of an *earlier* grant — a dropped
+/// guard's background release racing the same handle's next acquire — can never touch
+/// a later grant by the same owner. Store it through [`HolderKey`], the one encoding
+/// of "owner + grant" every backend shares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct GrantId(u64);
+
+impl GrantId {
+    /// Wraps a raw grant number.
+    pub const fn new(value: u64) -> Self {
+        GrantId(value)
+    }
+
+    /// The raw value.
+    pub const fn get(self) -> u64 {
+        self.0
+    }
+}
+
+impl fmt::Display for GrantId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:x}", self.0)
+    }
+}
+
+/// The identity of one grant as a backend stores it: `<owner>#<grant in hex>`.
+///
+/// Backends that keep a holder as one string (a Redis value, a SQL column, a
+/// ZooKeeper node's data and protection id) store this key wherever they used to
+/// store the owner, compare it on release and renewal, and recover owner and grant
+/// with [`HolderKey::parse`] for `inspect`. The split is at the *last* `#`, so any
+/// owner text round-trips.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct HolderKey(Arc<str>);
+
+impl HolderKey {
+    /// The key of `grant` by `owner`.
+    pub fn new(owner: &OwnerId, grant: GrantId) -> Self {
+        HolderKey(format!("{}#{grant}", owner.as_str()).into())
+    }
+
+    /// The key as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// Owner and grant of a stored key; a key without a grant part (written by an
+    /// older dlock or another client) is all owner, with no grant.
+    pub fn parse(stored: &str) -> (OwnerId, Option<GrantId>) {
+        if let Some((owner, grant)) = stored.rsplit_once('#') {
+            if !grant.is_empty() && grant.len() <= 16 {
+                if let Ok(g) = u64::from_str_radix(grant, 16) {
+                    return (OwnerId::new(owner), Some(GrantId(g)));
+                }
+            }
+        }
+        (OwnerId::new(stored), None)
+    }
+}
+
+impl fmt::Display for HolderKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl fmt::Debug for HolderKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&*self.0, f)
+    }
+}
+
 /// Exclusive (write) or shared (read) ownership.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum LockMode {
@@ -135,5 +211,27 @@ impl LostReason {
 impl fmt::Display for LostReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn holder_keys_round_trip_any_owner() {
+        for owner in ["m:1", "a#b", "#", "", "x#zz", "ends#"] {
+            let o = OwnerId::new(owner);
+            let key = HolderKey::new(&o, GrantId::new(0xabc));
+            assert_eq!(
+                HolderKey::parse(key.as_str()),
+                (o, Some(GrantId::new(0xabc)))
+            );
+        }
+        assert_eq!(HolderKey::parse("plain"), (OwnerId::new("plain"), None));
+        assert_ne!(
+            HolderKey::new(&OwnerId::new("m:1"), GrantId::new(1)),
+            HolderKey::new(&OwnerId::new("m:1"), GrantId::new(2))
+        );
     }
 }

@@ -8,9 +8,9 @@ use std::time::{Duration, Instant};
 
 use dlock_spi::{
     async_trait, AcquireRequest, AcquireResult, Bytes, Capabilities, Error, FencingToken, HoldFeed,
-    HoldStatus, HoldWatch, HolderInfo, LockAdmin, LockMode, LockName, LockRemoteResource,
-    LockState, LostReason, OwnerId, ReleaseRequest, ReleaseResult, RenewRequest, RenewResult,
-    Result,
+    HoldStatus, HoldWatch, HolderInfo, HolderKey, LockAdmin, LockMode, LockName,
+    LockRemoteResource, LockState, LostReason, OwnerId, ReleaseRequest, ReleaseResult,
+    RenewRequest, RenewResult, Result,
 };
 use tokio::sync::watch;
 use zookeeper_client::{
@@ -276,8 +276,11 @@ impl Inner {
         .set_retryable(true))
     }
 
-    /// Of the owner's nodes among `children` (same prefix), keeps the oldest and
-    /// deletes the others. `created` is the node just made, with its token.
+    /// Of the grant's nodes among `children` (same prefix), keeps the oldest one that
+    /// belongs to `session` and deletes the others — also those of an earlier session
+    /// of this backend (an acquire retried after its session ended), which must never
+    /// be adopted: they vanish when that session expires. `created` is the node just
+    /// made, with its token.
     async fn adopt(
         &self,
         session: &Session,
@@ -293,48 +296,49 @@ impl Inner {
             .filter_map(|c| Contender::parse(c))
             .collect();
         mine.sort_by_key(|c| c.sequence);
-        let Some(oldest) = mine.first() else {
-            return Ok(created);
-        };
-        // Sent together, awaited together: the queue is clean when we answer.
-        let extras: Vec<_> = mine[1..]
+        // The common case: the node just created is the grant's only one.
+        if let ([only], Some((node, _))) = (mine.as_slice(), &created) {
+            if only.node == *node {
+                return Ok(created);
+            }
+        }
+        // Otherwise read every candidate's owner session, all requests out at once.
+        let stats: Vec<_> = mine
             .iter()
-            .map(|extra| {
-                session
-                    .client
-                    .delete(&format!("{lock}/{}", extra.node), None)
-            })
+            .map(|c| session.client.check_stat(&format!("{lock}/{}", c.node)))
             .collect();
-        for delete in extras {
+        let mut kept: Option<(String, FencingToken)> = None;
+        let mut extras = Vec::new();
+        for (candidate, stat) in mine.iter().zip(stats) {
+            match stat.await.map_err(|e| map_zk(e, "stat"))? {
+                Some(stat) if stat.ephemeral_owner == session.id().0 && kept.is_none() => {
+                    kept = Some((candidate.node.clone(), token_of(stat.czxid)));
+                }
+                Some(_) => extras.push(candidate.node.clone()),
+                None => {}
+            }
+        }
+        // Sent together, awaited together: the queue is clean when we answer.
+        let deletes: Vec<_> = extras
+            .iter()
+            .map(|node| session.client.delete(&format!("{lock}/{node}"), None))
+            .collect();
+        for delete in deletes {
             match delete.await {
                 Ok(()) | Err(ZkError::NoNode) => {}
                 Err(err) => return Err(map_zk(err, "delete")),
             }
         }
-        if let Some((node, _)) = &created {
-            if *node == oldest.node {
-                return Ok(created);
-            }
-        }
-        let path = format!("{lock}/{}", oldest.node);
-        let known = self
-            .held()
-            .get(key)
-            .filter(|h| h.path == path)
-            .map(|h| h.token);
-        let token = match known {
-            Some(token) => token,
-            None => match session
-                .client
-                .check_stat(&path)
-                .await
-                .map_err(|e| map_zk(e, "stat"))?
-            {
-                Some(stat) => token_of(stat.czxid),
-                None => return Ok(None),
-            },
-        };
-        Ok(Some((oldest.node.clone(), token)))
+        // A node this backend already tracks keeps its recorded token.
+        Ok(kept.map(|(node, token)| {
+            let path = format!("{lock}/{node}");
+            let known = self
+                .held()
+                .get(key)
+                .filter(|h| h.path == path)
+                .map(|h| h.token);
+            (node, known.unwrap_or(token))
+        }))
     }
 
     async fn create_lock_node(&self, session: &Session, lock: &str) -> Result<()> {
@@ -453,7 +457,7 @@ impl LockRemoteResource for ZkBackend {
 
     async fn release(&self, req: &ReleaseRequest) -> Result<ReleaseResult> {
         let inner = &self.inner;
-        let key = HeldKey::new(&req.name, &req.owner, req.mode);
+        let key = HeldKey::new(&req.name, &grant_owner(&req.holder()), req.mode);
         let held = inner.held().remove(&key);
         let path = match &held {
             Some(held) => held.path.clone(),
@@ -482,7 +486,7 @@ impl LockRemoteResource for ZkBackend {
     }
 
     async fn renew(&self, req: &RenewRequest) -> Result<RenewResult> {
-        let key = HeldKey::new(&req.name, &req.owner, req.mode);
+        let key = HeldKey::new(&req.name, &grant_owner(&req.holder()), req.mode);
         let Some(path) = self.inner.node_of(&key).await? else {
             return Ok(RenewResult::NotOwner);
         };
@@ -517,8 +521,8 @@ impl LockRemoteResource for ZkBackend {
             match read.await {
                 Ok((data, stat)) => {
                     let (owner, context) = parse_node_data(&contender.node, data);
-                    infos.push(HolderInfo::new(
-                        owner,
+                    infos.push(HolderInfo::from_stored(
+                        owner.as_str(),
                         contender.mode,
                         token_of(stat.czxid),
                         context,
@@ -549,9 +553,11 @@ impl ZkBackend {
     ) -> Result<AcquireResult> {
         let inner = &self.inner;
         let lock = layout::lock_path(&inner.root, &req.name);
-        let prefix = layout::node_prefix(&req.owner, req.mode, inner.exclusive);
-        let data = node_data(&req.owner, &req.context);
-        let key = HeldKey::new(&req.name, &req.owner, req.mode);
+        // Nodes belong to the grant: its identity makes the protection id and the data.
+        let holder = grant_owner(&req.holder());
+        let prefix = layout::node_prefix(&holder, req.mode, inner.exclusive);
+        let data = node_data(&holder, &req.context);
+        let key = HeldKey::new(&req.name, &holder, req.mode);
         let mut mine = inner.enqueue(session, &key, &lock, &prefix, &data).await?;
         let mut pending =
             PendingNode::new(&inner.sessions, session, format!("{lock}/{}", mine.node));
@@ -847,6 +853,13 @@ fn deadline_passed(deadline: Option<Instant>) -> bool {
 
 fn token_of(czxid: i64) -> FencingToken {
     FencingToken::new(u64::try_from(czxid).unwrap_or(0))
+}
+
+/// A grant's identity in the role the node layout gives an owner: it names the node
+/// (protection id), is stored in its data, and keys the held nodes. So each grant has
+/// its own node, and releasing one grant never deletes — or adopts — another's.
+fn grant_owner(holder: &HolderKey) -> OwnerId {
+    OwnerId::new(holder.as_str())
 }
 
 fn node_data(owner: &OwnerId, context: &Bytes) -> Vec<u8> {

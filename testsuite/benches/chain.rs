@@ -42,6 +42,7 @@ async fn chain_cycle(chain: &HandlerChain, request: &AcquireRequest) {
     let rel = ReleaseRequest::new(
         request.name.clone(),
         request.owner.clone(),
+        request.grant,
         LockMode::Exclusive,
         token,
     );
@@ -56,8 +57,8 @@ fn bench(c: &mut Criterion) {
         .unwrap();
     let name = LockName::new("bench").unwrap();
     let owner = OwnerId::new("bench-owner");
-    let request =
-        AcquireRequest::new(name.clone(), owner.clone()).with_lease(Duration::from_secs(30));
+    let request = AcquireRequest::new(name.clone(), owner.clone(), dlock_spi::GrantId::new(1))
+        .with_lease(Duration::from_secs(30));
     let mut group = c.benchmark_group("acquire_release");
 
     let backend = InMemoryBackend::new();
@@ -69,7 +70,13 @@ fn bench(c: &mut Criterion) {
                 .unwrap()
                 .token()
                 .unwrap();
-            let rel = ReleaseRequest::new(name.clone(), owner.clone(), LockMode::Exclusive, token);
+            let rel = ReleaseRequest::new(
+                name.clone(),
+                owner.clone(),
+                dlock_spi::GrantId::new(1),
+                LockMode::Exclusive,
+                token,
+            );
             assert_eq!(
                 backend.release(&rel).await.unwrap(),
                 ReleaseResult::Released

@@ -493,10 +493,12 @@ async fn latency(cfg: &Cfg) -> Vec<(&'static str, [Duration; 4])> {
     let spi_req = dlock_api::spi::AcquireRequest::new(
         dlock_api::spi::LockName::new(format!("{tag}:spi")).unwrap(),
         dlock_api::spi::OwnerId::new("bench:latency"),
+        dlock_api::spi::GrantId::new(1),
     );
     let spi_release = dlock_api::spi::ReleaseRequest::new(
         spi_req.name.clone(),
         spi_req.owner.clone(),
+        spi_req.grant,
         dlock_api::LockMode::Exclusive,
         dlock_api::spi::FencingToken::new(0),
     );

@@ -156,7 +156,8 @@ async fn main() {
         let lock = manager.lock(&format!("{tag}:api"));
         let spi_name = LockName::new(format!("{tag}:spi")).unwrap();
         let owner = OwnerId::new(format!("{tag}-owner"));
-        let acquire = AcquireRequest::new(spi_name.clone(), owner.clone());
+        let acquire =
+            AcquireRequest::new(spi_name.clone(), owner.clone(), dlock_spi::GrantId::new(1));
         let floor_name = format!("{tag}:floor");
 
         // Warm the pool and the statement caches.

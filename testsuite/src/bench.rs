@@ -118,6 +118,7 @@ pub fn spi_contestant<'a>(
         let req = dlock_spi::AcquireRequest::new(
             dlock_spi::LockName::new(name(i)).expect("bench lock name"),
             dlock_spi::OwnerId::new(format!("bench:{i}")),
+            dlock_spi::GrantId::new(1),
         );
         cycles(
             (std::sync::Arc::clone(&backend), req),
@@ -217,8 +218,13 @@ pub async fn spi_cycle(
 ) {
     let grant = backend.try_acquire(req).await.expect("acquire");
     let token = grant.token().expect("uncontended");
-    let release =
-        dlock_spi::ReleaseRequest::new(req.name.clone(), req.owner.clone(), req.mode, token);
+    let release = dlock_spi::ReleaseRequest::new(
+        req.name.clone(),
+        req.owner.clone(),
+        req.grant,
+        req.mode,
+        token,
+    );
     backend.release(&release).await.expect("release");
     drop(grant);
 }

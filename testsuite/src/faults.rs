@@ -11,7 +11,8 @@ use crate::proxy::{Fault, FaultProxy};
 /// explicit lease, renewed by the watchdog with lease `lease`), then comes back:
 ///
 /// * calls fail with typed (`Backend` or `Timeout`), retryable errors;
-/// * the held lock's lost signal fires with `LeaseExpired`, not before the lease ends;
+/// * the held lock's lost signal fires with `LeaseExpired`, a loss margin before the
+///   lease ends (not earlier than two thirds of it);
 /// * once traffic passes again, the same manager takes the lock again (its client
 ///   reconnected by itself).
 ///
@@ -45,9 +46,12 @@ pub async fn outage_is_typed_loses_on_time_and_recovers(
         .await
         .unwrap_or_else(|_| panic!("{label}: the lost signal did not fire"));
     assert_eq!(reason, LostReason::LeaseExpired, "{label}");
+    // Lost a loss margin (at most a third of the lease) before the store can expire
+    // the hold: not before that, and not after the lease.
+    let lost_after = held.acquired_at().elapsed();
     assert!(
-        held.acquired_at().elapsed() >= lease,
-        "{label}: declared lost before the lease ended"
+        lost_after >= lease * 2 / 3,
+        "{label}: declared lost after {lost_after:?}, more than a third of the {lease:?} lease early"
     );
     drop(held);
 

@@ -38,4 +38,7 @@ cases!(
     hostile_names_are_distinct_or_refused,
     bad_arguments_are_refused,
     close_releases_everything,
+    drop_then_relock,
+    cancel_during_unlock,
+    cancel_at_random_points,
 );

@@ -632,10 +632,14 @@ async fn the_holder_asking_again_gets_the_same_token() {
     let backend = RedisBackend::connect(&url).await.unwrap();
     let lock = LockName::new(name("again")).unwrap();
     let ask = |owner: &str, wait: bool| {
-        AcquireRequest::new(lock.clone(), OwnerId::new(owner))
-            .with_lease(Duration::from_secs(5))
-            .with_context(dlock_api::spi::Bytes::from_static(b"ctx|1"))
-            .with_deadline(wait.then(|| Instant::now() + Duration::from_millis(200)))
+        AcquireRequest::new(
+            lock.clone(),
+            OwnerId::new(owner),
+            dlock_api::spi::GrantId::new(1),
+        )
+        .with_lease(Duration::from_secs(5))
+        .with_context(dlock_api::spi::Bytes::from_static(b"ctx|1"))
+        .with_deadline(wait.then(|| Instant::now() + Duration::from_millis(200)))
     };
     let first = backend.try_acquire(&ask("owner-12", false)).await.unwrap();
     let token = first.token().expect("granted");
@@ -650,6 +654,7 @@ async fn the_holder_asking_again_gets_the_same_token() {
     let release = ReleaseRequest::new(
         lock.clone(),
         OwnerId::new("owner-12"),
+        dlock_api::spi::GrantId::new(1),
         LockMode::Exclusive,
         token,
     );

@@ -132,7 +132,7 @@ async fn an_owners_earlier_node_is_adopted_not_orphaned() {
         )
         .await
         .unwrap();
-    let req = AcquireRequest::new(lock.clone(), owner.clone())
+    let req = AcquireRequest::new(lock.clone(), owner.clone(), dlock_spi::GrantId::new(1))
         .with_deadline(Some(Instant::now() + Duration::from_secs(5)));
     let got = backend.try_acquire(&req).await.unwrap();
     assert_eq!(
@@ -150,6 +150,7 @@ async fn an_owners_earlier_node_is_adopted_not_orphaned() {
         .release(&dlock_spi::ReleaseRequest::new(
             lock,
             owner,
+            dlock_spi::GrantId::new(1),
             LockMode::Exclusive,
             got.token().unwrap(),
         ))

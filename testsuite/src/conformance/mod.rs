@@ -20,6 +20,9 @@ use dlock_spi::{
 
 use crate::TestBackend;
 
+mod grants;
+pub use grants::{cancel_at_random_points, cancel_during_unlock, drop_then_relock};
+
 /// How late a `try_lock(wait)` may return beyond `wait` (one round trip and scheduling).
 pub const WAIT_SLACK: Duration = Duration::from_millis(250);
 
@@ -251,8 +254,21 @@ pub async fn explicit_lease_expires(backend: Arc<dyn TestBackend>) {
     let env = Env::new(backend);
     let (a, b) = env.two_managers().await;
     if !a.capabilities().lease {
-        // Session-bound backends (ZooKeeper) tie holds to the session, not a lease:
-        // only check that such a hold is taken and released cleanly.
+        // Session-bound backends (ZooKeeper) tie holds to the session, not a lease: an
+        // explicit lease (or a manager without watchdog) is refused, never silently
+        // turned into an unbounded hold.
+        let err = a
+            .lock("lease")
+            .try_lock_with_lease(Duration::ZERO, Duration::from_millis(400))
+            .await
+            .expect_err("an explicit lease on a session-bound backend is refused");
+        assert_eq!(err.kind(), ErrorKind::Unsupported, "{err}");
+        let client = env.backend().client().await.expect("client");
+        let err = DistributeLockManagerBuilder::new(client)
+            .watchdog(false)
+            .build()
+            .expect_err("a manager without watchdog is refused");
+        assert_eq!(err.kind(), ErrorKind::Unsupported, "{err}");
         let g = take(&a.lock("lease"), Duration::ZERO).await;
         g.unlock().await.expect("unlock");
         env.finish(&[&a, &b]).await;
@@ -474,6 +490,7 @@ pub async fn only_owner_releases(backend: Arc<dyn TestBackend>) {
         .release(&ReleaseRequest::new(
             name.clone(),
             stranger.clone(),
+            dlock_spi::GrantId::new(1),
             LockMode::Exclusive,
             g.fencing_token(),
         ))
@@ -485,6 +502,7 @@ pub async fn only_owner_releases(backend: Arc<dyn TestBackend>) {
             .renew(&RenewRequest::new(
                 name.clone(),
                 stranger,
+                dlock_spi::GrantId::new(1),
                 LockMode::Exclusive,
                 Duration::from_secs(5),
                 g.fencing_token(),
@@ -506,6 +524,7 @@ pub async fn only_owner_releases(backend: Arc<dyn TestBackend>) {
         .release(&ReleaseRequest::new(
             name,
             lock.owner().clone(),
+            dlock_spi::GrantId::new(1),
             LockMode::Exclusive,
             dlock_spi::FencingToken::new(0),
         ))
@@ -909,7 +928,12 @@ pub async fn bad_arguments_are_refused(backend: Arc<dyn TestBackend>) {
         assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
     }
     let client = env.backend().client().await.expect("client");
-    let bad = AcquireRequest::new(env.full("args"), OwnerId::new("x")).with_lease(Duration::ZERO);
+    let bad = AcquireRequest::new(
+        env.full("args"),
+        OwnerId::new("x"),
+        dlock_spi::GrantId::new(1),
+    )
+    .with_lease(Duration::ZERO);
     let mut ctx = AcquireContext::new(bad, client.backend_name());
     let chain = dlock_spi::HandlerChain::new(client, Vec::new());
     assert_eq!(
@@ -979,4 +1003,7 @@ pub const CASES: &[&str] = &[
     "hostile_names_are_distinct_or_refused",
     "bad_arguments_are_refused",
     "close_releases_everything",
+    "drop_then_relock",
+    "cancel_during_unlock",
+    "cancel_at_random_points",
 ];
