@@ -242,14 +242,7 @@ impl JdbcBackend {
                 LockMode::Shared => backend.try_shared(&req).await,
             };
             if let Err(Ok(Some(_))) = answer.send(token) {
-                let release = ReleaseRequest::new(
-                    req.name.clone(),
-                    req.owner.clone(),
-                    req.grant,
-                    req.mode,
-                    FencingToken::new(0),
-                );
-                if let Err(err) = backend.release(&release).await {
+                if let Err(err) = backend.release(&req.release_of_grant()).await {
                     tracing::warn!(lock = %req.name, error = %err, "dlock-jdbc: releasing the grant of a cancelled acquire failed; its lease will expire");
                 }
             }

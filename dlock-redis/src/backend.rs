@@ -410,14 +410,7 @@ impl RedisBackend {
         if acked >= i64::from(want) {
             return Ok(());
         }
-        let release = ReleaseRequest::new(
-            req.name.clone(),
-            req.owner.clone(),
-            req.grant,
-            req.mode,
-            FencingToken::new(0),
-        );
-        let _ = self.release(&release).await;
+        let _ = self.release(&req.release_of_grant()).await;
         Err(Error::new(
             ErrorKind::Backend,
             format!(

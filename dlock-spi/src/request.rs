@@ -85,6 +85,19 @@ impl AcquireRequest {
         HolderKey::new(&self.owner, self.grant)
     }
 
+    /// The release of the grant this request asks for (token unknown: 0), for a
+    /// backend or manager that must give back a grant whose caller is gone. Harmless
+    /// if the grant was never made: it answers `NotOwner`.
+    pub fn release_of_grant(&self) -> ReleaseRequest {
+        ReleaseRequest::new(
+            self.name.clone(),
+            self.owner.clone(),
+            self.grant,
+            self.mode,
+            FencingToken::new(0),
+        )
+    }
+
     /// How long the backend may still wait, from now (zero when trying once).
     pub fn remaining_wait(&self) -> Duration {
         self.deadline
