@@ -450,9 +450,10 @@ impl DistributeLockManagerBuilder {
     /// How long before the store may expire a lease-based hold its guard's lost signal
     /// fires (counted from the send time of the last successful acquire or renewal).
     ///
-    /// Default: 1 % of the lease + 10 ms (clock-rate drift and timer delay), raised to
-    /// the backend's observed renewal round trip when that is longer. Either way at
-    /// most a third of the lease. A larger margin buys time to stop protected work
+    /// Default: 1 % of the lease (clock-rate drift), raised to the backend's observed
+    /// renewal round trip when that is longer. The signal is scheduled 10 ms before
+    /// the margin (timer and scheduling delay), and never more than a third of the
+    /// lease before its end. A larger margin buys time to stop protected work
     /// before anyone else can be granted the lock; see SAFETY.md for what each
     /// backend guarantees. No effect on session-bound backends (ZooKeeper), whose
     /// holds end with the session.

@@ -36,11 +36,11 @@ struct Entry {
 
 /// How long before the store may expire a hold its guard is told it is lost.
 ///
-/// The margin for a lease is `max(fixed or lease / 100 + 10 ms, observed round trip)`
-/// and at most a third of the lease: 1 % covers clock-rate drift between this host
-/// and the store (as Redlock's drift factor), the milliseconds cover timer and
-/// scheduling delay, and the observed round trip (the slowest recent renewal,
-/// decaying) covers a renewal that was sent but not yet answered.
+/// The margin for a lease is `max(fixed or lease / 100, observed round trip)`, and the
+/// signal is scheduled 10 ms earlier still (timer and scheduling delay), at most a
+/// third of the lease before its end: 1 % covers clock-rate drift between this host
+/// and the store (as Redlock's drift factor), and the observed round trip (the
+/// slowest recent renewal, decaying) covers a renewal sent but not yet answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct LossMargin {
     /// A fixed margin instead of the 1 % + 10 ms rule.
@@ -51,9 +51,11 @@ impl LossMargin {
     /// The part of the default margin that does not scale with the lease.
     pub(crate) const TIMER_SLACK: Duration = Duration::from_millis(10);
 
+    /// The margin to schedule with: the promised one plus timer slack, so a timer
+    /// that fires a little late still keeps the promise.
     fn for_lease(self, lease: Duration, round_trip: Duration) -> Duration {
-        let base = self.fixed.unwrap_or(lease / 100 + Self::TIMER_SLACK);
-        base.max(round_trip).min(lease / 3)
+        let promised = self.fixed.unwrap_or(lease / 100).max(round_trip);
+        (promised + Self::TIMER_SLACK).min(lease / 3)
     }
 }
 

@@ -289,7 +289,9 @@ async fn notice_listener(
 }
 
 /// Publishes `probe` where the listener hears it and returns what the listener heard
-/// before it (everything published earlier arrives earlier).
+/// before it (everything published earlier arrives earlier). A notice names the
+/// waiting *grant* (`<owner>#<grant>`); the grant part is cut off, since a test sees
+/// only the waiter's owner.
 async fn until_probe(
     publisher: &mut redis::aio::MultiplexedConnection,
     heard: &mut tokio::sync::mpsc::UnboundedReceiver<(String, String)>,
@@ -307,7 +309,14 @@ async fn until_probe(
         if msg.1 == probe {
             return before;
         }
-        before.push(msg);
+        let message = match msg.1.split_once('\n') {
+            Some((key, waiter)) => {
+                let (owner, _grant) = dlock_api::spi::HolderKey::parse(waiter);
+                format!("{key}\n{owner}")
+            }
+            None => msg.1,
+        };
+        before.push((msg.0, message));
     }
 }
 
