@@ -14,6 +14,7 @@ pub mod bench;
 pub mod conformance;
 pub mod curator;
 pub mod faults;
+pub mod lockcheck;
 pub mod proxy;
 pub mod runner;
 
