@@ -146,7 +146,7 @@ fn main() -> ExitCode {
         }
     };
     println!(
-        "lockcheck: backend {label}, {seconds} s, seed {seed}, {} processes, nemesis {nemesis:?}",
+        "lockcheck: backend {label}, {seconds} s, seed {seed}, {} processes, nemesis {nemesis}",
         opts.processes
     );
     let outcome = runtime().and_then(|rt| rt.block_on(run(&opts)));

@@ -45,15 +45,15 @@
 //!    the store may keep a hold nobody reports (the longest lease; the session timeout
 //!    for ZooKeeper). An exclusive acquire that gave up (`none` or `timeout`, not
 //!    cancelled) is starved if, within the wait it asked for, the lock was unoccupied
-//!    for longer than `starvation_slack` (2 s) without interruption. Waiters whose process was paused or
-//!    faulted while waiting are skipped.
+//!    for longer than `starvation_slack` (2 s) without interruption. Waiters whose
+//!    process was paused or faulted while waiting are skipped.
 //! 7. **fair-order** — conservative as well. For a fair lock: waiters A and B (first
 //!    grants, not reentries, not cancellable), both invoked while one hold C held the
-//!    lock (`C.ok < invoke < C.end`), A invoked at least `fair_margin` (250 ms) before
-//!    B, yet B granted before A. Excused if A's or B's process was paused or faulted
-//!    between A's invoke and A's grant.
+//!    lock (`C.ok < invoke < min(C.end, the next grant to another hold)`), A invoked
+//!    at least `fair_margin` (250 ms) before B, yet B granted before A. Excused if A's
+//!    or B's process was paused or faulted between A's invoke and A's grant.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::Write as _;
 
 use super::history::{Event, Kind, Mode, RegOp, COORDINATOR};
@@ -112,14 +112,18 @@ pub struct ClassResult {
     pub count: usize,
     /// Cases the rule excused (paused or faulted processes).
     pub excused: usize,
-    /// The first few violations, described.
+    /// Violations per lock name.
+    pub by_lock: BTreeMap<String, usize>,
+    /// The first few violations (at most two per lock), described.
     pub examples: Vec<String>,
 }
 
 impl ClassResult {
-    fn violation(&mut self, describe: impl FnOnce() -> String) {
+    fn violation(&mut self, lock: &str, describe: impl FnOnce() -> String) {
         self.count += 1;
-        if self.examples.len() < EXAMPLES {
+        let of_lock = self.by_lock.entry(lock.to_owned()).or_insert(0);
+        *of_lock += 1;
+        if self.examples.len() < EXAMPLES && *of_lock <= 2 {
             self.examples.push(describe());
         }
     }
@@ -228,8 +232,9 @@ impl Report {
         for c in &self.classes {
             let _ = writeln!(out, "  {:<12} {:>10} {:>10}", c.name, c.count, c.excused);
         }
-        for c in self.classes.iter().filter(|c| !c.examples.is_empty()) {
-            let _ = writeln!(out, "  {} examples:", c.name);
+        for c in self.classes.iter().filter(|c| c.count > 0) {
+            let by_lock: Vec<String> = c.by_lock.iter().map(|(l, n)| format!("{l}={n}")).collect();
+            let _ = writeln!(out, "  {} by lock: {}; examples:", c.name, by_lock.join(" "));
             for e in &c.examples {
                 let _ = writeln!(out, "    - {e}");
             }
@@ -574,7 +579,7 @@ pub fn check(label: &str, events: &[Event], rules: &Rules) -> Report {
                     overlap.excused += 1;
                     continue;
                 }
-                overlap.violation(|| {
+                overlap.violation(lock, || {
                     format!(
                         "{lock}: {} (token {}, ok {}, end {}) still held when {} (token {}) was granted at {}",
                         a.key,
@@ -601,7 +606,7 @@ pub fn check(label: &str, events: &[Event], rules: &Rules) -> Report {
             }
             if let Some(&m) = max_accepted.get(lock) {
                 if token < m {
-                    stale.violation(|| {
+                    stale.violation(lock, || {
                         format!("{lock}: register accepted token {token} from {hold} at {} after token {m}", at(t, t0))
                     });
                 }
@@ -612,7 +617,7 @@ pub fn check(label: &str, events: &[Event], rules: &Rules) -> Report {
             if let (Some(ok), Some(&(lt, lok, lhold))) = (ok, latest.get(lock)) {
                 let later = lt > token || (lt == token && lok > ok);
                 if lhold != hold && later {
-                    stale.violation(|| {
+                    stale.violation(lock, || {
                         format!(
                             "{lock}: write of {hold} (token {token}, granted {}) accepted at {} after a write of the later grant {lhold} (token {lt}, granted {})",
                             at(ok, t0),
@@ -649,11 +654,11 @@ pub fn check(label: &str, events: &[Event], rules: &Rules) -> Report {
                 Mode::Shared => max_exclusive,
             };
             if let Some(other) = seen.get(&h.token) {
-                token_order.violation(|| {
+                token_order.violation(lock, || {
                     format!("{lock}: {} and {other} were both granted token {}", h.key, h.token)
                 });
             } else if h.token <= floor {
-                token_order.violation(|| {
+                token_order.violation(lock, || {
                     format!(
                         "{lock}: {} granted token {} at {}, not above the earlier token {floor}",
                         h.key,
@@ -688,11 +693,12 @@ pub fn check(label: &str, events: &[Event], rules: &Rules) -> Report {
                     late.excused += 1;
                     continue;
                 }
-                late.violation(|| {
+                late.violation(lock, || {
                     format!(
-                        "{lock}: {} (token {}) was told of its loss at {}, {:.1} ms after {} (token {}) was granted",
+                        "{lock}: {} (token {}) was told of its loss ({}) at {}, {:.1} ms after {} (token {}) was granted",
                         a.key,
                         a.token,
+                        a.lost.as_ref().map_or("?", |(_, r)| r.as_str()),
                         at(l, t0),
                         -margin,
                         b.key,
@@ -708,7 +714,7 @@ pub fn check(label: &str, events: &[Event], rules: &Rules) -> Report {
 
     // 5. leaks
     for (lock, state) in &leaks {
-        leak.violation(|| format!("{lock}: {state}"));
+        leak.violation(lock, || format!("{lock}: {state}"));
     }
 
     // 6. starvation
@@ -781,7 +787,7 @@ pub fn check(label: &str, events: &[Event], rules: &Rules) -> Report {
                 .max()
                 .unwrap_or(0);
             if longest > rules.starvation_slack_ns {
-                starvation.violation(|| {
+                starvation.violation(&inv.lock, || {
                     format!(
                         "{}: p{} attempt {} waited {} – {} ({why}) while the lock was free for {:.1} ms",
                         inv.lock,
@@ -826,13 +832,22 @@ pub fn check(label: &str, events: &[Event], rules: &Rules) -> Report {
         for lock in fair_locks {
             let mut waits = fair_waits.remove(lock).unwrap_or_default();
             waits.sort_by_key(|w| (w.inv, w.key));
-            for c in by_lock.get(lock).into_iter().flatten() {
-                if c.end == u64::MAX {
+            let holds_of_lock: &[&Hold] = by_lock.get(lock).map_or(&[], |v| v.as_slice());
+            for (i, c) in holds_of_lock.iter().enumerate() {
+                // C surely held the lock until its end or the next grant to someone
+                // else, whichever came first (after an overlap the history's idea of
+                // C's hold is not to be trusted further).
+                let next = holds_of_lock[i + 1..]
+                    .iter()
+                    .find(|b| b.key != c.key && b.ok > c.ok)
+                    .map_or(u64::MAX, |b| b.ok);
+                let held_until = c.end.min(next);
+                if held_until == u64::MAX {
                     continue;
                 }
                 let during: Vec<&Wait<'_>> = waits
                     .iter()
-                    .filter(|w| w.inv > c.ok && w.inv < c.end && w.key != c.key)
+                    .filter(|w| w.inv > c.ok && w.inv < held_until && w.key != c.key)
                     .collect();
                 for (i, a) in during.iter().enumerate() {
                     for b in &during[i + 1..] {
@@ -850,7 +865,7 @@ pub fn check(label: &str, events: &[Event], rules: &Rules) -> Report {
                             fair.excused += 1;
                             continue;
                         }
-                        fair.violation(|| {
+                        fair.violation(lock, || {
                             format!(
                                 "{lock}: {} arrived at {} and {} at {} while {} held it, but {} was granted first ({} vs {})",
                                 a.key,

@@ -40,6 +40,16 @@ impl std::str::FromStr for Choice {
     }
 }
 
+impl std::fmt::Display for Choice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Choice::None => f.write_str("none"),
+            Choice::One(n) => f.write_str(n.name()),
+            Choice::All => f.write_str("all"),
+        }
+    }
+}
+
 impl Choice {
     /// The kinds this choice names, in rotation order.
     pub fn kinds(self) -> Vec<Nemesis> {
