@@ -460,11 +460,10 @@ pub fn check(label: &str, events: &[Event], rules: &Rules) -> Report {
                     if let Some(s) = rec.fault_cmd_open.take() {
                         rec.faults.push((s, e.t));
                     }
-                } else {
+                } else if rec.fault_cmd_open.is_none() {
+                    // One fault per window (a black hole ends with a reset).
                     totals.faults += 1;
-                    if rec.fault_cmd_open.is_none() {
-                        rec.fault_cmd_open = Some(e.t);
-                    }
+                    rec.fault_cmd_open = Some(e.t);
                 }
             }
             Kind::Stop => {

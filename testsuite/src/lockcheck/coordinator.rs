@@ -254,12 +254,21 @@ pub async fn run(opts: &RunOptions) -> Result<RunOutcome, String> {
         (source, sqlite)
     };
 
+    notes.push(format!(
+        "workers done {:.1} s after the deadline",
+        Instant::now().saturating_duration_since(until).as_secs_f64()
+    ));
     // Leak check: every worker is gone and every manager closed.
+    let leak_start = Instant::now();
     let mut bound = Duration::from_millis(MAX_LEASE_MS) + WAITER_LIVENESS + Duration::from_secs(2);
     if label.starts_with("zk") {
         bound += Duration::from_secs(10);
     }
     leak_check(source.as_ref(), &namespace, bound, &coordinator_log).await?;
+    notes.push(format!(
+        "leak check took {:.1} s",
+        leak_start.elapsed().as_secs_f64()
+    ));
     if let Some(e) = coordinator_log.error() {
         return Err(e);
     }

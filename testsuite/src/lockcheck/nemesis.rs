@@ -65,7 +65,8 @@ impl Choice {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Nemesis {
     /// Per worker, through its own fault proxy: delay (50–300 ms), black hole
-    /// (0.5–2× lease) or reset windows.
+    /// (0.5–2× lease, ended by a reset: the proxy drops the bytes it swallows, so a
+    /// connection that lived through it would be out of step) or reset windows.
     Proxy,
     /// SIGSTOP a worker for 1.5× the lease, then SIGCONT.
     Stop,
@@ -168,6 +169,15 @@ pub async fn run(
                 log_on(log, target, Kind::ProxyCmd { fault: fault_word(&line) });
                 injected.proxy += 1;
                 tokio::time::sleep(window).await;
+                if line == "fault blackhole" {
+                    // The proxy swallowed bytes mid-stream; a connection that lived
+                    // through that is out of step with its server (a real partition
+                    // delays bytes, it does not drop some). End it like a partition
+                    // that outlived the connection: reset, then let traffic through.
+                    let _ = cluster.command(target, "fault reset");
+                    log_on(log, target, Kind::ProxyCmd { fault: "reset".to_owned() });
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
                 // Heal even if the worker is gone (the error is then harmless).
                 let _ = cluster.command(target, "fault pass");
                 log_on(log, target, Kind::ProxyCmd { fault: "pass".to_owned() });
