@@ -111,7 +111,14 @@ impl H {
 
     /// A whole exclusive hold: invoke at `t_ok - 1`, ok, ENTER + WRITE, EXIT, release.
     fn hold(&mut self, t_ok: u64, t_rel: u64, p: u32, lock: &str, token: u64, hold: &str) {
-        let att = self.invoke(t_ok.saturating_sub(1), p, lock, Mode::Exclusive, false, 1000);
+        let att = self.invoke(
+            t_ok.saturating_sub(1),
+            p,
+            lock,
+            Mode::Exclusive,
+            false,
+            1000,
+        );
         self.ok(t_ok, p, att, lock, Mode::Exclusive, token, hold);
         self.reg(t_ok, RegOp::Enter, lock, token, hold, true);
         self.reg(t_ok, RegOp::Write, lock, token, hold, true);
@@ -177,9 +184,13 @@ fn overlap_is_reported_unless_released_lost_or_paused() {
 
     // Shared holds may overlap each other, not an exclusive one.
     let mut h = H::default();
-    for (i, (p, mode, hold)) in [(1, Mode::Shared, "r1"), (2, Mode::Shared, "r2"), (3, Mode::Exclusive, "w")]
-        .into_iter()
-        .enumerate()
+    for (i, (p, mode, hold)) in [
+        (1, Mode::Shared, "r1"),
+        (2, Mode::Shared, "r2"),
+        (3, Mode::Exclusive, "w"),
+    ]
+    .into_iter()
+    .enumerate()
     {
         let t = 10 * i as u64;
         let att = h.invoke(t, p, "rw0", mode, false, 100);
@@ -338,11 +349,12 @@ fn starvation_needs_a_long_free_stretch_within_the_wait() {
 
 #[test]
 fn fair_order_is_checked_among_waiters_of_one_hold() {
-    let fair_wait = |h: &mut H, t_inv: u64, t_ok: u64, t_rel: u64, p: u32, token: u64, hold: &str| {
-        let att = h.invoke(t_inv, p, "f0", Mode::Exclusive, true, 5000);
-        h.ok(t_ok, p, att, "f0", Mode::Exclusive, token, hold);
-        h.release(t_rel, p, hold, "f0");
-    };
+    let fair_wait =
+        |h: &mut H, t_inv: u64, t_ok: u64, t_rel: u64, p: u32, token: u64, hold: &str| {
+            let att = h.invoke(t_inv, p, "f0", Mode::Exclusive, true, 5000);
+            h.ok(t_ok, p, att, "f0", Mode::Exclusive, token, hold);
+            h.release(t_rel, p, hold, "f0");
+        };
     // C holds 0–1000; A arrives at 100, B at 500; B is granted first.
     let mut h = H::default();
     fair_wait(&mut h, 0, 1, 1000, 1, 1, "c");
@@ -451,13 +463,18 @@ fn every_selected_backend_passes_a_bounded_run() {
             let _ = s.read_to_string(&mut err);
         }
         let summary = out.lines().last().unwrap_or("").to_owned();
-        println!("{label} ({:.1} s): {summary}", started.elapsed().as_secs_f64());
+        println!(
+            "{label} ({:.1} s): {summary}",
+            started.elapsed().as_secs_f64()
+        );
         match status {
             Some(s) if s.success() => {}
             Some(s) => failures.push(format!(
                 "backend {label} (seed {seed}): lockcheck exited with {s}\n{out}{err}"
             )),
-            None => failures.push(format!("backend {label} (seed {seed}): lockcheck ran over {limit:?}")),
+            None => failures.push(format!(
+                "backend {label} (seed {seed}): lockcheck ran over {limit:?}"
+            )),
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));

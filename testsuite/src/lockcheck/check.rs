@@ -228,13 +228,22 @@ impl Report {
                 let _ = writeln!(out, "  loss margin: no loss followed by another grant");
             }
         }
-        let _ = writeln!(out, "  {:<12} {:>10} {:>10}", "class", "violations", "excused");
+        let _ = writeln!(
+            out,
+            "  {:<12} {:>10} {:>10}",
+            "class", "violations", "excused"
+        );
         for c in &self.classes {
             let _ = writeln!(out, "  {:<12} {:>10} {:>10}", c.name, c.count, c.excused);
         }
         for c in self.classes.iter().filter(|c| c.count > 0) {
             let by_lock: Vec<String> = c.by_lock.iter().map(|(l, n)| format!("{l}={n}")).collect();
-            let _ = writeln!(out, "  {} by lock: {}; examples:", c.name, by_lock.join(" "));
+            let _ = writeln!(
+                out,
+                "  {} by lock: {}; examples:",
+                c.name,
+                by_lock.join(" ")
+            );
             for e in &c.examples {
                 let _ = writeln!(out, "    - {e}");
             }
@@ -346,7 +355,12 @@ pub fn check(label: &str, events: &[Event], rules: &Rules) -> Report {
         let p = e.proc_;
         let worker_event = !matches!(
             e.kind,
-            Kind::Stop | Kind::Cont | Kind::Kill | Kind::ProxyCmd { .. } | Kind::Reg { .. } | Kind::Leak { .. }
+            Kind::Stop
+                | Kind::Cont
+                | Kind::Kill
+                | Kind::ProxyCmd { .. }
+                | Kind::Reg { .. }
+                | Kind::Leak { .. }
         );
         if worker_event && p != COORDINATOR {
             let rec = procs.entry(p).or_default();
@@ -654,7 +668,10 @@ pub fn check(label: &str, events: &[Event], rules: &Rules) -> Report {
             };
             if let Some(other) = seen.get(&h.token) {
                 token_order.violation(lock, || {
-                    format!("{lock}: {} and {other} were both granted token {}", h.key, h.token)
+                    format!(
+                        "{lock}: {} and {other} were both granted token {}",
+                        h.key, h.token
+                    )
                 });
             } else if h.token <= floor {
                 token_order.violation(lock, || {
@@ -709,7 +726,8 @@ pub fn check(label: &str, events: &[Event], rules: &Rules) -> Report {
         }
     }
     margins.sort_by(f64::total_cmp);
-    let margins_ms = (!margins.is_empty()).then(|| (margins[0], margins[margins.len() / 2], margins.len()));
+    let margins_ms =
+        (!margins.is_empty()).then(|| (margins[0], margins[margins.len() / 2], margins.len()));
 
     // 5. leaks
     for (lock, state) in &leaks {
@@ -815,7 +833,8 @@ pub fn check(label: &str, events: &[Event], rules: &Rules) -> Report {
                 continue;
             };
             // A grant, not a reentry, of a fair lock, by an attempt not cut short.
-            if !inv.fair || inv.cancel || inv.op == "reenter" || h.att != key.1 || h.proc_ != key.0 {
+            if !inv.fair || inv.cancel || inv.op == "reenter" || h.att != key.1 || h.proc_ != key.0
+            {
                 continue;
             }
             fair_waits.entry(h.lock.as_str()).or_default().push(Wait {

@@ -81,8 +81,12 @@ pub async fn worker_process(args: WorkerArgs) -> Result<(), String> {
     let mut url = args.url.clone();
     let mut _proxies = None;
     if args.proxy {
-        let split = split_url(&args.url)
-            .map_err(|e| format!("cannot put a proxy in front of {}: {e}", dlock_api::redact_url(&args.url)))?;
+        let split = split_url(&args.url).map_err(|e| {
+            format!(
+                "cannot put a proxy in front of {}: {e}",
+                dlock_api::redact_url(&args.url)
+            )
+        })?;
         let mut started = Vec::new();
         for host in &split.hosts {
             started.push(
@@ -169,7 +173,10 @@ pub async fn run(opts: &RunOptions) -> Result<RunOutcome, String> {
     let mut kinds = Vec::new();
     for kind in opts.nemesis.kinds() {
         match kind.not_applicable(label) {
-            Some(why) => notes.push(format!("nemesis {}: not applicable to {label} ({why})", kind.name())),
+            Some(why) => notes.push(format!(
+                "nemesis {}: not applicable to {label} ({why})",
+                kind.name()
+            )),
             None => kinds.push(kind),
         }
     }
@@ -211,8 +218,8 @@ pub async fn run(opts: &RunOptions) -> Result<RunOutcome, String> {
         }
         (source, SqliteFile(None))
     } else {
-        let url = backends::server_url(label)
-            .ok_or_else(|| format!("no URL for backend {label}"))?;
+        let url =
+            backends::server_url(label).ok_or_else(|| format!("no URL for backend {label}"))?;
         let sqlite = SqliteFile(
             url.strip_prefix("sqlite://")
                 .filter(|p| p.contains("dlock-test-"))
@@ -223,10 +230,9 @@ pub async fn run(opts: &RunOptions) -> Result<RunOutcome, String> {
             url: url.clone(),
         });
         probe(label, &url, source.as_ref()).await?;
-        let exe = opts
-            .worker_exe
-            .clone()
-            .ok_or_else(|| format!("backend {label} needs worker processes but no lockcheck binary was given"))?;
+        let exe = opts.worker_exe.clone().ok_or_else(|| {
+            format!("backend {label} needs worker processes but no lockcheck binary was given")
+        })?;
         let mut procs = Procs {
             exe,
             label: label.to_owned(),
@@ -242,11 +248,22 @@ pub async fn run(opts: &RunOptions) -> Result<RunOutcome, String> {
         for _ in 0..opts.processes {
             procs.spawn_next(opts.duration)?;
         }
-        let injected = nemesis::run(&kinds, &mut procs, &coordinator_log, opts.seed, until, LEASE).await;
+        let injected = nemesis::run(
+            &kinds,
+            &mut procs,
+            &coordinator_log,
+            opts.seed,
+            until,
+            LEASE,
+        )
+        .await;
         let problems = procs.wait_all(until + EXIT_GRACE).await;
         let injected = injected?;
         if injected.kill > 0 {
-            notes.push(format!("{} worker(s) SIGKILLed and replaced by the nemesis", injected.kill));
+            notes.push(format!(
+                "{} worker(s) SIGKILLed and replaced by the nemesis",
+                injected.kill
+            ));
         }
         if !problems.is_empty() {
             return Err(problems.join("; "));
@@ -256,7 +273,9 @@ pub async fn run(opts: &RunOptions) -> Result<RunOutcome, String> {
 
     notes.push(format!(
         "workers done {:.1} s after the deadline",
-        Instant::now().saturating_duration_since(until).as_secs_f64()
+        Instant::now()
+            .saturating_duration_since(until)
+            .as_secs_f64()
     ));
     // Leak check: every worker is gone and every manager closed.
     let leak_start = Instant::now();
@@ -286,7 +305,9 @@ pub async fn run(opts: &RunOptions) -> Result<RunOutcome, String> {
     }
     let report = check(label, &events, &Rules::for_label(label));
     if report.totals.grants == 0 {
-        return Err(format!("no lock was granted in the whole run: backend {label} did not work"));
+        return Err(format!(
+            "no lock was granted in the whole run: backend {label} did not work"
+        ));
     }
     Ok(RunOutcome { report, notes })
 }
@@ -479,7 +500,10 @@ impl Procs<'_> {
                 let _ = w.child.kill();
                 w.status = w.child.wait().ok();
                 w.stdin = None;
-                problems.push(format!("worker p{} did not exit in time and was killed", w.id));
+                problems.push(format!(
+                    "worker p{} did not exit in time and was killed",
+                    w.id
+                ));
                 continue;
             }
             if w.killed {
@@ -551,7 +575,11 @@ impl Cluster for Procs<'_> {
 
     fn pause(&mut self, proc_: u32, stop: bool) -> Result<(), String> {
         let w = self.worker(proc_)?;
-        let signal = if stop { Signal::SIGSTOP } else { Signal::SIGCONT };
+        let signal = if stop {
+            Signal::SIGSTOP
+        } else {
+            Signal::SIGCONT
+        };
         kill(pid_of(&w.child)?, signal).map_err(|e| format!("{signal} to worker p{proc_}: {e}"))
     }
 

@@ -390,10 +390,7 @@ impl Event {
         let name = parts.next().ok_or_else(|| bad("kind"))?;
         let fields: HashMap<&str, &str> = parts.filter_map(|p| p.split_once('=')).collect();
         let s = |k: &str| -> Result<String, String> {
-            fields
-                .get(k)
-                .map(|v| (*v).to_owned())
-                .ok_or_else(|| bad(k))
+            fields.get(k).map(|v| (*v).to_owned()).ok_or_else(|| bad(k))
         };
         let n = |k: &str| -> Result<u64, String> {
             fields
@@ -464,15 +461,11 @@ impl Event {
                 lock: s("lock")?,
                 result: s("result")?,
             },
-            "fault" => Kind::Fault {
-                fault: s("fault")?,
-            },
+            "fault" => Kind::Fault { fault: s("fault")? },
             "stop" => Kind::Stop,
             "cont" => Kind::Cont,
             "kill" => Kind::Kill,
-            "proxy" => Kind::ProxyCmd {
-                fault: s("fault")?,
-            },
+            "proxy" => Kind::ProxyCmd { fault: s("fault")? },
             "reg" => Kind::Reg {
                 op: fields
                     .get("op")

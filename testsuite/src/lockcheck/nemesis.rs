@@ -35,7 +35,9 @@ impl std::str::FromStr for Choice {
                 .iter()
                 .find(|n| n.name() == other)
                 .map(|n| Choice::One(*n))
-                .ok_or_else(|| format!("unknown nemesis {other:?}; use none, proxy, stop, kill or all")),
+                .ok_or_else(|| {
+                    format!("unknown nemesis {other:?}; use none, proxy, stop, kill or all")
+                }),
         }
     }
 }
@@ -159,14 +161,23 @@ pub async fn run(
                     }
                     1 => {
                         let lease_ms = u64::try_from(lease.as_millis()).unwrap_or(2000);
-                        ("fault blackhole".to_owned(), rng.u64(lease_ms / 2..=lease_ms * 2))
+                        (
+                            "fault blackhole".to_owned(),
+                            rng.u64(lease_ms / 2..=lease_ms * 2),
+                        )
                     }
                     _ => ("fault reset".to_owned(), rng.u64(200..=1000)),
                 };
                 let window = Duration::from_millis(window)
                     .min(until.saturating_duration_since(Instant::now()));
                 cluster.command(target, &line)?;
-                log_on(log, target, Kind::ProxyCmd { fault: fault_word(&line) });
+                log_on(
+                    log,
+                    target,
+                    Kind::ProxyCmd {
+                        fault: fault_word(&line),
+                    },
+                );
                 injected.proxy += 1;
                 tokio::time::sleep(window).await;
                 if line == "fault blackhole" {
@@ -175,12 +186,24 @@ pub async fn run(
                     // delays bytes, it does not drop some). End it like a partition
                     // that outlived the connection: reset, then let traffic through.
                     let _ = cluster.command(target, "fault reset");
-                    log_on(log, target, Kind::ProxyCmd { fault: "reset".to_owned() });
+                    log_on(
+                        log,
+                        target,
+                        Kind::ProxyCmd {
+                            fault: "reset".to_owned(),
+                        },
+                    );
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
                 // Heal even if the worker is gone (the error is then harmless).
                 let _ = cluster.command(target, "fault pass");
-                log_on(log, target, Kind::ProxyCmd { fault: "pass".to_owned() });
+                log_on(
+                    log,
+                    target,
+                    Kind::ProxyCmd {
+                        fault: "pass".to_owned(),
+                    },
+                );
             }
             Nemesis::Stop => {
                 let pause = lease.mul_f64(1.5);

@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use dlock_api::{
-    Capabilities, DistributeLock, DistributeLockManager, DistributeLockManagerBuilder,
-    LockGuard, ReadWriteLock,
+    Capabilities, DistributeLock, DistributeLockManager, DistributeLockManagerBuilder, LockGuard,
+    ReadWriteLock,
 };
 use tokio::task::JoinSet;
 
@@ -144,7 +144,9 @@ pub async fn run_worker(
             .await
             .is_err()
         {
-            errors.push(format!("process {p}: closing a manager took over {CALL_BOUND:?}"));
+            errors.push(format!(
+                "process {p}: closing a manager took over {CALL_BOUND:?}"
+            ));
         }
     }
     log.log(Kind::Exit);
@@ -310,8 +312,8 @@ impl Task {
             }
         };
         let lease = Duration::from_millis(lease_ms);
-        let cancel_after = (self.rng.u32(0..100) < 12)
-            .then(|| Duration::from_millis(self.rng.u64(0..=50)));
+        let cancel_after =
+            (self.rng.u32(0..100) < 12).then(|| Duration::from_millis(self.rng.u64(0..=50)));
         let att = self.next_attempt();
         self.log.log(Kind::Invoke {
             att,
@@ -441,8 +443,7 @@ impl Task {
             _ if explicit => self.rng.u64(lease_ms / 2..=lease_ms * 3 / 2),
             _ => self.rng.u64(20..=200),
         };
-        let hold_for =
-            Duration::from_millis(hold_ms).min(remaining + Duration::from_millis(1000));
+        let hold_for = Duration::from_millis(hold_ms).min(remaining + Duration::from_millis(1000));
         let start = Instant::now();
         let end = start + hold_for;
         let reenter_at = (self.rng.u32(0..100) < 15).then(|| start + hold_for / 2);
