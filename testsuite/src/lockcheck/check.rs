@@ -20,7 +20,8 @@
 //!
 //! 1. **overlap** — conflicting holds A, B with `A.ok ≤ B.ok < A.end`: B was let in
 //!    while A had not released and had not been told of its loss. Excused (counted
-//!    apart) if A's process was paused in `[A.ok, B.ok]`: it could not be told.
+//!    apart) if A's process was paused in `[A.ok, B.ok]` (it could not be told), or
+//!    B's between B's invoke and `B.ok` (B may be the earlier grant).
 //! 2. **stale-write** — the register accepted a write whose token is below one it had
 //!    accepted for the lock (its own invariant), or accepted a write from hold A after
 //!    accepting one from a later grant B of the same lock (B's token is greater, or
@@ -34,7 +35,7 @@
 //!    at L, and the first conflicting grant B after `A.ok` came at `B.ok < L`: the
 //!    store let B in before A was told. The margin `B.ok − L` is reported (min and
 //!    median; it includes B's reply time, so it over-states the true margin). Excused
-//!    if A's process was paused in `[A.ok, B.ok]`.
+//!    as overlaps are.
 //! 5. **leak** — a lock name that still had holder or waiter state after every worker
 //!    had exited and the coordinator had waited out the longest lease (recorded by the
 //!    coordinator as `leak` events).
@@ -533,6 +534,12 @@ pub fn check(label: &str, events: &[Event], rules: &Rules) -> Report {
     totals.processes = procs.keys().filter(|p| **p != COORDINATOR).count();
     let empty = ProcRec::default();
     let proc_of = |p: u32| procs.get(&p).unwrap_or(&empty);
+    // A grant whose process was paused between invoke and `ok`: its `ok` time says
+    // little about when it was granted.
+    let ok_unreliable = |h: &Hold| {
+        let invoked = invokes.get(&(h.proc_, h.att)).map_or(h.ok, |i| i.t);
+        proc_of(h.proc_).paused(invoked, h.ok)
+    };
 
     for h in holds.values_mut() {
         let rec = proc_of(h.proc_);
@@ -588,7 +595,7 @@ pub fn check(label: &str, events: &[Event], rules: &Rules) -> Report {
                 if a.key == b.key || !a.mode.conflicts(b.mode) {
                     continue;
                 }
-                if proc_of(a.proc_).paused(a.ok, b.ok) {
+                if proc_of(a.proc_).paused(a.ok, b.ok) || ok_unreliable(b) {
                     overlap.excused += 1;
                     continue;
                 }
@@ -657,8 +664,7 @@ pub fn check(label: &str, events: &[Event], rules: &Rules) -> Report {
         let mut max_exclusive = 0u64;
         let mut seen: HashMap<u64, &str> = HashMap::new();
         for &h in &by_lock[lock] {
-            let invoked = invokes.get(&(h.proc_, h.att)).map_or(h.ok, |i| i.t);
-            if proc_of(h.proc_).paused(invoked, h.ok) {
+            if ok_unreliable(h) {
                 token_order.excused += 1;
                 continue;
             }
@@ -705,7 +711,7 @@ pub fn check(label: &str, events: &[Event], rules: &Rules) -> Report {
             let Some(b) = next else { continue };
             let margin = b.ok as f64 / 1e6 - l as f64 / 1e6;
             if b.ok < l {
-                if proc_of(a.proc_).paused(a.ok, b.ok) {
+                if proc_of(a.proc_).paused(a.ok, b.ok) || ok_unreliable(b) {
                     late.excused += 1;
                     continue;
                 }

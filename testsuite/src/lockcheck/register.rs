@@ -28,6 +28,10 @@ use super::history::{now_ns, Event, Kind, RegOp, COORDINATOR};
 
 /// How many connections the register serves at once (workers open one per task).
 const MAX_CONNECTIONS: usize = 4096;
+/// Connections accepted over the register's life (workers open one per task).
+const MAX_ACCEPTS: usize = 1_000_000;
+/// Requests served on one connection.
+const MAX_REQUESTS: usize = 100_000_000;
 /// Longest request line.
 const MAX_LINE: usize = 1024;
 /// How long a client waits for an answer.
@@ -62,7 +66,10 @@ impl Register {
         let task = tokio::spawn(async move {
             // Dropped with the accept loop: aborts every connection task.
             let mut connections = JoinSet::new();
-            while let Ok((stream, _)) = listener.accept().await {
+            for _ in 0..MAX_ACCEPTS {
+                let Ok((stream, _)) = listener.accept().await else {
+                    break;
+                };
                 while connections.try_join_next().is_some() {}
                 if connections.len() >= MAX_CONNECTIONS {
                     drop(stream);
@@ -100,7 +107,7 @@ async fn serve(stream: TcpStream, state: Arc<Mutex<State>>) {
     let (read, mut write) = stream.into_split();
     let mut lines = BufReader::new(read);
     let mut line = String::new();
-    loop {
+    for _ in 0..MAX_REQUESTS {
         line.clear();
         match (&mut lines)
             .take(MAX_LINE as u64)
