@@ -170,7 +170,10 @@ pub async fn run(
                 };
                 let window = Duration::from_millis(window)
                     .min(until.saturating_duration_since(Instant::now()));
-                cluster.command(target, &line)?;
+                // A worker that exited just now cannot be faulted: skip it.
+                if cluster.command(target, &line).is_err() {
+                    continue;
+                }
                 log_on(
                     log,
                     target,
@@ -210,8 +213,16 @@ pub async fn run(
                 if Instant::now() + pause >= until {
                     continue;
                 }
-                cluster.pause(target, true)?;
-                log_on(log, target, Kind::Stop);
+                // The window is logged from just before SIGSTOP to just after SIGCONT.
+                let stopping = super::history::now_ns();
+                if cluster.pause(target, true).is_err() {
+                    continue;
+                }
+                log.log_event(&super::history::Event {
+                    t: stopping,
+                    proc_: target,
+                    kind: Kind::Stop,
+                });
                 injected.stop += 1;
                 tokio::time::sleep(pause).await;
                 let resumed = cluster.pause(target, false);
