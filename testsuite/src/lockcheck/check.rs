@@ -869,9 +869,11 @@ pub fn check(label: &str, events: &[Event], rules: &Rules) -> Report {
                 if held_until == u64::MAX {
                     continue;
                 }
-                let during: Vec<&Wait<'_>> = waits
+                let from = waits.partition_point(|w| w.inv <= c.ok);
+                let to = waits.partition_point(|w| w.inv < held_until);
+                let during: Vec<&Wait<'_>> = waits[from..to.max(from)]
                     .iter()
-                    .filter(|w| w.inv > c.ok && w.inv < held_until && w.key != c.key)
+                    .filter(|w| w.key != c.key)
                     .collect();
                 for (i, a) in during.iter().enumerate() {
                     for b in &during[i + 1..] {

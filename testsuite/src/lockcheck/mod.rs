@@ -60,11 +60,25 @@
 //! # Nemeses ([`nemesis`])
 //!
 //! * `proxy` — every worker talks to the backend through its own `FaultProxy`; the
-//!   coordinator sends it delay (50–300 ms), black hole (0.5–2× lease) and reset
-//!   windows on its stdin. Not applicable (and said so) to SQLite, the in-process
-//!   backends, and Redis Cluster (redirects bypass a proxy).
+//!   coordinator sends it delay (50–300 ms), black hole (0.5–2× lease, ended by a
+//!   reset because the proxy drops the bytes it swallows) and reset windows on its
+//!   stdin. Not applicable (and said so) to SQLite, the in-process backends, and
+//!   Redis Cluster (redirects bypass a proxy); the other nemeses still run.
 //! * `stop` — SIGSTOP a worker for 1.5× the lease, then SIGCONT.
 //! * `kill` — SIGKILL a worker and start a replacement with a new process number.
+//!
+//! `stop` and `kill` do not apply to the in-process backends. Every nemesis loop
+//! ends with the run's `--seconds`. Server restart, replica promotion and ZooKeeper
+//! session expiry are to be added as further [`nemesis::Nemesis`] variants.
+//!
+//! # After the run
+//!
+//! The coordinator waits for the workers (at most `--seconds` + 40 s; one still
+//! running is killed and the run fails), then opens its own client and inspects
+//! every lock name of the run until no holder or waiter state is left, for at most
+//! the longest lease + the waiter liveness (+ the session timeout for ZooKeeper): a
+//! SIGKILLed worker's holds legitimately live until their lease ends. What survives
+//! is reported as a leak.
 //!
 //! # Rules
 //!
