@@ -3,6 +3,8 @@
 //! * [`TestBackend`] — the hooks a backend gives the suite: new clients, stealing a
 //!   lock behind its holder's back, counting live state, counting acquire attempts.
 //! * [`conformance`] — the cases, each a `pub async fn(Arc<dyn TestBackend>)`.
+//! * [`lockcheck`] — the lock-history checker (DESIGN.md §9): workers, nemeses, a
+//!   fenced register and a checker over the histories; binary `lockcheck`.
 //! * [`runner`] — selects backends from `DLOCK_TEST_BACKENDS` (comma-separated,
 //!   default `memory`) and runs a case on each; a requested backend that cannot be
 //!   opened fails the run.
@@ -14,6 +16,7 @@ pub mod bench;
 pub mod conformance;
 pub mod curator;
 pub mod faults;
+pub mod lockcheck;
 pub mod proxy;
 pub mod runner;
 

@@ -1,0 +1,172 @@
+//! `lockcheck` — runs the lock-history checker against one backend (see
+//! `testsuite::lockcheck` for the workload, nemeses and rules).
+//!
+//! ```text
+//! lockcheck --backend <label> [--seconds N] [--seed S] [--processes K]
+//!           [--nemesis none|proxy|stop|kill|all] [--soak] [--keep]
+//! ```
+//!
+//! Exit status: 0 no violation, 1 violations found, 2 the run itself failed.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::str::FromStr;
+use std::time::Duration;
+
+use testsuite::lockcheck::coordinator::{worker_process, WorkerArgs};
+use testsuite::lockcheck::nemesis::Choice;
+use testsuite::lockcheck::workload::WorkerSpec;
+use testsuite::lockcheck::{run, RunOptions};
+
+const USAGE: &str = "usage: lockcheck --backend <label> [--seconds N] [--seed S] [--processes K] [--nemesis none|proxy|stop|kill|all] [--soak] [--keep]";
+
+#[derive(Default)]
+struct Args {
+    backend: Option<String>,
+    seconds: Option<f64>,
+    seed: Option<u64>,
+    processes: Option<u32>,
+    nemesis: Option<Choice>,
+    soak: bool,
+    keep: bool,
+    // Hidden: a worker process.
+    worker: Option<u32>,
+    url: Option<String>,
+    register: Option<SocketAddr>,
+    events: Option<PathBuf>,
+    namespace: Option<String>,
+    proxy: bool,
+}
+
+fn value<T: FromStr>(flag: &str, raw: Option<String>) -> Result<T, String> {
+    let raw = raw.ok_or_else(|| format!("{flag} needs a value\n{USAGE}"))?;
+    raw.parse()
+        .map_err(|_| format!("{flag}: cannot use {raw:?}\n{USAGE}"))
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut args = Args::default();
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        match flag.as_str() {
+            "--backend" => args.backend = Some(value(&flag, it.next())?),
+            "--seconds" => args.seconds = Some(value(&flag, it.next())?),
+            "--seed" => args.seed = Some(value(&flag, it.next())?),
+            "--processes" => args.processes = Some(value(&flag, it.next())?),
+            "--nemesis" => {
+                let raw: String = value(&flag, it.next())?;
+                args.nemesis = Some(raw.parse::<Choice>()?);
+            }
+            "--soak" => args.soak = true,
+            "--keep" => args.keep = true,
+            "--worker" => args.worker = Some(value(&flag, it.next())?),
+            "--url" => args.url = Some(value(&flag, it.next())?),
+            "--register" => args.register = Some(value(&flag, it.next())?),
+            "--events" => args.events = Some(value(&flag, it.next())?),
+            "--namespace" => args.namespace = Some(value(&flag, it.next())?),
+            "--proxy" => args.proxy = true,
+            "-h" | "--help" => return Err(USAGE.to_owned()),
+            other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
+        }
+    }
+    Ok(args)
+}
+
+fn duration(seconds: f64) -> Result<Duration, String> {
+    Duration::try_from_secs_f64(seconds)
+        .map_err(|_| format!("--seconds {seconds} is not a duration"))
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime, String> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the tokio runtime: {e}"))
+}
+
+fn worker_main(id: u32, args: Args) -> Result<(), String> {
+    let missing = |what: &str| format!("worker {id}: missing {what}");
+    let worker = WorkerArgs {
+        label: args.backend.ok_or_else(|| missing("--backend"))?,
+        url: args.url.ok_or_else(|| missing("--url"))?,
+        proxy: args.proxy,
+        events: args.events.ok_or_else(|| missing("--events"))?,
+        spec: WorkerSpec {
+            proc_: id,
+            seed: args.seed.ok_or_else(|| missing("--seed"))?,
+            duration: duration(args.seconds.ok_or_else(|| missing("--seconds"))?)?,
+            namespace: args.namespace.ok_or_else(|| missing("--namespace"))?,
+            register: args.register.ok_or_else(|| missing("--register"))?,
+        },
+    };
+    runtime()?.block_on(worker_process(worker))
+}
+
+fn main() -> ExitCode {
+    let args = match parse_args() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(2);
+        }
+    };
+    if let Some(id) = args.worker {
+        return match worker_main(id, args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("lockcheck worker {id}: {e}");
+                ExitCode::from(2)
+            }
+        };
+    }
+    let Some(label) = args.backend.clone() else {
+        eprintln!("--backend is required\n{USAGE}");
+        return ExitCode::from(2);
+    };
+    let seconds = args.seconds.unwrap_or(if args.soak { 600.0 } else { 10.0 });
+    let nemesis = args
+        .nemesis
+        .unwrap_or(if args.soak { Choice::All } else { Choice::None });
+    let seed = args.seed.unwrap_or_else(|| fastrand::u64(..10_000_000));
+    let opts = match duration(seconds) {
+        Ok(duration) => RunOptions {
+            label: label.clone(),
+            duration,
+            seed,
+            processes: args.processes.unwrap_or(3),
+            nemesis,
+            keep: args.keep,
+            worker_exe: std::env::current_exe().ok(),
+        },
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(2);
+        }
+    };
+    println!(
+        "lockcheck: backend {label}, {seconds} s, seed {seed}, {} processes, nemesis {nemesis}",
+        opts.processes
+    );
+    let outcome = runtime().and_then(|rt| rt.block_on(run(&opts)));
+    match outcome {
+        Ok(outcome) => {
+            for note in &outcome.notes {
+                println!("note: {note}");
+            }
+            print!("{}", outcome.report.table());
+            println!("{}", outcome.report.summary_line());
+            if outcome.report.violations() > 0 {
+                ExitCode::from(1)
+            } else {
+                ExitCode::SUCCESS
+            }
+        }
+        Err(e) => {
+            eprintln!("lockcheck: run failed: {e}");
+            println!("lockcheck: {label} run failed");
+            ExitCode::from(2)
+        }
+    }
+}

@@ -1,0 +1,582 @@
+//! One worker's workload: a few managers, a few tasks each, looping over a seeded
+//! random mix of lock operations on a small set of names until the deadline, logging
+//! every step and writing to the fenced register inside every critical section.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use dlock_api::{
+    Capabilities, DistributeLock, DistributeLockManager, DistributeLockManagerBuilder, LockGuard,
+    ReadWriteLock,
+};
+use tokio::task::JoinSet;
+
+use super::clients::ClientSource;
+use super::history::{now_ns, EventLog, Kind, Mode};
+use super::register::RegisterClient;
+
+/// The lease of locks taken without an explicit one (renewed by the watchdog every
+/// lease/3). Short, so expiry paths are exercised within short runs.
+pub const LEASE: Duration = Duration::from_secs(2);
+/// Explicit leases are drawn from this range (ms).
+pub const EXPLICIT_LEASE_MS: std::ops::RangeInclusive<u64> = 1000..=3000;
+/// The longest lease any hold of a run has (ms).
+pub const MAX_LEASE_MS: u64 = 3000;
+/// Exclusive, non-fair lock names.
+pub const EXCLUSIVE_NAMES: [&str; 3] = ["x0", "x1", "x2"];
+/// The exclusive name whose handle the tasks of a manager share (clones re-enter).
+pub const SHARED_HANDLE_NAME: &str = "x2";
+/// The fair lock's name (when the backend has fair locks).
+pub const FAIR_NAME: &str = "f0";
+/// The read-write lock's name (when the backend has shared locks).
+pub const RW_NAME: &str = "rw0";
+/// How long after its deadline a worker's tasks may take to finish.
+pub const TASK_GRACE: Duration = Duration::from_secs(20);
+/// Bound on one `unlock()` the workload means to complete, and on closing a manager.
+const CALL_BOUND: Duration = Duration::from_secs(10);
+/// Bound on a lost-signal watcher (longer than any hold).
+const WATCH_BOUND: Duration = Duration::from_secs(60);
+/// Bound on a task's iterations (the deadline normally ends it first).
+const MAX_ITERATIONS: u32 = 1_000_000;
+
+/// Every lock name a run on a backend with `caps` uses.
+pub fn lock_names(caps: Capabilities) -> Vec<&'static str> {
+    let mut names = EXCLUSIVE_NAMES.to_vec();
+    if caps.fair {
+        names.push(FAIR_NAME);
+    }
+    if caps.shared {
+        names.push(RW_NAME);
+    }
+    names
+}
+
+/// What one worker (process or in-process virtual process) does.
+#[derive(Debug, Clone)]
+pub struct WorkerSpec {
+    /// Process number (1-based; 0 is the coordinator).
+    pub proc_: u32,
+    /// Seed of this worker's random choices.
+    pub seed: u64,
+    /// How long it keeps taking locks.
+    pub duration: Duration,
+    /// The run's namespace, shared by all its workers.
+    pub namespace: String,
+    /// The fenced register.
+    pub register: SocketAddr,
+}
+
+/// Runs a worker to completion: opens its managers, runs its tasks until the
+/// deadline, closes the managers. Errors: a client that cannot be opened, a register
+/// that cannot be reached, a task that did not finish, an event log that failed.
+pub async fn run_worker(
+    spec: WorkerSpec,
+    source: Arc<dyn ClientSource>,
+    log: EventLog,
+) -> Result<(), String> {
+    let p = spec.proc_;
+    log.log(Kind::Start);
+    let base = Instant::now();
+    let deadline = base + spec.duration;
+    let mut rng = fastrand::Rng::with_seed(spec.seed);
+    let attempts = Arc::new(AtomicU64::new(0));
+    let mut managers = Vec::new();
+    for m in 0..rng.usize(2..=3) {
+        let client = source
+            .open()
+            .await
+            .map_err(|e| format!("process {p}: cannot open backend client {m}: {e}"))?;
+        let manager = DistributeLockManagerBuilder::new(client)
+            .lease(LEASE)
+            .namespace(spec.namespace.clone())
+            .build()
+            .map_err(|e| format!("process {p}: cannot build manager {m}: {e}"))?;
+        managers.push(manager);
+    }
+    let mut tasks = JoinSet::new();
+    for (m, manager) in managers.iter().enumerate() {
+        let shared = manager.lock(SHARED_HANDLE_NAME);
+        for t in 0..rng.usize(3..=4) {
+            let register = RegisterClient::connect(spec.register)
+                .await
+                .map_err(|e| format!("process {p}: cannot reach the register: {e}"))?;
+            let task = Task {
+                client: format!("p{p}.m{m}.t{t}"),
+                shared_id: format!("p{p}.m{m}.shared.{SHARED_HANDLE_NAME}"),
+                shared: shared.clone(),
+                caps: manager.capabilities(),
+                manager: manager.clone(),
+                own: HashMap::new(),
+                rw: None,
+                register,
+                log: log.clone(),
+                rng: fastrand::Rng::with_seed(rng.u64(..)),
+                deadline,
+                base,
+                attempts: Arc::clone(&attempts),
+            };
+            tasks.spawn(task.run());
+        }
+    }
+    let mut errors = Vec::new();
+    let bound = deadline + TASK_GRACE;
+    loop {
+        match tokio::time::timeout_at(bound.into(), tasks.join_next()).await {
+            Ok(Some(Ok(Ok(())))) => {}
+            Ok(Some(Ok(Err(e)))) => errors.push(e),
+            Ok(Some(Err(e))) => errors.push(format!("process {p}: a task failed: {e}")),
+            Ok(None) => break,
+            Err(_) => {
+                errors.push(format!(
+                    "process {p}: {} task(s) still running {TASK_GRACE:?} after the deadline",
+                    tasks.len()
+                ));
+                tasks.abort_all();
+                break;
+            }
+        }
+    }
+    for manager in &managers {
+        if tokio::time::timeout(CALL_BOUND, manager.close())
+            .await
+            .is_err()
+        {
+            errors.push(format!(
+                "process {p}: closing a manager took over {CALL_BOUND:?}"
+            ));
+        }
+    }
+    log.log(Kind::Exit);
+    if let Some(e) = log.error() {
+        errors.push(format!("process {p}: {e}"));
+    }
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(errors.join("; "))
+    }
+}
+
+/// What a task locks next.
+#[derive(Clone)]
+struct Target {
+    lock: &'static str,
+    mode: Mode,
+    fair: bool,
+    handle: DistributeLock,
+    handle_id: String,
+}
+
+/// How an acquire ended.
+enum Got {
+    Guard(LockGuard),
+    NotAcquired,
+    Timeout,
+    Cancelled,
+    Error(String),
+}
+
+struct Task {
+    client: String,
+    shared_id: String,
+    shared: DistributeLock,
+    caps: Capabilities,
+    manager: DistributeLockManager,
+    own: HashMap<&'static str, DistributeLock>,
+    rw: Option<ReadWriteLock>,
+    register: RegisterClient,
+    log: EventLog,
+    rng: fastrand::Rng,
+    deadline: Instant,
+    base: Instant,
+    attempts: Arc<AtomicU64>,
+}
+
+impl Task {
+    async fn run(mut self) -> Result<(), String> {
+        let mut sticky: Option<Target> = None;
+        for _ in 0..MAX_ITERATIONS {
+            if Instant::now() >= self.deadline {
+                break;
+            }
+            let target = match sticky.take() {
+                Some(t) => t,
+                None => self.choose(),
+            };
+            let released_by_drop = self.attempt(&target).await?;
+            // The ordinary loop: release, then lock again at once with the same handle.
+            let again = match released_by_drop {
+                Some(true) => self.rng.u32(0..100) < 70,
+                Some(false) => self.rng.bool(),
+                None => false,
+            };
+            if again {
+                sticky = Some(target);
+                continue;
+            }
+            if self.rng.u32(0..100) >= 30 {
+                tokio::time::sleep(Duration::from_millis(self.rng.u64(1..=10))).await;
+            }
+        }
+        Ok(())
+    }
+
+    fn choose(&mut self) -> Target {
+        let mut names = EXCLUSIVE_NAMES.to_vec();
+        if self.caps.fair {
+            names.push(FAIR_NAME);
+        }
+        if self.caps.shared {
+            names.push(RW_NAME);
+        }
+        let lock = names[self.rng.usize(..names.len())];
+        if lock == RW_NAME {
+            let manager = &self.manager;
+            let rw = self
+                .rw
+                .get_or_insert_with(|| manager.read_write_lock(RW_NAME))
+                .clone();
+            let read = self.rng.u32(0..100) < 60;
+            let (handle, side, mode) = if read {
+                (rw.read().clone(), "r", Mode::Shared)
+            } else {
+                (rw.write().clone(), "w", Mode::Exclusive)
+            };
+            return Target {
+                lock,
+                mode,
+                fair: false,
+                handle,
+                handle_id: format!("{}.{lock}.{side}", self.client),
+            };
+        }
+        if lock == SHARED_HANDLE_NAME && self.rng.bool() {
+            return Target {
+                lock,
+                mode: Mode::Exclusive,
+                fair: false,
+                handle: self.shared.clone(),
+                handle_id: self.shared_id.clone(),
+            };
+        }
+        let fair = lock == FAIR_NAME;
+        let manager = &self.manager;
+        let handle = self
+            .own
+            .entry(lock)
+            .or_insert_with(|| {
+                if fair {
+                    manager.fair_lock(lock)
+                } else {
+                    manager.lock(lock)
+                }
+            })
+            .clone();
+        Target {
+            lock,
+            mode: Mode::Exclusive,
+            fair,
+            handle,
+            handle_id: format!("{}.{lock}", self.client),
+        }
+    }
+
+    fn next_attempt(&self) -> u64 {
+        self.attempts.fetch_add(1, Ordering::Relaxed)
+    }
+
+    fn hold_key(&self, target: &Target, guard: &LockGuard) -> String {
+        let at = guard.acquired_at().saturating_duration_since(self.base);
+        format!("{}@{}", target.handle_id, at.as_nanos())
+    }
+
+    /// One acquire, and the critical section if it granted. Returns how the hold was
+    /// released (`Some(true)`: dropped), `None` when nothing was granted.
+    async fn attempt(&mut self, target: &Target) -> Result<Option<bool>, String> {
+        let remaining = self.deadline.saturating_duration_since(Instant::now());
+        let lease_ms = self.rng.u64(EXPLICIT_LEASE_MS);
+        let (op, wait, explicit) = match self.rng.u32(0..100) {
+            0..=34 => ("try", Duration::from_millis(self.rng.u64(0..=300)), false),
+            35..=59 => ("lease", Duration::from_millis(self.rng.u64(0..=300)), true),
+            r => {
+                let wait = Duration::from_millis(self.rng.u64(200..=8000))
+                    .min(remaining + Duration::from_millis(500));
+                if r < 85 {
+                    ("lock", wait, false)
+                } else {
+                    ("lock-lease", wait, true)
+                }
+            }
+        };
+        let lease = Duration::from_millis(lease_ms);
+        let cancel_after =
+            (self.rng.u32(0..100) < 12).then(|| Duration::from_millis(self.rng.u64(0..=50)));
+        let att = self.next_attempt();
+        self.log.log(Kind::Invoke {
+            att,
+            lock: target.lock.to_owned(),
+            mode: target.mode,
+            fair: target.fair,
+            client: self.client.clone(),
+            op: op.to_owned(),
+            wait_ms: u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
+            cancel: cancel_after.is_some(),
+        });
+        let handle = &target.handle;
+        let acquire = async {
+            let result = match op {
+                "try" => handle.try_lock(wait).await,
+                "lease" => handle.try_lock_with_lease(wait, lease).await,
+                "lock" => match tokio::time::timeout(wait, handle.lock()).await {
+                    Ok(r) => r.map(Some),
+                    Err(_) => return Got::Timeout,
+                },
+                _ => match tokio::time::timeout(wait, handle.lock_with_lease(lease)).await {
+                    Ok(r) => r.map(Some),
+                    Err(_) => return Got::Timeout,
+                },
+            };
+            match result {
+                Ok(Some(g)) => Got::Guard(g),
+                Ok(None) => Got::NotAcquired,
+                Err(e) => Got::Error(format!("error:{:?}", e.kind())),
+            }
+        };
+        let got = match cancel_after {
+            Some(after) => tokio::time::timeout(after, acquire)
+                .await
+                .unwrap_or(Got::Cancelled),
+            None => acquire.await,
+        };
+        let why = match got {
+            Got::Guard(guard) => {
+                let t_ok = now_ns();
+                let lease_ms = if explicit {
+                    lease_ms
+                } else {
+                    u64::try_from(LEASE.as_millis()).unwrap_or(u64::MAX)
+                };
+                return self
+                    .critical_section(target, guard, att, t_ok, lease_ms, explicit)
+                    .await
+                    .map(Some);
+            }
+            Got::NotAcquired => "none".to_owned(),
+            Got::Timeout => "timeout".to_owned(),
+            Got::Cancelled => "cancel".to_owned(),
+            Got::Error(e) => e,
+        };
+        self.log.log(Kind::Fail {
+            att,
+            lock: target.lock.to_owned(),
+            why,
+        });
+        Ok(None)
+    }
+
+    fn log_ok(&self, target: &Target, guard: &LockGuard, att: u64, t_ok: u64, lease_ms: u64) {
+        self.log.log_at(
+            t_ok,
+            Kind::Ok {
+                att,
+                lock: target.lock.to_owned(),
+                mode: target.mode,
+                fair: target.fair,
+                token: guard.fencing_token().get(),
+                hold: self.hold_key(target, guard),
+                client: self.client.clone(),
+                lease_ms,
+                lost: guard.is_lost(),
+            },
+        );
+    }
+
+    /// Holds `guard`: register ENTER, fenced writes (reads for shared holds), a random
+    /// hold time watching the lost signal, sometimes a reentrant acquire, EXIT, then a
+    /// release by `unlock`, a cancelled `unlock` or `drop`. Returns true if dropped.
+    async fn critical_section(
+        &mut self,
+        target: &Target,
+        guard: LockGuard,
+        att: u64,
+        t_ok: u64,
+        lease_ms: u64,
+        explicit: bool,
+    ) -> Result<bool, String> {
+        self.log_ok(target, &guard, att, t_ok, lease_ms);
+        let hold = self.hold_key(target, &guard);
+        let token = guard.fencing_token().get();
+        let lock = target.lock;
+
+        // Records the instant the lost signal fires; ends with the hold.
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let signal = guard.lost_signal();
+        let (log, watched_hold) = (self.log.clone(), hold.clone());
+        tokio::spawn(async move {
+            let watch = async {
+                tokio::select! {
+                    reason = signal.lost() => log.log(Kind::Lost {
+                        hold: watched_hold,
+                        lock: lock.to_owned(),
+                        reason: reason.as_str().to_owned(),
+                    }),
+                    _ = stopped => {}
+                }
+            };
+            let _ = tokio::time::timeout(WATCH_BOUND, watch).await;
+        });
+
+        let reg_err = |e: std::io::Error| format!("{}: register: {e}", self.client);
+        self.register
+            .enter(lock, token, &hold)
+            .await
+            .map_err(reg_err)?;
+        self.fenced(target, &guard, &hold, token).await?;
+
+        let remaining = self.deadline.saturating_duration_since(Instant::now());
+        let hold_ms = match self.rng.u32(0..100) {
+            0..=79 => self.rng.u64(0..=20),
+            80..=91 => self.rng.u64(50..=600),
+            _ if explicit => self.rng.u64(lease_ms / 2..=lease_ms * 3 / 2),
+            _ => self.rng.u64(20..=200),
+        };
+        let hold_for = Duration::from_millis(hold_ms).min(remaining + Duration::from_millis(1000));
+        let start = Instant::now();
+        let end = start + hold_for;
+        let reenter_at = (self.rng.u32(0..100) < 15).then(|| start + hold_for / 2);
+        let mut reentered = false;
+        let steps = hold_for.as_millis() / 5 + 10;
+        for _ in 0..steps {
+            if guard.is_lost() {
+                break;
+            }
+            let now = Instant::now();
+            if now >= end {
+                break;
+            }
+            if !reentered && reenter_at.is_some_and(|at| now >= at) {
+                reentered = true;
+                self.reenter(target, lease_ms).await;
+            }
+            tokio::time::sleep((end - now).min(Duration::from_millis(5))).await;
+        }
+        if !guard.is_lost() && self.rng.bool() {
+            self.fenced(target, &guard, &hold, token).await?;
+        }
+        let reg_err = |e: std::io::Error| format!("{}: register: {e}", self.client);
+        self.register
+            .exit(lock, token, &hold)
+            .await
+            .map_err(reg_err)?;
+        let dropped = self.release(target, guard, &hold).await;
+        drop(stop);
+        Ok(dropped)
+    }
+
+    /// A fenced write (exclusive holds) or read (shared holds), unless already lost.
+    async fn fenced(
+        &mut self,
+        target: &Target,
+        guard: &LockGuard,
+        hold: &str,
+        token: u64,
+    ) -> Result<(), String> {
+        if guard.is_lost() {
+            return Ok(());
+        }
+        let client = &self.client;
+        let reg_err = |e: std::io::Error| format!("{client}: register: {e}");
+        match target.mode {
+            Mode::Exclusive => {
+                let accepted = self
+                    .register
+                    .write(target.lock, token, hold)
+                    .await
+                    .map_err(reg_err)?;
+                self.log.log(Kind::Write {
+                    hold: hold.to_owned(),
+                    lock: target.lock.to_owned(),
+                    token,
+                    accepted,
+                });
+            }
+            Mode::Shared => {
+                self.register
+                    .read(target.lock, token, hold)
+                    .await
+                    .map_err(reg_err)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Acquires again on the same handle while holding (a reentry: same hold, same
+    /// token) and releases that acquisition.
+    async fn reenter(&mut self, target: &Target, lease_ms: u64) {
+        let att = self.next_attempt();
+        self.log.log(Kind::Invoke {
+            att,
+            lock: target.lock.to_owned(),
+            mode: target.mode,
+            fair: target.fair,
+            client: self.client.clone(),
+            op: "reenter".to_owned(),
+            wait_ms: 0,
+            cancel: false,
+        });
+        match target.handle.try_lock(Duration::ZERO).await {
+            Ok(Some(inner)) => {
+                self.log_ok(target, &inner, att, now_ns(), lease_ms);
+                let hold = self.hold_key(target, &inner);
+                self.release(target, inner, &hold).await;
+            }
+            Ok(None) => self.log.log(Kind::Fail {
+                att,
+                lock: target.lock.to_owned(),
+                why: "none".to_owned(),
+            }),
+            Err(e) => self.log.log(Kind::Fail {
+                att,
+                lock: target.lock.to_owned(),
+                why: format!("error:{:?}", e.kind()),
+            }),
+        }
+    }
+
+    /// Releases one acquisition: `unlock`, `unlock` cancelled after 0–2 ms, or `drop`.
+    /// Returns true if dropped.
+    async fn release(&mut self, target: &Target, guard: LockGuard, hold: &str) -> bool {
+        let how = match self.rng.u32(0..100) {
+            0..=49 => "unlock",
+            50..=64 => "unlock-cancel",
+            _ => "drop",
+        };
+        self.log.log(Kind::Release {
+            hold: hold.to_owned(),
+            lock: target.lock.to_owned(),
+            how: how.to_owned(),
+        });
+        let bound = match how {
+            "drop" => {
+                drop(guard);
+                return true;
+            }
+            "unlock" => CALL_BOUND,
+            _ => Duration::from_millis(self.rng.u64(0..=2)),
+        };
+        let result = match tokio::time::timeout(bound, guard.unlock()).await {
+            Ok(Ok(())) => "ok".to_owned(),
+            Ok(Err(e)) => format!("{:?}", e.kind()),
+            Err(_) => "cancelled".to_owned(),
+        };
+        self.log.log(Kind::Released {
+            hold: hold.to_owned(),
+            lock: target.lock.to_owned(),
+            result,
+        });
+        false
+    }
+}
