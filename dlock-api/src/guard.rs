@@ -52,7 +52,8 @@ impl LockGuard {
         self.hold.mode
     }
 
-    /// When the hold began (the first acquire of a reentrant hold was sent).
+    /// When the hold began: when the acquire that was granted was sent (for a
+    /// reentrant hold, its first acquire). Its lease runs from here.
     pub fn acquired_at(&self) -> Instant {
         self.hold.acquired_at
     }

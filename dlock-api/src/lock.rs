@@ -213,7 +213,17 @@ impl DistributeLock {
         let result = manager.chain.acquire(&mut ctx).await;
         in_flight.grant = None;
         match result? {
-            AcquireResult::Acquired { token, watch, .. } => {
+            AcquireResult::Acquired {
+                token,
+                lease_until,
+                watch,
+                ..
+            } => {
+                // The lease runs from the granting attempt's send time, which the
+                // backend reports; a wait before it does not count.
+                let granted_at = lease_until
+                    .and_then(|until| until.checked_sub(lease))
+                    .map_or(sent_at, |at| at.clamp(sent_at, Instant::now()));
                 let hold = Arc::new(Hold::new(
                     manager.next_id(),
                     name,
@@ -221,9 +231,9 @@ impl DistributeLock {
                     grant,
                     self.handle.mode,
                     token,
-                    sent_at,
+                    granted_at,
                 ));
-                manager.track(&hold, lease, renew, sent_at, watch);
+                manager.track(&hold, lease, renew, granted_at, watch);
                 if manager.is_closed() {
                     // `close` ran while the grant was in flight and may have missed it:
                     // registered first, checked second, so one of the two releases it.

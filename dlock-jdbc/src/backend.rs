@@ -359,13 +359,16 @@ impl LockRemoteResource for JdbcBackend {
         };
         let mut round = 0u32;
         loop {
-            let waiting = req.deadline.is_some_and(|d| d > Instant::now());
+            let sent = Instant::now();
+            let waiting = req.deadline.is_some_and(|d| d > sent);
             match self.attempt(req, waiting).await? {
                 Attempt::Granted(token) => {
                     let token = u64::try_from(token).unwrap_or(0);
+                    // Counted from the granting statement's send time: the database
+                    // started the lease no earlier.
                     return Ok(AcquireResult::acquired(
                         FencingToken::new(token),
-                        Some(Instant::now() + req.lease),
+                        Some(sent + req.lease),
                     ));
                 }
                 Attempt::Busy {

@@ -15,9 +15,11 @@ pub enum AcquireResult {
     Acquired {
         /// Strictly greater than every token issued for this lock before.
         token: FencingToken,
-        /// When the lease ends, as an estimate on this process's monotonic clock
-        /// (the backend's own clock is authoritative). `None` when the hold is tied
-        /// to a session rather than a lease.
+        /// When the lease ends, as a conservative estimate on this process's monotonic
+        /// clock: the send time of the request that was granted + the lease (the store
+        /// started the lease no earlier). The manager counts the hold's lease — and
+        /// so its lost signal — from it, not from the start of a long wait. `None`
+        /// when the hold is tied to a session rather than a lease.
         lease_until: Option<Instant>,
         /// How the hold stands, pushed by session-bound backends (ZooKeeper); `None`
         /// for lease-based holds, which the manager's watchdog looks after.

@@ -41,4 +41,5 @@ cases!(
     drop_then_relock,
     cancel_during_unlock,
     cancel_at_random_points,
+    a_long_wait_grants_a_live_hold,
 );

@@ -202,3 +202,37 @@ pub async fn cancel_at_random_points(backend: Arc<dyn TestBackend>) {
     }
     env.finish(&[&a, &b, &c]).await;
 }
+
+/// A grant's lease runs from the attempt that was granted, not from the start of a
+/// long wait: `lock()` waiting three leases for a busy lock returns a guard that is
+/// live and stays live (renewed by the watchdog) for several leases more.
+pub async fn a_long_wait_grants_a_live_hold(backend: Arc<dyn TestBackend>) {
+    let lease = Duration::from_millis(600);
+    let env = Env::new(backend);
+    let a = env.manager().await;
+    let b = env.manager_with(|m| m.lease(lease)).await;
+    let held = take(&a.lock("long"), Duration::ZERO).await;
+    let waiter = b.lock("long");
+    let waiting = tokio::spawn(async move { waiter.lock().await });
+    // How long the holder keeps the lock is the subject: three of the waiter's leases.
+    tokio::time::sleep(lease * 3).await;
+    held.unlock().await.expect("unlock");
+    let guard = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("the waiter got the lock")
+        .expect("task")
+        .expect("lock() succeeds");
+    assert!(
+        !guard.is_lost(),
+        "lock() returned a guard already lost ({:?}): its lease was counted from the start of the wait",
+        guard.lost_reason()
+    );
+    tokio::time::sleep(lease * 2).await;
+    assert!(
+        !guard.is_lost(),
+        "the hold was lost ({:?}) while its watchdog should renew it",
+        guard.lost_reason()
+    );
+    guard.unlock().await.expect("unlock");
+    env.finish(&[&a, &b]).await;
+}

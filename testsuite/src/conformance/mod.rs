@@ -21,7 +21,9 @@ use dlock_spi::{
 use crate::TestBackend;
 
 mod grants;
-pub use grants::{cancel_at_random_points, cancel_during_unlock, drop_then_relock};
+pub use grants::{
+    a_long_wait_grants_a_live_hold, cancel_at_random_points, cancel_during_unlock, drop_then_relock,
+};
 
 /// How late a `try_lock(wait)` may return beyond `wait` (one round trip and scheduling).
 pub const WAIT_SLACK: Duration = Duration::from_millis(250);
@@ -1012,4 +1014,5 @@ pub const CASES: &[&str] = &[
     "drop_then_relock",
     "cancel_during_unlock",
     "cancel_at_random_points",
+    "a_long_wait_grants_a_live_hold",
 ];
