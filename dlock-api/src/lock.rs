@@ -207,11 +207,10 @@ impl DistributeLock {
         // Dropped while the backend may be granting, the grant is given back.
         let mut in_flight = InFlightAcquire {
             manager,
-            handle: &self.handle,
-            grant: Some(grant),
+            release: Some(ctx.request.release_of_grant()),
         };
         let result = manager.chain.acquire(&mut ctx).await;
-        in_flight.grant = None;
+        in_flight.release = None;
         match result? {
             AcquireResult::Acquired {
                 token,
@@ -252,22 +251,15 @@ impl DistributeLock {
 /// An acquire sent to the chain and not yet answered. Dropped in that state (the
 /// caller's future was cancelled), it gives back the grant the backend may have made.
 struct InFlightAcquire<'a> {
-    manager: &'a Arc<ManagerInner>,
-    handle: &'a Handle,
-    /// `None` once the backend has answered.
-    grant: Option<GrantId>,
+    manager: &'a ManagerInner,
+    /// The release of the grant asked for; `None` once the backend has answered.
+    release: Option<ReleaseRequest>,
 }
 
 impl Drop for InFlightAcquire<'_> {
     fn drop(&mut self) {
-        if let (Some(grant), Ok(name)) = (self.grant.take(), &self.handle.name) {
-            self.manager.abandon(ReleaseRequest::new(
-                name.clone(),
-                self.handle.owner.clone(),
-                grant,
-                self.handle.mode,
-                dlock_spi::FencingToken::new(0),
-            ));
+        if let Some(release) = self.release.take() {
+            self.manager.abandon(release);
         }
     }
 }

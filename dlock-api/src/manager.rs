@@ -16,7 +16,7 @@ use tokio::sync::watch;
 
 use crate::hold::Hold;
 use crate::lock::{DistributeLock, LockGroup, ReadWriteLock};
-use crate::watchdog::{LossMargin, Watchdog};
+use crate::watchdog::Watchdog;
 
 /// Defaults every lock of a manager starts from.
 #[derive(Debug, Clone)]
@@ -26,7 +26,8 @@ pub(crate) struct Config {
     pub(crate) fairness: Fairness,
     pub(crate) namespace: String,
     pub(crate) context: Bytes,
-    pub(crate) loss_margin: LossMargin,
+    /// A fixed loss margin; `None`: the watchdog's default rule.
+    pub(crate) loss_margin: Option<Duration>,
 }
 
 pub(crate) struct ManagerInner {
@@ -397,7 +398,7 @@ impl DistributeLockManagerBuilder {
                 fairness: Fairness::NonFair,
                 namespace: String::new(),
                 context: Bytes::from(format!("pid={}", std::process::id())),
-                loss_margin: LossMargin { fixed: None },
+                loss_margin: None,
             },
             operation_timeout: HandlerChain::DEFAULT_OPERATION_TIMEOUT,
         }
@@ -458,9 +459,7 @@ impl DistributeLockManagerBuilder {
     /// backend guarantees. No effect on session-bound backends (ZooKeeper), whose
     /// holds end with the session.
     pub fn loss_margin(mut self, margin: Duration) -> Self {
-        self.config.loss_margin = LossMargin {
-            fixed: Some(margin),
-        };
+        self.config.loss_margin = Some(margin);
         self
     }
 

@@ -8,12 +8,13 @@
 //! Loss is judged on this process's monotonic clock, conservatively: a hold's lease
 //! is counted from when the acquire (or the last successful renewal) was *sent*, so
 //! the local deadline never falls after the store's, and the lost signal fires a
-//! **loss margin** before that deadline ([`LossMargin`]): the store expires the hold
+//! **loss margin** before that deadline ([`loss_margin`]): the store expires the hold
 //! no earlier than `sent + lease` on its clock, and the guard hears of the loss at
 //! `sent + lease − margin` on ours, so clock-rate drift and timer delay up to the
 //! margin cannot make the loss signal late.
 
 use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -34,29 +35,17 @@ struct Entry {
     in_flight: bool,
 }
 
-/// How long before the store may expire a hold its guard is told it is lost.
-///
-/// The margin for a lease is `max(fixed or lease / 100, observed round trip)`, and the
-/// signal is scheduled 10 ms earlier still (timer and scheduling delay), at most a
-/// third of the lease before its end: 1 % covers clock-rate drift between this host
-/// and the store (as Redlock's drift factor), and the observed round trip (the
-/// slowest recent renewal, decaying) covers a renewal sent but not yet answered.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct LossMargin {
-    /// A fixed margin instead of the 1 % + 10 ms rule.
-    pub(crate) fixed: Option<Duration>,
-}
+/// Added to every loss margin when scheduling the lost signal, so a timer that fires a
+/// little late (timer granularity, scheduling) still keeps the margin.
+const TIMER_SLACK: Duration = Duration::from_millis(10);
 
-impl LossMargin {
-    /// The part of the default margin that does not scale with the lease.
-    pub(crate) const TIMER_SLACK: Duration = Duration::from_millis(10);
-
-    /// The margin to schedule with: the promised one plus timer slack, so a timer
-    /// that fires a little late still keeps the promise.
-    fn for_lease(self, lease: Duration, round_trip: Duration) -> Duration {
-        let promised = self.fixed.unwrap_or(lease / 100).max(round_trip);
-        (promised + Self::TIMER_SLACK).min(lease / 3)
-    }
+/// How long before its lease ends a hold is declared lost: the promised margin —
+/// `fixed`, or 1 % of the lease (clock-rate drift between this host and the store, as
+/// Redlock's drift factor), raised to the observed round trip (a renewal sent but not
+/// yet answered) — plus [`TIMER_SLACK`], and at most a third of the lease.
+fn loss_margin(fixed: Option<Duration>, lease: Duration, round_trip: Duration) -> Duration {
+    let promised = fixed.unwrap_or(lease / 100).max(round_trip);
+    (promised + TIMER_SLACK).min(lease / 3)
 }
 
 #[derive(Default)]
@@ -77,32 +66,29 @@ struct Shared {
     state: Mutex<State>,
     wake: Notify,
     chain: HandlerChain,
-    margin: LossMargin,
+    /// A fixed loss margin (the builder's `loss_margin`), or `None` for 1 % of the lease.
+    fixed_margin: Option<Duration>,
     /// The slowest recent successful renewal, in µs, decaying by 1/8 per renewal.
-    round_trip_us: std::sync::atomic::AtomicU64,
-}
-
-impl Shared {
-    fn margin(&self, lease: Duration) -> Duration {
-        let rtt = self
-            .round_trip_us
-            .load(std::sync::atomic::Ordering::Relaxed);
-        self.margin.for_lease(lease, Duration::from_micros(rtt))
-    }
-
-    fn observe_round_trip(&self, took: Duration) {
-        let took = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
-        let _ = self.round_trip_us.fetch_update(
-            std::sync::atomic::Ordering::Relaxed,
-            std::sync::atomic::Ordering::Relaxed,
-            |old| Some(took.max(old - old / 8)),
-        );
-    }
+    round_trip_us: AtomicU64,
 }
 
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn margin(&self, lease: Duration) -> Duration {
+        let rtt = Duration::from_micros(self.round_trip_us.load(Ordering::Relaxed));
+        loss_margin(self.fixed_margin, lease, rtt)
+    }
+
+    fn observe_round_trip(&self, took: Duration) {
+        let took = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
+        let _ = self
+            .round_trip_us
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |old| {
+                Some(took.max(old - old / 8))
+            });
     }
 }
 
@@ -117,14 +103,14 @@ fn retry_delay(lease: Duration) -> Duration {
 }
 
 impl Watchdog {
-    pub(crate) fn new(chain: HandlerChain, margin: LossMargin) -> Self {
+    pub(crate) fn new(chain: HandlerChain, fixed_margin: Option<Duration>) -> Self {
         Watchdog {
             shared: Arc::new(Shared {
                 state: Mutex::new(State::default()),
                 wake: Notify::new(),
                 chain,
-                margin,
-                round_trip_us: std::sync::atomic::AtomicU64::new(0),
+                fixed_margin,
+                round_trip_us: AtomicU64::new(0),
             }),
         }
     }

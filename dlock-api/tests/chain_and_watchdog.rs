@@ -1,18 +1,20 @@
 //! The chain's order and hooks, and the watchdog, on the in-memory backend.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use dlock_api::spi::async_trait;
 use dlock_api::spi::{
-    AcquireChain, AcquireContext, AcquireRequest, AcquireResult, Capabilities, Error, ErrorKind,
-    HoldStatus, HoldWatch, InMemoryBackend, LockAdmin, LockHandler, LockName, LockRemoteResource,
-    LockState, LostEvent, LostReason, ReleaseChain, ReleaseContext, ReleaseRequest, ReleaseResult,
-    RenewEvent, RenewRequest, RenewResult, Result,
+    AcquireChain, AcquireContext, AcquireResult, Error, ErrorKind, HoldStatus, InMemoryBackend,
+    LockHandler, LockName, LockRemoteResource, LostReason, ReleaseChain, ReleaseContext,
+    ReleaseResult, Result,
 };
 use dlock_api::DistributeLockManager;
+
+mod common;
+use common::{Observer, ObserverHandler, Wrapped};
 
 type Log = Arc<Mutex<Vec<String>>>;
 
@@ -161,94 +163,6 @@ async fn handlers_pass_data_through_extensions() {
     let g = m.lock("ext").lock().await.unwrap();
     assert_eq!(*seen.lock().unwrap(), Some("writer"));
     g.unlock().await.unwrap();
-}
-
-/// Counts renewals and losses reported to handlers.
-#[derive(Default)]
-struct Observer {
-    renewed: AtomicUsize,
-    renew_failed: AtomicUsize,
-    lost: Mutex<Vec<LostReason>>,
-}
-
-struct ObserverHandler(Arc<Observer>);
-
-#[async_trait]
-impl LockHandler for ObserverHandler {
-    async fn acquire(&self, ctx: &AcquireContext, next: AcquireChain<'_>) -> Result<AcquireResult> {
-        next.invoke(ctx).await
-    }
-    async fn release(&self, ctx: &ReleaseContext, next: ReleaseChain<'_>) -> Result<ReleaseResult> {
-        next.invoke(ctx).await
-    }
-    fn on_renew(&self, event: &RenewEvent<'_>) {
-        match event.outcome {
-            Ok(RenewResult::Renewed { .. }) => self.0.renewed.fetch_add(1, Ordering::SeqCst),
-            _ => self.0.renew_failed.fetch_add(1, Ordering::SeqCst),
-        };
-    }
-    fn on_lost(&self, event: &LostEvent<'_>) {
-        self.0.lost.lock().unwrap().push(event.reason);
-    }
-}
-
-/// The in-memory backend, changed as a test needs: renewals that fail (a backend
-/// that became unreachable), or session-bound holds (no lease; every grant carries a
-/// status feed the test publishes on, as ZooKeeper's do).
-#[derive(Clone, Default)]
-struct Wrapped {
-    inner: InMemoryBackend,
-    renew_fails: Arc<AtomicBool>,
-    session_bound: bool,
-    feeds: Arc<Mutex<Vec<tokio::sync::watch::Sender<HoldStatus>>>>,
-}
-
-impl Wrapped {
-    fn session_bound() -> Self {
-        Wrapped {
-            session_bound: true,
-            ..Wrapped::default()
-        }
-    }
-}
-
-#[async_trait]
-impl LockRemoteResource for Wrapped {
-    fn backend_name(&self) -> &'static str {
-        "memory"
-    }
-    fn capabilities(&self) -> Capabilities {
-        let mut caps = self.inner.capabilities();
-        if self.session_bound {
-            caps.lease = false;
-            caps.renew = false;
-        }
-        caps
-    }
-    async fn try_acquire(&self, req: &AcquireRequest) -> Result<AcquireResult> {
-        let got = self.inner.try_acquire(req).await?;
-        if !self.session_bound || !got.is_acquired() {
-            return Ok(got);
-        }
-        let (tx, watch) = HoldWatch::channel();
-        self.feeds.lock().unwrap().push(tx);
-        Ok(got.with_watch(watch))
-    }
-    async fn release(&self, req: &ReleaseRequest) -> Result<ReleaseResult> {
-        self.inner.release(req).await
-    }
-    async fn renew(&self, req: &RenewRequest) -> Result<RenewResult> {
-        if self.renew_fails.load(Ordering::SeqCst) {
-            return Err(Error::backend("connection refused (test)"));
-        }
-        self.inner.renew(req).await
-    }
-    async fn inspect(&self, name: &LockName) -> Result<Option<LockState>> {
-        self.inner.inspect(name).await
-    }
-    fn admin(&self) -> Option<&dyn LockAdmin> {
-        self.inner.admin()
-    }
 }
 
 #[tokio::test]

@@ -3,82 +3,35 @@
 //! the loss margin. Each test failed on the code before its fix.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use dlock_api::spi::async_trait;
-use dlock_api::spi::{
-    AcquireChain, AcquireContext, AcquireRequest, AcquireResult, Capabilities, ErrorKind,
-    InMemoryBackend, LockAdmin, LockHandler, LockName, LockRemoteResource, LockState, LostEvent,
-    LostReason, ReleaseChain, ReleaseContext, ReleaseRequest, ReleaseResult, RenewRequest,
-    RenewResult, Result,
-};
+use dlock_api::spi::{ErrorKind, LockName, LostReason};
 use dlock_api::DistributeLockManager;
-use tokio::sync::Notify;
 
-/// The in-memory backend with hooks: records acquire requests, can hold an acquire
-/// after the grant is made (until `release_gate` is notified), and can swallow
-/// renewals (a black-holed connection).
-#[derive(Clone, Default)]
-struct Hooked {
-    inner: InMemoryBackend,
-    requests: Arc<Mutex<Vec<AcquireRequest>>>,
-    stall_after_grant: Arc<AtomicBool>,
-    granted: Arc<Notify>,
-    release_gate: Arc<Notify>,
-    swallow_renewals: Arc<AtomicBool>,
-}
+mod common;
+use common::{Observer, ObserverHandler, Wrapped};
 
-#[async_trait]
-impl LockRemoteResource for Hooked {
-    fn backend_name(&self) -> &'static str {
-        "hooked"
-    }
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-    async fn try_acquire(&self, req: &AcquireRequest) -> Result<AcquireResult> {
-        self.requests.lock().unwrap().push(req.clone());
-        let result = self.inner.try_acquire(req).await?;
-        if result.is_acquired() && self.stall_after_grant.load(Ordering::SeqCst) {
-            self.granted.notify_one();
-            self.release_gate.notified().await;
-        }
-        Ok(result)
-    }
-    async fn release(&self, req: &ReleaseRequest) -> Result<ReleaseResult> {
-        self.inner.release(req).await
-    }
-    async fn renew(&self, req: &RenewRequest) -> Result<RenewResult> {
-        if self.swallow_renewals.load(Ordering::SeqCst) {
-            std::future::pending::<()>().await;
-        }
-        self.inner.renew(req).await
-    }
-    async fn inspect(&self, name: &LockName) -> Result<Option<LockState>> {
-        self.inner.inspect(name).await
-    }
-    fn admin(&self) -> Option<&dyn LockAdmin> {
-        Some(&self.inner)
-    }
-}
-
-/// Counts the losses handlers are told of.
-#[derive(Clone, Default)]
-struct LossCounter(Arc<Mutex<Vec<LostReason>>>);
-
-#[async_trait]
-impl LockHandler for LossCounter {
-    async fn acquire(&self, ctx: &AcquireContext, next: AcquireChain<'_>) -> Result<AcquireResult> {
-        next.invoke(ctx).await
-    }
-    async fn release(&self, ctx: &ReleaseContext, next: ReleaseChain<'_>) -> Result<ReleaseResult> {
-        next.invoke(ctx).await
-    }
-    fn on_lost(&self, event: &LostEvent<'_>) {
-        self.0.lock().unwrap().push(event.reason);
-    }
+/// A manager on a fresh backend and a `try_lock(name)` whose grant the backend has
+/// made but not yet answered (held back until `release_gate` is notified).
+async fn acquire_in_flight(
+    name: &str,
+) -> (
+    Wrapped,
+    DistributeLockManager,
+    tokio::task::JoinHandle<dlock_api::Result<bool>>,
+) {
+    let backend = Wrapped::default();
+    let m = DistributeLockManager::builder(backend.clone())
+        .build()
+        .unwrap();
+    backend.stall_after_grant.store(true, Ordering::SeqCst);
+    let lock = m.lock(name);
+    let acquire =
+        tokio::spawn(async move { lock.try_lock(Duration::ZERO).await.map(|g| g.is_some()) });
+    backend.granted.notified().await;
+    (backend, m, acquire)
 }
 
 async fn settle(check: impl Fn() -> bool) -> bool {
@@ -95,7 +48,7 @@ async fn settle(check: impl Fn() -> bool) -> bool {
 /// re-issued in slices re-queued at the tail of a fair queue every slice.
 #[tokio::test]
 async fn lock_waits_in_one_request_with_one_grant() {
-    let backend = Hooked::default();
+    let backend = Wrapped::default();
     let m = DistributeLockManager::builder(backend.clone())
         .build()
         .unwrap();
@@ -122,15 +75,7 @@ async fn lock_waits_in_one_request_with_one_grant() {
 /// the acquire fails with `Closed`, nothing stays taken.
 #[tokio::test]
 async fn close_racing_an_acquire_leaves_nothing_taken() {
-    let backend = Hooked::default();
-    let m = DistributeLockManager::builder(backend.clone())
-        .build()
-        .unwrap();
-    backend.stall_after_grant.store(true, Ordering::SeqCst);
-    let lock = m.lock("race");
-    let acquire =
-        tokio::spawn(async move { lock.try_lock(Duration::ZERO).await.map(|g| g.is_some()) });
-    backend.granted.notified().await; // the backend granted; the answer is held back
+    let (backend, m, acquire) = acquire_in_flight("race").await;
     m.close().await;
     backend.release_gate.notify_one();
     let outcome = acquire.await.unwrap();
@@ -146,14 +91,7 @@ async fn close_racing_an_acquire_leaves_nothing_taken() {
 /// the answer arrived gives that grant back (never taken and forgotten).
 #[tokio::test]
 async fn a_cancelled_acquire_gives_its_grant_back() {
-    let backend = Hooked::default();
-    let m = DistributeLockManager::builder(backend.clone())
-        .build()
-        .unwrap();
-    backend.stall_after_grant.store(true, Ordering::SeqCst);
-    let lock = m.lock("cut");
-    let acquire = tokio::spawn(async move { lock.try_lock(Duration::ZERO).await.map(drop) });
-    backend.granted.notified().await;
+    let (backend, _m, acquire) = acquire_in_flight("cut").await;
     acquire.abort();
     let _ = acquire.await;
     assert!(
@@ -176,10 +114,10 @@ async fn a_cancelled_acquire_gives_its_grant_back() {
 /// `on_lost`, as one found by the watchdog does — one entry point for losses.
 #[tokio::test]
 async fn every_loss_reaches_the_handlers() {
-    let backend = Hooked::default();
-    let losses = LossCounter::default();
+    let backend = Wrapped::default();
+    let losses = Arc::new(Observer::default());
     let m = DistributeLockManager::builder(backend.clone())
-        .with_handler(losses.clone())
+        .with_handler(ObserverHandler(Arc::clone(&losses)))
         .build()
         .unwrap();
     let g = m.lock("stolen").lock().await.unwrap();
@@ -187,12 +125,12 @@ async fn every_loss_reaches_the_handlers() {
         .inner
         .force_release(&LockName::new("stolen").unwrap());
     assert_eq!(g.unlock().await.unwrap_err().kind(), ErrorKind::NotOwner);
-    assert_eq!(*losses.0.lock().unwrap(), [LostReason::NotOwner]);
+    assert_eq!(*losses.lost.lock().unwrap(), [LostReason::NotOwner]);
 
     let _held = m.lock("closing").lock().await.unwrap();
     m.close().await;
     assert_eq!(
-        *losses.0.lock().unwrap(),
+        *losses.lost.lock().unwrap(),
         [LostReason::NotOwner, LostReason::ManagerClosed]
     );
 }
@@ -202,7 +140,7 @@ async fn every_loss_reaches_the_handlers() {
 /// else only after it.
 #[tokio::test]
 async fn the_lost_signal_leads_the_expiry_by_the_margin() {
-    let backend = Hooked::default();
+    let backend = Wrapped::default();
     let lease = Duration::from_millis(600);
     let margin = Duration::from_millis(120);
     let m = DistributeLockManager::builder(backend.clone())

@@ -97,12 +97,18 @@ impl fmt::Display for GrantId {
 /// with [`HolderKey::parse`] for `inspect`. The split is at the *last* `#`, so any
 /// owner text round-trips.
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct HolderKey(Arc<str>);
+pub struct HolderKey(String);
 
 impl HolderKey {
-    /// The key of `grant` by `owner`.
+    /// The key of `grant` by `owner` (one allocation: built on every release and
+    /// renewal).
     pub fn new(owner: &OwnerId, grant: GrantId) -> Self {
-        HolderKey(format!("{}#{grant}", owner.as_str()).into())
+        use fmt::Write as _;
+        let mut key = String::with_capacity(owner.as_str().len() + 17);
+        key.push_str(owner.as_str());
+        // Writing to a String cannot fail.
+        let _ = write!(key, "#{grant}");
+        HolderKey(key)
     }
 
     /// The key as text.
@@ -132,7 +138,7 @@ impl fmt::Display for HolderKey {
 
 impl fmt::Debug for HolderKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Debug::fmt(&*self.0, f)
+        fmt::Debug::fmt(&self.0, f)
     }
 }
 

@@ -11,6 +11,8 @@ use dlock_spi::{
     ReleaseResult, Result,
 };
 
+use dlock_api::DistributeLockManager;
+
 use super::{eventually, take, Env};
 use crate::TestBackend;
 
@@ -112,19 +114,29 @@ pub async fn cancel_during_unlock(backend: Arc<dyn TestBackend>) {
             start.elapsed() < lease / 4,
             "round {round}: the lock stayed taken after a cancelled unlock"
         );
-        let forgotten = eventually(Duration::from_secs(5), || async {
-            a.held_count() == 0 && a.watched_count() == 0
-        })
-        .await;
-        assert!(
-            forgotten,
-            "round {round}: the cancelled unlock left the hold registered ({} held, {} watched)",
-            a.held_count(),
-            a.watched_count()
-        );
+        assert_forgotten(&[&a], &format!("round {round}: the cancelled unlock")).await;
         next.unlock().await.expect("unlock");
     }
     env.finish(&[&a, &b]).await;
+}
+
+/// Waits (bounded) until no manager of `managers` has a hold registered or watched;
+/// fails naming `what` left them behind.
+async fn assert_forgotten(managers: &[&DistributeLockManager], what: &str) {
+    let forgotten = eventually(Duration::from_secs(5), || async {
+        managers
+            .iter()
+            .all(|m| m.held_count() == 0 && m.watched_count() == 0)
+    })
+    .await;
+    let left: Vec<(usize, usize)> = managers
+        .iter()
+        .map(|m| (m.held_count(), m.watched_count()))
+        .collect();
+    assert!(
+        forgotten,
+        "{what} left holds registered ((held, watched) per manager: {left:?})"
+    );
 }
 
 /// Polls `fut` once and drops it; true if it finished in that poll.
@@ -180,16 +192,7 @@ pub async fn cancel_at_random_points(backend: Arc<dyn TestBackend>) {
     for task in tasks {
         task.await.expect("task");
     }
-    let settled = eventually(Duration::from_secs(5), || async {
-        a.held_count() == 0 && b.held_count() == 0
-    })
-    .await;
-    assert!(
-        settled,
-        "seed {seed}: holds still registered after every call ended ({} and {})",
-        a.held_count(),
-        b.held_count()
-    );
+    assert_forgotten(&[&a, &b], &format!("seed {seed}: the cut calls")).await;
     let c = env.manager().await;
     for name in ["cut0", "cut1"] {
         let g = c

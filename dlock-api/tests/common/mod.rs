@@ -1,0 +1,119 @@
+//! Test doubles shared by the API's test files: the in-memory backend with hooks a
+//! test can turn on, and a handler that records what the chain reports.
+#![allow(dead_code, clippy::unwrap_used)]
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use dlock_api::spi::async_trait;
+use dlock_api::spi::{
+    AcquireChain, AcquireContext, AcquireRequest, AcquireResult, Capabilities, Error, HoldStatus,
+    HoldWatch, InMemoryBackend, LockAdmin, LockHandler, LockName, LockRemoteResource, LockState,
+    LostEvent, LostReason, ReleaseChain, ReleaseContext, ReleaseRequest, ReleaseResult, RenewEvent,
+    RenewRequest, RenewResult, Result,
+};
+use tokio::sync::Notify;
+
+/// The in-memory backend, changed as a test needs: renewals that fail (a backend
+/// that became unreachable) or hang (a black-holed connection); session-bound holds
+/// (no lease; every grant carries a status feed the test publishes on, as
+/// ZooKeeper's do); acquire requests recorded; an acquire held back after its grant
+/// (until `release_gate` is notified) so a test can act while the answer is in flight.
+#[derive(Clone, Default)]
+pub(crate) struct Wrapped {
+    pub inner: InMemoryBackend,
+    pub renew_fails: Arc<AtomicBool>,
+    pub swallow_renewals: Arc<AtomicBool>,
+    pub session_bound: bool,
+    pub feeds: Arc<Mutex<Vec<tokio::sync::watch::Sender<HoldStatus>>>>,
+    pub requests: Arc<Mutex<Vec<AcquireRequest>>>,
+    pub stall_after_grant: Arc<AtomicBool>,
+    pub granted: Arc<Notify>,
+    pub release_gate: Arc<Notify>,
+}
+
+impl Wrapped {
+    pub(crate) fn session_bound() -> Self {
+        Wrapped {
+            session_bound: true,
+            ..Wrapped::default()
+        }
+    }
+}
+
+#[async_trait]
+impl LockRemoteResource for Wrapped {
+    fn backend_name(&self) -> &'static str {
+        "memory"
+    }
+    fn capabilities(&self) -> Capabilities {
+        let mut caps = self.inner.capabilities();
+        if self.session_bound {
+            caps.lease = false;
+            caps.renew = false;
+        }
+        caps
+    }
+    async fn try_acquire(&self, req: &AcquireRequest) -> Result<AcquireResult> {
+        self.requests.lock().unwrap().push(req.clone());
+        let got = self.inner.try_acquire(req).await?;
+        if got.is_acquired() && self.stall_after_grant.load(Ordering::SeqCst) {
+            self.granted.notify_one();
+            self.release_gate.notified().await;
+        }
+        if !self.session_bound || !got.is_acquired() {
+            return Ok(got);
+        }
+        let (tx, watch) = HoldWatch::channel();
+        self.feeds.lock().unwrap().push(tx);
+        Ok(got.with_watch(watch))
+    }
+    async fn release(&self, req: &ReleaseRequest) -> Result<ReleaseResult> {
+        self.inner.release(req).await
+    }
+    async fn renew(&self, req: &RenewRequest) -> Result<RenewResult> {
+        if self.renew_fails.load(Ordering::SeqCst) {
+            return Err(Error::backend("connection refused (test)"));
+        }
+        if self.swallow_renewals.load(Ordering::SeqCst) {
+            std::future::pending::<()>().await;
+        }
+        self.inner.renew(req).await
+    }
+    async fn inspect(&self, name: &LockName) -> Result<Option<LockState>> {
+        self.inner.inspect(name).await
+    }
+    fn admin(&self) -> Option<&dyn LockAdmin> {
+        self.inner.admin()
+    }
+}
+
+/// Counts renewals and records losses reported to handlers.
+#[derive(Default)]
+pub(crate) struct Observer {
+    pub renewed: AtomicUsize,
+    pub renew_failed: AtomicUsize,
+    pub lost: Mutex<Vec<LostReason>>,
+}
+
+/// The handler that feeds an [`Observer`].
+pub(crate) struct ObserverHandler(pub Arc<Observer>);
+
+#[async_trait]
+impl LockHandler for ObserverHandler {
+    async fn acquire(&self, ctx: &AcquireContext, next: AcquireChain<'_>) -> Result<AcquireResult> {
+        next.invoke(ctx).await
+    }
+    async fn release(&self, ctx: &ReleaseContext, next: ReleaseChain<'_>) -> Result<ReleaseResult> {
+        next.invoke(ctx).await
+    }
+    fn on_renew(&self, event: &RenewEvent<'_>) {
+        match event.outcome {
+            Ok(RenewResult::Renewed { .. }) => self.0.renewed.fetch_add(1, Ordering::SeqCst),
+            _ => self.0.renew_failed.fetch_add(1, Ordering::SeqCst),
+        };
+    }
+    fn on_lost(&self, event: &LostEvent<'_>) {
+        self.0.lost.lock().unwrap().push(event.reason);
+    }
+}
