@@ -79,15 +79,15 @@ struct Inner {
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct HeldKey {
     name: LockName,
-    owner: OwnerId,
+    holder: HolderKey,
     mode: LockMode,
 }
 
 impl HeldKey {
-    fn new(name: &LockName, owner: &OwnerId, mode: LockMode) -> Self {
+    fn new(name: &LockName, holder: HolderKey, mode: LockMode) -> Self {
         HeldKey {
             name: name.clone(),
-            owner: owner.clone(),
+            holder,
             mode,
         }
     }
@@ -164,10 +164,11 @@ impl ZkBackend {
         layout::lock_path(&self.inner.root, name)
     }
 
-    /// The name prefix of `owner`'s contender node in `mode` (`_c_<uuid>-lock-` and
-    /// the like): the owner's node among a lock's children is the one starting with it.
-    pub fn node_prefix(&self, owner: &OwnerId, mode: LockMode) -> String {
-        layout::node_prefix(owner, mode, self.inner.exclusive)
+    /// The name prefix of a grant's contender node in `mode` (`_c_<uuid>-lock-` and
+    /// the like; the uuid is derived from the grant's [`HolderKey`]): the grant's node
+    /// among a lock's children is the one starting with it.
+    pub fn node_prefix(&self, holder: &HolderKey, mode: LockMode) -> String {
+        layout::node_prefix(holder, mode, self.inner.exclusive)
     }
 
     /// The root path locks live under.
@@ -381,7 +382,7 @@ impl Inner {
             return Ok(Some(held.path.clone()));
         }
         let lock = layout::lock_path(&self.root, &key.name);
-        let prefix = layout::node_prefix(&key.owner, key.mode, self.exclusive);
+        let prefix = layout::node_prefix(&key.holder, key.mode, self.exclusive);
         self.find(&lock, &prefix).await
     }
 }
@@ -457,7 +458,7 @@ impl LockRemoteResource for ZkBackend {
 
     async fn release(&self, req: &ReleaseRequest) -> Result<ReleaseResult> {
         let inner = &self.inner;
-        let key = HeldKey::new(&req.name, &grant_owner(&req.holder()), req.mode);
+        let key = HeldKey::new(&req.name, req.holder(), req.mode);
         let held = inner.held().remove(&key);
         let path = match &held {
             Some(held) => held.path.clone(),
@@ -486,7 +487,7 @@ impl LockRemoteResource for ZkBackend {
     }
 
     async fn renew(&self, req: &RenewRequest) -> Result<RenewResult> {
-        let key = HeldKey::new(&req.name, &grant_owner(&req.holder()), req.mode);
+        let key = HeldKey::new(&req.name, req.holder(), req.mode);
         let Some(path) = self.inner.node_of(&key).await? else {
             return Ok(RenewResult::NotOwner);
         };
@@ -522,7 +523,7 @@ impl LockRemoteResource for ZkBackend {
                 Ok((data, stat)) => {
                     let (owner, context) = parse_node_data(&contender.node, data);
                     infos.push(HolderInfo::from_stored(
-                        owner.as_str(),
+                        &owner,
                         contender.mode,
                         token_of(stat.czxid),
                         context,
@@ -553,11 +554,13 @@ impl ZkBackend {
     ) -> Result<AcquireResult> {
         let inner = &self.inner;
         let lock = layout::lock_path(&inner.root, &req.name);
-        // Nodes belong to the grant: its identity makes the protection id and the data.
-        let holder = grant_owner(&req.holder());
+        // Nodes belong to the grant: its key makes the protection id and the data, so
+        // each grant has its own node, and releasing one never deletes — or adopts —
+        // another's.
+        let holder = req.holder();
         let prefix = layout::node_prefix(&holder, req.mode, inner.exclusive);
         let data = node_data(&holder, &req.context);
-        let key = HeldKey::new(&req.name, &holder, req.mode);
+        let key = HeldKey::new(&req.name, holder, req.mode);
         let mut mine = inner.enqueue(session, &key, &lock, &prefix, &data).await?;
         let mut pending =
             PendingNode::new(&inner.sessions, session, format!("{lock}/{}", mine.node));
@@ -855,33 +858,26 @@ fn token_of(czxid: i64) -> FencingToken {
     FencingToken::new(u64::try_from(czxid).unwrap_or(0))
 }
 
-/// A grant's identity in the role the node layout gives an owner: it names the node
-/// (protection id), is stored in its data, and keys the held nodes. So each grant has
-/// its own node, and releasing one grant never deletes — or adopts — another's.
-fn grant_owner(holder: &HolderKey) -> OwnerId {
-    OwnerId::new(holder.as_str())
-}
-
-fn node_data(owner: &OwnerId, context: &Bytes) -> Vec<u8> {
-    let mut data = Vec::with_capacity(DATA_MAGIC.len() + owner.as_str().len() + 1 + context.len());
+fn node_data(holder: &HolderKey, context: &Bytes) -> Vec<u8> {
+    let mut data = Vec::with_capacity(DATA_MAGIC.len() + holder.as_str().len() + 1 + context.len());
     data.extend_from_slice(DATA_MAGIC);
-    data.extend_from_slice(owner.as_str().as_bytes());
+    data.extend_from_slice(holder.as_str().as_bytes());
     data.push(b'\n');
     data.extend_from_slice(context);
     data
 }
 
-/// The owner and context stored in a node; a foreign node (Curator's) is described by
-/// its own name and data.
-fn parse_node_data(node: &str, data: Vec<u8>) -> (OwnerId, Bytes) {
+/// The holder key and context stored in a node; a foreign node (Curator's) is
+/// described by its own name and data.
+fn parse_node_data(node: &str, data: Vec<u8>) -> (String, Bytes) {
     if let Some(rest) = data.strip_prefix(DATA_MAGIC) {
         if let Some(at) = rest.iter().position(|b| *b == b'\n') {
-            if let Ok(owner) = std::str::from_utf8(&rest[..at]) {
-                return (OwnerId::new(owner), Bytes::copy_from_slice(&rest[at + 1..]));
+            if let Ok(holder) = std::str::from_utf8(&rest[..at]) {
+                return (holder.to_owned(), Bytes::copy_from_slice(&rest[at + 1..]));
             }
         }
     }
-    (OwnerId::new(node), Bytes::from(data))
+    (node.to_owned(), Bytes::from(data))
 }
 
 #[cfg(test)]
@@ -890,13 +886,13 @@ mod tests {
 
     #[test]
     fn node_data_round_trips_and_foreign_data_is_kept() {
-        let owner = OwnerId::new("m:7");
-        let data = node_data(&owner, &Bytes::from_static(b"pid=1\nhost=a"));
+        let holder = HolderKey::new(&OwnerId::new("m:7"), dlock_spi::GrantId::new(3));
+        let data = node_data(&holder, &Bytes::from_static(b"pid=1\nhost=a"));
         let (o, c) = parse_node_data("_c_x-lock-0000000001", data);
-        assert_eq!(o, owner);
+        assert_eq!(o, holder.as_str());
         assert_eq!(&c[..], b"pid=1\nhost=a");
         let (o, c) = parse_node_data("_c_x-lock-0000000002", b"10.0.0.7".to_vec());
-        assert_eq!(o.as_str(), "_c_x-lock-0000000002");
+        assert_eq!(o, "_c_x-lock-0000000002");
         assert_eq!(&c[..], b"10.0.0.7");
     }
 }

@@ -16,7 +16,7 @@
 
 use std::fmt::Write as _;
 
-use dlock_spi::{Error, ErrorKind, LockMode, LockName, OwnerId, Result};
+use dlock_spi::{Error, ErrorKind, HolderKey, LockMode, LockName, Result};
 
 /// Curator's prefix for "protected" nodes: `_c_<uuid>-`.
 const PROTECTED_PREFIX: &str = "_c_";
@@ -130,23 +130,24 @@ pub(crate) fn decode_segment(segment: &str) -> Option<String> {
     String::from_utf8(out).ok()
 }
 
-/// The protection id of an owner's nodes: a name-based UUID of the owner, so the
-/// owner recognises its node among the children after a connection loss.
-pub(crate) fn protection_id(owner: &OwnerId) -> String {
+/// The protection id of a grant's node: a name-based UUID of the grant's
+/// [`HolderKey`], so the grant recognises its node among the children after a
+/// connection loss, and no other grant — not even one of the same owner — has it.
+pub(crate) fn protection_id(holder: &HolderKey) -> String {
     const NAMESPACE: uuid::Uuid = uuid::Uuid::from_u128(0x6a1f_3c52_9d0e_4b7a_8c21_5e4f_d10c_b3a9);
-    uuid::Uuid::new_v5(&NAMESPACE, owner.as_str().as_bytes())
+    uuid::Uuid::new_v5(&NAMESPACE, holder.as_str().as_bytes())
         .hyphenated()
         .to_string()
 }
 
-/// The prefix of an owner's contender node in `mode` (before ZooKeeper's sequence).
-pub(crate) fn node_prefix(owner: &OwnerId, mode: LockMode, exclusive: ExclusiveNode) -> String {
+/// The prefix of a grant's contender node in `mode` (before ZooKeeper's sequence).
+pub(crate) fn node_prefix(holder: &HolderKey, mode: LockMode, exclusive: ExclusiveNode) -> String {
     let marker = match (mode, exclusive) {
         (LockMode::Shared, _) => READ_MARKER,
         (LockMode::Exclusive, ExclusiveNode::Mutex) => MUTEX_MARKER,
         (LockMode::Exclusive, ExclusiveNode::ReadWrite) => WRITE_MARKER,
     };
-    format!("{PROTECTED_PREFIX}{}-{marker}", protection_id(owner))
+    format!("{PROTECTED_PREFIX}{}-{marker}", protection_id(holder))
 }
 
 /// One contender node among a lock's children.
@@ -229,6 +230,7 @@ pub(crate) fn holders(queue: &[Contender]) -> &[Contender] {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use dlock_spi::GrantId;
 
     fn name(s: &str) -> LockName {
         LockName::new(s).unwrap_or_else(|e| panic!("{e}"))
@@ -289,19 +291,19 @@ mod tests {
 
     #[test]
     fn contenders_parse_curator_and_dlock_nodes() {
-        let owner = OwnerId::new("m:1");
-        let prefix = node_prefix(&owner, LockMode::Exclusive, ExclusiveNode::Mutex);
+        let holder = HolderKey::new(&dlock_spi::OwnerId::new("m:1"), GrantId::new(1));
+        let prefix = node_prefix(&holder, LockMode::Exclusive, ExclusiveNode::Mutex);
         assert!(
             prefix.starts_with("_c_") && prefix.ends_with("-lock-") && prefix.len() == 3 + 36 + 6
         );
         assert_eq!(
             prefix,
-            node_prefix(&owner, LockMode::Exclusive, ExclusiveNode::Mutex)
+            node_prefix(&holder, LockMode::Exclusive, ExclusiveNode::Mutex)
         );
         assert_ne!(
             prefix,
             node_prefix(
-                &OwnerId::new("m:2"),
+                &HolderKey::new(&dlock_spi::OwnerId::new("m:1"), GrantId::new(2)),
                 LockMode::Exclusive,
                 ExclusiveNode::Mutex
             )

@@ -11,7 +11,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use dlock_api::{DistributeLockManager, LockMode, LostReason};
-use dlock_spi::{AcquireRequest, LockName, LockRemoteResource, OwnerId};
+use dlock_spi::{AcquireRequest, HolderKey, LockName, LockRemoteResource, OwnerId};
 use dlock_zk::ZkBackend;
 use testsuite::backends::server_url;
 use testsuite::conformance::{eventually, take};
@@ -101,18 +101,20 @@ async fn nodes_follow_curators_layout_and_names_stay_under_the_root() {
     m.close().await;
 }
 
-/// A node created just before a connection loss (its answer never arrived) is found
-/// again by its owner's prefix: the retried acquire adopts it instead of queueing a
-/// second node behind it (which would deadlock against itself).
+/// A node with the grant's prefix left by *another* session (a dying session of an
+/// acquire retried in a new one) is never adopted — it would vanish when that
+/// session expires: the acquire deletes it and queues its own node. A retried acquire
+/// in the same session is idempotent (same node, same token).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_owners_earlier_node_is_adopted_not_orphaned() {
+async fn another_sessions_node_is_not_adopted_and_a_retry_is_idempotent() {
     let Some(url) = url_for("zk") else { return };
     let backend = ZkBackend::connect(&url).await.unwrap();
     let lock = LockName::new(name("adopt")).unwrap();
     let owner = OwnerId::new(format!("test:{:x}", fastrand::u64(..)));
+    let grant = dlock_spi::GrantId::new(1);
     let path = backend.lock_path(&lock);
-    // The "lost" create: an ephemeral sequential node with the owner's prefix, made on
-    // the backend's behalf by another session that stays open.
+    // The other session's node: ephemeral sequential, with the grant's prefix, made
+    // by a session that stays open.
     let raw = raw_client(&url).await;
     let _ = raw
         .create(
@@ -122,7 +124,7 @@ async fn an_owners_earlier_node_is_adopted_not_orphaned() {
                 .with_acls(zookeeper_client::Acls::anyone_all()),
         )
         .await;
-    let prefix = backend.node_prefix(&owner, LockMode::Exclusive);
+    let prefix = backend.node_prefix(&HolderKey::new(&owner, grant), LockMode::Exclusive);
     let (stat, _) = raw
         .create(
             &format!("{path}/{prefix}"),
@@ -132,16 +134,21 @@ async fn an_owners_earlier_node_is_adopted_not_orphaned() {
         )
         .await
         .unwrap();
-    let req = AcquireRequest::new(lock.clone(), owner.clone(), dlock_spi::GrantId::new(1))
+    let req = AcquireRequest::new(lock.clone(), owner.clone(), grant)
         .with_deadline(Some(Instant::now() + Duration::from_secs(5)));
     let got = backend.try_acquire(&req).await.unwrap();
-    assert_eq!(
-        got.token().map(|t| t.get()),
-        Some(stat.czxid as u64),
-        "{got:?}"
+    let token = got.token().expect("granted").get();
+    assert!(
+        token > stat.czxid as u64,
+        "the other session's node (czxid {}) was adopted: {got:?}",
+        stat.czxid
     );
     let children = raw.list_children(&path).await.unwrap();
-    assert_eq!(children.len(), 1, "a second node was queued: {children:?}");
+    assert_eq!(
+        children.len(),
+        1,
+        "the other session's node was left next to ours: {children:?}"
+    );
     // Acquiring again (a retry) is idempotent: same node, same token.
     let again = backend.try_acquire(&req).await.unwrap();
     assert_eq!(again.token(), got.token());
@@ -150,7 +157,7 @@ async fn an_owners_earlier_node_is_adopted_not_orphaned() {
         .release(&dlock_spi::ReleaseRequest::new(
             lock,
             owner,
-            dlock_spi::GrantId::new(1),
+            grant,
             LockMode::Exclusive,
             got.token().unwrap(),
         ))
