@@ -30,7 +30,13 @@ use crate::request::{AcquireRequest, ReleaseRequest, RenewRequest};
 ///   greater than every token issued for the name before, by any client, and a
 ///   lease judged on the store's clock. If the caller's future is dropped while
 ///   waiting, no waiter or queue entry may be left behind (clean up in `Drop`, or
-///   make queue entries expire). An acquire naming the grant that holds the lock
+///   make queue entries expire). If it is dropped after the request may have been
+///   granted, the manager sends a release of that grant (harmless if it was never
+///   made); the backend must make sure that release cannot overtake the grant. That
+///   holds by itself where one client's requests are applied in order (one
+///   multiplexed connection, one session); a backend that spreads requests over a
+///   pool must release a grant made for a caller that is gone itself (as the SQL
+///   backend does, after the statement). An acquire naming the grant that holds the lock
 ///   (a retry whose answer was lost) grants again with the same token (idempotent) if
 ///   [`Capabilities::reentrant`] is set; an acquire by the same owner under another
 ///   grant is a different holder and waits like anyone else.
