@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use dlock_spi::{
     async_trait, AcquireRequest, AcquireResult, Bytes, Capabilities, Error, FencingToken, HoldFeed,
     HoldStatus, HoldWatch, HolderInfo, HolderKey, LockAdmin, LockMode, LockName,
-    LockRemoteResource, LockState, LostReason, OwnerId, ReleaseRequest, ReleaseResult,
-    RenewRequest, RenewResult, Result,
+    LockRemoteResource, LockState, LostReason, ReleaseRequest, ReleaseResult, RenewRequest,
+    RenewResult, Result,
 };
 use tokio::sync::watch;
 use zookeeper_client::{
@@ -883,6 +883,7 @@ fn parse_node_data(node: &str, data: Vec<u8>) -> (String, Bytes) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use dlock_spi::OwnerId;
 
     #[test]
     fn node_data_round_trips_and_foreign_data_is_kept() {
