@@ -145,7 +145,7 @@ pub enum Kind {
         /// The guard was already lost when it was handed out.
         lost: bool,
     },
-    /// The acquire did not grant (`why`: none, timeout, cancel, error:<kind>).
+    /// The acquire did not grant (`why`: `none`, `timeout`, `cancel`, `error:<kind>`).
     Fail {
         /// Attempt number.
         att: u64,

@@ -82,7 +82,7 @@
 //!
 //! # Rules
 //!
-//! See [`check`] for the exact rules: overlap, stale-write, token-order, late-loss,
+//! See [`mod@check`] for the exact rules: overlap, stale-write, token-order, late-loss,
 //! leak, starvation, fair-order; holds of SIGSTOPped processes are excused from the
 //! rules that need the holder to be told in time, and counted apart.
 //!
