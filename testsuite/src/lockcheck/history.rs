@@ -29,6 +29,12 @@ pub fn now_ns() -> u64 {
     }
 }
 
+/// An `Instant` of this process on the history's clock.
+pub fn instant_ns(at: std::time::Instant) -> u64 {
+    let ago = std::time::Instant::now().saturating_duration_since(at);
+    now_ns().saturating_sub(u64::try_from(ago.as_nanos()).unwrap_or(u64::MAX))
+}
+
 /// Exclusive or shared, as the history records it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Mode {
@@ -142,6 +148,9 @@ pub enum Kind {
         client: String,
         /// The lease the hold was asked with (ms).
         lease_ms: u64,
+        /// When the granting attempt was sent (CLOCK_MONOTONIC ns): the store counts
+        /// the lease from no earlier than this.
+        sent: u64,
         /// The guard was already lost when it was handed out.
         lost: bool,
     },
@@ -162,6 +171,15 @@ pub enum Kind {
         lock: String,
         /// `LostReason` as a string.
         reason: String,
+    },
+    /// A watchdog renewal of the hold of `lock` with `token` succeeded; the event's
+    /// time is when the renewal was sent (the store keeps the hold at least a lease,
+    /// or a session timeout, from then).
+    Renewed {
+        /// Lock name.
+        lock: String,
+        /// The hold's fencing token.
+        token: u64,
     },
     /// The worker's view of a register write.
     Write {
@@ -292,6 +310,7 @@ impl Event {
                 hold,
                 client,
                 lease_ms,
+                sent,
                 lost,
             } => {
                 kv("att", &att.to_string());
@@ -302,6 +321,7 @@ impl Event {
                 kv("hold", hold);
                 kv("client", client);
                 kv("lease", &lease_ms.to_string());
+                kv("sent", &sent.to_string());
                 kv("lost", b(*lost));
                 "ok"
             }
@@ -328,6 +348,11 @@ impl Event {
                 kv("token", &token.to_string());
                 kv("accepted", b(*accepted));
                 "write"
+            }
+            Kind::Renewed { lock, token } => {
+                kv("lock", lock);
+                kv("token", &token.to_string());
+                "renewed"
             }
             Kind::Release { hold, lock, how } => {
                 kv("hold", hold);
@@ -433,6 +458,7 @@ impl Event {
                 hold: s("hold")?,
                 client: s("client")?,
                 lease_ms: n("lease")?,
+                sent: n("sent")?,
                 lost: flag("lost")?,
             },
             "fail" => Kind::Fail {
@@ -450,6 +476,10 @@ impl Event {
                 lock: s("lock")?,
                 token: n("token")?,
                 accepted: flag("accepted")?,
+            },
+            "renewed" => Kind::Renewed {
+                lock: s("lock")?,
+                token: n("token")?,
             },
             "release" => Kind::Release {
                 hold: s("hold")?,
@@ -582,6 +612,7 @@ mod tests {
                     hold: "p2.m0.t1.x0@77".into(),
                     client: "p2.m0.t1".into(),
                     lease_ms: 2000,
+                    sent: 4,
                     lost: false,
                 },
             },

@@ -8,14 +8,19 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use async_trait::async_trait;
 use dlock_api::{
     Capabilities, DistributeLock, DistributeLockManager, DistributeLockManagerBuilder, LockGuard,
     ReadWriteLock,
 };
+use dlock_spi::{
+    AcquireChain, AcquireContext, AcquireResult, LockHandler, ReleaseChain, ReleaseContext,
+    ReleaseResult, RenewEvent, RenewResult,
+};
 use tokio::task::JoinSet;
 
 use super::clients::ClientSource;
-use super::history::{now_ns, EventLog, Kind, Mode};
+use super::history::{instant_ns, now_ns, EventLog, Kind, Mode};
 use super::register::RegisterClient;
 
 /// The lease of locks taken without an explicit one (renewed by the watchdog every
@@ -92,6 +97,10 @@ pub async fn run_worker(
         let manager = DistributeLockManagerBuilder::new(client)
             .lease(LEASE)
             .namespace(spec.namespace.clone())
+            .with_handler(RenewalLog {
+                log: log.clone(),
+                namespace: spec.namespace.clone(),
+            })
             .build()
             .map_err(|e| format!("process {p}: cannot build manager {m}: {e}"))?;
         managers.push(manager);
@@ -157,6 +166,49 @@ pub async fn run_worker(
         Ok(())
     } else {
         Err(errors.join("; "))
+    }
+}
+
+/// Logs every successful watchdog renewal (the store's word that the hold is alive:
+/// the checker counts the hold's lease from the renewal's send time).
+struct RenewalLog {
+    log: EventLog,
+    namespace: String,
+}
+
+#[async_trait]
+impl LockHandler for RenewalLog {
+    async fn acquire(
+        &self,
+        ctx: &AcquireContext,
+        next: AcquireChain<'_>,
+    ) -> dlock_spi::Result<AcquireResult> {
+        next.invoke(ctx).await
+    }
+
+    async fn release(
+        &self,
+        ctx: &ReleaseContext,
+        next: ReleaseChain<'_>,
+    ) -> dlock_spi::Result<ReleaseResult> {
+        next.invoke(ctx).await
+    }
+
+    fn on_renew(&self, event: &RenewEvent<'_>) {
+        if let Ok(RenewResult::Renewed { .. }) = event.outcome {
+            let name = event.request.name.as_str();
+            let took = u64::try_from(event.elapsed.as_nanos()).unwrap_or(u64::MAX);
+            self.log.log_at(
+                now_ns().saturating_sub(took),
+                Kind::Renewed {
+                    lock: name
+                        .strip_prefix(&self.namespace)
+                        .unwrap_or(name)
+                        .to_owned(),
+                    token: event.request.token.get(),
+                },
+            );
+        }
     }
 }
 
@@ -389,6 +441,7 @@ impl Task {
                 hold: self.hold_key(target, guard),
                 client: self.client.clone(),
                 lease_ms,
+                sent: instant_ns(guard.acquired_at()),
                 lost: guard.is_lost(),
             },
         );
