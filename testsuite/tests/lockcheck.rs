@@ -9,7 +9,9 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use testsuite::lockcheck::check::{check, Report, Rules};
-use testsuite::lockcheck::history::{Event, Kind, Mode, RegOp, COORDINATOR};
+use testsuite::lockcheck::history::{
+    Event, How, Kind, Mode, Op, Outcome, Reason, RegOp, Why, COORDINATOR,
+};
 use testsuite::lockcheck::nemesis::Choice;
 use testsuite::lockcheck::workload::LEASE;
 use testsuite::lockcheck::{run, RunOptions};
@@ -65,8 +67,7 @@ impl H {
                 lock: lock.into(),
                 mode,
                 fair,
-                client: format!("p{p}.m0.t0"),
-                op: "lock".into(),
+                op: Op::Lock,
                 wait_ms,
                 cancel: false,
             },
@@ -94,10 +95,8 @@ impl H {
                 att,
                 lock: lock.into(),
                 mode,
-                fair: false,
                 token,
                 hold: hold.into(),
-                client: format!("p{p}.m0.t0"),
                 lease_ms,
                 sent: 1_000 * MS + t * MS - MS,
                 lost: false,
@@ -117,19 +116,19 @@ impl H {
             Kind::Release {
                 hold: hold.into(),
                 lock: lock.into(),
-                how: "unlock".into(),
+                how: How::Unlock,
             },
         );
     }
 
-    fn released(&mut self, t: u64, p: u32, hold: &str, lock: &str, result: &str) {
+    fn released(&mut self, t: u64, p: u32, hold: &str, lock: &str, outcome: Outcome) {
         self.push(
             t,
             p,
             Kind::Released {
                 hold: hold.into(),
                 lock: lock.into(),
-                result: result.into(),
+                outcome,
             },
         );
     }
@@ -141,7 +140,7 @@ impl H {
             Kind::Lost {
                 hold: hold.into(),
                 lock: lock.into(),
-                reason: "lease_expired".into(),
+                reason: Reason::LeaseExpired,
             },
         );
     }
@@ -533,7 +532,7 @@ fn starvation_needs_a_long_free_stretch_within_the_wait() {
             Kind::Fail {
                 att,
                 lock: lock.into(),
-                why: "timeout".into(),
+                why: Why::Timeout,
             },
         );
     };
@@ -552,11 +551,12 @@ fn starvation_needs_a_long_free_stretch_within_the_wait() {
     for (confirmed, starved) in [(true, 1), (false, 0)] {
         let mut h = H::default();
         h.hold(0, 500, 1, "x0", 1, "a");
-        if confirmed {
-            h.released(505, 1, "a", "x0", "ok");
+        let outcome = if confirmed {
+            Outcome::Ok
         } else {
-            h.released(505, 1, "a", "x0", "cancelled");
-        }
+            Outcome::Cancelled
+        };
+        h.released(505, 1, "a", "x0", outcome);
         waiter(&mut h, "x0", 600, slack() + 200);
         h.exit_all(hidden() + slack() + 2000, &[1, 2]);
         only(h.check(), "starvation", starved);
@@ -576,7 +576,7 @@ fn starvation_needs_a_long_free_stretch_within_the_wait() {
         let mut t = 0;
         for i in 0..6 {
             h.hold(t, t + 100, 1, "x0", i + 1, &format!("h{i}"));
-            h.released(t + 101, 1, &format!("h{i}"), "x0", "ok");
+            h.released(t + 101, 1, &format!("h{i}"), "x0", Outcome::Ok);
             t += 100 + gap;
         }
         waiter(&mut h, "x0", 50, t);

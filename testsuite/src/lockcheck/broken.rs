@@ -2,8 +2,6 @@
 //! except that a release ignores its owner and frees the lock whoever holds it (as a
 //! backend that deletes the key without checking the holder value would).
 
-use std::sync::Arc;
-
 use async_trait::async_trait;
 use dlock_spi::{
     AcquireRequest, AcquireResult, Capabilities, InMemoryBackend, LockAdmin, LockName,
@@ -11,24 +9,20 @@ use dlock_spi::{
     Result,
 };
 
-/// The label that selects it (in-process only).
+/// The label that selects it (in-process only; `backends::open_at` opens it, the
+/// conformance runner does not).
 pub const LABEL: &str = "broken-memory";
 
 /// [`InMemoryBackend`] whose release frees the lock without checking the owner.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct BrokenBackend {
     inner: InMemoryBackend,
 }
 
 impl BrokenBackend {
-    /// A broken backend over its own in-memory store.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// A client of the same store, as `Arc<dyn LockRemoteResource>`.
-    pub fn client(&self) -> Arc<dyn LockRemoteResource> {
-        Arc::new(self.clone())
+    /// A broken client of the store `inner`.
+    pub fn over(inner: InMemoryBackend) -> Self {
+        BrokenBackend { inner }
     }
 }
 

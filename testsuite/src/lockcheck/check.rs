@@ -72,7 +72,9 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::Write as _;
 
-use super::history::{Event, Kind, Mode, RegOp, COORDINATOR};
+use crate::proxy::Fault;
+
+use super::history::{Event, Kind, Mode, Op, Outcome, Reason, RegOp, Why, COORDINATOR};
 use super::workload::MAX_LEASE_MS;
 
 /// The checker's tunable bounds.
@@ -87,6 +89,9 @@ pub struct Rules {
     /// Holds live as long as the client's session, which the store ends this long
     /// after it last heard from the client (ZooKeeper); `None`: holds live by lease.
     pub session_ns: Option<u64>,
+    /// How long a silent waiter's state may outlive it (Redis: its queue lapses
+    /// twice the waiter liveness after the last refresh).
+    pub waiter_lapse_ns: u64,
 }
 
 impl Default for Rules {
@@ -97,6 +102,7 @@ impl Default for Rules {
             hidden_hold_ns: MAX_LEASE_MS * 1_000_000,
             fair_margin_ns: 250_000_000,
             session_ns: None,
+            waiter_lapse_ns: 0,
         }
     }
 }
@@ -106,8 +112,11 @@ fn nanos(d: std::time::Duration) -> u64 {
 }
 
 impl Rules {
-    /// The rules for a backend label: ZooKeeper holds live as long as the session
-    /// (the backend's default session timeout), the others by lease.
+    /// The rules for a backend label, from the backends' own defaults: ZooKeeper
+    /// holds live as long as the session (its default session timeout), the others by
+    /// lease; a Redis queue lapses twice the waiter liveness after its last refresh
+    /// (`dlock-redis` scripts). (A URL that sets another `session_timeout` is not
+    /// looked at.)
     pub fn for_label(label: &str) -> Rules {
         let mut rules = Rules::default();
         if label.starts_with("zk") {
@@ -115,7 +124,17 @@ impl Rules {
             rules.session_ns = Some(session);
             rules.hidden_hold_ns = session;
         }
+        if label.starts_with("redis") {
+            let liveness = dlock_redis::RedisOptions::default().waiter_liveness;
+            rules.waiter_lapse_ns = nanos(liveness * 2);
+        }
         rules
+    }
+
+    /// How long after the last worker is gone the store may still show its state:
+    /// a hold nobody reports, or a silent waiter's queue entry.
+    pub fn quiescence(&self) -> std::time::Duration {
+        std::time::Duration::from_nanos(self.hidden_hold_ns.max(self.waiter_lapse_ns))
     }
 }
 
@@ -286,9 +305,9 @@ struct ProcRec {
     /// SIGSTOP..SIGCONT windows, in time order, disjoint.
     stops: Vec<(u64, u64)>,
     stop_open: Option<u64>,
+    /// Proxy fault windows, in time order, disjoint.
     faults: Vec<(u64, u64)>,
-    fault_cmd_open: Option<u64>,
-    fault_applied_open: Option<u64>,
+    fault_open: Option<u64>,
     kill: Option<u64>,
     exit: Option<u64>,
     last: u64,
@@ -305,7 +324,7 @@ impl ProcRec {
         any_within(&self.stops, a, b)
     }
     fn faulted(&self, a: u64, b: u64) -> bool {
-        self.faults.iter().any(|&(s, c)| s <= b && c >= a)
+        any_within(&self.faults, a, b)
     }
     /// The start of the first pause that ends at or after `t` (`u64::MAX`: none).
     fn first_pause_from(&self, t: u64) -> u64 {
@@ -325,7 +344,7 @@ struct Invoke<'a> {
     lock: &'a str,
     mode: Mode,
     fair: bool,
-    op: &'a str,
+    op: Op,
     cancel: bool,
     wait_ns: u64,
 }
@@ -352,7 +371,7 @@ struct Hold<'a> {
     releases_ok: usize,
     last_release: Option<u64>,
     last_release_ok: Option<u64>,
-    lost: Option<(u64, &'a str)>,
+    lost: Option<(u64, Reason)>,
     lost_at_ok: bool,
     enter: Option<u64>,
     exit: Option<u64>,
@@ -380,7 +399,7 @@ impl Hold<'_> {
     /// Lost before it was released, not by a manager close.
     fn lost_while_held(&self) -> Option<u64> {
         let (l, reason) = self.lost?;
-        if reason == "manager_closed" {
+        if reason == Reason::ManagerClosed {
             return None;
         }
         match self.released_at() {
@@ -422,7 +441,8 @@ pub fn check(label: &str, events: &[Event], rules: &Rules) -> Report {
 
     let mut procs: HashMap<u32, ProcRec> = HashMap::new();
     let mut invokes: HashMap<(u32, u64), Invoke<'_>> = HashMap::new();
-    let mut results: HashMap<(u32, u64), (u64, &str)> = HashMap::new();
+    // Each attempt's answer: `None` granted, or why not.
+    let mut results: HashMap<(u32, u64), (u64, Option<&Why>)> = HashMap::new();
     let mut holds: Vec<Hold<'_>> = Vec::new();
     let mut hold_of: HashMap<&str, usize> = HashMap::new();
     let mut grant_of: HashMap<(u32, &str, u64), usize> = HashMap::new();
@@ -436,19 +456,14 @@ pub fn check(label: &str, events: &[Event], rules: &Rules) -> Report {
         let p = e.proc_;
         let worker_event = !matches!(
             e.kind,
-            Kind::Stop
-                | Kind::Cont
-                | Kind::Kill
-                | Kind::ProxyCmd { .. }
-                | Kind::Reg { .. }
-                | Kind::Leak { .. }
+            Kind::Stop | Kind::Cont | Kind::Kill | Kind::Reg { .. } | Kind::Leak { .. }
         );
         if worker_event && p != COORDINATOR {
             let rec = procs.entry(p).or_default();
             rec.last = rec.last.max(e.t);
         }
         match &e.kind {
-            Kind::Start | Kind::Write { .. } => {}
+            Kind::Start => {}
             Kind::Exit => procs.entry(p).or_default().exit = Some(e.t),
             Kind::Invoke {
                 att,
@@ -468,7 +483,7 @@ pub fn check(label: &str, events: &[Event], rules: &Rules) -> Report {
                         lock,
                         mode: *mode,
                         fair: *fair,
-                        op,
+                        op: *op,
                         cancel: *cancel,
                         wait_ns: wait_ms.saturating_mul(1_000_000),
                     },
@@ -485,7 +500,7 @@ pub fn check(label: &str, events: &[Event], rules: &Rules) -> Report {
                 lost,
                 ..
             } => {
-                results.insert((p, *att), (e.t, "ok"));
+                results.insert((p, *att), (e.t, None));
                 let i = match hold_of.get(hold.as_str()) {
                     Some(&i) => {
                         holds[i].guards += 1;
@@ -529,18 +544,18 @@ pub fn check(label: &str, events: &[Event], rules: &Rules) -> Report {
                 ok_of_attempt.push(((p, *att), i));
             }
             Kind::Fail { att, why, .. } => {
-                if why == "cancel" {
-                    totals.cancels += 1;
-                } else if why.starts_with("error") {
-                    totals.errors += 1;
+                match why {
+                    Why::Cancel => totals.cancels += 1,
+                    Why::Error(_) | Why::Hung => totals.errors += 1,
+                    Why::None | Why::Timeout => {}
                 }
-                results.insert((p, *att), (e.t, why));
+                results.insert((p, *att), (e.t, Some(why)));
             }
             Kind::Lost { hold, reason, .. } => {
                 if let Some(&i) = hold_of.get(hold.as_str()) {
                     let h = &mut holds[i];
                     if h.lost.is_none_or(|(l, _)| e.t < l) {
-                        h.lost = Some((e.t, reason));
+                        h.lost = Some((e.t, *reason));
                     }
                 }
             }
@@ -553,9 +568,9 @@ pub fn check(label: &str, events: &[Event], rules: &Rules) -> Report {
                     h.last_release = Some(h.last_release.map_or(e.t, |r| r.max(e.t)));
                 }
             }
-            Kind::Released { hold, result, .. } => {
+            Kind::Released { hold, outcome, .. } => {
                 if let Some(&i) = hold_of.get(hold.as_str()) {
-                    if result == "ok" {
+                    if *outcome == Outcome::Ok {
                         let h = &mut holds[i];
                         h.releases_ok += 1;
                         h.last_release_ok = Some(h.last_release_ok.map_or(e.t, |r| r.max(e.t)));
@@ -564,24 +579,14 @@ pub fn check(label: &str, events: &[Event], rules: &Rules) -> Report {
             }
             Kind::Fault { fault } => {
                 let rec = procs.entry(p).or_default();
-                if fault == "pass" {
-                    if let Some(s) = rec.fault_applied_open.take() {
+                if *fault == Fault::Pass {
+                    if let Some(s) = rec.fault_open.take() {
                         rec.faults.push((s, e.t));
                     }
-                } else if rec.fault_applied_open.is_none() {
-                    rec.fault_applied_open = Some(e.t);
-                }
-            }
-            Kind::ProxyCmd { fault } => {
-                let rec = procs.entry(p).or_default();
-                if fault == "pass" {
-                    if let Some(s) = rec.fault_cmd_open.take() {
-                        rec.faults.push((s, e.t));
-                    }
-                } else if rec.fault_cmd_open.is_none() {
+                } else if rec.fault_open.is_none() {
                     // One fault per window (a black hole ends with a reset).
                     totals.faults += 1;
-                    rec.fault_cmd_open = Some(e.t);
+                    rec.fault_open = Some(e.t);
                 }
             }
             Kind::Stop => {
@@ -629,11 +634,8 @@ pub fn check(label: &str, events: &[Event], rules: &Rules) -> Report {
         if let Some(s) = rec.stop_open.take() {
             rec.stops.push((s, u64::MAX));
         }
-        for open in [rec.fault_cmd_open.take(), rec.fault_applied_open.take()]
-            .into_iter()
-            .flatten()
-        {
-            rec.faults.push((open, u64::MAX));
+        if let Some(s) = rec.fault_open.take() {
+            rec.faults.push((s, u64::MAX));
         }
     }
     for (p, lock, token, t) in renewals {
@@ -909,8 +911,10 @@ pub fn check(label: &str, events: &[Event], rules: &Rules) -> Report {
             let rec = proc_of(key.0);
             let result = results.get(key);
             let until = result.map_or_else(|| rec.end(), |r| r.0);
+            // A grant the history may not show: cancelled, failed, or no answer.
             let hidden_grant = match result {
-                Some((_, why)) => *why == "cancel" || why.starts_with("error"),
+                Some((_, Some(why))) => matches!(why, Why::Cancel | Why::Error(_) | Why::Hung),
+                Some((_, None)) => false,
                 None => true,
             };
             if hidden_grant || rec.paused(inv.t, until) {
@@ -939,15 +943,12 @@ pub fn check(label: &str, events: &[Event], rules: &Rules) -> Report {
         let mut waits: Vec<(&(u32, u64), &Invoke<'_>)> = invokes.iter().collect();
         waits.sort_by_key(|(k, i)| (i.t, **k));
         for (key, inv) in waits {
-            if inv.mode != Mode::Exclusive || inv.cancel || inv.op == "reenter" {
+            if inv.mode != Mode::Exclusive || inv.cancel || inv.op == Op::Reenter {
                 continue;
             }
-            let Some(&(done, why)) = results.get(key) else {
+            let Some(&(done, Some(why @ (Why::None | Why::Timeout)))) = results.get(key) else {
                 continue;
             };
-            if why != "none" && why != "timeout" {
-                continue;
-            }
             let rec = proc_of(key.0);
             if rec.paused(inv.t, done) || rec.faulted(inv.t, done) {
                 starvation.excused += 1;
@@ -974,7 +975,7 @@ pub fn check(label: &str, events: &[Event], rules: &Rules) -> Report {
             if longest > rules.starvation_slack_ns {
                 starvation.violation(inv.lock, || {
                     format!(
-                        "{}: p{} attempt {} waited {} – {} ({why}) while the lock was free for {:.1} ms",
+                        "{}: p{} attempt {} waited {} – {} ({why:?}) while the lock was free for {:.1} ms",
                         inv.lock,
                         key.0,
                         key.1,
@@ -1001,7 +1002,11 @@ pub fn check(label: &str, events: &[Event], rules: &Rules) -> Report {
                 continue;
             };
             // A grant, not a reentry, of a fair lock, by an attempt not cut short.
-            if !inv.fair || inv.cancel || inv.op == "reenter" || h.att != key.1 || h.proc_ != key.0
+            if !inv.fair
+                || inv.cancel
+                || inv.op == Op::Reenter
+                || h.att != key.1
+                || h.proc_ != key.0
             {
                 continue;
             }

@@ -11,17 +11,18 @@
 //! ```text
 //! cargo run -p testsuite --bin lockcheck -- --backend redis --seconds 20 --seed 7 \
 //!     [--processes 3] [--nemesis none|proxy|stop|kill|all] [--soak] [--keep]
+//! cargo run -p testsuite --bin lockcheck -- --backend redis --check <kept dir>
 //! ```
 //!
-//! * `--backend`: a label of `DLOCK_TEST_BACKENDS` (`memory`, `sqlite`, `mysql`,
-//!   `postgres`, `redis`, `redis-polling`, `redis-cluster`, `redis-tls`,
-//!   `redis-cluster-tls`, `zk`, `zk-ensemble`) or `broken-memory`. The URL is the
-//!   conformance suite's (`DLOCK_<LABEL>_URL` or the local default); a backend that
-//!   cannot be reached fails the run (exit 2), it is never skipped.
+//! * `--backend`: a conformance label ([`crate::backends::KNOWN`]) or
+//!   `broken-memory`, opened by [`crate::backends::open_at`] at the conformance
+//!   suite's URL ([`crate::backends::server_url`]); a backend that cannot be reached
+//!   fails the run (exit 2), it is never skipped.
 //! * `--seconds` (default 10), `--seed` (default: random, printed), `--processes`
 //!   (default 3), `--nemesis` (default `none`; `all` rotates every applicable kind).
 //! * `--soak`: a long run — 600 s with every nemesis unless given otherwise.
-//! * `--keep`: keep the history files (their directory is printed).
+//! * `--keep`: keep the history files (their directory is printed); `--check <dir>`
+//!   runs the checker on them again.
 //!
 //! Exit status: 0 no violation, 1 violations, 2 the run itself failed. The last line
 //! printed is `lockcheck: <label> ops=… grants=… faults=… violations=… (…)`.
@@ -33,12 +34,15 @@
 //!
 //! # Processes
 //!
-//! The coordinator picks the backend URL once (for SQLite a fresh file, removed at
-//! the end), starts the [fenced register](register), and re-executes its own binary
-//! as K worker processes (`--worker …`, hidden flags) that all use that URL and one
-//! namespace `lc<seed>-<nonce>:`. The in-process backends (`memory`,
-//! `broken-memory`) cannot be shared between processes: their workers are tasks of
-//! the coordinator sharing one store, with the same logging and checker.
+//! The coordinator opens the backend once at its URL (for SQLite a fresh file, which
+//! that test backend removes at the end), starts the [fenced register](register),
+//! and re-executes its own binary as K worker processes (`--worker …`, hidden flags;
+//! the URL in the environment, not in `ps`) that all open the same URL and use one
+//! namespace `lc<seed>-<nonce>:`. Workers take their clients from a
+//! [`TestBackend`](crate::TestBackend), as conformance cases do. The in-process
+//! backends (`memory`, `broken-memory`) cannot be shared between processes: their
+//! workers are tasks of the coordinator sharing its test backend's store, with the
+//! same logging and checker.
 //!
 //! # Workload ([`workload`])
 //!
@@ -52,10 +56,13 @@
 //! 15 % of holds also re-enter on their own handle and release that. A critical
 //! section logs `ok`, ENTERs the register, writes with its fencing token (shared
 //! holds read), holds 0–20 ms (sometimes up to 600 ms, or 0.5–1.5× an explicit lease
-//! so that leases run out), stops at once if `is_lost()`, maybe writes again, EXITs,
+//! so that leases run out), stops at once when the lost signal fires, maybe writes
+//! again unless lost, EXITs,
 //! logs the release and releases by `unlock()`, by an `unlock()` cancelled after
 //! 0–2 ms, or by `drop`; then often locks again at once with the same handle (the
-//! ordinary loop). A task per hold records the instant its lost signal fires.
+//! ordinary loop). A task per hold records the instant its lost signal fires, and a
+//! handler on every manager logs each successful watchdog renewal with its send
+//! time (the checker's proof that the store still had the hold).
 //!
 //! # Nemeses ([`nemesis`])
 //!
@@ -73,12 +80,13 @@
 //!
 //! # After the run
 //!
-//! The coordinator waits for the workers (at most `--seconds` + 40 s; one still
-//! running is killed and the run fails), then opens its own client and inspects
-//! every lock name of the run until no holder or waiter state is left, for at most
-//! the longest lease + the waiter liveness (+ the session timeout for ZooKeeper): a
-//! SIGKILLed worker's holds legitimately live until their lease ends. What survives
-//! is reported as a leak.
+//! The coordinator waits for the workers (at most `--seconds` +
+//! [`workload::EXIT_GRACE`]; one still running is killed and the run fails), then
+//! polls its test backend's `live_state` of the run's namespace until nothing is
+//! left, for at most [`Rules::quiescence`] (the longest lease, the session timeout on
+//! ZooKeeper, a lapsing Redis queue) + 2 s: a SIGKILLed worker's holds legitimately
+//! live until their lease ends. What survives is inspected name by name and
+//! reported as a leak.
 //!
 //! # Rules
 //!
@@ -90,11 +98,11 @@
 //!
 //! One tab-separated line per event, CLOCK_MONOTONIC nanoseconds, one file per
 //! process written with one `write` per line (a SIGKILL loses nothing logged), plus
-//! the coordinator's nemesis and leak events and the register's own log.
+//! the coordinator's nemesis and leak events and the register's own log
+//! (`register.events`), all in the run directory.
 
 pub mod broken;
 pub mod check;
-pub mod clients;
 pub mod coordinator;
 pub mod history;
 pub mod nemesis;
