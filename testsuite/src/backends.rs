@@ -12,7 +12,7 @@ use dlock_spi::{
 };
 use dlock_zk::ZkBackend;
 
-use crate::lockcheck::broken::{self, BrokenBackend};
+use crate::lockcheck::broken::{BrokenBackend, Flaw};
 use crate::TestBackend;
 
 /// Every label the conformance runner understands (`DLOCK_TEST_BACKENDS`).
@@ -113,12 +113,12 @@ pub async fn open(label: &str) -> Result<Arc<dyn TestBackend>> {
 }
 
 /// Opens a test backend for `label` at `url` (ignored by the in-process backends):
-/// a [`KNOWN`] label or the lock-history checker's deliberately broken
-/// `broken-memory`, which is never a conformance backend. Connects once — and makes
-/// one round trip — so an unreachable server fails here.
+/// a [`KNOWN`] label or one of the lock-history checker's deliberately broken
+/// backends ([`Flaw::ALL`]), which are never conformance backends. Connects once —
+/// and makes one round trip — so an unreachable server fails here.
 pub async fn open_at(label: &str, url: String) -> Result<Arc<dyn TestBackend>> {
-    if label == broken::LABEL {
-        return Ok(Arc::new(MemoryTestBackend::broken()));
+    if let Some(flaw) = Flaw::of(label) {
+        return Ok(Arc::new(MemoryTestBackend::broken(flaw)));
     }
     let label = known(label)?;
     Ok(match label {
@@ -138,20 +138,19 @@ pub async fn open_at(label: &str, url: String) -> Result<Arc<dyn TestBackend>> {
 }
 
 /// The in-memory backend; one instance per case (or lock-history run), shared by
-/// all its clients. [`broken`](Self::broken) hands out clients whose release ignores
-/// the owner.
+/// all its clients. [`broken`](Self::broken) hands out clients with a flaw.
 #[derive(Default)]
 pub struct MemoryTestBackend {
     backend: InMemoryBackend,
-    broken: bool,
+    flaw: Option<Flaw>,
 }
 
 impl MemoryTestBackend {
-    /// The `broken-memory` backend: [`BrokenBackend`] clients over one store.
-    pub fn broken() -> Self {
+    /// A broken backend: [`BrokenBackend`] clients with `flaw` over one store.
+    pub fn broken(flaw: Flaw) -> Self {
         MemoryTestBackend {
             backend: InMemoryBackend::default(),
-            broken: true,
+            flaw: Some(flaw),
         }
     }
 }
@@ -159,18 +158,14 @@ impl MemoryTestBackend {
 #[async_trait]
 impl TestBackend for MemoryTestBackend {
     fn label(&self) -> &'static str {
-        if self.broken {
-            broken::LABEL
-        } else {
-            "memory"
-        }
+        self.flaw.map_or("memory", Flaw::label)
     }
 
     async fn client(&self) -> Result<Arc<dyn LockRemoteResource>> {
-        if self.broken {
-            return Ok(Arc::new(BrokenBackend::over(self.backend.clone())));
-        }
-        Ok(Arc::new(self.backend.clone()))
+        Ok(match self.flaw {
+            Some(flaw) => Arc::new(BrokenBackend::over(self.backend.clone(), flaw)),
+            None => Arc::new(self.backend.clone()),
+        })
     }
 
     async fn steal(&self, name: &LockName) -> Result<()> {

@@ -56,7 +56,9 @@
 //!    release when every guard was released by an `unlock()` that answered ok, and
 //!    otherwise (dropped, unlock cancelled or failed, lost, killed) the later of its
 //!    end, last release-invoke and register EXIT plus `hidden` (how long the store
-//!    may keep a hold nobody reports: the longest lease, or the session timeout);
+//!    may keep a hold nobody reports: the longest lease, the session timeout on
+//!    ZooKeeper, 200 ms for an in-process store, which hears of every release at
+//!    once);
 //!    every cancelled or failed-with-error acquire's `[invoke, result + hidden]`; and
 //!    every acquire of a paused process, likewise. An exclusive acquire that gave up
 //!    (`none` or `timeout`, not cancelled) is starved if, within the wait it asked
@@ -107,18 +109,26 @@ impl Default for Rules {
     }
 }
 
+/// How long an in-process store may keep a hold no history shows.
+const IN_PROCESS_RELEASE_NS: u64 = 200_000_000;
+
 fn nanos(d: std::time::Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 impl Rules {
-    /// The rules for a backend label, from the backends' own defaults: ZooKeeper
-    /// holds live as long as the session (its default session timeout), the others by
-    /// lease; a Redis queue lapses twice the waiter liveness after its last refresh
+    /// The rules for a backend label, from the backends' own defaults: an in-process
+    /// store hears of every release at once; ZooKeeper holds live as long as the
+    /// session (its default session timeout), the others by lease; a Redis queue lapses twice the waiter liveness after its last refresh
     /// (`dlock-redis` scripts). (A URL that sets another `session_timeout` is not
     /// looked at.)
     pub fn for_label(label: &str) -> Rules {
         let mut rules = Rules::default();
+        if super::coordinator::in_process(label) {
+            // No network: the background release of a dropped guard, a cancelled
+            // unlock or a cancelled acquire's grant reaches the store at once.
+            rules.hidden_hold_ns = IN_PROCESS_RELEASE_NS;
+        }
         if label.starts_with("zk") {
             let session = nanos(dlock_zk::ZkOptions::default().session_timeout);
             rules.session_ns = Some(session);

@@ -20,7 +20,7 @@ use crate::conformance::eventually;
 use crate::proxy::{split_url, Fault, FaultProxy};
 use crate::TestBackend;
 
-use super::broken;
+use super::broken::Flaw;
 use super::check::{check, Report, Rules};
 use super::history::{now_ns, read_file, Event, EventLog, Kind, COORDINATOR};
 use super::nemesis::{self, Choice, Nemesis};
@@ -38,15 +38,15 @@ const LEAK_SLACK: Duration = Duration::from_secs(2);
 pub const WORKER_URL_VAR: &str = "DLOCK_LOCKCHECK_URL";
 
 /// Whether `label` runs its "processes" as tasks of one process (its store cannot be
-/// shared between processes).
+/// shared between processes): `memory` and the broken backends.
 pub fn in_process(label: &str) -> bool {
-    label == "memory" || label == broken::LABEL
+    label == "memory" || Flaw::of(label).is_some()
 }
 
 /// What to run.
 #[derive(Debug, Clone)]
 pub struct RunOptions {
-    /// Backend label (`backends::KNOWN` or `broken-memory`).
+    /// Backend label (`backends::KNOWN`, or a broken backend of `broken::Flaw::ALL`).
     pub label: String,
     /// How long the workload runs.
     pub duration: Duration,
@@ -69,6 +69,8 @@ pub struct RunOutcome {
     pub report: Report,
     /// Things worth telling (nemeses not applicable, workers killed, kept files).
     pub notes: Vec<String>,
+    /// The run directory, when kept.
+    pub kept: Option<PathBuf>,
 }
 
 /// The hidden `--worker` arguments of a worker process (the URL comes from
@@ -174,10 +176,11 @@ pub async fn run(opts: &RunOptions) -> Result<RunOutcome, String> {
         String::new()
     } else {
         backends::server_url(label).ok_or_else(|| {
+            let broken: Vec<&str> = Flaw::ALL.iter().map(|(l, _)| *l).collect();
             format!(
                 "unknown backend {label:?}; known: {}, {}",
                 backends::KNOWN.join(", "),
-                broken::LABEL
+                broken.join(", ")
             )
         })?
     };
@@ -335,7 +338,11 @@ pub async fn run(opts: &RunOptions) -> Result<RunOutcome, String> {
             "no lock was granted in the whole run: backend {label} did not work"
         ));
     }
-    Ok(RunOutcome { report, notes })
+    Ok(RunOutcome {
+        report,
+        notes,
+        kept: opts.keep.then(|| dir.path.clone()),
+    })
 }
 
 /// Checks the histories (`*.events`) of a run directory.

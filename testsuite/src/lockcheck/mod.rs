@@ -4,7 +4,9 @@
 //! while a nemesis injects faults; every critical section writes to a fenced register
 //! outside the lock store; afterwards a pure checker reads every history and reports
 //! violations by class. It is proven able to fail: against the `broken-memory`
-//! backend (a release that ignores its owner) it reports overlapping holds.
+//! backend (a release that ignores its owner) it reports overlapping holds and stale
+//! writes, against `broken-tokens` token-order violations, against `broken-starve`
+//! starvation ([`broken::Flaw`]).
 //!
 //! # Running it
 //!
@@ -14,8 +16,8 @@
 //! cargo run -p testsuite --bin lockcheck -- --backend redis --check <kept dir>
 //! ```
 //!
-//! * `--backend`: a conformance label ([`crate::backends::KNOWN`]) or
-//!   `broken-memory`, opened by [`crate::backends::open_at`] at the conformance
+//! * `--backend`: a conformance label ([`crate::backends::KNOWN`]) or a broken
+//!   backend (`broken-memory`, `broken-tokens`, `broken-starve`), opened by [`crate::backends::open_at`] at the conformance
 //!   suite's URL ([`crate::backends::server_url`]); a backend that cannot be reached
 //!   fails the run (exit 2), it is never skipped.
 //! * `--seconds` (default 10), `--seed` (default: random, printed), `--processes`
@@ -27,10 +29,11 @@
 //! Exit status: 0 no violation, 1 violations, 2 the run itself failed. The last line
 //! printed is `lockcheck: <label> ops=… grants=… faults=… violations=… (…)`.
 //!
-//! The integration test `testsuite/tests/lockcheck.rs` runs the self-test (broken
-//! backend caught, memory clean), the checker's rules on hand-made histories, and a
-//! bounded pass (6 s, 3 processes, the `stop` nemesis) on every label of
-//! `DLOCK_TEST_BACKENDS`.
+//! The integration test `testsuite/tests/lockcheck.rs` runs the checker's rules on
+//! hand-made histories (exact counts), the self-tests (each broken backend caught by
+//! its rule within a few seeds, memory clean, a kept run checked again), and a
+//! bounded pass (6 s, 3 processes, the `stop` nemesis; grants and faults required)
+//! on every server label of `DLOCK_TEST_BACKENDS`.
 //!
 //! # Processes
 //!
@@ -40,7 +43,7 @@
 //! the URL in the environment, not in `ps`) that all open the same URL and use one
 //! namespace `lc<seed>-<nonce>:`. Workers take their clients from a
 //! [`TestBackend`](crate::TestBackend), as conformance cases do. The in-process
-//! backends (`memory`, `broken-memory`) cannot be shared between processes: their
+//! backends (`memory`, the broken ones) cannot be shared between processes: their
 //! workers are tasks of the coordinator sharing its test backend's store, with the
 //! same logging and checker.
 //!

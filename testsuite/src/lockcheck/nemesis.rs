@@ -11,7 +11,6 @@ use std::time::{Duration, Instant};
 
 use crate::proxy::{Fault, FaultProxy};
 
-use super::broken;
 use super::coordinator::{in_process, Procs};
 use super::history::{now_ns, Event, EventLog, Kind};
 
@@ -93,8 +92,10 @@ impl Nemesis {
     /// Why this kind cannot be used with `label`, if it cannot.
     pub fn not_applicable(self, label: &str) -> Option<String> {
         match self {
+            Nemesis::Proxy if in_process(label) => {
+                Some("in-process backend, no connection to fault".to_owned())
+            }
             Nemesis::Proxy => match label {
-                "memory" | broken::LABEL => Some("in-process backend, no connection to fault"),
                 "sqlite" => Some("a local file, no connection to fault"),
                 "redis-cluster" | "redis-cluster-tls" => {
                     Some("cluster redirects name the nodes' own addresses and bypass a proxy")
