@@ -54,7 +54,9 @@
 //! backend has fair locks) and a read-write name (when it has shared locks). Each
 //! task loops until the deadline choosing at random: `try_lock(0–300 ms)`,
 //! `try_lock_with_lease(…, 1–3 s)`, `lock()` / `lock_with_lease` bounded by a timeout
-//! (0.2–8 s); 12 % of acquires are cancelled by a 0–50 ms timeout. The tasks of a
+//! (0.2–8 s) — half of them with an explicit lease where the backend takes one (not
+//! ZooKeeper, which ties holds to the session); 12 % of acquires are cancelled by a
+//! 0–50 ms timeout. The tasks of a
 //! manager share (clone) one handle of `x2`, so clones re-enter each other's holds;
 //! 15 % of holds also re-enter on their own handle and release that. A critical
 //! section logs `ok`, ENTERs the register, writes with its fencing token (shared

@@ -126,7 +126,8 @@ pub async fn run_worker(
     let mut tasks = JoinSet::new();
     for (m, manager) in managers.iter().enumerate() {
         let shared = manager.lock(SHARED_HANDLE_NAME);
-        let names = lock_names(manager.capabilities());
+        let caps = manager.capabilities();
+        let names = lock_names(caps);
         for t in 0..rng.usize(3..=4) {
             let register = RegisterClient::connect(spec.register)
                 .await
@@ -136,6 +137,7 @@ pub async fn run_worker(
                 shared_id: format!("p{p}.m{m}.shared.{SHARED_HANDLE_NAME}"),
                 shared: shared.clone(),
                 names: names.clone(),
+                leases: caps.lease,
                 manager: manager.clone(),
                 own: HashMap::new(),
                 rw: None,
@@ -252,6 +254,9 @@ struct Task {
     shared: DistributeLock,
     /// The names this task locks (`lock_names` of its manager's capabilities).
     names: Vec<&'static str>,
+    /// Whether the backend takes explicit leases (ZooKeeper ties holds to the
+    /// session and refuses them: no such op is sent there).
+    leases: bool,
     manager: DistributeLockManager,
     own: HashMap<&'static str, DistributeLock>,
     rw: Option<ReadWriteLock>,
@@ -359,21 +364,14 @@ impl Task {
     async fn attempt(&mut self, target: &Target) -> Result<Option<bool>, String> {
         let remaining = self.deadline.saturating_duration_since(Instant::now());
         let lease_ms = self.rng.u64(EXPLICIT_LEASE_MS);
-        let (op, wait, explicit) = match self.rng.u32(0..100) {
-            0..=34 => (Op::Try, Duration::from_millis(self.rng.u64(0..=300)), false),
-            35..=59 => (
-                Op::Lease,
-                Duration::from_millis(self.rng.u64(0..=300)),
-                true,
-            ),
-            r => {
+        let explicit = self.leases && self.rng.bool();
+        let (op, wait) = match (self.rng.u32(0..100) < 60, explicit) {
+            (true, false) => (Op::Try, Duration::from_millis(self.rng.u64(0..=300))),
+            (true, true) => (Op::Lease, Duration::from_millis(self.rng.u64(0..=300))),
+            (false, explicit) => {
                 let wait = Duration::from_millis(self.rng.u64(200..=8000))
                     .min(remaining + Duration::from_millis(500));
-                if r < 85 {
-                    (Op::Lock, wait, false)
-                } else {
-                    (Op::LockLease, wait, true)
-                }
+                (if explicit { Op::LockLease } else { Op::Lock }, wait)
             }
         };
         let lease = Duration::from_millis(lease_ms);
