@@ -133,13 +133,14 @@ impl H {
         );
     }
 
-    fn lost(&mut self, t: u64, p: u32, hold: &str, lock: &str) {
+    /// The lost signal of `p`'s hold of `lock` with `token`.
+    fn lost(&mut self, t: u64, p: u32, lock: &str, token: u64) {
         self.push(
             t,
             p,
             Kind::Lost {
-                hold: hold.into(),
                 lock: lock.into(),
+                token,
                 reason: Reason::LeaseExpired,
             },
         );
@@ -253,7 +254,7 @@ fn overlap_is_a_grant_within_the_holders_valid_lease() {
     // Told of the loss before the next grant: no overlap.
     let mut h = H::default();
     h.hold(0, 100, 1, "x0", 1, "a");
-    h.lost(40, 1, "a", "x0");
+    h.lost(40, 1, "x0", 1);
     h.hold(50, 150, 2, "x0", 2, "b");
     h.exit_all(200, &[1, 2]);
     clean(h.check(), "overlap", 0);
@@ -433,14 +434,14 @@ fn late_loss_is_a_signal_after_the_lease_could_end() {
     // Lost after the lease (from the acquire's send) could end: late.
     let mut h = H::default();
     h.grant(0, lease() + 300, 1, "x0", 1, "a");
-    h.lost(lease() + 100, 1, "a", "x0");
+    h.lost(lease() + 100, 1, "x0", 1);
     h.exit_all(2 * lease(), &[1]);
     only(h.check(), "late-loss", 1);
 
     // Before it: on time.
     let mut h = H::default();
     h.grant(0, lease() + 300, 1, "x0", 1, "a");
-    h.lost(lease() - 100, 1, "a", "x0");
+    h.lost(lease() - 100, 1, "x0", 1);
     h.exit_all(2 * lease(), &[1]);
     clean(h.check(), "late-loss", 0);
 
@@ -448,7 +449,7 @@ fn late_loss_is_a_signal_after_the_lease_could_end() {
     let mut h = H::default();
     h.grant(0, lease() + 300, 1, "x0", 1, "a");
     h.renewed(lease() / 3, 1, "x0", 1);
-    h.lost(lease() + 100, 1, "a", "x0");
+    h.lost(lease() + 100, 1, "x0", 1);
     h.exit_all(2 * lease(), &[1]);
     clean(h.check(), "late-loss", 0);
 
@@ -457,7 +458,7 @@ fn late_loss_is_a_signal_after_the_lease_could_end() {
         let mut h = H::default();
         let a = h.invoke(0, 1, "x0", Mode::Exclusive, false, 0);
         h.ok_lease(1, 1, a, "x0", Mode::Exclusive, 1, "a", 1000);
-        h.lost(lost_at, 1, "a", "x0");
+        h.lost(lost_at, 1, "x0", 1);
         h.release(1200, 1, "a", "x0");
         h.exit_all(2000, &[1]);
         only(h.check(), "late-loss", late);
@@ -467,7 +468,7 @@ fn late_loss_is_a_signal_after_the_lease_could_end() {
     let mut h = H::default();
     h.grant(0, lease() + 600, 1, "x0", 1, "a");
     h.stopped(lease() - 500, lease() + 400, 1);
-    h.lost(lease() + 500, 1, "a", "x0");
+    h.lost(lease() + 500, 1, "x0", 1);
     h.exit_all(2 * lease(), &[1]);
     clean(h.check(), "late-loss", 1);
 
@@ -483,17 +484,17 @@ fn late_loss_is_a_signal_after_the_lease_could_end() {
     h.grant(0, lease() + 500, 1, "x0", 1, "a");
     h.grant(lease() + 100, lease() + 150, 2, "x0", 2, "b");
     h.grant(lease() + 200, lease() + 250, 3, "x0", 3, "c");
-    h.lost(lease() + 300, 1, "a", "x0");
+    h.lost(lease() + 300, 1, "x0", 1);
     h.exit_all(2 * lease(), &[1, 2, 3]);
     only(h.check(), "late-loss", 1);
 
     // Margins: the lead of the signal before the next conflicting grant.
     let mut h = H::default();
     h.grant(0, 1000, 1, "x0", 1, "a");
-    h.lost(900, 1, "a", "x0");
+    h.lost(900, 1, "x0", 1);
     h.grant(1000, 1100, 2, "x0", 2, "b");
     h.grant(1200, 1300, 1, "x1", 3, "c");
-    h.lost(1250, 1, "c", "x1");
+    h.lost(1250, 1, "x1", 3);
     h.grant(1270, 1300, 2, "x1", 4, "d");
     h.exit_all(2000, &[1, 2]);
     let r = clean(h.check(), "late-loss", 0);

@@ -455,8 +455,11 @@ pub fn check(label: &str, events: &[Event], rules: &Rules) -> Report {
     let mut results: HashMap<(u32, u64), (u64, Option<&Why>)> = HashMap::new();
     let mut holds: Vec<Hold<'_>> = Vec::new();
     let mut hold_of: HashMap<&str, usize> = HashMap::new();
-    let mut grant_of: HashMap<(u32, &str, u64), usize> = HashMap::new();
+    // The holds of a process, lock and token, in grant order (a token is one grant's
+    // on every backend; a broken one may repeat it).
+    let mut grant_of: HashMap<(u32, &str, u64), Vec<usize>> = HashMap::new();
     let mut renewals: Vec<(u32, &str, u64, u64)> = Vec::new();
+    let mut losses: Vec<(u32, &str, u64, u64, Reason)> = Vec::new();
     let mut writes: Vec<(u64, &str, usize)> = Vec::new();
     let mut leaks: Vec<(&str, &str)> = Vec::new();
     let mut totals = Totals::default();
@@ -521,7 +524,7 @@ pub fn check(label: &str, events: &[Event], rules: &Rules) -> Report {
                         totals.grants += 1;
                         let i = holds.len();
                         hold_of.insert(hold, i);
-                        grant_of.insert((p, lock, *token), i);
+                        grant_of.entry((p, lock, *token)).or_default().push(i);
                         holds.push(Hold {
                             key: hold,
                             lock,
@@ -561,14 +564,11 @@ pub fn check(label: &str, events: &[Event], rules: &Rules) -> Report {
                 }
                 results.insert((p, *att), (e.t, Some(why)));
             }
-            Kind::Lost { hold, reason, .. } => {
-                if let Some(&i) = hold_of.get(hold.as_str()) {
-                    let h = &mut holds[i];
-                    if h.lost.is_none_or(|(l, _)| e.t < l) {
-                        h.lost = Some((e.t, *reason));
-                    }
-                }
-            }
+            Kind::Lost {
+                lock,
+                token,
+                reason,
+            } => losses.push((p, lock, *token, e.t, *reason)),
             Kind::Renewed { lock, token } => renewals.push((p, lock, *token, e.t)),
             Kind::Release { hold, .. } => {
                 totals.releases += 1;
@@ -648,9 +648,28 @@ pub fn check(label: &str, events: &[Event], rules: &Rules) -> Report {
             rec.faults.push((s, u64::MAX));
         }
     }
-    for (p, lock, token, t) in renewals {
-        if let Some(&i) = grant_of.get(&(p, lock, token)) {
-            holds[i].proofs.push(t);
+    // A renewal or a loss belongs to the last hold of its token granted (sent)
+    // before it.
+    let hold_at = |p: u32, lock: &str, token: u64, t: u64| -> Option<usize> {
+        let list = grant_of.get(&(p, lock, token))?;
+        let before = list.partition_point(|&i| holds[i].sent <= t);
+        list.get(before.checked_sub(1)?).copied()
+    };
+    let renewals: Vec<(usize, u64)> = renewals
+        .into_iter()
+        .filter_map(|(p, lock, token, t)| Some((hold_at(p, lock, token, t)?, t)))
+        .collect();
+    let losses: Vec<(usize, u64, Reason)> = losses
+        .into_iter()
+        .filter_map(|(p, lock, token, t, r)| Some((hold_at(p, lock, token, t)?, t, r)))
+        .collect();
+    for (i, t) in renewals {
+        holds[i].proofs.push(t);
+    }
+    for (i, t, reason) in losses {
+        let h = &mut holds[i];
+        if h.lost.is_none_or(|(l, _)| t < l) {
+            h.lost = Some((t, reason));
         }
     }
     totals.processes = procs.keys().filter(|p| **p != COORDINATOR).count();

@@ -228,12 +228,13 @@ pub enum Kind {
         /// Why.
         why: Why,
     },
-    /// The hold's lost signal fired (time: when `lost()` completed).
+    /// The lost signal of the hold of `lock` with `token` fired (time: when the
+    /// manager set it, as its handlers are told).
     Lost {
-        /// The hold.
-        hold: String,
         /// Lock name.
         lock: String,
+        /// The hold's fencing token.
+        token: u64,
         /// Why.
         reason: Reason,
     },
@@ -380,9 +381,13 @@ impl Event {
                 }
                 "fail"
             }
-            Kind::Lost { hold, lock, reason } => {
-                kv("hold", hold);
+            Kind::Lost {
+                lock,
+                token,
+                reason,
+            } => {
                 kv("lock", lock);
+                kv("token", &token.to_string());
                 kv("reason", reason.as_str());
                 "lost"
             }
@@ -504,8 +509,8 @@ impl Event {
                 },
             },
             "lost" => Kind::Lost {
-                hold: s("hold")?,
                 lock: s("lock")?,
+                token: n("token")?,
                 reason: Reason::parse(field("reason")?).ok_or_else(|| bad("reason"))?,
             },
             "renewed" => Kind::Renewed {
@@ -666,8 +671,8 @@ mod tests {
                 why: Why::Hung,
             },
             Kind::Lost {
-                hold: "h".into(),
                 lock: "x1".into(),
+                token: 5,
                 reason: Reason::from(LostReason::SessionExpired),
             },
             Kind::Renewed {

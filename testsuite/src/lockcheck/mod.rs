@@ -65,9 +65,9 @@
 //! again unless lost, EXITs,
 //! logs the release and releases by `unlock()`, by an `unlock()` cancelled after
 //! 0–2 ms, or by `drop`; then often locks again at once with the same handle (the
-//! ordinary loop). A task per hold records the instant its lost signal fires, and a
-//! handler on every manager logs each successful watchdog renewal with its send
-//! time (the checker's proof that the store still had the hold).
+//! ordinary loop). A handler on every manager logs each lost signal at the instant
+//! the manager sets it, and each successful watchdog renewal with its send time (the
+//! checker's proof that the store still had the hold).
 //!
 //! # Nemeses ([`nemesis`])
 //!

@@ -14,8 +14,8 @@ use dlock_api::{
     ReadWriteLock,
 };
 use dlock_spi::{
-    AcquireChain, AcquireContext, AcquireResult, LockHandler, ReleaseChain, ReleaseContext,
-    ReleaseResult, RenewEvent, RenewResult,
+    AcquireChain, AcquireContext, AcquireResult, LockHandler, LockName, LostEvent, ReleaseChain,
+    ReleaseContext, ReleaseResult, RenewEvent, RenewResult,
 };
 use tokio::task::JoinSet;
 
@@ -58,8 +58,6 @@ const CALL_BOUND: Duration = Duration::from_secs(10);
 pub const EXIT_GRACE: Duration = TASK_GRACE
     .saturating_add(CALL_BOUND)
     .saturating_add(Duration::from_secs(5));
-/// Bound on a lost-signal watcher (longer than any hold).
-const WATCH_BOUND: Duration = Duration::from_secs(60);
 /// Bound on a task's iterations (the deadline normally ends it first).
 const MAX_ITERATIONS: u32 = 1_000_000;
 
@@ -115,7 +113,7 @@ pub async fn run_worker(
         let manager = DistributeLockManagerBuilder::new(client)
             .lease(LEASE)
             .namespace(spec.namespace.clone())
-            .with_handler(RenewalLog {
+            .with_handler(HoldLog {
                 log: log.clone(),
                 namespace: spec.namespace.clone(),
             })
@@ -195,15 +193,17 @@ fn reg_err(client: &str, e: std::io::Error) -> String {
     format!("{client}: register: {e}")
 }
 
-/// Logs every successful watchdog renewal (the store's word that the hold is alive:
-/// the checker counts the hold's lease from the renewal's send time).
-struct RenewalLog {
+/// Logs what the manager tells its handlers about holds: every successful watchdog
+/// renewal, with its send time (the store's word that the hold is alive: the checker
+/// counts the hold's lease from then), and every lost signal, at the instant the
+/// manager sets it.
+struct HoldLog {
     log: EventLog,
     namespace: String,
 }
 
 #[async_trait]
-impl LockHandler for RenewalLog {
+impl LockHandler for HoldLog {
     async fn acquire(
         &self,
         ctx: &AcquireContext,
@@ -222,19 +222,33 @@ impl LockHandler for RenewalLog {
 
     fn on_renew(&self, event: &RenewEvent<'_>) {
         if let Ok(RenewResult::Renewed { .. }) = event.outcome {
-            let name = event.request.name.as_str();
             let took = u64::try_from(event.elapsed.as_nanos()).unwrap_or(u64::MAX);
             self.log.log_at(
                 now_ns().saturating_sub(took),
                 Kind::Renewed {
-                    lock: name
-                        .strip_prefix(&self.namespace)
-                        .unwrap_or(name)
-                        .to_owned(),
+                    lock: self.lock(&event.request.name),
                     token: event.request.token.get(),
                 },
             );
         }
+    }
+
+    fn on_lost(&self, event: &LostEvent<'_>) {
+        self.log.log(Kind::Lost {
+            lock: self.lock(event.name),
+            token: event.token.get(),
+            reason: event.reason.into(),
+        });
+    }
+}
+
+impl HoldLog {
+    /// A full lock name without the run's namespace.
+    fn lock(&self, name: &LockName) -> String {
+        let name = name.as_str();
+        name.strip_prefix(&self.namespace)
+            .unwrap_or(name)
+            .to_owned()
     }
 }
 
@@ -478,24 +492,6 @@ impl Task {
         let token = guard.fencing_token().get();
         let lock = target.lock;
 
-        // Records the instant the lost signal fires; ends with the hold.
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let signal = guard.lost_signal();
-        let (log, watched_hold) = (self.log.clone(), hold.clone());
-        tokio::spawn(async move {
-            let watch = async {
-                tokio::select! {
-                    reason = signal.lost() => log.log(Kind::Lost {
-                        hold: watched_hold,
-                        lock: lock.to_owned(),
-                        reason: reason.into(),
-                    }),
-                    _ = stopped => {}
-                }
-            };
-            let _ = tokio::time::timeout(WATCH_BOUND, watch).await;
-        });
-
         self.register
             .enter(lock, token, &hold)
             .await
@@ -536,9 +532,7 @@ impl Task {
             .exit(lock, token, &hold)
             .await
             .map_err(|e| reg_err(&self.client, e))?;
-        let dropped = self.release(target, guard, &hold).await;
-        drop(stop);
-        Ok(dropped)
+        Ok(self.release(target, guard, &hold).await)
     }
 
     /// A fenced write (exclusive holds) or read (shared holds), unless already lost.
