@@ -13,8 +13,9 @@ use dlock_spi::{
 /// The label of the release that ignores its owner (the classic self-test).
 pub const LABEL: &str = "broken-memory";
 
-/// The lock name [`Flaw::NeverGrants`] never grants.
-pub const NEVER_GRANTED: &str = "x1";
+/// The lock names [`Flaw::NeverGrants`] never grants (several, so that a run has
+/// several chances to show a waiter starved).
+pub const NEVER_GRANTED: [&str; 3] = ["x0", "x1", "f0"];
 
 /// Bound on how long [`Flaw::NeverGrants`] keeps a waiter before answering.
 const MAX_WAIT: Duration = Duration::from_secs(60);
@@ -29,7 +30,7 @@ pub enum Flaw {
     ReleaseIgnoresOwner,
     /// Every grant carries token 1 (token-order).
     ReusesTokens,
-    /// [`NEVER_GRANTED`] is never granted, though nobody holds it (starvation).
+    /// [`NEVER_GRANTED`] are never granted, though nobody holds them (starvation).
     NeverGrants,
 }
 
@@ -58,6 +59,15 @@ impl Flaw {
     }
 }
 
+/// Whether `name` (namespaced) is one of [`NEVER_GRANTED`].
+fn never_granted(name: &LockName) -> bool {
+    let name = name.as_str();
+    NEVER_GRANTED.iter().any(|n| {
+        name.strip_suffix(n)
+            .is_some_and(|ns| ns.is_empty() || ns.ends_with(':'))
+    })
+}
+
 /// An [`InMemoryBackend`] client with a [`Flaw`].
 #[derive(Clone)]
 pub struct BrokenBackend {
@@ -84,7 +94,7 @@ impl LockRemoteResource for BrokenBackend {
 
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<AcquireResult> {
         match self.flaw {
-            Flaw::NeverGrants if req.name.as_str().ends_with(NEVER_GRANTED) => {
+            Flaw::NeverGrants if never_granted(&req.name) => {
                 // A short wait is refused at once (before a caller's cancellation,
                 // which would make the history allow for a hidden grant); a long one
                 // waits as if the lock were taken, then is refused.
