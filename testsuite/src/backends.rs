@@ -12,9 +12,10 @@ use dlock_spi::{
 };
 use dlock_zk::ZkBackend;
 
+use crate::lockcheck::broken::{BrokenBackend, Flaw};
 use crate::TestBackend;
 
-/// Every label the runner understands.
+/// Every label the conformance runner understands (`DLOCK_TEST_BACKENDS`).
 pub const KNOWN: &[&str] = &[
     "memory",
     "sqlite",
@@ -31,7 +32,8 @@ pub const KNOWN: &[&str] = &[
 
 /// The URL a server-backed label uses: `DLOCK_<LABEL>_URL`, or the local default
 /// (MariaDB root with no password and PostgreSQL trust auth, database `test`, on
-/// 127.0.0.1; SQLite in a fresh temporary file).
+/// 127.0.0.1; SQLite in a fresh temporary file, which the test backend opened on it
+/// in this process removes when dropped).
 pub fn server_url(label: &str) -> Option<String> {
     let var = format!("DLOCK_{}_URL", label.to_ascii_uppercase().replace('-', "_"));
     if let Ok(url) = std::env::var(&var) {
@@ -39,8 +41,11 @@ pub fn server_url(label: &str) -> Option<String> {
     }
     match label {
         "sqlite" => {
-            let file =
-                std::env::temp_dir().join(format!("dlock-test-{:016x}.db", fastrand::u64(..)));
+            let file = std::env::temp_dir().join(format!(
+                "{}{:016x}.db",
+                own_sqlite_prefix(),
+                fastrand::u64(..)
+            ));
             Some(format!("sqlite://{}", file.display()))
         }
         "mysql" => Some("mysql://root@127.0.0.1:3306/test".to_owned()),
@@ -79,6 +84,11 @@ fn redis_tls_params() -> String {
     format!("tls_ca={dir}/ca.crt&tls_cert={dir}/client.crt&tls_key={dir}/client.key")
 }
 
+/// The file-name prefix of the SQLite files [`server_url`] makes in this process.
+fn own_sqlite_prefix() -> String {
+    format!("dlock-test-{}-", std::process::id())
+}
+
 /// The label as the suite knows it, or a configuration error naming the known ones:
 /// the one place a label is checked, so a misspelt or missing label can never fall
 /// back to another backend's behaviour.
@@ -87,18 +97,30 @@ fn known(label: &str) -> Result<&'static str> {
         Error::new(
             ErrorKind::Config,
             format!(
-                "unknown test backend {label:?} in DLOCK_TEST_BACKENDS; known: {}",
+                "unknown test backend {label:?}; known: {}",
                 KNOWN.join(", ")
             ),
         )
     })
 }
 
-/// Opens a fresh test backend for one case. Unknown labels and unreachable backends
-/// are errors (the runner turns them into failures).
+/// Opens a fresh test backend for one conformance case, at the label's
+/// [`server_url`]. Only [`KNOWN`] labels; unknown labels and unreachable backends are
+/// errors (the runner turns them into failures).
 pub async fn open(label: &str) -> Result<Arc<dyn TestBackend>> {
     let label = known(label)?;
-    let url = server_url(label).unwrap_or_default();
+    open_at(label, server_url(label).unwrap_or_default()).await
+}
+
+/// Opens a test backend for `label` at `url` (ignored by the in-process backends):
+/// a [`KNOWN`] label or one of the lock-history checker's deliberately broken
+/// backends ([`Flaw::ALL`]), which are never conformance backends. Connects once —
+/// and makes one round trip — so an unreachable server fails here.
+pub async fn open_at(label: &str, url: String) -> Result<Arc<dyn TestBackend>> {
+    if let Some(flaw) = Flaw::of(label) {
+        return Ok(Arc::new(MemoryTestBackend::broken(flaw)));
+    }
+    let label = known(label)?;
     Ok(match label {
         "memory" => Arc::new(MemoryTestBackend::default()),
         "sqlite" | "mysql" | "postgres" => Arc::new(SqlTestBackend::open(label, url).await?),
@@ -109,26 +131,41 @@ pub async fn open(label: &str) -> Result<Arc<dyn TestBackend>> {
         other => {
             return Err(Error::new(
                 ErrorKind::Config,
-                format!("test backend {other:?} is known but has no opener in backends::open"),
+                format!("test backend {other:?} is known but has no opener in backends::open_at"),
             ))
         }
     })
 }
 
-/// The in-memory backend; one instance per case, shared by all its clients.
+/// The in-memory backend; one instance per case (or lock-history run), shared by
+/// all its clients. [`broken`](Self::broken) hands out clients with a flaw.
 #[derive(Default)]
 pub struct MemoryTestBackend {
     backend: InMemoryBackend,
+    flaw: Option<Flaw>,
+}
+
+impl MemoryTestBackend {
+    /// A broken backend: [`BrokenBackend`] clients with `flaw` over one store.
+    pub fn broken(flaw: Flaw) -> Self {
+        MemoryTestBackend {
+            backend: InMemoryBackend::default(),
+            flaw: Some(flaw),
+        }
+    }
 }
 
 #[async_trait]
 impl TestBackend for MemoryTestBackend {
     fn label(&self) -> &'static str {
-        "memory"
+        self.flaw.map_or("memory", Flaw::label)
     }
 
     async fn client(&self) -> Result<Arc<dyn LockRemoteResource>> {
-        Ok(Arc::new(self.backend.clone()))
+        Ok(match self.flaw {
+            Some(flaw) => Arc::new(BrokenBackend::over(self.backend.clone(), flaw)),
+            None => Arc::new(self.backend.clone()),
+        })
     }
 
     async fn steal(&self, name: &LockName) -> Result<()> {
@@ -250,9 +287,10 @@ impl<C: ServerClient> TestBackend for ServerTestBackend<C> {
 
 impl<C> Drop for ServerTestBackend<C> {
     fn drop(&mut self) {
-        // A per-case SQLite file made by `server_url`.
+        // A per-case SQLite file `server_url` made in this process (not one another
+        // process made and shares with this one).
         if let Some(path) = self.url.strip_prefix("sqlite://") {
-            if path.contains("dlock-test-") {
+            if path.contains(&own_sqlite_prefix()) {
                 for suffix in ["", "-wal", "-shm"] {
                     let _ = std::fs::remove_file(format!("{path}{suffix}"));
                 }

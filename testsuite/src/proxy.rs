@@ -1,9 +1,14 @@
 //! A TCP proxy on loopback that injects network faults between a client and a server:
 //! pass, delay, black-hole (accept and swallow, never answer) and reset (drop every
 //! connection and refuse new ones). Only loopback upstreams are accepted.
+//!
+//! [`split_url`] finds a backend URL's hosts, so a proxy can be put in front of each
+//! ([`SplitUrl::with_hosts`]).
 
+use std::fmt;
 use std::io;
 use std::net::SocketAddr;
+use std::str::FromStr;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -22,6 +27,91 @@ pub enum Fault {
     Blackhole,
     /// Close every connection and refuse new ones (a crashed server).
     Reset,
+}
+
+/// `pass`, `delay <ms>`, `blackhole`, `reset`.
+impl fmt::Display for Fault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Fault::Pass => f.write_str("pass"),
+            Fault::Delay(d) => write!(f, "delay {}", d.as_millis()),
+            Fault::Blackhole => f.write_str("blackhole"),
+            Fault::Reset => f.write_str("reset"),
+        }
+    }
+}
+
+/// Parses what [`Display`](fmt::Display) writes.
+impl FromStr for Fault {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let words: Vec<&str> = s.split_whitespace().collect();
+        match words.as_slice() {
+            ["pass"] => Ok(Fault::Pass),
+            ["blackhole"] => Ok(Fault::Blackhole),
+            ["reset"] => Ok(Fault::Reset),
+            ["delay", ms] => ms
+                .parse()
+                .map(|ms| Fault::Delay(Duration::from_millis(ms)))
+                .map_err(|_| format!("bad delay {ms:?}")),
+            _ => Err(format!(
+                "unknown fault {s:?}; use pass, delay <ms>, blackhole or reset"
+            )),
+        }
+    }
+}
+
+/// A URL split around its host list: `scheme://[user@]` + hosts + `[/path][?query]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SplitUrl {
+    /// Everything before the first host.
+    pub head: String,
+    /// The hosts, all on loopback.
+    pub hosts: Vec<SocketAddr>,
+    /// Everything after the last host.
+    pub tail: String,
+}
+
+/// Splits `url` around its comma-separated `host:port` list. Only loopback hosts
+/// (`127.0.0.1`, `localhost`, `[::1]`) with explicit ports are accepted.
+pub fn split_url(url: &str) -> Result<SplitUrl, String> {
+    let scheme_end = url
+        .find("://")
+        .ok_or_else(|| "the URL has no scheme://".to_owned())?
+        + 3;
+    let rest = &url[scheme_end..];
+    let authority_len = rest.find(['/', '?']).unwrap_or(rest.len());
+    let authority = &rest[..authority_len];
+    let hosts_start = authority.rfind('@').map_or(0, |i| i + 1);
+    let mut hosts = Vec::new();
+    for host in authority[hosts_start..].split(',') {
+        let host = host.replace("localhost", "127.0.0.1");
+        let addr: SocketAddr = host
+            .parse()
+            .map_err(|_| format!("{host:?} is not a loopback host:port"))?;
+        if !addr.ip().is_loopback() {
+            return Err(format!("{host} is not on loopback"));
+        }
+        hosts.push(addr);
+    }
+    Ok(SplitUrl {
+        head: url[..scheme_end + hosts_start].to_owned(),
+        hosts,
+        tail: rest[authority_len..].to_owned(),
+    })
+}
+
+impl SplitUrl {
+    /// The URL with its hosts replaced by `hosts`.
+    pub fn with_hosts(&self, hosts: &[SocketAddr]) -> String {
+        format!("{}{}{}", self.head, join_hosts(hosts), self.tail)
+    }
+}
+
+/// `host:port,host:port…`.
+pub fn join_hosts(hosts: &[SocketAddr]) -> String {
+    let list: Vec<String> = hosts.iter().map(ToString::to_string).collect();
+    list.join(",")
 }
 
 /// A running proxy; stops when dropped.
@@ -128,6 +218,41 @@ async fn pump(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn faults_print_and_parse() {
+        for f in [
+            Fault::Pass,
+            Fault::Delay(Duration::from_millis(120)),
+            Fault::Blackhole,
+            Fault::Reset,
+        ] {
+            assert_eq!(f.to_string().parse::<Fault>(), Ok(f));
+        }
+        assert_eq!(
+            Fault::Delay(Duration::from_millis(120)).to_string(),
+            "delay 120"
+        );
+        assert!("bogus".parse::<Fault>().is_err());
+        assert!("delay x".parse::<Fault>().is_err());
+    }
+
+    #[test]
+    fn urls_split_and_rewrite() {
+        let u = split_url("mysql://root@127.0.0.1:3306/test").unwrap();
+        assert_eq!(u.head, "mysql://root@");
+        assert_eq!(u.tail, "/test");
+        let p: SocketAddr = "127.0.0.1:9".parse().unwrap();
+        assert_eq!(u.with_hosts(&[p]), "mysql://root@127.0.0.1:9/test");
+        let z = split_url("zk://127.0.0.1:2191,localhost:2192/dlock-test").unwrap();
+        assert_eq!(z.hosts.len(), 2);
+        assert_eq!(join_hosts(&z.hosts), "127.0.0.1:2191,127.0.0.1:2192");
+        let r = split_url("rediss://127.0.0.1:6390/?tls_ca=/x/ca.crt").unwrap();
+        assert_eq!(r.tail, "/?tls_ca=/x/ca.crt");
+        assert!(split_url("redis://10.0.0.1:6379").is_err());
+        let plain = split_url("redis://127.0.0.1:6379").unwrap();
+        assert_eq!(plain.with_hosts(&[p]), "redis://127.0.0.1:9");
+    }
 
     #[tokio::test]
     async fn forwards_swallows_and_resets() {

@@ -3,8 +3,6 @@
 //! and behaviour while the database is unreachable (through the fault proxy).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::net::SocketAddr;
-
 use std::time::{Duration, Instant};
 
 use dlock_api::{DistributeLockManager, ErrorKind, LostReason};
@@ -13,7 +11,7 @@ use dlock_spi::{Backoff, Jitter};
 use sqlx::Connection;
 use testsuite::backends::server_url;
 use testsuite::conformance::eventually;
-use testsuite::proxy::{Fault, FaultProxy};
+use testsuite::proxy::{split_url, Fault, FaultProxy};
 use testsuite::runner::selected;
 
 /// The selected SQL labels with a URL each.
@@ -206,16 +204,12 @@ async fn postgres_release_wakes_a_slow_poller_at_once() {
     }
 }
 
-fn proxied(url: &str, proxy: SocketAddr) -> String {
-    url.replace("127.0.0.1:3306", &proxy.to_string())
-        .replace("127.0.0.1:5432", &proxy.to_string())
-}
-
-fn upstream(label: &str) -> SocketAddr {
-    match label {
-        "mysql" => "127.0.0.1:3306".parse().unwrap(),
-        _ => "127.0.0.1:5432".parse().unwrap(),
-    }
+/// A fault proxy in front of the database at `url`, and the URL through it.
+async fn proxied(url: &str) -> (FaultProxy, String) {
+    let split = split_url(url).unwrap();
+    let proxy = FaultProxy::start(split.hosts[0]).await.unwrap();
+    let url = split.with_hosts(&[proxy.addr()]);
+    (proxy, url)
 }
 
 /// The database goes away (connections reset, new ones refused): calls fail with
@@ -227,8 +221,7 @@ async fn database_outage_is_typed_loses_on_time_and_recovers() {
         if label == "sqlite" {
             continue; // a file has no network between client and server
         }
-        let proxy = FaultProxy::start(upstream(&label)).await.unwrap();
-        let url = proxied(&url, proxy.addr());
+        let (proxy, url) = proxied(&url).await;
         assert!(
             url.contains(&proxy.addr().to_string()),
             "{label}: URL {url} does not go through the proxy"
@@ -250,9 +243,9 @@ async fn silent_network_loses_the_lock_when_the_lease_ends() {
         if label == "sqlite" {
             continue;
         }
-        let proxy = FaultProxy::start(upstream(&label)).await.unwrap();
+        let (proxy, url) = proxied(&url).await;
         let lease = Duration::from_millis(900);
-        let m = manager(&proxied(&url, proxy.addr()), JdbcOptions::default(), lease).await;
+        let m = manager(&url, JdbcOptions::default(), lease).await;
         let g = m
             .lock(&format!("silent-{:x}", fastrand::u64(..)))
             .try_lock(Duration::ZERO)

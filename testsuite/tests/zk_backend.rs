@@ -6,6 +6,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -16,7 +17,7 @@ use dlock_zk::ZkBackend;
 use testsuite::backends::server_url;
 use testsuite::conformance::{eventually, take};
 use testsuite::curator;
-use testsuite::proxy::{Fault, FaultProxy};
+use testsuite::proxy::{join_hosts, split_url, Fault, FaultProxy};
 use testsuite::runner::selected;
 use zookeeper_client::Client;
 
@@ -37,8 +38,12 @@ fn name(tag: &str) -> String {
 
 /// `zk://hosts/root?…` → `hosts`.
 fn hosts_of(url: &str) -> String {
-    let rest = url.trim_start_matches("zk://");
-    rest.split(['/', '?']).next().unwrap().to_owned()
+    join_hosts(&split_url(url).unwrap().hosts)
+}
+
+/// The first ZooKeeper server of `url`.
+fn first_host(url: &str) -> SocketAddr {
+    split_url(url).unwrap().hosts[0]
 }
 
 async fn manager(url: &str) -> DistributeLockManager {
@@ -245,7 +250,7 @@ async fn digest_credentials_in_the_url_are_used() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiters_ride_out_a_connection_blip_and_leave_no_node_behind() {
     let Some(url) = url_for("zk") else { return };
-    let upstream = hosts_of(&url).split(',').next().unwrap().parse().unwrap();
+    let upstream = first_host(&url);
     let proxy = FaultProxy::start(upstream).await.unwrap();
     let via_proxy = format!("zk://{}/dlock-test?session_timeout=5000ms", proxy.addr());
     let (holder, waiter) = (manager(&url).await, manager(&via_proxy).await);
@@ -309,7 +314,7 @@ async fn waiters_ride_out_a_connection_blip_and_leave_no_node_behind() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn session_loss_is_signalled_before_another_client_gets_the_lock() {
     let Some(url) = url_for("zk") else { return };
-    let upstream = hosts_of(&url).split(',').next().unwrap().parse().unwrap();
+    let upstream = first_host(&url);
     let proxy = FaultProxy::start(upstream).await.unwrap();
     let a = manager(&format!(
         "zk://{}/dlock-test?session_timeout=4000ms",

@@ -4,6 +4,7 @@
 //! ```text
 //! lockcheck --backend <label> [--seconds N] [--seed S] [--processes K]
 //!           [--nemesis none|proxy|stop|kill|all] [--soak] [--keep]
+//! lockcheck --backend <label> --check <dir>     # check a kept run's histories again
 //! ```
 //!
 //! Exit status: 0 no violation, 1 violations found, 2 the run itself failed.
@@ -14,12 +15,13 @@ use std::process::ExitCode;
 use std::str::FromStr;
 use std::time::Duration;
 
-use testsuite::lockcheck::coordinator::{worker_process, WorkerArgs};
+use testsuite::lockcheck::check::Rules;
+use testsuite::lockcheck::coordinator::{check_dir, worker_process, WorkerArgs, WORKER_URL_VAR};
 use testsuite::lockcheck::nemesis::Choice;
 use testsuite::lockcheck::workload::WorkerSpec;
 use testsuite::lockcheck::{run, RunOptions};
 
-const USAGE: &str = "usage: lockcheck --backend <label> [--seconds N] [--seed S] [--processes K] [--nemesis none|proxy|stop|kill|all] [--soak] [--keep]";
+const USAGE: &str = "usage: lockcheck --backend <label> [--seconds N] [--seed S] [--processes K] [--nemesis none|proxy|stop|kill|all] [--soak] [--keep]\n       lockcheck --backend <label> --check <dir>";
 
 #[derive(Default)]
 struct Args {
@@ -30,9 +32,9 @@ struct Args {
     nemesis: Option<Choice>,
     soak: bool,
     keep: bool,
-    // Hidden: a worker process.
+    check: Option<PathBuf>,
+    // Hidden: a worker process (the URL is in WORKER_URL_VAR).
     worker: Option<u32>,
-    url: Option<String>,
     register: Option<SocketAddr>,
     events: Option<PathBuf>,
     namespace: Option<String>,
@@ -60,8 +62,8 @@ fn parse_args() -> Result<Args, String> {
             }
             "--soak" => args.soak = true,
             "--keep" => args.keep = true,
+            "--check" => args.check = Some(value(&flag, it.next())?),
             "--worker" => args.worker = Some(value(&flag, it.next())?),
-            "--url" => args.url = Some(value(&flag, it.next())?),
             "--register" => args.register = Some(value(&flag, it.next())?),
             "--events" => args.events = Some(value(&flag, it.next())?),
             "--namespace" => args.namespace = Some(value(&flag, it.next())?),
@@ -90,7 +92,7 @@ fn worker_main(id: u32, args: Args) -> Result<(), String> {
     let missing = |what: &str| format!("worker {id}: missing {what}");
     let worker = WorkerArgs {
         label: args.backend.ok_or_else(|| missing("--backend"))?,
-        url: args.url.ok_or_else(|| missing("--url"))?,
+        url: std::env::var(WORKER_URL_VAR).map_err(|_| missing(WORKER_URL_VAR))?,
         proxy: args.proxy,
         events: args.events.ok_or_else(|| missing("--events"))?,
         spec: WorkerSpec {
@@ -125,6 +127,23 @@ fn main() -> ExitCode {
         eprintln!("--backend is required\n{USAGE}");
         return ExitCode::from(2);
     };
+    if let Some(dir) = &args.check {
+        return match check_dir(&label, dir, &Rules::for_label(&label)) {
+            Ok(report) => {
+                print!("{}", report.table());
+                println!("{}", report.summary_line());
+                if report.violations() > 0 {
+                    ExitCode::from(1)
+                } else {
+                    ExitCode::SUCCESS
+                }
+            }
+            Err(e) => {
+                eprintln!("lockcheck: {e}");
+                ExitCode::from(2)
+            }
+        };
+    }
     let seconds = args.seconds.unwrap_or(if args.soak { 600.0 } else { 10.0 });
     let nemesis = args
         .nemesis

@@ -11,42 +11,59 @@
 //!   of its last guard, the instant its lost signal fired, the SIGKILL of its
 //!   process (or the process's end when none of these was recorded). A hold handed
 //!   out already lost ends at its `ok`.
+//! * A hold's **proofs** are the send times of its granting acquire and of its
+//!   successful watchdog renewals: the store had it then, and keeps it at least its
+//!   **life** past each — the lease the hold was asked with (explicit or the
+//!   watchdog's), or the session timeout on ZooKeeper, where holds live as long as
+//!   the session. **valid-until(t)** = the last proof before `t` + the life: the
+//!   earliest instant the store may let the hold go, as known at `t`.
 //! * Holds **conflict** when they are of the same lock, different holds, and not
 //!   both shared.
 //! * A process is **paused** during `[a, b]` if a SIGSTOP..SIGCONT window of it
-//!   intersects `[a, b]`; **faulted** likewise for its proxy fault windows.
+//!   intersects `[a, b]`; **faulted** likewise for its proxy fault windows. A grant's
+//!   `ok` is **unreliable** when its process was paused between invoke and `ok`.
 //!
 //! # Rules
 //!
-//! 1. **overlap** — conflicting holds A, B with `A.ok ≤ B.ok < A.end`: B was let in
-//!    while A had not released and had not been told of its loss. Excused (counted
-//!    apart) if A's process was paused in `[A.ok, B.ok]` (it could not be told), or
-//!    B's between B's invoke and `B.ok` (B may be the earlier grant).
-//! 2. **stale-write** — the register accepted a write whose token is below one it had
-//!    accepted for the lock (its own invariant), or accepted a write from hold A after
-//!    accepting one from a later grant B of the same lock (B's token is greater, or
-//!    equal with a later `ok`).
-//! 3. **token-order** — per lock, by `ok` time: an exclusive grant whose token is not
-//!    above every earlier grant's, a shared grant whose token is not above every earlier
-//!    exclusive grant's, or two holds with the same token. Grants whose process was
-//!    paused between invoke and `ok` are excused (their `ok` time is not their grant
-//!    time).
-//! 4. **late-loss** — a hold A lost (before it released; not by closing its manager)
-//!    at L, and the first conflicting grant B after `A.ok` came at `B.ok < L`: the
-//!    store let B in before A was told. The margin `B.ok − L` is reported (min and
-//!    median; it includes B's reply time, so it over-states the true margin). Excused
-//!    as overlaps are.
+//! 1. **overlap** — conflicting holds A, B with `A.ok ≤ B.ok < A.end`, and B granted
+//!    while the store still had to keep A: `B.ok < A.valid-until(B.ok)`, or A
+//!    renewed successfully after B's grant. Excused (counted apart) only when B's
+//!    `ok` is unreliable and B's token is below A's (B may be the earlier grant). A
+//!    grant after A's valid-until is not an overlap: if A's process was paused since
+//!    `A.ok` it is excused (A could not be told), otherwise A was not told in time
+//!    and that is A's late loss (rule 4).
+//! 2. **stale-write** — the register accepted a write of hold A at `t` after a
+//!    conflicting hold B with a greater token had been granted (`B.ok < t`). Excused
+//!    only if A's process was paused between `A.ok` and `t` and B's grant came after
+//!    A's valid-until. Each write counts at most once.
+//! 3. **token-order** — per lock: two holds with the same token (every backend gives
+//!    each grant its own token, shared ones included), whatever the timing; and, by
+//!    `ok` time, an exclusive grant whose token is not above every earlier grant's or
+//!    a shared grant whose token is not above every earlier exclusive grant's —
+//!    excused when the later grant's `ok` is unreliable.
+//! 4. **late-loss** — a hold lost while held (not by closing its manager, not
+//!    handed out lost) whose lost signal fired after its valid-until (excused if its
+//!    process was paused between the last proof and the signal), or a hold whose
+//!    store could let it go before another hold's grant (rule 1) and that was not
+//!    told before that grant. Counted once per hold. The loss margin — the lead of
+//!    the lost signal before the next conflicting grant — is reported as min and
+//!    median.
 //! 5. **leak** — a lock name that still had holder or waiter state after every worker
 //!    had exited and the coordinator had waited out the longest lease (recorded by the
 //!    coordinator as `leak` events).
 //! 6. **starvation** — conservative on purpose. Occupancy of a lock is the union of:
-//!    every hold's `[ok, max(last release-invoke, register EXIT) + hidden]`, every
-//!    cancelled or failed-with-error acquire's `[invoke, result + hidden]`, and every
-//!    acquire of a paused process `[invoke, result + hidden]`, where `hidden` is how long
-//!    the store may keep a hold nobody reports (the longest lease; the session timeout
-//!    for ZooKeeper). An exclusive acquire that gave up (`none` or `timeout`, not
-//!    cancelled) is starved if, within the wait it asked for, the lock was unoccupied
-//!    for longer than `starvation_slack` (2 s) without interruption. Waiters whose
+//!    every hold's `[ok, until]`, where `until` is the store's confirmation of its
+//!    release when every guard was released by an `unlock()` that answered ok, and
+//!    otherwise (dropped, unlock cancelled or failed, lost, killed) the later of its
+//!    end, last release-invoke and register EXIT plus `hidden` (how long the store
+//!    may keep a hold nobody reports: the longest lease, the session timeout on
+//!    ZooKeeper, 200 ms for an in-process store, which hears of every release at
+//!    once);
+//!    every cancelled or failed-with-error acquire's `[invoke, result + hidden]`; and
+//!    every acquire of a paused process, likewise. An exclusive acquire that gave up
+//!    (`none` or `timeout`, not cancelled) is starved if, within the wait it asked
+//!    for, the lock was unoccupied for longer than `starvation_slack` (2 s) without
+//!    interruption (a lock nobody occupied was free all the wait). Waiters whose
 //!    process was paused or faulted while waiting are skipped.
 //! 7. **fair-order** — conservative as well. For a fair lock: waiters A and B (first
 //!    grants, not reentries, not cancellable), both invoked while one hold C held the
@@ -57,7 +74,10 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::Write as _;
 
-use super::history::{Event, Kind, Mode, RegOp, COORDINATOR};
+use crate::proxy::Fault;
+
+use super::history::{Event, Kind, Mode, Op, Outcome, Reason, RegOp, Why, COORDINATOR};
+use super::workload::MAX_LEASE_MS;
 
 /// The checker's tunable bounds.
 #[derive(Debug, Clone, Copy)]
@@ -68,26 +88,63 @@ pub struct Rules {
     pub hidden_hold_ns: u64,
     /// Fair order: how much earlier A must have arrived than B (ns).
     pub fair_margin_ns: u64,
+    /// Holds live as long as the client's session, which the store ends this long
+    /// after it last heard from the client (ZooKeeper); `None`: holds live by lease.
+    pub session_ns: Option<u64>,
+    /// How long a silent waiter's state may outlive it (Redis: its queue lapses
+    /// twice the waiter liveness after the last refresh).
+    pub waiter_lapse_ns: u64,
 }
 
 impl Default for Rules {
+    /// The rules of a lease-based store.
     fn default() -> Self {
         Rules {
             starvation_slack_ns: 2_000_000_000,
-            hidden_hold_ns: 3_000_000_000,
+            hidden_hold_ns: MAX_LEASE_MS * 1_000_000,
             fair_margin_ns: 250_000_000,
+            session_ns: None,
+            waiter_lapse_ns: 0,
         }
     }
 }
 
+/// How long an in-process store may keep a hold no history shows.
+const IN_PROCESS_RELEASE_NS: u64 = 200_000_000;
+
+fn nanos(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
 impl Rules {
-    /// The rules for a backend label (ZooKeeper holds live as long as the session).
+    /// The rules for a backend label, from the backends' own defaults: an in-process
+    /// store hears of every release at once; ZooKeeper holds live as long as the
+    /// session (its default session timeout), the others by lease; a Redis queue lapses twice the waiter liveness after its last refresh
+    /// (`dlock-redis` scripts). (A URL that sets another `session_timeout` is not
+    /// looked at.)
     pub fn for_label(label: &str) -> Rules {
         let mut rules = Rules::default();
+        if super::coordinator::in_process(label) {
+            // No network: the background release of a dropped guard, a cancelled
+            // unlock or a cancelled acquire's grant reaches the store at once.
+            rules.hidden_hold_ns = IN_PROCESS_RELEASE_NS;
+        }
         if label.starts_with("zk") {
-            rules.hidden_hold_ns = 12_000_000_000;
+            let session = nanos(dlock_zk::ZkOptions::default().session_timeout);
+            rules.session_ns = Some(session);
+            rules.hidden_hold_ns = session;
+        }
+        if label.starts_with("redis") {
+            let liveness = dlock_redis::RedisOptions::default().waiter_liveness;
+            rules.waiter_lapse_ns = nanos(liveness * 2);
         }
         rules
+    }
+
+    /// How long after the last worker is gone the store may still show its state:
+    /// a hold nobody reports, or a silent waiter's queue entry.
+    pub fn quiescence(&self) -> std::time::Duration {
+        std::time::Duration::from_nanos(self.hidden_hold_ns.max(self.waiter_lapse_ns))
     }
 }
 
@@ -255,22 +312,34 @@ impl Report {
 
 #[derive(Debug, Default)]
 struct ProcRec {
+    /// SIGSTOP..SIGCONT windows, in time order, disjoint.
     stops: Vec<(u64, u64)>,
     stop_open: Option<u64>,
+    /// Proxy fault windows, in time order, disjoint.
     faults: Vec<(u64, u64)>,
-    fault_cmd_open: Option<u64>,
-    fault_applied_open: Option<u64>,
+    fault_open: Option<u64>,
     kill: Option<u64>,
     exit: Option<u64>,
     last: u64,
 }
 
+/// Whether one of `windows` (sorted by start, disjoint) intersects `[a, b]`.
+fn any_within(windows: &[(u64, u64)], a: u64, b: u64) -> bool {
+    let i = windows.partition_point(|w| w.1 < a);
+    windows.get(i).is_some_and(|w| w.0 <= b)
+}
+
 impl ProcRec {
     fn paused(&self, a: u64, b: u64) -> bool {
-        self.stops.iter().any(|&(s, c)| s <= b && c >= a)
+        any_within(&self.stops, a, b)
     }
     fn faulted(&self, a: u64, b: u64) -> bool {
-        self.faults.iter().any(|&(s, c)| s <= b && c >= a)
+        any_within(&self.faults, a, b)
+    }
+    /// The start of the first pause that ends at or after `t` (`u64::MAX`: none).
+    fn first_pause_from(&self, t: u64) -> u64 {
+        let i = self.stops.partition_point(|w| w.1 < t);
+        self.stops.get(i).map_or(u64::MAX, |w| w.0)
     }
     fn end(&self) -> u64 {
         self.kill
@@ -280,51 +349,89 @@ impl ProcRec {
 }
 
 #[derive(Debug, Clone)]
-struct Invoke {
+struct Invoke<'a> {
     t: u64,
-    lock: String,
+    lock: &'a str,
     mode: Mode,
     fair: bool,
-    op: String,
+    op: Op,
     cancel: bool,
     wait_ns: u64,
 }
 
 #[derive(Debug, Clone)]
-struct Hold {
-    key: String,
-    lock: String,
+struct Hold<'a> {
+    key: &'a str,
+    lock: &'a str,
     mode: Mode,
     token: u64,
     proc_: u32,
     att: u64,
     ok: u64,
+    /// When the granting attempt was sent.
+    sent: u64,
+    /// How long the store keeps the hold past a proof that it is alive (the lease, or
+    /// the session timeout).
+    life: u64,
+    /// Send times of the successful renewals, in order.
+    proofs: Vec<u64>,
     guards: usize,
     releases: usize,
+    /// Releases whose `unlock()` answered ok.
+    releases_ok: usize,
     last_release: Option<u64>,
-    lost: Option<(u64, String)>,
+    last_release_ok: Option<u64>,
+    lost: Option<(u64, Reason)>,
     lost_at_ok: bool,
     enter: Option<u64>,
     exit: Option<u64>,
+    // Derived once every event is read.
     end: u64,
+    /// Its process was paused between the invoke and the `ok`.
+    ok_unreliable: bool,
+    /// The start of the first pause of its process that ends at or after `ok`.
+    pause_from_ok: u64,
 }
 
-impl Hold {
+impl Hold<'_> {
     fn released_at(&self) -> Option<u64> {
         (self.releases >= self.guards)
             .then_some(self.last_release)
             .flatten()
     }
+    /// When the store confirmed the release: every guard released by an `unlock()`
+    /// that answered ok.
+    fn confirmed_free_at(&self) -> Option<u64> {
+        (self.releases >= self.guards && self.releases_ok == self.releases)
+            .then_some(self.last_release_ok)
+            .flatten()
+    }
     /// Lost before it was released, not by a manager close.
     fn lost_while_held(&self) -> Option<u64> {
-        let (l, reason) = self.lost.as_ref()?;
-        if reason == "manager_closed" {
+        let (l, reason) = self.lost?;
+        if reason == Reason::ManagerClosed {
             return None;
         }
         match self.released_at() {
-            Some(r) if r <= *l => None,
-            _ => Some(*l),
+            Some(r) if r <= l => None,
+            _ => Some(l),
         }
+    }
+    /// The last proof that the store held it (grant or renewal send) before `t`.
+    fn proof_before(&self, t: u64) -> u64 {
+        let i = self.proofs.partition_point(|&p| p < t);
+        i.checked_sub(1)
+            .map_or(self.sent, |i| self.proofs[i].max(self.sent))
+    }
+    /// The earliest instant the store may let the hold go, as known at `t`: the last
+    /// proof before `t` plus the hold's life.
+    fn valid_until(&self, t: u64) -> u64 {
+        self.proof_before(t).saturating_add(self.life)
+    }
+    /// A successful renewal sent in `[a, b)`: the store still held it then.
+    fn renewed_within(&self, a: u64, b: u64) -> bool {
+        let i = self.proofs.partition_point(|&p| p < a);
+        self.proofs.get(i).is_some_and(|&p| p < b)
     }
 }
 
@@ -343,25 +450,26 @@ pub fn check(label: &str, events: &[Event], rules: &Rules) -> Report {
     let t0 = ev.first().map_or(0, |e| e.t);
 
     let mut procs: HashMap<u32, ProcRec> = HashMap::new();
-    let mut invokes: HashMap<(u32, u64), Invoke> = HashMap::new();
-    let mut results: HashMap<(u32, u64), (u64, String)> = HashMap::new();
-    let mut holds: HashMap<String, Hold> = HashMap::new();
-    let mut hold_order: Vec<String> = Vec::new();
-    let mut regs: Vec<(u64, RegOp, &str, u64, &str, bool)> = Vec::new();
+    let mut invokes: HashMap<(u32, u64), Invoke<'_>> = HashMap::new();
+    // Each attempt's answer: `None` granted, or why not.
+    let mut results: HashMap<(u32, u64), (u64, Option<&Why>)> = HashMap::new();
+    let mut holds: Vec<Hold<'_>> = Vec::new();
+    let mut hold_of: HashMap<&str, usize> = HashMap::new();
+    // The holds of a process, lock and token, in grant order (a token is one grant's
+    // on every backend; a broken one may repeat it).
+    let mut grant_of: HashMap<(u32, &str, u64), Vec<usize>> = HashMap::new();
+    let mut renewals: Vec<(u32, &str, u64, u64)> = Vec::new();
+    let mut losses: Vec<(u32, &str, u64, u64, Reason)> = Vec::new();
+    let mut writes: Vec<(u64, &str, usize)> = Vec::new();
     let mut leaks: Vec<(&str, &str)> = Vec::new();
     let mut totals = Totals::default();
-    let mut ok_of_attempt: HashMap<(u32, u64), String> = HashMap::new();
+    let mut ok_of_attempt: Vec<((u32, u64), usize)> = Vec::new();
 
     for e in &ev {
         let p = e.proc_;
         let worker_event = !matches!(
             e.kind,
-            Kind::Stop
-                | Kind::Cont
-                | Kind::Kill
-                | Kind::ProxyCmd { .. }
-                | Kind::Reg { .. }
-                | Kind::Leak { .. }
+            Kind::Stop | Kind::Cont | Kind::Kill | Kind::Reg { .. } | Kind::Leak { .. }
         );
         if worker_event && p != COORDINATOR {
             let rec = procs.entry(p).or_default();
@@ -385,10 +493,10 @@ pub fn check(label: &str, events: &[Event], rules: &Rules) -> Report {
                     (p, *att),
                     Invoke {
                         t: e.t,
-                        lock: lock.clone(),
+                        lock,
                         mode: *mode,
                         fair: *fair,
-                        op: op.clone(),
+                        op: *op,
                         cancel: *cancel,
                         wait_ns: wait_ms.saturating_mul(1_000_000),
                     },
@@ -400,85 +508,95 @@ pub fn check(label: &str, events: &[Event], rules: &Rules) -> Report {
                 mode,
                 token,
                 hold,
+                lease_ms,
+                sent,
                 lost,
                 ..
             } => {
-                results.insert((p, *att), (e.t, "ok".to_owned()));
-                ok_of_attempt.insert((p, *att), hold.clone());
-                match holds.get_mut(hold) {
-                    Some(h) => {
-                        h.guards += 1;
+                results.insert((p, *att), (e.t, None));
+                let i = match hold_of.get(hold.as_str()) {
+                    Some(&i) => {
+                        holds[i].guards += 1;
                         totals.reentries += 1;
+                        i
                     }
                     None => {
                         totals.grants += 1;
-                        hold_order.push(hold.clone());
-                        holds.insert(
-                            hold.clone(),
-                            Hold {
-                                key: hold.clone(),
-                                lock: lock.clone(),
-                                mode: *mode,
-                                token: *token,
-                                proc_: p,
-                                att: *att,
-                                ok: e.t,
-                                guards: 1,
-                                releases: 0,
-                                last_release: None,
-                                lost: None,
-                                lost_at_ok: *lost,
-                                enter: None,
-                                exit: None,
-                                end: u64::MAX,
-                            },
-                        );
+                        let i = holds.len();
+                        hold_of.insert(hold, i);
+                        grant_of.entry((p, lock, *token)).or_default().push(i);
+                        holds.push(Hold {
+                            key: hold,
+                            lock,
+                            mode: *mode,
+                            token: *token,
+                            proc_: p,
+                            att: *att,
+                            ok: e.t,
+                            sent: (*sent).min(e.t),
+                            life: rules
+                                .session_ns
+                                .unwrap_or_else(|| lease_ms.saturating_mul(1_000_000)),
+                            proofs: Vec::new(),
+                            guards: 1,
+                            releases: 0,
+                            releases_ok: 0,
+                            last_release: None,
+                            last_release_ok: None,
+                            lost: None,
+                            lost_at_ok: *lost,
+                            enter: None,
+                            exit: None,
+                            end: u64::MAX,
+                            ok_unreliable: false,
+                            pause_from_ok: u64::MAX,
+                        });
+                        i
                     }
-                }
+                };
+                ok_of_attempt.push(((p, *att), i));
             }
             Kind::Fail { att, why, .. } => {
-                if why == "cancel" {
-                    totals.cancels += 1;
-                } else if why.starts_with("error") {
-                    totals.errors += 1;
+                match why {
+                    Why::Cancel => totals.cancels += 1,
+                    Why::Error(_) | Why::Hung => totals.errors += 1,
+                    Why::None | Why::Timeout => {}
                 }
-                results.insert((p, *att), (e.t, why.clone()));
+                results.insert((p, *att), (e.t, Some(why)));
             }
-            Kind::Lost { hold, reason, .. } => {
-                if let Some(h) = holds.get_mut(hold) {
-                    if h.lost.as_ref().is_none_or(|(l, _)| e.t < *l) {
-                        h.lost = Some((e.t, reason.clone()));
-                    }
-                }
-            }
-            Kind::Write { .. } | Kind::Released { .. } => {}
+            Kind::Lost {
+                lock,
+                token,
+                reason,
+            } => losses.push((p, lock, *token, e.t, *reason)),
+            Kind::Renewed { lock, token } => renewals.push((p, lock, *token, e.t)),
             Kind::Release { hold, .. } => {
                 totals.releases += 1;
-                if let Some(h) = holds.get_mut(hold) {
+                if let Some(&i) = hold_of.get(hold.as_str()) {
+                    let h = &mut holds[i];
                     h.releases += 1;
                     h.last_release = Some(h.last_release.map_or(e.t, |r| r.max(e.t)));
                 }
             }
-            Kind::Fault { fault } => {
-                let rec = procs.entry(p).or_default();
-                if fault == "pass" {
-                    if let Some(s) = rec.fault_applied_open.take() {
-                        rec.faults.push((s, e.t));
+            Kind::Released { hold, outcome, .. } => {
+                if let Some(&i) = hold_of.get(hold.as_str()) {
+                    if *outcome == Outcome::Ok {
+                        let h = &mut holds[i];
+                        h.releases_ok += 1;
+                        h.last_release_ok = Some(h.last_release_ok.map_or(e.t, |r| r.max(e.t)));
                     }
-                } else if rec.fault_applied_open.is_none() {
-                    rec.fault_applied_open = Some(e.t);
                 }
             }
-            Kind::ProxyCmd { fault } => {
+            Kind::Fault { fault } => {
                 let rec = procs.entry(p).or_default();
-                if fault == "pass" {
-                    if let Some(s) = rec.fault_cmd_open.take() {
+                if *fault == Fault::Pass {
+                    if let Some(s) = rec.fault_open.take() {
                         rec.faults.push((s, e.t));
                     }
-                } else if rec.fault_cmd_open.is_none() {
+                } else if rec.fault_open.is_none() {
                     // One fault per window (a black hole ends with a reset).
                     totals.faults += 1;
-                    rec.fault_cmd_open = Some(e.t);
+                    rec.fault_open = Some(e.t);
                 }
             }
             Kind::Stop => {
@@ -495,26 +613,28 @@ pub fn check(label: &str, events: &[Event], rules: &Rules) -> Report {
                 procs.entry(p).or_default().kill = Some(e.t);
             }
             Kind::Reg {
-                op,
-                lock,
-                token,
-                hold,
-                accepted,
+                op, hold, accepted, ..
             } => {
-                regs.push((e.t, *op, lock.as_str(), *token, hold.as_str(), *accepted));
-                if let Some(h) = holds.get_mut(hold.as_str()) {
-                    match op {
-                        RegOp::Enter => h.enter = Some(h.enter.map_or(e.t, |x| x.min(e.t))),
-                        RegOp::Exit => h.exit = Some(h.exit.map_or(e.t, |x| x.max(e.t))),
-                        _ => {}
+                let i = hold_of.get(hold.as_str()).copied();
+                match op {
+                    RegOp::Enter => {
+                        if let Some(h) = i.map(|i| &mut holds[i]) {
+                            h.enter = Some(h.enter.map_or(e.t, |x| x.min(e.t)));
+                        }
                     }
-                }
-                if *op == RegOp::Write {
-                    if *accepted {
+                    RegOp::Exit => {
+                        if let Some(h) = i.map(|i| &mut holds[i]) {
+                            h.exit = Some(h.exit.map_or(e.t, |x| x.max(e.t)));
+                        }
+                    }
+                    RegOp::Write if *accepted => {
                         totals.writes_accepted += 1;
-                    } else {
-                        totals.writes_rejected += 1;
+                        if let Some(i) = i {
+                            writes.push((e.t, holds[i].lock, i));
+                        }
                     }
+                    RegOp::Write => totals.writes_rejected += 1,
+                    RegOp::Read => {}
                 }
             }
             Kind::Leak { lock, state } => leaks.push((lock.as_str(), state.as_str())),
@@ -524,28 +644,43 @@ pub fn check(label: &str, events: &[Event], rules: &Rules) -> Report {
         if let Some(s) = rec.stop_open.take() {
             rec.stops.push((s, u64::MAX));
         }
-        for open in [rec.fault_cmd_open.take(), rec.fault_applied_open.take()]
-            .into_iter()
-            .flatten()
-        {
-            rec.faults.push((open, u64::MAX));
+        if let Some(s) = rec.fault_open.take() {
+            rec.faults.push((s, u64::MAX));
+        }
+    }
+    // A renewal or a loss belongs to the last hold of its token granted (sent)
+    // before it.
+    let hold_at = |p: u32, lock: &str, token: u64, t: u64| -> Option<usize> {
+        let list = grant_of.get(&(p, lock, token))?;
+        let before = list.partition_point(|&i| holds[i].sent <= t);
+        list.get(before.checked_sub(1)?).copied()
+    };
+    let renewals: Vec<(usize, u64)> = renewals
+        .into_iter()
+        .filter_map(|(p, lock, token, t)| Some((hold_at(p, lock, token, t)?, t)))
+        .collect();
+    let losses: Vec<(usize, u64, Reason)> = losses
+        .into_iter()
+        .filter_map(|(p, lock, token, t, r)| Some((hold_at(p, lock, token, t)?, t, r)))
+        .collect();
+    for (i, t) in renewals {
+        holds[i].proofs.push(t);
+    }
+    for (i, t, reason) in losses {
+        let h = &mut holds[i];
+        if h.lost.is_none_or(|(l, _)| t < l) {
+            h.lost = Some((t, reason));
         }
     }
     totals.processes = procs.keys().filter(|p| **p != COORDINATOR).count();
     let empty = ProcRec::default();
     let proc_of = |p: u32| procs.get(&p).unwrap_or(&empty);
-    // A grant whose process was paused between invoke and `ok`: its `ok` time says
-    // little about when it was granted.
-    let ok_unreliable = |h: &Hold| {
-        let invoked = invokes.get(&(h.proc_, h.att)).map_or(h.ok, |i| i.t);
-        proc_of(h.proc_).paused(invoked, h.ok)
-    };
 
-    for h in holds.values_mut() {
+    for h in &mut holds {
         let rec = proc_of(h.proc_);
         let mut end = h.released_at().unwrap_or(u64::MAX);
-        if let Some((l, _)) = &h.lost {
-            end = end.min(*l);
+        if let Some((l, _)) = h.lost {
+            end = end.min(l);
         }
         if let Some(k) = rec.kill {
             end = end.min(k);
@@ -557,20 +692,25 @@ pub fn check(label: &str, events: &[Event], rules: &Rules) -> Report {
             end = h.ok;
         }
         h.end = end.max(h.ok);
+        h.proofs.sort_unstable();
+        // A grant whose process was paused between invoke and `ok`: its `ok` time
+        // says little about when it was granted.
+        let invoked = invokes.get(&(h.proc_, h.att)).map_or(h.ok, |i| i.t);
+        h.ok_unreliable = rec.paused(invoked, h.ok);
+        h.pause_from_ok = rec.first_pause_from(h.ok);
         if h.lost_while_held().is_some() {
             totals.losses += 1;
         }
     }
+    let holds = holds;
 
     // Holds per lock, by ok time.
-    let mut by_lock: HashMap<&str, Vec<&Hold>> = HashMap::new();
-    for key in &hold_order {
-        if let Some(h) = holds.get(key) {
-            by_lock.entry(h.lock.as_str()).or_default().push(h);
-        }
+    let mut by_lock: HashMap<&str, Vec<usize>> = HashMap::new();
+    for (i, h) in holds.iter().enumerate() {
+        by_lock.entry(h.lock).or_default().push(i);
     }
     for list in by_lock.values_mut() {
-        list.sort_by_key(|h| (h.ok, h.key.clone()));
+        list.sort_by(|&a, &b| (holds[a].ok, holds[a].key).cmp(&(holds[b].ok, holds[b].key)));
     }
     let mut locks: Vec<&str> = by_lock.keys().copied().collect();
     locks.sort_unstable();
@@ -586,25 +726,44 @@ pub fn check(label: &str, events: &[Event], rules: &Rules) -> Report {
         unreachable!("seven classes");
     };
 
-    // 1. overlap
+    // 1. overlap. A hold the store could have let go before B's grant, held by a
+    // process that was not paused and not told, is a late loss (rule 4), not an
+    // overlap: `granted_over` keeps the first such B per A.
+    let mut granted_over: Vec<Option<usize>> = vec![None; holds.len()];
     for lock in &locks {
-        let mut active: Vec<&Hold> = Vec::new();
-        for &b in &by_lock[lock] {
-            active.retain(|a| a.end > b.ok);
-            for a in &active {
-                if a.key == b.key || !a.mode.conflicts(b.mode) {
+        let mut active: Vec<usize> = Vec::new();
+        for &bi in &by_lock[lock] {
+            let b = &holds[bi];
+            active.retain(|&ai| holds[ai].end > b.ok);
+            for &ai in &active {
+                let a = &holds[ai];
+                if !a.mode.conflicts(b.mode) {
                     continue;
                 }
-                if proc_of(a.proc_).paused(a.ok, b.ok) || ok_unreliable(b) {
+                // B may have been granted before A (its ok came late, and its token
+                // says it was the earlier grant).
+                if b.ok_unreliable && b.token < a.token {
                     overlap.excused += 1;
+                    continue;
+                }
+                let valid_until = a.valid_until(b.ok);
+                let renewed_after = a.renewed_within(b.ok, a.end.min(b.end));
+                if b.ok >= valid_until && !renewed_after {
+                    if a.pause_from_ok <= b.ok {
+                        overlap.excused += 1;
+                    } else if granted_over[ai].is_none() {
+                        granted_over[ai] = Some(bi);
+                    }
                     continue;
                 }
                 overlap.violation(lock, || {
                     format!(
-                        "{lock}: {} (token {}, ok {}, end {}) still held when {} (token {}) was granted at {}",
+                        "{lock}: {} (token {}, ok {}, store may let go at {}{}, end {}) still held when {} (token {}) was granted at {}",
                         a.key,
                         a.token,
                         at(a.ok, t0),
+                        at(valid_until, t0),
+                        if renewed_after { ", renewed after that grant" } else { "" },
                         at(a.end, t0),
                         b.key,
                         b.token,
@@ -612,84 +771,84 @@ pub fn check(label: &str, events: &[Event], rules: &Rules) -> Report {
                     )
                 });
             }
-            active.push(b);
+            active.push(bi);
         }
     }
 
-    // 2. stale writes
-    {
-        let mut max_accepted: HashMap<&str, u64> = HashMap::new();
-        let mut latest: HashMap<&str, (u64, u64, &str)> = HashMap::new();
-        for &(t, op, lock, token, hold, accepted) in &regs {
-            if op != RegOp::Write || !accepted {
-                continue;
-            }
-            if let Some(&m) = max_accepted.get(lock) {
-                if token < m {
-                    stale.violation(lock, || {
-                        format!("{lock}: register accepted token {token} from {hold} at {} after token {m}", at(t, t0))
-                    });
-                }
-            }
-            let m = max_accepted.entry(lock).or_insert(token);
-            *m = (*m).max(token);
-            let ok = holds.get(hold).map(|h| h.ok);
-            if let (Some(ok), Some(&(lt, lok, lhold))) = (ok, latest.get(lock)) {
-                let later = lt > token || (lt == token && lok > ok);
-                if lhold != hold && later {
-                    stale.violation(lock, || {
-                        format!(
-                            "{lock}: write of {hold} (token {token}, granted {}) accepted at {} after a write of the later grant {lhold} (token {lt}, granted {})",
-                            at(ok, t0),
-                            at(t, t0),
-                            at(lok, t0)
-                        )
-                    });
-                }
-            }
-            if let Some(ok) = ok {
-                let newer = latest
-                    .get(lock)
-                    .is_none_or(|&(lt, lok, _)| (token, ok) > (lt, lok));
-                if newer {
-                    latest.insert(lock, (token, ok, hold));
-                }
-            }
+    // 2. stale writes: per lock, the highest token granted so far (by ok time).
+    let mut max_token: HashMap<&str, Vec<u64>> = HashMap::new();
+    for lock in &locks {
+        let mut m = 0;
+        let maxes = by_lock[lock]
+            .iter()
+            .map(|&i| {
+                m = m.max(holds[i].token);
+                m
+            })
+            .collect();
+        max_token.insert(lock, maxes);
+    }
+    for &(t, lock, ai) in &writes {
+        let a = &holds[ai];
+        let list = &by_lock[lock];
+        let granted_before = list.partition_point(|&i| holds[i].ok < t);
+        let first_above = max_token[lock][..granted_before].partition_point(|&m| m <= a.token);
+        if first_above == granted_before {
+            continue;
         }
+        let b = &holds[list[first_above]];
+        if a.pause_from_ok <= t && b.ok >= a.valid_until(b.ok) {
+            stale.excused += 1;
+            continue;
+        }
+        stale.violation(lock, || {
+            format!(
+                "{lock}: write of {} (token {}) accepted at {}, after {} (token {}) was granted at {}",
+                a.key,
+                a.token,
+                at(t, t0),
+                b.key,
+                b.token,
+                at(b.ok, t0)
+            )
+        });
     }
 
-    // 3. token order
+    // 3. token order: tokens are unique per grant on every backend (shared grants
+    // included), whatever the timing; the order is judged on `ok` times.
     for lock in &locks {
         let mut max_all = 0u64;
         let mut max_exclusive = 0u64;
         let mut seen: HashMap<u64, &str> = HashMap::new();
-        for &h in &by_lock[lock] {
-            if ok_unreliable(h) {
-                token_order.excused += 1;
-                continue;
-            }
-            let floor = match h.mode {
-                Mode::Exclusive => max_all,
-                Mode::Shared => max_exclusive,
-            };
-            if let Some(other) = seen.get(&h.token) {
+        for &i in &by_lock[lock] {
+            let h = &holds[i];
+            if let Some(other) = seen.insert(h.token, h.key) {
                 token_order.violation(lock, || {
                     format!(
                         "{lock}: {} and {other} were both granted token {}",
                         h.key, h.token
                     )
                 });
-            } else if h.token <= floor {
-                token_order.violation(lock, || {
-                    format!(
-                        "{lock}: {} granted token {} at {}, not above the earlier token {floor}",
-                        h.key,
-                        h.token,
-                        at(h.ok, t0)
-                    )
-                });
+            } else {
+                let floor = match h.mode {
+                    Mode::Exclusive => max_all,
+                    Mode::Shared => max_exclusive,
+                };
+                if h.token <= floor {
+                    if h.ok_unreliable {
+                        token_order.excused += 1;
+                    } else {
+                        token_order.violation(lock, || {
+                            format!(
+                                "{lock}: {} granted token {} at {}, not above the earlier token {floor}",
+                                h.key,
+                                h.token,
+                                at(h.ok, t0)
+                            )
+                        });
+                    }
+                }
             }
-            seen.insert(h.token, h.key.as_str());
             max_all = max_all.max(h.token);
             if h.mode == Mode::Exclusive {
                 max_exclusive = max_exclusive.max(h.token);
@@ -697,38 +856,53 @@ pub fn check(label: &str, events: &[Event], rules: &Rules) -> Report {
         }
     }
 
-    // 4. late loss
+    // 4. late loss, and the loss margins.
     let mut margins: Vec<f64> = Vec::new();
     for lock in &locks {
         let list = &by_lock[lock];
-        for (i, a) in list.iter().enumerate() {
-            let Some(l) = a.lost_while_held() else {
-                continue;
-            };
-            let next = list[i + 1..]
-                .iter()
-                .find(|b| b.key != a.key && b.ok > a.ok && a.mode.conflicts(b.mode));
-            let Some(b) = next else { continue };
-            let margin = b.ok as f64 / 1e6 - l as f64 / 1e6;
-            if b.ok < l {
-                if proc_of(a.proc_).paused(a.ok, b.ok) || ok_unreliable(b) {
-                    late.excused += 1;
-                    continue;
+        for (pos, &ai) in list.iter().enumerate() {
+            let a = &holds[ai];
+            let lost = a.lost_while_held().filter(|_| !a.lost_at_ok);
+            // The lead of the lost signal before the next conflicting grant.
+            if let Some(l) = lost {
+                let next = list[pos + 1..]
+                    .iter()
+                    .map(|&i| &holds[i])
+                    .find(|b| b.ok > a.ok && a.mode.conflicts(b.mode));
+                if let Some(b) = next {
+                    margins.push(b.ok as f64 / 1e6 - l as f64 / 1e6);
                 }
-                late.violation(lock, || {
-                    format!(
-                        "{lock}: {} (token {}) was told of its loss ({}) at {}, {:.1} ms after {} (token {}) was granted",
-                        a.key,
-                        a.token,
-                        a.lost.as_ref().map_or("?", |(_, r)| r.as_str()),
-                        at(l, t0),
-                        -margin,
-                        b.key,
-                        b.token
-                    )
-                });
             }
-            margins.push(margin);
+            let told = lost.unwrap_or(a.end);
+            let valid_until = a.valid_until(told);
+            let late_signal = lost.is_some_and(|l| l > valid_until);
+            if !late_signal && granted_over[ai].is_none() {
+                continue;
+            }
+            if late_signal && proc_of(a.proc_).paused(a.proof_before(told), told) {
+                late.excused += 1;
+                continue;
+            }
+            late.violation(lock, || match granted_over[ai].map(|bi| &holds[bi]) {
+                Some(b) => format!(
+                    "{lock}: {} (token {}) could be let go at {}; {} (token {}) was granted at {}, and {} was not told before {}",
+                    a.key,
+                    a.token,
+                    at(a.valid_until(b.ok), t0),
+                    b.key,
+                    b.token,
+                    at(b.ok, t0),
+                    a.key,
+                    at(told, t0)
+                ),
+                None => format!(
+                    "{lock}: {} (token {}) was told of its loss at {}, after the store could let it go ({})",
+                    a.key,
+                    a.token,
+                    at(told, t0),
+                    at(valid_until, t0)
+                ),
+            });
         }
     }
     margins.sort_by(f64::total_cmp);
@@ -744,13 +918,21 @@ pub fn check(label: &str, events: &[Event], rules: &Rules) -> Report {
     {
         let hidden = rules.hidden_hold_ns;
         let mut occupied: HashMap<&str, Vec<(u64, u64)>> = HashMap::new();
-        for h in holds.values() {
+        for h in &holds {
             let rec = proc_of(h.proc_);
-            let released = h.released_at().unwrap_or_else(|| rec.end());
-            let exited = h.exit.unwrap_or_else(|| rec.end());
-            let end = released.max(exited).max(h.end).saturating_add(hidden);
+            let end = match h.confirmed_free_at() {
+                // The store said it was released: free from then on.
+                Some(freed) => freed.max(h.end),
+                // Dropped, unlock cancelled or failed, lost, killed: the store may keep
+                // it until its lease or session runs out.
+                None => {
+                    let released = h.released_at().unwrap_or_else(|| rec.end());
+                    let exited = h.exit.unwrap_or_else(|| rec.end());
+                    released.max(exited).max(h.end).saturating_add(hidden)
+                }
+            };
             occupied
-                .entry(h.lock.as_str())
+                .entry(h.lock)
                 .or_default()
                 .push((h.ok.min(h.enter.unwrap_or(h.ok)), end));
         }
@@ -758,66 +940,76 @@ pub fn check(label: &str, events: &[Event], rules: &Rules) -> Report {
             let rec = proc_of(key.0);
             let result = results.get(key);
             let until = result.map_or_else(|| rec.end(), |r| r.0);
+            // A grant the history may not show: cancelled, failed, or no answer.
             let hidden_grant = match result {
-                Some((_, why)) => why == "cancel" || why.starts_with("error"),
+                Some((_, Some(why))) => matches!(why, Why::Cancel | Why::Error(_) | Why::Hung),
+                Some((_, None)) => false,
                 None => true,
             };
             if hidden_grant || rec.paused(inv.t, until) {
                 occupied
-                    .entry(inv.lock.as_str())
+                    .entry(inv.lock)
                     .or_default()
                     .push((inv.t, until.saturating_add(hidden)));
             }
         }
-        let mut free: HashMap<&str, Vec<(u64, u64)>> = HashMap::new();
+        // Free stretches longer than the slack, per lock, in time order.
+        let mut long_gaps: HashMap<&str, Vec<(u64, u64)>> = HashMap::new();
         for (lock, mut spans) in occupied {
             spans.sort_unstable();
             let mut gaps = Vec::new();
-            let mut cursor = t0;
+            let mut cursor = 0u64;
             for (s, e) in spans {
-                if s > cursor {
+                if s > cursor.saturating_add(rules.starvation_slack_ns) {
                     gaps.push((cursor, s));
                 }
                 cursor = cursor.max(e);
             }
             gaps.push((cursor, u64::MAX));
-            free.insert(lock, gaps);
+            long_gaps.insert(lock, gaps);
         }
-        let mut waits: Vec<(&(u32, u64), &Invoke)> = invokes.iter().collect();
+        let unoccupied = [(0, u64::MAX)];
+        let mut waits: Vec<(&(u32, u64), &Invoke<'_>)> = invokes.iter().collect();
         waits.sort_by_key(|(k, i)| (i.t, **k));
         for (key, inv) in waits {
-            if inv.mode != Mode::Exclusive || inv.cancel || inv.op == "reenter" {
+            if inv.mode != Mode::Exclusive || inv.cancel || inv.op == Op::Reenter {
                 continue;
             }
-            let Some((done, why)) = results.get(key) else {
+            let Some(&(done, Some(why @ (Why::None | Why::Timeout)))) = results.get(key) else {
                 continue;
             };
-            if why != "none" && why != "timeout" {
-                continue;
-            }
             let rec = proc_of(key.0);
-            if rec.paused(inv.t, *done) || rec.faulted(inv.t, *done) {
+            if rec.paused(inv.t, done) || rec.faulted(inv.t, done) {
                 starvation.excused += 1;
                 continue;
             }
             // Only the wait it asked for counts (a slow answer is not starvation).
-            let until = (*done).min(inv.t.saturating_add(inv.wait_ns));
-            let gaps = free.get(inv.lock.as_str());
-            let longest = gaps
-                .into_iter()
-                .flatten()
-                .map(|&(s, e)| e.min(until).saturating_sub(s.max(inv.t)))
+            let until = done.min(inv.t.saturating_add(inv.wait_ns));
+            // A lock nobody ever occupied was free the whole wait.
+            let gaps = long_gaps
+                .get(inv.lock)
+                .map_or(&unoccupied[..], Vec::as_slice);
+            // Only the first two and the last gap overlapping the wait can be cut by
+            // it; any between lie wholly inside (and are long).
+            let from = gaps.partition_point(|g| g.1 <= inv.t);
+            let to = gaps.partition_point(|g| g.0 < until);
+            let clipped = |g: &(u64, u64)| g.1.min(until).saturating_sub(g.0.max(inv.t));
+            let longest = gaps[from..to.max(from)]
+                .iter()
+                .take(2)
+                .chain(gaps[from..to.max(from)].last())
+                .map(clipped)
                 .max()
                 .unwrap_or(0);
             if longest > rules.starvation_slack_ns {
-                starvation.violation(&inv.lock, || {
+                starvation.violation(inv.lock, || {
                     format!(
-                        "{}: p{} attempt {} waited {} – {} ({why}) while the lock was free for {:.1} ms",
+                        "{}: p{} attempt {} waited {} – {} ({why:?}) while the lock was free for {:.1} ms",
                         inv.lock,
                         key.0,
                         key.1,
                         at(inv.t, t0),
-                        at(*done, t0),
+                        at(done, t0),
                         longest as f64 / 1e6
                     )
                 });
@@ -834,20 +1026,24 @@ pub fn check(label: &str, events: &[Event], rules: &Rules) -> Report {
             key: &'a str,
         }
         let mut fair_waits: HashMap<&str, Vec<Wait<'_>>> = HashMap::new();
-        for (key, hold) in &ok_of_attempt {
-            let (Some(inv), Some(h)) = (invokes.get(key), holds.get(hold)) else {
+        for &(key, i) in &ok_of_attempt {
+            let (Some(inv), h) = (invokes.get(&key), &holds[i]) else {
                 continue;
             };
             // A grant, not a reentry, of a fair lock, by an attempt not cut short.
-            if !inv.fair || inv.cancel || inv.op == "reenter" || h.att != key.1 || h.proc_ != key.0
+            if !inv.fair
+                || inv.cancel
+                || inv.op == Op::Reenter
+                || h.att != key.1
+                || h.proc_ != key.0
             {
                 continue;
             }
-            fair_waits.entry(h.lock.as_str()).or_default().push(Wait {
+            fair_waits.entry(h.lock).or_default().push(Wait {
                 inv: inv.t,
                 ok: h.ok,
                 proc_: key.0,
-                key: h.key.as_str(),
+                key: h.key,
             });
         }
         let mut seen: HashSet<(&str, &str)> = HashSet::new();
@@ -856,14 +1052,16 @@ pub fn check(label: &str, events: &[Event], rules: &Rules) -> Report {
         for lock in fair_locks {
             let mut waits = fair_waits.remove(lock).unwrap_or_default();
             waits.sort_by_key(|w| (w.inv, w.key));
-            let holds_of_lock: &[&Hold] = by_lock.get(lock).map_or(&[], |v| v.as_slice());
-            for (i, c) in holds_of_lock.iter().enumerate() {
+            let holds_of_lock: &[usize] = by_lock.get(lock).map_or(&[], Vec::as_slice);
+            for (pos, &ci) in holds_of_lock.iter().enumerate() {
+                let c = &holds[ci];
                 // C surely held the lock until its end or the next grant to someone
                 // else, whichever came first (after an overlap the history's idea of
                 // C's hold is not to be trusted further).
-                let next = holds_of_lock[i + 1..]
+                let next = holds_of_lock[pos + 1..]
                     .iter()
-                    .find(|b| b.key != c.key && b.ok > c.ok)
+                    .map(|&i| &holds[i])
+                    .find(|b| b.ok > c.ok)
                     .map_or(u64::MAX, |b| b.ok);
                 let held_until = c.end.min(next);
                 if held_until == u64::MAX {

@@ -1,40 +1,52 @@
-//! The coordinator: starts the register and the workers (processes, or tasks for the
-//! in-process backends), runs the nemesis, waits for the workers, checks for leaks,
-//! gathers the histories and runs the checker.
+//! The coordinator: opens the backend, starts the register and the workers
+//! (processes, or tasks for the in-process backends), runs the nemesis, waits for the
+//! workers, checks for leaks, gathers the histories and runs the checker.
 
-use std::io::Write as _;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
-use std::sync::Arc;
+use std::process::{ExitStatus, Stdio};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use dlock_api::{DistributeLockManagerBuilder, LockState};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
+use tokio::io::AsyncWriteExt as _;
+use tokio::process::{Child, ChildStdin, Command};
+use tokio::task::JoinSet;
 
 use crate::backends;
-use crate::proxy::FaultProxy;
+use crate::conformance::eventually;
+use crate::proxy::{split_url, Fault, FaultProxy};
+use crate::TestBackend;
 
+use super::broken::Flaw;
 use super::check::{check, Report, Rules};
-use super::clients::{in_process, known, split_url, ClientSource, ServerStore, SharedStore};
 use super::history::{now_ns, read_file, Event, EventLog, Kind, COORDINATOR};
-use super::nemesis::{self, Choice, Cluster, Nemesis};
+use super::nemesis::{self, Choice, Nemesis};
 use super::register::Register;
-use super::workload::{lock_names, run_worker, WorkerSpec, LEASE, MAX_LEASE_MS, TASK_GRACE};
+use super::workload::{lock_names, run_worker, WorkerSpec, EXIT_GRACE, LEASE};
 
-/// How long workers may run past the deadline before they are killed (their own
-/// bound is [`TASK_GRACE`] plus closing their managers).
-const EXIT_GRACE: Duration = Duration::from_secs(40);
-/// Bound on opening the first client and on one inspect call.
+/// Bound on opening the backend (one round trip included).
 const CONNECT_BOUND: Duration = Duration::from_secs(20);
-/// Waiters' liveness on the stores that have it (Redis queue entries).
-const WAITER_LIVENESS: Duration = Duration::from_secs(3);
+/// Bound on one leak-check call (a pass of `live_state`, one `inspect`).
+const INSPECT_BOUND: Duration = Duration::from_secs(5);
+/// Added to the store's quiescence for its own timers and clock.
+const LEAK_SLACK: Duration = Duration::from_secs(2);
+/// The environment variable that gives a worker process the backend URL (not argv:
+/// a password in it would show in `ps`).
+pub const WORKER_URL_VAR: &str = "DLOCK_LOCKCHECK_URL";
+
+/// Whether `label` runs its "processes" as tasks of one process (its store cannot be
+/// shared between processes): `memory` and the broken backends.
+pub fn in_process(label: &str) -> bool {
+    label == "memory" || Flaw::of(label).is_some()
+}
 
 /// What to run.
 #[derive(Debug, Clone)]
 pub struct RunOptions {
-    /// Backend label (`backends::KNOWN` or `broken-memory`).
+    /// Backend label (`backends::KNOWN`, or a broken backend of `broken::Flaw::ALL`).
     pub label: String,
     /// How long the workload runs.
     pub duration: Duration,
@@ -57,9 +69,12 @@ pub struct RunOutcome {
     pub report: Report,
     /// Things worth telling (nemeses not applicable, workers killed, kept files).
     pub notes: Vec<String>,
+    /// The run directory, when kept.
+    pub kept: Option<PathBuf>,
 }
 
-/// The hidden `--worker` arguments of a worker process.
+/// The hidden `--worker` arguments of a worker process (the URL comes from
+/// [`WORKER_URL_VAR`]).
 #[derive(Debug, Clone)]
 pub struct WorkerArgs {
     /// Backend label.
@@ -78,15 +93,12 @@ pub struct WorkerArgs {
 /// fault proxies if asked), logging to `args.events`.
 pub async fn worker_process(args: WorkerArgs) -> Result<(), String> {
     let log = EventLog::create(&args.events, args.spec.proc_)?;
+    let shown = dlock_api::redact_url(&args.url);
     let mut url = args.url.clone();
     let mut _proxies = None;
     if args.proxy {
-        let split = split_url(&args.url).map_err(|e| {
-            format!(
-                "cannot put a proxy in front of {}: {e}",
-                dlock_api::redact_url(&args.url)
-            )
-        })?;
+        let split = split_url(&args.url)
+            .map_err(|e| format!("cannot put a proxy in front of {shown}: {e}"))?;
         let mut started = Vec::new();
         for host in &split.hosts {
             started.push(
@@ -101,24 +113,22 @@ pub async fn worker_process(args: WorkerArgs) -> Result<(), String> {
         nemesis::follow_commands(Arc::clone(&proxies), log.clone());
         _proxies = Some(proxies);
     }
-    let source: Arc<dyn ClientSource> = Arc::new(ServerStore {
-        label: args.label.clone(),
-        url,
-    });
-    run_worker(args.spec, source, log).await
+    let backend = open_backend(&args.label, url, &shown).await?;
+    run_worker(args.spec, backend, log).await
 }
 
-/// Removes a per-run SQLite file (made by `backends::server_url`) when dropped.
-struct SqliteFile(Option<String>);
-
-impl Drop for SqliteFile {
-    fn drop(&mut self) {
-        if let Some(path) = self.0.take() {
-            for suffix in ["", "-wal", "-shm"] {
-                let _ = std::fs::remove_file(format!("{path}{suffix}"));
-            }
-        }
-    }
+/// Opens the test backend for `label` at `url` (`shown`: the URL without secrets),
+/// bounded: an unreachable backend fails the run, it is never skipped.
+async fn open_backend(
+    label: &str,
+    url: String,
+    shown: &str,
+) -> Result<Arc<dyn TestBackend>, String> {
+    let unreachable = |e: String| format!("backend {label} at {shown} cannot be reached: {e}");
+    tokio::time::timeout(CONNECT_BOUND, backends::open_at(label, url))
+        .await
+        .map_err(|_| unreachable(format!("no answer within {CONNECT_BOUND:?}")))?
+        .map_err(|e| unreachable(e.to_string()))
 }
 
 /// Removes the run's history directory when dropped, unless kept.
@@ -135,22 +145,52 @@ impl Drop for RunDir {
     }
 }
 
+/// What every worker of a run shares: the seed, the namespace, the register.
+struct Plan {
+    seed: u64,
+    namespace: String,
+    register: SocketAddr,
+}
+
+impl Plan {
+    fn spec(&self, proc_: u32, duration: Duration) -> WorkerSpec {
+        WorkerSpec {
+            proc_,
+            seed: self.seed.wrapping_add(u64::from(proc_)),
+            duration,
+            namespace: self.namespace.clone(),
+            register: self.register,
+        }
+    }
+}
+
 /// Runs the checker end to end. `Err` means the run itself failed (backend
 /// unreachable, a worker that could not work, no grant at all); violations are in
 /// the report.
 pub async fn run(opts: &RunOptions) -> Result<RunOutcome, String> {
     let label = opts.label.as_str();
-    if !known(label) {
-        return Err(format!(
-            "unknown backend {label:?}; known: {}, broken-memory",
-            backends::KNOWN.join(", ")
-        ));
-    }
     if opts.processes == 0 {
         return Err("--processes must be at least 1".to_owned());
     }
+    let url = if in_process(label) {
+        String::new()
+    } else {
+        backends::server_url(label).ok_or_else(|| {
+            let broken: Vec<&str> = Flaw::ALL.iter().map(|(l, _)| *l).collect();
+            format!(
+                "unknown backend {label:?}; known: {}, {}",
+                backends::KNOWN.join(", "),
+                broken.join(", ")
+            )
+        })?
+    };
+    // Opened once: it probes the backend before any worker starts, serves the leak
+    // check, and owns a per-run SQLite file (removed when dropped).
+    let shown = dlock_api::redact_url(&url);
+    let backend = open_backend(label, url.clone(), &shown).await?;
+    let rules = Rules::for_label(label);
+
     let nonce = fastrand::u32(..);
-    let namespace = format!("lc{}-{nonce:08x}:", opts.seed);
     let dir = RunDir {
         path: std::env::temp_dir().join(format!(
             "lockcheck-{label}-{}-{}-{nonce:08x}",
@@ -163,7 +203,10 @@ pub async fn run(opts: &RunOptions) -> Result<RunOutcome, String> {
         .map_err(|e| format!("cannot create {}: {e}", dir.path.display()))?;
     let mut notes = Vec::new();
     if opts.keep {
-        notes.push(format!("histories kept in {}", dir.path.display()));
+        notes.push(format!(
+            "histories kept in {} (check again: lockcheck --backend {label} --check <dir>)",
+            dir.path.display()
+        ));
     }
     let coordinator_log = EventLog::create(&dir.path.join("coordinator.events"), COORDINATOR)?;
     let register = Register::start()
@@ -181,55 +224,45 @@ pub async fn run(opts: &RunOptions) -> Result<RunOutcome, String> {
         }
     }
 
-    let start = Instant::now();
-    let until = start + opts.duration;
-    let spec = |proc_: u32, duration: Duration| WorkerSpec {
-        proc_,
-        seed: opts.seed.wrapping_add(u64::from(proc_)),
-        duration,
+    let namespace = format!("lc{}-{nonce:08x}:", opts.seed);
+    let plan = Plan {
+        seed: opts.seed,
         namespace: namespace.clone(),
         register: register.addr(),
     };
-
-    let (source, _sqlite): (Arc<dyn ClientSource>, SqliteFile) = if in_process(label) {
-        let store = SharedStore::for_label(label).map_err(|e| e.to_string())?;
-        let source: Arc<dyn ClientSource> = Arc::new(store);
-        let mut workers = Vec::new();
+    let until = Instant::now() + opts.duration;
+    let bound = until + EXIT_GRACE;
+    if in_process(label) {
+        let mut workers = JoinSet::new();
         for i in 1..=opts.processes {
             let log = EventLog::create(&dir.path.join(format!("p{i}.events")), i)?;
-            workers.push((
-                i,
-                tokio::spawn(run_worker(spec(i, opts.duration), Arc::clone(&source), log)),
+            workers.spawn(run_worker(
+                plan.spec(i, opts.duration),
+                Arc::clone(&backend),
+                log,
             ));
         }
-        tokio::time::sleep_until(until.into()).await;
-        let bound = until + TASK_GRACE + Duration::from_secs(15);
         let mut failures = Vec::new();
-        for (i, worker) in workers {
-            match tokio::time::timeout_at(bound.into(), worker).await {
-                Ok(Ok(Ok(()))) => {}
-                Ok(Ok(Err(e))) => failures.push(e),
-                Ok(Err(e)) => failures.push(format!("virtual process {i} failed: {e}")),
-                Err(_) => failures.push(format!("virtual process {i} did not finish in time")),
+        loop {
+            match tokio::time::timeout_at(bound.into(), workers.join_next()).await {
+                Ok(Some(Ok(Ok(())))) => {}
+                Ok(Some(Ok(Err(e)))) => failures.push(e),
+                Ok(Some(Err(e))) => failures.push(format!("a virtual process failed: {e}")),
+                Ok(None) => break,
+                Err(_) => {
+                    failures.push(format!(
+                        "{} virtual process(es) still running {EXIT_GRACE:?} after the deadline",
+                        workers.len()
+                    ));
+                    workers.abort_all();
+                    break;
+                }
             }
         }
         if !failures.is_empty() {
             return Err(failures.join("; "));
         }
-        (source, SqliteFile(None))
     } else {
-        let url =
-            backends::server_url(label).ok_or_else(|| format!("no URL for backend {label}"))?;
-        let sqlite = SqliteFile(
-            url.strip_prefix("sqlite://")
-                .filter(|p| p.contains("dlock-test-"))
-                .map(str::to_owned),
-        );
-        let source: Arc<dyn ClientSource> = Arc::new(ServerStore {
-            label: label.to_owned(),
-            url: url.clone(),
-        });
-        probe(label, &url, source.as_ref()).await?;
         let exe = opts.worker_exe.clone().ok_or_else(|| {
             format!("backend {label} needs worker processes but no lockcheck binary was given")
         })?;
@@ -243,7 +276,7 @@ pub async fn run(opts: &RunOptions) -> Result<RunOutcome, String> {
             until,
             workers: Vec::new(),
             next: 1,
-            spec: Box::new(spec),
+            plan,
         };
         for _ in 0..opts.processes {
             procs.spawn_next(opts.duration)?;
@@ -257,19 +290,17 @@ pub async fn run(opts: &RunOptions) -> Result<RunOutcome, String> {
             LEASE,
         )
         .await;
-        let problems = procs.wait_all(until + EXIT_GRACE).await;
-        let injected = injected?;
-        if injected.kill > 0 {
+        let problems = procs.wait_all(bound).await;
+        let kills = injected?;
+        if kills > 0 {
             notes.push(format!(
-                "{} worker(s) SIGKILLed and replaced by the nemesis",
-                injected.kill
+                "{kills} worker(s) SIGKILLed and replaced by the nemesis"
             ));
         }
         if !problems.is_empty() {
             return Err(problems.join("; "));
         }
-        (source, sqlite)
-    };
+    }
 
     notes.push(format!(
         "workers done {:.1} s after the deadline",
@@ -279,117 +310,120 @@ pub async fn run(opts: &RunOptions) -> Result<RunOutcome, String> {
     ));
     // Leak check: every worker is gone and every manager closed.
     let leak_start = Instant::now();
-    let mut bound = Duration::from_millis(MAX_LEASE_MS) + WAITER_LIVENESS + Duration::from_secs(2);
-    if label.starts_with("zk") {
-        bound += Duration::from_secs(10);
-    }
-    leak_check(source.as_ref(), &namespace, bound, &coordinator_log).await?;
+    leak_check(
+        backend.as_ref(),
+        &namespace,
+        rules.quiescence() + LEAK_SLACK,
+        &coordinator_log,
+    )
+    .await?;
     notes.push(format!(
         "leak check took {:.1} s",
         leak_start.elapsed().as_secs_f64()
     ));
-    if let Some(e) = coordinator_log.error() {
-        return Err(e);
+    // The register's log joins the histories on disk, so a kept run can be checked
+    // again.
+    let register_log = EventLog::create(&dir.path.join("register.events"), COORDINATOR)?;
+    for event in register.log() {
+        register_log.log_event(&event);
     }
-
-    let mut events: Vec<Event> = register.log();
-    let entries = std::fs::read_dir(&dir.path)
-        .map_err(|e| format!("cannot list {}: {e}", dir.path.display()))?;
-    for entry in entries {
-        let path = entry
-            .map_err(|e| format!("cannot list {}: {e}", dir.path.display()))?
-            .path();
-        if path.extension().is_some_and(|x| x == "events") {
-            events.extend(read_file(&path)?);
+    for log in [&coordinator_log, &register_log] {
+        if let Some(e) = log.error() {
+            return Err(e);
         }
     }
-    let report = check(label, &events, &Rules::for_label(label));
+    let report = check_dir(label, &dir.path, &rules)?;
     if report.totals.grants == 0 {
         return Err(format!(
             "no lock was granted in the whole run: backend {label} did not work"
         ));
     }
-    Ok(RunOutcome { report, notes })
+    Ok(RunOutcome {
+        report,
+        notes,
+        kept: opts.keep.then(|| dir.path.clone()),
+    })
 }
 
-/// Opens a client and makes one round trip, so an unreachable backend fails the run
-/// before any worker starts.
-async fn probe(label: &str, url: &str, source: &dyn ClientSource) -> Result<(), String> {
-    let shown = dlock_api::redact_url(url);
-    let unreachable = |e: String| format!("backend {label} at {shown} cannot be reached: {e}");
-    let client = tokio::time::timeout(CONNECT_BOUND, source.open())
-        .await
-        .map_err(|_| unreachable(format!("no connection within {CONNECT_BOUND:?}")))?
-        .map_err(|e| unreachable(e.to_string()))?;
-    let manager = DistributeLockManagerBuilder::new(client)
-        .build()
-        .map_err(|e| unreachable(e.to_string()))?;
-    let answer = tokio::time::timeout(CONNECT_BOUND, manager.inspect("lockcheck-probe")).await;
-    manager.close().await;
-    answer
-        .map_err(|_| unreachable(format!("no answer within {CONNECT_BOUND:?}")))?
-        .map_err(|e| unreachable(e.to_string()))?;
-    Ok(())
+/// Checks the histories (`*.events`) of a run directory.
+pub fn check_dir(label: &str, dir: &Path, rules: &Rules) -> Result<Report, String> {
+    let mut events: Vec<Event> = Vec::new();
+    let entries =
+        std::fs::read_dir(dir).map_err(|e| format!("cannot list {}: {e}", dir.display()))?;
+    for entry in entries {
+        let path = entry
+            .map_err(|e| format!("cannot list {}: {e}", dir.display()))?
+            .path();
+        if path.extension().is_some_and(|x| x == "events") {
+            events.extend(read_file(&path)?);
+        }
+    }
+    Ok(check(label, &events, rules))
 }
 
-fn is_clean(state: &Option<LockState>) -> bool {
-    state
-        .as_ref()
-        .is_none_or(|s| s.holders.is_empty() && s.waiters.unwrap_or(0) == 0)
+fn is_clean(state: Option<&LockState>) -> bool {
+    state.is_none_or(|s| s.holders.is_empty() && s.waiters.unwrap_or(0) == 0)
 }
 
-/// Waits (at most `bound`) until no name of the run has holder or waiter state, then
-/// logs a `leak` event for every name that still has some.
+/// Waits (at most `bound`) until the store shows no holder or waiter state under the
+/// run's namespace, then inspects each name once to log a `leak` event for what is
+/// left.
 async fn leak_check(
-    source: &dyn ClientSource,
+    backend: &dyn TestBackend,
     namespace: &str,
     bound: Duration,
     log: &EventLog,
 ) -> Result<(), String> {
-    let client = tokio::time::timeout(CONNECT_BOUND, source.open())
+    // The last answer: live locks, or why there was none.
+    let last: Mutex<Result<usize, String>> = Mutex::new(Ok(0));
+    let quiet = eventually(bound, || async {
+        let answer = match tokio::time::timeout(INSPECT_BOUND, backend.live_state(namespace)).await
+        {
+            Ok(Ok(n)) => Ok(n),
+            Ok(Err(e)) => Err(format!("leak check: live state: {e}")),
+            Err(_) => Err(format!(
+                "leak check: live state did not answer within {INSPECT_BOUND:?}"
+            )),
+        };
+        // Done when nothing is left, or when the store cannot say.
+        let done = answer.as_ref().map_or(true, |n| *n == 0);
+        *last.lock().unwrap_or_else(PoisonError::into_inner) = answer;
+        done
+    })
+    .await;
+    let live = last.into_inner().unwrap_or_else(PoisonError::into_inner)?;
+    if quiet {
+        return Ok(());
+    }
+    let client = tokio::time::timeout(INSPECT_BOUND, backend.client())
         .await
-        .map_err(|_| "leak check: no connection to the backend".to_owned())?
+        .map_err(|_| "leak check: no client within the bound".to_owned())?
         .map_err(|e| format!("leak check: cannot open a client: {e}"))?;
     let manager = DistributeLockManagerBuilder::new(client)
         .namespace(namespace)
         .build()
         .map_err(|e| format!("leak check: {e}"))?;
-    let mut left: Vec<(&str, String)> = lock_names(manager.capabilities())
-        .into_iter()
-        .map(|n| (n, String::new()))
-        .collect();
-    let end = Instant::now() + bound;
-    let mut failure = None;
-    for _ in 0..10_000 {
-        let mut still = Vec::new();
-        for (name, _) in left {
-            match tokio::time::timeout(CONNECT_BOUND, manager.inspect(name)).await {
-                Ok(Ok(state)) if is_clean(&state) => {}
-                Ok(Ok(state)) => still.push((name, format!("{state:?}"))),
-                Ok(Err(e)) => {
-                    failure = Some(format!("leak check: inspect {name}: {e}"));
-                    still.push((name, String::new()));
-                }
-                Err(_) => {
-                    failure = Some(format!("leak check: inspect {name} did not answer"));
-                    still.push((name, String::new()));
-                }
-            }
-        }
-        left = still;
-        if left.is_empty() || Instant::now() >= end || failure.is_some() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    manager.close().await;
-    if let Some(e) = failure {
-        return Err(e);
-    }
-    for (name, state) in left {
+    let mut described = 0;
+    for name in lock_names(manager.capabilities()) {
+        let state = match tokio::time::timeout(INSPECT_BOUND, manager.inspect(name)).await {
+            Ok(Ok(state)) if is_clean(state.as_ref()) => continue,
+            Ok(Ok(state)) => format!("{state:?}"),
+            Ok(Err(e)) => format!("inspect failed: {e}"),
+            Err(_) => format!("inspect did not answer within {INSPECT_BOUND:?}"),
+        };
+        described += 1;
         log.log(Kind::Leak {
             lock: name.to_owned(),
             state: format!("still there {bound:?} after quiescence: {state}"),
+        });
+    }
+    manager.close().await;
+    if described == 0 {
+        log.log(Kind::Leak {
+            lock: "*".to_owned(),
+            state: format!(
+                "{live} lock(s) of the namespace still had holder or waiter state {bound:?} after quiescence"
+            ),
         });
     }
     Ok(())
@@ -404,10 +438,8 @@ struct Worker {
     status: Option<ExitStatus>,
 }
 
-type SpecFn<'a> = Box<dyn Fn(u32, Duration) -> WorkerSpec + Send + 'a>;
-
-/// The worker processes of a run.
-struct Procs<'a> {
+/// The worker processes of a run; the nemesis acts on them.
+pub(crate) struct Procs {
     exe: PathBuf,
     label: String,
     url: String,
@@ -417,14 +449,14 @@ struct Procs<'a> {
     until: Instant,
     workers: Vec<Worker>,
     next: u32,
-    spec: SpecFn<'a>,
+    plan: Plan,
 }
 
-impl Procs<'_> {
+impl Procs {
     fn spawn_next(&mut self, duration: Duration) -> Result<u32, String> {
         let id = self.next;
         self.next += 1;
-        let spec = (self.spec)(id, duration);
+        let spec = self.plan.spec(id, duration);
         let events = self.dir.join(format!("p{id}.events"));
         let stderr_path = self.dir.join(format!("p{id}.stderr"));
         let stderr = std::fs::File::create(&stderr_path)
@@ -435,8 +467,6 @@ impl Procs<'_> {
             .arg(id.to_string())
             .arg("--backend")
             .arg(&self.label)
-            .arg("--url")
-            .arg(&self.url)
             .arg("--register")
             .arg(spec.register.to_string())
             .arg("--seed")
@@ -447,9 +477,11 @@ impl Procs<'_> {
             .arg(&events)
             .arg("--namespace")
             .arg(&spec.namespace)
+            .env(WORKER_URL_VAR, &self.url)
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
-            .stderr(stderr);
+            .stderr(stderr)
+            .kill_on_drop(true);
         if self.proxy {
             command.arg("--proxy");
         }
@@ -468,15 +500,6 @@ impl Procs<'_> {
         Ok(id)
     }
 
-    fn reap(&mut self) {
-        for w in self.workers.iter_mut().filter(|w| w.status.is_none()) {
-            if let Ok(Some(status)) = w.child.try_wait() {
-                w.status = Some(status);
-                w.stdin = None;
-            }
-        }
-    }
-
     fn worker(&mut self, id: u32) -> Result<&mut Worker, String> {
         self.workers
             .iter_mut()
@@ -484,37 +507,110 @@ impl Procs<'_> {
             .ok_or_else(|| format!("no worker {id}"))
     }
 
+    /// Process numbers of the workers alive now.
+    pub(crate) fn live(&mut self) -> Vec<u32> {
+        for w in self.workers.iter_mut().filter(|w| w.status.is_none()) {
+            if let Ok(Some(status)) = w.child.try_wait() {
+                w.status = Some(status);
+                w.stdin = None;
+            }
+        }
+        self.workers
+            .iter()
+            .filter(|w| w.status.is_none())
+            .map(|w| w.id)
+            .collect()
+    }
+
+    /// Tells a worker to apply `fault` to its proxies.
+    pub(crate) async fn command(&mut self, proc_: u32, fault: Fault) -> Result<(), String> {
+        let w = self.worker(proc_)?;
+        let stdin = w
+            .stdin
+            .as_mut()
+            .ok_or_else(|| format!("worker p{proc_} has exited"))?;
+        let line = format!("{}{fault}\n", nemesis::FAULT_COMMAND);
+        let sent = async {
+            stdin.write_all(line.as_bytes()).await?;
+            stdin.flush().await
+        };
+        tokio::time::timeout(INSPECT_BOUND, sent)
+            .await
+            .map_err(|_| format!("worker p{proc_} does not read its commands"))?
+            .map_err(|e| format!("cannot tell worker p{proc_} {line:?}: {e}"))
+    }
+
+    /// SIGSTOP (`true`) or SIGCONT (`false`).
+    pub(crate) fn pause(&mut self, proc_: u32, stop: bool) -> Result<(), String> {
+        let w = self.worker(proc_)?;
+        let signal = if stop {
+            Signal::SIGSTOP
+        } else {
+            Signal::SIGCONT
+        };
+        let pid = w
+            .child
+            .id()
+            .and_then(|id| i32::try_from(id).ok())
+            .ok_or_else(|| format!("worker p{proc_} has exited"))?;
+        kill(Pid::from_raw(pid), signal).map_err(|e| format!("{signal} to worker p{proc_}: {e}"))
+    }
+
+    /// SIGKILLs a worker, waits for it, and starts a replacement; returns the new
+    /// worker's number, if one was started.
+    pub(crate) async fn kill_and_replace(&mut self, proc_: u32) -> Result<Option<u32>, String> {
+        let log = self.log.clone();
+        let w = self.worker(proc_)?;
+        w.killed = true;
+        w.child
+            .kill()
+            .await
+            .map_err(|e| format!("cannot SIGKILL worker p{proc_}: {e}"))?;
+        w.status = w.child.try_wait().ok().flatten();
+        w.stdin = None;
+        // Logged once reaped: every event the worker wrote is before this time.
+        log.log_event(&Event {
+            t: now_ns(),
+            proc_,
+            kind: Kind::Kill,
+        });
+        let left = self.until.saturating_duration_since(Instant::now());
+        if left < Duration::from_secs(1) {
+            return Ok(None);
+        }
+        self.spawn_next(left).map(Some)
+    }
+
     /// Waits for every worker until `bound`, kills those still running, and returns
     /// what went wrong (workers that failed or had to be killed).
     async fn wait_all(&mut self, bound: Instant) -> Vec<String> {
-        for _ in 0..100_000 {
-            self.reap();
-            if self.workers.iter().all(|w| w.status.is_some()) || Instant::now() >= bound {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
         let mut problems = Vec::new();
         for w in &mut self.workers {
+            w.stdin = None;
             if w.status.is_none() {
-                let _ = w.child.kill();
-                w.status = w.child.wait().ok();
-                w.stdin = None;
-                problems.push(format!(
-                    "worker p{} did not exit in time and was killed",
-                    w.id
-                ));
-                continue;
+                match tokio::time::timeout_at(bound.into(), w.child.wait()).await {
+                    Ok(status) => w.status = status.ok(),
+                    Err(_) => {
+                        let _ = w.child.kill().await;
+                        problems.push(format!(
+                            "worker p{} did not exit in time and was killed",
+                            w.id
+                        ));
+                        continue;
+                    }
+                }
             }
             if w.killed {
                 continue;
             }
-            if let Some(status) = w.status.filter(|s| !s.success()) {
-                problems.push(format!(
-                    "worker p{} failed ({status}): {}",
+            match w.status {
+                Some(status) if status.success() => {}
+                status => problems.push(format!(
+                    "worker p{} failed ({}): {}",
                     w.id,
+                    status.map_or_else(|| "no status".to_owned(), |s| s.to_string()),
                     tail(&w.stderr)
-                ));
+                )),
             }
         }
         problems
@@ -531,77 +627,5 @@ fn tail(path: &Path) -> String {
         "(no output)".to_owned()
     } else {
         shown
-    }
-}
-
-impl Drop for Procs<'_> {
-    fn drop(&mut self) {
-        for w in &mut self.workers {
-            if w.status.is_none() {
-                let _ = w.child.kill();
-                let _ = w.child.wait();
-            }
-        }
-    }
-}
-
-fn pid_of(child: &Child) -> Result<Pid, String> {
-    i32::try_from(child.id())
-        .map(Pid::from_raw)
-        .map_err(|_| format!("pid {} out of range", child.id()))
-}
-
-impl Cluster for Procs<'_> {
-    fn live(&mut self) -> Vec<u32> {
-        self.reap();
-        self.workers
-            .iter()
-            .filter(|w| w.status.is_none())
-            .map(|w| w.id)
-            .collect()
-    }
-
-    fn command(&mut self, proc_: u32, line: &str) -> Result<(), String> {
-        let w = self.worker(proc_)?;
-        let stdin = w
-            .stdin
-            .as_mut()
-            .ok_or_else(|| format!("worker p{proc_} has exited"))?;
-        stdin
-            .write_all(format!("{line}\n").as_bytes())
-            .and_then(|()| stdin.flush())
-            .map_err(|e| format!("cannot tell worker p{proc_} {line:?}: {e}"))
-    }
-
-    fn pause(&mut self, proc_: u32, stop: bool) -> Result<(), String> {
-        let w = self.worker(proc_)?;
-        let signal = if stop {
-            Signal::SIGSTOP
-        } else {
-            Signal::SIGCONT
-        };
-        kill(pid_of(&w.child)?, signal).map_err(|e| format!("{signal} to worker p{proc_}: {e}"))
-    }
-
-    fn kill_and_replace(&mut self, proc_: u32) -> Result<Option<u32>, String> {
-        let log = self.log.clone();
-        let w = self.worker(proc_)?;
-        w.killed = true;
-        w.child
-            .kill()
-            .map_err(|e| format!("cannot SIGKILL worker p{proc_}: {e}"))?;
-        w.status = w.child.wait().ok();
-        w.stdin = None;
-        // Logged once reaped: every event the worker wrote is before this time.
-        log.log_event(&Event {
-            t: now_ns(),
-            proc_,
-            kind: Kind::Kill,
-        });
-        let left = self.until.saturating_duration_since(Instant::now());
-        if left < Duration::from_secs(1) {
-            return Ok(None);
-        }
-        self.spawn_next(left).map(Some)
     }
 }

@@ -12,6 +12,10 @@ use std::io::Write as _;
 use std::path::Path;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
+use dlock_api::LostReason;
+
+use crate::proxy::Fault;
+
 /// The process number of the coordinator (nemesis, register and leak check events).
 pub const COORDINATOR: u32 = 0;
 
@@ -29,71 +33,145 @@ pub fn now_ns() -> u64 {
     }
 }
 
-/// Exclusive or shared, as the history records it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Mode {
-    /// One holder.
-    Exclusive,
-    /// Many holders together, none exclusive.
-    Shared,
+/// An `Instant` of this process on the history's clock.
+pub fn instant_ns(at: std::time::Instant) -> u64 {
+    let ago = std::time::Instant::now().saturating_duration_since(at);
+    now_ns().saturating_sub(u64::try_from(ago.as_nanos()).unwrap_or(u64::MAX))
+}
+
+/// A unit enum written as one word in the history.
+macro_rules! words {
+    ($(#[$m:meta])* $name:ident { $($(#[$vm:meta])* $variant:ident = $word:literal,)+ }) => {
+        $(#[$m])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum $name {
+            $($(#[$vm])* $variant,)+
+        }
+
+        impl $name {
+            /// The history's word.
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $($name::$variant => $word,)+
+                }
+            }
+
+            /// Parses the history's word.
+            pub fn parse(s: &str) -> Option<Self> {
+                match s {
+                    $($word => Some($name::$variant),)+
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+
+words! {
+    /// Exclusive or shared, as the history records it.
+    Mode {
+        /// One holder.
+        Exclusive = "x",
+        /// Many holders together, none exclusive.
+        Shared = "s",
+    }
 }
 
 impl Mode {
-    fn as_str(self) -> &'static str {
-        match self {
-            Mode::Exclusive => "x",
-            Mode::Shared => "s",
-        }
-    }
-
-    fn parse(s: &str) -> Option<Mode> {
-        match s {
-            "x" => Some(Mode::Exclusive),
-            "s" => Some(Mode::Shared),
-            _ => None,
-        }
-    }
-
     /// Whether holds in `self` and `other` exclude each other.
     pub fn conflicts(self, other: Mode) -> bool {
         self == Mode::Exclusive || other == Mode::Exclusive
     }
 }
 
-/// What the fenced register was asked.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RegOp {
-    /// A critical section begins.
-    Enter,
-    /// A write fenced by the token: accepted iff the token is ≥ every accepted one.
-    Write,
-    /// A read (shared holders); never refused.
-    Read,
-    /// A critical section ends.
-    Exit,
+words! {
+    /// What the fenced register was asked (also its protocol word).
+    RegOp {
+        /// A critical section begins.
+        Enter = "ENTER",
+        /// A write fenced by the token: accepted iff the token is ≥ every accepted one.
+        Write = "WRITE",
+        /// A read (shared holders); never refused.
+        Read = "READ",
+        /// A critical section ends.
+        Exit = "EXIT",
+    }
 }
 
-impl RegOp {
-    /// The protocol word.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RegOp::Enter => "ENTER",
-            RegOp::Write => "WRITE",
-            RegOp::Read => "READ",
-            RegOp::Exit => "EXIT",
-        }
+words! {
+    /// How an acquire was asked.
+    Op {
+        /// `try_lock(wait)`.
+        Try = "try",
+        /// `try_lock_with_lease(wait, lease)`.
+        Lease = "lease",
+        /// `lock()` bounded by a timeout.
+        Lock = "lock",
+        /// `lock_with_lease(lease)` bounded by a timeout.
+        LockLease = "lock-lease",
+        /// `try_lock(0)` on the handle of a hold it has (a reentry).
+        Reenter = "reenter",
     }
+}
 
-    /// Parses a protocol word.
-    pub fn parse(s: &str) -> Option<RegOp> {
-        match s {
-            "ENTER" => Some(RegOp::Enter),
-            "WRITE" => Some(RegOp::Write),
-            "READ" => Some(RegOp::Read),
-            "EXIT" => Some(RegOp::Exit),
-            _ => None,
-        }
+words! {
+    /// How a guard was released.
+    How {
+        /// `unlock()`, awaited.
+        Unlock = "unlock",
+        /// `unlock()`, dropped after 0–2 ms.
+        UnlockCancel = "unlock-cancel",
+        /// The guard dropped.
+        Drop = "drop",
     }
+}
+
+words! {
+    /// Why a hold was lost (`LostReason`).
+    Reason {
+        /// A renewal was refused.
+        NotOwner = "not_owner",
+        /// The lease passed without a renewal.
+        LeaseExpired = "lease_expired",
+        /// The session ended.
+        SessionExpired = "session_expired",
+        /// The manager was closed while the hold was held.
+        ManagerClosed = "manager_closed",
+        /// A reason this history does not know.
+        Other = "other",
+    }
+}
+
+impl From<LostReason> for Reason {
+    fn from(reason: LostReason) -> Self {
+        Reason::parse(reason.as_str()).unwrap_or(Reason::Other)
+    }
+}
+
+/// Why an acquire did not grant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Why {
+    /// It answered: not acquired.
+    None,
+    /// The workload's timeout around `lock()` ran out.
+    Timeout,
+    /// Dropped on purpose after a short timeout.
+    Cancel,
+    /// A `try_lock` that did not answer within its wait and a bound.
+    Hung,
+    /// It failed with an error of this kind.
+    Error(String),
+}
+
+/// How an `unlock()` ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// Released (the store confirmed, or another guard of the hold remains).
+    Ok,
+    /// Dropped before it answered.
+    Cancelled,
+    /// Failed with an error of this kind.
+    Error(String),
 }
 
 /// One thing that happened.
@@ -103,8 +181,7 @@ pub enum Kind {
     Start,
     /// A worker process finished its workload and closed its managers.
     Exit,
-    /// An acquire was invoked (`op`: try, lease, lock, lock-lease, reenter; `cancel`:
-    /// wrapped in a short timeout that drops it).
+    /// An acquire was invoked.
     Invoke {
         /// Attempt number, unique within the process.
         att: u64,
@@ -114,13 +191,11 @@ pub enum Kind {
         mode: Mode,
         /// Fair lock.
         fair: bool,
-        /// The task (`p<proc>.m<manager>.t<task>`).
-        client: String,
         /// The operation.
-        op: String,
+        op: Op,
         /// How long it may wait (ms).
         wait_ms: u64,
-        /// Dropped after a short timeout on purpose.
+        /// Wrapped in a short timeout that drops it.
         cancel: bool,
     },
     /// The acquire returned a guard (time: right after it returned).
@@ -131,57 +206,55 @@ pub enum Kind {
         lock: String,
         /// Mode.
         mode: Mode,
-        /// Fair lock.
-        fair: bool,
         /// Fencing token.
         token: u64,
         /// The hold (a grant and its reentrant guards share it): handle id `@` the
         /// hold's acquire time.
         hold: String,
-        /// The task.
-        client: String,
         /// The lease the hold was asked with (ms).
         lease_ms: u64,
+        /// When the granting attempt was sent (CLOCK_MONOTONIC ns): the store counts
+        /// the lease from no earlier than this.
+        sent: u64,
         /// The guard was already lost when it was handed out.
         lost: bool,
     },
-    /// The acquire did not grant (`why`: none, timeout, cancel, error:<kind>).
+    /// The acquire did not grant.
     Fail {
         /// Attempt number.
         att: u64,
         /// Lock name.
         lock: String,
         /// Why.
-        why: String,
+        why: Why,
     },
-    /// The hold's lost signal fired (time: when `lost()` completed).
+    /// The lost signal of the hold of `lock` with `token` fired (time: when the
+    /// manager set it, as its handlers are told).
     Lost {
-        /// The hold.
-        hold: String,
         /// Lock name.
         lock: String,
-        /// `LostReason` as a string.
-        reason: String,
-    },
-    /// The worker's view of a register write.
-    Write {
-        /// The hold.
-        hold: String,
-        /// Lock name.
-        lock: String,
-        /// Token written.
+        /// The hold's fencing token.
         token: u64,
-        /// The register's answer.
-        accepted: bool,
+        /// Why.
+        reason: Reason,
     },
-    /// A guard is about to be released (`how`: unlock, unlock-cancel, drop).
+    /// A watchdog renewal of the hold of `lock` with `token` succeeded; the event's
+    /// time is when the renewal was sent (the store keeps the hold at least a lease,
+    /// or a session timeout, from then).
+    Renewed {
+        /// Lock name.
+        lock: String,
+        /// The hold's fencing token.
+        token: u64,
+    },
+    /// A guard is about to be released.
     Release {
         /// The hold.
         hold: String,
         /// Lock name.
         lock: String,
         /// How.
-        how: String,
+        how: How,
     },
     /// An `unlock()` returned.
     Released {
@@ -189,13 +262,13 @@ pub enum Kind {
         hold: String,
         /// Lock name.
         lock: String,
-        /// `ok`, `cancelled` or the error kind.
-        result: String,
+        /// How it ended.
+        outcome: Outcome,
     },
-    /// A worker applied a proxy fault to its own connections (`pass` ends one).
+    /// A worker applied a proxy fault to its own connections (`pass` ends a window).
     Fault {
-        /// `delay:<ms>`, `blackhole`, `reset` or `pass`.
-        fault: String,
+        /// The fault.
+        fault: Fault,
     },
     /// The coordinator sent SIGSTOP to process `proc`.
     Stop,
@@ -203,11 +276,6 @@ pub enum Kind {
     Cont,
     /// The coordinator SIGKILLed process `proc` (time: once it was reaped).
     Kill,
-    /// The coordinator told process `proc` to apply a proxy fault.
-    ProxyCmd {
-        /// As in [`Kind::Fault`].
-        fault: String,
-    },
     /// The fenced register served a request (time: when it received it).
     Reg {
         /// The request.
@@ -268,7 +336,6 @@ impl Event {
                 lock,
                 mode,
                 fair,
-                client,
                 op,
                 wait_ms,
                 cancel,
@@ -277,8 +344,7 @@ impl Event {
                 kv("lock", lock);
                 kv("mode", mode.as_str());
                 kv("fair", b(*fair));
-                kv("client", client);
-                kv("op", op);
+                kv("op", op.as_str());
                 kv("wait", &wait_ms.to_string());
                 kv("cancel", b(*cancel));
                 "invoke"
@@ -287,71 +353,76 @@ impl Event {
                 att,
                 lock,
                 mode,
-                fair,
                 token,
                 hold,
-                client,
                 lease_ms,
+                sent,
                 lost,
             } => {
                 kv("att", &att.to_string());
                 kv("lock", lock);
                 kv("mode", mode.as_str());
-                kv("fair", b(*fair));
                 kv("token", &token.to_string());
                 kv("hold", hold);
-                kv("client", client);
                 kv("lease", &lease_ms.to_string());
+                kv("sent", &sent.to_string());
                 kv("lost", b(*lost));
                 "ok"
             }
             Kind::Fail { att, lock, why } => {
                 kv("att", &att.to_string());
                 kv("lock", lock);
-                kv("why", why);
+                match why {
+                    Why::None => kv("why", "none"),
+                    Why::Timeout => kv("why", "timeout"),
+                    Why::Cancel => kv("why", "cancel"),
+                    Why::Hung => kv("why", "hung"),
+                    Why::Error(kind) => kv("why", &format!("error:{kind}")),
+                }
                 "fail"
             }
-            Kind::Lost { hold, lock, reason } => {
-                kv("hold", hold);
-                kv("lock", lock);
-                kv("reason", reason);
-                "lost"
-            }
-            Kind::Write {
-                hold,
+            Kind::Lost {
                 lock,
                 token,
-                accepted,
+                reason,
             } => {
-                kv("hold", hold);
                 kv("lock", lock);
                 kv("token", &token.to_string());
-                kv("accepted", b(*accepted));
-                "write"
+                kv("reason", reason.as_str());
+                "lost"
+            }
+            Kind::Renewed { lock, token } => {
+                kv("lock", lock);
+                kv("token", &token.to_string());
+                "renewed"
             }
             Kind::Release { hold, lock, how } => {
                 kv("hold", hold);
                 kv("lock", lock);
-                kv("how", how);
+                kv("how", how.as_str());
                 "release"
             }
-            Kind::Released { hold, lock, result } => {
+            Kind::Released {
+                hold,
+                lock,
+                outcome,
+            } => {
                 kv("hold", hold);
                 kv("lock", lock);
-                kv("result", result);
+                match outcome {
+                    Outcome::Ok => kv("result", "ok"),
+                    Outcome::Cancelled => kv("result", "cancelled"),
+                    Outcome::Error(kind) => kv("result", &format!("error:{kind}")),
+                }
                 "released"
             }
             Kind::Fault { fault } => {
-                kv("fault", fault);
+                kv("fault", &fault.to_string());
                 "fault"
             }
             Kind::Stop => "stop",
             Kind::Cont => "cont",
             Kind::Kill => "kill",
-            Kind::ProxyCmd { fault } => {
-                kv("fault", fault);
-                "proxy"
-            }
             Kind::Reg {
                 op,
                 lock,
@@ -389,27 +460,15 @@ impl Event {
             .ok_or_else(|| bad("process"))?;
         let name = parts.next().ok_or_else(|| bad("kind"))?;
         let fields: HashMap<&str, &str> = parts.filter_map(|p| p.split_once('=')).collect();
-        let s = |k: &str| -> Result<String, String> {
-            fields.get(k).map(|v| (*v).to_owned()).ok_or_else(|| bad(k))
-        };
-        let n = |k: &str| -> Result<u64, String> {
-            fields
-                .get(k)
-                .and_then(|v| v.parse().ok())
-                .ok_or_else(|| bad(k))
-        };
+        let field = |k: &str| fields.get(k).copied().ok_or_else(|| bad(k));
+        let s = |k: &str| field(k).map(str::to_owned);
+        let n = |k: &str| -> Result<u64, String> { field(k)?.parse().map_err(|_| bad(k)) };
         let flag = |k: &str| -> Result<bool, String> {
-            match fields.get(k) {
-                Some(&"1") => Ok(true),
-                Some(&"0") => Ok(false),
+            match field(k)? {
+                "1" => Ok(true),
+                "0" => Ok(false),
                 _ => Err(bad(k)),
             }
-        };
-        let mode = || -> Result<Mode, String> {
-            fields
-                .get("mode")
-                .and_then(|v| Mode::parse(v))
-                .ok_or_else(|| bad("mode"))
         };
         let kind = match name {
             "start" => Kind::Start,
@@ -417,60 +476,74 @@ impl Event {
             "invoke" => Kind::Invoke {
                 att: n("att")?,
                 lock: s("lock")?,
-                mode: mode()?,
+                mode: Mode::parse(field("mode")?).ok_or_else(|| bad("mode"))?,
                 fair: flag("fair")?,
-                client: s("client")?,
-                op: s("op")?,
+                op: Op::parse(field("op")?).ok_or_else(|| bad("op"))?,
                 wait_ms: n("wait")?,
                 cancel: flag("cancel")?,
             },
             "ok" => Kind::Ok {
                 att: n("att")?,
                 lock: s("lock")?,
-                mode: mode()?,
-                fair: flag("fair")?,
+                mode: Mode::parse(field("mode")?).ok_or_else(|| bad("mode"))?,
                 token: n("token")?,
                 hold: s("hold")?,
-                client: s("client")?,
                 lease_ms: n("lease")?,
+                sent: n("sent")?,
                 lost: flag("lost")?,
             },
             "fail" => Kind::Fail {
                 att: n("att")?,
                 lock: s("lock")?,
-                why: s("why")?,
+                why: match field("why")? {
+                    "none" => Why::None,
+                    "timeout" => Why::Timeout,
+                    "cancel" => Why::Cancel,
+                    "hung" => Why::Hung,
+                    other => Why::Error(
+                        other
+                            .strip_prefix("error:")
+                            .ok_or_else(|| bad("why"))?
+                            .to_owned(),
+                    ),
+                },
             },
             "lost" => Kind::Lost {
-                hold: s("hold")?,
-                lock: s("lock")?,
-                reason: s("reason")?,
-            },
-            "write" => Kind::Write {
-                hold: s("hold")?,
                 lock: s("lock")?,
                 token: n("token")?,
-                accepted: flag("accepted")?,
+                reason: Reason::parse(field("reason")?).ok_or_else(|| bad("reason"))?,
+            },
+            "renewed" => Kind::Renewed {
+                lock: s("lock")?,
+                token: n("token")?,
             },
             "release" => Kind::Release {
                 hold: s("hold")?,
                 lock: s("lock")?,
-                how: s("how")?,
+                how: How::parse(field("how")?).ok_or_else(|| bad("how"))?,
             },
             "released" => Kind::Released {
                 hold: s("hold")?,
                 lock: s("lock")?,
-                result: s("result")?,
+                outcome: match field("result")? {
+                    "ok" => Outcome::Ok,
+                    "cancelled" => Outcome::Cancelled,
+                    other => Outcome::Error(
+                        other
+                            .strip_prefix("error:")
+                            .ok_or_else(|| bad("result"))?
+                            .to_owned(),
+                    ),
+                },
             },
-            "fault" => Kind::Fault { fault: s("fault")? },
+            "fault" => Kind::Fault {
+                fault: field("fault")?.parse().map_err(|_| bad("fault"))?,
+            },
             "stop" => Kind::Stop,
             "cont" => Kind::Cont,
             "kill" => Kind::Kill,
-            "proxy" => Kind::ProxyCmd { fault: s("fault")? },
             "reg" => Kind::Reg {
-                op: fields
-                    .get("op")
-                    .and_then(|v| RegOp::parse(v))
-                    .ok_or_else(|| bad("op"))?,
+                op: RegOp::parse(field("op")?).ok_or_else(|| bad("op"))?,
                 lock: s("lock")?,
                 token: n("token")?,
                 hold: s("hold")?,
@@ -528,11 +601,6 @@ impl EventLog {
         })
     }
 
-    /// The process this log belongs to.
-    pub fn proc_(&self) -> u32 {
-        self.proc_
-    }
-
     /// Logs `kind` now.
     pub fn log(&self, kind: Kind) {
         self.log_at(now_ns(), kind);
@@ -565,48 +633,91 @@ impl EventLog {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     #[test]
     fn lines_round_trip() {
-        let events = [
-            Event {
-                t: 5,
-                proc_: 2,
-                kind: Kind::Ok {
-                    att: 3,
-                    lock: "x0".into(),
-                    mode: Mode::Shared,
-                    fair: true,
-                    token: 9,
-                    hold: "p2.m0.t1.x0@77".into(),
-                    client: "p2.m0.t1".into(),
-                    lease_ms: 2000,
-                    lost: false,
-                },
+        let kinds = [
+            Kind::Start,
+            Kind::Invoke {
+                att: 3,
+                lock: "x0".into(),
+                mode: Mode::Exclusive,
+                fair: true,
+                op: Op::LockLease,
+                wait_ms: 200,
+                cancel: true,
             },
-            Event {
-                t: 6,
-                proc_: 0,
-                kind: Kind::Stop,
+            Kind::Ok {
+                att: 3,
+                lock: "x0".into(),
+                mode: Mode::Shared,
+                token: 9,
+                hold: "p2.m0.t1.x0@77".into(),
+                lease_ms: 2000,
+                sent: 4,
+                lost: false,
             },
-            Event {
-                t: 7,
-                proc_: 0,
-                kind: Kind::Fail {
-                    att: 1,
-                    lock: "x1".into(),
-                    why: "error:backend\tx".into(),
-                },
+            Kind::Fail {
+                att: 1,
+                lock: "x1".into(),
+                why: Why::Error("backend".into()),
+            },
+            Kind::Fail {
+                att: 2,
+                lock: "x1".into(),
+                why: Why::Hung,
+            },
+            Kind::Lost {
+                lock: "x1".into(),
+                token: 5,
+                reason: Reason::from(LostReason::SessionExpired),
+            },
+            Kind::Renewed {
+                lock: "x1".into(),
+                token: 5,
+            },
+            Kind::Release {
+                hold: "h".into(),
+                lock: "x1".into(),
+                how: How::UnlockCancel,
+            },
+            Kind::Released {
+                hold: "h".into(),
+                lock: "x1".into(),
+                outcome: Outcome::Error("lock_lost".into()),
+            },
+            Kind::Fault {
+                fault: Fault::Delay(Duration::from_millis(120)),
+            },
+            Kind::Kill,
+            Kind::Reg {
+                op: RegOp::Write,
+                lock: "x1".into(),
+                token: 5,
+                hold: "h".into(),
+                accepted: false,
+            },
+            Kind::Leak {
+                lock: "x1".into(),
+                state: "holders\t1".into(),
             },
         ];
-        for e in &events {
+        for kind in kinds {
+            let e = Event {
+                t: 5,
+                proc_: 2,
+                kind,
+            };
             let back = Event::parse(&e.to_line()).unwrap();
-            if let Kind::Fail { why, .. } = &back.kind {
-                assert_eq!(why, "error:backend x");
+            if let Kind::Leak { state, .. } = &back.kind {
+                assert_eq!(state, "holders 1");
             } else {
-                assert_eq!(&back, e);
+                assert_eq!(back, e);
             }
         }
+        assert!(Event::parse("5\t2\tok\tatt=1").is_err());
     }
 }

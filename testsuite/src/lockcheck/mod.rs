@@ -4,41 +4,48 @@
 //! while a nemesis injects faults; every critical section writes to a fenced register
 //! outside the lock store; afterwards a pure checker reads every history and reports
 //! violations by class. It is proven able to fail: against the `broken-memory`
-//! backend (a release that ignores its owner) it reports overlapping holds.
+//! backend (a release that ignores its owner) it reports overlapping holds and stale
+//! writes, against `broken-tokens` token-order violations, against `broken-starve`
+//! starvation ([`broken::Flaw`]).
 //!
 //! # Running it
 //!
 //! ```text
 //! cargo run -p testsuite --bin lockcheck -- --backend redis --seconds 20 --seed 7 \
 //!     [--processes 3] [--nemesis none|proxy|stop|kill|all] [--soak] [--keep]
+//! cargo run -p testsuite --bin lockcheck -- --backend redis --check <kept dir>
 //! ```
 //!
-//! * `--backend`: a label of `DLOCK_TEST_BACKENDS` (`memory`, `sqlite`, `mysql`,
-//!   `postgres`, `redis`, `redis-polling`, `redis-cluster`, `redis-tls`,
-//!   `redis-cluster-tls`, `zk`, `zk-ensemble`) or `broken-memory`. The URL is the
-//!   conformance suite's (`DLOCK_<LABEL>_URL` or the local default); a backend that
-//!   cannot be reached fails the run (exit 2), it is never skipped.
+//! * `--backend`: a conformance label ([`crate::backends::KNOWN`]) or a broken
+//!   backend (`broken-memory`, `broken-tokens`, `broken-starve`), opened by [`crate::backends::open_at`] at the conformance
+//!   suite's URL ([`crate::backends::server_url`]); a backend that cannot be reached
+//!   fails the run (exit 2), it is never skipped.
 //! * `--seconds` (default 10), `--seed` (default: random, printed), `--processes`
 //!   (default 3), `--nemesis` (default `none`; `all` rotates every applicable kind).
 //! * `--soak`: a long run — 600 s with every nemesis unless given otherwise.
-//! * `--keep`: keep the history files (their directory is printed).
+//! * `--keep`: keep the history files (their directory is printed); `--check <dir>`
+//!   runs the checker on them again.
 //!
 //! Exit status: 0 no violation, 1 violations, 2 the run itself failed. The last line
 //! printed is `lockcheck: <label> ops=… grants=… faults=… violations=… (…)`.
 //!
-//! The integration test `testsuite/tests/lockcheck.rs` runs the self-test (broken
-//! backend caught, memory clean), the checker's rules on hand-made histories, and a
-//! bounded pass (6 s, 3 processes, the `stop` nemesis) on every label of
-//! `DLOCK_TEST_BACKENDS`.
+//! The integration test `testsuite/tests/lockcheck.rs` runs the checker's rules on
+//! hand-made histories (exact counts), the self-tests (each broken backend caught by
+//! its rule within a few seeds, memory clean, a kept run checked again), and a
+//! bounded pass (6 s, 3 processes, the `stop` nemesis; grants and faults required)
+//! on every server label of `DLOCK_TEST_BACKENDS`.
 //!
 //! # Processes
 //!
-//! The coordinator picks the backend URL once (for SQLite a fresh file, removed at
-//! the end), starts the [fenced register](register), and re-executes its own binary
-//! as K worker processes (`--worker …`, hidden flags) that all use that URL and one
-//! namespace `lc<seed>-<nonce>:`. The in-process backends (`memory`,
-//! `broken-memory`) cannot be shared between processes: their workers are tasks of
-//! the coordinator sharing one store, with the same logging and checker.
+//! The coordinator opens the backend once at its URL (for SQLite a fresh file, which
+//! that test backend removes at the end), starts the [fenced register](register),
+//! and re-executes its own binary as K worker processes (`--worker …`, hidden flags;
+//! the URL in the environment, not in `ps`) that all open the same URL and use one
+//! namespace `lc<seed>-<nonce>:`. Workers take their clients from a
+//! [`TestBackend`](crate::TestBackend), as conformance cases do. The in-process
+//! backends (`memory`, the broken ones) cannot be shared between processes: their
+//! workers are tasks of the coordinator sharing its test backend's store, with the
+//! same logging and checker.
 //!
 //! # Workload ([`workload`])
 //!
@@ -47,15 +54,20 @@
 //! backend has fair locks) and a read-write name (when it has shared locks). Each
 //! task loops until the deadline choosing at random: `try_lock(0–300 ms)`,
 //! `try_lock_with_lease(…, 1–3 s)`, `lock()` / `lock_with_lease` bounded by a timeout
-//! (0.2–8 s); 12 % of acquires are cancelled by a 0–50 ms timeout. The tasks of a
+//! (0.2–8 s) — half of them with an explicit lease where the backend takes one (not
+//! ZooKeeper, which ties holds to the session); 12 % of acquires are cancelled by a
+//! 0–50 ms timeout. The tasks of a
 //! manager share (clone) one handle of `x2`, so clones re-enter each other's holds;
 //! 15 % of holds also re-enter on their own handle and release that. A critical
 //! section logs `ok`, ENTERs the register, writes with its fencing token (shared
 //! holds read), holds 0–20 ms (sometimes up to 600 ms, or 0.5–1.5× an explicit lease
-//! so that leases run out), stops at once if `is_lost()`, maybe writes again, EXITs,
+//! so that leases run out), stops at once when the lost signal fires, maybe writes
+//! again unless lost, EXITs,
 //! logs the release and releases by `unlock()`, by an `unlock()` cancelled after
 //! 0–2 ms, or by `drop`; then often locks again at once with the same handle (the
-//! ordinary loop). A task per hold records the instant its lost signal fires.
+//! ordinary loop). A handler on every manager logs each lost signal at the instant
+//! the manager sets it, and each successful watchdog renewal with its send time (the
+//! checker's proof that the store still had the hold).
 //!
 //! # Nemeses ([`nemesis`])
 //!
@@ -73,16 +85,17 @@
 //!
 //! # After the run
 //!
-//! The coordinator waits for the workers (at most `--seconds` + 40 s; one still
-//! running is killed and the run fails), then opens its own client and inspects
-//! every lock name of the run until no holder or waiter state is left, for at most
-//! the longest lease + the waiter liveness (+ the session timeout for ZooKeeper): a
-//! SIGKILLed worker's holds legitimately live until their lease ends. What survives
-//! is reported as a leak.
+//! The coordinator waits for the workers (at most `--seconds` +
+//! [`workload::EXIT_GRACE`]; one still running is killed and the run fails), then
+//! polls its test backend's `live_state` of the run's namespace until nothing is
+//! left, for at most [`Rules::quiescence`] (the longest lease, the session timeout on
+//! ZooKeeper, a lapsing Redis queue) + 2 s: a SIGKILLed worker's holds legitimately
+//! live until their lease ends. What survives is inspected name by name and
+//! reported as a leak.
 //!
 //! # Rules
 //!
-//! See [`check`] for the exact rules: overlap, stale-write, token-order, late-loss,
+//! See [`mod@check`] for the exact rules: overlap, stale-write, token-order, late-loss,
 //! leak, starvation, fair-order; holds of SIGSTOPped processes are excused from the
 //! rules that need the holder to be told in time, and counted apart.
 //!
@@ -90,11 +103,11 @@
 //!
 //! One tab-separated line per event, CLOCK_MONOTONIC nanoseconds, one file per
 //! process written with one `write` per line (a SIGKILL loses nothing logged), plus
-//! the coordinator's nemesis and leak events and the register's own log.
+//! the coordinator's nemesis and leak events and the register's own log
+//! (`register.events`), all in the run directory.
 
 pub mod broken;
 pub mod check;
-pub mod clients;
 pub mod coordinator;
 pub mod history;
 pub mod nemesis;

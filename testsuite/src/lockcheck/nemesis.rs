@@ -1,7 +1,7 @@
 //! Nemeses: faults injected into a run's workers while they work.
 //!
 //! Each kind is an enum variant with its own applicability rule and its own step in
-//! [`run`]; server restart, replica promotion and ZooKeeper session expiry are meant
+//! `run`; server restart, replica promotion and ZooKeeper session expiry are meant
 //! to be added as further variants. Every loop here is bounded by the run's deadline
 //! and by a step count.
 
@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use crate::proxy::{Fault, FaultProxy};
 
-use super::clients::{in_process, proxy_not_applicable};
-use super::history::{EventLog, Kind};
+use super::coordinator::{in_process, Procs};
+use super::history::{now_ns, Event, EventLog, Kind};
 
 /// What `--nemesis` asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -92,7 +92,17 @@ impl Nemesis {
     /// Why this kind cannot be used with `label`, if it cannot.
     pub fn not_applicable(self, label: &str) -> Option<String> {
         match self {
-            Nemesis::Proxy => proxy_not_applicable(label).map(str::to_owned),
+            Nemesis::Proxy if in_process(label) => {
+                Some("in-process backend, no connection to fault".to_owned())
+            }
+            Nemesis::Proxy => match label {
+                "sqlite" => Some("a local file, no connection to fault"),
+                "redis-cluster" | "redis-cluster-tls" => {
+                    Some("cluster redirects name the nodes' own addresses and bypass a proxy")
+                }
+                _ => None,
+            }
+            .map(str::to_owned),
             Nemesis::Stop | Nemesis::Kill if in_process(label) => {
                 Some("its workers are tasks of one process".to_owned())
             }
@@ -101,45 +111,25 @@ impl Nemesis {
     }
 }
 
-/// What the nemesis can do to the workers (the coordinator's process table).
-pub trait Cluster: Send {
-    /// Process numbers of the workers alive now.
-    fn live(&mut self) -> Vec<u32>;
-    /// Sends a control line to a worker (proxy faults).
-    fn command(&mut self, proc_: u32, line: &str) -> Result<(), String>;
-    /// SIGSTOP (`true`) or SIGCONT (`false`).
-    fn pause(&mut self, proc_: u32, stop: bool) -> Result<(), String>;
-    /// SIGKILLs a worker, waits for it, and starts a replacement; returns the new
-    /// worker's number, if one was started.
-    fn kill_and_replace(&mut self, proc_: u32) -> Result<Option<u32>, String>;
-}
+/// The prefix of a fault command on a worker's stdin (`fault <Fault>`).
+pub const FAULT_COMMAND: &str = "fault ";
 
-/// How many faults of each kind were injected.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct Injected {
-    /// Proxy fault windows.
-    pub proxy: u32,
-    /// SIGSTOP/SIGCONT pairs.
-    pub stop: u32,
-    /// SIGKILLs.
-    pub kill: u32,
-}
-
-/// Injects `kinds` in rotation into random live workers until `until`, logging every
-/// action in `log` (on the target's process number). `lease` scales the windows.
-pub async fn run(
+/// Injects `kinds` in rotation into random live workers until `until`, logging
+/// SIGSTOP, SIGCONT and SIGKILL in `log` (on the target's process number; proxy
+/// faults are logged by the worker that applies them). `lease` scales the windows.
+/// Returns how many workers were SIGKILLed.
+pub(crate) async fn run(
     kinds: &[Nemesis],
-    cluster: &mut dyn Cluster,
+    procs: &mut Procs,
     log: &EventLog,
     seed: u64,
     until: Instant,
     lease: Duration,
-) -> Result<Injected, String> {
-    let mut injected = Injected::default();
+) -> Result<u32, String> {
+    let mut kills = 0;
     let mut rng = fastrand::Rng::with_seed(seed ^ 0x6e65_6d65_7369_7321);
     if kinds.is_empty() {
-        tokio::time::sleep_until(until.into()).await;
-        return Ok(injected);
+        return Ok(kills);
     }
     for step in 0..10_000usize {
         let gap = Duration::from_millis(rng.u64(300..=1500));
@@ -147,66 +137,39 @@ pub async fn run(
             break;
         }
         tokio::time::sleep(gap).await;
-        let live = cluster.live();
+        let live = procs.live();
         if live.is_empty() {
             continue;
         }
         let target = live[rng.usize(..live.len())];
         match kinds[step % kinds.len()] {
             Nemesis::Proxy => {
-                let (line, window) = match rng.u32(0..3) {
-                    0 => {
-                        let ms = rng.u64(50..=300);
-                        (format!("fault delay {ms}"), rng.u64(500..=2000))
-                    }
-                    1 => {
-                        let lease_ms = u64::try_from(lease.as_millis()).unwrap_or(2000);
-                        (
-                            "fault blackhole".to_owned(),
-                            rng.u64(lease_ms / 2..=lease_ms * 2),
-                        )
-                    }
-                    _ => ("fault reset".to_owned(), rng.u64(200..=1000)),
+                let lease_ms = u64::try_from(lease.as_millis()).unwrap_or(u64::MAX);
+                let (fault, window) = match rng.u32(0..3) {
+                    0 => (
+                        Fault::Delay(Duration::from_millis(rng.u64(50..=300))),
+                        rng.u64(500..=2000),
+                    ),
+                    1 => (Fault::Blackhole, rng.u64(lease_ms / 2..=lease_ms * 2)),
+                    _ => (Fault::Reset, rng.u64(200..=1000)),
                 };
                 let window = Duration::from_millis(window)
                     .min(until.saturating_duration_since(Instant::now()));
                 // A worker that exited just now cannot be faulted: skip it.
-                if cluster.command(target, &line).is_err() {
+                if procs.command(target, fault).await.is_err() {
                     continue;
                 }
-                log_on(
-                    log,
-                    target,
-                    Kind::ProxyCmd {
-                        fault: fault_word(&line),
-                    },
-                );
-                injected.proxy += 1;
                 tokio::time::sleep(window).await;
-                if line == "fault blackhole" {
+                if fault == Fault::Blackhole {
                     // The proxy swallowed bytes mid-stream; a connection that lived
                     // through that is out of step with its server (a real partition
                     // delays bytes, it does not drop some). End it like a partition
                     // that outlived the connection: reset, then let traffic through.
-                    let _ = cluster.command(target, "fault reset");
-                    log_on(
-                        log,
-                        target,
-                        Kind::ProxyCmd {
-                            fault: "reset".to_owned(),
-                        },
-                    );
+                    let _ = procs.command(target, Fault::Reset).await;
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
                 // Heal even if the worker is gone (the error is then harmless).
-                let _ = cluster.command(target, "fault pass");
-                log_on(
-                    log,
-                    target,
-                    Kind::ProxyCmd {
-                        fault: "pass".to_owned(),
-                    },
-                );
+                let _ = procs.command(target, Fault::Pass).await;
             }
             Nemesis::Stop => {
                 let pause = lease.mul_f64(1.5);
@@ -214,75 +177,47 @@ pub async fn run(
                     continue;
                 }
                 // The window is logged from just before SIGSTOP to just after SIGCONT.
-                let stopping = super::history::now_ns();
-                if cluster.pause(target, true).is_err() {
+                let stopping = now_ns();
+                if procs.pause(target, true).is_err() {
                     continue;
                 }
-                log.log_event(&super::history::Event {
-                    t: stopping,
-                    proc_: target,
-                    kind: Kind::Stop,
-                });
-                injected.stop += 1;
+                log_at(log, stopping, target, Kind::Stop);
                 tokio::time::sleep(pause).await;
-                let resumed = cluster.pause(target, false);
-                log_on(log, target, Kind::Cont);
+                let resumed = procs.pause(target, false);
+                log_at(log, now_ns(), target, Kind::Cont);
                 resumed?;
             }
             Nemesis::Kill => {
-                cluster.kill_and_replace(target)?;
-                injected.kill += 1;
+                procs.kill_and_replace(target).await?;
+                kills += 1;
             }
         }
     }
-    Ok(injected)
+    Ok(kills)
 }
 
-fn log_on(log: &EventLog, target: u32, kind: Kind) {
-    log.log_event(&super::history::Event {
-        t: super::history::now_ns(),
+fn log_at(log: &EventLog, t: u64, target: u32, kind: Kind) {
+    log.log_event(&Event {
+        t,
         proc_: target,
         kind,
     });
 }
 
-/// `fault delay 120` → `delay:120`; `fault blackhole` → `blackhole`.
-fn fault_word(line: &str) -> String {
-    let words: Vec<&str> = line.split(' ').skip(1).collect();
-    words.join(":")
-}
-
-/// Parses a control line (`fault pass|delay <ms>|blackhole|reset`).
-pub fn parse_command(line: &str) -> Option<Fault> {
-    let words: Vec<&str> = line.split_whitespace().collect();
-    match words.as_slice() {
-        ["fault", "pass"] => Some(Fault::Pass),
-        ["fault", "blackhole"] => Some(Fault::Blackhole),
-        ["fault", "reset"] => Some(Fault::Reset),
-        ["fault", "delay", ms] => ms
-            .parse()
-            .ok()
-            .map(|ms| Fault::Delay(Duration::from_millis(ms))),
-        _ => None,
-    }
-}
-
-/// Worker side: applies the coordinator's control lines from stdin to this worker's
+/// Worker side: applies the coordinator's fault commands from stdin to this worker's
 /// proxies, logging each fault as applied. Runs on its own thread until stdin closes.
 pub fn follow_commands(proxies: Arc<Vec<FaultProxy>>, log: EventLog) {
     std::thread::spawn(move || {
         let stdin = std::io::stdin();
         for line in stdin.lock().lines().take(1_000_000) {
             let Ok(line) = line else { return };
-            let Some(fault) = parse_command(&line) else {
+            let Some(Ok(fault)) = line.strip_prefix(FAULT_COMMAND).map(str::parse::<Fault>) else {
                 continue;
             };
             for proxy in proxies.iter() {
                 proxy.set(fault);
             }
-            log.log(Kind::Fault {
-                fault: fault_word(line.trim()),
-            });
+            log.log(Kind::Fault { fault });
         }
     });
 }
@@ -292,15 +227,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn commands_parse() {
-        assert_eq!(parse_command("fault pass"), Some(Fault::Pass));
-        assert_eq!(
-            parse_command("fault delay 120"),
-            Some(Fault::Delay(Duration::from_millis(120)))
-        );
-        assert_eq!(parse_command("fault bogus"), None);
-        assert_eq!(fault_word("fault delay 120"), "delay:120");
+    fn choices_parse() {
         assert_eq!("all".parse::<Choice>().unwrap().kinds().len(), 3);
+        assert_eq!("stop".parse::<Choice>().unwrap().kinds(), [Nemesis::Stop]);
+        assert!("none".parse::<Choice>().unwrap().kinds().is_empty());
         assert!("x".parse::<Choice>().is_err());
     }
 }

@@ -14,7 +14,7 @@
 //! (which it then becomes). Every request is logged with the register's own receive
 //! time, in the order it was served.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::io;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -38,14 +38,9 @@ const MAX_LINE: usize = 1024;
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[derive(Default)]
-struct LockCell {
-    highest: Option<u64>,
-    occupants: HashSet<String>,
-}
-
-#[derive(Default)]
 struct State {
-    locks: HashMap<String, LockCell>,
+    /// Per lock, the highest token accepted.
+    highest: HashMap<String, u64>,
     log: Vec<Event>,
 }
 
@@ -142,27 +137,20 @@ fn answer(line: &str, state: &Mutex<State>) -> String {
     };
     let mut state = state.lock().unwrap_or_else(PoisonError::into_inner);
     let t = now_ns();
-    let cell = state.locks.entry(lock.to_owned()).or_default();
+    let highest = state.highest.get(lock).copied();
     let (accepted, reply) = match op {
-        RegOp::Enter => {
-            cell.occupants.insert(hold.to_owned());
-            (true, "OK\n".to_owned())
-        }
-        RegOp::Exit => {
-            cell.occupants.remove(hold);
-            (true, "OK\n".to_owned())
-        }
+        RegOp::Enter | RegOp::Exit => (true, "OK\n".to_owned()),
         RegOp::Read => (
             true,
-            match cell.highest {
+            match highest {
                 Some(h) => format!("VALUE {h}\n"),
                 None => "VALUE -\n".to_owned(),
             },
         ),
-        RegOp::Write => match cell.highest {
+        RegOp::Write => match highest {
             Some(h) if token < h => (false, format!("REJECT {h}\n")),
             _ => {
-                cell.highest = Some(token);
+                state.highest.insert(lock.to_owned(), token);
                 (true, "ACCEPT\n".to_owned())
             }
         },

@@ -8,14 +8,20 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use async_trait::async_trait;
 use dlock_api::{
     Capabilities, DistributeLock, DistributeLockManager, DistributeLockManagerBuilder, LockGuard,
     ReadWriteLock,
 };
+use dlock_spi::{
+    AcquireChain, AcquireContext, AcquireResult, LockHandler, LockName, LostEvent, ReleaseChain,
+    ReleaseContext, ReleaseResult, RenewEvent, RenewResult,
+};
 use tokio::task::JoinSet;
 
-use super::clients::ClientSource;
-use super::history::{now_ns, EventLog, Kind, Mode};
+use crate::TestBackend;
+
+use super::history::{instant_ns, now_ns, EventLog, How, Kind, Mode, Op, Outcome, Why};
 use super::register::RegisterClient;
 
 /// The lease of locks taken without an explicit one (renewed by the watchdog every
@@ -24,7 +30,15 @@ pub const LEASE: Duration = Duration::from_secs(2);
 /// Explicit leases are drawn from this range (ms).
 pub const EXPLICIT_LEASE_MS: std::ops::RangeInclusive<u64> = 1000..=3000;
 /// The longest lease any hold of a run has (ms).
-pub const MAX_LEASE_MS: u64 = 3000;
+pub const MAX_LEASE_MS: u64 = {
+    let explicit = *EXPLICIT_LEASE_MS.end();
+    let watchdog = LEASE.as_millis() as u64;
+    if explicit > watchdog {
+        explicit
+    } else {
+        watchdog
+    }
+};
 /// Exclusive, non-fair lock names.
 pub const EXCLUSIVE_NAMES: [&str; 3] = ["x0", "x1", "x2"];
 /// The exclusive name whose handle the tasks of a manager share (clones re-enter).
@@ -34,11 +48,16 @@ pub const FAIR_NAME: &str = "f0";
 /// The read-write lock's name (when the backend has shared locks).
 pub const RW_NAME: &str = "rw0";
 /// How long after its deadline a worker's tasks may take to finish.
-pub const TASK_GRACE: Duration = Duration::from_secs(20);
-/// Bound on one `unlock()` the workload means to complete, and on closing a manager.
+const TASK_GRACE: Duration = Duration::from_secs(20);
+/// Bound on one backend call the workload means to complete beyond its own wait
+/// (`unlock()`, `try_lock(wait)` past its wait, closing the managers).
 const CALL_BOUND: Duration = Duration::from_secs(10);
-/// Bound on a lost-signal watcher (longer than any hold).
-const WATCH_BOUND: Duration = Duration::from_secs(60);
+/// How long after its deadline a worker may take to finish: its tasks, then closing
+/// its managers, plus a process's start and exit. The one bound the coordinator
+/// waits for workers with.
+pub const EXIT_GRACE: Duration = TASK_GRACE
+    .saturating_add(CALL_BOUND)
+    .saturating_add(Duration::from_secs(5));
 /// Bound on a task's iterations (the deadline normally ends it first).
 const MAX_ITERATIONS: u32 = 1_000_000;
 
@@ -74,7 +93,7 @@ pub struct WorkerSpec {
 /// that cannot be reached, a task that did not finish, an event log that failed.
 pub async fn run_worker(
     spec: WorkerSpec,
-    source: Arc<dyn ClientSource>,
+    backend: Arc<dyn TestBackend>,
     log: EventLog,
 ) -> Result<(), String> {
     let p = spec.proc_;
@@ -85,13 +104,19 @@ pub async fn run_worker(
     let attempts = Arc::new(AtomicU64::new(0));
     let mut managers = Vec::new();
     for m in 0..rng.usize(2..=3) {
-        let client = source
-            .open()
+        let client = tokio::time::timeout(CALL_BOUND, backend.client())
             .await
+            .map_err(|_| {
+                format!("process {p}: opening backend client {m} took over {CALL_BOUND:?}")
+            })?
             .map_err(|e| format!("process {p}: cannot open backend client {m}: {e}"))?;
         let manager = DistributeLockManagerBuilder::new(client)
             .lease(LEASE)
             .namespace(spec.namespace.clone())
+            .with_handler(HoldLog {
+                log: log.clone(),
+                namespace: spec.namespace.clone(),
+            })
             .build()
             .map_err(|e| format!("process {p}: cannot build manager {m}: {e}"))?;
         managers.push(manager);
@@ -99,6 +124,8 @@ pub async fn run_worker(
     let mut tasks = JoinSet::new();
     for (m, manager) in managers.iter().enumerate() {
         let shared = manager.lock(SHARED_HANDLE_NAME);
+        let caps = manager.capabilities();
+        let names = lock_names(caps);
         for t in 0..rng.usize(3..=4) {
             let register = RegisterClient::connect(spec.register)
                 .await
@@ -107,7 +134,8 @@ pub async fn run_worker(
                 client: format!("p{p}.m{m}.t{t}"),
                 shared_id: format!("p{p}.m{m}.shared.{SHARED_HANDLE_NAME}"),
                 shared: shared.clone(),
-                caps: manager.capabilities(),
+                names: names.clone(),
+                leases: caps.lease,
                 manager: manager.clone(),
                 own: HashMap::new(),
                 rw: None,
@@ -139,15 +167,15 @@ pub async fn run_worker(
             }
         }
     }
-    for manager in &managers {
-        if tokio::time::timeout(CALL_BOUND, manager.close())
-            .await
-            .is_err()
-        {
-            errors.push(format!(
-                "process {p}: closing a manager took over {CALL_BOUND:?}"
-            ));
-        }
+    let mut closing = JoinSet::new();
+    for manager in managers {
+        closing.spawn(async move { manager.close().await });
+    }
+    let all_closed = async { while closing.join_next().await.is_some() {} };
+    if tokio::time::timeout(CALL_BOUND, all_closed).await.is_err() {
+        errors.push(format!(
+            "process {p}: closing the managers took over {CALL_BOUND:?}"
+        ));
     }
     log.log(Kind::Exit);
     if let Some(e) = log.error() {
@@ -157,6 +185,70 @@ pub async fn run_worker(
         Ok(())
     } else {
         Err(errors.join("; "))
+    }
+}
+
+/// A register call failed: the run cannot go on (its history would be incomplete).
+fn reg_err(client: &str, e: std::io::Error) -> String {
+    format!("{client}: register: {e}")
+}
+
+/// Logs what the manager tells its handlers about holds: every successful watchdog
+/// renewal, with its send time (the store's word that the hold is alive: the checker
+/// counts the hold's lease from then), and every lost signal, at the instant the
+/// manager sets it.
+struct HoldLog {
+    log: EventLog,
+    namespace: String,
+}
+
+#[async_trait]
+impl LockHandler for HoldLog {
+    async fn acquire(
+        &self,
+        ctx: &AcquireContext,
+        next: AcquireChain<'_>,
+    ) -> dlock_spi::Result<AcquireResult> {
+        next.invoke(ctx).await
+    }
+
+    async fn release(
+        &self,
+        ctx: &ReleaseContext,
+        next: ReleaseChain<'_>,
+    ) -> dlock_spi::Result<ReleaseResult> {
+        next.invoke(ctx).await
+    }
+
+    fn on_renew(&self, event: &RenewEvent<'_>) {
+        if let Ok(RenewResult::Renewed { .. }) = event.outcome {
+            let took = u64::try_from(event.elapsed.as_nanos()).unwrap_or(u64::MAX);
+            self.log.log_at(
+                now_ns().saturating_sub(took),
+                Kind::Renewed {
+                    lock: self.lock(&event.request.name),
+                    token: event.request.token.get(),
+                },
+            );
+        }
+    }
+
+    fn on_lost(&self, event: &LostEvent<'_>) {
+        self.log.log(Kind::Lost {
+            lock: self.lock(event.name),
+            token: event.token.get(),
+            reason: event.reason.into(),
+        });
+    }
+}
+
+impl HoldLog {
+    /// A full lock name without the run's namespace.
+    fn lock(&self, name: &LockName) -> String {
+        let name = name.as_str();
+        name.strip_prefix(&self.namespace)
+            .unwrap_or(name)
+            .to_owned()
     }
 }
 
@@ -170,20 +262,15 @@ struct Target {
     handle_id: String,
 }
 
-/// How an acquire ended.
-enum Got {
-    Guard(LockGuard),
-    NotAcquired,
-    Timeout,
-    Cancelled,
-    Error(String),
-}
-
 struct Task {
     client: String,
     shared_id: String,
     shared: DistributeLock,
-    caps: Capabilities,
+    /// The names this task locks (`lock_names` of its manager's capabilities).
+    names: Vec<&'static str>,
+    /// Whether the backend takes explicit leases (ZooKeeper ties holds to the
+    /// session and refuses them: no such op is sent there).
+    leases: bool,
     manager: DistributeLockManager,
     own: HashMap<&'static str, DistributeLock>,
     rw: Option<ReadWriteLock>,
@@ -225,14 +312,7 @@ impl Task {
     }
 
     fn choose(&mut self) -> Target {
-        let mut names = EXCLUSIVE_NAMES.to_vec();
-        if self.caps.fair {
-            names.push(FAIR_NAME);
-        }
-        if self.caps.shared {
-            names.push(RW_NAME);
-        }
-        let lock = names[self.rng.usize(..names.len())];
+        let lock = self.names[self.rng.usize(..self.names.len())];
         if lock == RW_NAME {
             let manager = &self.manager;
             let rw = self
@@ -298,17 +378,14 @@ impl Task {
     async fn attempt(&mut self, target: &Target) -> Result<Option<bool>, String> {
         let remaining = self.deadline.saturating_duration_since(Instant::now());
         let lease_ms = self.rng.u64(EXPLICIT_LEASE_MS);
-        let (op, wait, explicit) = match self.rng.u32(0..100) {
-            0..=34 => ("try", Duration::from_millis(self.rng.u64(0..=300)), false),
-            35..=59 => ("lease", Duration::from_millis(self.rng.u64(0..=300)), true),
-            r => {
+        let explicit = self.leases && self.rng.bool();
+        let (op, wait) = match (self.rng.u32(0..100) < 60, explicit) {
+            (true, false) => (Op::Try, Duration::from_millis(self.rng.u64(0..=300))),
+            (true, true) => (Op::Lease, Duration::from_millis(self.rng.u64(0..=300))),
+            (false, explicit) => {
                 let wait = Duration::from_millis(self.rng.u64(200..=8000))
                     .min(remaining + Duration::from_millis(500));
-                if r < 85 {
-                    ("lock", wait, false)
-                } else {
-                    ("lock-lease", wait, true)
-                }
+                (if explicit { Op::LockLease } else { Op::Lock }, wait)
             }
         };
         let lease = Duration::from_millis(lease_ms);
@@ -320,61 +397,66 @@ impl Task {
             lock: target.lock.to_owned(),
             mode: target.mode,
             fair: target.fair,
-            client: self.client.clone(),
-            op: op.to_owned(),
+            op,
             wait_ms: u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
             cancel: cancel_after.is_some(),
         });
         let handle = &target.handle;
         let acquire = async {
+            // A `try_lock` answers by its wait; one that does not is hung. `lock()`
+            // is bounded by the wait the workload gives it.
+            let hung = wait + CALL_BOUND;
             let result = match op {
-                "try" => handle.try_lock(wait).await,
-                "lease" => handle.try_lock_with_lease(wait, lease).await,
-                "lock" => match tokio::time::timeout(wait, handle.lock()).await {
-                    Ok(r) => r.map(Some),
-                    Err(_) => return Got::Timeout,
-                },
-                _ => match tokio::time::timeout(wait, handle.lock_with_lease(lease)).await {
-                    Ok(r) => r.map(Some),
-                    Err(_) => return Got::Timeout,
-                },
+                Op::Try => tokio::time::timeout(hung, handle.try_lock(wait))
+                    .await
+                    .map_err(|_| Why::Hung)?,
+                Op::Lease => tokio::time::timeout(hung, handle.try_lock_with_lease(wait, lease))
+                    .await
+                    .map_err(|_| Why::Hung)?,
+                Op::Lock => tokio::time::timeout(wait, handle.lock())
+                    .await
+                    .map_err(|_| Why::Timeout)?
+                    .map(Some),
+                Op::LockLease | Op::Reenter => {
+                    tokio::time::timeout(wait, handle.lock_with_lease(lease))
+                        .await
+                        .map_err(|_| Why::Timeout)?
+                        .map(Some)
+                }
             };
             match result {
-                Ok(Some(g)) => Got::Guard(g),
-                Ok(None) => Got::NotAcquired,
-                Err(e) => Got::Error(format!("error:{:?}", e.kind())),
+                Ok(Some(guard)) => Ok(guard),
+                Ok(None) => Err(Why::None),
+                Err(e) => Err(Why::Error(e.kind().as_str().to_owned())),
             }
         };
         let got = match cancel_after {
             Some(after) => tokio::time::timeout(after, acquire)
                 .await
-                .unwrap_or(Got::Cancelled),
+                .unwrap_or(Err(Why::Cancel)),
             None => acquire.await,
         };
-        let why = match got {
-            Got::Guard(guard) => {
+        match got {
+            Ok(guard) => {
                 let t_ok = now_ns();
                 let lease_ms = if explicit {
                     lease_ms
                 } else {
                     u64::try_from(LEASE.as_millis()).unwrap_or(u64::MAX)
                 };
-                return self
-                    .critical_section(target, guard, att, t_ok, lease_ms, explicit)
+                self.critical_section(target, guard, att, t_ok, lease_ms, explicit)
                     .await
-                    .map(Some);
+                    .map(Some)
             }
-            Got::NotAcquired => "none".to_owned(),
-            Got::Timeout => "timeout".to_owned(),
-            Got::Cancelled => "cancel".to_owned(),
-            Got::Error(e) => e,
-        };
-        self.log.log(Kind::Fail {
-            att,
-            lock: target.lock.to_owned(),
-            why,
-        });
-        Ok(None)
+            Err(why) => {
+                self.log.log(Kind::Fail {
+                    att,
+                    lock: target.lock.to_owned(),
+                    why,
+                });
+                Ok(None)
+            }
+        }
     }
 
     fn log_ok(&self, target: &Target, guard: &LockGuard, att: u64, t_ok: u64, lease_ms: u64) {
@@ -384,11 +466,10 @@ impl Task {
                 att,
                 lock: target.lock.to_owned(),
                 mode: target.mode,
-                fair: target.fair,
                 token: guard.fencing_token().get(),
                 hold: self.hold_key(target, guard),
-                client: self.client.clone(),
                 lease_ms,
+                sent: instant_ns(guard.acquired_at()),
                 lost: guard.is_lost(),
             },
         );
@@ -411,29 +492,10 @@ impl Task {
         let token = guard.fencing_token().get();
         let lock = target.lock;
 
-        // Records the instant the lost signal fires; ends with the hold.
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let signal = guard.lost_signal();
-        let (log, watched_hold) = (self.log.clone(), hold.clone());
-        tokio::spawn(async move {
-            let watch = async {
-                tokio::select! {
-                    reason = signal.lost() => log.log(Kind::Lost {
-                        hold: watched_hold,
-                        lock: lock.to_owned(),
-                        reason: reason.as_str().to_owned(),
-                    }),
-                    _ = stopped => {}
-                }
-            };
-            let _ = tokio::time::timeout(WATCH_BOUND, watch).await;
-        });
-
-        let reg_err = |e: std::io::Error| format!("{}: register: {e}", self.client);
         self.register
             .enter(lock, token, &hold)
             .await
-            .map_err(reg_err)?;
+            .map_err(|e| reg_err(&self.client, e))?;
         self.fenced(target, &guard, &hold, token).await?;
 
         let remaining = self.deadline.saturating_duration_since(Instant::now());
@@ -444,36 +506,33 @@ impl Task {
             _ => self.rng.u64(20..=200),
         };
         let hold_for = Duration::from_millis(hold_ms).min(remaining + Duration::from_millis(1000));
-        let start = Instant::now();
+        let start = tokio::time::Instant::now();
         let end = start + hold_for;
-        let reenter_at = (self.rng.u32(0..100) < 15).then(|| start + hold_for / 2);
-        let mut reentered = false;
-        let steps = hold_for.as_millis() / 5 + 10;
-        for _ in 0..steps {
-            if guard.is_lost() {
-                break;
+        // Hold until the end, stopping at once if the lost signal fires; 15 % of
+        // holds re-enter halfway.
+        let mut lost = false;
+        if self.rng.u32(0..100) < 15 {
+            tokio::select! {
+                _ = guard.lost() => lost = true,
+                () = tokio::time::sleep_until(start + hold_for / 2) => {
+                    self.reenter(target, lease_ms).await;
+                }
             }
-            let now = Instant::now();
-            if now >= end {
-                break;
+        }
+        if !lost {
+            tokio::select! {
+                _ = guard.lost() => {}
+                () = tokio::time::sleep_until(end) => {}
             }
-            if !reentered && reenter_at.is_some_and(|at| now >= at) {
-                reentered = true;
-                self.reenter(target, lease_ms).await;
-            }
-            tokio::time::sleep((end - now).min(Duration::from_millis(5))).await;
         }
         if !guard.is_lost() && self.rng.bool() {
             self.fenced(target, &guard, &hold, token).await?;
         }
-        let reg_err = |e: std::io::Error| format!("{}: register: {e}", self.client);
         self.register
             .exit(lock, token, &hold)
             .await
-            .map_err(reg_err)?;
-        let dropped = self.release(target, guard, &hold).await;
-        drop(stop);
-        Ok(dropped)
+            .map_err(|e| reg_err(&self.client, e))?;
+        Ok(self.release(target, guard, &hold).await)
     }
 
     /// A fenced write (exclusive holds) or read (shared holds), unless already lost.
@@ -488,29 +547,15 @@ impl Task {
             return Ok(());
         }
         let client = &self.client;
-        let reg_err = |e: std::io::Error| format!("{client}: register: {e}");
         match target.mode {
-            Mode::Exclusive => {
-                let accepted = self
-                    .register
-                    .write(target.lock, token, hold)
-                    .await
-                    .map_err(reg_err)?;
-                self.log.log(Kind::Write {
-                    hold: hold.to_owned(),
-                    lock: target.lock.to_owned(),
-                    token,
-                    accepted,
-                });
-            }
-            Mode::Shared => {
-                self.register
-                    .read(target.lock, token, hold)
-                    .await
-                    .map_err(reg_err)?;
-            }
+            Mode::Exclusive => self
+                .register
+                .write(target.lock, token, hold)
+                .await
+                .map(drop),
+            Mode::Shared => self.register.read(target.lock, token, hold).await.map(drop),
         }
-        Ok(())
+        .map_err(|e| reg_err(client, e))
     }
 
     /// Acquires again on the same handle while holding (a reentry: same hold, same
@@ -522,60 +567,59 @@ impl Task {
             lock: target.lock.to_owned(),
             mode: target.mode,
             fair: target.fair,
-            client: self.client.clone(),
-            op: "reenter".to_owned(),
+            op: Op::Reenter,
             wait_ms: 0,
             cancel: false,
         });
-        match target.handle.try_lock(Duration::ZERO).await {
-            Ok(Some(inner)) => {
+        let reentry = tokio::time::timeout(CALL_BOUND, target.handle.try_lock(Duration::ZERO));
+        let why = match reentry.await {
+            Ok(Ok(Some(inner))) => {
                 self.log_ok(target, &inner, att, now_ns(), lease_ms);
                 let hold = self.hold_key(target, &inner);
                 self.release(target, inner, &hold).await;
+                return;
             }
-            Ok(None) => self.log.log(Kind::Fail {
-                att,
-                lock: target.lock.to_owned(),
-                why: "none".to_owned(),
-            }),
-            Err(e) => self.log.log(Kind::Fail {
-                att,
-                lock: target.lock.to_owned(),
-                why: format!("error:{:?}", e.kind()),
-            }),
-        }
+            Ok(Ok(None)) => Why::None,
+            Ok(Err(e)) => Why::Error(e.kind().as_str().to_owned()),
+            Err(_) => Why::Hung,
+        };
+        self.log.log(Kind::Fail {
+            att,
+            lock: target.lock.to_owned(),
+            why,
+        });
     }
 
     /// Releases one acquisition: `unlock`, `unlock` cancelled after 0–2 ms, or `drop`.
     /// Returns true if dropped.
     async fn release(&mut self, target: &Target, guard: LockGuard, hold: &str) -> bool {
         let how = match self.rng.u32(0..100) {
-            0..=49 => "unlock",
-            50..=64 => "unlock-cancel",
-            _ => "drop",
+            0..=49 => How::Unlock,
+            50..=64 => How::UnlockCancel,
+            _ => How::Drop,
         };
         self.log.log(Kind::Release {
             hold: hold.to_owned(),
             lock: target.lock.to_owned(),
-            how: how.to_owned(),
+            how,
         });
         let bound = match how {
-            "drop" => {
+            How::Drop => {
                 drop(guard);
                 return true;
             }
-            "unlock" => CALL_BOUND,
-            _ => Duration::from_millis(self.rng.u64(0..=2)),
+            How::Unlock => CALL_BOUND,
+            How::UnlockCancel => Duration::from_millis(self.rng.u64(0..=2)),
         };
-        let result = match tokio::time::timeout(bound, guard.unlock()).await {
-            Ok(Ok(())) => "ok".to_owned(),
-            Ok(Err(e)) => format!("{:?}", e.kind()),
-            Err(_) => "cancelled".to_owned(),
+        let outcome = match tokio::time::timeout(bound, guard.unlock()).await {
+            Ok(Ok(())) => Outcome::Ok,
+            Ok(Err(e)) => Outcome::Error(e.kind().as_str().to_owned()),
+            Err(_) => Outcome::Cancelled,
         };
         self.log.log(Kind::Released {
             hold: hold.to_owned(),
             lock: target.lock.to_owned(),
-            result,
+            outcome,
         });
         false
     }
