@@ -151,6 +151,15 @@ fn ms(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX).max(1)
 }
 
+/// The lease a statement stores, in the database clock's whole milliseconds: rounded
+/// up, plus one tick. The clock truncates to the millisecond, so `NOW + lease` alone
+/// could lapse up to a tick before the lease had passed since the request was sent;
+/// one tick more and the store never lets a hold go early.
+fn lease_ms(lease: Duration) -> i64 {
+    let ms = lease.as_nanos().div_ceil(1_000_000);
+    i64::try_from(ms).unwrap_or(i64::MAX - 1).max(1) + 1
+}
+
 fn remaining(ms_left: i64) -> Option<Duration> {
     u64::try_from(ms_left)
         .ok()
@@ -262,7 +271,7 @@ impl JdbcBackend {
         let params = [
             Param::Text(req.name.as_str()),
             Param::Text(holder.as_str()),
-            Param::Int(ms(req.lease)),
+            Param::Int(lease_ms(req.lease)),
             Param::Bytes(&req.context),
         ];
         macro_rules! body {
@@ -276,7 +285,7 @@ impl JdbcBackend {
     async fn try_shared(&self, req: &AcquireRequest) -> Result<Option<i64>> {
         let s = &self.inner.statements;
         let name = Param::Text(req.name.as_str());
-        let lease = Param::Int(ms(req.lease));
+        let lease = Param::Int(lease_ms(req.lease));
         let holder = req.holder();
         macro_rules! body {
             ($p:ident, $token:ident) => {
@@ -434,7 +443,7 @@ impl LockRemoteResource for JdbcBackend {
         let params = [
             Param::Text(req.name.as_str()),
             Param::Text(holder.as_str()),
-            Param::Int(ms(req.lease)),
+            Param::Int(lease_ms(req.lease)),
         ];
         let sent = Instant::now();
         let renewed: std::result::Result<bool, sqlx::Error> = match req.mode {
