@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use dlock_spi::{
-    AcquireRequest, AcquireResult, Backoff, Capabilities, Error, FencingToken, HolderInfo,
+    AcquireRequest, AcquireResult, Backoff, Capabilities, Error, Fairness, FencingToken, HolderInfo,
     HolderKey, LockAdmin, LockMode, LockName, LockRemoteResource, LockState, OwnerId,
     ReleaseRequest, ReleaseResult, RenewRequest, RenewResult, Result,
 };
@@ -130,8 +130,9 @@ impl Drop for Inner {
 /// Leases are judged on the database's clock. Waiters poll with the configured
 /// [`Backoff`] (equal jitter by default), never past their deadline; on PostgreSQL
 /// they are also woken by `LISTEN/NOTIFY` when a lock is released, with polling as the
-/// safety net. Fair mode is not supported (there is no queue); shared mode is, with
-/// waiting writers asking new readers to stand back so they are not starved.
+/// safety net. Waiters queue in a table (see the crate docs): fair mode grants in
+/// arrival order, non-fair mode lets newcomers pass a waiter only until it starves,
+/// and new readers stand back for a queued writer.
 ///
 /// Cheap to clone.
 #[derive(Clone)]
@@ -139,11 +140,103 @@ pub struct JdbcBackend {
     pub(crate) inner: Arc<Inner>,
 }
 
+/// A waiting acquire's row in the lock's queue: written at its first refusal,
+/// refreshed at least every third of its liveness, and removed when the acquire ends
+/// — granted or given up (awaited), or dropped mid-wait (in a task of its own, so a
+/// cancelled waiter leaves at once rather than when its liveness lapses).
+struct QueueSlot {
+    backend: JdbcBackend,
+    name: LockName,
+    waiter: HolderKey,
+    mode: LockMode,
+    /// When the row was last written; `None` while not queued.
+    refreshed: Option<Instant>,
+}
+
+impl QueueSlot {
+    fn new(backend: &JdbcBackend, req: &AcquireRequest) -> Self {
+        QueueSlot {
+            backend: backend.clone(),
+            name: req.name.clone(),
+            waiter: req.holder(),
+            mode: req.mode,
+            refreshed: None,
+        }
+    }
+
+    /// Queues the waiter (keeping its arrival) or refreshes its liveness, unless it
+    /// did so less than a third of the liveness ago. The statement runs in a task of
+    /// its own, which removes the row again if the caller is gone by its end: a
+    /// removal racing it on another pooled connection could land first.
+    async fn keep(&mut self) -> Result<()> {
+        let liveness = self.backend.inner.options.waiter_liveness;
+        if self.refreshed.is_some_and(|at| at.elapsed() < liveness / 3) {
+            return Ok(());
+        }
+        let first = self.refreshed.is_none();
+        let sent = Instant::now();
+        // From here on the row may exist: a drop removes it.
+        self.refreshed.get_or_insert(sent);
+        let (backend, name, waiter, mode) = (
+            self.backend.clone(),
+            self.name.clone(),
+            self.waiter.clone(),
+            self.mode,
+        );
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        tokio::spawn(async move {
+            let queued = backend.enqueue(&name, &waiter, mode, first).await;
+            if answer.send(queued).is_err() {
+                dequeue(&backend, &name, &waiter).await;
+            }
+        });
+        answered.await.map_err(|_| {
+            Error::new(
+                dlock_spi::ErrorKind::Backend,
+                "the queue statement's task ended without an answer (the runtime is shutting down?)",
+            )
+        })??;
+        self.refreshed = Some(sent);
+        Ok(())
+    }
+
+    /// Leaves the queue. A failure is only logged: the row lapses with its liveness.
+    async fn leave(mut self) {
+        if self.refreshed.take().is_some() {
+            dequeue(&self.backend, &self.name, &self.waiter).await;
+        }
+    }
+}
+
+impl Drop for QueueSlot {
+    fn drop(&mut self) {
+        if self.refreshed.is_none() {
+            return;
+        }
+        let (backend, name, waiter) = (self.backend.clone(), self.name.clone(), self.waiter.clone());
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move { dequeue(&backend, &name, &waiter).await });
+        }
+    }
+}
+
+async fn dequeue(backend: &JdbcBackend, name: &LockName, waiter: &HolderKey) {
+    let inner = &backend.inner;
+    let params = [Param::Text(name.as_str()), Param::Text(waiter.as_str())];
+    let left = on_pool!(&inner.pool, p => query!(&inner.statements.dequeue, &params).execute(p).await.map(drop));
+    if let Err(err) = left {
+        tracing::debug!(lock = %name, error = %err, "dlock-jdbc: leaving the queue failed; the entry lapses with its liveness");
+    }
+}
+
 enum Attempt {
     Granted(i64),
     Busy {
         holder: Option<OwnerId>,
         retry_after: Option<Duration>,
+        /// At most one live waiter is queued ahead of this one: it is next, or next
+        /// but one (and the next may be granted any moment).
+        next_in_line: bool,
     },
 }
 
@@ -196,23 +289,28 @@ impl JdbcBackend {
         self.inner.pool.close().await;
     }
 
-    async fn attempt(&self, req: &AcquireRequest, waiting: bool) -> Result<Attempt> {
+    /// One attempt: the grant statement, then — refused — the waiter's place in the
+    /// queue (when it will wait) and what the lock is busy with.
+    async fn attempt(
+        &self,
+        req: &AcquireRequest,
+        queue: Option<&mut QueueSlot>,
+    ) -> Result<Attempt> {
         self.inner.attempts.fetch_add(1, Ordering::Relaxed);
         let token = self.try_grant(req).await?;
         if let Some(token) = token {
             return Ok(Attempt::Granted(token));
         }
-        let s = &self.inner.statements;
-        let name = Param::Text(req.name.as_str());
-        if waiting && req.mode == LockMode::Exclusive {
-            let mark = ms(self.inner.options.writer_mark_ttl());
-            on_pool!(&self.inner.pool, p => query!(&s.mark_writer, &[name, Param::Int(mark)]).execute(p).await.map(drop))
-                .map_err(self.err("acquire"))?;
+        if let Some(slot) = queue {
+            slot.keep().await?;
         }
-        let row: Option<(Option<String>, i64, i64)> = on_pool!(&self.inner.pool, p => {
+        let s = &self.inner.statements;
+        let holder = req.holder();
+        let params = [Param::Text(req.name.as_str()), Param::Text(holder.as_str())];
+        let row: Option<(Option<String>, i64, i64, i64)> = on_pool!(&self.inner.pool, p => {
             async {
-                match query!(&s.contention, &[name]).fetch_optional(p).await? {
-                    Some(r) => Ok::<_, sqlx::Error>(Some((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?))),
+                match query!(&s.contention, &params).fetch_optional(p).await? {
+                    Some(r) => Ok::<_, sqlx::Error>(Some((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?, r.try_get(3)?))),
                     None => Ok(None),
                 }
             }
@@ -220,18 +318,20 @@ impl JdbcBackend {
         })
         .map_err(self.err("acquire"))?;
         Ok(match row {
-            Some((owner, left, shared_left)) => {
+            Some((owner, left, shared_left, ahead)) => {
                 let holder_live = owner.is_some() && left > 0;
                 Attempt::Busy {
                     holder: owner
                         .filter(|_| holder_live)
                         .map(|stored| HolderKey::parse(&stored).0),
                     retry_after: remaining(if holder_live { left } else { shared_left }),
+                    next_in_line: ahead < 2,
                 }
             }
             None => Attempt::Busy {
                 holder: None,
                 retry_after: None,
+                next_in_line: true,
             },
         })
     }
@@ -268,11 +368,19 @@ impl JdbcBackend {
         let s = &self.inner.statements;
         // The owner column holds the grant's identity.
         let holder = req.holder();
+        // Queued waiters who go first: all in fair mode (< 0), the starving ones else.
+        let starving_after = match req.fairness {
+            Fairness::Fair => -1,
+            Fairness::NonFair => {
+                i64::try_from(self.inner.options.starvation_after.as_millis()).unwrap_or(i64::MAX)
+            }
+        };
         let params = [
             Param::Text(req.name.as_str()),
             Param::Text(holder.as_str()),
             Param::Int(lease_ms(req.lease)),
             Param::Bytes(&req.context),
+            Param::Int(starving_after),
         ];
         macro_rules! body {
             ($p:ident, $token:ident) => {
@@ -291,7 +399,8 @@ impl JdbcBackend {
             ($p:ident, $token:ident) => {
                 async {
                     let mut tx = $p.begin().await?;
-                    let granted = $token!(query!(&s.acquire_shared_row, &[name, lease]), &mut *tx)?;
+                    let row = [name, lease, Param::Text(holder.as_str())];
+                    let granted = $token!(query!(&s.acquire_shared_row, &row), &mut *tx)?;
                     match granted {
                         None => {
                             tx.rollback().await?;
@@ -318,6 +427,29 @@ impl JdbcBackend {
         let result: std::result::Result<Option<i64>, sqlx::Error> =
             with_token_reader!(&self.inner.pool, body);
         result.map_err(self.err("acquire"))
+    }
+
+    /// Queues `waiter` (or refreshes its liveness); the `first` time, forgets the
+    /// waiters that crashed while queued.
+    async fn enqueue(&self, name: &LockName, waiter: &HolderKey, mode: LockMode, first: bool) -> Result<()> {
+        let s = &self.inner.statements;
+        let name = Param::Text(name.as_str());
+        if first {
+            on_pool!(&self.inner.pool, p => query!(&s.purge_waiters, &[name]).execute(p).await.map(drop))
+                .map_err(self.err("acquire"))?;
+        }
+        let mode = match mode {
+            LockMode::Exclusive => "x",
+            LockMode::Shared => "s",
+        };
+        let params = [
+            name,
+            Param::Text(waiter.as_str()),
+            Param::Text(mode),
+            Param::Int(ms(self.inner.options.waiter_liveness)),
+        ];
+        on_pool!(&self.inner.pool, p => query!(&s.enqueue, &params).execute(p).await.map(drop))
+            .map_err(self.err("acquire"))
     }
 
     /// Waits for a PostgreSQL release notice or `delay`, whichever comes first.
@@ -349,6 +481,7 @@ impl LockRemoteResource for JdbcBackend {
 
     fn capabilities(&self) -> Capabilities {
         let mut caps = Capabilities::default();
+        caps.fair = true;
         caps.lease = true;
         caps.renew = true;
         caps.reentrant = true;
@@ -366,12 +499,24 @@ impl LockRemoteResource for JdbcBackend {
             (Some(w), Some(_)) => Some(w.subscribe(req.name.as_str())),
             _ => None,
         };
+        // A waiter queues after its first refusal and leaves the queue when its
+        // acquire ends, however it ends (a dropped one in a task of its own).
+        let mut slot = req
+            .deadline
+            .is_some_and(|d| d > Instant::now())
+            .then(|| QueueSlot::new(self, req));
+        let liveness_check = self.inner.options.waiter_liveness / 3;
         let mut round = 0u32;
+        let mut was_next = false;
         loop {
             let sent = Instant::now();
             let waiting = req.deadline.is_some_and(|d| d > sent);
-            match self.attempt(req, waiting).await? {
+            let queue = slot.as_mut().filter(|_| waiting);
+            match self.attempt(req, queue).await? {
                 Attempt::Granted(token) => {
+                    if let Some(slot) = slot.take() {
+                        slot.leave().await;
+                    }
                     let token = u64::try_from(token).unwrap_or(0);
                     // Counted from the granting statement's send time: the database
                     // started the lease no earlier.
@@ -383,15 +528,28 @@ impl LockRemoteResource for JdbcBackend {
                 Attempt::Busy {
                     holder,
                     retry_after,
+                    next_in_line,
                 } => {
+                    // A waiter that has just come near the head of the queue polls
+                    // from the shortest delay again: the lock is handed on as soon as
+                    // it frees, not when a long backoff comes round.
+                    if next_in_line && !was_next {
+                        round = 0;
+                    }
+                    was_next = next_in_line;
                     let delay = req.deadline.and_then(|d| backoff.delay_within(round, d));
                     let Some(delay) = delay else {
+                        if let Some(slot) = slot.take() {
+                            slot.leave().await;
+                        }
                         return Ok(AcquireResult::not_acquired(holder, retry_after));
                     };
-                    // Never sleep past the holder's expiry: a crashed holder's lock is
-                    // taken as soon as the database says its lease ended.
-                    let delay =
-                        retry_after.map_or(delay, |r| delay.min(r + Duration::from_millis(1)));
+                    // Never sleep past the holder's expiry (a crashed holder's lock is
+                    // taken as soon as the database says its lease ended), nor past
+                    // a third of the waiter's liveness (it stays queued).
+                    let delay = retry_after
+                        .map_or(delay, |r| delay.min(r + Duration::from_millis(1)))
+                        .min(liveness_check);
                     self.pause(delay, subscription.as_ref()).await;
                     round = round.saturating_add(1);
                 }
@@ -491,9 +649,9 @@ impl LockRemoteResource for JdbcBackend {
         });
         let (lock, readers) = rows.map_err(self.err("inspect"))?;
         let mut holders = Vec::new();
-        let mut writer_waiting = false;
-        if let Some(((owner, token, context, left), mark_left)) = lock {
-            writer_waiting = mark_left > 0;
+        let mut waiters = 0;
+        if let Some(((owner, token, context, left), queued)) = lock {
+            waiters = usize::try_from(queued).unwrap_or(0);
             if let (Some(owner), Some(left)) = (owner, remaining(left)) {
                 holders.push(holder(owner, LockMode::Exclusive, token, context, left));
             }
@@ -503,11 +661,10 @@ impl LockRemoteResource for JdbcBackend {
                 holders.push(holder(owner, LockMode::Shared, token, context, left));
             }
         }
-        if holders.is_empty() && !writer_waiting {
+        if holders.is_empty() && waiters == 0 {
             return Ok(None);
         }
-        // Pollers are invisible to the database; a waiting writer leaves a mark.
-        Ok(Some(LockState::new(holders, writer_waiting.then_some(1))))
+        Ok(Some(LockState::new(holders, Some(waiters))))
     }
 
     fn admin(&self) -> Option<&dyn LockAdmin> {

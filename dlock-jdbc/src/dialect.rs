@@ -76,8 +76,11 @@ pub(crate) struct Stmt {
 impl Stmt {
     fn new(dialect: Dialect, template: &str, prefix: &str) -> Self {
         let template = template
+            .replace("EXCLUSIVE_GATE", EXCLUSIVE_GATE)
+            .replace("SHARED_GATE", SHARED_GATE)
             .replace("{locks}", &format!("{prefix}locks"))
             .replace("{readers}", &format!("{prefix}readers"))
+            .replace("{waiters}", &format!("{prefix}waiters"))
             .replace("{schema}", &format!("{prefix}schema_version"))
             .replace("{channel}", &format!("{prefix}release"))
             .replace("{owner}", dialect.owner_text())
@@ -136,21 +139,47 @@ pub(crate) fn validate_prefix(prefix: &str) -> Result<()> {
     }
 }
 
+/// Whether waiters queued ahead let `$2` take a free lock exclusively: no live waiter
+/// other than `$2` that arrived before it (a caller not queued arrived after
+/// everyone) and has waited at least `$5` ms — every such waiter in fair mode
+/// (`$5` < 0), only the starving ones in non-fair mode. Arrival ties are broken by the
+/// waiter's identity, so of two waiters exactly one is ahead.
+const EXCLUSIVE_GATE: &str = "NOT EXISTS (SELECT 1 FROM {waiters} w \
+     WHERE w.name = $1 AND w.alive_until > NOW AND w.waiter <> $2 \
+       AND ($5 < 0 OR w.arrived <= NOW - $5) \
+       AND NOT EXISTS (SELECT 1 FROM {waiters} me WHERE me.name = $1 AND me.waiter = $2 \
+         AND (me.arrived < w.arrived OR (me.arrived = w.arrived AND me.waiter < w.waiter))))";
+
+/// Whether waiters queued ahead let reader `$3` in: no live waiting *writer* that
+/// arrived before it (fair or not, new readers stand back for a waiting writer, so
+/// writers are not starved; readers never wait for readers).
+const SHARED_GATE: &str = "NOT EXISTS (SELECT 1 FROM {waiters} w \
+     WHERE w.name = $1 AND w.alive_until > NOW AND w.waiter <> $3 AND w.mode = 'x' \
+       AND NOT EXISTS (SELECT 1 FROM {waiters} me WHERE me.name = $1 AND me.waiter = $3 \
+         AND (me.arrived < w.arrived OR (me.arrived = w.arrived AND me.waiter < w.waiter))))";
+
 /// Every statement the backend runs, built once per connection pool.
 #[derive(Debug, Clone)]
 pub(crate) struct Statements {
-    /// `$1` name, `$2` owner, `$3` lease ms, `$4` context → token (RETURNING, or
-    /// LAST_INSERT_ID on MySQL; 0 = not granted).
+    /// `$1` name, `$2` owner, `$3` lease ms, `$4` context, `$5` how long a queued
+    /// waiter must have waited to go first (< 0: every waiter ahead goes first, fair
+    /// mode) → token (RETURNING, or LAST_INSERT_ID on MySQL; 0 = not granted).
     pub(crate) acquire_exclusive: Stmt,
-    /// `$1` name → owner, remaining lease ms, shared remaining ms.
+    /// `$1` name, `$2` waiter → owner, remaining lease ms, shared remaining ms, live
+    /// waiters queued ahead of `$2` (0 when it is not queued).
     pub(crate) contention: Stmt,
-    /// `$1` name, `$2` mark ms: a waiting writer asks readers to stand back.
-    pub(crate) mark_writer: Stmt,
+    /// `$1` name, `$2` waiter, `$3` mode (`x` | `s`), `$4` liveness ms: queues the
+    /// waiter (keeping an earlier arrival) or refreshes its liveness.
+    pub(crate) enqueue: Stmt,
+    /// `$1` name: forgets waiters whose liveness lapsed (crashed processes).
+    pub(crate) purge_waiters: Stmt,
+    /// `$1` name, `$2` waiter: leaves the queue.
+    pub(crate) dequeue: Stmt,
     /// `$1` name, `$2` owner → rows affected (or a notify row on PostgreSQL).
     pub(crate) release_exclusive: Stmt,
     /// `$1` name, `$2` owner, `$3` lease ms → rows affected.
     pub(crate) renew_exclusive: Stmt,
-    /// `$1` name, `$2` lease ms → token (0 / no row = not granted).
+    /// `$1` name, `$2` lease ms, `$3` reader → token (0 / no row = not granted).
     pub(crate) acquire_shared_row: Stmt,
     /// `$1` name, `$2` owner, `$3` token, `$4` lease ms, `$5` context → token.
     pub(crate) acquire_shared_reader: Stmt,
@@ -165,7 +194,7 @@ pub(crate) struct Statements {
     /// `$1` name, `$2` owner, `$3` lease ms.
     pub(crate) renew_shared_row: Stmt,
     pub(crate) renew_reader: Stmt,
-    /// `$1` name → owner, token, context, remaining ms, writer mark remaining ms.
+    /// `$1` name → owner, token, context, remaining ms, live waiters.
     pub(crate) inspect_lock: Stmt,
     /// `$1` name → owner, token, context, remaining ms per live reader.
     pub(crate) inspect_readers: Stmt,
@@ -190,12 +219,13 @@ impl Statements {
                 "INSERT INTO {locks} (name, owner, token, context, acquired_at, expires_at, shared_until, writer_wait_until) \
                  VALUES ($1, $2, LAST_INSERT_ID(CLOCK_US), $4, NOW, NOW + $3, 0, 0) \
                  ON DUPLICATE KEY UPDATE \
-                   token = IF(@dlock_grant := ((owner IS NULL OR expires_at <= NOW OR owner = VALUES(owner)) AND shared_until <= NOW), \
+                   token = IF(@dlock_grant := (((owner <=> VALUES(owner) AND expires_at > NOW) \
+                                 OR ((owner IS NULL OR expires_at <= NOW) AND EXCLUSIVE_GATE)) \
+                                AND shared_until <= NOW), \
                               LAST_INSERT_ID(IF(owner <=> VALUES(owner) AND expires_at > NOW, token, GREATEST(token + 1, CLOCK_US))), \
                               token + LAST_INSERT_ID(0)), \
                    acquired_at = IF(@dlock_grant, IF(owner <=> VALUES(owner) AND expires_at > NOW, acquired_at, NOW), acquired_at), \
                    context = IF(@dlock_grant, VALUES(context), context), \
-                   writer_wait_until = IF(@dlock_grant, 0, writer_wait_until), \
                    expires_at = IF(@dlock_grant, NOW + $3, expires_at), \
                    owner = IF(@dlock_grant, VALUES(owner), owner)",
             ),
@@ -208,8 +238,9 @@ impl Statements {
                    acquired_at = CASE WHEN {locks}.owner = excluded.owner AND {locks}.expires_at > NOW \
                                 THEN {locks}.acquired_at ELSE excluded.acquired_at END, \
                    owner = excluded.owner, context = excluded.context, \
-                   expires_at = excluded.expires_at, writer_wait_until = 0 \
-                 WHERE ({locks}.owner IS NULL OR {locks}.expires_at <= NOW OR {locks}.owner = excluded.owner) \
+                   expires_at = excluded.expires_at \
+                 WHERE (({locks}.owner = excluded.owner AND {locks}.expires_at > NOW) \
+                     OR (({locks}.owner IS NULL OR {locks}.expires_at <= NOW) AND EXCLUSIVE_GATE)) \
                    AND {locks}.shared_until <= NOW \
                  RETURNING token",
             ),
@@ -219,7 +250,7 @@ impl Statements {
                 "INSERT INTO {locks} (name, owner, token, context, acquired_at, expires_at, shared_until, writer_wait_until) \
                  VALUES ($1, NULL, LAST_INSERT_ID(CLOCK_US), NULL, 0, 0, NOW + $2, 0) \
                  ON DUPLICATE KEY UPDATE \
-                   token = IF(@dlock_grant := ((owner IS NULL OR expires_at <= NOW) AND writer_wait_until <= NOW), \
+                   token = IF(@dlock_grant := ((owner IS NULL OR expires_at <= NOW) AND SHARED_GATE), \
                               LAST_INSERT_ID(GREATEST(token + 1, CLOCK_US)), token + LAST_INSERT_ID(0)), \
                    shared_until = IF(@dlock_grant, GREATEST(shared_until, NOW + $2), shared_until)",
             ),
@@ -229,7 +260,7 @@ impl Statements {
                  ON CONFLICT (name) DO UPDATE SET \
                    token = GREATEST({locks}.token + 1, excluded.token), \
                    shared_until = GREATEST({locks}.shared_until, excluded.shared_until) \
-                 WHERE ({locks}.owner IS NULL OR {locks}.expires_at <= NOW) AND {locks}.writer_wait_until <= NOW \
+                 WHERE ({locks}.owner IS NULL OR {locks}.expires_at <= NOW) AND SHARED_GATE \
                  RETURNING token",
             ),
         };
@@ -268,11 +299,26 @@ impl Statements {
         Statements {
             acquire_exclusive,
             contention: s(
-                "SELECT {owner}, expires_at - NOW, shared_until - NOW FROM {locks} WHERE name = $1",
+                "SELECT {owner}, expires_at - NOW, shared_until - NOW, \
+                   (SELECT COUNT(*) FROM {waiters} w WHERE w.name = $1 AND w.alive_until > NOW \
+                      AND EXISTS (SELECT 1 FROM {waiters} me WHERE me.name = $1 AND me.waiter = $2 \
+                        AND (w.arrived < me.arrived OR (w.arrived = me.arrived AND w.waiter < me.waiter)))) \
+                 FROM {locks} WHERE name = $1",
             ),
-            mark_writer: s(
-                "UPDATE {locks} SET writer_wait_until = GREATEST(writer_wait_until, NOW + $2) WHERE name = $1",
-            ),
+            enqueue: s(match dialect {
+                Dialect::MySql => {
+                    "INSERT INTO {waiters} (name, waiter, mode, arrived, alive_until) \
+                     VALUES ($1, $2, $3, NOW, NOW + $4) \
+                     ON DUPLICATE KEY UPDATE alive_until = VALUES(alive_until)"
+                }
+                Dialect::Sqlite | Dialect::Postgres => {
+                    "INSERT INTO {waiters} (name, waiter, mode, arrived, alive_until) \
+                     VALUES ($1, $2, $3, NOW, NOW + $4) \
+                     ON CONFLICT (name, waiter) DO UPDATE SET alive_until = excluded.alive_until"
+                }
+            }),
+            purge_waiters: s("DELETE FROM {waiters} WHERE name = $1 AND alive_until <= NOW"),
+            dequeue: s("DELETE FROM {waiters} WHERE name = $1 AND waiter = $2"),
             release_exclusive,
             renew_exclusive: s(
                 "UPDATE {locks} SET expires_at = NOW + $3 WHERE name = $1 AND owner = $2 AND expires_at > NOW",
@@ -295,7 +341,9 @@ impl Statements {
                 "UPDATE {readers} SET expires_at = NOW + $3 WHERE name = $1 AND owner = $2 AND expires_at > NOW",
             ),
             inspect_lock: s(
-                "SELECT {owner}, token, context, expires_at - NOW, writer_wait_until - NOW FROM {locks} WHERE name = $1",
+                "SELECT {owner}, token, context, expires_at - NOW, \
+                   (SELECT COUNT(*) FROM {waiters} w WHERE w.name = $1 AND w.alive_until > NOW) \
+                 FROM {locks} WHERE name = $1",
             ),
             inspect_readers: s(
                 "SELECT {owner}, token, context, expires_at - NOW FROM {readers} \
@@ -305,13 +353,12 @@ impl Statements {
                 "UPDATE {locks} SET owner = NULL, context = NULL, acquired_at = 0, expires_at = 0 \
                  WHERE name = $1 AND owner IS NOT NULL AND expires_at > NOW",
             ),
-            force_clear: s(
-                "UPDATE {locks} SET shared_until = 0, writer_wait_until = 0 WHERE name = $1",
-            ),
+            force_clear: s("UPDATE {locks} SET shared_until = 0 WHERE name = $1"),
             force_readers: s("DELETE FROM {readers} WHERE name = $1 AND expires_at > NOW"),
             live_locks: s(
                 "SELECT COUNT(*) FROM {locks} WHERE substr(name, 1, length($1)) = $1 \
-                 AND ((owner IS NOT NULL AND expires_at > NOW) OR shared_until > NOW OR writer_wait_until > NOW)",
+                 AND ((owner IS NOT NULL AND expires_at > NOW) OR shared_until > NOW \
+                   OR EXISTS (SELECT 1 FROM {waiters} w WHERE w.name = {locks}.name AND w.alive_until > NOW))",
             ),
             notify,
         }

@@ -39,8 +39,14 @@
 //! * **Waiting** polls with [`Backoff`] (equal jitter), never past
 //!   the deadline and never past the holder's lease end; on PostgreSQL a release also
 //!   sends `NOTIFY` and one local waiter per process wakes at once.
-//! * **Fair mode** is not supported (`ErrorKind::Unsupported`). **Shared mode** is; a
-//!   waiting writer marks the row so new readers stand back until it gets through.
+//! * **Waiters queue** in a table of their own (arrival and liveness on the database
+//!   clock; a waiter re-checks at least every third of its liveness, a crashed one
+//!   lapses, a cancelled one leaves at once). **Fair mode** grants in arrival order:
+//!   a free lock goes to the earliest live waiter (readers together, up to the first
+//!   waiting writer). **Non-fair mode** lets newcomers take a free lock ahead of the
+//!   queue, until a queued waiter has waited [`JdbcOptions::starvation_after`]; then
+//!   it goes first, so no waiter starves. In both modes new readers stand back for a
+//!   writer queued before them.
 //! * Names are bound parameters, never SQL text; names longer than
 //!   [`MAX_NAME_LEN`] bytes are refused with `InvalidName`.
 //!
@@ -93,6 +99,14 @@ pub struct JdbcOptions {
     pub backoff: Backoff,
     /// Create or upgrade the tables on connect. Default true.
     pub migrate: bool,
+    /// How long a queued waiter stays in the queue without re-checking; a waiter
+    /// re-checks at least every third of it, so only a crashed waiter lapses.
+    /// Default 3 s.
+    pub waiter_liveness: Duration,
+    /// Non-fair mode: how long a queued waiter may be passed by callers that arrived
+    /// after it (barging, for throughput). Once it has waited this long it goes
+    /// first, so no waiter starves. Default 100 ms.
+    pub starvation_after: Duration,
 }
 
 impl Default for JdbcOptions {
@@ -103,6 +117,8 @@ impl Default for JdbcOptions {
             acquire_timeout: Duration::from_secs(5),
             backoff: Backoff::default(),
             migrate: true,
+            waiter_liveness: Duration::from_secs(3),
+            starvation_after: Duration::from_millis(100),
         }
     }
 }
@@ -138,10 +154,18 @@ impl JdbcOptions {
         self
     }
 
-    /// How long a waiting writer's mark holds new readers back without a refresh:
-    /// comfortably longer than the longest poll interval.
-    pub(crate) fn writer_mark_ttl(&self) -> Duration {
-        (self.backoff.delay(u32::MAX) * 4).max(Duration::from_secs(1))
+    /// Sets how long a queued waiter stays queued without re-checking (at least
+    /// 30 ms; shorter values are raised to it).
+    pub fn waiter_liveness(mut self, liveness: Duration) -> Self {
+        self.waiter_liveness = liveness.max(Duration::from_millis(30));
+        self
+    }
+
+    /// Sets how long a queued waiter may be passed in non-fair mode before it goes
+    /// first (`Duration::ZERO`: never passed, like fair mode).
+    pub fn starvation_after(mut self, after: Duration) -> Self {
+        self.starvation_after = after;
+        self
     }
 }
 
@@ -312,6 +336,12 @@ fn open_mysql(url: &str, options: &JdbcOptions) -> Result<Pool> {
             Box::pin(async move {
                 // Lease arithmetic uses NOW(3); in UTC it never jumps at DST changes.
                 conn.execute("SET time_zone = '+00:00'").await?;
+                // Statements read the waiters' queue to decide a grant; under
+                // REPEATABLE READ those reads take gap locks that deadlock against
+                // waiters joining and leaving. Every decision that must be serialised
+                // is already serialised by the lock's row, which each statement locks.
+                conn.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+                    .await?;
                 Ok(())
             })
         })

@@ -11,6 +11,11 @@
 //!   counter `token`. The row outlives releases so the counter never repeats; it holds
 //!   no holder state once released.
 //! * `readers` — one row per shared holder, deleted on release.
+//! * `waiters` (version 2) — one row per waiting acquire: its arrival and liveness
+//!   (database ms). Queued waiters ahead of a caller go first: all of them in fair
+//!   mode, the starving ones in non-fair mode, and waiting writers before new
+//!   readers. A row leaves with its waiter (granted, gave up or cancelled) or lapses
+//!   with its liveness. Since version 2 `locks.writer_wait_until` is unused.
 
 use dlock_spi::{Error, ErrorKind, Result};
 use sqlx::Row;
@@ -26,7 +31,8 @@ struct Migration {
     postgres: &'static [&'static str],
 }
 
-const MIGRATIONS: &[Migration] = &[Migration {
+const MIGRATIONS: &[Migration] = &[
+    Migration {
     version: 1,
     sqlite: &[
         "CREATE TABLE IF NOT EXISTS {locks} (
@@ -86,14 +92,40 @@ const MIGRATIONS: &[Migration] = &[Migration {
             expires_at BIGINT NOT NULL,
             PRIMARY KEY (name, owner))",
     ],
-}];
+},
+    Migration {
+        version: 2,
+        sqlite: &["CREATE TABLE IF NOT EXISTS {waiters} (
+            name TEXT NOT NULL,
+            waiter TEXT NOT NULL,
+            mode TEXT NOT NULL,
+            arrived INTEGER NOT NULL,
+            alive_until INTEGER NOT NULL,
+            PRIMARY KEY (name, waiter))"],
+        mysql: &["CREATE TABLE IF NOT EXISTS {waiters} (
+            name VARBINARY(512) NOT NULL,
+            waiter VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+            mode CHAR(1) NOT NULL,
+            arrived BIGINT NOT NULL,
+            alive_until BIGINT NOT NULL,
+            PRIMARY KEY (name, waiter)) ENGINE=InnoDB"],
+        postgres: &["CREATE TABLE IF NOT EXISTS {waiters} (
+            name TEXT NOT NULL,
+            waiter TEXT NOT NULL,
+            mode TEXT NOT NULL,
+            arrived BIGINT NOT NULL,
+            alive_until BIGINT NOT NULL,
+            PRIMARY KEY (name, waiter))"],
+    },
+];
 
 /// The newest schema version this crate knows.
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = 2;
 
 fn fill(sql: &str, prefix: &str) -> String {
     sql.replace("{locks}", &format!("{prefix}locks"))
         .replace("{readers}", &format!("{prefix}readers"))
+        .replace("{waiters}", &format!("{prefix}waiters"))
         .replace("{schema}", &format!("{prefix}schema_version"))
 }
 

@@ -5,6 +5,8 @@
 //! * [`conformance`] — the cases, each a `pub async fn(Arc<dyn TestBackend>)`.
 //! * [`lockcheck`] — the lock-history checker (DESIGN.md §9): workers, nemeses, a
 //!   fenced register and a checker over the histories; binary `lockcheck`.
+//! * [`handover`] — the starvation bound: processes handing one non-fair lock over;
+//!   binary `handover`.
 //! * [`runner`] — selects backends from `DLOCK_TEST_BACKENDS` (comma-separated,
 //!   default `memory`) and runs a case on each; a requested backend that cannot be
 //!   opened fails the run.
@@ -16,6 +18,7 @@ pub mod bench;
 pub mod conformance;
 pub mod curator;
 pub mod faults;
+pub mod handover;
 pub mod lockcheck;
 pub mod proxy;
 pub mod runner;

@@ -42,4 +42,5 @@ cases!(
     cancel_during_unlock,
     cancel_at_random_points,
     a_long_wait_grants_a_live_hold,
+    a_leaving_writer_lets_readers_in,
 );

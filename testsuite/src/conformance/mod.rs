@@ -24,6 +24,8 @@ mod grants;
 pub use grants::{
     a_long_wait_grants_a_live_hold, cancel_at_random_points, cancel_during_unlock, drop_then_relock,
 };
+mod waiters;
+pub use waiters::{a_leaving_writer_lets_readers_in, cancelled_lock_leaves_nothing};
 
 /// How late a `try_lock(wait)` may return beyond `wait` (one round trip and scheduling).
 pub const WAIT_SLACK: Duration = Duration::from_millis(250);
@@ -559,42 +561,6 @@ pub async fn drop_releases(backend: Arc<dyn TestBackend>) {
     env.finish(&[&a, &b]).await;
 }
 
-/// A `lock()` cancelled by dropping its future leaves no waiter behind.
-pub async fn cancelled_lock_leaves_nothing(backend: Arc<dyn TestBackend>) {
-    let env = Env::new(backend);
-    let (a, b) = env.two_managers().await;
-    let g = take(&a.lock("cancel"), Duration::ZERO).await;
-    for lock in [b.lock("cancel"), b.fair_lock("cancel")] {
-        if lock.fairness() == dlock_spi::Fairness::Fair && !b.capabilities().fair {
-            continue;
-        }
-        let lock2 = lock.clone();
-        let attempt = tokio::spawn(async move { lock2.lock().await.map(drop) });
-        let seen = eventually(Duration::from_secs(5), || async {
-            waiters(&b, "cancel").await >= 1
-        })
-        .await;
-        attempt.abort();
-        let _ = attempt.await;
-        if seen {
-            let gone = eventually(Duration::from_secs(5), || async {
-                waiters(&b, "cancel").await == 0
-            })
-            .await;
-            assert!(gone, "the cancelled waiter is still registered");
-        }
-    }
-    assert_eq!(
-        env.backend()
-            .live_state(env.namespace())
-            .await
-            .expect("count"),
-        1
-    );
-    g.unlock().await.expect("unlock");
-    env.finish(&[&a, &b]).await;
-}
-
 /// Fair mode grants in arrival order (or is refused as unsupported).
 pub async fn fair_mode_grants_in_order(backend: Arc<dyn TestBackend>) {
     const WAITERS: usize = 5;
@@ -1015,4 +981,5 @@ pub const CASES: &[&str] = &[
     "cancel_during_unlock",
     "cancel_at_random_points",
     "a_long_wait_grants_a_live_hold",
+    "a_leaving_writer_lets_readers_in",
 ];

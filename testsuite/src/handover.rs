@@ -1,0 +1,303 @@
+//! The starvation bound: several client processes hand one non-fair lock over to
+//! each other for a while (each: wait for the lock, hold it briefly, unlock, again at
+//! once), and no process may be starved — every wait ends in a grant, and the
+//! busiest process gets at most [`RATIO_BOUND`] times the grants of the least busy.
+//!
+//! Server labels run each client as an OS process of its own (binary `handover`,
+//! re-executed with `--worker`); `memory` runs them as tasks of one process.
+
+use std::process::Stdio;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use dlock_api::DistributeLockManagerBuilder;
+use tokio::io::AsyncReadExt;
+use tokio::process::Command;
+
+use crate::backends;
+use crate::lockcheck::coordinator::in_process;
+
+/// The most grants the busiest process may have per grant of the least busy.
+pub const RATIO_BOUND: f64 = 3.0;
+/// The environment variable that gives a worker process the backend URL.
+pub const WORKER_URL_VAR: &str = "DLOCK_HANDOVER_URL";
+/// How long workers are given to start before the common start instant.
+const START_DELAY: Duration = Duration::from_secs(3);
+/// How long after its run a worker may take to report before it is killed.
+const REPORT_GRACE: Duration = Duration::from_secs(20);
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Backend label.
+    pub label: String,
+    /// Client processes.
+    pub processes: u32,
+    /// How long they hand the lock over.
+    pub duration: Duration,
+    /// How long each grant is held.
+    pub hold: Duration,
+    /// The longest a process waits for one grant before it counts a timeout.
+    pub wait: Duration,
+}
+
+impl Options {
+    /// The setting: 8 processes, 8 s, hold 1 ms, waits of at most 5 s.
+    pub fn standard(label: &str) -> Self {
+        Options {
+            label: label.to_owned(),
+            processes: 8,
+            duration: Duration::from_secs(8),
+            hold: Duration::from_millis(1),
+            wait: Duration::from_secs(5),
+        }
+    }
+}
+
+/// One process's figures.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WorkerFigures {
+    /// Grants received.
+    pub grants: u64,
+    /// Waits that ended without a grant.
+    pub timeouts: u64,
+    /// Errors returned by `try_lock` or `unlock`.
+    pub errors: u64,
+    /// The longest wait for one grant, in ms.
+    pub longest_wait_ms: u64,
+}
+
+impl WorkerFigures {
+    /// The line a worker prints.
+    pub fn line(&self) -> String {
+        format!(
+            "grants={} timeouts={} errors={} longest_wait_ms={}",
+            self.grants, self.timeouts, self.errors, self.longest_wait_ms
+        )
+    }
+
+    /// Parses [`line`](Self::line).
+    pub fn parse(line: &str) -> Option<Self> {
+        let mut f = WorkerFigures::default();
+        let mut seen = 0;
+        for pair in line.split_whitespace() {
+            let (key, value) = pair.split_once('=')?;
+            let value: u64 = value.parse().ok()?;
+            match key {
+                "grants" => f.grants = value,
+                "timeouts" => f.timeouts = value,
+                "errors" => f.errors = value,
+                "longest_wait_ms" => f.longest_wait_ms = value,
+                _ => return None,
+            }
+            seen += 1;
+        }
+        (seen == 4).then_some(f)
+    }
+}
+
+/// A run's figures.
+#[derive(Debug, Clone)]
+pub struct Summary {
+    /// Per process.
+    pub workers: Vec<WorkerFigures>,
+}
+
+impl Summary {
+    /// Grants of the busiest process per grant of the least busy (∞ if one got none).
+    pub fn ratio(&self) -> f64 {
+        let max = self.workers.iter().map(|w| w.grants).max().unwrap_or(0);
+        let min = self.workers.iter().map(|w| w.grants).min().unwrap_or(0);
+        if min == 0 {
+            f64::INFINITY
+        } else {
+            max as f64 / min as f64
+        }
+    }
+
+    /// Waits that ended without a grant, over all processes.
+    pub fn timeouts(&self) -> u64 {
+        self.workers.iter().map(|w| w.timeouts).sum()
+    }
+
+    /// Errors, over all processes.
+    pub fn errors(&self) -> u64 {
+        self.workers.iter().map(|w| w.errors).sum()
+    }
+
+    /// All grants.
+    pub fn grants(&self) -> u64 {
+        self.workers.iter().map(|w| w.grants).sum()
+    }
+
+    /// The longest wait of any process, in ms.
+    pub fn longest_wait_ms(&self) -> u64 {
+        self.workers
+            .iter()
+            .map(|w| w.longest_wait_ms)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Whether the bound holds: no timeouts, no errors, ratio ≤ [`RATIO_BOUND`].
+    pub fn within_bound(&self) -> bool {
+        self.timeouts() == 0 && self.errors() == 0 && self.ratio() <= RATIO_BOUND
+    }
+
+    /// One line for logs and notes.
+    pub fn line(&self, label: &str) -> String {
+        let per: Vec<String> = self.workers.iter().map(|w| w.grants.to_string()).collect();
+        format!(
+            "handover {label}: processes={} grants={} per-process=[{}] max/min={:.2} timeouts={} errors={} longest_wait_ms={}",
+            self.workers.len(),
+            self.grants(),
+            per.join(","),
+            self.ratio(),
+            self.timeouts(),
+            self.errors(),
+            self.longest_wait_ms()
+        )
+    }
+}
+
+/// Runs the handover on `opts.label` and returns its figures (the bound is the
+/// caller's to judge). An unreachable backend or a worker that fails is an error.
+pub async fn run(opts: &Options, worker_exe: &std::path::Path) -> Result<Summary, String> {
+    let url = if in_process(&opts.label) {
+        String::new()
+    } else {
+        backends::server_url(&opts.label)
+            .ok_or_else(|| format!("unknown backend label {:?}", opts.label))?
+    };
+    // Opened once: it probes the backend and owns a per-run SQLite file.
+    let backend = backends::open_at(&opts.label, url.clone())
+        .await
+        .map_err(|e| format!("backend {} cannot be opened: {e}", opts.label))?;
+    let namespace = format!("handover-{:08x}:", fastrand::u32(..));
+    let start_at = SystemTime::now() + START_DELAY;
+    let start_ms = start_at
+        .duration_since(UNIX_EPOCH)
+        .map_err(|e| e.to_string())?
+        .as_millis();
+    let mut workers = Vec::new();
+    if in_process(&opts.label) {
+        let mut tasks = Vec::new();
+        for _ in 0..opts.processes {
+            let client = backend.client().await.map_err(|e| e.to_string())?;
+            let manager = DistributeLockManagerBuilder::new(client)
+                .namespace(namespace.clone())
+                .build()
+                .map_err(|e| e.to_string())?;
+            let opts = opts.clone();
+            tasks.push(tokio::spawn(async move {
+                worker(&manager, &opts, start_at).await
+            }));
+        }
+        for t in tasks {
+            workers.push(t.await.map_err(|e| format!("worker task: {e}"))?);
+        }
+        return Ok(Summary { workers });
+    }
+    let mut children = Vec::new();
+    for i in 0..opts.processes {
+        let child = Command::new(worker_exe)
+            .arg("--worker")
+            .arg("--backend")
+            .arg(&opts.label)
+            .arg("--namespace")
+            .arg(&namespace)
+            .arg("--start-ms")
+            .arg(start_ms.to_string())
+            .arg("--seconds")
+            .arg(format!("{:.3}", opts.duration.as_secs_f64()))
+            .arg("--hold-ms")
+            .arg(opts.hold.as_millis().to_string())
+            .arg("--wait-ms")
+            .arg(opts.wait.as_millis().to_string())
+            .env(WORKER_URL_VAR, &url)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| format!("cannot start worker {i} ({}): {e}", worker_exe.display()))?;
+        children.push(child);
+    }
+    let bound = START_DELAY + opts.duration + opts.wait + REPORT_GRACE;
+    for (i, mut child) in children.into_iter().enumerate() {
+        let status = tokio::time::timeout(bound, child.wait())
+            .await
+            .map_err(|_| format!("worker {i} did not finish within {bound:?}"))?
+            .map_err(|e| format!("worker {i}: {e}"))?;
+        let mut out = String::new();
+        let mut err = String::new();
+        if let Some(mut s) = child.stdout.take() {
+            let _ = s.read_to_string(&mut out).await;
+        }
+        if let Some(mut s) = child.stderr.take() {
+            let _ = s.read_to_string(&mut err).await;
+        }
+        let figures = out.lines().rev().find_map(WorkerFigures::parse);
+        match (status.success(), figures) {
+            (true, Some(f)) => workers.push(f),
+            _ => return Err(format!("worker {i} failed ({status}): {}", err.trim())),
+        }
+    }
+    drop(backend);
+    Ok(Summary { workers })
+}
+
+/// A worker process's main: opens the backend at `url` and hands the lock over.
+pub async fn worker_process(
+    opts: &Options,
+    url: String,
+    namespace: String,
+    start_at: SystemTime,
+) -> Result<WorkerFigures, String> {
+    let backend = backends::open_at(&opts.label, url)
+        .await
+        .map_err(|e| format!("backend {} cannot be opened: {e}", opts.label))?;
+    let client = backend.client().await.map_err(|e| e.to_string())?;
+    let manager = DistributeLockManagerBuilder::new(client)
+        .namespace(namespace)
+        .build()
+        .map_err(|e| e.to_string())?;
+    let figures = worker(&manager, opts, start_at).await;
+    manager.close().await;
+    Ok(figures)
+}
+
+/// Waits for the common start, then hands the lock over until the run ends.
+async fn worker(
+    manager: &dlock_api::DistributeLockManager,
+    opts: &Options,
+    start_at: SystemTime,
+) -> WorkerFigures {
+    let lock = manager.lock("handover");
+    if let Ok(d) = start_at.duration_since(SystemTime::now()) {
+        tokio::time::sleep(d).await;
+    }
+    let end = Instant::now() + opts.duration;
+    let mut f = WorkerFigures::default();
+    while Instant::now() < end {
+        let asked = Instant::now();
+        match lock.try_lock(opts.wait).await {
+            Ok(Some(guard)) => {
+                let waited = u64::try_from(asked.elapsed().as_millis()).unwrap_or(u64::MAX);
+                f.longest_wait_ms = f.longest_wait_ms.max(waited);
+                f.grants += 1;
+                tokio::time::sleep(opts.hold).await;
+                if guard.unlock().await.is_err() {
+                    f.errors += 1;
+                }
+            }
+            Ok(None) => {
+                f.timeouts += 1;
+                f.longest_wait_ms = f
+                    .longest_wait_ms
+                    .max(u64::try_from(asked.elapsed().as_millis()).unwrap_or(u64::MAX));
+            }
+            Err(_) => f.errors += 1,
+        }
+    }
+    f
+}
