@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use dlock_spi::{
-    AcquireRequest, AcquireResult, Backoff, Capabilities, Error, Fairness, FencingToken, HolderInfo,
-    HolderKey, LockAdmin, LockMode, LockName, LockRemoteResource, LockState, OwnerId,
+    AcquireRequest, AcquireResult, Backoff, Capabilities, Error, Fairness, FencingToken,
+    HolderInfo, HolderKey, LockAdmin, LockMode, LockName, LockRemoteResource, LockState, OwnerId,
     ReleaseRequest, ReleaseResult, RenewRequest, RenewResult, Result,
 };
 use sqlx::Row;
@@ -213,7 +213,8 @@ impl Drop for QueueSlot {
         if self.refreshed.is_none() {
             return;
         }
-        let (backend, name, waiter) = (self.backend.clone(), self.name.clone(), self.waiter.clone());
+        let (backend, name, waiter) =
+            (self.backend.clone(), self.name.clone(), self.waiter.clone());
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(async move { dequeue(&backend, &name, &waiter).await });
         }
@@ -431,7 +432,13 @@ impl JdbcBackend {
 
     /// Queues `waiter` (or refreshes its liveness); the `first` time, forgets the
     /// waiters that crashed while queued.
-    async fn enqueue(&self, name: &LockName, waiter: &HolderKey, mode: LockMode, first: bool) -> Result<()> {
+    async fn enqueue(
+        &self,
+        name: &LockName,
+        waiter: &HolderKey,
+        mode: LockMode,
+        first: bool,
+    ) -> Result<()> {
         let s = &self.inner.statements;
         let name = Param::Text(name.as_str());
         if first {

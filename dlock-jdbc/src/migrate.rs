@@ -33,9 +33,9 @@ struct Migration {
 
 const MIGRATIONS: &[Migration] = &[
     Migration {
-    version: 1,
-    sqlite: &[
-        "CREATE TABLE IF NOT EXISTS {locks} (
+        version: 1,
+        sqlite: &[
+            "CREATE TABLE IF NOT EXISTS {locks} (
             name TEXT NOT NULL PRIMARY KEY,
             owner TEXT NULL,
             token INTEGER NOT NULL,
@@ -44,7 +44,7 @@ const MIGRATIONS: &[Migration] = &[
             expires_at INTEGER NOT NULL DEFAULT 0,
             shared_until INTEGER NOT NULL DEFAULT 0,
             writer_wait_until INTEGER NOT NULL DEFAULT 0)",
-        "CREATE TABLE IF NOT EXISTS {readers} (
+            "CREATE TABLE IF NOT EXISTS {readers} (
             name TEXT NOT NULL,
             owner TEXT NOT NULL,
             token INTEGER NOT NULL,
@@ -52,10 +52,10 @@ const MIGRATIONS: &[Migration] = &[
             acquired_at INTEGER NOT NULL,
             expires_at INTEGER NOT NULL,
             PRIMARY KEY (name, owner))",
-    ],
-    mysql: &[
-        // Names are VARBINARY: compared byte for byte, so "A" ≠ "a" and "a" ≠ "a ".
-        "CREATE TABLE IF NOT EXISTS {locks} (
+        ],
+        mysql: &[
+            // Names are VARBINARY: compared byte for byte, so "A" ≠ "a" and "a" ≠ "a ".
+            "CREATE TABLE IF NOT EXISTS {locks} (
             name VARBINARY(512) NOT NULL PRIMARY KEY,
             owner VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL,
             token BIGINT NOT NULL,
@@ -64,7 +64,7 @@ const MIGRATIONS: &[Migration] = &[
             expires_at BIGINT NOT NULL DEFAULT 0,
             shared_until BIGINT NOT NULL DEFAULT 0,
             writer_wait_until BIGINT NOT NULL DEFAULT 0) ENGINE=InnoDB",
-        "CREATE TABLE IF NOT EXISTS {readers} (
+            "CREATE TABLE IF NOT EXISTS {readers} (
             name VARBINARY(512) NOT NULL,
             owner VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
             token BIGINT NOT NULL,
@@ -72,9 +72,9 @@ const MIGRATIONS: &[Migration] = &[
             acquired_at BIGINT NOT NULL,
             expires_at BIGINT NOT NULL,
             PRIMARY KEY (name, owner)) ENGINE=InnoDB",
-    ],
-    postgres: &[
-        "CREATE TABLE IF NOT EXISTS {locks} (
+        ],
+        postgres: &[
+            "CREATE TABLE IF NOT EXISTS {locks} (
             name TEXT NOT NULL PRIMARY KEY,
             owner TEXT NULL,
             token BIGINT NOT NULL,
@@ -83,7 +83,7 @@ const MIGRATIONS: &[Migration] = &[
             expires_at BIGINT NOT NULL DEFAULT 0,
             shared_until BIGINT NOT NULL DEFAULT 0,
             writer_wait_until BIGINT NOT NULL DEFAULT 0)",
-        "CREATE TABLE IF NOT EXISTS {readers} (
+            "CREATE TABLE IF NOT EXISTS {readers} (
             name TEXT NOT NULL,
             owner TEXT NOT NULL,
             token BIGINT NOT NULL,
@@ -91,8 +91,8 @@ const MIGRATIONS: &[Migration] = &[
             acquired_at BIGINT NOT NULL,
             expires_at BIGINT NOT NULL,
             PRIMARY KEY (name, owner))",
-    ],
-},
+        ],
+    },
     Migration {
         version: 2,
         sqlite: &["CREATE TABLE IF NOT EXISTS {waiters} (

@@ -80,10 +80,9 @@ pub struct RedisBackend {
 enum Waiting {
     /// Nothing: the caller returns.
     No,
-    /// Mark a waiting writer; the caller polls (no notices).
-    Polling,
-    /// Also queue, to be named by a release notice.
-    ForNotice,
+    /// Queue, for its turn and to be named by a release (told on the backend's
+    /// notice channel, or polling).
+    Queue,
     /// Already queued: stay (refresh liveness); leave the queue if granted.
     Queued,
 }
@@ -92,11 +91,21 @@ impl Waiting {
     fn arg(self) -> &'static str {
         match self {
             Waiting::No => "0",
-            Waiting::Polling => "1",
-            Waiting::ForNotice => "2",
+            Waiting::Queue => "1",
             Waiting::Queued => "3",
         }
     }
+}
+
+/// An acquire script's answer.
+struct Answer {
+    granted: bool,
+    /// The token when granted, else ms until the lock may be free (0: unknown).
+    value: i64,
+    /// Refused and queued.
+    queued: bool,
+    /// Refused: live waiters queued ahead of this one.
+    ahead: i64,
 }
 
 /// Removes a waiter's queue entry if its acquire is dropped mid-wait.
@@ -281,18 +290,19 @@ impl RedisBackend {
     }
 
     /// Runs an acquire script: `{1, token}` when granted, `{0, ms left, queued}` when not.
-    async fn run_acquire(&self, inv: &ScriptCall<'_>) -> Result<(bool, i64, bool)> {
+    async fn run_acquire(&self, inv: &ScriptCall<'_>) -> Result<Answer> {
         let reply: Vec<i64> = self
             .inner
             .conn
             .invoke(inv)
             .await
             .map_err(|e| map_redis(e, "acquire"))?;
-        Ok((
-            reply.first() == Some(&1),
-            reply.get(1).copied().unwrap_or(0),
-            reply.get(2) == Some(&1),
-        ))
+        Ok(Answer {
+            granted: reply.first() == Some(&1),
+            value: reply.get(1).copied().unwrap_or(0),
+            queued: reply.get(2) == Some(&1),
+            ahead: reply.get(3).copied().unwrap_or(0),
+        })
     }
 
     /// Runs a script that answers 1 (done) or 0 (not the owner).
@@ -341,15 +351,14 @@ impl RedisBackend {
         keys: &LockKeys,
         waiting: bool,
         queued: bool,
-    ) -> Result<(bool, i64, bool)> {
+    ) -> Result<Answer> {
         self.inner.attempts.fetch_add(1, Ordering::Relaxed);
         let o = &self.inner.options;
         let value = HolderValue(OwnerPart(holder), req.context.as_ref());
-        let waiting = match (waiting, queued, self.inner.notices.is_some()) {
-            (_, true, _) => Waiting::Queued,
-            (false, ..) => Waiting::No,
-            (true, _, false) => Waiting::Polling,
-            (true, _, true) => Waiting::ForNotice,
+        let waiting = match (waiting, queued) {
+            (_, true) => Waiting::Queued,
+            (false, false) => Waiting::No,
+            (true, false) => Waiting::Queue,
         };
         if req.mode == LockMode::Exclusive && req.fairness == Fairness::NonFair {
             // The hot path: a lean script; a caller that will not wait declares only
@@ -362,13 +371,8 @@ impl RedisBackend {
             let mut inv = keys.invocation(&self.inner.scripts.acquire_exclusive, declared);
             inv.arg(value).arg(ms(req.lease));
             if waiting != Waiting::No {
-                // A waiting writer's mark outlives a polling waiter's longest sleep.
-                let mark = o.polling.map_or(Duration::from_secs(1), |b| {
-                    (b.delay(u32::MAX) * 4).max(Duration::from_secs(1))
-                });
                 inv.arg(waiting.arg())
                     .arg(ms(o.waiter_liveness))
-                    .arg(ms(mark))
                     .arg(self.notice_channel());
             }
             return self.run_acquire(&inv).await;
@@ -510,29 +514,18 @@ impl LockRemoteResource for RedisBackend {
             ))),
             _ => None,
         };
-        // A waiter queues on the server (when notices flow); it leaves the queue if
-        // dropped.
+        // A waiter queues on the server (told or polling); it leaves the queue when
+        // it gives up or is dropped.
         let mut slot: Option<QueueSlot> = None;
+        let mut queued = false;
         let mut round = 0u32;
+        let mut was_next = false;
         loop {
             let now = Instant::now();
             let waiting = req.deadline.is_some_and(|d| d > now);
-            let (granted, left_ms, queued) = self
-                .attempt(req, holder.as_str(), &keys, waiting, slot.is_some())
-                .await?;
-            if granted {
-                if let Some(slot) = slot.as_mut() {
-                    slot.armed = false;
-                }
-                // The token comes back as the second element when granted.
-                let token = u64::try_from(left_ms).unwrap_or(0);
-                self.check_replicas(req).await?;
-                return Ok(AcquireResult::acquired(
-                    FencingToken::new(token),
-                    Some(now + req.lease),
-                ));
-            }
-            if queued && slot.is_none() {
+            if waiting && slot.is_none() {
+                // Armed before the attempt that may queue: if the call is dropped
+                // while it is in flight, the leave follows it on the same connection.
                 slot = Some(QueueSlot {
                     backend: self.clone(),
                     keys: keys.clone(),
@@ -540,7 +533,22 @@ impl LockRemoteResource for RedisBackend {
                     armed: true,
                 });
             }
-            let left = u64::try_from(left_ms)
+            let answer = self
+                .attempt(req, holder.as_str(), &keys, waiting, queued)
+                .await?;
+            if answer.granted {
+                if let Some(slot) = slot.as_mut() {
+                    slot.armed = false;
+                }
+                let token = u64::try_from(answer.value).unwrap_or(0);
+                self.check_replicas(req).await?;
+                return Ok(AcquireResult::acquired(
+                    FencingToken::new(token),
+                    Some(now + req.lease),
+                ));
+            }
+            queued |= answer.queued;
+            let left = u64::try_from(answer.value)
                 .ok()
                 .filter(|m| *m > 0)
                 .map(Duration::from_millis);
@@ -558,12 +566,20 @@ impl LockRemoteResource for RedisBackend {
             }
             // A queued waiter re-checks often enough to stay live in the queue, also
             // when it polls with a backoff longer than that.
-            if slot.is_some() {
+            if queued {
                 wake_at = wake_at.min(Instant::now() + self.inner.options.waiter_liveness / 3);
             }
+            // A polling waiter that has just come near the head of the queue polls
+            // from the shortest delay again: it takes the lock soon after it frees
+            // (and within the time a release sets the lock aside for it).
+            let next_in_line = answer.queued && answer.ahead < 2;
+            if next_in_line && !was_next {
+                round = 0;
+            }
+            was_next = next_in_line;
             match (&registration, self.inner.options.polling) {
                 (Some(r), None) if r.subscribed() => {
-                    if slot.is_none() {
+                    if !queued {
                         wake_at = wake_at.min(Instant::now() + SAFETY_RECHECK);
                     }
                     tokio::select! {
@@ -586,13 +602,20 @@ impl LockRemoteResource for RedisBackend {
     async fn release(&self, req: &ReleaseRequest) -> Result<ReleaseResult> {
         let keys = self.keys(&req.name);
         let scripts = &self.inner.scripts;
-        let inv = owner_call(
+        let mut inv = owner_call(
             &keys,
             req.holder().as_str(),
             req.mode,
             (&scripts.release_exclusive, &RELEASE_EXCLUSIVE_KEYS),
             &scripts.release_shared,
         );
+        if req.mode == LockMode::Exclusive {
+            // A queue head that has waited this long gets the lock set aside for it,
+            // for as long as it takes a queued waiter to re-check.
+            let o = &self.inner.options;
+            inv.arg(u64::try_from(o.starvation_after.as_micros()).unwrap_or(u64::MAX))
+                .arg(ms(o.waiter_liveness / 3));
+        }
         Ok(if self.run_flag(&inv, "release").await? {
             ReleaseResult::Released
         } else {
@@ -701,7 +724,7 @@ impl LockAdmin for RedisBackend {
                         continue;
                     };
                     let live = match kind {
-                        "r" | "q" | "ww" => true,
+                        "r" | "q" => true,
                         // A free marker (the last token) is not holder state.
                         "x" => {
                             let v: Option<String> = redis::cmd("GET")
@@ -709,7 +732,8 @@ impl LockAdmin for RedisBackend {
                                 .query_async(&mut conn)
                                 .await
                                 .map_err(|e| map_redis(e, "live_locks"))?;
-                            // The exclusive key exists only while held (by a writer or readers).
+                            // The exclusive key exists only while held (by a writer or
+                            // readers) or set aside for a starving waiter.
                             v.is_some()
                         }
                         _ => false,

@@ -12,7 +12,8 @@ use std::io::Write;
 use dlock_spi::LockName;
 use redis::{RedisWrite, ToRedisArgs};
 
-/// Exclusive holder (expires with the lease), or "R" while readers hold.
+/// Exclusive holder (expires with the lease), "R" while readers hold, or
+/// "@<waiter>" while a release has set the lock aside for a starving queued waiter.
 pub(crate) const EXCLUSIVE: &str = ":x";
 /// Fencing counter: never expires (seeded from the server clock when created).
 pub(crate) const FENCE: &str = ":f";
@@ -27,11 +28,9 @@ pub(crate) const QUEUE_ALIVE: &str = ":ql";
 /// Queued waiters' modes and notice channels: hash owner → "x" | "s", followed by
 /// the channel of the waiter's backend (empty when it polls).
 pub(crate) const QUEUE_MODE: &str = ":qm";
-/// A waiting writer's mark (non-fair read-write locks): readers stand back.
-pub(crate) const WRITER_WAITING: &str = ":ww";
 
-/// The general scripts' keys, in order (KEYS[1..8]).
-pub(crate) const ALL: [&str; 8] = [
+/// The general scripts' keys, in order (KEYS[1..7]).
+pub(crate) const ALL: [&str; 7] = [
     EXCLUSIVE,
     READERS,
     READER_DATA,
@@ -39,17 +38,10 @@ pub(crate) const ALL: [&str; 8] = [
     QUEUE,
     QUEUE_ALIVE,
     QUEUE_MODE,
-    WRITER_WAITING,
 ];
 /// The non-fair exclusive acquire script's keys.
-pub(crate) const ACQUIRE_EXCLUSIVE_KEYS: [&str; 6] = [
-    EXCLUSIVE,
-    FENCE,
-    QUEUE,
-    QUEUE_ALIVE,
-    QUEUE_MODE,
-    WRITER_WAITING,
-];
+pub(crate) const ACQUIRE_EXCLUSIVE_KEYS: [&str; 5] =
+    [EXCLUSIVE, FENCE, QUEUE, QUEUE_ALIVE, QUEUE_MODE];
 /// The exclusive-release script's keys.
 pub(crate) const RELEASE_EXCLUSIVE_KEYS: [&str; 4] = [EXCLUSIVE, QUEUE, QUEUE_ALIVE, QUEUE_MODE];
 
@@ -116,7 +108,7 @@ impl LockKeys {
         script: &'s redis::Script,
         suffixes: &[&'static str],
     ) -> ScriptCall<'s> {
-        // Sized for the largest call (8 keys, 9 arguments) so it never regrows.
+        // Sized for the largest call (7 keys, 9 arguments) so it never regrows.
         let mut cmd = redis::Cmd::with_capacity(20, 512);
         cmd.arg("EVALSHA")
             .arg(script.get_hash())

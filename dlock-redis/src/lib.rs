@@ -36,12 +36,16 @@
 //!   all however many clients wait, so no herd, and none when nobody waits. Dead
 //!   waiters are skipped once their liveness lapses. Fair mode: only the head may
 //!   take the lock. Non-fair: whoever asks first takes a free lock (newcomers barge),
-//!   but waiters are still woken in arrival order, so none starves behind the others.
+//!   but waiters are still woken in arrival order, and once the head has waited
+//!   [`RedisOptions::starvation_after`] a release sets the lock aside for it (for a
+//!   third of the liveness, within which it re-checks): no waiter starves. A waiter
+//!   that gives up or is dropped leaves the queue at once.
 //!   Every waiter also re-checks when the holder's lease runs out, so a crashed
 //!   holder is noticed without a message. [`RedisOptions::polling`] replaces pub/sub
-//!   with backoff polling.
-//! * **Read-write locks**: readers in a sorted set with per-reader expiry; a waiting
-//!   writer marks the lock so new readers stand back (writers are not starved).
+//!   with backoff polling; polling waiters queue the same way.
+//! * **Read-write locks**: readers in a sorted set with per-reader expiry; new readers
+//!   stand back for a writer queued before them (writers are not starved), and a
+//!   writer leaving the queue tells the readers behind it.
 //! * **TLS** (`rediss://`, and `rediss+cluster://` for a Cluster; feature `tls`,
 //!   rustls): the server is verified against the system's roots or a given CA
 //!   ([`RedisOptions::tls_root_certificate`], URL parameter `tls_ca=<pem file>`); a
@@ -82,6 +86,10 @@ pub struct RedisOptions {
     /// every third of this): a crashed waiter is skipped at most this long after it
     /// died. Default 3 s.
     pub waiter_liveness: Duration,
+    /// Non-fair mode: how long a queued waiter may be passed by callers that came
+    /// after it (barging, for throughput). A release then sets the lock aside for
+    /// it, so no waiter starves. Default 100 ms.
+    pub starvation_after: Duration,
     /// How long connecting may take (each connection: commands, notices) before
     /// `connect` fails. Default 5 s.
     pub connect_timeout: Duration,
@@ -101,6 +109,7 @@ impl Default for RedisOptions {
             polling: None,
             replica_ack: None,
             waiter_liveness: Duration::from_secs(3),
+            starvation_after: Duration::from_millis(100),
             connect_timeout: Duration::from_secs(5),
             tls_root_certificate: None,
             tls_identity: None,
@@ -124,6 +133,13 @@ impl RedisOptions {
     /// Sets how long a queued waiter stays queued without re-checking.
     pub fn waiter_liveness(mut self, liveness: Duration) -> Self {
         self.waiter_liveness = liveness;
+        self
+    }
+
+    /// Sets how long a queued waiter may be passed in non-fair mode before a
+    /// release sets the lock aside for it.
+    pub fn starvation_after(mut self, after: Duration) -> Self {
+        self.starvation_after = after;
         self
     }
 

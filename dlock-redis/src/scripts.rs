@@ -12,11 +12,16 @@
 //! key that never expires and advances only on a grant — so while a writer holds the
 //! lock, the counter *is* the writer's token and the holder value need not carry it.
 //!
-//! Waiters — fair or not — queue (a sorted set by the server's clock, with a liveness
-//! deadline each that their re-checks refresh), so a release names one waiter, the
-//! queue's live head, and sends nothing when the queue is empty. Fair mode also makes
-//! everyone else wait for that head; non-fair mode lets whoever asks first take a
-//! free lock (barging), but the waiters among themselves are still served in order.
+//! Waiters — fair or not, told or polling — queue (a sorted set by the server's
+//! clock, with a liveness deadline each that their re-checks refresh), so a release
+//! names one waiter, the queue's live head, and sends nothing when the queue is
+//! empty. Fair mode also makes everyone else wait for that head; non-fair mode lets
+//! whoever asks first take a free lock (barging), but the waiters among themselves
+//! are still served in order, and once the head has waited `starvation_after` an
+//! exclusive release sets the lock aside for it (value `@<head>`, for a third of the
+//! waiters' liveness — the head re-checks within that): nobody can barge past it, and
+//! the newcomers' fast path stays one `SET NX`. In both modes new readers stand back
+//! for a writer queued before them.
 
 /// Helper fragments for the general scripts; each includes only the ones it uses
 /// (Lua re-creates every local function on each call).
@@ -147,6 +152,12 @@ local function notify(x, queue, alive, modes)
   end
 end
 "#;
+const H_RESERVED: &str = r#"
+-- Whether value v of the exclusive key sets the lock aside for someone other than o.
+local function reserved_for_other(v, o)
+  return v ~= nil and v ~= false and string.sub(v, 1, 1) == '@' and v ~= '@' .. o
+end
+"#;
 const H_TIME_LEFT: &str = r#"
 -- ms until the lock may be free (the holder's or the readers' lease).
 local function time_left(x)
@@ -157,11 +168,11 @@ end
 "#;
 
 /// Non-fair exclusive acquire. KEYS: exclusive, fence, and — unless waiting is 0,
-/// when they are not declared — queue, queue liveness, queue modes, writer mark.
-/// ARGV: holder value (`<owner length>|<owner><context>`), lease ms, and — unless
-/// waiting is 0, when they are not sent — waiting (1 yes, 2 yes and queue for a
-/// notice, 3 already queued), liveness ms, writer mark ms, notice channel. Returns
-/// {1, token} or {0, ms left, queued}.
+/// when they are not declared — queue, queue liveness, queue modes. ARGV: holder
+/// value (`<owner length>|<owner><context>`), lease ms, and — unless waiting is 0,
+/// when they are not sent — waiting (1 queue if refused, 3 already queued), liveness
+/// ms, notice channel (empty when polling). Returns {1, token} or {0, ms left,
+/// queued, waiters ahead}.
 ///
 /// A free lock is granted in two server calls (`SET NX PX`, `INCR`), like the raw
 /// floor plus the fencing counter, and returns before the helpers of
@@ -176,7 +187,7 @@ if redis.call('SET', x, ARGV[1], 'NX', 'PX', ARGV[2]) then
 end
 "#;
 /// The non-fair exclusive acquire's tail, after its helpers: a new counter, a queued
-/// waiter's grant, reentry, or a refusal.
+/// waiter's grant, the lock set aside for this waiter, reentry, or a refusal.
 const ACQUIRE_EXCLUSIVE_TAIL: &str = r#"
 local olen = string.match(ARGV[1], '^(%d+)|')
 -- n: the length of the owner part, "<olen>|<owner>".
@@ -186,28 +197,31 @@ if tok == 1 then
   tok = seed(fence)
 elseif not tok then
   local v = redis.call('GET', x)
-  if not v or string.sub(v, 1, n) ~= string.sub(ARGV[1], 1, n) then
-    local queued = 0
+  if v == '@' .. owner then
+    -- A release set the lock aside for this (starving) waiter.
+    redis.call('SET', x, ARGV[1], 'PX', ARGV[2])
+    tok = next_token(fence)
+  elseif not v or string.sub(v, 1, n) ~= string.sub(ARGV[1], 1, n) then
+    local queued, ahead = 0, 0
     if waiting ~= '0' then
-      -- New readers stand back for a waiting writer.
-      redis.call('SET', KEYS[6], '1', 'PX', ARGV[5])
-    end
-    if waiting == '2' or waiting == '3' then
-      enqueue(KEYS[3], KEYS[4], KEYS[5], owner, 'x', tonumber(ARGV[4]), ARGV[6])
+      enqueue(KEYS[3], KEYS[4], KEYS[5], owner, 'x', tonumber(ARGV[4]), ARGV[5])
       queued = 1
+      ahead = redis.call('ZRANK', KEYS[3], owner) or 0
     end
-    return {0, time_left(x), queued}
+    return {0, time_left(x), queued, ahead}
+  else
+    -- The current owner asking again is idempotent (same token).
+    redis.call('PEXPIRE', x, ARGV[2])
+    tok = holder_token(fence)
   end
-  -- The current owner asking again is idempotent (same token).
-  redis.call('PEXPIRE', x, ARGV[2])
-  tok = holder_token(fence)
 end
 if waiting == '3' then dequeue(KEYS[3], KEYS[4], KEYS[5], owner) end
 return {1, tok}
 "#;
 
 /// Exclusive release. KEYS: exclusive, queue, queue liveness, queue modes.
-/// ARGV: owner part of the holder value. Returns 1 if released, 0 if not the owner.
+/// ARGV: owner part of the holder value, starvation µs, set-aside ms. Returns 1 if
+/// released, 0 if not the owner.
 /// With nobody waiting (the common case) it is `GET`, `DEL`, `EXISTS` and returns
 /// before the helpers of [`RELEASE_EXCLUSIVE_NOTIFY`] are even created.
 const RELEASE_EXCLUSIVE: &str = r#"
@@ -216,9 +230,18 @@ if not v or string.sub(v, 1, #ARGV[1]) ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1])
 if redis.call('EXISTS', KEYS[2]) == 0 then return 1 end
 "#;
-/// The exclusive release's tail, after its helpers: someone waits.
+/// The exclusive release's tail, after its helpers: someone waits. A head that has
+/// waited the starvation time gets the lock set aside for it.
 const RELEASE_EXCLUSIVE_NOTIFY: &str = r#"
-notify(KEYS[1], KEYS[2], KEYS[3], KEYS[4])
+purge_queue(KEYS[2], KEYS[3], KEYS[4])
+local head = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
+if head[1] then
+  if tonumber(head[2]) <= now_us - tonumber(ARGV[2]) then
+    redis.call('SET', KEYS[1], '@' .. head[1], 'PX', ARGV[3])
+  end
+  local _, ch = queued_as(KEYS[4], head[1])
+  tell(KEYS[1], head[1], ch)
+end
 return 1
 "#;
 
@@ -233,16 +256,19 @@ return 1
 /// The general acquire: fair mode (exclusive or shared) and non-fair shared (a
 /// non-fair exclusive acquire always goes through [`ACQUIRE_EXCLUSIVE`]). KEYS:
 /// exclusive, readers, reader data, fence, queue, queue liveness, queue modes,
-/// writer mark. ARGV: owner, mode (x|s), lease ms, holder value, fair (1|0), waiting
-/// (as [`ACQUIRE_EXCLUSIVE`]), liveness ms, notice channel, context. Returns {1, token} or {0, ms left, queued}.
+/// ARGV: owner, mode (x|s), lease ms, holder value, fair (1|0), waiting (as
+/// [`ACQUIRE_EXCLUSIVE`]), liveness ms, notice channel, context. Returns {1, token} or
+/// {0, ms left, queued, waiters ahead}.
 const ACQUIRE: &str = r#"
 local owner, mode, lease = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local fair = ARGV[5] == '1'
--- A refused waiter queues (or stays queued) to be named by a release, and in fair
--- mode for its turn also when it polls.
-local queue = ARGV[6] == '2' or ARGV[6] == '3' or (fair and ARGV[6] == '1')
+-- A refused waiter queues (or stays queued) for its turn and to be named by a release.
+local queue = ARGV[6] ~= '0'
 
 local v = redis.call('GET', KEYS[1])
+-- The lock set aside for this waiter is free for it (and for nobody else).
+local set_aside = v == '@' .. owner
+if set_aside then v = nil end
 if mode == 'x' then
   if holder(v) == owner then
     redis.call('PEXPIRE', KEYS[1], lease)
@@ -264,10 +290,9 @@ if mode == 'x' then
       rank = redis.call('ZRANK', KEYS[5], owner)
       ok = rank == 0 or (rank == false and redis.call('ZCARD', KEYS[5]) == 0)
     end
-    if ok then
+    if ok or set_aside then
       local t = next_token(KEYS[4])
       redis.call('SET', KEYS[1], ARGV[4], 'PX', lease)
-      redis.call('DEL', KEYS[8])
       if rank then dequeue(KEYS[5], KEYS[6], KEYS[7], owner) end
       return {1, t}
     end
@@ -280,21 +305,18 @@ else
     reader_horizon(KEYS[1], KEYS[2], KEYS[3])
     return {1, tonumber(redis.call('HGET', KEYS[3], owner))}
   end
-  local free = holder(v) == nil
+  local free = holder(v) == nil and not reserved_for_other(v, owner)
   local rank = false
   if redis.call('EXISTS', KEYS[5]) == 1 then
     purge_queue(KEYS[5], KEYS[6], KEYS[7])
     rank = redis.call('ZRANK', KEYS[5], owner)
   end
-  if fair then
-    local count = rank or redis.call('ZCARD', KEYS[5])
-    if free and count > 0 then
-      for _, o in ipairs(redis.call('ZRANGE', KEYS[5], 0, count - 1)) do
-        if queued_as(KEYS[7], o) == 'x' then free = false break end
-      end
+  -- Fair or not, new readers stand back for a writer queued before them.
+  local count = rank or redis.call('ZCARD', KEYS[5])
+  if free and count > 0 and not set_aside then
+    for _, o in ipairs(redis.call('ZRANGE', KEYS[5], 0, count - 1)) do
+      if queued_as(KEYS[7], o) == 'x' then free = false break end
     end
-  else
-    free = free and redis.call('EXISTS', KEYS[8]) == 0
   end
   if free then
     local tok = next_token(KEYS[4])
@@ -314,12 +336,13 @@ else
   end
 end
 
-local queued = 0
+local queued, ahead = 0, 0
 if queue then
   enqueue(KEYS[5], KEYS[6], KEYS[7], owner, mode, tonumber(ARGV[7]), ARGV[8])
   queued = 1
+  ahead = redis.call('ZRANK', KEYS[5], owner) or 0
 end
-return {0, time_left(KEYS[1]), queued}
+return {0, time_left(KEYS[1]), queued, ahead}
 "#;
 
 /// Shared release. KEYS: as ACQUIRE. ARGV: owner.
@@ -342,11 +365,18 @@ return 1
 "#;
 
 /// Leaves the queue (a waiter that gave up or was cancelled). KEYS: as ACQUIRE.
-/// ARGV: owner.
+/// ARGV: owner. A lock set aside for it is freed; if it was the head and the lock is
+/// free or held by readers, the new head is told (a reader behind a writer that
+/// left may join the readers).
 const LEAVE: &str = r#"
 local was_head = redis.call('ZRANK', KEYS[5], ARGV[1]) == 0
 dequeue(KEYS[5], KEYS[6], KEYS[7], ARGV[1])
-if was_head and redis.call('EXISTS', KEYS[1]) == 0 then notify(KEYS[1], KEYS[5], KEYS[6], KEYS[7]) end
+local v = redis.call('GET', KEYS[1])
+if v == '@' .. ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  v = nil
+end
+if was_head and (not v or v == 'R') then notify(KEYS[1], KEYS[5], KEYS[6], KEYS[7]) end
 return 1
 "#;
 
@@ -358,9 +388,7 @@ purge_queue(KEYS[5], KEYS[6], KEYS[7])
 local o, ctx = holder(redis.call('GET', KEYS[1]))
 local tok = '0'
 if o then tok = string.format('%.0f', tonumber(redis.call('GET', KEYS[4])) or 0) end
--- Waiters queue; in polling mode only a waiting writer's mark shows one.
 local waiters = redis.call('ZCARD', KEYS[5])
-if waiters == 0 then waiters = redis.call('EXISTS', KEYS[8]) end
 local out = {o or '', tok, ctx or '', o and redis.call('PTTL', KEYS[1]) or -2, waiters}
 local rs = redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES')
 for i = 1, #rs, 2 do
@@ -373,12 +401,12 @@ end
 return out
 "#;
 
-/// Removes every hold and writer mark (not the fence); returns the number of holds
-/// removed. KEYS: as ACQUIRE.
+/// Removes every hold and a lock set aside (not the fence); returns the number of
+/// holds removed. KEYS: as ACQUIRE.
 const FORCE_RELEASE: &str = r#"
 purge_readers(KEYS[2], KEYS[3])
 local n = (holder(redis.call('GET', KEYS[1])) and 1 or 0) + redis.call('ZCARD', KEYS[2])
-redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[8])
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
 notify(KEYS[1], KEYS[5], KEYS[6], KEYS[7])
 return n
 "#;
@@ -407,6 +435,7 @@ fn sources() -> [String; 9] {
         H_PURGE_QUEUE,
         H_QUEUE,
         H_NOTIFY,
+        H_RESERVED,
         H_TIME_LEFT,
     ];
     let with = |helpers: &[&str], body: &str| format!("{}\n{body}", helpers.concat());
@@ -473,6 +502,7 @@ mod tests {
             "notify",
             "queued_as",
             "tell",
+            "reserved_for_other",
             "time_left",
         ];
         for (n, src) in sources().iter().enumerate() {

@@ -6,12 +6,14 @@
 //! the first waiter only (plus the run of shared waiters behind it, who can all hold
 //! together). Only the queue's head also wakes when the holder's lease runs out, so an
 //! expiry does not stampede either. A waiter whose future is dropped leaves the queue
-//! in `Drop` and passes on any wake-up it had been given.
+//! in `Drop` and passes on any wake-up it had been given. Non-fair requesters may take
+//! a free lock ahead of the queue, but not ahead of a waiter queued for 20 ms: no
+//! waiter starves.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -24,6 +26,10 @@ use crate::outcome::{AcquireResult, HolderInfo, LockState, ReleaseResult, RenewR
 use crate::request::{AcquireRequest, ReleaseRequest, RenewRequest};
 use crate::resource::{LockAdmin, LockRemoteResource};
 use crate::types::{Fairness, FencingToken, GrantId, LockMode, OwnerId};
+
+/// Non-fair mode: how long a queued waiter may be passed by requesters that came
+/// after it. Once it has waited this long it goes first, so no waiter starves.
+const STARVATION_AFTER: Duration = Duration::from_millis(20);
 
 /// The in-memory backend. Clones share the same locks, so several managers in one
 /// process can contend through it.
@@ -72,6 +78,8 @@ impl Holder {
 struct Waiter {
     id: u64,
     mode: LockMode,
+    /// When it queued.
+    since: Instant,
     notify: Arc<Notify>,
     /// Woken and not yet back: the next wake-up goes past it.
     woken: bool,
@@ -96,16 +104,22 @@ impl Entry {
     }
 
     /// Whether `mode` may be granted now to a requester at queue position `pos`
-    /// (`waiters.len()` for a newcomer).
-    fn grantable(&self, mode: LockMode, fairness: Fairness, pos: usize) -> bool {
-        let ahead = self.waiters.iter().take(pos);
+    /// (`waiters.len()` for a newcomer). Non-fair requesters may pass queued waiters,
+    /// but not one that has waited `STARVATION_AFTER` already.
+    fn grantable(&self, mode: LockMode, fairness: Fairness, pos: usize, now: Instant) -> bool {
+        let mut ahead = self.waiters.iter().take(pos);
         match mode {
             LockMode::Exclusive => {
-                self.holders.is_empty() && (fairness == Fairness::NonFair || pos == 0)
+                self.holders.is_empty()
+                    && match fairness {
+                        Fairness::Fair => pos == 0,
+                        Fairness::NonFair => {
+                            !ahead.any(|w| now.duration_since(w.since) >= STARVATION_AFTER)
+                        }
+                    }
             }
             // Readers never pass a queued writer, so a stream of readers cannot starve it.
             LockMode::Shared => {
-                let mut ahead = ahead;
                 self.holders.iter().all(|h| h.mode == LockMode::Shared)
                     && !ahead.any(|w| w.mode == LockMode::Exclusive)
             }
@@ -262,7 +276,7 @@ impl InMemoryBackend {
         }
 
         let pos = entry.position(slot.id);
-        if entry.grantable(req.mode, req.fairness, pos) {
+        if entry.grantable(req.mode, req.fairness, pos, now) {
             if let Some(id) = slot.id.take() {
                 entry.remove_waiter(id);
             }
@@ -314,6 +328,7 @@ impl InMemoryBackend {
                 entry.waiters.push_back(Waiter {
                     id,
                     mode: req.mode,
+                    since: now,
                     notify: Arc::new(Notify::new()),
                     woken: false,
                 });

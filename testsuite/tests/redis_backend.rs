@@ -531,15 +531,7 @@ async fn a_woken_waiter_rewrites_its_queue_entry_only_when_due() {
     );
     let (owner, deadline) = queued().await.unwrap();
     assert_eq!(waiter_side.acquire_attempts(), 1);
-    // A notice naming the waiter, as a release would send: it re-checks at once. Its
-    // failed re-check sets the writer mark again (in the same script), which tells
-    // when that script has run.
-    let mark = format!("dlock:{{{lock}}}:ww");
-    let _: i64 = redis::cmd("DEL")
-        .arg(&mark)
-        .query_async(&mut raw)
-        .await
-        .unwrap();
+    // A notice naming the waiter, as a release would send: it re-checks at once.
     let (channel, notice) = notice_for(&waiter_side, &lock, &owner);
     let _: i64 = redis::cmd("PUBLISH")
         .arg(channel)
@@ -549,17 +541,17 @@ async fn a_woken_waiter_rewrites_its_queue_entry_only_when_due() {
         .unwrap();
     assert!(
         eventually(Duration::from_secs(2), || async {
-            let mut raw = raw.clone();
-            let n: i64 = redis::cmd("EXISTS")
-                .arg(&mark)
-                .query_async(&mut raw)
-                .await
-                .unwrap();
-            n == 1
+            waiter_side.acquire_attempts() == 2
         })
         .await,
         "the named waiter did not re-check"
     );
+    // The re-check was sent on the waiter's connection; a call sent after it on the
+    // same connection returns after the re-check's script has run.
+    waiter_side
+        .inspect(&LockName::new(lock.as_str()).unwrap())
+        .await
+        .unwrap();
     assert_eq!(waiter_side.acquire_attempts(), 2);
     let (_, after) = queued().await.unwrap();
     assert_eq!(
@@ -791,4 +783,44 @@ async fn connecting_to_a_dead_or_silent_server_fails_fast() {
             "{fault:?}: {err}"
         );
     }
+}
+
+/// A writer queued behind a reader holds new readers back for as long as it waits,
+/// also when its re-checks are far apart (a long liveness): readers stood back only
+/// for a writer mark that expired after 1 s, while the writer re-checked every third
+/// of its liveness.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_writer_holds_back_new_readers_however_rarely_it_rechecks() {
+    let Some(url) = redis_url() else { return };
+    let lock = name("rarely");
+    let (_, readers) = dlock_client(&url, RedisOptions::default()).await;
+    let options = RedisOptions::default().waiter_liveness(Duration::from_secs(30));
+    let (_, writer_side) = dlock_client(&url, options).await;
+    let first = take(readers.read_write_lock(&lock).read(), Duration::ZERO).await;
+    let writer = take_in_background(writer_side.read_write_lock(&lock).write().clone());
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            let state = readers.inspect(&lock).await.unwrap();
+            state.and_then(|s| s.waiters).unwrap_or(0) == 1
+        })
+        .await,
+        "the writer never queued"
+    );
+    let late_reader = readers.read_write_lock(&lock).read().clone();
+    // Well past the old mark's 1 s, well inside the writer's first re-check (10 s).
+    let until = Instant::now() + Duration::from_millis(2500);
+    let mut tries = 0;
+    while Instant::now() < until {
+        tries += 1;
+        let passed = late_reader.try_lock(Duration::ZERO).await.unwrap();
+        assert!(
+            passed.is_none(),
+            "a new reader passed the queued writer (try {tries})"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    first.unlock().await.unwrap();
+    writer.await.unwrap();
+    readers.close().await;
+    writer_side.close().await;
 }

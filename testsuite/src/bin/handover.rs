@@ -13,7 +13,8 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use testsuite::handover::{run, worker_process, Options, WORKER_URL_VAR};
 
-const USAGE: &str = "usage: handover --backend <label> [--processes N] [--seconds S] [--hold-ms MS] [--wait-ms MS]";
+const USAGE: &str =
+    "usage: handover --backend <label> [--processes N] [--seconds S] [--hold-ms MS] [--wait-ms MS]";
 
 struct Args {
     opts: Options,

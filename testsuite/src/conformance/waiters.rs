@@ -73,11 +73,19 @@ pub async fn cancelled_lock_leaves_nothing(backend: Arc<dyn TestBackend>) {
             );
         }
     }
-    let live = env.backend().live_state(env.namespace()).await.expect("count");
+    let live = env
+        .backend()
+        .live_state(env.namespace())
+        .await
+        .expect("count");
     assert_eq!(live, 1, "only the holder's lock has state");
     g.unlock().await.expect("unlock");
     let clean = eventually(LEAVES_WITHIN, || async {
-        env.backend().live_state(env.namespace()).await.expect("count") == 0
+        env.backend()
+            .live_state(env.namespace())
+            .await
+            .expect("count")
+            == 0
     })
     .await;
     assert!(
@@ -126,7 +134,10 @@ pub async fn a_leaving_writer_lets_readers_in(backend: Arc<dyn TestBackend>) {
         .await,
         "the second reader never showed as a waiter behind the writer"
     );
-    assert!(!waiting_reader.is_finished(), "a reader passed a queued writer");
+    assert!(
+        !waiting_reader.is_finished(),
+        "a reader passed a queued writer"
+    );
     waiting_writer.abort();
     let _ = waiting_writer.await;
     let joined = tokio::time::timeout(JOINS_WITHIN, waiting_reader)
