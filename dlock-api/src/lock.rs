@@ -43,6 +43,10 @@ impl Handle {
 /// locally, one remote release when the count returns to zero, same fencing token).
 /// For mutual exclusion between tasks, give each task its own handle from
 /// [`DistributeLockManager::lock`].
+///
+/// A guard is handed out only while its hold is live: a grant whose answer arrives
+/// after its lease less the loss margin (a stalled connection) is given back, and
+/// the call asks again while its wait lasts, or answers "not acquired".
 #[derive(Clone)]
 pub struct DistributeLock {
     handle: Arc<Handle>,
@@ -193,57 +197,68 @@ impl DistributeLock {
         }
         let renew = lease.is_none() && manager.config.watchdog;
         let lease = lease.unwrap_or(manager.config.lease);
-        // A new grant for every acquire call: a late release of an earlier grant of
-        // this handle (a dropped guard's) cannot touch it.
-        let grant = GrantId::new(manager.next_id());
-        let request = AcquireRequest::new(name.clone(), self.handle.owner.clone(), grant)
-            .with_mode(self.handle.mode)
-            .with_lease(lease)
-            .with_deadline(deadline)
-            .with_fairness(self.handle.fairness)
-            .with_context(manager.config.context.clone());
-        let mut ctx = AcquireContext::new(request, manager.chain.resource().backend_name());
-        let sent_at = ctx.started;
-        // Dropped while the backend may be granting, the grant is given back.
-        let mut in_flight = InFlightAcquire {
-            manager,
-            release: Some(ctx.request.release_of_grant()),
-        };
-        let result = manager.chain.acquire(&mut ctx).await;
-        in_flight.release = None;
-        match result? {
-            AcquireResult::Acquired {
-                token,
-                lease_until,
-                watch,
-                ..
-            } => {
-                // The lease runs from the granting attempt's send time, which the
-                // backend reports; a wait before it does not count.
-                let granted_at = lease_until
-                    .and_then(|until| until.checked_sub(lease))
-                    .map_or(sent_at, |at| at.clamp(sent_at, Instant::now()));
-                let hold = Arc::new(Hold::new(
-                    manager.next_id(),
-                    name,
-                    self.handle.owner.clone(),
-                    grant,
-                    self.handle.mode,
+        loop {
+            // A new grant for every attempt: a late release of an earlier grant of
+            // this handle (a dropped guard's) cannot touch it.
+            let grant = GrantId::new(manager.next_id());
+            let request = AcquireRequest::new(name.clone(), self.handle.owner.clone(), grant)
+                .with_mode(self.handle.mode)
+                .with_lease(lease)
+                .with_deadline(deadline)
+                .with_fairness(self.handle.fairness)
+                .with_context(manager.config.context.clone());
+            let mut ctx = AcquireContext::new(request, manager.chain.resource().backend_name());
+            let sent_at = ctx.started;
+            // Dropped while the backend may be granting, the grant is given back.
+            let mut in_flight = InFlightAcquire {
+                manager,
+                release: Some(ctx.request.release_of_grant()),
+            };
+            let result = manager.chain.acquire(&mut ctx).await;
+            in_flight.release = None;
+            let (token, lease_until, watch) = match result? {
+                AcquireResult::Acquired {
                     token,
-                    granted_at,
-                ));
-                manager.track(&hold, lease, renew, granted_at, watch);
-                if manager.is_closed() {
-                    // `close` ran while the grant was in flight and may have missed it:
-                    // registered first, checked second, so one of the two releases it.
-                    hold.lose(&manager.chain, dlock_spi::LostReason::ManagerClosed);
-                    let _ = manager.release(&hold).await;
-                    return Err(manager.closed_error());
+                    lease_until,
+                    watch,
+                    ..
+                } => (token, lease_until, watch),
+                AcquireResult::NotAcquired { .. } => return Ok(None),
+            };
+            // The lease runs from the granting attempt's send time, which the backend
+            // reports; a wait before it does not count.
+            let granted_at = lease_until
+                .and_then(|until| until.checked_sub(lease))
+                .map_or(sent_at, |at| at.clamp(sent_at, Instant::now()));
+            if manager.arrived_lost(granted_at, lease) {
+                // The answer came too late to be of use (a stalled connection): the
+                // store may let the grant go any moment. Give it back and, while the
+                // wait lasts, ask again.
+                manager.abandon(ctx.request.release_of_grant());
+                if deadline.is_some_and(|d| Instant::now() < d) {
+                    continue;
                 }
-                *self.handle.current() = Some(Arc::clone(&hold));
-                Ok(Some(LockGuard::new(Arc::clone(&self.handle), hold)))
+                return Ok(None);
             }
-            AcquireResult::NotAcquired { .. } => Ok(None),
+            let hold = Arc::new(Hold::new(
+                manager.next_id(),
+                name,
+                self.handle.owner.clone(),
+                grant,
+                self.handle.mode,
+                token,
+                granted_at,
+            ));
+            manager.track(&hold, lease, renew, granted_at, watch);
+            if manager.is_closed() {
+                // `close` ran while the grant was in flight and may have missed it:
+                // registered first, checked second, so one of the two releases it.
+                hold.lose(&manager.chain, dlock_spi::LostReason::ManagerClosed);
+                let _ = manager.release(&hold).await;
+                return Err(manager.closed_error());
+            }
+            *self.handle.current() = Some(Arc::clone(&hold));
+            return Ok(Some(LockGuard::new(Arc::clone(&self.handle), hold)));
         }
     }
 }

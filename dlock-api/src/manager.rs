@@ -69,6 +69,14 @@ impl ManagerInner {
         )
     }
 
+    /// Whether a grant of `lease` whose request was sent at `sent_at` is already past
+    /// its lost signal when its answer arrives (the answer took longer than the lease
+    /// less the loss margin): such a grant is never handed out.
+    pub(crate) fn arrived_lost(&self, sent_at: std::time::Instant, lease: Duration) -> bool {
+        self.capabilities.lease
+            && std::time::Instant::now() >= self.watchdog.lost_at(sent_at, lease)
+    }
+
     /// Records a new hold and has it looked after: by the watchdog when it has a lease,
     /// by its backend's status feed when it is session-bound (`watch`).
     pub(crate) fn track(

@@ -115,11 +115,17 @@ impl Watchdog {
         }
     }
 
+    /// When a hold granted (or last renewed) by a request sent at `sent_at` for
+    /// `lease` counts as lost: the loss margin before the store may let it go.
+    pub(crate) fn lost_at(&self, sent_at: Instant, lease: Duration) -> Instant {
+        sent_at + lease - self.shared.margin(lease)
+    }
+
     /// Watches `hold`: renews it every lease/3 when `renew` is set, and fires its lost
     /// signal the loss margin before `lease` (counted from `sent_at`) passes without a
     /// successful renewal.
     pub(crate) fn register(&self, hold: Arc<Hold>, lease: Duration, renew: bool, sent_at: Instant) {
-        let lost_at = sent_at + lease - self.shared.margin(lease);
+        let lost_at = self.lost_at(sent_at, lease);
         let due = if renew {
             (sent_at + lease / 3).min(lost_at)
         } else {

@@ -176,3 +176,64 @@ async fn the_lost_signal_leads_the_expiry_by_the_margin() {
         "the lost signal led the next grant by {lead:?}, less than the {margin:?} margin"
     );
 }
+
+/// A grant whose answer arrives after its lease (less the loss margin) has run out —
+/// the store may let it go any moment — is never handed out: a try-once call answers
+/// "not acquired" and gives the grant back, a waiting call asks again and returns a
+/// live guard. (Found by the lock-history checker on PostgreSQL: an answer that took
+/// 2.9 s for a 2 s lease became a guard already lost.)
+#[tokio::test]
+async fn a_grant_that_arrives_after_its_lease_is_not_handed_out() {
+    let lease = Duration::from_millis(300);
+    for wait in [Duration::ZERO, Duration::from_secs(5)] {
+        let backend = Wrapped::default();
+        let m = DistributeLockManager::builder(backend.clone())
+            .build()
+            .unwrap();
+        backend.stall_after_grant.store(true, Ordering::SeqCst);
+        let lock = m.lock("late");
+        let acquire = tokio::spawn(async move {
+            lock.try_lock_with_lease(wait, lease)
+                .await
+                .map(|g| g.map(|g| (g.is_lost(), g.fencing_token())))
+        });
+        backend.granted.notified().await;
+        // The answer is held back past the lease.
+        tokio::time::sleep(lease + Duration::from_millis(50)).await;
+        backend.stall_after_grant.store(false, Ordering::SeqCst);
+        backend.release_gate.notify_one();
+        let got = acquire.await.unwrap().unwrap();
+        if wait.is_zero() {
+            assert_eq!(
+                got, None,
+                "a grant that arrived after its lease was handed out"
+            );
+            // ... and it was given back: another handle gets the lock.
+            let other = m.lock("late");
+            assert!(
+                settle_async(|| async { other.try_lock(Duration::ZERO).await.unwrap().is_some() })
+                    .await,
+                "the late grant was not given back"
+            );
+        } else {
+            let (lost, _) = got.expect("a waiting call asks again and gets a live guard");
+            assert!(!lost, "the guard handed out was already lost");
+            assert_eq!(backend.requests.lock().unwrap().len(), 2);
+        }
+        m.close().await;
+    }
+}
+
+async fn settle_async<F, Fut>(mut check: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    for _ in 0..200 {
+        if check().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    false
+}
