@@ -15,7 +15,7 @@ use redis::{RedisWrite, ToRedisArgs};
 /// Exclusive holder (expires with the lease), "R" while readers hold, or
 /// "@<waiter>" while a release has set the lock aside for a starving queued waiter.
 pub(crate) const EXCLUSIVE: &str = ":x";
-/// Fencing counter: never expires (seeded from the server clock when created).
+/// Fencing counter: never expires; a grant sets it to max(counter + 1, clock µs).
 pub(crate) const FENCE: &str = ":f";
 /// Shared holders: sorted set owner → expiry (server ms).
 pub(crate) const READERS: &str = ":r";

@@ -19,14 +19,18 @@
 //! * **One round trip per operation**: acquire, release and renew are Lua scripts
 //!   (loaded once, run by SHA). Acquire sets the holder (owner and context) with a
 //!   `PX` lease and advances the fencing counter atomically; the common case
-//!   (non-fair, exclusive, free) is just `SET NX PX` + `INCR`, and a release nobody
+//!   (non-fair, exclusive, free) is `SET NX PX` plus the token (`TIME`, `GET`, `SET`),
+//!   and a release nobody
 //!   waits for is `GET`, `DEL` and one `EXISTS`. Readers occupy the same key while they
 //!   hold. Expiry is judged by the server (`PX`, `TIME`), never by a client clock.
-//! * **Fencing**: a per-lock counter (`INCR`, no expiry) — strictly increasing whatever
-//!   the clocks do. It advances only on a grant, so while a writer holds the lock the
-//!   counter is the writer's token (reentry returns it). A counter that is created
-//!   (first use, or after it was deleted) starts at the server clock in µs, so it
-//!   still starts above every earlier token. It is the one key that outlives a release.
+//! * **Fencing**: a per-lock counter (no expiry); a grant takes
+//!   `max(counter + 1, server clock in µs)`, as the SQL backend does. Strictly
+//!   increasing on one server; and after a failover to a replica whose counter lags
+//!   (it missed the last grants), or after the counter was deleted, the clock still
+//!   puts the next token above every earlier one — provided the new primary's clock
+//!   is not behind the old one's by more than the time since those grants. It
+//!   advances only on a grant, so while a writer holds the lock the counter is the
+//!   writer's token (reentry returns it). It is the one key that outlives a release.
 //! * **Waiting without polling storms**: one pub/sub connection per backend,
 //!   subscribed once to the backend's own channel, carries release notices. A waiter
 //!   that must wait queues on the server (a sorted set ordered by the server clock,

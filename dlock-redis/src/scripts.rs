@@ -47,17 +47,15 @@ local function holder(v)
 end
 "#;
 const H_NEXT_TOKEN: &str = r#"
--- The lock's fencing counter (KEYS fence) never expires, so tokens increase
--- whatever the clocks do. A counter that does not exist yet (first use, or deleted
--- by someone) starts at the server clock in µs: above every token issued before.
-local function seed(fence)
-  clock()
-  redis.call('SET', fence, string.format('%.0f', now_us))
-  return now_us
-end
+-- The lock's fencing counter (KEYS fence) never expires. A grant takes
+-- max(counter + 1, server clock in µs) (as the SQL backend does): strictly
+-- increasing on one server, and still above every earlier token when the counter
+-- lags (a promoted replica that missed the last increments) or is gone.
 local function next_token(fence)
-  local tok = redis.call('INCR', fence)
-  if tok == 1 then return seed(fence) end
+  clock()
+  local tok = (tonumber(redis.call('GET', fence)) or 0) + 1
+  if tok < now_us then tok = now_us end
+  redis.call('SET', fence, string.format('%.0f', tok))
   return tok
 end
 -- The token of the current exclusive holder: the counter, which only a grant moves.
@@ -174,28 +172,30 @@ end
 /// ms, notice channel (empty when polling). Returns {1, token} or {0, ms left,
 /// queued, waiters ahead}.
 ///
-/// A free lock is granted in two server calls (`SET NX PX`, `INCR`), like the raw
-/// floor plus the fencing counter, and returns before the helpers of
-/// [`ACQUIRE_EXCLUSIVE_TAIL`] are even created.
+/// A free lock is granted in four server calls (`SET NX PX`, then `TIME`, `GET` and
+/// `SET` for the token), and returns before the helpers of [`ACQUIRE_EXCLUSIVE_TAIL`]
+/// are even created.
 const ACQUIRE_EXCLUSIVE: &str = r#"
 local x, fence = KEYS[1], KEYS[2]
 local waiting = ARGV[3] or '0'
 local tok
 if redis.call('SET', x, ARGV[1], 'NX', 'PX', ARGV[2]) then
-  tok = redis.call('INCR', fence)
-  if tok > 1 and waiting ~= '3' then return {1, tok} end
+  -- next_token, inline.
+  local t = redis.call('TIME')
+  local us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  tok = (tonumber(redis.call('GET', fence)) or 0) + 1
+  if tok < us then tok = us end
+  redis.call('SET', fence, string.format('%.0f', tok))
+  if waiting ~= '3' then return {1, tok} end
 end
 "#;
-/// The non-fair exclusive acquire's tail, after its helpers: a new counter, a queued
-/// waiter's grant, the lock set aside for this waiter, reentry, or a refusal.
+/// The non-fair exclusive acquire's tail, after its helpers: a queued waiter's grant, the lock set aside for this waiter, reentry, or a refusal.
 const ACQUIRE_EXCLUSIVE_TAIL: &str = r#"
 local olen = string.match(ARGV[1], '^(%d+)|')
 -- n: the length of the owner part, "<olen>|<owner>".
 local n = #olen + 1 + tonumber(olen)
 local owner = string.sub(ARGV[1], #olen + 2, n)
-if tok == 1 then
-  tok = seed(fence)
-elseif not tok then
+if not tok then
   local v = redis.call('GET', x)
   if v == '@' .. owner then
     -- A release set the lock aside for this (starving) waiter.
@@ -491,7 +491,6 @@ mod tests {
         let helpers = [
             "clock",
             "holder",
-            "seed",
             "next_token",
             "holder_token",
             "enqueue",
