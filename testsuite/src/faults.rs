@@ -1,6 +1,6 @@
 //! Fault scenarios shared by the backend-specific fault tests.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use dlock_api::{DistributeLockManager, ErrorKind, LostReason};
 
@@ -67,4 +67,56 @@ pub async fn outage_is_typed_loses_on_time_and_recovers(
         back,
         "{label}: the client did not reconnect after the backend came back"
     );
+}
+
+/// The holder's connection is black-holed (bytes swallowed, nothing reset) while
+/// `holder` (behind `proxy`) holds a watchdog-renewed lock with lease `lease`, and
+/// `rival` (on a healthy connection) waits for it. The holder's lost signal must come
+/// at least the loss margin before the rival is granted the lock: `margin` when the
+/// holder's manager was built with `loss_margin(margin)`, else the default's floor,
+/// 1 % of the lease. The measured lead is conservative: the loss is timed when the
+/// test hears of it, the grant when the store's answer has already arrived.
+///
+/// Returns the lead, for the caller's figures.
+pub async fn black_holed_loss_leads_the_next_grant(
+    label: &str,
+    holder: &DistributeLockManager,
+    rival: &DistributeLockManager,
+    proxy: &FaultProxy,
+    lease: Duration,
+    margin: Option<Duration>,
+) -> Duration {
+    let name = format!("margin-{:x}", fastrand::u64(..));
+    let held = holder
+        .lock(&name)
+        .try_lock(Duration::ZERO)
+        .await
+        .expect("acquire before the black hole")
+        .expect("a free lock");
+    let waiting = rival.lock(&name);
+    proxy.set(Fault::Blackhole);
+    let next = tokio::spawn(async move {
+        let got = waiting.try_lock(lease * 3).await;
+        (got, Instant::now())
+    });
+    let reason = tokio::time::timeout(lease * 2, held.lost())
+        .await
+        .unwrap_or_else(|_| panic!("{label}: the lost signal did not fire within two leases"));
+    let lost_at = Instant::now();
+    assert_eq!(reason, LostReason::LeaseExpired, "{label}");
+    let (got, granted_at) = next.await.expect("rival task");
+    let guard = got
+        .unwrap_or_else(|e| panic!("{label}: the rival's wait failed: {e}"))
+        .unwrap_or_else(|| panic!("{label}: the rival was not granted within three leases"));
+    let required = margin.unwrap_or(lease / 100);
+    let lead = granted_at.saturating_duration_since(lost_at);
+    assert!(
+        granted_at >= lost_at + required,
+        "{label}: the lost signal led the next grant by {lead:?} (granted before it: {}), less than the {required:?} margin",
+        granted_at < lost_at
+    );
+    guard.unlock().await.expect("rival unlock");
+    proxy.set(Fault::Pass);
+    drop(held);
+    lead
 }

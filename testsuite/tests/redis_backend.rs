@@ -789,6 +789,35 @@ async fn tls_refusals(url: &str, plain: &str) {
 /// Connecting to a server that refuses, or to one that never answers (the fault
 /// proxy's black hole), fails within the connect timeout with a typed, retryable
 /// error naming the address — not after the redis crate's minutes of back-off.
+/// The loss margin on a real server: the holder's connection is black-holed, and its
+/// lost signal leads another client's grant by at least the margin — the default
+/// (1 % of the lease, or the renewal round trip) and a configured 150 ms.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_black_holed_holder_hears_of_its_loss_a_margin_before_the_next_grant() {
+    let Some(url) = redis_url() else { return };
+    let lease = Duration::from_secs(2);
+    let (_, rival) = dlock_client(&url, RedisOptions::default()).await;
+    for margin in [None, Some(Duration::from_millis(150))] {
+        let proxy = FaultProxy::start("127.0.0.1:6379".parse().unwrap())
+            .await
+            .unwrap();
+        let backend = RedisBackend::connect(&format!("redis://{}", proxy.addr()))
+            .await
+            .unwrap();
+        let mut builder = DistributeLockManager::builder(backend).lease(lease);
+        if let Some(margin) = margin {
+            builder = builder.loss_margin(margin);
+        }
+        let holder = builder.build().unwrap();
+        let lead = testsuite::faults::black_holed_loss_leads_the_next_grant(
+            "redis", &holder, &rival, &proxy, lease, margin,
+        )
+        .await;
+        println!("redis: margin {margin:?}: lost signal led the next grant by {lead:?}");
+    }
+    rival.close().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connecting_to_a_dead_or_silent_server_fails_fast() {
     let Some(_url) = redis_url() else { return };

@@ -279,6 +279,35 @@ async fn database_outage_is_typed_loses_on_time_and_recovers() {
     }
 }
 
+/// The loss margin on real databases: the holder's connection is black-holed, and
+/// its lost signal leads another client's grant by at least the margin — the
+/// default (1 % of the lease, or the renewal round trip) and a configured 150 ms.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_black_holed_holder_hears_of_its_loss_a_margin_before_the_next_grant() {
+    for (label, url) in sql_backends() {
+        if label == "sqlite" {
+            continue; // a file has no network between client and server
+        }
+        let lease = Duration::from_secs(2);
+        let rival = manager(&url, JdbcOptions::default(), lease).await;
+        for margin in [None, Some(Duration::from_millis(150))] {
+            let (proxy, proxied_url) = proxied(&url).await;
+            let backend = JdbcBackend::connect(&proxied_url).await.unwrap();
+            let mut builder = DistributeLockManager::builder(backend).lease(lease);
+            if let Some(margin) = margin {
+                builder = builder.loss_margin(margin);
+            }
+            let holder = builder.build().unwrap();
+            let lead = testsuite::faults::black_holed_loss_leads_the_next_grant(
+                &label, &holder, &rival, &proxy, lease, margin,
+            )
+            .await;
+            println!("{label}: margin {margin:?}: lost signal led the next grant by {lead:?}");
+        }
+        rival.close().await;
+    }
+}
+
 /// A silent network (black hole): renewals hang, and the lock is declared lost a loss
 /// margin before its lease ends, not when some socket timeout finally fires.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

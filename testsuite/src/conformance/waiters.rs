@@ -39,7 +39,7 @@ fn waiting_kinds(m: &DistributeLockManager, name: &str) -> Vec<DistributeLock> {
 
 /// A `lock()` dropped while it waits leaves no waiter behind, at once: for each kind
 /// of waiting acquire, dropped 1, 20 or 200 ms in or once it shows as a waiter, the
-/// backend shows no waiter within [`LEAVES_WITHIN`]; a waiting `lock()` must show as
+/// backend shows no waiter within 300 ms; a waiting `lock()` must show as
 /// one. Once the holder releases, no state at all is left, within the same bound.
 pub async fn cancelled_lock_leaves_nothing(backend: Arc<dyn TestBackend>) {
     let env = Env::new(backend);
