@@ -235,9 +235,8 @@ enum Attempt {
     Busy {
         holder: Option<OwnerId>,
         retry_after: Option<Duration>,
-        /// At most one live waiter is queued ahead of this one: it is next, or next
-        /// but one (and the next may be granted any moment).
-        next_in_line: bool,
+        /// Live waiters queued ahead of this one (0 when not queued).
+        ahead: i64,
     },
 }
 
@@ -326,13 +325,13 @@ impl JdbcBackend {
                         .filter(|_| holder_live)
                         .map(|stored| HolderKey::parse(&stored).0),
                     retry_after: remaining(if holder_live { left } else { shared_left }),
-                    next_in_line: ahead < 2,
+                    ahead,
                 }
             }
             None => Attempt::Busy {
                 holder: None,
                 retry_after: None,
-                next_in_line: true,
+                ahead: 0,
             },
         })
     }
@@ -514,7 +513,7 @@ impl LockRemoteResource for JdbcBackend {
             .then(|| QueueSlot::new(self, req));
         let liveness_check = self.inner.options.waiter_liveness / 3;
         let mut round = 0u32;
-        let mut was_next = false;
+        let mut last_ahead = i64::MAX;
         loop {
             let sent = Instant::now();
             let waiting = req.deadline.is_some_and(|d| d > sent);
@@ -535,15 +534,15 @@ impl LockRemoteResource for JdbcBackend {
                 Attempt::Busy {
                     holder,
                     retry_after,
-                    next_in_line,
+                    ahead,
                 } => {
-                    // A waiter that has just come near the head of the queue polls
-                    // from the shortest delay again: the lock is handed on as soon as
-                    // it frees, not when a long backoff comes round.
-                    if next_in_line && !was_next {
+                    // A waiter that moves up to the head of the queue, or next but
+                    // one, polls from the shortest delay again: the lock is handed on
+                    // soon after it frees, not when a long backoff comes round.
+                    if ahead < 2 && ahead < last_ahead {
                         round = 0;
                     }
-                    was_next = next_in_line;
+                    last_ahead = ahead;
                     let delay = req.deadline.and_then(|d| backoff.delay_within(round, d));
                     let Some(delay) = delay else {
                         if let Some(slot) = slot.take() {

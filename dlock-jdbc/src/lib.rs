@@ -105,7 +105,7 @@ pub struct JdbcOptions {
     pub waiter_liveness: Duration,
     /// Non-fair mode: how long a queued waiter may be passed by callers that arrived
     /// after it (barging, for throughput). Once it has waited this long it goes
-    /// first, so no waiter starves. Default 100 ms.
+    /// first, so no waiter starves. Default 20 ms.
     pub starvation_after: Duration,
 }
 
@@ -118,7 +118,7 @@ impl Default for JdbcOptions {
             backoff: Backoff::default(),
             migrate: true,
             waiter_liveness: Duration::from_secs(3),
-            starvation_after: Duration::from_millis(100),
+            starvation_after: Duration::from_millis(20),
         }
     }
 }

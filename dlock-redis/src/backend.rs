@@ -519,7 +519,7 @@ impl LockRemoteResource for RedisBackend {
         let mut slot: Option<QueueSlot> = None;
         let mut queued = false;
         let mut round = 0u32;
-        let mut was_next = false;
+        let mut last_ahead = i64::MAX;
         loop {
             let now = Instant::now();
             let waiting = req.deadline.is_some_and(|d| d > now);
@@ -569,14 +569,13 @@ impl LockRemoteResource for RedisBackend {
             if queued {
                 wake_at = wake_at.min(Instant::now() + self.inner.options.waiter_liveness / 3);
             }
-            // A polling waiter that has just come near the head of the queue polls
-            // from the shortest delay again: it takes the lock soon after it frees
-            // (and within the time a release sets the lock aside for it).
-            let next_in_line = answer.queued && answer.ahead < 2;
-            if next_in_line && !was_next {
+            // A polling waiter that moves up to the head of the queue, or next but
+            // one, polls from the shortest delay again: it takes the lock soon after
+            // it frees (and within the time a release sets the lock aside for it).
+            if queued && answer.ahead < 2 && answer.ahead < last_ahead {
                 round = 0;
             }
-            was_next = next_in_line;
+            last_ahead = answer.ahead;
             match (&registration, self.inner.options.polling) {
                 (Some(r), None) if r.subscribed() => {
                     if !queued {

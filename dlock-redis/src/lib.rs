@@ -92,7 +92,7 @@ pub struct RedisOptions {
     pub waiter_liveness: Duration,
     /// Non-fair mode: how long a queued waiter may be passed by callers that came
     /// after it (barging, for throughput). A release then sets the lock aside for
-    /// it, so no waiter starves. Default 100 ms.
+    /// it, so no waiter starves. Default 20 ms.
     pub starvation_after: Duration,
     /// How long connecting may take (each connection: commands, notices) before
     /// `connect` fails. Default 5 s.
@@ -113,7 +113,7 @@ impl Default for RedisOptions {
             polling: None,
             replica_ack: None,
             waiter_liveness: Duration::from_secs(3),
-            starvation_after: Duration::from_millis(100),
+            starvation_after: Duration::from_millis(20),
             connect_timeout: Duration::from_secs(5),
             tls_root_certificate: None,
             tls_identity: None,
