@@ -215,7 +215,11 @@ impl DistributeLock {
                 release: Some(ctx.request.release_of_grant()),
             };
             let result = manager.chain.acquire(&mut ctx).await;
-            in_flight.release = None;
+            // An error leaves the outcome unknown (the store may have granted, and the
+            // answer been lost): `in_flight` gives the grant back when dropped.
+            if result.is_ok() {
+                in_flight.release = None;
+            }
             let (token, lease_until, watch) = match result? {
                 AcquireResult::Acquired {
                     token,
@@ -263,11 +267,13 @@ impl DistributeLock {
     }
 }
 
-/// An acquire sent to the chain and not yet answered. Dropped in that state (the
-/// caller's future was cancelled), it gives back the grant the backend may have made.
+/// An acquire sent to the chain and not yet answered, or answered with an error.
+/// Dropped in that state (the caller's future was cancelled, or the call failed), it
+/// gives back the grant the backend may have made.
 struct InFlightAcquire<'a> {
     manager: &'a ManagerInner,
-    /// The release of the grant asked for; `None` once the backend has answered.
+    /// The release of the grant asked for; `None` once the backend has granted or
+    /// refused (an error keeps it: the grant may have been made).
     release: Option<ReleaseRequest>,
 }
 

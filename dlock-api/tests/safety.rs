@@ -237,3 +237,28 @@ where
     }
     false
 }
+
+/// An acquire that fails after the store may have granted it (the answer lost to a
+/// reset connection) gives the grant back: the lock is free again at once, not when
+/// the grant's lease ends.
+#[tokio::test]
+async fn a_failed_acquire_gives_back_the_grant_it_may_have_made() {
+    let backend = Wrapped::default();
+    let m = DistributeLockManager::builder(backend.clone())
+        .build()
+        .unwrap();
+    backend.error_after_grant.store(true, Ordering::SeqCst);
+    let err = m
+        .lock("reset")
+        .try_lock(Duration::ZERO)
+        .await
+        .expect_err("the acquire fails");
+    assert_eq!(err.kind(), ErrorKind::Backend);
+    backend.error_after_grant.store(false, Ordering::SeqCst);
+    let other = m.lock("reset");
+    assert!(
+        settle_async(|| async { other.try_lock(Duration::ZERO).await.unwrap().is_some() }).await,
+        "the grant behind the failed acquire was kept until its 30 s lease ends"
+    );
+    m.close().await;
+}

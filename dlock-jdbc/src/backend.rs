@@ -200,10 +200,16 @@ impl QueueSlot {
         Ok(())
     }
 
-    /// Leaves the queue. A failure is only logged: the row lapses with its liveness.
+    /// Leaves the queue, in a task of its own: a caller dropped while it waits does
+    /// not cut the removal short (a row left behind would hold newcomers back until
+    /// its liveness lapsed). A failure is only logged: the row lapses with its
+    /// liveness.
     async fn leave(mut self) {
         if self.refreshed.take().is_some() {
-            dequeue(&self.backend, &self.name, &self.waiter).await;
+            let (backend, name, waiter) =
+                (self.backend.clone(), self.name.clone(), self.waiter.clone());
+            let removal = tokio::spawn(async move { dequeue(&backend, &name, &waiter).await });
+            let _ = removal.await;
         }
     }
 }

@@ -554,8 +554,9 @@ impl LockRemoteResource for RedisBackend {
                 .map(Duration::from_millis);
             let Some(deadline) = req.deadline.filter(|d| *d > Instant::now()) else {
                 if let Some(slot) = slot.as_mut().filter(|s| s.armed) {
-                    slot.armed = false;
+                    // Disarmed only once left: dropped mid-way, the slot leaves again.
                     self.leave_queue(&keys, holder.as_str()).await?;
+                    slot.armed = false;
                 }
                 return Ok(AcquireResult::not_acquired(None, left));
             };

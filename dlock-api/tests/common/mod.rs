@@ -28,6 +28,8 @@ pub(crate) struct Wrapped {
     pub feeds: Arc<Mutex<Vec<tokio::sync::watch::Sender<HoldStatus>>>>,
     pub requests: Arc<Mutex<Vec<AcquireRequest>>>,
     pub stall_after_grant: Arc<AtomicBool>,
+    /// Answers an error after granting (a committed grant whose answer was lost).
+    pub error_after_grant: Arc<AtomicBool>,
     pub granted: Arc<Notify>,
     pub release_gate: Arc<Notify>,
 }
@@ -57,6 +59,9 @@ impl LockRemoteResource for Wrapped {
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<AcquireResult> {
         self.requests.lock().unwrap().push(req.clone());
         let got = self.inner.try_acquire(req).await?;
+        if got.is_acquired() && self.error_after_grant.load(Ordering::SeqCst) {
+            return Err(Error::backend("connection reset after the grant (test)"));
+        }
         if got.is_acquired() && self.stall_after_grant.load(Ordering::SeqCst) {
             self.granted.notify_one();
             self.release_gate.notified().await;
