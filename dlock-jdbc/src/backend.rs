@@ -570,6 +570,26 @@ impl LockRemoteResource for JdbcBackend {
     }
 
     async fn release(&self, req: &ReleaseRequest) -> Result<ReleaseResult> {
+        let (this, req) = (self.clone(), req.clone());
+        detached(async move { this.release_now(&req).await }).await
+    }
+
+    async fn renew(&self, req: &RenewRequest) -> Result<RenewResult> {
+        let (this, req) = (self.clone(), req.clone());
+        detached(async move { this.renew_now(&req).await }).await
+    }
+
+    async fn inspect(&self, name: &LockName) -> Result<Option<LockState>> {
+        self.inspect_now(name).await
+    }
+
+    fn admin(&self) -> Option<&dyn LockAdmin> {
+        Some(self)
+    }
+}
+
+impl JdbcBackend {
+    async fn release_now(&self, req: &ReleaseRequest) -> Result<ReleaseResult> {
         let s = &self.inner.statements;
         let name = Param::Text(req.name.as_str());
         let holder = req.holder();
@@ -607,7 +627,7 @@ impl LockRemoteResource for JdbcBackend {
         })
     }
 
-    async fn renew(&self, req: &RenewRequest) -> Result<RenewResult> {
+    async fn renew_now(&self, req: &RenewRequest) -> Result<RenewResult> {
         let s = &self.inner.statements;
         let holder = req.holder();
         let params = [
@@ -642,7 +662,7 @@ impl LockRemoteResource for JdbcBackend {
         })
     }
 
-    async fn inspect(&self, name: &LockName) -> Result<Option<LockState>> {
+    async fn inspect_now(&self, name: &LockName) -> Result<Option<LockState>> {
         let s = &self.inner.statements;
         let p_name = [Param::Text(name.as_str())];
         let rows: std::result::Result<(Option<(HolderRow, i64)>, Vec<HolderRow>), sqlx::Error> = on_pool!(&self.inner.pool, p => {
@@ -679,9 +699,41 @@ impl LockRemoteResource for JdbcBackend {
         Ok(Some(LockState::new(holders, Some(waiters))))
     }
 
-    fn admin(&self) -> Option<&dyn LockAdmin> {
-        Some(self)
+    async fn force_release_now(&self, name: &LockName) -> Result<usize> {
+        let s = &self.inner.statements;
+        let p_name = [Param::Text(name.as_str())];
+        let removed: std::result::Result<u64, sqlx::Error> = on_pool!(&self.inner.pool, p => {
+            async {
+                let mut tx = p.begin().await?;
+                let x = query!(&s.force_exclusive, &p_name).execute(&mut *tx).await?.rows_affected();
+                query!(&s.force_clear, &p_name).execute(&mut *tx).await?;
+                let r = query!(&s.force_readers, &p_name).execute(&mut *tx).await?.rows_affected();
+                tx.commit().await?;
+                Ok(x + r)
+            }
+            .await
+        });
+        let removed = removed.map_err(self.err("force_release"))?;
+        self.notify_release(name).await;
+        Ok(usize::try_from(removed).unwrap_or(usize::MAX))
     }
+}
+
+/// Runs `op` to completion in a task of its own, whatever happens to the caller's
+/// future. Releases and renewals run transactions (shared mode): cut off between
+/// `BEGIN` and `COMMIT`/`ROLLBACK` — a `BEGIN` whose future is dropped in flight
+/// leaves sqlx nothing to roll back — the pooled connection would stay inside the
+/// transaction, and a grant later run on it would be seen by its own client only and
+/// undone when the connection dies, while another client takes the same lock.
+async fn detached<T: Send + 'static>(
+    op: impl std::future::Future<Output = Result<T>> + Send + 'static,
+) -> Result<T> {
+    tokio::spawn(op).await.map_err(|_| {
+        Error::new(
+            dlock_spi::ErrorKind::Backend,
+            "the statement's task ended without an answer (the runtime is shutting down?)",
+        )
+    })?
 }
 
 fn holder(
@@ -703,22 +755,9 @@ fn holder(
 #[async_trait]
 impl LockAdmin for JdbcBackend {
     async fn force_release(&self, name: &LockName) -> Result<usize> {
-        let s = &self.inner.statements;
-        let p_name = [Param::Text(name.as_str())];
-        let removed: std::result::Result<u64, sqlx::Error> = on_pool!(&self.inner.pool, p => {
-            async {
-                let mut tx = p.begin().await?;
-                let x = query!(&s.force_exclusive, &p_name).execute(&mut *tx).await?.rows_affected();
-                query!(&s.force_clear, &p_name).execute(&mut *tx).await?;
-                let r = query!(&s.force_readers, &p_name).execute(&mut *tx).await?.rows_affected();
-                tx.commit().await?;
-                Ok(x + r)
-            }
-            .await
-        });
-        let removed = removed.map_err(self.err("force_release"))?;
-        self.notify_release(name).await;
-        Ok(usize::try_from(removed).unwrap_or(usize::MAX))
+        // A transaction: run to completion whatever happens to the caller.
+        let (this, name) = (self.clone(), name.clone());
+        detached(async move { this.force_release_now(&name).await }).await
     }
 
     async fn live_locks(&self, prefix: &str) -> Result<usize> {

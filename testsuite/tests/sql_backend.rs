@@ -350,3 +350,69 @@ fn the_suite_knows_every_sql_label() {
         assert!(server_url(label).is_some());
     }
 }
+
+/// Shared releases and renewals run a transaction. Dropped at any point — a
+/// cancelled unlock, a watchdog renewal cut off at its deadline — none may leave a
+/// pooled connection inside an open transaction: a grant later run on that
+/// connection would be seen by its own client only, and undone when the connection
+/// dies, while another client is granted the same lock. (The lock-history checker
+/// saw exactly that on PostgreSQL under the proxy nemesis.) The connection goes
+/// through the fault proxy with 20 ms of delay, so a cut can fall inside `BEGIN`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_shared_call_leaves_no_open_transaction_behind() {
+    use dlock_spi::{
+        AcquireRequest, GrantId, LockMode, LockName, LockRemoteResource, OwnerId, ReleaseRequest,
+        RenewRequest,
+    };
+    for (label, url) in sql_backends() {
+        if label == "sqlite" {
+            continue; // a file has no network between client and server
+        }
+        let (proxy, proxied_url) = proxied(&url).await;
+        proxy.set(Fault::Delay(Duration::from_millis(20)));
+        // One connection for calls (PostgreSQL's listener takes another), so every
+        // call reuses the one a cancelled call used.
+        let pool = if label == "postgres" { 2 } else { 1 };
+        let options = JdbcOptions::default().max_connections(pool);
+        let backend = JdbcBackend::connect_with(&proxied_url, options)
+            .await
+            .unwrap();
+        let observer = JdbcBackend::connect(&url).await.unwrap();
+        let prefix = format!("opentx-{:x}-", fastrand::u64(..));
+        let owner = OwnerId::new("reader");
+        for round in 0..30u64 {
+            let rw = LockName::new(format!("{prefix}rw")).unwrap();
+            let grant = GrantId::new(round);
+            let req =
+                AcquireRequest::new(rw.clone(), owner.clone(), grant).with_mode(LockMode::Shared);
+            let token = backend.try_acquire(&req).await.unwrap().token().unwrap();
+            let cut = Duration::from_millis(fastrand::u64(0..100));
+            if round % 2 == 0 {
+                let renew = RenewRequest::new(
+                    rw.clone(),
+                    owner.clone(),
+                    grant,
+                    LockMode::Shared,
+                    Duration::from_secs(30),
+                    token,
+                );
+                let _ = tokio::time::timeout(cut, backend.renew(&renew)).await;
+            } else {
+                let release =
+                    ReleaseRequest::new(rw.clone(), owner.clone(), grant, LockMode::Shared, token);
+                let _ = tokio::time::timeout(cut, backend.release(&release)).await;
+            }
+            // A grant on the same connection must be visible to everyone.
+            let x = LockName::new(format!("{prefix}x{round}")).unwrap();
+            let take = AcquireRequest::new(x.clone(), owner.clone(), GrantId::new(1000 + round));
+            assert!(backend.try_acquire(&take).await.unwrap().is_acquired());
+            let seen = observer.inspect(&x).await.unwrap();
+            assert!(
+                seen.is_some_and(|s| !s.holders.is_empty()),
+                "{label} round {round}: a grant made after a shared call cut at {cut:?} is invisible to other clients (left inside a transaction)"
+            );
+        }
+        backend.close().await;
+        observer.close().await;
+    }
+}
