@@ -22,6 +22,8 @@ use crate::JdbcOptions;
 
 /// Rows of `inspect` and `contention`: owner, token, context, remaining ms.
 type HolderRow = (Option<String>, i64, Option<Vec<u8>>, i64);
+/// What `inspect` reads: the exclusive holder and live waiters, then the readers.
+type InspectRows = (Option<(HolderRow, i64)>, Vec<HolderRow>);
 
 /// Takes a token from a `RETURNING token` row.
 macro_rules! row_token {
@@ -665,7 +667,7 @@ impl JdbcBackend {
     async fn inspect_now(&self, name: &LockName) -> Result<Option<LockState>> {
         let s = &self.inner.statements;
         let p_name = [Param::Text(name.as_str())];
-        let rows: std::result::Result<(Option<(HolderRow, i64)>, Vec<HolderRow>), sqlx::Error> = on_pool!(&self.inner.pool, p => {
+        let rows: std::result::Result<InspectRows, sqlx::Error> = on_pool!(&self.inner.pool, p => {
             async {
                 let lock = match query!(&s.inspect_lock, &p_name).fetch_optional(p).await? {
                     Some(r) => Some(((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?, r.try_get(3)?), r.try_get(4)?)),
