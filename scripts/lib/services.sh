@@ -39,6 +39,23 @@ wait_for() {
   done
 }
 
+# start_mysql: starts MariaDB on 127.0.0.1:3306 (its data directory initialised), up
+# when this returns.
+start_mysql() {
+  as_root mkdir -p /run/mysqld && as_root chown mysql:mysql /run/mysqld 2>/dev/null || true
+  as_root start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd -- \
+    --user=mysql --bind-address=127.0.0.1 --port=3306
+  wait_for 60 "MariaDB" tcp_open 127.0.0.1 3306
+}
+
+# stop_mysql: stops the MariaDB on 127.0.0.1:3306 (a clean shutdown: committed rows
+# stay), bounded.
+stop_mysql() {
+  mariadb-admin -h 127.0.0.1 -P 3306 -uroot shutdown >/dev/null 2>&1 \
+    || as_root mariadb-admin -uroot shutdown >/dev/null 2>&1 || fail "cannot shut MariaDB down"
+  wait_for 60 "MariaDB to stop" sh -c "! (exec 3<>/dev/tcp/127.0.0.1/3306) 2>/dev/null"
+}
+
 ensure_mysql() {
   export DLOCK_MYSQL_URL="${DLOCK_MYSQL_URL:-mysql://root@127.0.0.1:3306/test}"
   if ! tcp_open 127.0.0.1 3306; then
@@ -47,11 +64,8 @@ ensure_mysql() {
       log "initialising the MariaDB data directory"
       as_root mariadb-install-db --user=mysql --datadir=/var/lib/mysql >/dev/null || fail "mariadb-install-db failed"
     fi
-    as_root mkdir -p /run/mysqld && as_root chown mysql:mysql /run/mysqld 2>/dev/null || true
     log "starting MariaDB on 127.0.0.1:3306"
-    as_root start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd -- \
-      --user=mysql --bind-address=127.0.0.1 --port=3306
-    wait_for 60 "MariaDB" tcp_open 127.0.0.1 3306
+    start_mysql
   fi
   # The tests log in as root with no password over TCP, into database `test`.
   if ! mariadb -h 127.0.0.1 -P 3306 -uroot -e "SELECT 1" test >/dev/null 2>&1; then
@@ -65,16 +79,26 @@ ensure_mysql() {
   log "MariaDB ready at 127.0.0.1:3306"
 }
 
+# postgres_ctl start|stop: pg_ctlcluster on the newest PostgreSQL cluster `main`
+# (stop: fast shutdown, committed rows stay).
+postgres_ctl() {
+  local version
+  version=$(ls /etc/postgresql 2>/dev/null | sort -V | tail -n 1)
+  [ -n "$version" ] || fail "no PostgreSQL cluster found under /etc/postgresql"
+  if [ "$1" = stop ]; then
+    as_root pg_ctlcluster --skip-systemctl-redirect "$version" main stop -m fast
+  else
+    as_root pg_ctlcluster --skip-systemctl-redirect "$version" main "$1"
+  fi
+}
+
 ensure_postgres() {
   export DLOCK_POSTGRES_URL="${DLOCK_POSTGRES_URL:-postgres://postgres@127.0.0.1:5432/test}"
   if ! tcp_open 127.0.0.1 5432; then
     command -v pg_ctlcluster >/dev/null 2>&1 && ls /etc/postgresql/*/main >/dev/null 2>&1 \
       || apt_install postgresql postgresql-client
-    local version
-    version=$(ls /etc/postgresql | sort -V | tail -n 1)
-    [ -n "$version" ] || fail "no PostgreSQL cluster found under /etc/postgresql"
-    log "starting PostgreSQL $version on 127.0.0.1:5432"
-    as_root pg_ctlcluster --skip-systemctl-redirect "$version" main start || true
+    log "starting PostgreSQL on 127.0.0.1:5432"
+    postgres_ctl start || true
     wait_for 60 "PostgreSQL" tcp_open 127.0.0.1 5432
   fi
   if ! psql "postgresql://postgres@127.0.0.1:5432/postgres" -tAc "SELECT 1" >/dev/null 2>&1; then
@@ -96,15 +120,23 @@ ensure_redis_server_binary() {
 }
 
 # launch_redis PORT ARGS…: a throwaway redis-server (daemon) for PORT on 127.0.0.1, no
-# persistence, working in $TMPDIR/dlock-redis-PORT.
+# persistence, working in $TMPDIR/dlock-redis-PORT. The command is kept in
+# DIR/start.sh, so a restart (scripts/server-fault) starts the same server again in
+# the same directory (a Cluster node keeps its nodes.conf there).
 launch_redis() {
   local port=$1
   shift
   local dir="${TMPDIR:-/tmp}/dlock-redis-$port"
   rm -rf "$dir" && mkdir -p "$dir"
-  redis-server --daemonize yes --bind 127.0.0.1 --dir "$dir" \
-    --save "" --appendonly no --logfile "$dir/redis.log" --pidfile "$dir/redis.pid" "$@" \
-    || fail "redis-server on port $port did not start (see $dir/redis.log)"
+  {
+    echo "#!/bin/sh"
+    echo "# Starts this Redis server (written by scripts/lib/services.sh)."
+    printf 'exec redis-server --daemonize yes --bind 127.0.0.1 --dir %q --save "" --appendonly no --logfile %q --pidfile %q' \
+      "$dir" "$dir/redis.log" "$dir/redis.pid"
+    printf ' %q' "$@"
+    echo
+  } >"$dir/start.sh"
+  sh "$dir/start.sh" || fail "redis-server on port $port did not start (see $dir/redis.log)"
 }
 
 # start_redis PORT [ARGS…]: a plain server on PORT, up when this returns.
@@ -120,10 +152,11 @@ start_redis() {
 # redis-cli, and after the certificates were remade not a TLS one either).
 stop_redis_at() {
   redis-cli -h 127.0.0.1 -p "$1" shutdown nosave >/dev/null 2>&1 || true
-  local pidfile="${TMPDIR:-/tmp}/dlock-redis-$1/redis.pid"
-  if [ -f "$pidfile" ]; then
-    kill "$(cat "$pidfile")" 2>/dev/null || true
-    wait_for 30 "Redis on port $1 to stop" sh -c "! kill -0 $(cat "$pidfile") 2>/dev/null"
+  local pid
+  pid=$(cat "${TMPDIR:-/tmp}/dlock-redis-$1/redis.pid" 2>/dev/null) || return 0
+  if grep -qa redis-server "/proc/$pid/cmdline" 2>/dev/null; then
+    kill "$pid" 2>/dev/null || true
+    wait_for 30 "Redis on port $1 to stop" sh -c "! kill -0 $pid 2>/dev/null"
   fi
 }
 

@@ -118,22 +118,30 @@ pub fn join_hosts(hosts: &[SocketAddr]) -> String {
 pub struct FaultProxy {
     addr: SocketAddr,
     fault: watch::Sender<Fault>,
+    upstream: watch::Sender<SocketAddr>,
     task: JoinHandle<()>,
+}
+
+fn loopback_only(upstream: SocketAddr) -> io::Result<()> {
+    if upstream.ip().is_loopback() {
+        Ok(())
+    } else {
+        Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "the fault proxy only forwards to loopback addresses",
+        ))
+    }
 }
 
 impl FaultProxy {
     /// Listens on 127.0.0.1 (a free port) and forwards to `upstream`, which must be
     /// a loopback address.
     pub async fn start(upstream: SocketAddr) -> io::Result<Self> {
-        if !upstream.ip().is_loopback() {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "the fault proxy only forwards to loopback addresses",
-            ));
-        }
+        loopback_only(upstream)?;
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         let (fault, watcher) = watch::channel(Fault::Pass);
+        let (upstream, target) = watch::channel(upstream);
         let task = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 let watcher = watcher.clone();
@@ -142,10 +150,25 @@ impl FaultProxy {
                     drop(client);
                     continue;
                 }
+                let upstream = *target.borrow();
                 tokio::spawn(serve(client, upstream, watcher));
             }
         });
-        Ok(FaultProxy { addr, fault, task })
+        Ok(FaultProxy {
+            addr,
+            fault,
+            upstream,
+            task,
+        })
+    }
+
+    /// Forwards new connections to `upstream` (a loopback address) from now on, as
+    /// a client follows a failover; connections already open stay where they are
+    /// (reset them to move them).
+    pub fn retarget(&self, upstream: SocketAddr) -> io::Result<()> {
+        loopback_only(upstream)?;
+        self.upstream.send_replace(upstream);
+        Ok(())
     }
 
     /// The address clients should connect to.
@@ -293,5 +316,31 @@ mod tests {
         assert!(FaultProxy::start("10.0.0.1:1".parse().unwrap())
             .await
             .is_err());
+        assert!(proxy.retarget("10.0.0.1:1".parse().unwrap()).is_err());
+    }
+
+    /// A retargeted proxy sends new connections to the new upstream.
+    #[tokio::test]
+    async fn retargets_new_connections() {
+        async fn greeter(word: &'static [u8]) -> SocketAddr {
+            let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = listener.local_addr().unwrap();
+            tokio::spawn(async move {
+                while let Ok((mut s, _)) = listener.accept().await {
+                    let _ = s.write_all(word).await;
+                }
+            });
+            addr
+        }
+        let (old, new) = (greeter(b"old").await, greeter(b"new").await);
+        let proxy = FaultProxy::start(old).await.unwrap();
+        let mut b = [0u8; 3];
+        let mut c = TcpStream::connect(proxy.addr()).await.unwrap();
+        c.read_exact(&mut b).await.unwrap();
+        assert_eq!(&b, b"old");
+        proxy.retarget(new).unwrap();
+        let mut c = TcpStream::connect(proxy.addr()).await.unwrap();
+        c.read_exact(&mut b).await.unwrap();
+        assert_eq!(&b, b"new");
     }
 }

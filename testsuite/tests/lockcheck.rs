@@ -12,7 +12,7 @@ use testsuite::lockcheck::coordinator::check_dir;
 use testsuite::lockcheck::history::{
     Event, How, Kind, Mode, Op, Outcome, Reason, RegOp, Why, COORDINATOR,
 };
-use testsuite::lockcheck::nemesis::Choice;
+use testsuite::lockcheck::nemesis::{Choice, Nemesis};
 use testsuite::lockcheck::workload::LEASE;
 use testsuite::lockcheck::{run, RunOptions};
 
@@ -781,6 +781,51 @@ async fn memory_has_no_violations_and_kept_histories_check_again() {
     assert_eq!(report.violations(), 0, "seed {seed}:\n{}", report.table());
 }
 
+/// Runs the `lockcheck` binary once (3 processes), bounded, and says what is wrong
+/// with the run, if anything: it must exit 0 with a summary of `label`, grants,
+/// injected faults and no violation.
+async fn bounded_run(label: &str, seconds: u64, nemesis: &str, seed: u64) -> Option<String> {
+    let limit = Duration::from_secs(seconds + 60);
+    let started = Instant::now();
+    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_lockcheck"))
+        .args(["--backend", label, "--seconds", &seconds.to_string()])
+        .args(["--processes", "3", "--nemesis", nemesis])
+        .args(["--seed", &seed.to_string()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start lockcheck");
+    // Both pipes are drained while it runs; past the limit it is killed.
+    let output = match tokio::time::timeout(limit, child.wait_with_output()).await {
+        Ok(output) => output.expect("wait for lockcheck"),
+        Err(_) => {
+            return Some(format!(
+                "{label} {nemesis} (seed {seed}): ran over {limit:?}"
+            ))
+        }
+    };
+    let out = String::from_utf8_lossy(&output.stdout);
+    let err = String::from_utf8_lossy(&output.stderr);
+    let last = out.lines().last().unwrap_or("");
+    println!(
+        "{label} {nemesis} ({:.1} s): {last}",
+        started.elapsed().as_secs_f64()
+    );
+    let problem = match parse_summary(last) {
+        _ if !output.status.success() => format!("exited with {}", output.status),
+        None => "no summary line".to_owned(),
+        Some(s) if s.label != label => format!("summary of {}", s.label),
+        Some(s) if s.grants == 0 => "no grant".to_owned(),
+        Some(s) if s.faults == 0 => format!("the {nemesis} nemesis injected nothing"),
+        Some(s) if s.violations > 0 => "violations".to_owned(),
+        Some(_) => return None,
+    };
+    Some(format!(
+        "{label} {nemesis} (seed {seed}): {problem}\n{out}{err}"
+    ))
+}
+
 /// A bounded pass of the `lockcheck` binary on every selected server backend, one
 /// after another: 6 s, 3 processes, the `stop` nemesis. In-process labels are the
 /// runs above.
@@ -788,45 +833,38 @@ async fn memory_has_no_violations_and_kept_histories_check_again() {
 async fn every_selected_server_backend_passes_a_bounded_run() {
     let _serial = SERIAL.lock().await;
     let seed = fastrand::u64(..10_000_000);
-    let limit = Duration::from_secs(60);
     let mut failures = Vec::new();
     for label in testsuite::runner::selected() {
         if testsuite::lockcheck::coordinator::in_process(&label) {
             println!("{label}: in-process, run by memory_has_no_violations");
             continue;
         }
-        let started = Instant::now();
-        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_lockcheck"))
-            .args(["--backend", &label, "--seconds", "6", "--processes", "3"])
-            .args(["--nemesis", "stop", "--seed", &seed.to_string()])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("start lockcheck");
-        // Both pipes are drained while it runs; past the limit it is killed.
-        let output = match tokio::time::timeout(limit, child.wait_with_output()).await {
-            Ok(output) => output.expect("wait for lockcheck"),
-            Err(_) => {
-                failures.push(format!("{label} (seed {seed}): ran over {limit:?}"));
+        failures.extend(bounded_run(&label, 6, "stop", seed).await);
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+/// Every server-side nemesis on every selected server backend it applies to, one
+/// run each, one after another (they restart, fail over or expire the shared test
+/// servers): `restart` (12 s: a Redis server stays down past the longest lease),
+/// `promote` (8 s), `expire` (14 s: past the 10 s session timeout). Each must
+/// inject its fault and find no violation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_side_nemeses_find_no_violation() {
+    let _serial = SERIAL.lock().await;
+    let seed = fastrand::u64(..10_000_000);
+    let mut failures = Vec::new();
+    for label in testsuite::runner::selected() {
+        for (kind, seconds) in [
+            (Nemesis::Restart, 12),
+            (Nemesis::Promote, 8),
+            (Nemesis::Expire, 14),
+        ] {
+            if let Some(why) = kind.not_applicable(&label) {
+                println!("{label} {}: not applicable ({why})", kind.name());
                 continue;
             }
-        };
-        let out = String::from_utf8_lossy(&output.stdout);
-        let err = String::from_utf8_lossy(&output.stderr);
-        let last = out.lines().last().unwrap_or("");
-        println!("{label} ({:.1} s): {last}", started.elapsed().as_secs_f64());
-        let problem = match parse_summary(last) {
-            _ if !output.status.success() => Some(format!("exited with {}", output.status)),
-            None => Some("no summary line".to_owned()),
-            Some(s) if s.label != label => Some(format!("summary of {}", s.label)),
-            Some(s) if s.grants == 0 => Some("no grant".to_owned()),
-            Some(s) if s.faults == 0 => Some("the stop nemesis injected nothing".to_owned()),
-            Some(s) if s.violations > 0 => Some("violations".to_owned()),
-            Some(_) => None,
-        };
-        if let Some(problem) = problem {
-            failures.push(format!("{label} (seed {seed}): {problem}\n{out}{err}"));
+            failures.extend(bounded_run(&label, seconds, kind.name(), seed).await);
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));

@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! lockcheck --backend <label> [--seconds N] [--seed S] [--processes K]
-//!           [--nemesis none|proxy|stop|kill|all] [--soak] [--keep]
+//!           [--nemesis none|proxy|stop|kill|restart|promote|expire|all] [--soak] [--keep]
 //! lockcheck --backend <label> --check <dir>     # check a kept run's histories again
 //! ```
 //!
@@ -21,7 +21,7 @@ use testsuite::lockcheck::nemesis::Choice;
 use testsuite::lockcheck::workload::WorkerSpec;
 use testsuite::lockcheck::{run, RunOptions};
 
-const USAGE: &str = "usage: lockcheck --backend <label> [--seconds N] [--seed S] [--processes K] [--nemesis none|proxy|stop|kill|all] [--soak] [--keep]\n       lockcheck --backend <label> --check <dir>";
+const USAGE: &str = "usage: lockcheck --backend <label> [--seconds N] [--seed S] [--processes K] [--nemesis none|proxy|stop|kill|restart|promote|expire|all] [--soak] [--keep]\n       lockcheck --backend <label> --check <dir>";
 
 #[derive(Default)]
 struct Args {

@@ -20,7 +20,8 @@
 //! * Holds **conflict** when they are of the same lock, different holds, and not
 //!   both shared.
 //! * A process is **paused** during `[a, b]` if a SIGSTOP..SIGCONT window of it
-//!   intersects `[a, b]`; **faulted** likewise for its proxy fault windows. A grant's
+//!   intersects `[a, b]`; **faulted** likewise for its proxy fault windows and for
+//!   every server-side fault window (restart, promotion: `down`..`up`). A grant's
 //!   `ok` is **unreliable** when its process was paused between invoke and `ok`.
 //!
 //! # Rules
@@ -323,6 +324,21 @@ struct ProcRec {
     last: u64,
 }
 
+/// `windows` sorted by start, overlapping ones joined: disjoint, as
+/// [`any_within`] needs them.
+fn merge_windows(windows: impl Iterator<Item = (u64, u64)>) -> Vec<(u64, u64)> {
+    let mut all: Vec<(u64, u64)> = windows.collect();
+    all.sort_unstable();
+    let mut merged: Vec<(u64, u64)> = Vec::with_capacity(all.len());
+    for (a, b) in all {
+        match merged.last_mut() {
+            Some(last) if a <= last.1 => last.1 = last.1.max(b),
+            _ => merged.push((a, b)),
+        }
+    }
+    merged
+}
+
 /// Whether one of `windows` (sorted by start, disjoint) intersects `[a, b]`.
 fn any_within(windows: &[(u64, u64)], a: u64, b: u64) -> bool {
     let i = windows.partition_point(|w| w.1 < a);
@@ -464,12 +480,21 @@ pub fn check(label: &str, events: &[Event], rules: &Rules) -> Report {
     let mut leaks: Vec<(&str, &str)> = Vec::new();
     let mut totals = Totals::default();
     let mut ok_of_attempt: Vec<((u32, u64), usize)> = Vec::new();
+    // Server-side fault windows (restart, promotion): they fault every process.
+    let mut outages: Vec<(u64, u64)> = Vec::new();
+    let mut outage_open: Option<u64> = None;
 
     for e in &ev {
         let p = e.proc_;
         let worker_event = !matches!(
             e.kind,
-            Kind::Stop | Kind::Cont | Kind::Kill | Kind::Reg { .. } | Kind::Leak { .. }
+            Kind::Stop
+                | Kind::Cont
+                | Kind::Kill
+                | Kind::Down { .. }
+                | Kind::Up
+                | Kind::Reg { .. }
+                | Kind::Leak { .. }
         );
         if worker_event && p != COORDINATOR {
             let rec = procs.entry(p).or_default();
@@ -612,6 +637,15 @@ pub fn check(label: &str, events: &[Event], rules: &Rules) -> Report {
                 totals.faults += 1;
                 procs.entry(p).or_default().kill = Some(e.t);
             }
+            Kind::Down { .. } => {
+                totals.faults += 1;
+                outage_open = outage_open.or(Some(e.t));
+            }
+            Kind::Up => {
+                if let Some(s) = outage_open.take() {
+                    outages.push((s, e.t));
+                }
+            }
             Kind::Reg {
                 op, hold, accepted, ..
             } => {
@@ -640,6 +674,9 @@ pub fn check(label: &str, events: &[Event], rules: &Rules) -> Report {
             Kind::Leak { lock, state } => leaks.push((lock.as_str(), state.as_str())),
         }
     }
+    if let Some(s) = outage_open.take() {
+        outages.push((s, u64::MAX));
+    }
     for rec in procs.values_mut() {
         if let Some(s) = rec.stop_open.take() {
             rec.stops.push((s, u64::MAX));
@@ -647,6 +684,8 @@ pub fn check(label: &str, events: &[Event], rules: &Rules) -> Report {
         if let Some(s) = rec.fault_open.take() {
             rec.faults.push((s, u64::MAX));
         }
+        // A server-side fault faults every process's connections.
+        rec.faults = merge_windows(rec.faults.iter().chain(&outages).copied());
     }
     // A renewal or a loss belongs to the last hold of its token granted (sent)
     // before it.

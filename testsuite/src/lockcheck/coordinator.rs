@@ -17,13 +17,13 @@ use tokio::task::JoinSet;
 
 use crate::backends;
 use crate::conformance::eventually;
-use crate::proxy::{split_url, Fault, FaultProxy};
+use crate::proxy::{split_url, FaultProxy};
 use crate::TestBackend;
 
 use super::broken::Flaw;
 use super::check::{check, Report, Rules};
 use super::history::{now_ns, read_file, Event, EventLog, Kind, COORDINATOR};
-use super::nemesis::{self, Choice, Nemesis};
+use super::nemesis::{self, Choice, Servers, WorkerCommand};
 use super::register::Register;
 use super::workload::{lock_names, run_worker, WorkerSpec, EXIT_GRACE, LEASE};
 
@@ -270,7 +270,7 @@ pub async fn run(opts: &RunOptions) -> Result<RunOutcome, String> {
             exe,
             label: label.to_owned(),
             url,
-            proxy: kinds.contains(&Nemesis::Proxy),
+            proxy: kinds.iter().any(|k| k.needs_proxy()),
             dir: dir.path.clone(),
             log: coordinator_log.clone(),
             until,
@@ -278,12 +278,15 @@ pub async fn run(opts: &RunOptions) -> Result<RunOutcome, String> {
             next: 1,
             plan,
         };
+        let session = rules.session_ns.map(Duration::from_nanos);
+        let mut servers = Servers::new(label, &procs.url, session)?;
         for _ in 0..opts.processes {
             procs.spawn_next(opts.duration)?;
         }
         let injected = nemesis::run(
             &kinds,
             &mut procs,
+            &mut servers,
             &coordinator_log,
             opts.seed,
             until,
@@ -291,6 +294,8 @@ pub async fn run(opts: &RunOptions) -> Result<RunOutcome, String> {
         )
         .await;
         let problems = procs.wait_all(bound).await;
+        // Before the leak check reads the store: the original master back in its role.
+        servers.restore().await?;
         let kills = injected?;
         if kills > 0 {
             notes.push(format!(
@@ -522,14 +527,18 @@ impl Procs {
             .collect()
     }
 
-    /// Tells a worker to apply `fault` to its proxies.
-    pub(crate) async fn command(&mut self, proc_: u32, fault: Fault) -> Result<(), String> {
+    /// Sends a worker a command for its proxies.
+    pub(crate) async fn command(
+        &mut self,
+        proc_: u32,
+        command: impl Into<WorkerCommand>,
+    ) -> Result<(), String> {
         let w = self.worker(proc_)?;
         let stdin = w
             .stdin
             .as_mut()
             .ok_or_else(|| format!("worker p{proc_} has exited"))?;
-        let line = format!("{}{fault}\n", nemesis::FAULT_COMMAND);
+        let line = format!("{}\n", command.into());
         let sent = async {
             stdin.write_all(line.as_bytes()).await?;
             stdin.flush().await
@@ -538,6 +547,20 @@ impl Procs {
             .await
             .map_err(|_| format!("worker p{proc_} does not read its commands"))?
             .map_err(|e| format!("cannot tell worker p{proc_} {line:?}: {e}"))
+    }
+
+    /// Workers started from now on reach the backend at `host` (the URL has one
+    /// host: a client following a failover).
+    pub(crate) fn follow(&mut self, host: SocketAddr) -> Result<(), String> {
+        let split = split_url(&self.url)?;
+        if split.hosts.len() != 1 {
+            return Err(format!(
+                "cannot follow a failover on a URL with {} hosts",
+                split.hosts.len()
+            ));
+        }
+        self.url = split.with_hosts(&[host]);
+        Ok(())
     }
 
     /// SIGSTOP (`true`) or SIGCONT (`false`).

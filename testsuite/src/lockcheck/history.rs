@@ -276,6 +276,14 @@ pub enum Kind {
     Cont,
     /// The coordinator SIGKILLed process `proc` (time: once it was reaped).
     Kill,
+    /// A server-side fault began, for every process (time: just before it was
+    /// injected): a server restart or a replica promotion.
+    Down {
+        /// What was done (`restart mysql`, `promote 6380`, …).
+        what: String,
+    },
+    /// The server-side fault that began last is over: the server serves again.
+    Up,
     /// The fenced register served a request (time: when it received it).
     Reg {
         /// The request.
@@ -423,6 +431,11 @@ impl Event {
             Kind::Stop => "stop",
             Kind::Cont => "cont",
             Kind::Kill => "kill",
+            Kind::Down { what } => {
+                kv("what", what);
+                "down"
+            }
+            Kind::Up => "up",
             Kind::Reg {
                 op,
                 lock,
@@ -542,6 +555,8 @@ impl Event {
             "stop" => Kind::Stop,
             "cont" => Kind::Cont,
             "kill" => Kind::Kill,
+            "down" => Kind::Down { what: s("what")? },
+            "up" => Kind::Up,
             "reg" => Kind::Reg {
                 op: RegOp::parse(field("op")?).ok_or_else(|| bad("op"))?,
                 lock: s("lock")?,

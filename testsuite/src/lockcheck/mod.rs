@@ -12,7 +12,7 @@
 //!
 //! ```text
 //! cargo run -p testsuite --bin lockcheck -- --backend redis --seconds 20 --seed 7 \
-//!     [--processes 3] [--nemesis none|proxy|stop|kill|all] [--soak] [--keep]
+//!     [--processes 3] [--nemesis none|proxy|stop|kill|restart|promote|expire|all] [--soak] [--keep]
 //! cargo run -p testsuite --bin lockcheck -- --backend redis --check <kept dir>
 //! ```
 //!

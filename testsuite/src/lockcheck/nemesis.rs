@@ -1,18 +1,23 @@
 //! Nemeses: faults injected into a run's workers while they work.
 //!
 //! Each kind is an enum variant with its own applicability rule and its own step in
-//! `run`; server restart, replica promotion and ZooKeeper session expiry are meant
-//! to be added as further variants. Every loop here is bounded by the run's deadline
-//! and by a step count.
+//! `run`. Faults of a worker's connections go through its own fault proxy (commands
+//! on its stdin); faults of the servers through `scripts/server-fault`, which knows
+//! how scripts/test runs them. Every loop here is bounded by the run's deadline and
+//! by a step count.
 
 use std::io::BufRead;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::proxy::{Fault, FaultProxy};
+use crate::proxy::{split_url, Fault, FaultProxy};
 
 use super::coordinator::{in_process, Procs};
-use super::history::{now_ns, Event, EventLog, Kind};
+use super::history::{now_ns, Event, EventLog, Kind, COORDINATOR};
+use super::workload::MAX_LEASE_MS;
 
 /// What `--nemesis` asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,7 +41,7 @@ impl std::str::FromStr for Choice {
                 .find(|n| n.name() == other)
                 .map(|n| Choice::One(*n))
                 .ok_or_else(|| {
-                    format!("unknown nemesis {other:?}; use none, proxy, stop, kill or all")
+                    format!("unknown nemesis {other:?}; use none, proxy, stop, kill, restart, promote, expire or all")
                 }),
         }
     }
@@ -74,11 +79,32 @@ pub enum Nemesis {
     Stop,
     /// SIGKILL a worker and start a replacement with a new process number.
     Kill,
+    /// Restart the backend's server (one node of a Cluster or an ensemble) with
+    /// `scripts/server-fault`: down 0.2–1.5 s where the server keeps its state
+    /// (MariaDB, PostgreSQL, ZooKeeper), and past the longest lease where it keeps
+    /// none (these Redis servers run without persistence: a hold the store forgot
+    /// must have expired anyway — Redis's "delayed restart").
+    Restart,
+    /// Redis (the single server and its replica): a failover as it happens without
+    /// replica acknowledgement — every worker cut off from the master, the replica
+    /// promoted at once (whatever it had not received yet is lost), the old master
+    /// made its replica, the workers' proxies pointed at the new master.
+    Promote,
+    /// ZooKeeper: a worker's session expires on the server — its connections
+    /// black-holed for longer than the session timeout it asked for, then reset.
+    Expire,
 }
 
 impl Nemesis {
     /// Every kind, in rotation order.
-    pub const ALL: [Nemesis; 3] = [Nemesis::Proxy, Nemesis::Stop, Nemesis::Kill];
+    pub const ALL: [Nemesis; 6] = [
+        Nemesis::Proxy,
+        Nemesis::Stop,
+        Nemesis::Kill,
+        Nemesis::Restart,
+        Nemesis::Promote,
+        Nemesis::Expire,
+    ];
 
     /// The `--nemesis` word.
     pub fn name(self) -> &'static str {
@@ -86,41 +112,220 @@ impl Nemesis {
             Nemesis::Proxy => "proxy",
             Nemesis::Stop => "stop",
             Nemesis::Kill => "kill",
+            Nemesis::Restart => "restart",
+            Nemesis::Promote => "promote",
+            Nemesis::Expire => "expire",
         }
+    }
+
+    /// Whether the workers must talk to the backend through their fault proxies.
+    pub fn needs_proxy(self) -> bool {
+        matches!(self, Nemesis::Proxy | Nemesis::Promote | Nemesis::Expire)
     }
 
     /// Why this kind cannot be used with `label`, if it cannot.
     pub fn not_applicable(self, label: &str) -> Option<String> {
+        if in_process(label) {
+            return Some(match self {
+                Nemesis::Proxy | Nemesis::Expire => "in-process backend, no connection to fault",
+                Nemesis::Restart | Nemesis::Promote => "in-process backend, no server",
+                Nemesis::Stop | Nemesis::Kill => "its workers are tasks of one process",
+            })
+            .map(str::to_owned);
+        }
         match self {
-            Nemesis::Proxy if in_process(label) => {
-                Some("in-process backend, no connection to fault".to_owned())
-            }
             Nemesis::Proxy => match label {
                 "sqlite" => Some("a local file, no connection to fault"),
                 "redis-cluster" | "redis-cluster-tls" => {
                     Some("cluster redirects name the nodes' own addresses and bypass a proxy")
                 }
                 _ => None,
-            }
-            .map(str::to_owned),
-            Nemesis::Stop | Nemesis::Kill if in_process(label) => {
-                Some("its workers are tasks of one process".to_owned())
-            }
+            },
             Nemesis::Stop | Nemesis::Kill => None,
+            Nemesis::Restart => (label == "sqlite").then_some("a local file, no server"),
+            Nemesis::Promote => (!matches!(label, "redis" | "redis-polling")).then_some(
+                "no replica to promote (only the single Redis server of `redis` and \
+                 `redis-polling` runs with one)",
+            ),
+            Nemesis::Expire => {
+                (!label.starts_with("zk")).then_some("holds live by lease, not by a session")
+            }
+        }
+        .map(str::to_owned)
+    }
+}
+
+/// A command on a worker's stdin.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WorkerCommand {
+    /// `fault <Fault>`: apply the fault to every proxy of the worker.
+    Fault(Fault),
+    /// `upstream <addr>`: every proxy of the worker forwards new connections there
+    /// (a client following a failover; the URL has one host where this is sent).
+    Upstream(SocketAddr),
+}
+
+impl From<Fault> for WorkerCommand {
+    fn from(fault: Fault) -> Self {
+        WorkerCommand::Fault(fault)
+    }
+}
+
+impl std::fmt::Display for WorkerCommand {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            WorkerCommand::Fault(fault) => write!(f, "fault {fault}"),
+            WorkerCommand::Upstream(addr) => write!(f, "upstream {addr}"),
         }
     }
 }
 
-/// The prefix of a fault command on a worker's stdin (`fault <Fault>`).
-pub const FAULT_COMMAND: &str = "fault ";
+impl std::str::FromStr for WorkerCommand {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        if let Some(fault) = s.strip_prefix("fault ") {
+            return fault.parse().map(WorkerCommand::Fault);
+        }
+        if let Some(addr) = s.strip_prefix("upstream ") {
+            return addr
+                .parse()
+                .map(WorkerCommand::Upstream)
+                .map_err(|_| format!("bad upstream address {addr:?}"));
+        }
+        Err(format!(
+            "unknown worker command {s:?}; use fault <fault> or upstream <addr>"
+        ))
+    }
+}
 
-/// Injects `kinds` in rotation into random live workers until `until`, logging
-/// SIGSTOP, SIGCONT and SIGKILL in `log` (on the target's process number; proxy
-/// faults are logged by the worker that applies them). `lease` scales the windows.
-/// Returns how many workers were SIGKILLed.
+/// Bound on one `scripts/server-fault` call (its own waits are bounded too).
+const SERVER_FAULT_BOUND: Duration = Duration::from_secs(180);
+/// Leeway a restart needs past its down time (the server starting again).
+const RESTART_LEEWAY: Duration = Duration::from_secs(5);
+/// How long a server that keeps no state stays down: past the longest lease, so
+/// every hold it forgets has expired (plus a second for clocks and timers).
+const STATELESS_DOWN: Duration = Duration::from_millis(MAX_LEASE_MS + 1000);
+
+/// Runs `scripts/server-fault ARGS…`, bounded; its failure fails the run.
+async fn server_fault(args: &[String]) -> Result<(), String> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/server-fault");
+    let run = tokio::process::Command::new(&script)
+        .args(args)
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .output();
+    let shown = format!("scripts/server-fault {}", args.join(" "));
+    let out = tokio::time::timeout(SERVER_FAULT_BOUND, run)
+        .await
+        .map_err(|_| format!("{shown} did not finish within {SERVER_FAULT_BOUND:?}"))?
+        .map_err(|e| format!("cannot run {}: {e}", script.display()))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{shown} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+/// The single Redis server and its replica, as the promotions left them.
+#[derive(Debug, Clone, Copy)]
+struct RedisPair {
+    master: u16,
+    replica: u16,
+    original_master: u16,
+}
+
+/// The servers the server-side nemeses act on, and what they changed.
+pub(crate) struct Servers {
+    label: String,
+    /// The session timeout a ZooKeeper worker asks for.
+    session: Option<Duration>,
+    redis: Option<RedisPair>,
+}
+
+impl Servers {
+    /// For a run on `label` at `url`; `session`: the ZooKeeper session timeout the
+    /// workers ask for. The replica of `redis`/`redis-polling` is on
+    /// `DLOCK_REDIS_REPLICA_PORT` (default 6380, where scripts/test starts it).
+    pub(crate) fn new(label: &str, url: &str, session: Option<Duration>) -> Result<Self, String> {
+        let redis = if matches!(label, "redis" | "redis-polling") {
+            let master = split_url(url)?
+                .hosts
+                .first()
+                .map(SocketAddr::port)
+                .ok_or_else(|| format!("no host in the {label} URL"))?;
+            let replica = match std::env::var("DLOCK_REDIS_REPLICA_PORT") {
+                Ok(port) => port
+                    .parse()
+                    .map_err(|_| format!("DLOCK_REDIS_REPLICA_PORT={port:?} is not a port"))?,
+                Err(_) => 6380,
+            };
+            Some(RedisPair {
+                master,
+                replica,
+                original_master: master,
+            })
+        } else {
+            None
+        };
+        Ok(Servers {
+            label: label.to_owned(),
+            session,
+            redis,
+        })
+    }
+
+    /// Gives the original master its role back after promotions (when the run is
+    /// over: the next run, and the other tests, expect it there).
+    pub(crate) async fn restore(&mut self) -> Result<(), String> {
+        let Some(pair) = self.redis.as_mut() else {
+            return Ok(());
+        };
+        if pair.master != pair.original_master {
+            server_fault(&[
+                "promote".to_owned(),
+                pair.original_master.to_string(),
+                pair.master.to_string(),
+                "--synced".to_owned(),
+            ])
+            .await?;
+            pair.replica = pair.master;
+            pair.master = pair.original_master;
+        }
+        Ok(())
+    }
+
+    /// How long to keep the server down, and which node (`scripts/server-fault
+    /// restart` arguments after the label).
+    fn restart_plan(&self, rng: &mut fastrand::Rng) -> (Duration, Option<String>) {
+        let down = if self.label.starts_with("redis") {
+            STATELESS_DOWN
+        } else {
+            Duration::from_millis(rng.u64(200..=1500))
+        };
+        let member = match (&self.redis, self.label.as_str()) {
+            (Some(pair), _) => Some(pair.master.to_string()),
+            (None, "redis-cluster" | "redis-cluster-tls" | "zk-ensemble") => {
+                Some(rng.u32(0..3).to_string())
+            }
+            _ => None,
+        };
+        (down, member)
+    }
+}
+
+/// Injects `kinds` in rotation into random live workers (or the servers) until
+/// `until`, logging SIGSTOP, SIGCONT and SIGKILL in `log` (on the target's process
+/// number; proxy faults are logged by the worker that applies them) and server-side
+/// faults as `down`/`up` on the coordinator. `lease` scales the windows. Returns how
+/// many workers were SIGKILLed.
 pub(crate) async fn run(
     kinds: &[Nemesis],
     procs: &mut Procs,
+    servers: &mut Servers,
     log: &EventLog,
     seed: u64,
     until: Instant,
@@ -155,21 +360,19 @@ pub(crate) async fn run(
                 };
                 let window = Duration::from_millis(window)
                     .min(until.saturating_duration_since(Instant::now()));
-                // A worker that exited just now cannot be faulted: skip it.
-                if procs.command(target, fault).await.is_err() {
+                fault_window(procs, target, fault, window).await;
+            }
+            Nemesis::Expire => {
+                // Past the session timeout the worker asked for (the server may
+                // have granted less, never more).
+                let Some(session) = servers.session else {
+                    continue;
+                };
+                let window = session + Duration::from_secs(1);
+                if Instant::now() + window + Duration::from_secs(1) >= until {
                     continue;
                 }
-                tokio::time::sleep(window).await;
-                if fault == Fault::Blackhole {
-                    // The proxy swallowed bytes mid-stream; a connection that lived
-                    // through that is out of step with its server (a real partition
-                    // delays bytes, it does not drop some). End it like a partition
-                    // that outlived the connection: reset, then let traffic through.
-                    let _ = procs.command(target, Fault::Reset).await;
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-                // Heal even if the worker is gone (the error is then harmless).
-                let _ = procs.command(target, Fault::Pass).await;
+                fault_window(procs, target, Fault::Blackhole, window).await;
             }
             Nemesis::Stop => {
                 let pause = lease.mul_f64(1.5);
@@ -191,9 +394,89 @@ pub(crate) async fn run(
                 procs.kill_and_replace(target).await?;
                 kills += 1;
             }
+            Nemesis::Restart => {
+                let (down, member) = servers.restart_plan(&mut rng);
+                if Instant::now() + down + RESTART_LEEWAY >= until {
+                    continue;
+                }
+                let mut args = vec![
+                    "restart".to_owned(),
+                    servers.label.clone(),
+                    down.as_millis().to_string(),
+                ];
+                args.extend(member);
+                log_at(
+                    log,
+                    now_ns(),
+                    COORDINATOR,
+                    Kind::Down {
+                        what: args.join(" "),
+                    },
+                );
+                let restarted = server_fault(&args).await;
+                log_at(log, now_ns(), COORDINATOR, Kind::Up);
+                restarted?;
+            }
+            Nemesis::Promote => {
+                let Some(pair) = servers.redis.as_mut() else {
+                    continue;
+                };
+                if Instant::now() + RESTART_LEEWAY >= until {
+                    continue;
+                }
+                log_at(
+                    log,
+                    now_ns(),
+                    COORDINATOR,
+                    Kind::Down {
+                        what: format!("promote {}", pair.replica),
+                    },
+                );
+                // The master fails: every worker is cut off from it…
+                for &w in &live {
+                    let _ = procs.command(w, Fault::Reset).await;
+                }
+                // …its replica is promoted, and the workers follow (their proxies),
+                // as they would follow a Sentinel's announcement.
+                let promoted = server_fault(&[
+                    "promote".to_owned(),
+                    pair.replica.to_string(),
+                    pair.master.to_string(),
+                ])
+                .await;
+                if promoted.is_ok() {
+                    std::mem::swap(&mut pair.master, &mut pair.replica);
+                }
+                let master = SocketAddr::from(([127, 0, 0, 1], pair.master));
+                procs.follow(master)?;
+                for &w in &live {
+                    let _ = procs.command(w, WorkerCommand::Upstream(master)).await;
+                    let _ = procs.command(w, Fault::Pass).await;
+                }
+                log_at(log, now_ns(), COORDINATOR, Kind::Up);
+                promoted?;
+            }
         }
     }
     Ok(kills)
+}
+
+/// Applies `fault` to `target`'s proxies for `window`, then heals them. A black
+/// hole ends with a reset: the proxy swallowed bytes mid-stream, and a connection
+/// that lived through that is out of step with its server (a real partition delays
+/// bytes, it does not drop some) — it ends like a partition that outlived the
+/// connection. A worker that exited meanwhile is skipped.
+async fn fault_window(procs: &mut Procs, target: u32, fault: Fault, window: Duration) {
+    if procs.command(target, fault).await.is_err() {
+        return;
+    }
+    tokio::time::sleep(window).await;
+    if fault == Fault::Blackhole {
+        let _ = procs.command(target, Fault::Reset).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Heal even if the worker is gone (the error is then harmless).
+    let _ = procs.command(target, Fault::Pass).await;
 }
 
 fn log_at(log: &EventLog, t: u64, target: u32, kind: Kind) {
@@ -204,20 +487,27 @@ fn log_at(log: &EventLog, t: u64, target: u32, kind: Kind) {
     });
 }
 
-/// Worker side: applies the coordinator's fault commands from stdin to this worker's
+/// Worker side: applies the coordinator's commands from stdin to this worker's
 /// proxies, logging each fault as applied. Runs on its own thread until stdin closes.
 pub fn follow_commands(proxies: Arc<Vec<FaultProxy>>, log: EventLog) {
     std::thread::spawn(move || {
         let stdin = std::io::stdin();
         for line in stdin.lock().lines().take(1_000_000) {
             let Ok(line) = line else { return };
-            let Some(Ok(fault)) = line.strip_prefix(FAULT_COMMAND).map(str::parse::<Fault>) else {
-                continue;
-            };
-            for proxy in proxies.iter() {
-                proxy.set(fault);
+            match line.parse::<WorkerCommand>() {
+                Ok(WorkerCommand::Fault(fault)) => {
+                    for proxy in proxies.iter() {
+                        proxy.set(fault);
+                    }
+                    log.log(Kind::Fault { fault });
+                }
+                Ok(WorkerCommand::Upstream(addr)) => {
+                    for proxy in proxies.iter() {
+                        let _ = proxy.retarget(addr);
+                    }
+                }
+                Err(_) => {}
             }
-            log.log(Kind::Fault { fault });
         }
     });
 }
@@ -228,9 +518,37 @@ mod tests {
 
     #[test]
     fn choices_parse() {
-        assert_eq!("all".parse::<Choice>().unwrap().kinds().len(), 3);
+        assert_eq!("all".parse::<Choice>().unwrap().kinds().len(), 6);
+        assert_eq!(
+            "promote".parse::<Choice>().unwrap().kinds(),
+            [Nemesis::Promote]
+        );
         assert_eq!("stop".parse::<Choice>().unwrap().kinds(), [Nemesis::Stop]);
         assert!("none".parse::<Choice>().unwrap().kinds().is_empty());
         assert!("x".parse::<Choice>().is_err());
+    }
+
+    #[test]
+    fn commands_print_and_parse() {
+        for c in [
+            WorkerCommand::Fault(Fault::Reset),
+            WorkerCommand::Fault(Fault::Delay(Duration::from_millis(70))),
+            WorkerCommand::Upstream("127.0.0.1:6380".parse().unwrap()),
+        ] {
+            assert_eq!(c.to_string().parse::<WorkerCommand>(), Ok(c));
+        }
+        assert!("upstream nowhere".parse::<WorkerCommand>().is_err());
+        assert!("reboot".parse::<WorkerCommand>().is_err());
+    }
+
+    #[test]
+    fn server_side_kinds_apply_where_their_server_is() {
+        let applies = |n: Nemesis, label: &str| n.not_applicable(label).is_none();
+        assert!(applies(Nemesis::Restart, "mysql") && !applies(Nemesis::Restart, "sqlite"));
+        assert!(!applies(Nemesis::Restart, "memory"));
+        assert!(applies(Nemesis::Promote, "redis") && applies(Nemesis::Promote, "redis-polling"));
+        assert!(!applies(Nemesis::Promote, "redis-cluster") && !applies(Nemesis::Promote, "zk"));
+        assert!(applies(Nemesis::Expire, "zk-ensemble") && !applies(Nemesis::Expire, "postgres"));
+        assert!(Nemesis::Promote.needs_proxy() && !Nemesis::Restart.needs_proxy());
     }
 }
