@@ -64,13 +64,16 @@ local function holder_token(fence)
 end
 "#;
 const H_PURGE_READERS: &str = r#"
+-- A reader's score is the whole ms of its grant plus its lease; its request may
+-- have been sent up to a ms after that ms began, so it is dead only once the
+-- score's ms has passed (exclusive bound, as the server's own key expiry).
 local function purge_readers(readers, data)
   clock()
-  local dead = redis.call('ZRANGEBYSCORE', readers, '-inf', now)
+  local dead = redis.call('ZRANGEBYSCORE', readers, '-inf', '(' .. now)
   for _, o in ipairs(dead) do
     redis.call('HDEL', data, o, 'c:' .. o)
   end
-  if #dead > 0 then redis.call('ZREMRANGEBYSCORE', readers, '-inf', now) end
+  if #dead > 0 then redis.call('ZREMRANGEBYSCORE', readers, '-inf', '(' .. now) end
 end
 "#;
 const H_READER_HORIZON: &str = r#"
@@ -80,7 +83,9 @@ local function reader_horizon(x, readers, data)
   clock()
   local top = redis.call('ZRANGE', readers, -1, -1, 'WITHSCORES')
   if top[2] then
-    local ttl = tonumber(top[2]) - now
+    -- Through the last reader's last ms (a reader in it is still live, and a TTL
+    -- must be positive).
+    local ttl = tonumber(top[2]) - now + 1
     redis.call('PEXPIRE', readers, ttl)
     redis.call('PEXPIRE', data, ttl)
     redis.call('SET', x, 'R', 'PX', ttl)

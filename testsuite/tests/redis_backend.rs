@@ -705,6 +705,147 @@ async fn the_holder_asking_again_gets_the_same_token() {
     assert!(next.token().is_some_and(|t| t > token), "{next:?}");
 }
 
+/// A reader's hold is kept for its whole lease, counted from when it was asked for:
+/// its stored end is the server's whole millisecond at the grant plus the lease, and
+/// the request may have been sent up to a millisecond after that millisecond began,
+/// so the reader may be purged only once that last millisecond has passed (a purge
+/// on reaching it — an inclusive bound on a truncated clock — let a writer in up to
+/// 1 ms early). A fair writer (whose script purges readers) asks in a tight loop;
+/// its token, the server's clock in µs at its grant, must lie past the end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_is_not_purged_before_its_last_millisecond_has_passed() {
+    let Some(url) = redis_url() else { return };
+    let backend = RedisBackend::connect(&url).await.unwrap();
+    let mut c = raw_connection(&url).await;
+    for round in 0..5 {
+        let lock = LockName::new(name("reader-tick")).unwrap();
+        let ask = |owner: &str, mode: LockMode| {
+            AcquireRequest::new(
+                lock.clone(),
+                OwnerId::new(owner),
+                dlock_api::spi::GrantId::new(1),
+            )
+            .with_mode(mode)
+            .with_fairness(dlock_api::spi::Fairness::Fair)
+            .with_lease(Duration::from_millis(100))
+        };
+        let reader = backend
+            .try_acquire(&ask("reader", LockMode::Shared))
+            .await
+            .unwrap();
+        assert!(reader.is_acquired(), "round {round}: {reader:?}");
+        let readers: Vec<(String, u64)> = redis::cmd("ZRANGE")
+            .arg(format!("dlock:{{{}}}:r", lock.as_str()))
+            .arg(0)
+            .arg(-1)
+            .arg("WITHSCORES")
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        let [(_, end_ms)] = readers[..] else {
+            panic!("round {round}: one reader expected, found {readers:?}");
+        };
+        let deadline = Instant::now() + Duration::from_secs(2);
+        let granted_us = loop {
+            let writer = backend
+                .try_acquire(&ask("writer", LockMode::Exclusive))
+                .await
+                .unwrap();
+            if let Some(token) = writer.token() {
+                break token.get();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "round {round}: the writer never got the lock"
+            );
+        };
+        assert!(
+            granted_us / 1000 > end_ms,
+            "round {round}: a writer was granted at {granted_us} µs, in the reader's last millisecond {end_ms}"
+        );
+    }
+}
+
+/// Another reader coming and going through a reader's last millisecond (see above)
+/// has its releases answered, and the first reader stays until its end has passed:
+/// the readers' horizon lasts through the last reader's last millisecond (a zero
+/// TTL there deleted the readers and failed the release).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readers_coming_and_going_in_a_readers_last_millisecond_keep_it() {
+    let Some(url) = redis_url() else { return };
+    let backend = RedisBackend::connect(&url).await.unwrap();
+    let mut c = raw_connection(&url).await;
+    let mut in_last_ms = 0;
+    for round in 0..10 {
+        let lock = LockName::new(name("reader-horizon")).unwrap();
+        let ask = |owner: &str, lease: u64| {
+            AcquireRequest::new(
+                lock.clone(),
+                OwnerId::new(owner),
+                dlock_api::spi::GrantId::new(1),
+            )
+            .with_mode(LockMode::Shared)
+            .with_lease(Duration::from_millis(lease))
+        };
+        let first = backend.try_acquire(&ask("first", 30)).await.unwrap();
+        assert!(first.is_acquired(), "round {round}: {first:?}");
+        let readers = format!("dlock:{{{}}}:r", lock.as_str());
+        let first_member = first_member(&mut c, &readers).await;
+        let end_ms: u64 = redis::cmd("ZSCORE")
+            .arg(&readers)
+            .arg(&first_member)
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        // The other reader comes and goes until the server's clock is past the
+        // first one's end (bounded).
+        for cycle in 0..100_000 {
+            let other = backend.try_acquire(&ask("other", 10)).await.unwrap();
+            let token = other.token().expect("readers share");
+            let release = ReleaseRequest::new(
+                lock.clone(),
+                OwnerId::new("other"),
+                dlock_api::spi::GrantId::new(1),
+                LockMode::Shared,
+                token,
+            );
+            let released = backend.release(&release).await;
+            let now_ms = server_ms(&mut c).await;
+            assert!(
+                matches!(released, Ok(ReleaseResult::Released)),
+                "round {round}: a reader's release before {now_ms} ms (the first one ends at {end_ms}): {released:?}"
+            );
+            if now_ms == end_ms {
+                in_last_ms += 1;
+            }
+            if now_ms > end_ms {
+                break;
+            }
+            assert!(cycle < 99_999, "round {round}: the clock never passed {end_ms}");
+        }
+    }
+    // The check above had work to do: releases in a first reader's last ms.
+    assert!(in_last_ms > 0, "no release fell in a first reader's last millisecond");
+}
+
+/// The first member of the sorted set `key` ("" when it is empty).
+async fn first_member(c: &mut redis::aio::MultiplexedConnection, key: &str) -> String {
+    let first: Vec<String> = redis::cmd("ZRANGE")
+        .arg(key)
+        .arg(0)
+        .arg(0)
+        .query_async(c)
+        .await
+        .unwrap();
+    first.into_iter().next().unwrap_or_default()
+}
+
+/// The server's clock in whole milliseconds.
+async fn server_ms(c: &mut redis::aio::MultiplexedConnection) -> u64 {
+    let (s, us): (u64, u64) = redis::cmd("TIME").query_async(c).await.unwrap();
+    s * 1000 + us / 1000
+}
+
 /// TLS (`rediss://`, the suite's TLS-only server on 127.0.0.1:6390, and
 /// `rediss+cluster://`, its TLS-only Cluster on 127.0.0.1:7100-7102; both require a
 /// client certificate, and the conformance suite runs over them as `redis-tls` and

@@ -33,7 +33,8 @@
 //! hand-made histories (exact counts), the self-tests (each broken backend caught by
 //! its rule within a few seeds, memory clean, a kept run checked again), and a
 //! bounded pass (6 s, 3 processes, the `stop` nemesis; grants and faults required)
-//! on every server label of `DLOCK_TEST_BACKENDS`.
+//! on every server label of `DLOCK_TEST_BACKENDS`, and one run of each server-side
+//! nemesis (`restart`, `promote`, `expire`) on every server label it applies to.
 //!
 //! # Processes
 //!
@@ -78,10 +79,25 @@
 //!   Redis Cluster (redirects bypass a proxy); the other nemeses still run.
 //! * `stop` — SIGSTOP a worker for 1.5× the lease, then SIGCONT.
 //! * `kill` — SIGKILL a worker and start a replacement with a new process number.
+//! * `restart` — restart the backend's server with `scripts/server-fault` (one node
+//!   of a Redis Cluster or ZooKeeper ensemble, chosen at random): down 0.2–1.5 s for
+//!   MariaDB, PostgreSQL and ZooKeeper, which keep their state; for Redis, whose test
+//!   servers keep nothing, down past the longest lease (Redis's "delayed restart":
+//!   every hold the restarted server forgets has expired by then). Not SQLite (no
+//!   server).
+//! * `promote` — `redis`, `redis-polling`: a failover as it happens without replica
+//!   acknowledgement. Every worker is cut off from the master (proxy reset), its
+//!   replica (`DLOCK_REDIS_REPLICA_PORT`, 6380) is promoted at once, the old master
+//!   becomes the new one's replica, and the workers' proxies forward to the new
+//!   master (new workers get its address). After the run the original master is
+//!   given its role back.
+//! * `expire` — ZooKeeper: a worker's connections are black-holed for its session
+//!   timeout + 1 s, so the server expires its sessions, then reset.
 //!
-//! `stop` and `kill` do not apply to the in-process backends. Every nemesis loop
-//! ends with the run's `--seconds`. Server restart, replica promotion and ZooKeeper
-//! session expiry are to be added as further [`nemesis::Nemesis`] variants.
+//! `stop` and `kill` do not apply to the in-process backends. Server-side faults
+//! (`restart`, `promote`) are logged by the coordinator as `down`/`up` and count as
+//! fault windows of every process. Every nemesis loop ends with the run's
+//! `--seconds`.
 //!
 //! # After the run
 //!
