@@ -33,6 +33,11 @@ pub(crate) struct DemoArgs {
     /// The lock's name.
     #[arg(long, default_value = "dlock-demo")]
     lock: String,
+    /// How each worker lets go of the lock: `unlock` (await the release) or `drop`
+    /// (drop the guard, which releases in the background, and lock again at once
+    /// with the same handle — the ordinary loop).
+    #[arg(long, default_value = "unlock", value_parser = ["unlock", "drop"])]
+    release: String,
 }
 
 #[derive(Args, Debug)]
@@ -47,6 +52,8 @@ pub(crate) struct WorkerArgs {
     wait: Duration,
     #[arg(long)]
     lock: String,
+    #[arg(long, value_parser = ["unlock", "drop"])]
+    release: String,
 }
 
 /// One worker's tally.
@@ -128,7 +135,9 @@ pub(crate) async fn worker(
                     let _ = std::fs::remove_file(&marker);
                 }
                 tally.acquired += 1;
-                if let Err(e) = guard.unlock().await {
+                if args.release == "drop" {
+                    drop(guard);
+                } else if let Err(e) = guard.unlock().await {
                     eprintln!("worker {}: unlock: {e}", args.id);
                     tally.errors += 1;
                 }
@@ -175,11 +184,12 @@ pub(crate) async fn run(
         .map_err(|e| Failure::new(SOFTWARE, format!("cannot find my own binary: {e}")))?;
 
     println!(
-        "dlock demo: {} workers × {} increments of {} under lock {:?} on {}",
+        "dlock demo: {} workers × {} increments of {} under lock {:?} (release by {}) on {}",
         args.workers,
         args.iterations,
         counter.display(),
         args.lock,
+        args.release,
         dlock_api::redact_url(backend)
     );
     let started = Instant::now();
@@ -203,6 +213,8 @@ pub(crate) async fn run(
             .arg(humantime::format_duration(args.wait).to_string())
             .arg("--lock")
             .arg(&args.lock)
+            .arg("--release")
+            .arg(&args.release)
             .stdout(Stdio::piped())
             .kill_on_drop(true)
             .spawn()

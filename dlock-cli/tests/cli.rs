@@ -67,10 +67,10 @@ fn namespace() -> String {
     format!("cli{:08x}:", fastrand::u32(..))
 }
 
-/// 3 OS processes × 200 iterations of a non-atomic read–sleep–write under one lock:
-/// the counter equals the successful acquisitions and no two processes overlapped.
-#[test]
-fn three_processes_share_one_counter_without_losing_updates() {
+/// Runs `dlock demo` with `workers` processes × `iterations` and `release`
+/// (`unlock` or `drop`) on every selected backend: the counter equals the
+/// successful acquisitions, every attempt acquired, no two processes overlapped.
+fn demo_loses_no_update(workers: u64, iterations: u64, release: &str) {
     for (label, url) in sql_urls() {
         let out = dlock(
             &url,
@@ -78,11 +78,13 @@ fn three_processes_share_one_counter_without_losing_updates() {
             &[
                 "demo",
                 "--workers",
-                "3",
+                &workers.to_string(),
                 "--iterations",
-                "200",
+                &iterations.to_string(),
                 "--wait",
                 "60s",
+                "--release",
+                release,
             ],
         );
         let stdout = String::from_utf8_lossy(&out.stdout);
@@ -106,14 +108,40 @@ fn three_processes_share_one_counter_without_losing_updates() {
             .and_then(|l| l.split_whitespace().nth(1))
             .and_then(|n| n.parse().ok())
             .expect("counter line");
-        assert_eq!(counter, acquired, "{label}: lost updates\n{stdout}");
         assert_eq!(
-            acquired, 600,
-            "{label}: not every attempt acquired\n{stdout}"
+            counter, acquired,
+            "{label} ({release}): lost updates\n{stdout}"
         );
-        assert_eq!(overlaps, 0, "{label}: processes overlapped\n{stdout}");
-        eprintln!("{label}: {}", stdout.lines().last().unwrap_or_default());
+        assert_eq!(
+            acquired,
+            workers * iterations,
+            "{label} ({release}): not every attempt acquired\n{stdout}"
+        );
+        assert_eq!(
+            overlaps, 0,
+            "{label} ({release}): processes overlapped\n{stdout}"
+        );
+        eprintln!(
+            "{label} ({release}): {}",
+            stdout.lines().last().unwrap_or_default()
+        );
     }
+}
+
+/// 3 OS processes × 200 iterations of a non-atomic read–sleep–write under one lock,
+/// released by `unlock()`.
+#[test]
+fn three_processes_share_one_counter_without_losing_updates() {
+    demo_loses_no_update(3, 200, "unlock");
+}
+
+/// The loop that double-granted before grants had an identity (issue "Safety
+/// first", item 1: 6 processes × 100, lost updates on Redis, PostgreSQL and SQLite,
+/// failed acquires on ZooKeeper): each worker drops its guard — released in the
+/// background — and locks again at once with the same handle.
+#[test]
+fn drop_then_relock_loses_no_update() {
+    demo_loses_no_update(6, 100, "drop");
 }
 
 #[test]

@@ -16,7 +16,7 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
 use crate::dialect::{Dialect, Statements};
-use crate::error::map_sqlx;
+use crate::error::{conflict_pause, is_conflict, map_sqlx, retry_conflicts};
 use crate::pool::{on_pool, query, Param, Pool};
 use crate::JdbcOptions;
 
@@ -232,11 +232,19 @@ impl Drop for QueueSlot {
 async fn dequeue(backend: &JdbcBackend, name: &LockName, waiter: &HolderKey) {
     let inner = &backend.inner;
     let params = [Param::Text(name.as_str()), Param::Text(waiter.as_str())];
-    let left = on_pool!(&inner.pool, p => query!(&inner.statements.dequeue, &params).execute(p).await.map(drop));
+    let left = retry_conflicts(|| async {
+        on_pool!(&inner.pool, p => query!(&inner.statements.dequeue, &params).execute(p).await.map(drop))
+            .map_err(|e| map_sqlx(e, backend.backend(), "leave"))
+    })
+    .await;
     if let Err(err) = left {
         tracing::debug!(lock = %name, error = %err, "dlock-jdbc: leaving the queue failed; the entry lapses with its liveness");
     }
 }
+
+/// How many attempts of one acquire may lose a transaction conflict in their queue
+/// or contention statements before the conflict is the caller's error.
+const MAX_CONFLICTED_ATTEMPTS: u32 = 5;
 
 enum Attempt {
     Granted(i64),
@@ -354,10 +362,13 @@ impl JdbcBackend {
         let req = req.clone();
         let (answer, answered) = tokio::sync::oneshot::channel();
         tokio::spawn(async move {
-            let token = match req.mode {
-                LockMode::Exclusive => backend.try_exclusive(&req).await,
-                LockMode::Shared => backend.try_shared(&req).await,
-            };
+            let token = retry_conflicts(|| async {
+                match req.mode {
+                    LockMode::Exclusive => backend.try_exclusive(&req).await,
+                    LockMode::Shared => backend.try_shared(&req).await,
+                }
+            })
+            .await;
             if let Err(Ok(Some(_))) = answer.send(token) {
                 if let Err(err) = backend.release(&req.release_of_grant()).await {
                     tracing::warn!(lock = %req.name, error = %err, "dlock-jdbc: releasing the grant of a cancelled acquire failed; its lease will expire");
@@ -522,11 +533,22 @@ impl LockRemoteResource for JdbcBackend {
         let liveness_check = self.inner.options.waiter_liveness / 3;
         let mut round = 0u32;
         let mut last_ahead = i64::MAX;
+        let mut conflicts = 0u32;
         loop {
             let sent = Instant::now();
             let waiting = req.deadline.is_some_and(|d| d > sent);
             let queue = slot.as_mut().filter(|_| waiting);
-            match self.attempt(req, queue).await? {
+            let attempt = match self.attempt(req, queue).await {
+                // The grant statement runs itself again on a conflict; the queue and
+                // contention statements are run again with the whole attempt.
+                Err(e) if conflicts < MAX_CONFLICTED_ATTEMPTS && is_conflict(&e) => {
+                    conflicts += 1;
+                    tokio::time::sleep(conflict_pause(conflicts)).await;
+                    continue;
+                }
+                other => other?,
+            };
+            match attempt {
                 Attempt::Granted(token) => {
                     if let Some(slot) = slot.take() {
                         slot.leave().await;
@@ -573,12 +595,12 @@ impl LockRemoteResource for JdbcBackend {
 
     async fn release(&self, req: &ReleaseRequest) -> Result<ReleaseResult> {
         let (this, req) = (self.clone(), req.clone());
-        detached(async move { this.release_now(&req).await }).await
+        detached(async move { retry_conflicts(|| this.release_now(&req)).await }).await
     }
 
     async fn renew(&self, req: &RenewRequest) -> Result<RenewResult> {
         let (this, req) = (self.clone(), req.clone());
-        detached(async move { this.renew_now(&req).await }).await
+        detached(async move { retry_conflicts(|| this.renew_now(&req)).await }).await
     }
 
     async fn inspect(&self, name: &LockName) -> Result<Option<LockState>> {

@@ -821,11 +821,17 @@ async fn readers_coming_and_going_in_a_readers_last_millisecond_keep_it() {
             if now_ms > end_ms {
                 break;
             }
-            assert!(cycle < 99_999, "round {round}: the clock never passed {end_ms}");
+            assert!(
+                cycle < 99_999,
+                "round {round}: the clock never passed {end_ms}"
+            );
         }
     }
     // The check above had work to do: releases in a first reader's last ms.
-    assert!(in_last_ms > 0, "no release fell in a first reader's last millisecond");
+    assert!(
+        in_last_ms > 0,
+        "no release fell in a first reader's last millisecond"
+    );
 }
 
 /// The first member of the sorted set `key` ("" when it is empty).

@@ -126,12 +126,12 @@ impl Nemesis {
     /// Why this kind cannot be used with `label`, if it cannot.
     pub fn not_applicable(self, label: &str) -> Option<String> {
         if in_process(label) {
-            return Some(match self {
+            let why = match self {
                 Nemesis::Proxy | Nemesis::Expire => "in-process backend, no connection to fault",
                 Nemesis::Restart | Nemesis::Promote => "in-process backend, no server",
                 Nemesis::Stop | Nemesis::Kill => "its workers are tasks of one process",
-            })
-            .map(str::to_owned);
+            };
+            return Some(why.to_owned());
         }
         match self {
             Nemesis::Proxy => match label {
