@@ -812,12 +812,24 @@ async fn bounded_run(label: &str, seconds: u64, nemesis: &str, seed: u64) -> Opt
         "{label} {nemesis} ({:.1} s): {last}",
         started.elapsed().as_secs_f64()
     );
+    // `note: faults injected: stop 3, …`: the kind asked for, injected at least once.
+    let injected = out
+        .lines()
+        .find_map(|l| l.strip_prefix("note: faults injected: "))
+        .and_then(|counts| {
+            counts
+                .split(", ")
+                .find_map(|c| c.strip_prefix(nemesis)?.trim().parse::<u32>().ok())
+        })
+        .unwrap_or(0);
     let problem = match parse_summary(last) {
         _ if !output.status.success() => format!("exited with {}", output.status),
         None => "no summary line".to_owned(),
         Some(s) if s.label != label => format!("summary of {}", s.label),
         Some(s) if s.grants == 0 => "no grant".to_owned(),
-        Some(s) if s.faults == 0 => format!("the {nemesis} nemesis injected nothing"),
+        Some(s) if s.faults == 0 || injected == 0 => {
+            format!("the {nemesis} nemesis injected nothing")
+        }
         Some(s) if s.violations > 0 => "violations".to_owned(),
         Some(_) => return None,
     };
@@ -847,7 +859,7 @@ async fn every_selected_server_backend_passes_a_bounded_run() {
 /// Every server-side nemesis on every selected server backend it applies to, one
 /// run each, one after another (they restart, fail over or expire the shared test
 /// servers): `restart` (12 s: a Redis server stays down past the longest lease),
-/// `promote` (8 s), `expire` (14 s: past the 10 s session timeout). Each must
+/// `promote` (8 s), `expire` (15 s: past the 10 s session timeout). Each must
 /// inject its fault and find no violation.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_side_nemeses_find_no_violation() {
@@ -858,7 +870,7 @@ async fn server_side_nemeses_find_no_violation() {
         for (kind, seconds) in [
             (Nemesis::Restart, 12),
             (Nemesis::Promote, 8),
-            (Nemesis::Expire, 14),
+            (Nemesis::Expire, 15),
         ] {
             if let Some(why) = kind.not_applicable(&label) {
                 println!("{label} {}: not applicable ({why})", kind.name());

@@ -296,11 +296,13 @@ pub async fn run(opts: &RunOptions) -> Result<RunOutcome, String> {
         let problems = procs.wait_all(bound).await;
         // Before the leak check reads the store: the original master back in its role.
         servers.restore().await?;
-        let kills = injected?;
-        if kills > 0 {
-            notes.push(format!(
-                "{kills} worker(s) SIGKILLed and replaced by the nemesis"
-            ));
+        let injected = injected?;
+        if !injected.is_empty() {
+            let counts: Vec<String> = injected
+                .iter()
+                .map(|(kind, n)| format!("{} {n}", kind.name()))
+                .collect();
+            notes.push(format!("faults injected: {}", counts.join(", ")));
         }
         if !problems.is_empty() {
             return Err(problems.join("; "));

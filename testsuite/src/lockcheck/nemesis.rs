@@ -321,7 +321,7 @@ impl Servers {
 /// `until`, logging SIGSTOP, SIGCONT and SIGKILL in `log` (on the target's process
 /// number; proxy faults are logged by the worker that applies them) and server-side
 /// faults as `down`/`up` on the coordinator. `lease` scales the windows. Returns how
-/// many workers were SIGKILLed.
+/// many faults of each kind were injected.
 pub(crate) async fn run(
     kinds: &[Nemesis],
     procs: &mut Procs,
@@ -330,11 +330,11 @@ pub(crate) async fn run(
     seed: u64,
     until: Instant,
     lease: Duration,
-) -> Result<u32, String> {
-    let mut kills = 0;
+) -> Result<Vec<(Nemesis, u32)>, String> {
+    let mut injected: Vec<(Nemesis, u32)> = kinds.iter().map(|k| (*k, 0)).collect();
     let mut rng = fastrand::Rng::with_seed(seed ^ 0x6e65_6d65_7369_7321);
     if kinds.is_empty() {
-        return Ok(kills);
+        return Ok(injected);
     }
     for step in 0..10_000usize {
         let gap = Duration::from_millis(rng.u64(300..=1500));
@@ -347,7 +347,8 @@ pub(crate) async fn run(
             continue;
         }
         let target = live[rng.usize(..live.len())];
-        match kinds[step % kinds.len()] {
+        let slot = step % kinds.len();
+        let done = match kinds[slot] {
             Nemesis::Proxy => {
                 let lease_ms = u64::try_from(lease.as_millis()).unwrap_or(u64::MAX);
                 let (fault, window) = match rng.u32(0..3) {
@@ -360,7 +361,7 @@ pub(crate) async fn run(
                 };
                 let window = Duration::from_millis(window)
                     .min(until.saturating_duration_since(Instant::now()));
-                fault_window(procs, target, fault, window).await;
+                fault_window(procs, target, fault, window).await
             }
             Nemesis::Expire => {
                 // Past the session timeout the worker asked for (the server may
@@ -372,7 +373,7 @@ pub(crate) async fn run(
                 if Instant::now() + window + Duration::from_secs(1) >= until {
                     continue;
                 }
-                fault_window(procs, target, Fault::Blackhole, window).await;
+                fault_window(procs, target, Fault::Blackhole, window).await
             }
             Nemesis::Stop => {
                 let pause = lease.mul_f64(1.5);
@@ -389,10 +390,11 @@ pub(crate) async fn run(
                 let resumed = procs.pause(target, false);
                 log_at(log, now_ns(), target, Kind::Cont);
                 resumed?;
+                true
             }
             Nemesis::Kill => {
                 procs.kill_and_replace(target).await?;
-                kills += 1;
+                true
             }
             Nemesis::Restart => {
                 let (down, member) = servers.restart_plan(&mut rng);
@@ -416,6 +418,7 @@ pub(crate) async fn run(
                 let restarted = server_fault(&args).await;
                 log_at(log, now_ns(), COORDINATOR, Kind::Up);
                 restarted?;
+                true
             }
             Nemesis::Promote => {
                 let Some(pair) = servers.redis.as_mut() else {
@@ -455,20 +458,24 @@ pub(crate) async fn run(
                 }
                 log_at(log, now_ns(), COORDINATOR, Kind::Up);
                 promoted?;
+                true
             }
+        };
+        if done {
+            injected[slot].1 += 1;
         }
     }
-    Ok(kills)
+    Ok(injected)
 }
 
 /// Applies `fault` to `target`'s proxies for `window`, then heals them. A black
 /// hole ends with a reset: the proxy swallowed bytes mid-stream, and a connection
 /// that lived through that is out of step with its server (a real partition delays
 /// bytes, it does not drop some) — it ends like a partition that outlived the
-/// connection. A worker that exited meanwhile is skipped.
-async fn fault_window(procs: &mut Procs, target: u32, fault: Fault, window: Duration) {
+/// connection. A worker that exited meanwhile is skipped (`false`).
+async fn fault_window(procs: &mut Procs, target: u32, fault: Fault, window: Duration) -> bool {
     if procs.command(target, fault).await.is_err() {
-        return;
+        return false;
     }
     tokio::time::sleep(window).await;
     if fault == Fault::Blackhole {
@@ -477,6 +484,7 @@ async fn fault_window(procs: &mut Procs, target: u32, fault: Fault, window: Dura
     }
     // Heal even if the worker is gone (the error is then harmless).
     let _ = procs.command(target, Fault::Pass).await;
+    true
 }
 
 fn log_at(log: &EventLog, t: u64, target: u32, kind: Kind) {
