@@ -25,7 +25,7 @@ use super::check::{check, Report, Rules};
 use super::history::{now_ns, read_file, Event, EventLog, Kind, COORDINATOR};
 use super::nemesis::{self, Choice, Servers, WorkerCommand};
 use super::register::Register;
-use super::workload::{lock_names, run_worker, WorkerSpec, EXIT_GRACE, LEASE};
+use super::workload::{keep_trying, lock_names, run_worker, WorkerSpec, EXIT_GRACE, LEASE};
 
 /// Bound on opening the backend (one round trip included).
 const CONNECT_BOUND: Duration = Duration::from_secs(20);
@@ -113,7 +113,14 @@ pub async fn worker_process(args: WorkerArgs) -> Result<(), String> {
         nemesis::follow_commands(Arc::clone(&proxies), log.clone());
         _proxies = Some(proxies);
     }
-    let backend = open_backend(&args.label, url, &shown).await?;
+    // Unlike the coordinator's probe, a worker may start during an outage.
+    let backend = keep_trying(|| async {
+        backends::open_at(&args.label, url.clone())
+            .await
+            .map_err(|e| e.to_string())
+    })
+    .await
+    .map_err(|e| format!("backend {} at {shown} cannot be reached: {e}", args.label))?;
     run_worker(args.spec, backend, log).await
 }
 

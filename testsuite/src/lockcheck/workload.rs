@@ -61,6 +61,33 @@ pub const EXIT_GRACE: Duration = TASK_GRACE
 /// Bound on a task's iterations (the deadline normally ends it first).
 const MAX_ITERATIONS: u32 = 1_000_000;
 
+/// How long a worker keeps trying to connect: a replacement worker may start while
+/// the server is down (the `restart` nemesis), as a service may start during an
+/// outage. Longer than any outage a nemesis makes.
+const OPEN_BOUND: Duration = Duration::from_secs(30);
+/// The pause between two tries to connect.
+const OPEN_PAUSE: Duration = Duration::from_millis(200);
+
+/// Runs `open` (each try bounded by [`CALL_BOUND`]) until it succeeds, a try every
+/// [`OPEN_PAUSE`], for at most [`OPEN_BOUND`]; the last error if it never does.
+pub(crate) async fn keep_trying<T, Fut>(mut open: impl FnMut() -> Fut) -> Result<T, String>
+where
+    Fut: std::future::Future<Output = Result<T, String>>,
+{
+    let until = Instant::now() + OPEN_BOUND;
+    loop {
+        let error = match tokio::time::timeout(CALL_BOUND, open()).await {
+            Ok(Ok(opened)) => return Ok(opened),
+            Ok(Err(e)) => e,
+            Err(_) => format!("no answer within {CALL_BOUND:?}"),
+        };
+        if Instant::now() + OPEN_PAUSE >= until {
+            return Err(format!("{error} (kept trying for {OPEN_BOUND:?})"));
+        }
+        tokio::time::sleep(OPEN_PAUSE).await;
+    }
+}
+
 /// Every lock name a run on a backend with `caps` uses.
 pub fn lock_names(caps: Capabilities) -> Vec<&'static str> {
     let mut names = EXCLUSIVE_NAMES.to_vec();
@@ -104,11 +131,8 @@ pub async fn run_worker(
     let attempts = Arc::new(AtomicU64::new(0));
     let mut managers = Vec::new();
     for m in 0..rng.usize(2..=3) {
-        let client = tokio::time::timeout(CALL_BOUND, backend.client())
+        let client = keep_trying(|| async { backend.client().await.map_err(|e| e.to_string()) })
             .await
-            .map_err(|_| {
-                format!("process {p}: opening backend client {m} took over {CALL_BOUND:?}")
-            })?
             .map_err(|e| format!("process {p}: cannot open backend client {m}: {e}"))?;
         let manager = DistributeLockManagerBuilder::new(client)
             .lease(LEASE)
