@@ -464,6 +464,45 @@ fn late_loss_is_a_signal_after_the_lease_could_end() {
         only(h.check(), "late-loss", late);
     }
 
+    // The process stalled (its timers late) while the signal was due: excused, as a
+    // pause; a stall long before it (here before the last renewal) excuses nothing.
+    let mut h = H::default();
+    h.grant(0, lease() + 600, 1, "x0", 1, "a");
+    h.push(
+        lease() + 400,
+        1,
+        Kind::Stall {
+            from: (1_000 + lease() - 200) * MS,
+        },
+    );
+    h.lost(lease() + 500, 1, "x0", 1);
+    h.exit_all(2 * lease(), &[1]);
+    let r = clean(h.check(), "late-loss", 1);
+    assert_eq!(r.totals.late_losses_in_stalls, 1);
+    assert_eq!(r.totals.stalls, 1);
+    assert!(
+        (r.totals.longest_stall_ms - 600.0).abs() < 0.01,
+        "{:?}",
+        r.totals
+    );
+    let mut h = H::default();
+    h.grant(0, lease() + lease() / 3 + 300, 1, "x0", 1, "a");
+    h.renewed(lease() / 3, 1, "x0", 1);
+    h.push(
+        lease() / 4,
+        1,
+        Kind::Stall {
+            from: (1_000 + lease() / 4 - 20) * MS,
+        },
+    );
+    h.lost(lease() + lease() / 3 + 100, 1, "x0", 1);
+    h.exit_all(3 * lease(), &[1]);
+    let r = only(h.check(), "late-loss", 1);
+    assert_eq!(
+        r.totals.late_losses_in_stalls, 0,
+        "a stall before the last proof"
+    );
+
     // Paused from before the lease could end until the signal: excused.
     let mut h = H::default();
     h.grant(0, lease() + 600, 1, "x0", 1, "a");

@@ -276,6 +276,13 @@ pub enum Kind {
     Cont,
     /// The coordinator SIGKILLed process `proc` (time: once it was reaped).
     Kill,
+    /// The process's timers fired late: a timer due at `from` fired at this event's
+    /// time, more than [`STALL_LATE_NS`](super::workload::STALL_LATE_NS) late (the
+    /// process got no CPU, as if paused).
+    Stall {
+        /// When the timer was due (CLOCK_MONOTONIC ns).
+        from: u64,
+    },
     /// A server-side fault began, for every process (time: just before it was
     /// injected): a server restart or a replica promotion.
     Down {
@@ -431,6 +438,10 @@ impl Event {
             Kind::Stop => "stop",
             Kind::Cont => "cont",
             Kind::Kill => "kill",
+            Kind::Stall { from } => {
+                kv("from", &from.to_string());
+                "stall"
+            }
             Kind::Down { what } => {
                 kv("what", what);
                 "down"
@@ -555,6 +566,7 @@ impl Event {
             "stop" => Kind::Stop,
             "cont" => Kind::Cont,
             "kill" => Kind::Kill,
+            "stall" => Kind::Stall { from: n("from")? },
             "down" => Kind::Down { what: s("what")? },
             "up" => Kind::Up,
             "reg" => Kind::Reg {

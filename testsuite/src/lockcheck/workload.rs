@@ -61,6 +61,28 @@ pub const EXIT_GRACE: Duration = TASK_GRACE
 /// Bound on a task's iterations (the deadline normally ends it first).
 const MAX_ITERATIONS: u32 = 1_000_000;
 
+/// How often the stall watcher's timer is due.
+const STALL_TICK: Duration = Duration::from_millis(5);
+/// How late a timer must fire to count as a stall: the lost signal leaves 10 ms for
+/// timer delay, so a process whose timers fire later than that may hear of a loss
+/// too late — as a paused one.
+pub const STALL_LATE_NS: u64 = 10_000_000;
+
+/// Logs every stall of this process (a timer firing more than [`STALL_LATE_NS`]
+/// late) until `until`: evidence of whether the process's timers kept time, which
+/// the watchdog's lost signal relies on.
+async fn watch_stalls(log: EventLog, until: Instant) {
+    let tick = u64::try_from(STALL_TICK.as_nanos()).unwrap_or(u64::MAX);
+    while Instant::now() < until {
+        let due = now_ns() + tick;
+        tokio::time::sleep(STALL_TICK).await;
+        let woke = now_ns();
+        if woke > due + STALL_LATE_NS {
+            log.log(Kind::Stall { from: due });
+        }
+    }
+}
+
 /// How long a worker keeps trying to connect: a replacement worker may start while
 /// the server is down (the `restart` nemesis), as a service may start during an
 /// outage. Longer than any outage a nemesis makes.
@@ -175,6 +197,7 @@ pub async fn run_worker(
     }
     let mut errors = Vec::new();
     let bound = deadline + TASK_GRACE;
+    let stalls = tokio::spawn(watch_stalls(log.clone(), bound));
     loop {
         match tokio::time::timeout_at(bound.into(), tasks.join_next()).await {
             Ok(Some(Ok(Ok(())))) => {}
@@ -191,6 +214,7 @@ pub async fn run_worker(
             }
         }
     }
+    stalls.abort();
     let mut closing = JoinSet::new();
     for manager in managers {
         closing.spawn(async move { manager.close().await });
