@@ -36,6 +36,16 @@ impl LockGuard {
         }
     }
 
+    /// The hold behind this guard.
+    pub(crate) fn hold(&self) -> &Arc<Hold> {
+        &self.hold
+    }
+
+    /// The manager that granted it.
+    pub(crate) fn manager(&self) -> &Arc<crate::manager::ManagerInner> {
+        &self.handle.manager
+    }
+
     /// The fencing token of this hold: pass it to the resource you protect and have
     /// it refuse writes with a smaller token than it has seen.
     pub fn fencing_token(&self) -> FencingToken {

@@ -30,6 +30,9 @@
 //! * [`DistributeLock`] — `try_lock(wait)`, `lock()`, explicit leases; reentrant per
 //!   handle; fair or not. [`ReadWriteLock`], [`LockGroup`].
 //! * [`LockGuard`] — fencing token, lost signal, `unlock().await`, release on drop.
+//! * [`Election`] — leader election (etcd's `campaign` / `leader` / `observe` /
+//!   `proclaim` / `resign`), and [`DistributeLockManager::contend`] — Simba's
+//!   contention service calling a [`Contender`] as leadership comes and goes.
 //! * A watchdog per manager that renews held locks every lease/3 and fires the lost
 //!   signal when a renewal is refused or the lease passes without one.
 //!
@@ -49,6 +52,7 @@
 #![deny(missing_docs)]
 
 mod connect;
+mod election;
 mod guard;
 mod hold;
 mod lock;
@@ -83,6 +87,10 @@ pub use dlock_plugin_metrics::MetricsHandler;
 /// Flow control and hot-lock coalescing (feature `flow-control`).
 #[cfg(feature = "flow-control")]
 pub use dlock_plugin_flow_control::{CoalescingHandler, FlowControlHandler, OnLimit};
+pub use election::{
+    Contender, Contention, Election, Leader, LeaderObserver, Leadership, Term, TermEnd,
+    DEFAULT_OBSERVE_INTERVAL, DEFAULT_STOP_GRACE,
+};
 pub use guard::{LockGuard, LostSignal};
 pub use lock::{DistributeLock, LockGroup, ReadWriteLock};
 pub use manager::{DistributeLockManager, DistributeLockManagerBuilder};

@@ -4,6 +4,7 @@ use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use dlock_spi::{
     AcquireContext, AcquireRequest, AcquireResult, Error, Fairness, GrantId, LockMode, LockName,
     OwnerId, ReleaseRequest, Result,
@@ -24,6 +25,8 @@ pub(crate) struct Handle {
     owner: OwnerId,
     mode: LockMode,
     fairness: Fairness,
+    /// Stored with every grant and shown by `inspect` (an election's value).
+    context: Bytes,
     /// The current hold of this handle (shared by its clones), if any.
     current: Mutex<Option<Arc<Hold>>>,
     /// Serialises remote acquires of this handle's clones, so they re-enter instead
@@ -59,6 +62,18 @@ impl DistributeLock {
         mode: LockMode,
         fairness: Fairness,
     ) -> Self {
+        let context = manager.config.context.clone();
+        Self::with_context(manager, name, mode, fairness, context)
+    }
+
+    /// A handle whose grants store `context` instead of the manager's.
+    pub(crate) fn with_context(
+        manager: Arc<ManagerInner>,
+        name: Result<LockName>,
+        mode: LockMode,
+        fairness: Fairness,
+        context: Bytes,
+    ) -> Self {
         let owner = manager.new_owner();
         DistributeLock {
             handle: Arc::new(Handle {
@@ -67,6 +82,7 @@ impl DistributeLock {
                 owner,
                 mode,
                 fairness,
+                context,
                 current: Mutex::new(None),
                 gate: tokio::sync::Mutex::new(()),
             }),
@@ -206,7 +222,7 @@ impl DistributeLock {
                 .with_lease(lease)
                 .with_deadline(deadline)
                 .with_fairness(self.handle.fairness)
-                .with_context(manager.config.context.clone());
+                .with_context(self.handle.context.clone());
             let mut ctx = AcquireContext::new(request, manager.chain.resource().backend_name());
             let sent_at = ctx.started;
             // Dropped while the backend may be granting, the grant is given back.

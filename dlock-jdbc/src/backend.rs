@@ -658,17 +658,23 @@ impl JdbcBackend {
             Param::Text(req.name.as_str()),
             Param::Text(holder.as_str()),
             Param::Int(lease_ms(req.lease)),
+            Param::Bytes(req.context.as_deref().unwrap_or_default()),
         ];
+        // The context is bound only by the statements that store it.
+        let (renew_exclusive, renew_reader, bound) = match req.context {
+            Some(_) => (&s.renew_exclusive_context, &s.renew_reader_context, &params[..]),
+            None => (&s.renew_exclusive, &s.renew_reader, &params[..3]),
+        };
         let sent = Instant::now();
         let renewed: std::result::Result<bool, sqlx::Error> = match req.mode {
             LockMode::Exclusive => on_pool!(&self.inner.pool, p => {
-                query!(&s.renew_exclusive, &params).execute(p).await.map(|r| r.rows_affected() == 1)
+                query!(renew_exclusive, bound).execute(p).await.map(|r| r.rows_affected() == 1)
             }),
             LockMode::Shared => on_pool!(&self.inner.pool, p => {
                 async {
                     let mut tx = p.begin().await?;
-                    query!(&s.renew_shared_row, &params).execute(&mut *tx).await?;
-                    let n = query!(&s.renew_reader, &params).execute(&mut *tx).await?.rows_affected();
+                    query!(&s.renew_shared_row, &params[..3]).execute(&mut *tx).await?;
+                    let n = query!(renew_reader, bound).execute(&mut *tx).await?.rows_affected();
                     if n == 1 {
                         tx.commit().await?;
                     } else {

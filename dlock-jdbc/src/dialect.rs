@@ -179,6 +179,9 @@ pub(crate) struct Statements {
     pub(crate) release_exclusive: Stmt,
     /// `$1` name, `$2` owner, `$3` lease ms → rows affected.
     pub(crate) renew_exclusive: Stmt,
+    /// As `renew_exclusive`, also storing `$4` as the holder's context (a leader
+    /// proclaiming a new value).
+    pub(crate) renew_exclusive_context: Stmt,
     /// `$1` name, `$2` lease ms, `$3` reader → token (0 / no row = not granted).
     pub(crate) acquire_shared_row: Stmt,
     /// `$1` name, `$2` owner, `$3` token, `$4` lease ms, `$5` context → token.
@@ -194,6 +197,8 @@ pub(crate) struct Statements {
     /// `$1` name, `$2` owner, `$3` lease ms.
     pub(crate) renew_shared_row: Stmt,
     pub(crate) renew_reader: Stmt,
+    /// As `renew_reader`, also storing `$4` as the reader's context.
+    pub(crate) renew_reader_context: Stmt,
     /// `$1` name → owner, token, context, remaining ms, live waiters.
     pub(crate) inspect_lock: Stmt,
     /// `$1` name → owner, token, context, remaining ms per live reader.
@@ -323,6 +328,9 @@ impl Statements {
             renew_exclusive: s(
                 "UPDATE {locks} SET expires_at = NOW + $3 WHERE name = $1 AND owner = $2 AND expires_at > NOW",
             ),
+            renew_exclusive_context: s(
+                "UPDATE {locks} SET expires_at = NOW + $3, context = $4 WHERE name = $1 AND owner = $2 AND expires_at > NOW",
+            ),
             acquire_shared_row,
             acquire_shared_reader,
             lock_row: s("UPDATE {locks} SET shared_until = shared_until + 0 WHERE name = $1"),
@@ -339,6 +347,9 @@ impl Statements {
             ),
             renew_reader: s(
                 "UPDATE {readers} SET expires_at = NOW + $3 WHERE name = $1 AND owner = $2 AND expires_at > NOW",
+            ),
+            renew_reader_context: s(
+                "UPDATE {readers} SET expires_at = NOW + $3, context = $4 WHERE name = $1 AND owner = $2 AND expires_at > NOW",
             ),
             inspect_lock: s(
                 "SELECT {owner}, token, context, expires_at - NOW, \

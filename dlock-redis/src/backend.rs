@@ -635,6 +635,15 @@ impl LockRemoteResource for RedisBackend {
             &scripts.renew_shared,
         );
         inv.arg(ms(req.lease));
+        match (&req.context, req.mode) {
+            (Some(context), LockMode::Exclusive) => {
+                inv.arg(HolderValue(OwnerPart(req.holder().as_str()), context.as_ref()));
+            }
+            (Some(context), LockMode::Shared) => {
+                inv.arg(context.as_ref());
+            }
+            (None, _) => {}
+        }
         Ok(if self.run_flag(&inv, "renew").await? {
             RenewResult::renewed(Some(sent + req.lease))
         } else {

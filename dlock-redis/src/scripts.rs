@@ -250,11 +250,17 @@ end
 return 1
 "#;
 
-/// Exclusive renewal. KEYS: exclusive. ARGV: owner part of the holder value, lease ms.
+/// Exclusive renewal. KEYS: exclusive. ARGV: owner part of the holder value, lease
+/// ms, and optionally a new holder value (same owner part, new context: a leader
+/// proclaiming), stored with the renewed lease.
 const RENEW_EXCLUSIVE: &str = r#"
 local v = redis.call('GET', KEYS[1])
 if not v or string.sub(v, 1, #ARGV[1]) ~= ARGV[1] then return 0 end
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
+if ARGV[3] then
+  redis.call('SET', KEYS[1], ARGV[3], 'PX', ARGV[2])
+else
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
 return 1
 "#;
 
@@ -360,11 +366,12 @@ if reader_horizon(KEYS[1], KEYS[2], KEYS[3]) == 0 then notify(KEYS[1], KEYS[5], 
 return 1
 "#;
 
-/// Shared renewal. KEYS: as ACQUIRE. ARGV: owner, lease ms.
+/// Shared renewal. KEYS: as ACQUIRE. ARGV: owner, lease ms, optionally a new context.
 const RENEW_SHARED: &str = r#"
 purge_readers(KEYS[2], KEYS[3])
 if not redis.call('ZSCORE', KEYS[2], ARGV[1]) then return 0 end
 redis.call('ZADD', KEYS[2], now + tonumber(ARGV[2]), ARGV[1])
+if ARGV[3] then redis.call('HSET', KEYS[3], 'c:' .. ARGV[1], ARGV[3]) end
 reader_horizon(KEYS[1], KEYS[2], KEYS[3])
 return 1
 "#;

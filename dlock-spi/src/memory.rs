@@ -442,6 +442,9 @@ impl LockRemoteResource for InMemoryBackend {
         Ok(match holder {
             Some(h) => {
                 h.expires_at = now + req.lease;
+                if let Some(context) = &req.context {
+                    h.context = context.clone();
+                }
                 RenewResult::renewed(Some(h.expires_at))
             }
             None => RenewResult::NotOwner,

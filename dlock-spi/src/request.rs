@@ -162,6 +162,9 @@ pub struct RenewRequest {
     pub lease: Duration,
     /// The token the grant carried.
     pub token: FencingToken,
+    /// New context bytes to store with the hold in the same step (a leader
+    /// proclaiming a new value); `None` keeps the stored context.
+    pub context: Option<Bytes>,
 }
 
 impl RenewRequest {
@@ -181,7 +184,14 @@ impl RenewRequest {
             mode,
             lease,
             token,
+            context: None,
         }
+    }
+
+    /// Also replaces the hold's context bytes, atomically with the ownership check.
+    pub fn with_context(mut self, context: Bytes) -> Self {
+        self.context = Some(context);
+        self
     }
 
     /// The grant's identity as backends store it.

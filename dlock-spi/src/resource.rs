@@ -51,7 +51,11 @@ use crate::request::{AcquireRequest, ReleaseRequest, RenewRequest};
 ///   the last holder leaves, no holder or queue state may remain; a small per-name
 ///   fencing counter may.
 /// * **`renew`** extends that grant's lease to `req.lease` from now (store clock), or
-///   answers [`RenewResult::NotOwner`] if the hold is gone.
+///   answers [`RenewResult::NotOwner`] if the hold is gone. When `req.context` is
+///   set, it also replaces the context stored with the hold, in the same atomic step
+///   as the ownership check (a leader proclaiming a new value: `inspect` shows it
+///   from then on). Session-bound backends renew nothing but still check the hold
+///   and store the context.
 /// * **`inspect`** describes holders and waiters, or `None` when nobody holds or waits.
 ///
 /// Map driver errors to [`crate::Error`] in one place, with

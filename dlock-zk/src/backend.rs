@@ -492,6 +492,15 @@ impl LockRemoteResource for ZkBackend {
             return Ok(RenewResult::NotOwner);
         };
         let session = self.inner.sessions.usable(None, None).await?;
+        if let Some(context) = &req.context {
+            // The node is the hold: rewriting its data is atomic with its existence.
+            let data = node_data(&req.holder(), context);
+            return match session.client.set_data(&path, &data, None).await {
+                Ok(_) => Ok(RenewResult::renewed(None)),
+                Err(ZkError::NoNode) => Ok(RenewResult::NotOwner),
+                Err(err) => Err(map_zk(err, "set_data")),
+            };
+        }
         match session.client.check_stat(&path).await {
             Ok(Some(_)) => Ok(RenewResult::renewed(None)),
             Ok(None) => Ok(RenewResult::NotOwner),

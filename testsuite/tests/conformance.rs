@@ -43,4 +43,8 @@ cases!(
     cancel_at_random_points,
     a_long_wait_grants_a_live_hold,
     a_leaving_writer_lets_readers_in,
+    one_leader_at_a_time,
+    leadership_moves_on,
+    observers_see_every_change_in_order,
+    contenders_hand_over_without_overlap,
 );

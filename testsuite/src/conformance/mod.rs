@@ -24,6 +24,11 @@ mod grants;
 pub use grants::{
     a_long_wait_grants_a_live_hold, cancel_at_random_points, cancel_during_unlock, drop_then_relock,
 };
+mod election;
+pub use election::{
+    contenders_hand_over_without_overlap, leadership_moves_on, observers_see_every_change_in_order,
+    one_leader_at_a_time, FencedRegister, HANDOVER_BOUND,
+};
 mod waiters;
 pub use waiters::{a_leaving_writer_lets_readers_in, cancelled_lock_leaves_nothing};
 
@@ -982,4 +987,8 @@ pub const CASES: &[&str] = &[
     "cancel_at_random_points",
     "a_long_wait_grants_a_live_hold",
     "a_leaving_writer_lets_readers_in",
+    "one_leader_at_a_time",
+    "leadership_moves_on",
+    "observers_see_every_change_in_order",
+    "contenders_hand_over_without_overlap",
 ];

@@ -1,0 +1,672 @@
+//! Leader election over any backend: etcd's `Election` shape ([`Election`]) and
+//! Simba's contention service ([`DistributeLockManager::contend`]).
+//!
+//! A term of leadership is a fair, exclusive hold on the election's name whose context
+//! bytes are the leader's value. So a term has everything a lock guard has — a
+//! fencing token that grows from term to term, a lease renewed by the watchdog (or a
+//! session), and the same lost signal with the same margin — and an election named
+//! `x` is seen by `dlock status x` like the lock `x` (and excludes it).
+
+use std::fmt;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use bytes::Bytes;
+use dlock_spi::{
+    async_trait, Error, ErrorKind, Fairness, FencingToken, HolderInfo, LockMode, LockName,
+    LostReason, OwnerId, RenewRequest, RenewResult, Result,
+};
+use tokio::sync::watch;
+
+use crate::guard::{LockGuard, LostSignal};
+use crate::lock::DistributeLock;
+use crate::manager::DistributeLockManager;
+
+/// How often [`LeaderObserver`] asks the backend who leads, by default.
+pub const DEFAULT_OBSERVE_INTERVAL: Duration = Duration::from_millis(100);
+
+/// How long a stopped contender's work may take to end on its own, by default.
+pub const DEFAULT_STOP_GRACE: Duration = Duration::from_secs(10);
+
+/// One election: a name that at most one candidate leads at a time.
+///
+/// Cheap to clone. Each [`campaign`](Self::campaign) is a new candidate (its own
+/// owner), queued in arrival order behind the candidates already waiting.
+///
+/// ```
+/// # async fn demo() -> dlock_api::Result<()> {
+/// use dlock_api::DistributeLockManager;
+///
+/// let manager = DistributeLockManager::connect("memory://").await?;
+/// let election = manager.election("scheduler");
+/// let leadership = election.campaign("node-a:8080").await?;
+/// assert_eq!(election.leader().await?.map(|l| l.value), Some("node-a:8080".into()));
+/// leadership.proclaim("node-a:9090").await?;
+/// leadership.resign().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Election {
+    manager: DistributeLockManager,
+    name: String,
+    observe_interval: Duration,
+    stop_grace: Duration,
+}
+
+impl Election {
+    pub(crate) fn new(manager: DistributeLockManager, name: &str) -> Self {
+        Election {
+            manager,
+            name: name.to_owned(),
+            observe_interval: DEFAULT_OBSERVE_INTERVAL,
+            stop_grace: DEFAULT_STOP_GRACE,
+        }
+    }
+
+    /// How often observers ask the backend who leads (default 100 ms).
+    pub fn observe_interval(mut self, interval: Duration) -> Self {
+        self.observe_interval = interval.max(Duration::from_millis(1));
+        self
+    }
+
+    /// How long a contender's work may take to end after
+    /// [`Contention::stop`] asks it to (default 10 s); then it is dropped.
+    pub fn stop_grace(mut self, grace: Duration) -> Self {
+        self.stop_grace = grace;
+        self
+    }
+
+    /// The election's full (namespaced) name, or why it is invalid.
+    pub fn name(&self) -> Result<LockName> {
+        self.manager.inner.full_name(&self.name)
+    }
+
+    fn candidate(&self, value: Bytes) -> DistributeLock {
+        let inner = &self.manager.inner;
+        // Arrival order where the backend offers it: no candidate waits forever.
+        let fairness = if inner.capabilities.fair {
+            Fairness::Fair
+        } else {
+            Fairness::NonFair
+        };
+        DistributeLock::with_context(
+            Arc::clone(inner),
+            inner.full_name(&self.name),
+            LockMode::Exclusive,
+            fairness,
+            value,
+        )
+    }
+
+    /// Waits until this new candidate leads, with `value` as the leader's value
+    /// (shown by [`leader`](Self::leader) and to observers). Fails with
+    /// [`ErrorKind::Closed`] when the manager closes.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: dropped while waiting, the candidate leaves the queue; dropped
+    /// after the backend may have granted the term, the term is given back in the
+    /// background. Nothing is left queued or held.
+    pub async fn campaign(&self, value: impl Into<Bytes>) -> Result<Leadership> {
+        let value = value.into();
+        let guard = self.candidate(value.clone()).lock().await?;
+        Ok(Leadership::new(guard, value, self.manager.inner.config.lease))
+    }
+
+    /// Like [`campaign`](Self::campaign), giving up after `wait` (`Ok(None)`).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`campaign`](Self::campaign).
+    pub async fn try_campaign(
+        &self,
+        value: impl Into<Bytes>,
+        wait: Duration,
+    ) -> Result<Option<Leadership>> {
+        let value = value.into();
+        let guard = self.candidate(value.clone()).try_lock(wait).await?;
+        Ok(guard.map(|g| Leadership::new(g, value, self.manager.inner.config.lease)))
+    }
+
+    /// Who leads now, straight from the backend; `None` when nobody does.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: it only reads.
+    pub async fn leader(&self) -> Result<Option<Leader>> {
+        let name = self.name()?;
+        let chain = &self.manager.inner.chain;
+        let state = tokio::time::timeout(
+            chain.operation_timeout(),
+            chain.resource().inspect(&name),
+        )
+        .await
+        .map_err(|_| {
+            Error::new(
+                ErrorKind::Backend,
+                format!(
+                    "the backend did not answer who leads within {:?}; check that it is reachable",
+                    chain.operation_timeout()
+                ),
+            )
+            .with_context("lock", &name)
+        })??;
+        Ok(state.and_then(|s| {
+            s.holders
+                .into_iter()
+                .find(|h| h.mode == LockMode::Exclusive)
+                .map(Leader::from_holder)
+        }))
+    }
+
+    /// Follows the leadership: [`LeaderObserver::changed`] answers the current leader
+    /// at once, then each change (a new term, a proclaimed value, no leader) in order.
+    pub fn observe(&self) -> LeaderObserver {
+        LeaderObserver {
+            election: self.clone(),
+            reported: None,
+            highest: None,
+        }
+    }
+
+    /// Keeps `contender` in the running with `value` as its leader value (Simba's
+    /// contention service): see [`DistributeLockManager::contend`].
+    pub fn contend<C: Contender>(&self, value: impl Into<Bytes>, contender: C) -> Result<Contention> {
+        self.name()?;
+        let runtime = tokio::runtime::Handle::try_current().map_err(|_| {
+            Error::new(
+                ErrorKind::Config,
+                "contend needs a tokio runtime to run the contender in; call it from async code",
+            )
+        })?;
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let (leading_tx, leading_rx) = watch::channel(None);
+        let task = runtime.spawn(contend_loop(
+            self.clone(),
+            value.into(),
+            Arc::new(contender),
+            stop_rx,
+            leading_tx,
+        ));
+        Ok(Contention {
+            stop: stop_tx,
+            leading: leading_rx,
+            task: Some(task),
+        })
+    }
+}
+
+impl fmt::Debug for Election {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Election")
+            .field("name", &self.name)
+            .field("observe_interval", &self.observe_interval)
+            .finish()
+    }
+}
+
+/// The leader of an election as the backend describes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Leader {
+    /// The leading candidate.
+    pub owner: OwnerId,
+    /// The term's fencing token: it grows with every new term.
+    pub token: FencingToken,
+    /// The leader's value (given to `campaign`, changed by `proclaim`).
+    pub value: Bytes,
+    /// Lease left by the backend's clock; `None` for session-bound terms.
+    pub remaining_lease: Option<Duration>,
+}
+
+impl Leader {
+    fn from_holder(h: HolderInfo) -> Self {
+        Leader {
+            owner: h.owner,
+            token: h.token,
+            value: h.context,
+            remaining_lease: h.remaining_lease,
+        }
+    }
+}
+
+/// Follows an election's leadership; from [`Election::observe`].
+pub struct LeaderObserver {
+    election: Election,
+    /// What was last answered: `None` before the first answer.
+    reported: Option<Option<(FencingToken, Bytes)>>,
+    /// The highest term seen: an older one read later (a lagging replica) is ignored.
+    highest: Option<FencingToken>,
+}
+
+impl LeaderObserver {
+    /// The first call answers who leads now; each later call waits for the next
+    /// change and answers it: a new leader (a higher term), a value the leader
+    /// proclaimed, or `None` when nobody leads. Terms never go backwards. Changes
+    /// closer together than the observe interval may be seen as one (the latest).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: a dropped call reports nothing and loses nothing; the next call
+    /// compares with the last state it answered.
+    pub async fn changed(&mut self) -> Result<Option<Leader>> {
+        loop {
+            let now = self.election.leader().await?;
+            if self.is_news(now.as_ref()) {
+                if let Some(l) = &now {
+                    self.highest = Some(self.highest.map_or(l.token, |h| h.max(l.token)));
+                }
+                self.reported = Some(now.as_ref().map(|l| (l.token, l.value.clone())));
+                return Ok(now);
+            }
+            tokio::time::sleep(self.election.observe_interval).await;
+        }
+    }
+
+    fn is_news(&self, now: Option<&Leader>) -> bool {
+        let Some(reported) = &self.reported else {
+            return true;
+        };
+        match (reported, now) {
+            (_, Some(l)) if self.highest.is_some_and(|h| l.token < h) => false,
+            (Some((token, value)), Some(l)) => l.token != *token || l.value != *value,
+            (None, Some(_)) | (Some(_), None) => true,
+            (None, None) => false,
+        }
+    }
+
+    /// The changes as a `Stream` (each item as [`changed`](Self::changed) answers it;
+    /// an error is an item too, and the stream goes on after it).
+    pub fn into_stream(
+        self,
+    ) -> impl futures_core::Stream<Item = Result<Option<Leader>>> + Send + 'static {
+        futures_util::stream::unfold(self, |mut observer| async move {
+            let item = observer.changed().await;
+            if item.is_err() {
+                tokio::time::sleep(observer.election.observe_interval).await;
+            }
+            Some((item, observer))
+        })
+    }
+}
+
+impl fmt::Debug for LeaderObserver {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LeaderObserver")
+            .field("election", &self.election.name)
+            .field("highest", &self.highest)
+            .finish()
+    }
+}
+
+/// Leading an election: one term. Resign with [`resign`](Self::resign); dropping it
+/// resigns in the background.
+///
+/// The term is lost exactly as a lock guard is ([`lost`](Self::lost), same margin):
+/// stop acting as leader when it fires, and pass [`fencing_token`](Self::fencing_token)
+/// to what the leader writes to.
+#[must_use = "dropping the leadership resigns at once"]
+pub struct Leadership {
+    guard: LockGuard,
+    value: Mutex<Bytes>,
+    lease: Duration,
+}
+
+impl Leadership {
+    fn new(guard: LockGuard, value: Bytes, lease: Duration) -> Self {
+        Leadership {
+            guard,
+            value: Mutex::new(value),
+            lease,
+        }
+    }
+
+    /// The term's fencing token, greater than every earlier term's.
+    pub fn fencing_token(&self) -> FencingToken {
+        self.guard.fencing_token()
+    }
+
+    /// The election's full name.
+    pub fn name(&self) -> &LockName {
+        self.guard.name()
+    }
+
+    /// This candidate's owner id (as [`Leader::owner`] shows it).
+    pub fn owner(&self) -> &OwnerId {
+        &self.guard.hold().owner
+    }
+
+    /// The value last proclaimed (or given to `campaign`).
+    pub fn value(&self) -> Bytes {
+        self.value
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Whether the term is lost.
+    pub fn is_lost(&self) -> bool {
+        self.guard.is_lost()
+    }
+
+    /// Why the term was lost, if it was.
+    pub fn lost_reason(&self) -> Option<LostReason> {
+        self.guard.lost_reason()
+    }
+
+    /// Completes when the term is lost (at once if it is already).
+    pub async fn lost(&self) -> LostReason {
+        self.guard.lost().await
+    }
+
+    /// An owned signal of the term's loss, for another task.
+    pub fn lost_signal(&self) -> LostSignal {
+        self.guard.lost_signal()
+    }
+
+    /// Whether the backend's connection is down while the term may still hold
+    /// (session-bound backends): pause leader work until it clears or the loss fires.
+    pub fn is_suspended(&self) -> bool {
+        self.guard.is_suspended()
+    }
+
+    /// Replaces the leader's value without giving up the term (etcd's `Proclaim`);
+    /// observers see the new value.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped before it completes, the store has either the old or the new value;
+    /// the term itself is unaffected.
+    ///
+    /// Errors: [`ErrorKind::LockLost`] when the term is lost (found lost, or the
+    /// backend says it is no longer the holder — the loss signal then fires);
+    /// backend errors as they come (the value is then unknown).
+    pub async fn proclaim(&self, value: impl Into<Bytes>) -> Result<()> {
+        let value = value.into();
+        let hold = self.guard.hold();
+        let manager = self.guard.manager();
+        if let Some(reason) = hold.lost_reason() {
+            return Err(term_lost(&hold.name, reason));
+        }
+        let request = RenewRequest::new(
+            hold.name.clone(),
+            hold.owner.clone(),
+            hold.grant,
+            hold.mode,
+            self.lease,
+            hold.token,
+        )
+        .with_context(value.clone());
+        match manager.chain.renew(&request).await? {
+            RenewResult::Renewed { .. } => {
+                *self.value.lock().unwrap_or_else(PoisonError::into_inner) = value;
+                Ok(())
+            }
+            RenewResult::NotOwner => {
+                hold.lose(&manager.chain, LostReason::NotOwner);
+                Err(term_lost(&hold.name, LostReason::NotOwner))
+            }
+        }
+    }
+
+    /// Gives the leadership up; the next candidate in line is woken at once.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: dropped before it completes, the resignation goes on in the
+    /// background.
+    ///
+    /// Errors as [`LockGuard::unlock`]: [`ErrorKind::LockLost`] if the term had been
+    /// lost before.
+    pub async fn resign(self) -> Result<()> {
+        self.guard.unlock().await
+    }
+}
+
+impl fmt::Debug for Leadership {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Leadership")
+            .field("name", self.name())
+            .field("token", &self.fencing_token())
+            .field("lost", &self.lost_reason())
+            .finish()
+    }
+}
+
+fn term_lost(name: &LockName, reason: LostReason) -> Error {
+    Error::new(
+        ErrorKind::LockLost,
+        format!("the leadership was lost ({reason}); campaign again to lead"),
+    )
+    .with_context("lock", name)
+}
+
+/// A term as a [`Contender`] sees it: who, which term, and the signals to stop on.
+#[derive(Clone)]
+pub struct Term {
+    name: LockName,
+    owner: OwnerId,
+    token: FencingToken,
+    value: Bytes,
+    lost: LostSignal,
+    step_down: watch::Receiver<bool>,
+}
+
+impl Term {
+    /// The election's full name.
+    pub fn name(&self) -> &LockName {
+        &self.name
+    }
+
+    /// The contender's owner id.
+    pub fn owner(&self) -> &OwnerId {
+        &self.owner
+    }
+
+    /// The term's fencing token.
+    pub fn fencing_token(&self) -> FencingToken {
+        self.token
+    }
+
+    /// The leader value the contender campaigned with.
+    pub fn value(&self) -> &Bytes {
+        &self.value
+    }
+
+    /// Whether the term is lost.
+    pub fn is_lost(&self) -> bool {
+        self.lost.is_lost()
+    }
+
+    /// The term's lost signal.
+    pub fn lost_signal(&self) -> &LostSignal {
+        &self.lost
+    }
+
+    /// Completes when the contender should end its work: the contention is being
+    /// stopped (the work has [`Election::stop_grace`] to return) or the term is over.
+    pub async fn stepping_down(&self) {
+        let mut step_down = self.step_down.clone();
+        let _ = step_down.wait_for(|s| *s).await;
+    }
+}
+
+impl fmt::Debug for Term {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Term")
+            .field("name", &self.name)
+            .field("owner", &self.owner)
+            .field("token", &self.token)
+            .finish()
+    }
+}
+
+/// Why a contender's term ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum TermEnd {
+    /// `on_acquired` returned: the contender resigned and queued again.
+    WorkDone,
+    /// The contention was stopped: the work ended (or its grace ran out), then the
+    /// contender resigned.
+    Stopped,
+    /// The term was lost; the work was dropped at once.
+    Lost(LostReason),
+}
+
+/// The leader's side of a contention (Simba's `ContenderCallback`).
+///
+/// Called from a task of the contention's own, one term at a time: `on_released`
+/// of a term always completes before the leadership is given back, and before the
+/// next `on_acquired`.
+#[async_trait]
+pub trait Contender: Send + Sync + 'static {
+    /// This contender leads: the leader's work, for as long as it runs.
+    ///
+    /// * Returning ends the term: the contender resigns and queues again.
+    /// * If the term is lost, the future is dropped at once (at its next await).
+    /// * If the contention is stopped, [`Term::stepping_down`] completes and the
+    ///   future has the election's stop grace to return before it is dropped.
+    ///
+    /// The leadership is given back only after this future has ended, so the next
+    /// leader's work never overlaps this one's in this process.
+    async fn on_acquired(&self, term: Term);
+
+    /// The term ended (after its work ended), before the leadership is given back.
+    async fn on_released(&self, term: Term, end: TermEnd) {
+        let _ = (term, end);
+    }
+}
+
+/// A contender kept in the running; from [`DistributeLockManager::contend`].
+/// Dropping it stops the contention in the background (as [`stop`](Self::stop)).
+pub struct Contention {
+    stop: watch::Sender<bool>,
+    leading: watch::Receiver<Option<FencingToken>>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Contention {
+    /// Whether the contender leads now.
+    pub fn is_leader(&self) -> bool {
+        self.leading.borrow().is_some()
+    }
+
+    /// The current term's fencing token while the contender leads.
+    pub fn term(&self) -> Option<FencingToken> {
+        *self.leading.borrow()
+    }
+
+    /// A receiver of the current term (`None` while not leading), to wait on.
+    pub fn leading(&self) -> watch::Receiver<Option<FencingToken>> {
+        self.leading.clone()
+    }
+
+    /// Leaves the race: if leading, asks the work to end
+    /// ([`Term::stepping_down`]), waits for it (up to the stop grace), calls
+    /// `on_released`, then resigns. Returns once all that is done.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: dropped before it completes, the stop goes on in the background.
+    pub async fn stop(mut self) {
+        self.stop.send_replace(true);
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
+    }
+}
+
+impl Drop for Contention {
+    fn drop(&mut self) {
+        self.stop.send_replace(true);
+    }
+}
+
+impl fmt::Debug for Contention {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Contention")
+            .field("term", &self.term())
+            .finish()
+    }
+}
+
+/// Pause after a failed campaign (backend unreachable): doubling up to 2 s, jittered.
+fn campaign_pause(failures: u32) -> Duration {
+    let ms = 50u64.saturating_mul(1 << failures.min(6)).min(2_000);
+    Duration::from_millis(ms / 2 + fastrand::u64(..=ms / 2))
+}
+
+async fn contend_loop(
+    election: Election,
+    value: Bytes,
+    contender: Arc<dyn Contender>,
+    mut stop: watch::Receiver<bool>,
+    leading: watch::Sender<Option<FencingToken>>,
+) {
+    let mut failures = 0u32;
+    loop {
+        let campaign = tokio::select! {
+            biased;
+            _ = stop.wait_for(|s| *s) => return,
+            c = election.campaign(value.clone()) => c,
+        };
+        let leadership = match campaign {
+            Ok(l) => {
+                failures = 0;
+                l
+            }
+            Err(err) if err.kind() == ErrorKind::Closed => return,
+            Err(err) => {
+                failures = failures.saturating_add(1);
+                tracing::warn!(election = %election.name, error = %err, "dlock: campaign failed; trying again");
+                tokio::select! {
+                    _ = stop.wait_for(|s| *s) => return,
+                    () = tokio::time::sleep(campaign_pause(failures)) => continue,
+                }
+            }
+        };
+        let (step_down_tx, step_down_rx) = watch::channel(false);
+        let term = Term {
+            name: leadership.name().clone(),
+            owner: leadership.owner().clone(),
+            token: leadership.fencing_token(),
+            value: leadership.value(),
+            lost: leadership.lost_signal(),
+            step_down: step_down_rx,
+        };
+        leading.send_replace(Some(term.token));
+        let end = {
+            let work = contender.on_acquired(term.clone());
+            tokio::pin!(work);
+            let end = tokio::select! {
+                () = &mut work => TermEnd::WorkDone,
+                reason = leadership.lost() => TermEnd::Lost(reason),
+                _ = stop.wait_for(|s| *s) => TermEnd::Stopped,
+            };
+            if end == TermEnd::Stopped {
+                step_down_tx.send_replace(true);
+                tokio::select! {
+                    () = &mut work => {}
+                    _ = leadership.lost() => {}
+                    () = tokio::time::sleep(election.stop_grace) => {
+                        tracing::warn!(election = %election.name, "dlock: the leader's work did not end within the stop grace; dropping it");
+                    }
+                }
+            }
+            end
+            // The work future is dropped here: it has ended before anything below.
+        };
+        step_down_tx.send_replace(true);
+        contender.on_released(term, end).await;
+        leading.send_replace(None);
+        if let TermEnd::Lost(_) = end {
+            drop(leadership);
+        } else if let Err(err) = leadership.resign().await {
+            tracing::warn!(election = %election.name, error = %err, "dlock: resigning failed");
+        }
+        if end == TermEnd::Stopped {
+            return;
+        }
+    }
+}
