@@ -110,7 +110,11 @@ impl Election {
     pub async fn campaign(&self, value: impl Into<Bytes>) -> Result<Leadership> {
         let value = value.into();
         let guard = self.candidate(value.clone()).lock().await?;
-        Ok(Leadership::new(guard, value, self.manager.inner.config.lease))
+        Ok(Leadership::new(
+            guard,
+            value,
+            self.manager.inner.config.lease,
+        ))
     }
 
     /// Like [`campaign`](Self::campaign), giving up after `wait` (`Ok(None)`).
@@ -136,21 +140,19 @@ impl Election {
     pub async fn leader(&self) -> Result<Option<Leader>> {
         let name = self.name()?;
         let chain = &self.manager.inner.chain;
-        let state = tokio::time::timeout(
-            chain.operation_timeout(),
-            chain.resource().inspect(&name),
-        )
-        .await
-        .map_err(|_| {
-            Error::new(
-                ErrorKind::Backend,
-                format!(
+        let state =
+            tokio::time::timeout(chain.operation_timeout(), chain.resource().inspect(&name))
+                .await
+                .map_err(|_| {
+                    Error::new(
+                        ErrorKind::Backend,
+                        format!(
                     "the backend did not answer who leads within {:?}; check that it is reachable",
                     chain.operation_timeout()
                 ),
-            )
-            .with_context("lock", &name)
-        })??;
+                    )
+                    .with_context("lock", &name)
+                })??;
         Ok(state.and_then(|s| {
             s.holders
                 .into_iter()
@@ -171,7 +173,11 @@ impl Election {
 
     /// Keeps `contender` in the running with `value` as its leader value (Simba's
     /// contention service): see [`DistributeLockManager::contend`].
-    pub fn contend<C: Contender>(&self, value: impl Into<Bytes>, contender: C) -> Result<Contention> {
+    pub fn contend<C: Contender>(
+        &self,
+        value: impl Into<Bytes>,
+        contender: C,
+    ) -> Result<Contention> {
         self.name()?;
         let runtime = tokio::runtime::Handle::try_current().map_err(|_| {
             Error::new(

@@ -27,10 +27,66 @@ pub(crate) struct ExecArgs {
     command: Vec<String>,
 }
 
-enum Outcome {
+/// How a supervised command ended.
+pub(crate) enum Outcome {
+    /// It exited on its own.
     Exited(std::process::ExitStatus),
+    /// The lock (or leadership) was lost; the command was stopped.
     Lost(dlock_api::LostReason),
+    /// dlock was asked to stop; the command got the same signal.
     Signalled(Signal),
+}
+
+impl Outcome {
+    /// The exit code for `Lost` and `Signalled`; `None` for `Exited`.
+    pub(crate) fn stop_code(&self) -> Option<u8> {
+        match self {
+            Outcome::Exited(_) => None,
+            Outcome::Lost(_) => Some(LOCK_LOST),
+            Outcome::Signalled(sig) => Some(u8::try_from(128 + *sig as i32).unwrap_or(1)),
+        }
+    }
+}
+
+/// Runs `command` with `env` until it exits, `lost` completes (the command gets
+/// SIGTERM, then SIGKILL after 5 s) or dlock gets SIGTERM/SIGINT (passed on; SIGKILL
+/// after 10 s). A command that cannot be started fails with exit 127.
+pub(crate) async fn supervise(
+    what: &str,
+    command: &[String],
+    env: &[(&str, String)],
+    lost: impl std::future::Future<Output = dlock_api::LostReason>,
+) -> Result<Outcome, Failure> {
+    let (program, rest) = command
+        .split_first()
+        .ok_or_else(|| Failure::new(SOFTWARE, "no command"))?;
+    let mut child = Command::new(program)
+        .args(rest)
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .spawn()
+        .map_err(|e| Failure::new(127, format!("cannot run {program:?}: {e}")))?;
+    let mut term =
+        signal(SignalKind::terminate()).map_err(|e| Failure::new(SOFTWARE, e.to_string()))?;
+    let mut int =
+        signal(SignalKind::interrupt()).map_err(|e| Failure::new(SOFTWARE, e.to_string()))?;
+    let outcome = tokio::select! {
+        status = child.wait() => match status {
+            Ok(status) => Outcome::Exited(status),
+            Err(e) => return Err(Failure::new(SOFTWARE, format!("waiting for {program:?}: {e}"))),
+        },
+        reason = lost => Outcome::Lost(reason),
+        _ = term.recv() => Outcome::Signalled(Signal::SIGTERM),
+        _ = int.recv() => Outcome::Signalled(Signal::SIGINT),
+    };
+    match &outcome {
+        Outcome::Exited(_) => {}
+        Outcome::Lost(reason) => {
+            eprintln!("dlock: {what} lost ({reason}); stopping the command");
+            stop(&mut child, Signal::SIGTERM, Duration::from_secs(5)).await;
+        }
+        Outcome::Signalled(sig) => stop(&mut child, *sig, Duration::from_secs(10)).await,
+    }
+    Ok(outcome)
 }
 
 /// Sends `sig` to the child, waits up to `grace`, then kills it.
@@ -43,7 +99,7 @@ async fn stop(child: &mut Child, sig: Signal, grace: Duration) {
     }
 }
 
-fn code_of(status: std::process::ExitStatus) -> u8 {
+pub(crate) fn code_of(status: std::process::ExitStatus) -> u8 {
     use std::os::unix::process::ExitStatusExt;
     match (status.code(), status.signal()) {
         (Some(code), _) => u8::try_from(code & 0xff).unwrap_or(1),
@@ -70,34 +126,16 @@ pub(crate) async fn run(
             ),
         ));
     };
-    let (program, rest) = args
-        .command
-        .split_first()
-        .ok_or_else(|| Failure::new(SOFTWARE, "no command"))?;
-    let mut child = match Command::new(program)
-        .args(rest)
-        .env("DLOCK_FENCING_TOKEN", guard.fencing_token().to_string())
-        .spawn()
-    {
-        Ok(child) => child,
-        Err(e) => {
+    let token = guard.fencing_token().to_string();
+    let env = [("DLOCK_FENCING_TOKEN", token)];
+    let what = format!("{}: lock", args.name);
+    let outcome = match supervise(&what, &args.command, &env, guard.lost()).await {
+        Ok(outcome) => outcome,
+        Err(failure) => {
             let _ = guard.unlock().await;
             manager.close().await;
-            return Err(Failure::new(127, format!("cannot run {program:?}: {e}")));
+            return Err(failure);
         }
-    };
-    let mut term =
-        signal(SignalKind::terminate()).map_err(|e| Failure::new(SOFTWARE, e.to_string()))?;
-    let mut int =
-        signal(SignalKind::interrupt()).map_err(|e| Failure::new(SOFTWARE, e.to_string()))?;
-    let outcome = tokio::select! {
-        status = child.wait() => match status {
-            Ok(status) => Outcome::Exited(status),
-            Err(e) => return Err(Failure::new(SOFTWARE, format!("waiting for {program:?}: {e}"))),
-        },
-        reason = guard.lost() => Outcome::Lost(reason),
-        _ = term.recv() => Outcome::Signalled(Signal::SIGTERM),
-        _ = int.recv() => Outcome::Signalled(Signal::SIGINT),
     };
     let code = match outcome {
         Outcome::Exited(status) => match guard.unlock().await {
@@ -110,19 +148,13 @@ pub(crate) async fn run(
                 LOCK_LOST
             }
         },
-        Outcome::Lost(reason) => {
-            eprintln!(
-                "dlock: {}: lock lost ({reason}); stopping the command",
-                args.name
-            );
-            stop(&mut child, Signal::SIGTERM, Duration::from_secs(5)).await;
+        Outcome::Lost(_) => {
             drop(guard);
             LOCK_LOST
         }
-        Outcome::Signalled(sig) => {
-            stop(&mut child, sig, Duration::from_secs(10)).await;
+        Outcome::Signalled(_) => {
             let _ = guard.unlock().await;
-            u8::try_from(128 + sig as i32).unwrap_or(1)
+            outcome.stop_code().unwrap_or(1)
         }
     };
     manager.close().await;

@@ -4,6 +4,7 @@
 //! file `dlock.db` in the working directory.
 
 mod demo;
+mod elect;
 mod exec;
 mod exit;
 mod status;
@@ -53,7 +54,10 @@ enum Command {
     Demo(demo::DemoArgs),
     /// Runs a command while holding a lock (a distributed flock(1)).
     Exec(exec::ExecArgs),
-    /// Shows who holds a lock.
+    /// Runs a command while this process leads an election (stopped if the
+    /// leadership is lost; exit codes as for exec).
+    Elect(elect::ElectArgs),
+    /// Shows who holds a lock (or leads the election of that name).
     Status {
         /// The lock name.
         name: String,
@@ -144,6 +148,7 @@ async fn main() -> ExitCode {
         Command::Demo(args) => demo::run(&cli.backend, &cli.namespace, args).await,
         Command::Worker(args) => demo::worker(&cli.backend, &cli.namespace, args).await,
         Command::Exec(args) => exec::run(&cli.backend, &cli.namespace, args).await,
+        Command::Elect(args) => elect::run(&cli.backend, &cli.namespace, args).await,
         Command::Status { name } => status::status(&cli.backend, &cli.namespace, &name).await,
         Command::Unlock { name, force } => {
             status::unlock(&cli.backend, &cli.namespace, &name, force).await

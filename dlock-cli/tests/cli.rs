@@ -374,3 +374,123 @@ async fn a_frozen_zookeeper_holder_loses_the_lock_and_says_so_when_thawed() {
     taken.unlock().await.unwrap();
     other.close().await;
 }
+
+/// `dlock elect` on every selected backend: two processes campaign for one election;
+/// the second leads only after the first's command ended (their commands append to
+/// one file: start and end of a term are never interleaved), each command gets its
+/// term's fencing token and value, the exit status passes through, and `dlock
+/// status` shows the leader's value. On SQLite also: `--wait` gives up with 75, and a
+/// leadership broken behind the leader's back stops the command with 76.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn elect_runs_one_leader_at_a_time() {
+    for (label, url) in sql_urls() {
+        let ns = namespace();
+        let log = std::env::temp_dir().join(format!("dlock-elect-{:016x}.log", fastrand::u64(..)));
+        let script = format!(
+            "echo start $DLOCK_LEADER_VALUE $DLOCK_FENCING_TOKEN >> {0}; sleep 1; echo end $DLOCK_LEADER_VALUE >> {0}; exit 4",
+            log.display()
+        );
+        let first = spawn_dlock(
+            &url,
+            &ns,
+            &["elect", "chief", "--value", "a", "--", "sh", "-c", &script],
+        );
+        let leading = testsuite_eventually(|| async {
+            let out = dlock(&url, &ns, &["status", "chief"]);
+            String::from_utf8_lossy(&out.stdout).contains("context=\"a\"")
+        })
+        .await;
+        assert!(
+            leading,
+            "{label}: `dlock status` never showed the leader's value"
+        );
+        let second = spawn_dlock(
+            &url,
+            &ns,
+            &["elect", "chief", "--value", "b", "--", "sh", "-c", &script],
+        );
+        let (a, b) = (finished(first).await, finished(second).await);
+        for out in [&a, &b] {
+            assert_eq!(
+                out.status.code(),
+                Some(4),
+                "{label}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        let lines = std::fs::read_to_string(&log).unwrap();
+        let _ = std::fs::remove_file(&log);
+        let words: Vec<Vec<&str>> = lines.lines().map(|l| l.split(' ').collect()).collect();
+        assert_eq!(words.len(), 4, "{label}: {lines}");
+        assert_eq!(
+            (
+                words[0][..2].to_vec(),
+                words[1].clone(),
+                words[2][..2].to_vec(),
+                words[3].clone()
+            ),
+            (
+                vec!["start", "a"],
+                vec!["end", "a"],
+                vec!["start", "b"],
+                vec!["end", "b"]
+            ),
+            "{label}: terms overlapped or came out of order: {lines}"
+        );
+        let (t1, t2): (u64, u64) = (words[0][2].parse().unwrap(), words[2][2].parse().unwrap());
+        assert!(t2 > t1, "{label}: tokens {t1} then {t2}");
+    }
+
+    let url = sqlite_url();
+    let ns = namespace();
+    let holder =
+        DistributeLockManager::builder(dlock_api::jdbc::JdbcBackend::connect(&url).await.unwrap())
+            .namespace(ns.clone())
+            .build()
+            .unwrap();
+    let term = holder
+        .election("busy")
+        .try_campaign("someone", Duration::ZERO)
+        .await
+        .unwrap()
+        .unwrap();
+    let out = dlock(
+        &url,
+        &ns,
+        &["elect", "busy", "--wait", "300ms", "--", "true"],
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(75),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    term.resign().await.unwrap();
+
+    let child = spawn_dlock(
+        &url,
+        &ns,
+        &["elect", "victim", "--lease", "600ms", "--", "sleep", "30"],
+    );
+    let leading = testsuite_eventually(|| async {
+        holder.election("victim").leader().await.unwrap().is_some()
+    })
+    .await;
+    assert!(leading, "dlock elect never led");
+    let broke = Instant::now();
+    let out = dlock(&url, &ns, &["unlock", "victim", "--force"]);
+    assert!(out.status.success());
+    let status = finished(child).await;
+    assert_eq!(
+        status.status.code(),
+        Some(76),
+        "{}",
+        String::from_utf8_lossy(&status.stderr)
+    );
+    assert!(
+        broke.elapsed() < Duration::from_secs(10),
+        "the command was not stopped promptly"
+    );
+    assert!(String::from_utf8_lossy(&status.stderr).contains("leadership lost"));
+    holder.close().await;
+}

@@ -662,7 +662,11 @@ impl JdbcBackend {
         ];
         // The context is bound only by the statements that store it.
         let (renew_exclusive, renew_reader, bound) = match req.context {
-            Some(_) => (&s.renew_exclusive_context, &s.renew_reader_context, &params[..]),
+            Some(_) => (
+                &s.renew_exclusive_context,
+                &s.renew_reader_context,
+                &params[..],
+            ),
             None => (&s.renew_exclusive, &s.renew_reader, &params[..3]),
         };
         let sent = Instant::now();

@@ -637,7 +637,10 @@ impl LockRemoteResource for RedisBackend {
         inv.arg(ms(req.lease));
         match (&req.context, req.mode) {
             (Some(context), LockMode::Exclusive) => {
-                inv.arg(HolderValue(OwnerPart(req.holder().as_str()), context.as_ref()));
+                inv.arg(HolderValue(
+                    OwnerPart(req.holder().as_str()),
+                    context.as_ref(),
+                ));
             }
             (Some(context), LockMode::Shared) => {
                 inv.arg(context.as_ref());

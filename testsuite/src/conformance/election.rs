@@ -7,8 +7,10 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use dlock_api::{
+    Contender, DistributeLockManager, Election, Leader, LeaderObserver, Leadership, Term, TermEnd,
+};
 use dlock_spi::Bytes;
-use dlock_api::{Contender, DistributeLockManager, Election, Leader, LeaderObserver, Leadership, Term, TermEnd};
 use dlock_spi::{ErrorKind, FencingToken, LostReason};
 
 use super::Env;
@@ -87,7 +89,11 @@ pub async fn one_leader_at_a_time(backend: Arc<dyn TestBackend>) {
                 }
                 let seen = election.leader().await.expect("leader()");
                 let seen = seen.expect("a leader while leading");
-                assert_eq!(seen.token, term.fencing_token(), "leader() names another term");
+                assert_eq!(
+                    seen.token,
+                    term.fencing_token(),
+                    "leader() names another term"
+                );
                 assert_eq!(seen.value, Bytes::from(value.clone()));
                 assert_eq!(&seen.owner, term.owner());
                 register.write(term.fencing_token());
@@ -101,8 +107,17 @@ pub async fn one_leader_at_a_time(backend: Arc<dyn TestBackend>) {
         t.await.expect("candidate task");
     }
     assert_eq!(overlaps.load(Ordering::SeqCst), 0, "two leaders at once");
-    assert_eq!(register.counts(), (TERMS, 0), "the fenced register refused a leader's write");
-    assert!(managers[0].election("leader").leader().await.expect("leader()").is_none());
+    assert_eq!(
+        register.counts(),
+        (TERMS, 0),
+        "the fenced register refused a leader's write"
+    );
+    assert!(managers[0]
+        .election("leader")
+        .leader()
+        .await
+        .expect("leader()")
+        .is_none());
     let refs: Vec<&DistributeLockManager> = managers.iter().collect();
     env.finish(&refs).await;
 }
@@ -160,7 +175,10 @@ pub async fn leadership_moves_on(backend: Arc<dyn TestBackend>) {
         matches!(reason, LostReason::NotOwner | LostReason::SessionExpired),
         "{reason}"
     );
-    let err = third.proclaim("late").await.expect_err("proclaim after the loss");
+    let err = third
+        .proclaim("late")
+        .await
+        .expect_err("proclaim after the loss");
     assert_eq!(err.kind(), ErrorKind::LockLost);
     let fourth = lead(&b.election("moves"), "b", HANDOVER_BOUND).await;
     fourth.resign().await.expect("resign");
@@ -225,10 +243,16 @@ pub async fn observers_see_every_change_in_order(backend: Arc<dyn TestBackend>) 
     assert_eq!(summary(&next(&mut observer).await), None);
     let first = lead(&a.election("observed"), "a1", Duration::ZERO).await;
     let t1 = first.fencing_token();
-    assert_eq!(summary(&next(&mut observer).await), Some((t1, Bytes::from("a1"))));
+    assert_eq!(
+        summary(&next(&mut observer).await),
+        Some((t1, Bytes::from("a1")))
+    );
     first.proclaim("a2").await.expect("proclaim");
     assert_eq!(first.value(), Bytes::from("a2"));
-    assert_eq!(summary(&next(&mut observer).await), Some((t1, Bytes::from("a2"))));
+    assert_eq!(
+        summary(&next(&mut observer).await),
+        Some((t1, Bytes::from("a2")))
+    );
     first.resign().await.expect("resign");
     assert_eq!(summary(&next(&mut observer).await), None);
     let second = lead(&b.election("observed"), "b1", Duration::ZERO).await;
@@ -331,7 +355,11 @@ pub async fn contenders_hand_over_without_overlap(backend: Arc<dyn TestBackend>)
         (0..2).all(|w| ev.iter().filter(|e| e.0 == w && e.1 == "start").count() >= 2)
     })
     .await;
-    assert!(turns, "the contenders did not take turns: {:?}", log.events());
+    assert!(
+        turns,
+        "the contenders did not take turns: {:?}",
+        log.events()
+    );
     // Stop whichever leads, mid-term.
     // Stop it right after a term of its starts, well before the work would end.
     let mut leading = first.leading();
@@ -345,14 +373,24 @@ pub async fn contenders_hand_over_without_overlap(backend: Arc<dyn TestBackend>)
     first.stop().await;
     let stopped_at = log.events().len();
     let resumed = super::eventually(Duration::from_secs(10), || async {
-        log.events()[stopped_at..].iter().any(|e| e.0 == 1 && e.1 == "start")
+        log.events()[stopped_at..]
+            .iter()
+            .any(|e| e.0 == 1 && e.1 == "start")
     })
     .await;
-    assert!(resumed, "the other contender did not take over: {:?}", log.events());
+    assert!(
+        resumed,
+        "the other contender did not take over: {:?}",
+        log.events()
+    );
     second.stop().await;
 
     let events = log.events();
-    assert_eq!(log.overlaps.load(Ordering::SeqCst), 0, "work overlapped: {events:?}");
+    assert_eq!(
+        log.overlaps.load(Ordering::SeqCst),
+        0,
+        "work overlapped: {events:?}"
+    );
     // Every term: start, end, released — in that order, and never interleaved.
     let mut last: Option<FencingToken> = None;
     for term in events.chunks(3) {
@@ -364,7 +402,10 @@ pub async fn contenders_hand_over_without_overlap(backend: Arc<dyn TestBackend>)
             "{events:?}"
         );
         assert!(w0 == w1 && w1 == w2 && t0 == t1 && t1 == t2, "{events:?}");
-        assert!(last.is_none_or(|l| *t0 > l), "tokens did not grow: {events:?}");
+        assert!(
+            last.is_none_or(|l| *t0 > l),
+            "tokens did not grow: {events:?}"
+        );
         last = Some(*t0);
     }
     assert!(
