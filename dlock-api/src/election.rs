@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use dlock_spi::{
-    async_trait, Error, ErrorKind, Fairness, FencingToken, HolderInfo, LockMode, LockName,
-    LostReason, OwnerId, RenewRequest, RenewResult, Result,
+    async_trait, Error, ErrorKind, Fairness, FencingToken, HoldPurpose, HolderInfo, LockMode,
+    LockName, LostReason, OwnerId, RenewRequest, RenewResult, Result,
 };
 use tokio::sync::watch;
 
@@ -95,6 +95,7 @@ impl Election {
             LockMode::Exclusive,
             fairness,
             value,
+            HoldPurpose::Leadership,
         )
     }
 

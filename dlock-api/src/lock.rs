@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use dlock_spi::{
-    AcquireContext, AcquireRequest, AcquireResult, Error, Fairness, GrantId, LockMode, LockName,
-    OwnerId, ReleaseRequest, Result,
+    AcquireContext, AcquireRequest, AcquireResult, Error, Fairness, GrantId, HoldPurpose, LockMode,
+    LockName, OwnerId, ReleaseRequest, Result,
 };
 
 use crate::guard::LockGuard;
@@ -27,6 +27,8 @@ pub(crate) struct Handle {
     fairness: Fairness,
     /// Stored with every grant and shown by `inspect` (an election's value).
     context: Bytes,
+    /// A lock's or a leadership's grants.
+    purpose: HoldPurpose,
     /// The current hold of this handle (shared by its clones), if any.
     current: Mutex<Option<Arc<Hold>>>,
     /// Serialises remote acquires of this handle's clones, so they re-enter instead
@@ -63,16 +65,17 @@ impl DistributeLock {
         fairness: Fairness,
     ) -> Self {
         let context = manager.config.context.clone();
-        Self::with_context(manager, name, mode, fairness, context)
+        Self::with_context(manager, name, mode, fairness, context, HoldPurpose::Lock)
     }
 
-    /// A handle whose grants store `context` instead of the manager's.
+    /// A handle whose grants store `context` instead of the manager's, for `purpose`.
     pub(crate) fn with_context(
         manager: Arc<ManagerInner>,
         name: Result<LockName>,
         mode: LockMode,
         fairness: Fairness,
         context: Bytes,
+        purpose: HoldPurpose,
     ) -> Self {
         let owner = manager.new_owner();
         DistributeLock {
@@ -83,6 +86,7 @@ impl DistributeLock {
                 mode,
                 fairness,
                 context,
+                purpose,
                 current: Mutex::new(None),
                 gate: tokio::sync::Mutex::new(()),
             }),
@@ -222,7 +226,8 @@ impl DistributeLock {
                 .with_lease(lease)
                 .with_deadline(deadline)
                 .with_fairness(self.handle.fairness)
-                .with_context(self.handle.context.clone());
+                .with_context(self.handle.context.clone())
+                .with_purpose(self.handle.purpose);
             let mut ctx = AcquireContext::new(request, manager.chain.resource().backend_name());
             let sent_at = ctx.started;
             // Dropped while the backend may be granting, the grant is given back.

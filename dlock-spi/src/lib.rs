@@ -55,7 +55,9 @@ pub use outcome::{AcquireResult, HolderInfo, LockState, ReleaseResult, RenewResu
 pub use redact::redact_url;
 pub use request::{AcquireRequest, ReleaseRequest, RenewRequest};
 pub use resource::{LockAdmin, LockRemoteResource};
-pub use types::{Fairness, FencingToken, GrantId, HolderKey, LockMode, LostReason, OwnerId};
+pub use types::{
+    Fairness, FencingToken, GrantId, HoldPurpose, HolderKey, LockMode, LostReason, OwnerId,
+};
 
 /// Re-exported so implementors use the same `async_trait` and `bytes` as the traits.
 pub use async_trait::async_trait;

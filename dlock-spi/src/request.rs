@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 
 use crate::name::LockName;
-use crate::types::{Fairness, FencingToken, GrantId, HolderKey, LockMode, OwnerId};
+use crate::types::{Fairness, FencingToken, GrantId, HoldPurpose, HolderKey, LockMode, OwnerId};
 
 /// A request to take a lock.
 #[derive(Debug, Clone)]
@@ -30,8 +30,12 @@ pub struct AcquireRequest {
     pub deadline: Option<Instant>,
     /// Arrival-order granting or not.
     pub fairness: Fairness,
-    /// Opaque bytes stored with the holder and shown by `inspect` (who holds it).
+    /// Opaque bytes stored with the holder and shown by `inspect` (who holds it; a
+    /// leader's value).
     pub context: Bytes,
+    /// What the hold is for; backends may lay leadership terms out differently
+    /// (same semantics).
+    pub purpose: HoldPurpose,
 }
 
 impl AcquireRequest {
@@ -47,7 +51,14 @@ impl AcquireRequest {
             deadline: None,
             fairness: Fairness::NonFair,
             context: Bytes::new(),
+            purpose: HoldPurpose::Lock,
         }
+    }
+
+    /// Sets what the hold is for.
+    pub fn with_purpose(mut self, purpose: HoldPurpose) -> Self {
+        self.purpose = purpose;
+        self
     }
 
     /// Sets the mode.

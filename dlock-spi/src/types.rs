@@ -168,6 +168,20 @@ impl fmt::Display for LockMode {
     }
 }
 
+/// What a hold is for. Every purpose has the same semantics (an exclusive leadership
+/// is an exclusive lock); a backend may lay it out so that other clients of the same
+/// store recognise it — ZooKeeper writes leadership contenders as Curator's
+/// `LeaderLatch` participants.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum HoldPurpose {
+    /// A lock (the default).
+    #[default]
+    Lock,
+    /// A term of leadership of an election (exclusive, fair).
+    Leadership,
+}
+
 /// Whether waiters are granted the lock in arrival order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Fairness {

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use dlock_spi::{
     async_trait, AcquireRequest, AcquireResult, Bytes, Capabilities, Error, FencingToken, HoldFeed,
-    HoldStatus, HoldWatch, HolderInfo, HolderKey, LockAdmin, LockMode, LockName,
+    HoldPurpose, HoldStatus, HoldWatch, HolderInfo, HolderKey, LockAdmin, LockMode, LockName,
     LockRemoteResource, LockState, LostReason, ReleaseRequest, ReleaseResult, RenewRequest,
     RenewResult, Result,
 };
@@ -168,7 +168,7 @@ impl ZkBackend {
     /// the like; the uuid is derived from the grant's [`HolderKey`]): the grant's node
     /// among a lock's children is the one starting with it.
     pub fn node_prefix(&self, holder: &HolderKey, mode: LockMode) -> String {
-        layout::node_prefix(holder, mode, self.inner.exclusive)
+        layout::node_prefix(holder, mode, self.inner.exclusive, HoldPurpose::Lock)
     }
 
     /// The root path locks live under.
@@ -382,8 +382,9 @@ impl Inner {
             return Ok(Some(held.path.clone()));
         }
         let lock = layout::lock_path(&self.root, &key.name);
-        let prefix = layout::node_prefix(&key.holder, key.mode, self.exclusive);
-        self.find(&lock, &prefix).await
+        // The protection id alone names the grant's node, whatever its marker.
+        self.find(&lock, &layout::protected_prefix(&key.holder))
+            .await
     }
 }
 
@@ -567,7 +568,7 @@ impl ZkBackend {
         // each grant has its own node, and releasing one never deletes — or adopts —
         // another's.
         let holder = req.holder();
-        let prefix = layout::node_prefix(&holder, req.mode, inner.exclusive);
+        let prefix = layout::node_prefix(&holder, req.mode, inner.exclusive, req.purpose);
         let data = node_data(&holder, &req.context);
         let key = HeldKey::new(&req.name, holder, req.mode);
         let mut mine = inner.enqueue(session, &key, &lock, &prefix, &data).await?;

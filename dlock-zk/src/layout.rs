@@ -7,6 +7,7 @@
 //! <root>/<escaped lock name>/_c_<protection id>-lock-0000000042      exclusive (InterProcessMutex)
 //! <root>/<escaped lock name>/_c_<protection id>-__WRIT__0000000043   exclusive (read-write lock's writer)
 //! <root>/<escaped lock name>/_c_<protection id>-__READ__0000000044   shared (read-write lock's reader)
+//! <root>/<escaped election>/_c_<protection id>-latch-0000000045      leadership (LeaderLatch)
 //! ```
 //!
 //! The lock's node is a container (the server removes it once it is empty); the
@@ -16,7 +17,7 @@
 
 use std::fmt::Write as _;
 
-use dlock_spi::{Error, ErrorKind, HolderKey, LockMode, LockName, Result};
+use dlock_spi::{Error, ErrorKind, HoldPurpose, HolderKey, LockMode, LockName, Result};
 
 /// Curator's prefix for "protected" nodes: `_c_<uuid>-`.
 const PROTECTED_PREFIX: &str = "_c_";
@@ -26,6 +27,8 @@ pub(crate) const MUTEX_MARKER: &str = "lock-";
 pub(crate) const WRITE_MARKER: &str = "__WRIT__";
 /// `InterProcessReadWriteLock`'s read-lock name.
 pub(crate) const READ_MARKER: &str = "__READ__";
+/// `LeaderLatch`'s participant name: leadership terms.
+pub(crate) const LATCH_MARKER: &str = "latch-";
 
 /// Which Curator recipe dlock's exclusive holds look like to Curator clients.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -140,14 +143,26 @@ pub(crate) fn protection_id(holder: &HolderKey) -> String {
         .to_string()
 }
 
-/// The prefix of a grant's contender node in `mode` (before ZooKeeper's sequence).
-pub(crate) fn node_prefix(holder: &HolderKey, mode: LockMode, exclusive: ExclusiveNode) -> String {
-    let marker = match (mode, exclusive) {
-        (LockMode::Shared, _) => READ_MARKER,
-        (LockMode::Exclusive, ExclusiveNode::Mutex) => MUTEX_MARKER,
-        (LockMode::Exclusive, ExclusiveNode::ReadWrite) => WRITE_MARKER,
+/// The prefix of a grant's contender node in `mode` for `purpose` (before
+/// ZooKeeper's sequence).
+pub(crate) fn node_prefix(
+    holder: &HolderKey,
+    mode: LockMode,
+    exclusive: ExclusiveNode,
+    purpose: HoldPurpose,
+) -> String {
+    let marker = match (mode, purpose, exclusive) {
+        (LockMode::Shared, _, _) => READ_MARKER,
+        (LockMode::Exclusive, HoldPurpose::Leadership, _) => LATCH_MARKER,
+        (LockMode::Exclusive, _, ExclusiveNode::Mutex) => MUTEX_MARKER,
+        (LockMode::Exclusive, _, ExclusiveNode::ReadWrite) => WRITE_MARKER,
     };
-    format!("{PROTECTED_PREFIX}{}-{marker}", protection_id(holder))
+    format!("{}{marker}", protected_prefix(holder))
+}
+
+/// The start of every node of a grant, whatever its marker: `_c_<protection id>-`.
+pub(crate) fn protected_prefix(holder: &HolderKey) -> String {
+    format!("{PROTECTED_PREFIX}{}-", protection_id(holder))
 }
 
 /// One contender node among a lock's children.
@@ -157,7 +172,7 @@ pub(crate) struct Contender {
     pub(crate) node: String,
     /// ZooKeeper's sequence number: the queue order.
     pub(crate) sequence: i64,
-    /// Shared (`__READ__`) or exclusive (anything else: `lock-`, `__WRIT__`, foreign).
+    /// Shared (`__READ__`) or exclusive (anything else: `lock-`, `__WRIT__`, `latch-`).
     pub(crate) mode: LockMode,
 }
 
@@ -165,7 +180,7 @@ impl Contender {
     /// Parses a child name; `None` when it does not end in a sequence number after
     /// one of the known markers (not a lock contender).
     pub(crate) fn parse(node: &str) -> Option<Contender> {
-        let (at, marker) = [READ_MARKER, WRITE_MARKER, MUTEX_MARKER]
+        let (at, marker) = [READ_MARKER, WRITE_MARKER, MUTEX_MARKER, LATCH_MARKER]
             .into_iter()
             .filter_map(|m| node.rfind(m).map(|at| (at, m)))
             .max_by_key(|(at, _)| *at)?;
@@ -292,20 +307,31 @@ mod tests {
     #[test]
     fn contenders_parse_curator_and_dlock_nodes() {
         let holder = HolderKey::new(&dlock_spi::OwnerId::new("m:1"), GrantId::new(1));
-        let prefix = node_prefix(&holder, LockMode::Exclusive, ExclusiveNode::Mutex);
+        let prefix = node_prefix(
+            &holder,
+            LockMode::Exclusive,
+            ExclusiveNode::Mutex,
+            HoldPurpose::Lock,
+        );
         assert!(
             prefix.starts_with("_c_") && prefix.ends_with("-lock-") && prefix.len() == 3 + 36 + 6
         );
         assert_eq!(
             prefix,
-            node_prefix(&holder, LockMode::Exclusive, ExclusiveNode::Mutex)
+            node_prefix(
+                &holder,
+                LockMode::Exclusive,
+                ExclusiveNode::Mutex,
+                HoldPurpose::Lock
+            )
         );
         assert_ne!(
             prefix,
             node_prefix(
                 &HolderKey::new(&dlock_spi::OwnerId::new("m:1"), GrantId::new(2)),
                 LockMode::Exclusive,
-                ExclusiveNode::Mutex
+                ExclusiveNode::Mutex,
+                HoldPurpose::Lock
             )
         );
         let children: Vec<String> = [
@@ -314,13 +340,22 @@ mod tests {
             "junk",
             "_c_9-__WRIT__0000000005",
             "x-lock-",
+            "_c_5-latch-0000000009",
         ]
         .iter()
         .map(|s| s.to_string())
         .collect();
         let q = contenders(&children);
         let seqs: Vec<i64> = q.iter().map(|c| c.sequence).collect();
-        assert_eq!(seqs, [3, 5, 7]);
+        assert_eq!(seqs, [3, 5, 7, 9]);
+        assert_eq!(q[3].mode, LockMode::Exclusive);
+        assert!(node_prefix(
+            &holder,
+            LockMode::Exclusive,
+            ExclusiveNode::Mutex,
+            HoldPurpose::Leadership
+        )
+        .ends_with("-latch-"));
         assert_eq!(q[2].mode, LockMode::Shared);
         assert_eq!(holders(&q).len(), 1);
         assert_eq!(standing(&q, 0), Ok(None));

@@ -2,9 +2,9 @@
 // the interoperability test and the benchmark. Built by the tests with javac against
 // Debian's jars (libcurator-recipes-java); nothing is downloaded.
 //
-//   counter  CONNECT LOCK_PATH COUNTER_FILE ITERATIONS mutex|rw
-//       ITERATIONS times: take the lock (InterProcessMutex, or the write side of
-//       InterProcessReadWriteLock), claim the marker file COUNTER_FILE.held with an
+//   counter  CONNECT LOCK_PATH COUNTER_FILE ITERATIONS mutex|rw|latch
+//       ITERATIONS times: take the lock (InterProcessMutex, the write side of
+//       InterProcessReadWriteLock, or the leadership of a LeaderLatch), claim the marker file COUNTER_FILE.held with an
 //       exclusive create (fails if another holder is inside), read the counter, sleep,
 //       write counter + 1, remove the marker, release. Prints "ready" once connected
 //       and "curator acquired=N overlaps=M" at the end.
@@ -26,6 +26,7 @@ import java.util.concurrent.TimeUnit;
 
 import org.apache.curator.framework.CuratorFramework;
 import org.apache.curator.framework.CuratorFrameworkFactory;
+import org.apache.curator.framework.recipes.leader.LeaderLatch;
 import org.apache.curator.framework.recipes.locks.InterProcessLock;
 import org.apache.curator.framework.recipes.locks.InterProcessMutex;
 import org.apache.curator.framework.recipes.locks.InterProcessReadWriteLock;
@@ -61,6 +62,10 @@ public final class CuratorWorker {
 
     static void counter(CuratorFramework client, String path, Path counter, int iterations, String kind)
             throws Exception {
+        if (kind.equals("latch")) {
+            latchCounter(client, path, counter, iterations);
+            return;
+        }
         InterProcessLock lock = kind.equals("rw")
                 ? new InterProcessReadWriteLock(client, path).writeLock()
                 : new InterProcessMutex(client, path);
@@ -92,6 +97,40 @@ public final class CuratorWorker {
             }
         }
         System.out.println("curator acquired=" + acquired + " overlaps=" + overlaps);
+    }
+
+    /** The counter step under the leadership of a new LeaderLatch per term. */
+    static void latchCounter(CuratorFramework client, String path, Path counter, int terms) throws Exception {
+        Path marker = Paths.get(counter.toString() + ".held");
+        int led = 0;
+        int overlaps = 0;
+        for (int i = 0; i < terms; i++) {
+            LeaderLatch latch = new LeaderLatch(client, path, "java-" + i);
+            latch.start();
+            try {
+                if (!latch.await(60, TimeUnit.SECONDS)) {
+                    System.err.println("curator: not leading within 60 s");
+                    System.exit(75);
+                }
+                led++;
+                boolean claimed = true;
+                try {
+                    Files.createFile(marker);
+                } catch (FileAlreadyExistsException e) {
+                    overlaps++;
+                    claimed = false;
+                }
+                long value = Long.parseLong(new String(Files.readAllBytes(counter), StandardCharsets.UTF_8).trim());
+                Thread.sleep(1);
+                Files.write(counter, Long.toString(value + 1).getBytes(StandardCharsets.UTF_8));
+                if (claimed) {
+                    Files.delete(marker);
+                }
+            } finally {
+                latch.close();
+            }
+        }
+        System.out.println("curator acquired=" + led + " overlaps=" + overlaps);
     }
 
     static void serve(CuratorFramework client, String path, int threads) throws Exception {

@@ -526,11 +526,12 @@ impl Drop for Restart {
 /// A Java service using Curator's `InterProcessMutex` and two dlock clients increment
 /// one non-atomic counter under the same ZooKeeper lock: no update is lost and no two
 /// holders ever overlap. Then the same with Curator's read-write lock (writers) against
-/// dlock's read-write lock configured with `exclusive=rw`.
+/// dlock's read-write lock configured with `exclusive=rw`, and with Curator's
+/// `LeaderLatch` against dlock's election (one leader among both).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dlock_and_java_curator_exclude_each_other() {
     let Some(url) = url_for("zk") else { return };
-    for (recipe, query) in [("mutex", ""), ("rw", "?exclusive=rw")] {
+    for (recipe, query) in [("mutex", ""), ("rw", "?exclusive=rw"), ("latch", "")] {
         let dlock_url = format!("{url}{query}");
         let backend = ZkBackend::connect(&dlock_url).await.unwrap();
         let lock = name(&format!("curator-{recipe}"));
@@ -582,6 +583,17 @@ async fn dlock_and_java_curator_exclude_each_other() {
                 let handle = m.read_write_lock(&lock);
                 let mut overlaps = 0;
                 for _ in 0..DLOCK_ITERATIONS {
+                    if recipe == "latch" {
+                        let term = m
+                            .election(&lock)
+                            .try_campaign("dlock", Duration::from_secs(60))
+                            .await
+                            .unwrap()
+                            .expect("leading within 60 s");
+                        overlaps += increment(&counter);
+                        term.resign().await.unwrap();
+                        continue;
+                    }
                     let g = if recipe == "rw" {
                         handle.write().try_lock(Duration::from_secs(60)).await
                     } else {
