@@ -9,12 +9,12 @@
 
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use dlock_spi::{
-    async_trait, Error, ErrorKind, Fairness, FencingToken, HoldPurpose, HolderInfo, LockMode,
-    LockName, LostReason, OwnerId, RenewRequest, RenewResult, Result,
+    async_trait, ChangeFeed, Error, ErrorKind, Fairness, FencingToken, HoldPurpose, HolderInfo,
+    LockMode, LockName, LostReason, OwnerId, RenewRequest, RenewResult, Result,
 };
 use tokio::sync::watch;
 
@@ -22,8 +22,13 @@ use crate::guard::{LockGuard, LostSignal};
 use crate::lock::DistributeLock;
 use crate::manager::DistributeLockManager;
 
-/// How often [`LeaderObserver`] asks the backend who leads, by default.
+/// How often [`LeaderObserver`] asks the backend who leads when the backend cannot
+/// push changes, by default.
 pub const DEFAULT_OBSERVE_INTERVAL: Duration = Duration::from_millis(100);
+
+/// With a change feed, an observer still re-reads this often (a missed ping costs
+/// at most this long), and retries a feed it could not open.
+const FEED_SAFETY_NET: Duration = Duration::from_secs(5);
 
 /// How long a stopped contender's work may take to end on its own, by default.
 pub const DEFAULT_STOP_GRACE: Duration = Duration::from_secs(10);
@@ -63,7 +68,9 @@ impl Election {
         }
     }
 
-    /// How often observers ask the backend who leads (default 100 ms).
+    /// How often observers ask the backend who leads when it cannot push changes
+    /// (default 100 ms). Backends with change feeds (memory, PostgreSQL, Redis with
+    /// pub/sub, ZooKeeper) tell observers instead.
     pub fn observe_interval(mut self, interval: Duration) -> Self {
         self.observe_interval = interval.max(Duration::from_millis(1));
         self
@@ -169,6 +176,8 @@ impl Election {
             election: self.clone(),
             reported: None,
             highest: None,
+            feed: None,
+            feed_retry_at: None,
         }
     }
 
@@ -244,6 +253,10 @@ pub struct LeaderObserver {
     reported: Option<Option<(FencingToken, Bytes)>>,
     /// The highest term seen: an older one read later (a lagging replica) is ignored.
     highest: Option<FencingToken>,
+    /// The backend's change feed for the election, once opened.
+    feed: Option<ChangeFeed>,
+    /// When to try opening the feed (again); `None`: at once.
+    feed_retry_at: Option<Instant>,
 }
 
 impl LeaderObserver {
@@ -258,6 +271,8 @@ impl LeaderObserver {
     /// compares with the last state it answered.
     pub async fn changed(&mut self) -> Result<Option<Leader>> {
         loop {
+            // Followed before reading: a change after the read wakes the wait below.
+            self.follow().await;
             let now = self.election.leader().await?;
             if self.is_news(now.as_ref()) {
                 if let Some(l) = &now {
@@ -266,7 +281,51 @@ impl LeaderObserver {
                 self.reported = Some(now.as_ref().map(|l| (l.token, l.value.clone())));
                 return Ok(now);
             }
-            tokio::time::sleep(self.election.observe_interval).await;
+            self.wait(now.as_ref()).await;
+        }
+    }
+
+    /// Opens the backend's change feed if it has one and none is open.
+    async fn follow(&mut self) {
+        if self.feed.is_some() || self.feed_retry_at.is_some_and(|at| Instant::now() < at) {
+            return;
+        }
+        let resource = self.election.manager.inner.chain.resource();
+        let (Some(events), Ok(name)) = (resource.events(), self.election.name()) else {
+            // Nothing to follow: poll.
+            self.feed_retry_at = Some(Instant::now() + Duration::from_secs(365 * 24 * 3600));
+            return;
+        };
+        let limit = self.election.manager.inner.chain.operation_timeout();
+        match tokio::time::timeout(limit, events.follow(&name)).await {
+            Ok(Ok(feed)) => self.feed = Some(feed),
+            Ok(Err(err)) => {
+                tracing::debug!(election = %name, error = %err, "dlock: cannot follow the election; polling");
+                self.feed_retry_at = Some(Instant::now() + FEED_SAFETY_NET);
+            }
+            Err(_) => self.feed_retry_at = Some(Instant::now() + FEED_SAFETY_NET),
+        }
+    }
+
+    /// Waits until a re-read is due: a ping of the feed, the current leader's lease
+    /// running out (a lapse no store reports), or — without a feed — the interval.
+    async fn wait(&mut self, current: Option<&Leader>) {
+        let lease_end = current
+            .and_then(|l| l.remaining_lease)
+            .map(|left| left + Duration::from_millis(5));
+        match &mut self.feed {
+            Some(feed) => {
+                let limit = lease_end.map_or(FEED_SAFETY_NET, |d| d.min(FEED_SAFETY_NET));
+                tokio::select! {
+                    live = feed.changed() => {
+                        if !live {
+                            self.feed = None;
+                        }
+                    }
+                    () = tokio::time::sleep(limit) => {}
+                }
+            }
+            None => tokio::time::sleep(self.election.observe_interval).await,
         }
     }
 

@@ -610,6 +610,10 @@ impl LockRemoteResource for JdbcBackend {
     fn admin(&self) -> Option<&dyn LockAdmin> {
         Some(self)
     }
+
+    fn events(&self) -> Option<&dyn dlock_spi::LockEvents> {
+        None
+    }
 }
 
 impl JdbcBackend {

@@ -70,6 +70,10 @@ impl LockRemoteResource for Failing {
     fn admin(&self) -> Option<&dyn LockAdmin> {
         None
     }
+
+    fn events(&self) -> Option<&dyn dlock_spi::LockEvents> {
+        None
+    }
 }
 
 fn request(name: &str) -> AcquireRequest {

@@ -696,6 +696,10 @@ impl LockRemoteResource for RedisBackend {
     fn admin(&self) -> Option<&dyn LockAdmin> {
         Some(self)
     }
+
+    fn events(&self) -> Option<&dyn dlock_spi::LockEvents> {
+        None
+    }
 }
 
 #[async_trait]

@@ -30,6 +30,7 @@ mod backoff;
 mod capabilities;
 mod chain;
 mod error;
+mod events;
 mod extensions;
 mod hold_watch;
 mod memory;
@@ -47,6 +48,7 @@ pub use chain::{
     ReleaseContext, RenewEvent, MAX_LEASE,
 };
 pub use error::{Error, ErrorKind, Result};
+pub use events::{ChangeFeed, LockEvents};
 pub use extensions::Extensions;
 pub use hold_watch::{HoldFeed, HoldStatus, HoldWatch};
 pub use memory::InMemoryBackend;

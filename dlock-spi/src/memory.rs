@@ -17,10 +17,11 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use tokio::sync::Notify;
+use tokio::sync::{watch, Notify};
 
 use crate::capabilities::Capabilities;
 use crate::error::Result;
+use crate::events::{ChangeFeed, LockEvents};
 use crate::name::LockName;
 use crate::outcome::{AcquireResult, HolderInfo, LockState, ReleaseResult, RenewResult};
 use crate::request::{AcquireRequest, ReleaseRequest, RenewRequest};
@@ -49,6 +50,8 @@ struct State {
     locks: HashMap<LockName, Entry>,
     /// Per-name fencing counters; they outlive releases so tokens never repeat.
     fences: HashMap<LockName, u64>,
+    /// Change feeds of followed locks ([`LockEvents`]).
+    followers: HashMap<LockName, watch::Sender<u64>>,
     next_waiter: u64,
 }
 
@@ -202,6 +205,13 @@ enum Step {
     },
 }
 
+/// Tells the followers of `name`, if any, that its holders changed.
+fn ping(followers: &HashMap<LockName, watch::Sender<u64>>, name: &LockName) {
+    if let Some(tx) = followers.get(name) {
+        tx.send_modify(|n| *n = n.wrapping_add(1));
+    }
+}
+
 impl InMemoryBackend {
     /// An empty backend.
     pub fn new() -> Self {
@@ -222,6 +232,7 @@ impl InMemoryBackend {
         if entry.is_idle() {
             state.locks.remove(name);
         }
+        ping(&state.followers, name);
         removed
     }
 
@@ -259,6 +270,7 @@ impl InMemoryBackend {
         let entry = state.locks.entry(req.name.clone()).or_default();
         if entry.purge_expired(now) {
             entry.wake_next();
+            ping(&state.followers, &req.name);
         }
 
         // The holding grant asking again (a retry whose answer was lost): idempotent.
@@ -292,6 +304,7 @@ impl InMemoryBackend {
                 expires_at,
                 context: req.context.clone(),
             });
+            ping(&state.followers, &req.name);
             if req.mode == LockMode::Shared {
                 // Readers queued behind this one can hold together with it.
                 entry.wake_next();
@@ -399,6 +412,7 @@ impl LockRemoteResource for InMemoryBackend {
     async fn release(&self, req: &ReleaseRequest) -> Result<ReleaseResult> {
         let now = Instant::now();
         let mut state = self.shared.lock_state();
+        let state = &mut *state;
         let Some(entry) = state.locks.get_mut(&req.name) else {
             return Ok(ReleaseResult::NotOwner);
         };
@@ -420,6 +434,9 @@ impl LockRemoteResource for InMemoryBackend {
                 ReleaseResult::NotOwner
             }
         };
+        if expired || result == ReleaseResult::Released {
+            ping(&state.followers, &req.name);
+        }
         if entry.is_idle() {
             state.locks.remove(&req.name);
         }
@@ -429,29 +446,40 @@ impl LockRemoteResource for InMemoryBackend {
     async fn renew(&self, req: &RenewRequest) -> Result<RenewResult> {
         let now = Instant::now();
         let mut state = self.shared.lock_state();
+        let state = &mut *state;
         let Some(entry) = state.locks.get_mut(&req.name) else {
             return Ok(RenewResult::NotOwner);
         };
-        if entry.purge_expired(now) {
+        let mut changed = entry.purge_expired(now);
+        if changed {
             entry.wake_next();
         }
         let holder = entry
             .holders
             .iter_mut()
             .find(|h| h.is(&req.owner, req.grant, req.mode));
-        Ok(match holder {
+        let result = match holder {
             Some(h) => {
                 h.expires_at = now + req.lease;
                 if let Some(context) = &req.context {
                     h.context = context.clone();
+                    changed = true;
                 }
                 RenewResult::renewed(Some(h.expires_at))
             }
             None => RenewResult::NotOwner,
-        })
+        };
+        if changed {
+            ping(&state.followers, &req.name);
+        }
+        Ok(result)
     }
 
     fn admin(&self) -> Option<&dyn LockAdmin> {
+        Some(self)
+    }
+
+    fn events(&self) -> Option<&dyn LockEvents> {
         Some(self)
     }
 
@@ -480,6 +508,19 @@ impl LockRemoteResource for InMemoryBackend {
             return Ok(None);
         }
         Ok(Some(LockState::new(holders, Some(entry.waiters.len()))))
+    }
+}
+
+#[async_trait]
+impl LockEvents for InMemoryBackend {
+    async fn follow(&self, name: &LockName) -> Result<ChangeFeed> {
+        let mut state = self.shared.lock_state();
+        state.followers.retain(|_, tx| tx.receiver_count() > 0);
+        let tx = state
+            .followers
+            .entry(name.clone())
+            .or_insert_with(|| watch::channel(0).0);
+        Ok(ChangeFeed::new(tx.subscribe(), ()))
     }
 }
 

@@ -4,6 +4,7 @@ use async_trait::async_trait;
 
 use crate::capabilities::Capabilities;
 use crate::error::Result;
+use crate::events::LockEvents;
 use crate::name::LockName;
 use crate::outcome::{AcquireResult, LockState, ReleaseResult, RenewResult};
 use crate::request::{AcquireRequest, ReleaseRequest, RenewRequest};
@@ -83,6 +84,10 @@ pub trait LockRemoteResource: Send + Sync + 'static {
     /// Operator actions (force-unlock, counting live locks), when the backend offers
     /// them; `None` otherwise. Used by `dlock unlock --force` and the test suite.
     fn admin(&self) -> Option<&dyn LockAdmin>;
+
+    /// Change feeds, when the backend can push changes of a lock's holders to
+    /// observers (leader election followers); `None`: observers poll `inspect`.
+    fn events(&self) -> Option<&dyn LockEvents>;
 }
 
 /// Operator actions on a backend's lock state, outside the owner protocol.

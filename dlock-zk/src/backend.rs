@@ -553,6 +553,10 @@ impl LockRemoteResource for ZkBackend {
     fn admin(&self) -> Option<&dyn LockAdmin> {
         Some(self)
     }
+
+    fn events(&self) -> Option<&dyn dlock_spi::LockEvents> {
+        None
+    }
 }
 
 impl ZkBackend {

@@ -91,6 +91,10 @@ impl LockRemoteResource for Wrapped {
     fn admin(&self) -> Option<&dyn LockAdmin> {
         self.inner.admin()
     }
+
+    fn events(&self) -> Option<&dyn dlock_spi::LockEvents> {
+        self.inner.events()
+    }
 }
 
 /// Counts renewals and records losses reported to handlers.

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use dlock_api::{
-    Contender, DistributeLockManager, Election, Leader, LeaderObserver, Leadership, Term, TermEnd,
+    Contender, DistributeLockManager, Election, Leader, Leadership, Term, TermEnd,
 };
 use dlock_spi::Bytes;
 use dlock_spi::{ErrorKind, FencingToken, LostReason};
@@ -229,49 +229,81 @@ async fn waiters(m: &DistributeLockManager, name: &str) -> usize {
 }
 
 /// An observer sees every change in order: nobody, a leader, the value it
-/// proclaims, nobody, the next leader, nobody — each answered once, terms growing.
+/// proclaims, nobody, the next leader, nobody — each answered once, terms growing;
+/// on a backend with change feeds, without polling.
 pub async fn observers_see_every_change_in_order(backend: Arc<dyn TestBackend>) {
     let env = Env::new(backend);
     let (a, b) = env.two_managers().await;
     let follower = env.manager().await;
-    let election = follower
-        .election("observed")
-        .observe_interval(Duration::from_millis(20));
+    // A backend that pushes changes must not need polling: its observer's interval
+    // is an hour, and every change must still arrive within the step's bound.
+    let pushes = env
+        .backend()
+        .client()
+        .await
+        .expect("client")
+        .events()
+        .is_some();
+    let interval = if pushes {
+        Duration::from_secs(3600)
+    } else {
+        Duration::from_millis(20)
+    };
+    let election = follower.election("observed").observe_interval(interval);
     let mut observer = election.observe();
+    // The observer runs on its own, as a follower would: a change made while it
+    // waits must wake it (a change made between two of its reads would be caught by
+    // the next read anyway). Each change below is made once it has had time to park.
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let follow = tokio::spawn(async move {
+        loop {
+            let change = observer.changed().await.expect("observe without error");
+            if tx.send(change).is_err() {
+                return;
+            }
+        }
+    });
     let summary = |l: &Option<Leader>| l.as_ref().map(|l| (l.token, l.value.clone()));
 
-    assert_eq!(summary(&next(&mut observer).await), None);
+    assert_eq!(summary(&next(&mut rx).await), None);
     let first = lead(&a.election("observed"), "a1", Duration::ZERO).await;
     let t1 = first.fencing_token();
     assert_eq!(
-        summary(&next(&mut observer).await),
+        summary(&next(&mut rx).await),
         Some((t1, Bytes::from("a1")))
     );
     first.proclaim("a2").await.expect("proclaim");
     assert_eq!(first.value(), Bytes::from("a2"));
     assert_eq!(
-        summary(&next(&mut observer).await),
+        summary(&next(&mut rx).await),
         Some((t1, Bytes::from("a2")))
     );
     first.resign().await.expect("resign");
-    assert_eq!(summary(&next(&mut observer).await), None);
+    assert_eq!(summary(&next(&mut rx).await), None);
     let second = lead(&b.election("observed"), "b1", Duration::ZERO).await;
     let t2 = second.fencing_token();
     assert!(t2 > t1);
-    let seen = next(&mut observer).await.expect("a leader");
+    let seen = next(&mut rx).await.expect("a leader");
     assert_eq!((seen.token, seen.value.clone()), (t2, Bytes::from("b1")));
     assert_eq!(&seen.owner, second.owner());
     second.resign().await.expect("resign");
-    assert_eq!(summary(&next(&mut observer).await), None);
+    assert_eq!(summary(&next(&mut rx).await), None);
+    follow.abort();
     env.finish(&[&a, &b, &follower]).await;
 }
 
-/// The observer's next answer, within 5 s.
-async fn next(observer: &mut LeaderObserver) -> Option<Leader> {
-    tokio::time::timeout(Duration::from_secs(5), observer.changed())
+/// The observer task's next report, within 3 s (less than a change feed's
+/// safety-net re-read: a pushed change must arrive by itself); then a pause for the
+/// observer to park again before the test changes anything.
+async fn next(
+    rx: &mut tokio::sync::mpsc::UnboundedReceiver<Option<Leader>>,
+) -> Option<Leader> {
+    let change = tokio::time::timeout(Duration::from_secs(3), rx.recv())
         .await
-        .expect("the observer sees the change within 5 s")
-        .expect("observe without error")
+        .expect("the observer sees the change within 3 s")
+        .expect("observer alive");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    change
 }
 
 /// What the contenders of one test did, in order.

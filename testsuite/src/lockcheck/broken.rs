@@ -135,4 +135,8 @@ impl LockRemoteResource for BrokenBackend {
     fn admin(&self) -> Option<&dyn LockAdmin> {
         Some(&self.inner)
     }
+
+    fn events(&self) -> Option<&dyn dlock_spi::LockEvents> {
+        self.inner.events()
+    }
 }
