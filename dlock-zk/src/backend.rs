@@ -555,7 +555,15 @@ impl LockRemoteResource for ZkBackend {
     }
 
     fn events(&self) -> Option<&dyn dlock_spi::LockEvents> {
-        None
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl dlock_spi::LockEvents for ZkBackend {
+    async fn follow(&self, name: &LockName) -> Result<dlock_spi::ChangeFeed> {
+        let lock = layout::lock_path(&self.inner.root, name);
+        crate::follow::follow(Arc::clone(&self.inner.sessions), lock).await
     }
 }
 

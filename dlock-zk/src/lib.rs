@@ -41,6 +41,7 @@
 
 mod backend;
 mod error;
+mod follow;
 mod layout;
 mod session;
 

@@ -7,9 +7,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use dlock_api::{
-    Contender, DistributeLockManager, Election, Leader, Leadership, Term, TermEnd,
-};
+use dlock_api::{Contender, DistributeLockManager, Election, Leader, Leadership, Term, TermEnd};
 use dlock_spi::Bytes;
 use dlock_spi::{ErrorKind, FencingToken, LostReason};
 
@@ -268,16 +266,10 @@ pub async fn observers_see_every_change_in_order(backend: Arc<dyn TestBackend>) 
     assert_eq!(summary(&next(&mut rx).await), None);
     let first = lead(&a.election("observed"), "a1", Duration::ZERO).await;
     let t1 = first.fencing_token();
-    assert_eq!(
-        summary(&next(&mut rx).await),
-        Some((t1, Bytes::from("a1")))
-    );
+    assert_eq!(summary(&next(&mut rx).await), Some((t1, Bytes::from("a1"))));
     first.proclaim("a2").await.expect("proclaim");
     assert_eq!(first.value(), Bytes::from("a2"));
-    assert_eq!(
-        summary(&next(&mut rx).await),
-        Some((t1, Bytes::from("a2")))
-    );
+    assert_eq!(summary(&next(&mut rx).await), Some((t1, Bytes::from("a2"))));
     first.resign().await.expect("resign");
     assert_eq!(summary(&next(&mut rx).await), None);
     let second = lead(&b.election("observed"), "b1", Duration::ZERO).await;
@@ -295,9 +287,7 @@ pub async fn observers_see_every_change_in_order(backend: Arc<dyn TestBackend>) 
 /// The observer task's next report, within 3 s (less than a change feed's
 /// safety-net re-read: a pushed change must arrive by itself); then a pause for the
 /// observer to park again before the test changes anything.
-async fn next(
-    rx: &mut tokio::sync::mpsc::UnboundedReceiver<Option<Leader>>,
-) -> Option<Leader> {
+async fn next(rx: &mut tokio::sync::mpsc::UnboundedReceiver<Option<Leader>>) -> Option<Leader> {
     let change = tokio::time::timeout(Duration::from_secs(3), rx.recv())
         .await
         .expect("the observer sees the change within 3 s")
