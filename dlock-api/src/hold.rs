@@ -5,7 +5,8 @@ use std::sync::OnceLock;
 use std::time::Instant;
 
 use dlock_spi::{
-    FencingToken, GrantId, HandlerChain, LockMode, LockName, LostEvent, LostReason, OwnerId,
+    FencingToken, GrantId, HandlerChain, HoldPurpose, LockMode, LockName, LostEvent, LostReason,
+    OwnerId,
 };
 use tokio::sync::Notify;
 
@@ -19,6 +20,8 @@ pub(crate) struct Hold {
     /// touch a later grant of the same owner.
     pub(crate) grant: GrantId,
     pub(crate) mode: LockMode,
+    /// A lock's or a leadership's: releases say which.
+    pub(crate) purpose: HoldPurpose,
     pub(crate) token: FencingToken,
     pub(crate) acquired_at: Instant,
     /// The session's connection is down: the hold may or may not still be held.
@@ -47,6 +50,7 @@ impl Hold {
             owner,
             grant,
             mode,
+            purpose: HoldPurpose::Lock,
             token,
             acquired_at,
             suspended: AtomicBool::new(false),
@@ -54,6 +58,12 @@ impl Hold {
             lost: OnceLock::new(),
             lost_notify: Notify::new(),
         }
+    }
+
+    /// Marks what the hold is for.
+    pub(crate) fn for_purpose(mut self, purpose: HoldPurpose) -> Self {
+        self.purpose = purpose;
+        self
     }
 
     /// The one entry point for "this hold is lost", whoever finds out (the watchdog,

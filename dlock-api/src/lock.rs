@@ -265,15 +265,18 @@ impl DistributeLock {
                 }
                 return Ok(None);
             }
-            let hold = Arc::new(Hold::new(
-                manager.next_id(),
-                name,
-                self.handle.owner.clone(),
-                grant,
-                self.handle.mode,
-                token,
-                granted_at,
-            ));
+            let hold = Arc::new(
+                Hold::new(
+                    manager.next_id(),
+                    name,
+                    self.handle.owner.clone(),
+                    grant,
+                    self.handle.mode,
+                    token,
+                    granted_at,
+                )
+                .for_purpose(self.handle.purpose),
+            );
             manager.track(&hold, lease, renew, granted_at, watch);
             if manager.is_closed() {
                 // `close` ran while the grant was in flight and may have missed it:

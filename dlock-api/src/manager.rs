@@ -185,7 +185,8 @@ impl ManagerInner {
                 hold.grant,
                 hold.mode,
                 hold.token,
-            ),
+            )
+            .with_purpose(hold.purpose),
             self.chain.resource().backend_name(),
             Some(hold.acquired_at),
         );

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use dlock_spi::{
     redact_url, AcquireRequest, AcquireResult, Capabilities, Error, ErrorKind, Fairness,
-    FencingToken, HolderInfo, LockAdmin, LockMode, LockName, LockRemoteResource, LockState,
-    ReleaseRequest, ReleaseResult, RenewRequest, RenewResult, Result,
+    FencingToken, HoldPurpose, HolderInfo, LockAdmin, LockMode, LockName, LockRemoteResource,
+    LockState, ReleaseRequest, ReleaseResult, RenewRequest, RenewResult, Result,
 };
 use redis::aio::ConnectionManager;
 use redis::cluster_async::ClusterConnection;
@@ -18,7 +18,7 @@ use redis::{FromRedisValue, Value};
 use crate::error::{config_error, map_redis};
 use crate::keys::{
     scan_pattern, HolderValue, LockKeys, OwnerPart, ScriptCall, ACQUIRE_EXCLUSIVE_KEYS, ALL,
-    EXCLUSIVE, RELEASE_EXCLUSIVE_KEYS,
+    EXCLUSIVE, OBSERVERS, RELEASE_EXCLUSIVE_KEYS, RENEW_EXCLUSIVE_KEYS,
 };
 use crate::notices::{address, Notices};
 use crate::scripts::Scripts;
@@ -394,7 +394,12 @@ impl RedisBackend {
             .arg(waiting.arg())
             .arg(ms(o.waiter_liveness))
             .arg(self.notice_channel())
-            .arg(req.context.as_ref());
+            .arg(req.context.as_ref())
+            .arg(if req.purpose == HoldPurpose::Leadership {
+                "1"
+            } else {
+                "0"
+            });
         self.run_acquire(&inv).await
     }
 
@@ -614,7 +619,12 @@ impl LockRemoteResource for RedisBackend {
             // for as long as it takes a queued waiter to re-check.
             let o = &self.inner.options;
             inv.arg(u64::try_from(o.starvation_after.as_micros()).unwrap_or(u64::MAX))
-                .arg(ms(o.waiter_liveness / 3));
+                .arg(ms(o.waiter_liveness / 3))
+                .arg(if req.purpose == HoldPurpose::Leadership {
+                    "1"
+                } else {
+                    "0"
+                });
         }
         Ok(if self.run_flag(&inv, "release").await? {
             ReleaseResult::Released
@@ -631,7 +641,7 @@ impl LockRemoteResource for RedisBackend {
             &keys,
             req.holder().as_str(),
             req.mode,
-            (&scripts.renew_exclusive, &[EXCLUSIVE]),
+            (&scripts.renew_exclusive, &RENEW_EXCLUSIVE_KEYS),
             &scripts.renew_shared,
         );
         inv.arg(ms(req.lease));
@@ -698,7 +708,78 @@ impl LockRemoteResource for RedisBackend {
     }
 
     fn events(&self) -> Option<&dyn dlock_spi::LockEvents> {
-        None
+        // Observers are told over pub/sub; in polling mode they poll.
+        self.inner
+            .notices
+            .as_ref()
+            .map(|_| self as &dyn dlock_spi::LockEvents)
+    }
+}
+
+/// How long an observer's registration lives unless refreshed (every third of it).
+const OBSERVER_LIVENESS: Duration = Duration::from_secs(10);
+
+#[async_trait]
+impl dlock_spi::LockEvents for RedisBackend {
+    /// Registers the observer in the election's observer set with this backend's
+    /// notice channel; grants, releases and proclaims of the election publish one
+    /// message to each live observer. The registration is refreshed every few
+    /// seconds and removed when the feed is dropped; a crashed observer's lapses.
+    async fn follow(&self, name: &LockName) -> Result<dlock_spi::ChangeFeed> {
+        let Some(notices) = self.inner.notices.clone() else {
+            return Err(Error::unsupported(
+                "this Redis backend polls (RedisOptions::polling): it has no change feed",
+            ));
+        };
+        let keys = self.keys(name);
+        let id = format!("{:016x}", fastrand::u64(..));
+        let registration = notices.register(address(keys.key(OBSERVERS).to_string_lossy(), &id));
+        let member = format!("{id} {}", notices.channel());
+        self.observe(&keys, &member).await?;
+        let (tx, rx) = tokio::sync::watch::channel(0u64);
+        let this = self.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    () = registration.notified() => tx.send_modify(|n| *n = n.wrapping_add(1)),
+                    () = tokio::time::sleep(OBSERVER_LIVENESS / 3) => {
+                        if let Err(err) = this.observe(&keys, &member).await {
+                            tracing::debug!(error = %err, "dlock-redis: refreshing an observer failed");
+                            // Changes may be missed while unregistered: re-read.
+                            tx.send_modify(|n| *n = n.wrapping_add(1));
+                        }
+                    }
+                    () = tx.closed() => {
+                        let mut cmd = redis::cmd("ZREM");
+                        cmd.arg(keys.key(OBSERVERS)).arg(&member);
+                        let removed: std::result::Result<i64, _> = match &this.inner.conn {
+                            Conn::Single(c) => cmd.query_async(&mut c.clone()).await,
+                            Conn::Cluster(c) => cmd.query_async(&mut c.clone()).await,
+                        };
+                        if let Err(err) = removed {
+                            tracing::debug!(error = %err, "dlock-redis: removing an observer failed; it lapses");
+                        }
+                        return;
+                    }
+                }
+            }
+        });
+        Ok(dlock_spi::ChangeFeed::new(rx, ()))
+    }
+}
+
+impl RedisBackend {
+    /// Registers or refreshes observer `member` of the lock `keys`.
+    async fn observe(&self, keys: &LockKeys, member: &str) -> Result<()> {
+        let mut inv = keys.invocation(&self.inner.scripts.observe, &[OBSERVERS]);
+        inv.arg(member).arg(ms(OBSERVER_LIVENESS));
+        let _: Value = self
+            .inner
+            .conn
+            .invoke(&inv)
+            .await
+            .map_err(|e| map_redis(e, "observe"))?;
+        Ok(())
     }
 }
 
@@ -740,7 +821,9 @@ impl LockAdmin for RedisBackend {
                         continue;
                     };
                     let live = match kind {
-                        "r" | "q" => true,
+                        // Queued waiters, readers, and observers of an election
+                        // (removed when the last one stops following).
+                        "r" | "q" | "o" => true,
                         // A free marker (the last token) is not holder state.
                         "x" => {
                             let v: Option<String> = redis::cmd("GET")

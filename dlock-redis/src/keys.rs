@@ -29,8 +29,12 @@ pub(crate) const QUEUE_ALIVE: &str = ":ql";
 /// the channel of the waiter's backend (empty when it polls).
 pub(crate) const QUEUE_MODE: &str = ":qm";
 
-/// The general scripts' keys, in order (KEYS[1..7]).
-pub(crate) const ALL: [&str; 7] = [
+/// Observers of an election (change feeds): sorted set "<observer id> <notice
+/// channel>" → liveness deadline (server ms); expires when no observer refreshes it.
+pub(crate) const OBSERVERS: &str = ":o";
+
+/// The general scripts' keys, in order (KEYS[1..8]).
+pub(crate) const ALL: [&str; 8] = [
     EXCLUSIVE,
     READERS,
     READER_DATA,
@@ -38,12 +42,16 @@ pub(crate) const ALL: [&str; 7] = [
     QUEUE,
     QUEUE_ALIVE,
     QUEUE_MODE,
+    OBSERVERS,
 ];
 /// The non-fair exclusive acquire script's keys.
 pub(crate) const ACQUIRE_EXCLUSIVE_KEYS: [&str; 5] =
     [EXCLUSIVE, FENCE, QUEUE, QUEUE_ALIVE, QUEUE_MODE];
 /// The exclusive-release script's keys.
-pub(crate) const RELEASE_EXCLUSIVE_KEYS: [&str; 4] = [EXCLUSIVE, QUEUE, QUEUE_ALIVE, QUEUE_MODE];
+pub(crate) const RELEASE_EXCLUSIVE_KEYS: [&str; 5] =
+    [EXCLUSIVE, QUEUE, QUEUE_ALIVE, QUEUE_MODE, OBSERVERS];
+/// The exclusive-renewal script's keys.
+pub(crate) const RENEW_EXCLUSIVE_KEYS: [&str; 2] = [EXCLUSIVE, OBSERVERS];
 
 /// The keys of one lock: `<prefix>{<encoded name>}` plus a suffix each.
 #[derive(Debug, Clone)]
@@ -108,8 +116,8 @@ impl LockKeys {
         script: &'s redis::Script,
         suffixes: &[&'static str],
     ) -> ScriptCall<'s> {
-        // Sized for the largest call (7 keys, 9 arguments) so it never regrows.
-        let mut cmd = redis::Cmd::with_capacity(20, 512);
+        // Sized for the largest call (8 keys, 10 arguments) so it never regrows.
+        let mut cmd = redis::Cmd::with_capacity(22, 512);
         cmd.arg("EVALSHA")
             .arg(script.get_hash())
             .arg(suffixes.len());

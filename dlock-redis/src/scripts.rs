@@ -155,6 +155,19 @@ local function notify(x, queue, alive, modes)
   end
 end
 "#;
+const H_ANNOUNCE: &str = r#"
+-- Tells every live observer of an election (sorted set o: "<id> <channel>" ->
+-- liveness deadline) that its holders changed: one message ("<o>\n<id>") each on
+-- its backend's channel; nothing when nobody observes.
+local function announce(o)
+  clock()
+  redis.call('ZREMRANGEBYSCORE', o, '-inf', now)
+  for _, m in ipairs(redis.call('ZRANGE', o, 0, -1)) do
+    local sp = string.find(m, ' ', 1, true)
+    if sp then redis.call('PUBLISH', string.sub(m, sp + 1), o .. '\n' .. string.sub(m, 1, sp - 1)) end
+  end
+end
+"#;
 const H_RESERVED: &str = r#"
 -- Whether value v of the exclusive key sets the lock aside for someone other than o.
 local function reserved_for_other(v, o)
@@ -224,20 +237,22 @@ if waiting == '3' then dequeue(KEYS[3], KEYS[4], KEYS[5], owner) end
 return {1, tok}
 "#;
 
-/// Exclusive release. KEYS: exclusive, queue, queue liveness, queue modes.
-/// ARGV: owner part of the holder value, starvation µs, set-aside ms. Returns 1 if
-/// released, 0 if not the owner.
+/// Exclusive release. KEYS: exclusive, queue, queue liveness, queue modes,
+/// observers. ARGV: owner part of the holder value, starvation µs, set-aside ms, and
+/// `1` for a leadership (its observers are told). Returns 1 if released, 0 if not
+/// the owner.
 /// With nobody waiting (the common case) it is `GET`, `DEL`, `EXISTS` and returns
 /// before the helpers of [`RELEASE_EXCLUSIVE_NOTIFY`] are even created.
 const RELEASE_EXCLUSIVE: &str = r#"
 local v = redis.call('GET', KEYS[1])
 if not v or string.sub(v, 1, #ARGV[1]) ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1])
-if redis.call('EXISTS', KEYS[2]) == 0 then return 1 end
+if ARGV[4] ~= '1' and redis.call('EXISTS', KEYS[2]) == 0 then return 1 end
 "#;
 /// The exclusive release's tail, after its helpers: someone waits. A head that has
 /// waited the starvation time gets the lock set aside for it.
 const RELEASE_EXCLUSIVE_NOTIFY: &str = r#"
+if ARGV[4] == '1' then announce(KEYS[5]) end
 purge_queue(KEYS[2], KEYS[3], KEYS[4])
 local head = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
 if head[1] then
@@ -250,14 +265,22 @@ end
 return 1
 "#;
 
-/// Exclusive renewal. KEYS: exclusive. ARGV: owner part of the holder value, lease
-/// ms, and optionally a new holder value (same owner part, new context: a leader
-/// proclaiming), stored with the renewed lease.
+/// Exclusive renewal. KEYS: exclusive, observers. ARGV: owner part of the holder
+/// value, lease ms, and optionally a new holder value (same owner part, new context:
+/// a leader proclaiming), stored with the renewed lease and announced to the
+/// observers.
 const RENEW_EXCLUSIVE: &str = r#"
 local v = redis.call('GET', KEYS[1])
 if not v or string.sub(v, 1, #ARGV[1]) ~= ARGV[1] then return 0 end
 if ARGV[3] then
   redis.call('SET', KEYS[1], ARGV[3], 'PX', ARGV[2])
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+  for _, m in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do
+    local sp = string.find(m, ' ', 1, true)
+    if sp then redis.call('PUBLISH', string.sub(m, sp + 1), KEYS[2] .. '\n' .. string.sub(m, 1, sp - 1)) end
+  end
 else
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
@@ -267,8 +290,9 @@ return 1
 /// The general acquire: fair mode (exclusive or shared) and non-fair shared (a
 /// non-fair exclusive acquire always goes through [`ACQUIRE_EXCLUSIVE`]). KEYS:
 /// exclusive, readers, reader data, fence, queue, queue liveness, queue modes,
-/// ARGV: owner, mode (x|s), lease ms, holder value, fair (1|0), waiting (as
-/// [`ACQUIRE_EXCLUSIVE`]), liveness ms, notice channel, context. Returns {1, token} or
+/// observers. ARGV: owner, mode (x|s), lease ms, holder value, fair (1|0), waiting
+/// (as [`ACQUIRE_EXCLUSIVE`]), liveness ms, notice channel, context, `1` for a
+/// leadership (a grant is announced to its observers). Returns {1, token} or
 /// {0, ms left, queued, waiters ahead}.
 const ACQUIRE: &str = r#"
 local owner, mode, lease = ARGV[1], ARGV[2], tonumber(ARGV[3])
@@ -305,6 +329,7 @@ if mode == 'x' then
       local t = next_token(KEYS[4])
       redis.call('SET', KEYS[1], ARGV[4], 'PX', lease)
       if rank then dequeue(KEYS[5], KEYS[6], KEYS[7], owner) end
+      if ARGV[10] == '1' then announce(KEYS[8]) end
       return {1, t}
     end
   end
@@ -420,7 +445,18 @@ purge_readers(KEYS[2], KEYS[3])
 local n = (holder(redis.call('GET', KEYS[1])) and 1 or 0) + redis.call('ZCARD', KEYS[2])
 redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
 notify(KEYS[1], KEYS[5], KEYS[6], KEYS[7])
+announce(KEYS[8])
 return n
+"#;
+
+/// Registers (or refreshes) an observer of an election. KEYS: observers. ARGV:
+/// "<observer id> <notice channel>", liveness ms.
+const OBSERVE: &str = r#"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
+redis.call('PEXPIRE', KEYS[1], 2 * tonumber(ARGV[2]))
+return 1
 "#;
 
 /// Compiled scripts (loaded once per server, then run by SHA).
@@ -434,10 +470,11 @@ pub(crate) struct Scripts {
     pub(crate) leave: redis::Script,
     pub(crate) inspect: redis::Script,
     pub(crate) force_release: redis::Script,
+    pub(crate) observe: redis::Script,
 }
 
 /// Each script's full source: its helpers, then its body.
-fn sources() -> [String; 9] {
+fn sources() -> [String; 10] {
     let all: &[&str] = &[
         H_CLOCK,
         H_HOLDER,
@@ -449,6 +486,7 @@ fn sources() -> [String; 9] {
         H_NOTIFY,
         H_RESERVED,
         H_TIME_LEFT,
+        H_ANNOUNCE,
     ];
     let with = |helpers: &[&str], body: &str| format!("{}\n{body}", helpers.concat());
     // A lean script: its fast part, then the helpers only its slow part uses.
@@ -462,7 +500,7 @@ fn sources() -> [String; 9] {
         ),
         lean(
             RELEASE_EXCLUSIVE,
-            &[H_CLOCK, H_PURGE_QUEUE, H_NOTIFY],
+            &[H_CLOCK, H_PURGE_QUEUE, H_NOTIFY, H_ANNOUNCE],
             RELEASE_EXCLUSIVE_NOTIFY,
         ),
         RENEW_EXCLUSIVE.to_owned(),
@@ -472,12 +510,13 @@ fn sources() -> [String; 9] {
         with(all, LEAVE),
         with(all, INSPECT),
         with(all, FORCE_RELEASE),
+        OBSERVE.to_owned(),
     ]
 }
 
 impl Scripts {
     pub(crate) fn new() -> Self {
-        let [ax, rx, nx, a, rs, ns, l, i, f] = sources().map(|src| redis::Script::new(&src));
+        let [ax, rx, nx, a, rs, ns, l, i, f, o] = sources().map(|src| redis::Script::new(&src));
         Scripts {
             acquire_exclusive: ax,
             release_exclusive: rx,
@@ -488,6 +527,7 @@ impl Scripts {
             leave: l,
             inspect: i,
             force_release: f,
+            observe: o,
         }
     }
 }
@@ -515,6 +555,7 @@ mod tests {
             "tell",
             "reserved_for_other",
             "time_left",
+            "announce",
         ];
         for (n, src) in sources().iter().enumerate() {
             for h in helpers {

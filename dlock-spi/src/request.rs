@@ -107,6 +107,7 @@ impl AcquireRequest {
             self.mode,
             FencingToken::new(0),
         )
+        .with_purpose(self.purpose)
     }
 
     /// How long the backend may still wait, from now (zero when trying once).
@@ -131,6 +132,8 @@ pub struct ReleaseRequest {
     pub mode: LockMode,
     /// The token the grant carried (informational; ownership is judged by owner and grant).
     pub token: FencingToken,
+    /// What the hold was for (as acquired).
+    pub purpose: HoldPurpose,
 }
 
 impl ReleaseRequest {
@@ -148,7 +151,14 @@ impl ReleaseRequest {
             grant,
             mode,
             token,
+            purpose: HoldPurpose::Lock,
         }
+    }
+
+    /// Sets what the hold was for.
+    pub fn with_purpose(mut self, purpose: HoldPurpose) -> Self {
+        self.purpose = purpose;
+        self
     }
 
     /// The grant's identity as backends store it.
