@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use dlock_spi::{
     AcquireRequest, AcquireResult, Backoff, Capabilities, Error, Fairness, FencingToken,
-    HolderInfo, HolderKey, LockAdmin, LockMode, LockName, LockRemoteResource, LockState, OwnerId,
-    ReleaseRequest, ReleaseResult, RenewRequest, RenewResult, Result,
+    HoldPurpose, HolderInfo, HolderKey, LockAdmin, LockMode, LockName, LockRemoteResource,
+    LockState, OwnerId, ReleaseRequest, ReleaseResult, RenewRequest, RenewResult, Result,
 };
 use sqlx::Row;
 use tokio::sync::Notify;
@@ -59,13 +59,49 @@ macro_rules! with_token_reader {
     };
 }
 
-/// Local waiters per lock name, woken by PostgreSQL's release notifications.
+/// Local waiters per lock name, woken by PostgreSQL's release notifications, and
+/// observers per lock name (election followers), told of every change.
 #[derive(Default)]
 pub(crate) struct Wakeups {
     waiters: Mutex<HashMap<String, (Arc<Notify>, usize)>>,
+    observers: Mutex<HashMap<String, tokio::sync::watch::Sender<u64>>>,
 }
 
 impl Wakeups {
+    /// A change feed of `name`.
+    fn observe(&self, name: &str) -> tokio::sync::watch::Receiver<u64> {
+        let mut map = self
+            .observers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        map.retain(|_, tx| tx.receiver_count() > 0);
+        map.entry(name.to_owned())
+            .or_insert_with(|| tokio::sync::watch::channel(0).0)
+            .subscribe()
+    }
+
+    /// Tells the observers of `name` that its holders changed.
+    pub(crate) fn changed(&self, name: &str) {
+        let map = self
+            .observers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(tx) = map.get(name) {
+            tx.send_modify(|n| *n = n.wrapping_add(1));
+        }
+    }
+
+    /// Tells every observer (notifications may have been missed).
+    pub(crate) fn changed_all(&self) {
+        let map = self
+            .observers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        for tx in map.values() {
+            tx.send_modify(|n| *n = n.wrapping_add(1));
+        }
+    }
+
     fn subscribe(self: &Arc<Self>, name: &str) -> Subscription {
         let mut map = self.waiters.lock().unwrap_or_else(PoisonError::into_inner);
         let slot = map
@@ -369,6 +405,10 @@ impl JdbcBackend {
                 }
             })
             .await;
+            if let (Ok(Some(_)), HoldPurpose::Leadership) = (&token, req.purpose) {
+                // Observers of the election learn of the new term.
+                backend.notify_change(&req.name).await;
+            }
             if let Err(Ok(Some(_))) = answer.send(token) {
                 if let Err(err) = backend.release(&req.release_of_grant()).await {
                     tracing::warn!(lock = %req.name, error = %err, "dlock-jdbc: releasing the grant of a cancelled acquire failed; its lease will expire");
@@ -488,6 +528,13 @@ impl JdbcBackend {
                 }
             }
             None => tokio::time::sleep(delay).await,
+        }
+    }
+
+    /// Tells observers (on PostgreSQL) that the holders of `name` changed.
+    async fn notify_change(&self, name: &LockName) {
+        if let Some(stmt) = &self.inner.statements.notify_change {
+            let _ = on_pool!(&self.inner.pool, p => query!(stmt, &[Param::Text(name.as_str())]).execute(p).await.map(drop));
         }
     }
 
@@ -612,7 +659,27 @@ impl LockRemoteResource for JdbcBackend {
     }
 
     fn events(&self) -> Option<&dyn dlock_spi::LockEvents> {
-        None
+        // PostgreSQL's LISTEN connection carries changes; elsewhere observers poll.
+        self.inner
+            .wakeups
+            .as_ref()
+            .map(|_| self as &dyn dlock_spi::LockEvents)
+    }
+}
+
+#[async_trait]
+impl dlock_spi::LockEvents for JdbcBackend {
+    /// Follows `name` through the backend's `LISTEN` connection: releases (and
+    /// force-releases) notify the release channel, leadership grants and proclaims
+    /// the change channel.
+    async fn follow(&self, name: &LockName) -> Result<dlock_spi::ChangeFeed> {
+        let wakeups = self.inner.wakeups.as_ref().ok_or_else(|| {
+            Error::unsupported("only PostgreSQL pushes changes (LISTEN/NOTIFY); observers poll")
+        })?;
+        Ok(dlock_spi::ChangeFeed::new(
+            wakeups.observe(name.as_str()),
+            (),
+        ))
     }
 }
 
@@ -693,7 +760,12 @@ impl JdbcBackend {
                 .await
             }),
         };
-        Ok(if renewed.map_err(self.err("renew"))? {
+        let renewed = renewed.map_err(self.err("renew"))?;
+        if renewed && req.context.is_some() {
+            // A proclaimed value: observers re-read.
+            self.notify_change(&req.name).await;
+        }
+        Ok(if renewed {
             RenewResult::renewed(Some(sent + req.lease))
         } else {
             RenewResult::NotOwner

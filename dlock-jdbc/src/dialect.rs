@@ -83,6 +83,7 @@ impl Stmt {
             .replace("{waiters}", &format!("{prefix}waiters"))
             .replace("{schema}", &format!("{prefix}schema_version"))
             .replace("{channel}", &format!("{prefix}release"))
+            .replace("{change_channel}", &format!("{prefix}change"))
             .replace("{owner}", dialect.owner_text())
             .replace("GREATEST(", &format!("{}(", dialect.greatest()))
             .replace("CLOCK_US", dialect.clock_us())
@@ -211,6 +212,9 @@ pub(crate) struct Statements {
     pub(crate) live_locks: Stmt,
     /// `$1` name → pg_notify (PostgreSQL only).
     pub(crate) notify: Option<Stmt>,
+    /// `$1` name → pg_notify on the change channel (PostgreSQL only): a leadership
+    /// granted or proclaimed, for observers.
+    pub(crate) notify_change: Option<Stmt>,
 }
 
 impl Statements {
@@ -301,6 +305,8 @@ impl Statements {
             ),
         };
         let notify = (dialect == Dialect::Postgres).then(|| s("SELECT pg_notify('{channel}', $1)"));
+        let notify_change =
+            (dialect == Dialect::Postgres).then(|| s("SELECT pg_notify('{change_channel}', $1)"));
         Statements {
             acquire_exclusive,
             contention: s(
@@ -366,6 +372,7 @@ impl Statements {
             ),
             force_clear: s("UPDATE {locks} SET shared_until = 0 WHERE name = $1"),
             force_readers: s("DELETE FROM {readers} WHERE name = $1 AND expires_at > NOW"),
+            notify_change,
             live_locks: s(
                 "SELECT COUNT(*) FROM {locks} WHERE substr(name, 1, length($1)) = $1 \
                  AND ((owner IS NOT NULL AND expires_at > NOW) OR shared_until > NOW \

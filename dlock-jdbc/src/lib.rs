@@ -377,7 +377,11 @@ async fn start_listener(
                 return (None, None);
             }
         };
-        if let Err(e) = listener.listen(&channel).await {
+        let change = format!("{}change", options.table_prefix);
+        if let Err(e) = listener
+            .listen_all([channel.as_str(), change.as_str()])
+            .await
+        {
             tracing::warn!(error = %e, "dlock-jdbc: LISTEN failed; waiters will poll only");
             return (None, None);
         }
@@ -386,10 +390,17 @@ async fn start_listener(
         let task = tokio::spawn(async move {
             loop {
                 match listener.recv().await {
-                    Ok(note) => target.wake(note.payload()),
+                    Ok(note) => {
+                        if note.channel() == channel {
+                            target.wake(note.payload());
+                        }
+                        target.changed(note.payload());
+                    }
                     Err(e) => {
-                        // recv reconnects on the next call; polling covers the gap.
+                        // recv reconnects on the next call; polling covers the gap,
+                        // and observers re-read (they may have missed changes).
                         tracing::debug!(error = %e, "dlock-jdbc: release listener interrupted");
+                        target.changed_all();
                         tokio::time::sleep(Duration::from_millis(500)).await;
                     }
                 }
