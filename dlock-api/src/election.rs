@@ -56,6 +56,7 @@ pub struct Election {
     name: String,
     observe_interval: Duration,
     stop_grace: Duration,
+    transition: Duration,
 }
 
 impl Election {
@@ -65,7 +66,21 @@ impl Election {
             name: name.to_owned(),
             observe_interval: DEFAULT_OBSERVE_INTERVAL,
             stop_grace: DEFAULT_STOP_GRACE,
+            transition: Duration::ZERO,
         }
+    }
+
+    /// A transition window after each term's own lease (Simba's `transition_at`;
+    /// default none): a leader whose renewals stop is *suspended* once its own lease
+    /// has passed ([`Leadership::is_suspended`] — stop acting as leader) and may
+    /// still renew and carry on with the same term during the window; nobody else
+    /// can lead before the window ends, when the term is lost. On SQL the row
+    /// records both instants (`ttl_at`, `expires_at`) by the database clock, and
+    /// [`Leader::in_transition`] shows a leader in its window. No effect on
+    /// session-bound backends (ZooKeeper).
+    pub fn transition(mut self, window: Duration) -> Self {
+        self.transition = window;
+        self
     }
 
     /// How often observers ask the backend who leads when it cannot push changes
@@ -104,6 +119,16 @@ impl Election {
             value,
             HoldPurpose::Leadership,
         )
+        .with_transition(self.transition)
+    }
+
+    fn term(&self, guard: LockGuard, value: Bytes) -> Leadership {
+        Leadership::new(
+            guard,
+            value,
+            self.manager.inner.config.lease + self.transition,
+            self.transition,
+        )
     }
 
     /// Waits until this new candidate leads, with `value` as the leader's value
@@ -118,11 +143,7 @@ impl Election {
     pub async fn campaign(&self, value: impl Into<Bytes>) -> Result<Leadership> {
         let value = value.into();
         let guard = self.candidate(value.clone()).lock().await?;
-        Ok(Leadership::new(
-            guard,
-            value,
-            self.manager.inner.config.lease,
-        ))
+        Ok(self.term(guard, value))
     }
 
     /// Like [`campaign`](Self::campaign), giving up after `wait` (`Ok(None)`).
@@ -137,7 +158,7 @@ impl Election {
     ) -> Result<Option<Leadership>> {
         let value = value.into();
         let guard = self.candidate(value.clone()).try_lock(wait).await?;
-        Ok(guard.map(|g| Leadership::new(g, value, self.manager.inner.config.lease)))
+        Ok(guard.map(|g| self.term(g, value)))
     }
 
     /// Who leads now, straight from the backend; `None` when nobody does.
@@ -231,8 +252,12 @@ pub struct Leader {
     pub token: FencingToken,
     /// The leader's value (given to `campaign`, changed by `proclaim`).
     pub value: Bytes,
-    /// Lease left by the backend's clock; `None` for session-bound terms.
+    /// Lease left by the backend's clock (to the end of a transition window, if
+    /// any); `None` for session-bound terms.
     pub remaining_lease: Option<Duration>,
+    /// The leader's own lease left before its transition window, where the backend
+    /// records it (SQL); `None` otherwise.
+    pub remaining_ttl: Option<Duration>,
 }
 
 impl Leader {
@@ -242,7 +267,15 @@ impl Leader {
             token: h.token,
             value: h.context,
             remaining_lease: h.remaining_lease,
+            remaining_ttl: h.remaining_ttl,
         }
+    }
+
+    /// Whether the leader is in its transition window by the backend's clock (its own
+    /// lease passed, the term not yet over): it should not be acting, and nobody else
+    /// leads yet. Always false where the backend does not record it.
+    pub fn in_transition(&self) -> bool {
+        self.remaining_ttl.is_some_and(|ttl| ttl.is_zero())
     }
 }
 
@@ -375,15 +408,18 @@ impl fmt::Debug for LeaderObserver {
 pub struct Leadership {
     guard: LockGuard,
     value: Mutex<Bytes>,
+    /// The store's lease: the term's own plus the transition window.
     lease: Duration,
+    transition: Duration,
 }
 
 impl Leadership {
-    fn new(guard: LockGuard, value: Bytes, lease: Duration) -> Self {
+    fn new(guard: LockGuard, value: Bytes, lease: Duration, transition: Duration) -> Self {
         Leadership {
             guard,
             value: Mutex::new(value),
             lease,
+            transition,
         }
     }
 
@@ -430,8 +466,10 @@ impl Leadership {
         self.guard.lost_signal()
     }
 
-    /// Whether the backend's connection is down while the term may still hold
-    /// (session-bound backends): pause leader work until it clears or the loss fires.
+    /// Whether the term may still hold but this leader must not act on it: the
+    /// backend's connection is down (session-bound backends), or — with a transition
+    /// window — its own lease passed without a renewal. Pause leader work until it
+    /// clears (a renewal) or the loss fires.
     pub fn is_suspended(&self) -> bool {
         self.guard.is_suspended()
     }
@@ -462,10 +500,14 @@ impl Leadership {
             self.lease,
             hold.token,
         )
-        .with_context(value.clone());
+        .with_context(value.clone())
+        .with_transition(self.transition);
+        let sent = Instant::now();
         match manager.chain.renew(&request).await? {
             RenewResult::Renewed { .. } => {
                 *self.value.lock().unwrap_or_else(PoisonError::into_inner) = value;
+                // A renewal like the watchdog's: the term's lease runs from it.
+                manager.watchdog.renewed(hold.id, sent);
                 Ok(())
             }
             RenewResult::NotOwner => {
@@ -542,6 +584,12 @@ impl Term {
     /// Whether the term is lost.
     pub fn is_lost(&self) -> bool {
         self.lost.is_lost()
+    }
+
+    /// Whether the leader must pause its work: the connection is down
+    /// (session-bound backends) or its own lease passed into the transition window.
+    pub fn is_suspended(&self) -> bool {
+        self.lost.is_suspended()
     }
 
     /// The term's lost signal.

@@ -190,6 +190,11 @@ impl LostSignal {
     pub fn is_lost(&self) -> bool {
         self.hold.lost_reason().is_some()
     }
+
+    /// Whether the hold is suspended (see [`LockGuard::is_suspended`]).
+    pub fn is_suspended(&self) -> bool {
+        self.hold.is_suspended()
+    }
 }
 
 impl fmt::Debug for LostSignal {

@@ -1,7 +1,7 @@
 //! One remote acquisition, shared by the reentrant guards of a handle.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock, PoisonError};
 use std::time::Instant;
 
 use dlock_spi::{
@@ -26,6 +26,9 @@ pub(crate) struct Hold {
     pub(crate) acquired_at: Instant,
     /// The session's connection is down: the hold may or may not still be held.
     suspended: AtomicBool,
+    /// A hold with a transition window is suspended from this instant (its own
+    /// lease, less the margin, passed without a renewal) until a renewal moves it.
+    suspend_after: Mutex<Option<Instant>>,
     /// Guards alive for this hold. Changed only under the handle's `current` mutex.
     pub(crate) count: AtomicUsize,
     /// Why the hold was lost; set once. With `lost_notify` instead of a watch
@@ -54,6 +57,7 @@ impl Hold {
             token,
             acquired_at,
             suspended: AtomicBool::new(false),
+            suspend_after: Mutex::new(None),
             count: AtomicUsize::new(1),
             lost: OnceLock::new(),
             lost_notify: Notify::new(),
@@ -96,6 +100,19 @@ impl Hold {
 
     pub(crate) fn is_suspended(&self) -> bool {
         self.suspended.load(Ordering::Acquire)
+            || self
+                .suspend_after
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .is_some_and(|at| Instant::now() >= at)
+    }
+
+    /// Sets when the hold's own lease (before its transition window) counts as over.
+    pub(crate) fn set_suspend_after(&self, at: Option<Instant>) {
+        *self
+            .suspend_after
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = at;
     }
 
     pub(crate) fn lost_reason(&self) -> Option<LostReason> {

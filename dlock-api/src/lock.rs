@@ -29,6 +29,8 @@ pub(crate) struct Handle {
     context: Bytes,
     /// A lock's or a leadership's grants.
     purpose: HoldPurpose,
+    /// A transition window added to every lease (an election's; zero for locks).
+    transition: Duration,
     /// The current hold of this handle (shared by its clones), if any.
     current: Mutex<Option<Arc<Hold>>>,
     /// Serialises remote acquires of this handle's clones, so they re-enter instead
@@ -87,6 +89,7 @@ impl DistributeLock {
                 fairness,
                 context,
                 purpose,
+                transition: Duration::ZERO,
                 current: Mutex::new(None),
                 gate: tokio::sync::Mutex::new(()),
             }),
@@ -101,6 +104,14 @@ impl DistributeLock {
     /// The owner this handle acquires as.
     pub fn owner(&self) -> &OwnerId {
         &self.handle.owner
+    }
+
+    /// Adds a transition window to every lease of this (new) handle.
+    pub(crate) fn with_transition(mut self, transition: Duration) -> Self {
+        if let Some(handle) = Arc::get_mut(&mut self.handle) {
+            handle.transition = transition;
+        }
+        self
     }
 
     /// Exclusive or shared.
@@ -216,7 +227,9 @@ impl DistributeLock {
             .with_context("lock", &name));
         }
         let renew = lease.is_none() && manager.config.watchdog;
-        let lease = lease.unwrap_or(manager.config.lease);
+        let transition = self.handle.transition;
+        // The store holds the grant for the holder's own lease plus the window.
+        let lease = lease.unwrap_or(manager.config.lease) + transition;
         loop {
             // A new grant for every attempt: a late release of an earlier grant of
             // this handle (a dropped guard's) cannot touch it.
@@ -227,7 +240,8 @@ impl DistributeLock {
                 .with_deadline(deadline)
                 .with_fairness(self.handle.fairness)
                 .with_context(self.handle.context.clone())
-                .with_purpose(self.handle.purpose);
+                .with_purpose(self.handle.purpose)
+                .with_transition(transition);
             let mut ctx = AcquireContext::new(request, manager.chain.resource().backend_name());
             let sent_at = ctx.started;
             // Dropped while the backend may be granting, the grant is given back.
@@ -277,7 +291,7 @@ impl DistributeLock {
                 )
                 .for_purpose(self.handle.purpose),
             );
-            manager.track(&hold, lease, renew, granted_at, watch);
+            manager.track(&hold, (lease, transition), renew, granted_at, watch);
             if manager.is_closed() {
                 // `close` ran while the grant was in flight and may have missed it:
                 // registered first, checked second, so one of the two releases it.

@@ -83,7 +83,7 @@ impl ManagerInner {
     pub(crate) fn track(
         self: &Arc<Self>,
         hold: &Arc<Hold>,
-        lease: Duration,
+        (lease, transition): (Duration, Duration),
         renew: bool,
         sent_at: std::time::Instant,
         watch: Option<HoldWatch>,
@@ -92,7 +92,7 @@ impl ManagerInner {
         if self.capabilities.lease {
             let renew = renew && self.capabilities.renew;
             self.watchdog
-                .register(Arc::clone(hold), lease, renew, sent_at);
+                .register(Arc::clone(hold), lease, transition, renew, sent_at);
         }
         if let Some(watch) = watch {
             self.follow(hold, watch);

@@ -27,6 +27,9 @@ use crate::hold::Hold;
 struct Entry {
     hold: Arc<Hold>,
     lease: Duration,
+    /// The transition window at the end of the lease (zero for none): renewals are
+    /// due every third of the rest, and the hold is suspended in the window.
+    transition: Duration,
     renew: bool,
     due: Instant,
     /// When the lost signal fires unless a renewal succeeds first: the send time of
@@ -82,6 +85,17 @@ impl Shared {
         loss_margin(self.fixed_margin, lease, rtt)
     }
 
+    /// Marks when a hold renewed (or granted) by a request sent at `sent` counts as
+    /// suspended: its own lease (`lease − transition`) less the margin; never for a
+    /// hold without a transition window.
+    fn suspend(&self, hold: &Hold, sent: Instant, lease: Duration, transition: Duration) {
+        if transition.is_zero() {
+            return;
+        }
+        let own = lease - transition;
+        hold.set_suspend_after(Some(sent + own - self.margin(own)));
+    }
+
     fn observe_round_trip(&self, took: Duration) {
         let took = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
         let _ = self
@@ -121,13 +135,22 @@ impl Watchdog {
         sent_at + lease - self.shared.margin(lease)
     }
 
-    /// Watches `hold`: renews it every lease/3 when `renew` is set, and fires its lost
-    /// signal the loss margin before `lease` (counted from `sent_at`) passes without a
-    /// successful renewal.
-    pub(crate) fn register(&self, hold: Arc<Hold>, lease: Duration, renew: bool, sent_at: Instant) {
+    /// Watches `hold`: renews it every third of its own lease (`lease − transition`)
+    /// when `renew` is set, marks it suspended the loss margin before its own lease
+    /// passes without a renewal (with a transition window), and fires its lost signal
+    /// the loss margin before `lease` (counted from `sent_at`) passes.
+    pub(crate) fn register(
+        &self,
+        hold: Arc<Hold>,
+        lease: Duration,
+        transition: Duration,
+        renew: bool,
+        sent_at: Instant,
+    ) {
         let lost_at = self.lost_at(sent_at, lease);
+        self.shared.suspend(&hold, sent_at, lease, transition);
         let due = if renew {
-            (sent_at + lease / 3).min(lost_at)
+            (sent_at + (lease - transition) / 3).min(lost_at)
         } else {
             lost_at
         };
@@ -141,6 +164,7 @@ impl Watchdog {
             Entry {
                 hold,
                 lease,
+                transition,
                 renew,
                 due,
                 lost_at,
@@ -154,6 +178,35 @@ impl Watchdog {
         } else if state.sleeping_until.is_none_or(|until| due < until) {
             self.shared.wake.notify_one();
         }
+    }
+
+    /// A renewal sent at `sent` outside the scheduler succeeded (a leader
+    /// proclaiming): counts as the hold's latest renewal.
+    pub(crate) fn renewed(&self, id: u64, sent: Instant) {
+        let mut state = self.shared.lock();
+        let Some(entry) = state.entries.get_mut(&id) else {
+            return;
+        };
+        if entry.in_flight {
+            // The scheduler's own renewal settles it.
+            return;
+        }
+        let lost_at = sent + entry.lease - self.shared.margin(entry.lease);
+        if lost_at <= entry.lost_at {
+            return;
+        }
+        entry.lost_at = lost_at;
+        self.shared
+            .suspend(&entry.hold, sent, entry.lease, entry.transition);
+        let old = entry.due;
+        let due = if entry.renew {
+            (sent + (entry.lease - entry.transition) / 3).min(lost_at)
+        } else {
+            lost_at
+        };
+        entry.due = due;
+        state.queue.remove(&(old, id));
+        state.queue.insert((due, id));
     }
 
     /// Stops watching a hold (it is being released).
@@ -191,6 +244,7 @@ struct Due {
     id: u64,
     hold: Arc<Hold>,
     lease: Duration,
+    transition: Duration,
     lost_at: Instant,
     renew: bool,
 }
@@ -215,7 +269,8 @@ async fn run(shared: Arc<Shared>) {
                 d.hold.mode,
                 d.lease,
                 d.hold.token,
-            );
+            )
+            .with_transition(d.transition);
             let lost_at = d.lost_at;
             let id = d.id;
             in_flight.spawn(async move {
@@ -257,6 +312,7 @@ fn take_due(shared: &Shared, now: Instant) -> (Vec<Due>, Instant) {
                     id,
                     hold: Arc::clone(&entry.hold),
                     lease: entry.lease,
+                    transition: entry.transition,
                     lost_at: entry.lost_at,
                     renew: entry.renew,
                 });
@@ -284,11 +340,12 @@ fn settle(shared: &Shared, (id, sent, result): RenewOutcome) {
             Some(Ok(RenewResult::Renewed { .. })) => {
                 shared.observe_round_trip(now.saturating_duration_since(sent));
                 entry.lost_at = sent + entry.lease - shared.margin(entry.lease);
-                Ok((sent + entry.lease / 3).min(entry.lost_at))
+                shared.suspend(&entry.hold, sent, entry.lease, entry.transition);
+                Ok((sent + (entry.lease - entry.transition) / 3).min(entry.lost_at))
             }
             Some(Ok(RenewResult::NotOwner)) => Err(LostReason::NotOwner),
             Some(Err(err)) if now < entry.lost_at && !is_final(&err) => {
-                Ok((now + retry_delay(entry.lease)).min(entry.lost_at))
+                Ok((now + retry_delay(entry.lease - entry.transition)).min(entry.lost_at))
             }
             Some(Err(_)) => Err(LostReason::LeaseExpired),
             None => Err(LostReason::LeaseExpired),

@@ -23,7 +23,9 @@ use crate::JdbcOptions;
 /// Rows of `inspect` and `contention`: owner, token, context, remaining ms.
 type HolderRow = (Option<String>, i64, Option<Vec<u8>>, i64);
 /// What `inspect` reads: the exclusive holder and live waiters, then the readers.
-type InspectRows = (Option<(HolderRow, i64)>, Vec<HolderRow>);
+/// The lock row (holder, live waiters, ms left of the holder's own lease) and the
+/// readers.
+type InspectRows = (Option<(HolderRow, i64, Option<i64>)>, Vec<HolderRow>);
 
 /// Takes a token from a `RETURNING token` row.
 macro_rules! row_token {
@@ -440,6 +442,7 @@ impl JdbcBackend {
             Param::Int(lease_ms(req.lease)),
             Param::Bytes(&req.context),
             Param::Int(starving_after),
+            Param::Int(lease_ms(req.lease.saturating_sub(req.transition))),
         ];
         macro_rules! body {
             ($p:ident, $token:ident) => {
@@ -725,31 +728,30 @@ impl JdbcBackend {
     async fn renew_now(&self, req: &RenewRequest) -> Result<RenewResult> {
         let s = &self.inner.statements;
         let holder = req.holder();
-        let params = [
+        let context = Param::Bytes(req.context.as_deref().unwrap_or_default());
+        let exclusive = [
             Param::Text(req.name.as_str()),
             Param::Text(holder.as_str()),
             Param::Int(lease_ms(req.lease)),
-            Param::Bytes(req.context.as_deref().unwrap_or_default()),
+            Param::Int(lease_ms(req.lease.saturating_sub(req.transition))),
+            context,
         ];
+        let shared = [exclusive[0], exclusive[1], exclusive[2], context];
         // The context is bound only by the statements that store it.
-        let (renew_exclusive, renew_reader, bound) = match req.context {
-            Some(_) => (
-                &s.renew_exclusive_context,
-                &s.renew_reader_context,
-                &params[..],
-            ),
-            None => (&s.renew_exclusive, &s.renew_reader, &params[..3]),
+        let (renew_exclusive, renew_reader) = match req.context {
+            Some(_) => (&s.renew_exclusive_context, &s.renew_reader_context),
+            None => (&s.renew_exclusive, &s.renew_reader),
         };
         let sent = Instant::now();
         let renewed: std::result::Result<bool, sqlx::Error> = match req.mode {
             LockMode::Exclusive => on_pool!(&self.inner.pool, p => {
-                query!(renew_exclusive, bound).execute(p).await.map(|r| r.rows_affected() == 1)
+                query!(renew_exclusive, &exclusive).execute(p).await.map(|r| r.rows_affected() == 1)
             }),
             LockMode::Shared => on_pool!(&self.inner.pool, p => {
                 async {
                     let mut tx = p.begin().await?;
-                    query!(&s.renew_shared_row, &params[..3]).execute(&mut *tx).await?;
-                    let n = query!(renew_reader, bound).execute(&mut *tx).await?.rows_affected();
+                    query!(&s.renew_shared_row, &shared).execute(&mut *tx).await?;
+                    let n = query!(renew_reader, &shared).execute(&mut *tx).await?.rows_affected();
                     if n == 1 {
                         tx.commit().await?;
                     } else {
@@ -778,7 +780,7 @@ impl JdbcBackend {
         let rows: std::result::Result<InspectRows, sqlx::Error> = on_pool!(&self.inner.pool, p => {
             async {
                 let lock = match query!(&s.inspect_lock, &p_name).fetch_optional(p).await? {
-                    Some(r) => Some(((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?, r.try_get(3)?), r.try_get(4)?)),
+                    Some(r) => Some(((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?, r.try_get(3)?), r.try_get(4)?, r.try_get(5)?)),
                     None => None,
                 };
                 let mut readers = Vec::new();
@@ -792,10 +794,16 @@ impl JdbcBackend {
         let (lock, readers) = rows.map_err(self.err("inspect"))?;
         let mut holders = Vec::new();
         let mut waiters = 0;
-        if let Some(((owner, token, context, left), queued)) = lock {
+        if let Some(((owner, token, context, left), queued, ttl_left)) = lock {
             waiters = usize::try_from(queued).unwrap_or(0);
             if let (Some(owner), Some(left)) = (owner, remaining(left)) {
-                holders.push(holder(owner, LockMode::Exclusive, token, context, left));
+                // The holder's own lease: zero once in its transition window; unknown
+                // on a row granted before the column existed.
+                let ttl = ttl_left.map(|ms| remaining(ms).unwrap_or(Duration::ZERO));
+                holders.push(
+                    holder(owner, LockMode::Exclusive, token, context, left)
+                        .with_remaining_ttl(ttl),
+                );
             }
         }
         for (owner, token, context, left) in readers {

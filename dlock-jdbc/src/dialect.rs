@@ -164,7 +164,7 @@ const SHARED_GATE: &str = "NOT EXISTS (SELECT 1 FROM {waiters} w \
 pub(crate) struct Statements {
     /// `$1` name, `$2` owner, `$3` lease ms, `$4` context, `$5` how long a queued
     /// waiter must have waited to go first (< 0: every waiter ahead goes first, fair
-    /// mode) → token (RETURNING, or LAST_INSERT_ID on MySQL; 0 = not granted).
+    /// mode), `$6` the holder's own lease ms (the lease less a transition window) → token (RETURNING, or LAST_INSERT_ID on MySQL; 0 = not granted).
     pub(crate) acquire_exclusive: Stmt,
     /// `$1` name, `$2` waiter → owner, remaining lease ms, shared remaining ms, live
     /// waiters queued ahead of `$2` (0 when it is not queued).
@@ -178,9 +178,10 @@ pub(crate) struct Statements {
     pub(crate) dequeue: Stmt,
     /// `$1` name, `$2` owner → rows affected (or a notify row on PostgreSQL).
     pub(crate) release_exclusive: Stmt,
-    /// `$1` name, `$2` owner, `$3` lease ms → rows affected.
+    /// `$1` name, `$2` owner, `$3` lease ms, `$4` own lease ms (the lease less a
+    /// transition window) → rows affected.
     pub(crate) renew_exclusive: Stmt,
-    /// As `renew_exclusive`, also storing `$4` as the holder's context (a leader
+    /// As `renew_exclusive`, also storing `$5` as the holder's context (a leader
     /// proclaiming a new value).
     pub(crate) renew_exclusive_context: Stmt,
     /// `$1` name, `$2` lease ms, `$3` reader → token (0 / no row = not granted).
@@ -200,7 +201,8 @@ pub(crate) struct Statements {
     pub(crate) renew_reader: Stmt,
     /// As `renew_reader`, also storing `$4` as the reader's context.
     pub(crate) renew_reader_context: Stmt,
-    /// `$1` name → owner, token, context, remaining ms, live waiters.
+    /// `$1` name → owner, token, context, remaining ms, live waiters, remaining ms
+    /// of the holder's own lease (`ttl_at`).
     pub(crate) inspect_lock: Stmt,
     /// `$1` name → owner, token, context, remaining ms per live reader.
     pub(crate) inspect_readers: Stmt,
@@ -225,8 +227,8 @@ impl Statements {
                 // LAST_INSERT_ID(expr) carries the granted token (or 0) back in the OK
                 // packet: one round trip. @dlock_grant is computed by the first
                 // assignment, before any column it reads is changed.
-                "INSERT INTO {locks} (name, owner, token, context, acquired_at, expires_at, shared_until, writer_wait_until) \
-                 VALUES ($1, $2, LAST_INSERT_ID(CLOCK_US), $4, NOW, NOW + $3, 0, 0) \
+                "INSERT INTO {locks} (name, owner, token, context, acquired_at, expires_at, shared_until, writer_wait_until, ttl_at) \
+                 VALUES ($1, $2, LAST_INSERT_ID(CLOCK_US), $4, NOW, NOW + $3, 0, 0, NOW + $6) \
                  ON DUPLICATE KEY UPDATE \
                    token = IF(@dlock_grant := (((owner <=> VALUES(owner) AND expires_at > NOW) \
                                  OR ((owner IS NULL OR expires_at <= NOW) AND EXCLUSIVE_GATE)) \
@@ -235,19 +237,20 @@ impl Statements {
                               token + LAST_INSERT_ID(0)), \
                    acquired_at = IF(@dlock_grant, IF(owner <=> VALUES(owner) AND expires_at > NOW, acquired_at, NOW), acquired_at), \
                    context = IF(@dlock_grant, VALUES(context), context), \
+                   ttl_at = IF(@dlock_grant, NOW + $6, ttl_at), \
                    expires_at = IF(@dlock_grant, NOW + $3, expires_at), \
                    owner = IF(@dlock_grant, VALUES(owner), owner)",
             ),
             Dialect::Sqlite | Dialect::Postgres => s(
-                "INSERT INTO {locks} (name, owner, token, context, acquired_at, expires_at, shared_until, writer_wait_until) \
-                 VALUES ($1, $2, CLOCK_US, $4, NOW, NOW + $3, 0, 0) \
+                "INSERT INTO {locks} (name, owner, token, context, acquired_at, expires_at, shared_until, writer_wait_until, ttl_at) \
+                 VALUES ($1, $2, CLOCK_US, $4, NOW, NOW + $3, 0, 0, NOW + $6) \
                  ON CONFLICT (name) DO UPDATE SET \
                    token = CASE WHEN {locks}.owner = excluded.owner AND {locks}.expires_at > NOW \
                                 THEN {locks}.token ELSE GREATEST({locks}.token + 1, excluded.token) END, \
                    acquired_at = CASE WHEN {locks}.owner = excluded.owner AND {locks}.expires_at > NOW \
                                 THEN {locks}.acquired_at ELSE excluded.acquired_at END, \
                    owner = excluded.owner, context = excluded.context, \
-                   expires_at = excluded.expires_at \
+                   expires_at = excluded.expires_at, ttl_at = excluded.ttl_at \
                  WHERE (({locks}.owner = excluded.owner AND {locks}.expires_at > NOW) \
                      OR (({locks}.owner IS NULL OR {locks}.expires_at <= NOW) AND EXCLUSIVE_GATE)) \
                    AND {locks}.shared_until <= NOW \
@@ -332,10 +335,12 @@ impl Statements {
             dequeue: s("DELETE FROM {waiters} WHERE name = $1 AND waiter = $2"),
             release_exclusive,
             renew_exclusive: s(
-                "UPDATE {locks} SET expires_at = NOW + $3 WHERE name = $1 AND owner = $2 AND expires_at > NOW",
+                "UPDATE {locks} SET expires_at = NOW + $3, ttl_at = NOW + $4 \
+                 WHERE name = $1 AND owner = $2 AND expires_at > NOW",
             ),
             renew_exclusive_context: s(
-                "UPDATE {locks} SET expires_at = NOW + $3, context = $4 WHERE name = $1 AND owner = $2 AND expires_at > NOW",
+                "UPDATE {locks} SET expires_at = NOW + $3, ttl_at = NOW + $4, context = $5 \
+                 WHERE name = $1 AND owner = $2 AND expires_at > NOW",
             ),
             acquire_shared_row,
             acquire_shared_reader,
@@ -359,7 +364,8 @@ impl Statements {
             ),
             inspect_lock: s(
                 "SELECT {owner}, token, context, expires_at - NOW, \
-                   (SELECT COUNT(*) FROM {waiters} w WHERE w.name = $1 AND w.alive_until > NOW) \
+                   (SELECT COUNT(*) FROM {waiters} w WHERE w.name = $1 AND w.alive_until > NOW), \
+                   CASE WHEN ttl_at > 0 THEN ttl_at - NOW END \
                  FROM {locks} WHERE name = $1",
             ),
             inspect_readers: s(

@@ -16,6 +16,10 @@
 //!   mode, the starving ones in non-fair mode, and waiting writers before new
 //!   readers. A row leaves with its waiter (granted, gave up or cancelled) or lapses
 //!   with its liveness. Since version 2 `locks.writer_wait_until` is unused.
+//! * `locks.ttl_at` (version 3) — the holder's own lease end, before a transition
+//!   window (Simba's `ttl_at`; an election's leader may renew until `expires_at`,
+//!   which plays Simba's `transition_at`, and nobody else may take the row before
+//!   it). Equal to `expires_at` for holds without a window; 0 on rows from before.
 
 use dlock_spi::{Error, ErrorKind, Result};
 use sqlx::Row;
@@ -117,10 +121,28 @@ const MIGRATIONS: &[Migration] = &[
             alive_until BIGINT NOT NULL,
             PRIMARY KEY (name, waiter))"],
     },
+    Migration {
+        version: 3,
+        sqlite: &["ALTER TABLE {locks} ADD COLUMN ttl_at INTEGER NOT NULL DEFAULT 0"],
+        mysql: &["ALTER TABLE {locks} ADD COLUMN ttl_at BIGINT NOT NULL DEFAULT 0"],
+        postgres: &[
+            "ALTER TABLE {locks} ADD COLUMN IF NOT EXISTS ttl_at BIGINT NOT NULL DEFAULT 0",
+        ],
+    },
 ];
 
 /// The newest schema version this crate knows.
-pub const SCHEMA_VERSION: i64 = 2;
+pub const SCHEMA_VERSION: i64 = 3;
+
+/// Whether a migration statement failed only because an earlier, interrupted run
+/// already applied it (`ADD COLUMN` has no `IF NOT EXISTS` on SQLite and MySQL).
+fn already_applied(err: &sqlx::Error) -> bool {
+    err.as_database_error().is_some_and(|e| {
+        e.message()
+            .to_ascii_lowercase()
+            .contains("duplicate column")
+    })
+}
 
 fn fill(sql: &str, prefix: &str) -> String {
     sql.replace("{locks}", &format!("{prefix}locks"))
@@ -168,7 +190,10 @@ pub(crate) async fn migrate(pool: &Pool, prefix: &str) -> Result<()> {
                     Dialect::Postgres => m.postgres,
                 };
                 for sql in statements {
-                    sqlx::query(&fill(sql, prefix)).execute(&mut *conn).await.map_err(err)?;
+                    match sqlx::query(&fill(sql, prefix)).execute(&mut *conn).await {
+                        Err(e) if !already_applied(&e) => return Err(err(e)),
+                        _ => {}
+                    }
                 }
                 let record = match dialect {
                     Dialect::Sqlite => "INSERT OR IGNORE INTO {schema} (version, applied_at) VALUES (?, 0)",

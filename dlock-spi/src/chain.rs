@@ -460,6 +460,13 @@ impl HandlerChain {
             ))
             .with_context("lock", &req.name));
         }
+        if req.transition >= req.lease {
+            return Err(Error::invalid_argument(format!(
+                "transition window {:?} is not shorter than the lease {:?}; the lease must cover the holder's own time plus the window",
+                req.transition, req.lease
+            ))
+            .with_context("lock", &req.name));
+        }
         // A deadline already in the past means "try once".
         if req.deadline.is_some_and(|d| d <= Instant::now()) {
             req.deadline = None;

@@ -121,6 +121,9 @@ pub struct HolderInfo {
     pub context: Bytes,
     /// Lease left, by the backend's clock; `None` for session-bound holds.
     pub remaining_lease: Option<Duration>,
+    /// The holder's own lease left before its transition window (Simba's `ttl_at`;
+    /// zero once in the window), when the backend records one; `None` otherwise.
+    pub remaining_ttl: Option<Duration>,
 }
 
 impl HolderInfo {
@@ -139,7 +142,14 @@ impl HolderInfo {
             token,
             context,
             remaining_lease,
+            remaining_ttl: None,
         }
+    }
+
+    /// Sets the holder's own lease left before its transition window.
+    pub fn with_remaining_ttl(mut self, ttl: Option<Duration>) -> Self {
+        self.remaining_ttl = ttl;
+        self
     }
 }
 

@@ -36,6 +36,12 @@ pub struct AcquireRequest {
     /// What the hold is for; backends may lay leadership terms out differently
     /// (same semantics).
     pub purpose: HoldPurpose,
+    /// The last part of `lease` that is a transition window (Simba's
+    /// `transition_at`; zero for none): the holder counts itself suspended in it and
+    /// may still renew, nobody else may take the hold before `lease` ends. Backends
+    /// that record the holder's own end, `lease − transition` (SQL's `ttl_at`), show
+    /// it through [`crate::HolderInfo::remaining_ttl`]; the others need do nothing.
+    pub transition: Duration,
 }
 
 impl AcquireRequest {
@@ -52,7 +58,14 @@ impl AcquireRequest {
             fairness: Fairness::NonFair,
             context: Bytes::new(),
             purpose: HoldPurpose::Lock,
+            transition: Duration::ZERO,
         }
+    }
+
+    /// Sets the transition window at the end of the lease.
+    pub fn with_transition(mut self, transition: Duration) -> Self {
+        self.transition = transition;
+        self
     }
 
     /// Sets what the hold is for.
@@ -186,6 +199,8 @@ pub struct RenewRequest {
     /// New context bytes to store with the hold in the same step (a leader
     /// proclaiming a new value); `None` keeps the stored context.
     pub context: Option<Bytes>,
+    /// The transition window at the end of `lease`, as at acquire.
+    pub transition: Duration,
 }
 
 impl RenewRequest {
@@ -206,7 +221,14 @@ impl RenewRequest {
             lease,
             token,
             context: None,
+            transition: Duration::ZERO,
         }
+    }
+
+    /// Sets the transition window at the end of the lease.
+    pub fn with_transition(mut self, transition: Duration) -> Self {
+        self.transition = transition;
+        self
     }
 
     /// Also replaces the hold's context bytes, atomically with the ownership check.

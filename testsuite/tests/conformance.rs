@@ -47,4 +47,5 @@ cases!(
     leadership_moves_on,
     observers_see_every_change_in_order,
     contenders_hand_over_without_overlap,
+    a_leader_in_transition_keeps_its_term,
 );

@@ -296,6 +296,102 @@ async fn next(rx: &mut tokio::sync::mpsc::UnboundedReceiver<Option<Leader>>) -> 
     change
 }
 
+/// Simba's transition window: a leader whose renewals stop is suspended once its
+/// own lease passed (and, where the store records it, shown in transition), may
+/// still renew in the window and keep its term, and when it stops renewing for good
+/// its lost signal fires before anyone else leads, which nobody does before the
+/// window is over. (Lease backends; a session-bound term has no window.)
+pub async fn a_leader_in_transition_keeps_its_term(backend: Arc<dyn TestBackend>) {
+    let env = Env::new(backend);
+    let own = Duration::from_millis(600);
+    let window = Duration::from_millis(900);
+    let other = env.manager().await;
+    if !other.capabilities().lease {
+        env.finish(&[&other]).await;
+        return;
+    }
+    let frozen = env.manager_with(|b| b.lease(own).watchdog(false)).await;
+    let election = frozen.election("window").transition(window);
+    let term = lead(&election, "a", Duration::ZERO).await;
+    let granted = Instant::now();
+    assert!(!term.is_suspended());
+    let rival = other.election("window");
+    let waiting = tokio::spawn(async move {
+        let l = rival.campaign("b").await.expect("campaign");
+        (l, Instant::now())
+    });
+    // Suspended once its own lease passed (no renewals), not lost.
+    let suspended = super::eventually(own + Duration::from_millis(300), || async {
+        term.is_suspended()
+    })
+    .await;
+    assert!(suspended, "not suspended after its own lease");
+    assert!(granted.elapsed() >= own / 2, "suspended too early");
+    assert!(!term.is_lost(), "lost at the start of the window");
+    let seen = election
+        .leader()
+        .await
+        .expect("leader()")
+        .expect("a leader");
+    assert_eq!(seen.token, term.fencing_token());
+    if seen.remaining_ttl.is_some() {
+        // The local suspension comes a margin early; the store's clock follows.
+        let shown = super::eventually(Duration::from_millis(300), || async {
+            election
+                .leader()
+                .await
+                .ok()
+                .flatten()
+                .is_some_and(|l| l.in_transition())
+        })
+        .await;
+        assert!(shown, "the store does not show the window: {seen:?}");
+    }
+    // Renewing in the window keeps the term.
+    let renewed_at = Instant::now();
+    term.proclaim("a2").await.expect("a renewal in the window");
+    assert!(!term.is_suspended(), "still suspended after renewing");
+    let seen = election
+        .leader()
+        .await
+        .expect("leader()")
+        .expect("a leader");
+    assert_eq!(
+        (seen.token, seen.value.clone()),
+        (term.fencing_token(), Bytes::from("a2"))
+    );
+    assert!(
+        !seen.in_transition(),
+        "the store still shows the window after the renewal: {seen:?}"
+    );
+    assert!(!waiting.is_finished(), "someone else led during the window");
+    // Then no more renewals: the loss fires before the rival leads, which is not
+    // before the window after the renewal is over.
+    let signal = term.lost_signal();
+    let lost_at = tokio::spawn(async move {
+        signal.lost().await;
+        Instant::now()
+    });
+    let (next, led_at) = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("the rival leads after the window")
+        .expect("task");
+    let lost_at = lost_at.await.expect("task");
+    assert!(
+        lost_at <= led_at,
+        "the old leader learned of its loss after the next one led"
+    );
+    assert!(
+        led_at.duration_since(renewed_at) >= own + window - Duration::from_millis(50),
+        "the rival led {:?} after the renewal, inside the window",
+        led_at.duration_since(renewed_at)
+    );
+    assert!(next.fencing_token() > term.fencing_token());
+    next.resign().await.expect("resign");
+    drop(term);
+    env.finish(&[&frozen, &other]).await;
+}
+
 /// What the contenders of one test did, in order.
 #[derive(Default)]
 struct Log {

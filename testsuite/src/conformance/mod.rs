@@ -26,8 +26,9 @@ pub use grants::{
 };
 mod election;
 pub use election::{
-    contenders_hand_over_without_overlap, leadership_moves_on, observers_see_every_change_in_order,
-    one_leader_at_a_time, FencedRegister, HANDOVER_BOUND,
+    a_leader_in_transition_keeps_its_term, contenders_hand_over_without_overlap,
+    leadership_moves_on, observers_see_every_change_in_order, one_leader_at_a_time, FencedRegister,
+    HANDOVER_BOUND,
 };
 mod waiters;
 pub use waiters::{a_leaving_writer_lets_readers_in, cancelled_lock_leaves_nothing};
@@ -991,4 +992,5 @@ pub const CASES: &[&str] = &[
     "leadership_moves_on",
     "observers_see_every_change_in_order",
     "contenders_hand_over_without_overlap",
+    "a_leader_in_transition_keeps_its_term",
 ];
