@@ -1,6 +1,8 @@
 //! Leader election on ZooKeeper: every process runs this; one leads at a time, the
-//! others queue in arrival order (ZooKeeper's sequence order). The leader works only
-//! while its guard is neither lost nor suspended, and steps down when it is lost.
+//! others queue in arrival order (a Curator `LeaderLatch` on the same path joins the
+//! same race). The leader works while its term is neither lost nor suspended; Ctrl-C
+//! stops the contention gracefully (the work ends first, then the term is given back
+//! and the next process takes over at once).
 //!
 //! Run (with ZooKeeper on 127.0.0.1:2181, e.g. started by `scripts/test`), in two or
 //! three terminals:
@@ -8,7 +10,43 @@
 
 use std::time::Duration;
 
-use dlock_api::{DistributeLockManager, Result};
+use dlock_api::spi::async_trait;
+use dlock_api::{Contender, DistributeLockManager, Result, Term, TermEnd};
+
+struct Worker;
+
+#[async_trait]
+impl Contender for Worker {
+    async fn on_acquired(&self, term: Term) {
+        let pid = std::process::id();
+        println!("[{pid}] leading, fencing token {}", term.fencing_token());
+        for beat in 0.. {
+            tokio::select! {
+                () = term.stepping_down() => {
+                    println!("[{pid}] asked to step down; finishing up");
+                    return;
+                }
+                () = tokio::time::sleep(Duration::from_secs(1)) => {
+                    if term.is_suspended() {
+                        // Connection down: the session may still be alive. Do not act
+                        // as leader until it is back (or the loss is declared).
+                        println!("[{pid}] connection to ZooKeeper down; pausing");
+                    } else {
+                        println!("[{pid}] leader heartbeat {beat}");
+                    }
+                }
+            }
+        }
+    }
+
+    async fn on_released(&self, term: Term, end: TermEnd) {
+        println!(
+            "[{}] term {} over: {end:?}",
+            std::process::id(),
+            term.fencing_token()
+        );
+    }
+}
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<()> {
@@ -16,35 +54,10 @@ async fn main() -> Result<()> {
         .nth(1)
         .unwrap_or_else(|| "zk://127.0.0.1:2181/dlock-demo".to_owned());
     let manager = DistributeLockManager::connect(&url).await?;
-    let election = manager.fair_lock("leader");
-    for term in 1..=3 {
-        println!("[{}] waiting to lead…", std::process::id());
-        let guard = election.lock().await?;
-        println!(
-            "[{}] leading, term {term}, fencing token {}",
-            std::process::id(),
-            guard.fencing_token()
-        );
-        for beat in 0..5 {
-            tokio::select! {
-                reason = guard.lost() => {
-                    println!("lost the leadership ({reason}); stepping down");
-                    break;
-                }
-                () = tokio::time::sleep(Duration::from_secs(1)) => {
-                    if guard.is_suspended() {
-                        // Connection down: the session may still be alive. Do not act as
-                        // leader until it is back (or the loss is declared).
-                        println!("connection to ZooKeeper down; pausing");
-                    } else {
-                        println!("leader heartbeat {beat}");
-                    }
-                }
-            }
-        }
-        // Hand over to the next in line.
-        let _ = guard.unlock().await;
-    }
+    println!("[{}] contending…", std::process::id());
+    let contention = manager.contend("leader", Worker)?;
+    let _ = tokio::signal::ctrl_c().await;
+    contention.stop().await;
     manager.close().await;
     Ok(())
 }

@@ -433,6 +433,11 @@ impl Leadership {
         self.guard.name()
     }
 
+    /// When the term began: when its granted campaign request was sent.
+    pub fn acquired_at(&self) -> Instant {
+        self.guard.acquired_at()
+    }
+
     /// This candidate's owner id (as [`Leader::owner`] shows it).
     pub fn owner(&self) -> &OwnerId {
         &self.guard.hold().owner

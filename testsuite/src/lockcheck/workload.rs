@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use dlock_api::{
-    Capabilities, DistributeLock, DistributeLockManager, DistributeLockManagerBuilder, LockGuard,
-    ReadWriteLock,
+    Capabilities, DistributeLock, DistributeLockManager, DistributeLockManagerBuilder, Election,
+    Leadership, LockGuard, LostReason, ReadWriteLock,
 };
 use dlock_spi::{
     AcquireChain, AcquireContext, AcquireResult, LockHandler, LockName, LostEvent, ReleaseChain,
@@ -110,9 +110,13 @@ where
     }
 }
 
+/// The election every run holds (a term is an exclusive hold of this name).
+pub const ELECTION_NAME: &str = "e0";
+
 /// Every lock name a run on a backend with `caps` uses.
 pub fn lock_names(caps: Capabilities) -> Vec<&'static str> {
     let mut names = EXCLUSIVE_NAMES.to_vec();
+    names.push(ELECTION_NAME);
     if caps.fair {
         names.push(FAIR_NAME);
     }
@@ -307,7 +311,53 @@ struct Target {
     mode: Mode,
     fair: bool,
     handle: DistributeLock,
+    /// Set for the election: terms are campaigned for through it (`handle` unused).
+    election: Option<Election>,
     handle_id: String,
+}
+
+/// A granted hold: a lock guard or a term of leadership.
+enum Held {
+    Guard(LockGuard),
+    Term(Leadership),
+}
+
+impl Held {
+    fn fencing_token(&self) -> u64 {
+        match self {
+            Held::Guard(g) => g.fencing_token().get(),
+            Held::Term(t) => t.fencing_token().get(),
+        }
+    }
+
+    fn acquired_at(&self) -> Instant {
+        match self {
+            Held::Guard(g) => g.acquired_at(),
+            Held::Term(t) => t.acquired_at(),
+        }
+    }
+
+    fn is_lost(&self) -> bool {
+        match self {
+            Held::Guard(g) => g.is_lost(),
+            Held::Term(t) => t.is_lost(),
+        }
+    }
+
+    async fn lost(&self) -> LostReason {
+        match self {
+            Held::Guard(g) => g.lost().await,
+            Held::Term(t) => t.lost().await,
+        }
+    }
+
+    /// `unlock` / `resign`.
+    async fn release(self) -> dlock_api::Result<()> {
+        match self {
+            Held::Guard(g) => g.unlock().await,
+            Held::Term(t) => t.resign().await,
+        }
+    }
 }
 
 struct Task {
@@ -378,6 +428,7 @@ impl Task {
                 mode,
                 fair: false,
                 handle,
+                election: None,
                 handle_id: format!("{}.{lock}.{side}", self.client),
             };
         }
@@ -387,7 +438,20 @@ impl Task {
                 mode: Mode::Exclusive,
                 fair: false,
                 handle: self.shared.clone(),
+                election: None,
                 handle_id: self.shared_id.clone(),
+            };
+        }
+        if lock == ELECTION_NAME {
+            let election = self.manager.election(ELECTION_NAME);
+            return Target {
+                lock,
+                mode: Mode::Exclusive,
+                fair: true,
+                handle: self.shared.clone(),
+                election: Some(election),
+                // Every campaign is a new candidate (owner).
+                handle_id: format!("{}.{lock}.c{:x}", self.client, self.rng.u64(..)),
             };
         }
         let fair = lock == FAIR_NAME;
@@ -408,6 +472,7 @@ impl Task {
             mode: Mode::Exclusive,
             fair,
             handle,
+            election: None,
             handle_id: format!("{}.{lock}", self.client),
         }
     }
@@ -416,8 +481,8 @@ impl Task {
         self.attempts.fetch_add(1, Ordering::Relaxed)
     }
 
-    fn hold_key(&self, target: &Target, guard: &LockGuard) -> String {
-        let at = guard.acquired_at().saturating_duration_since(self.base);
+    fn hold_key(&self, target: &Target, held: &Held) -> String {
+        let at = held.acquired_at().saturating_duration_since(self.base);
         format!("{}@{}", target.handle_id, at.as_nanos())
     }
 
@@ -426,7 +491,7 @@ impl Task {
     async fn attempt(&mut self, target: &Target) -> Result<Option<bool>, String> {
         let remaining = self.deadline.saturating_duration_since(Instant::now());
         let lease_ms = self.rng.u64(EXPLICIT_LEASE_MS);
-        let explicit = self.leases && self.rng.bool();
+        let explicit = self.leases && self.rng.bool() && target.election.is_none();
         let (op, wait) = match (self.rng.u32(0..100) < 60, explicit) {
             (true, false) => (Op::Try, Duration::from_millis(self.rng.u64(0..=300))),
             (true, true) => (Op::Lease, Duration::from_millis(self.rng.u64(0..=300))),
@@ -450,10 +515,27 @@ impl Task {
             cancel: cancel_after.is_some(),
         });
         let handle = &target.handle;
+        let value = format!("{}#{att}", target.handle_id);
         let acquire = async {
             // A `try_lock` answers by its wait; one that does not is hung. `lock()`
             // is bounded by the wait the workload gives it.
             let hung = wait + CALL_BOUND;
+            if let Some(election) = &target.election {
+                let result = match op {
+                    Op::Try => tokio::time::timeout(hung, election.try_campaign(value, wait))
+                        .await
+                        .map_err(|_| Why::Hung)?,
+                    _ => tokio::time::timeout(wait, election.campaign(value))
+                        .await
+                        .map_err(|_| Why::Timeout)?
+                        .map(Some),
+                };
+                return match result {
+                    Ok(Some(term)) => Ok(Held::Term(term)),
+                    Ok(None) => Err(Why::None),
+                    Err(e) => Err(Why::Error(e.kind().as_str().to_owned())),
+                };
+            }
             let result = match op {
                 Op::Try => tokio::time::timeout(hung, handle.try_lock(wait))
                     .await
@@ -473,7 +555,7 @@ impl Task {
                 }
             };
             match result {
-                Ok(Some(guard)) => Ok(guard),
+                Ok(Some(guard)) => Ok(Held::Guard(guard)),
                 Ok(None) => Err(Why::None),
                 Err(e) => Err(Why::Error(e.kind().as_str().to_owned())),
             }
@@ -507,18 +589,18 @@ impl Task {
         }
     }
 
-    fn log_ok(&self, target: &Target, guard: &LockGuard, att: u64, t_ok: u64, lease_ms: u64) {
+    fn log_ok(&self, target: &Target, held: &Held, att: u64, t_ok: u64, lease_ms: u64) {
         self.log.log_at(
             t_ok,
             Kind::Ok {
                 att,
                 lock: target.lock.to_owned(),
                 mode: target.mode,
-                token: guard.fencing_token().get(),
-                hold: self.hold_key(target, guard),
+                token: held.fencing_token(),
+                hold: self.hold_key(target, held),
                 lease_ms,
-                sent: instant_ns(guard.acquired_at()),
-                lost: guard.is_lost(),
+                sent: instant_ns(held.acquired_at()),
+                lost: held.is_lost(),
             },
         );
     }
@@ -529,7 +611,7 @@ impl Task {
     async fn critical_section(
         &mut self,
         target: &Target,
-        guard: LockGuard,
+        guard: Held,
         att: u64,
         t_ok: u64,
         lease_ms: u64,
@@ -537,7 +619,7 @@ impl Task {
     ) -> Result<bool, String> {
         self.log_ok(target, &guard, att, t_ok, lease_ms);
         let hold = self.hold_key(target, &guard);
-        let token = guard.fencing_token().get();
+        let token = guard.fencing_token();
         let lock = target.lock;
 
         self.register
@@ -563,7 +645,14 @@ impl Task {
             tokio::select! {
                 _ = guard.lost() => lost = true,
                 () = tokio::time::sleep_until(start + hold_for / 2) => {
-                    self.reenter(target, lease_ms).await;
+                    match &guard {
+                        Held::Guard(_) => self.reenter(target, lease_ms).await,
+                        // A leader proclaims instead: a renewal that stores a value.
+                        Held::Term(term) => {
+                            let value = format!("{hold}+");
+                            let _ = tokio::time::timeout(CALL_BOUND, term.proclaim(value)).await;
+                        }
+                    }
                 }
             }
         }
@@ -587,7 +676,7 @@ impl Task {
     async fn fenced(
         &mut self,
         target: &Target,
-        guard: &LockGuard,
+        guard: &Held,
         hold: &str,
         token: u64,
     ) -> Result<(), String> {
@@ -622,6 +711,7 @@ impl Task {
         let reentry = tokio::time::timeout(CALL_BOUND, target.handle.try_lock(Duration::ZERO));
         let why = match reentry.await {
             Ok(Ok(Some(inner))) => {
+                let inner = Held::Guard(inner);
                 self.log_ok(target, &inner, att, now_ns(), lease_ms);
                 let hold = self.hold_key(target, &inner);
                 self.release(target, inner, &hold).await;
@@ -640,7 +730,7 @@ impl Task {
 
     /// Releases one acquisition: `unlock`, `unlock` cancelled after 0–2 ms, or `drop`.
     /// Returns true if dropped.
-    async fn release(&mut self, target: &Target, guard: LockGuard, hold: &str) -> bool {
+    async fn release(&mut self, target: &Target, guard: Held, hold: &str) -> bool {
         let how = match self.rng.u32(0..100) {
             0..=49 => How::Unlock,
             50..=64 => How::UnlockCancel,
@@ -659,7 +749,7 @@ impl Task {
             How::Unlock => CALL_BOUND,
             How::UnlockCancel => Duration::from_millis(self.rng.u64(0..=2)),
         };
-        let outcome = match tokio::time::timeout(bound, guard.unlock()).await {
+        let outcome = match tokio::time::timeout(bound, guard.release()).await {
             Ok(Ok(())) => Outcome::Ok,
             Ok(Err(e)) => Outcome::Error(e.kind().as_str().to_owned()),
             Err(_) => Outcome::Cancelled,
