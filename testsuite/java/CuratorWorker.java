@@ -8,6 +8,10 @@
 //       exclusive create (fails if another holder is inside), read the counter, sleep,
 //       write counter + 1, remove the marker, release. Prints "ready" once connected
 //       and "curator acquired=N overlaps=M" at the end.
+//   latch-candidate  CONNECT LATCH_PATH SESSION_MS
+//       Failover benchmark: one LeaderLatch participant on a client with a session
+//       timeout of SESSION_MS. Prints "campaigning" once its node exists, "leading"
+//       when it leads, then waits to be killed.
 //   serve    CONNECT LOCK_PATH THREADS
 //       Benchmark server: THREADS threads, each with its own InterProcessMutex
 //       (LOCK_PATH-<i>) on the one client session. Warms up for a second, prints
@@ -38,7 +42,8 @@ public final class CuratorWorker {
             System.err.println("usage: counter CONNECT LOCK_PATH COUNTER_FILE ITERATIONS mutex|rw | serve CONNECT LOCK_PATH THREADS");
             System.exit(64);
         }
-        CuratorFramework client = CuratorFrameworkFactory.newClient(args[1], 10000, 5000, new RetryNTimes(10, 100));
+        int sessionMs = args[0].equals("latch-candidate") ? Integer.parseInt(args[3]) : 10000;
+        CuratorFramework client = CuratorFrameworkFactory.newClient(args[1], sessionMs, 5000, new RetryNTimes(10, 100));
         client.start();
         if (!client.blockUntilConnected(30, TimeUnit.SECONDS)) {
             System.err.println("curator: cannot connect to " + args[1]);
@@ -49,6 +54,8 @@ public final class CuratorWorker {
                 System.out.println("ready");
                 System.out.flush();
                 counter(client, args[2], Paths.get(args[3]), Integer.parseInt(args[4]), args[5]);
+            } else if (args[0].equals("latch-candidate")) {
+                latchCandidate(client, args[2]);
             } else if (args[0].equals("serve")) {
                 serve(client, args[2], Integer.parseInt(args[3]));
             } else {
@@ -97,6 +104,30 @@ public final class CuratorWorker {
             }
         }
         System.out.println("curator acquired=" + acquired + " overlaps=" + overlaps);
+    }
+
+    /** One LeaderLatch participant that leads until the process is killed. */
+    static void latchCandidate(CuratorFramework client, String path) throws Exception {
+        String id = "java-" + ProcessHandle.current().pid();
+        LeaderLatch latch = new LeaderLatch(client, path, id);
+        latch.start();
+        boolean queued = false;
+        while (!queued) {
+            try {
+                queued = latch.getParticipants().stream().anyMatch(p -> p.getId().equals(id));
+            } catch (Exception e) {
+                // The latch's node is not there yet.
+            }
+            if (!queued) {
+                Thread.sleep(5);
+            }
+        }
+        System.out.println("campaigning");
+        System.out.flush();
+        latch.await();
+        System.out.println("leading");
+        System.out.flush();
+        Thread.sleep(Long.MAX_VALUE);
     }
 
     /** The counter step under the leadership of a new LeaderLatch per term. */
