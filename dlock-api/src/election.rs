@@ -5,9 +5,14 @@
 //! bytes are the leader's value. So a term has everything a lock guard has — a
 //! fencing token that grows from term to term, a lease renewed by the watchdog (or a
 //! session), and the same lost signal with the same margin — and an election named
-//! `x` is seen by `dlock status x` like the lock `x` (and excludes it).
+//! `x` is seen by `dlock status x` like the lock `x`: dlock's locks and terms of one
+//! name exclude each other. (On ZooKeeper, Java clients must use the matching
+//! Curator recipe: `LeaderLatch` for elections, `InterProcessMutex` for locks —
+//! Curator's recipes order only their own nodes.) Observers follow terms: a plain
+//! lock taken on an election's name is seen at the next re-read.
 
 use std::fmt;
+use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -16,6 +21,7 @@ use dlock_spi::{
     async_trait, ChangeFeed, Error, ErrorKind, Fairness, FencingToken, HoldPurpose, HolderInfo,
     LockMode, LockName, LostReason, OwnerId, RenewRequest, RenewResult, Result,
 };
+use futures_util::FutureExt as _;
 use tokio::sync::watch;
 
 use crate::guard::{LockGuard, LostSignal};
@@ -126,7 +132,11 @@ impl Election {
         Leadership::new(
             guard,
             value,
-            self.manager.inner.config.lease + self.transition,
+            self.manager
+                .inner
+                .config
+                .lease
+                .saturating_add(self.transition),
             self.transition,
         )
     }
@@ -203,8 +213,9 @@ impl Election {
     }
 
     /// Keeps `contender` in the running with `value` as its leader value (Simba's
-    /// contention service): see [`DistributeLockManager::contend`].
-    pub fn contend<C: Contender>(
+    /// contention service): see [`DistributeLockManager::contend`], which uses the
+    /// manager's context as the value.
+    pub fn contend_as<C: Contender>(
         &self,
         value: impl Into<Bytes>,
         contender: C,
@@ -513,6 +524,11 @@ impl Leadership {
                 *self.value.lock().unwrap_or_else(PoisonError::into_inner) = value;
                 // A renewal like the watchdog's: the term's lease runs from it.
                 manager.watchdog.renewed(hold.id, sent);
+                // Lost while the proclaim was in flight: the store's word came too
+                // late to count (the lost signal never takes a loss back).
+                if let Some(reason) = hold.lost_reason() {
+                    return Err(term_lost(&hold.name, reason));
+                }
                 Ok(())
             }
             RenewResult::NotOwner => {
@@ -652,6 +668,8 @@ pub trait Contender: Send + Sync + 'static {
     async fn on_acquired(&self, term: Term);
 
     /// The term ended (after its work ended), before the leadership is given back.
+    /// Bounded by the election's stop grace (the leadership is given back then
+    /// regardless). A panic in either callback is logged and ends the term.
     async fn on_released(&self, term: Term, end: TermEnd) {
         let _ = (term, end);
     }
@@ -716,6 +734,15 @@ fn campaign_pause(failures: u32) -> Duration {
     Duration::from_millis(ms / 2 + fastrand::u64(..=ms / 2))
 }
 
+/// Clears the contention's "leading" state when a term ends, however it ends.
+struct NotLeading<'a>(&'a watch::Sender<Option<FencingToken>>);
+
+impl Drop for NotLeading<'_> {
+    fn drop(&mut self) {
+        self.0.send_replace(None);
+    }
+}
+
 async fn contend_loop(
     election: Election,
     value: Bytes,
@@ -755,18 +782,26 @@ async fn contend_loop(
             step_down: step_down_rx,
         };
         leading.send_replace(Some(term.token));
+        // Not leading once the term is over, whatever ends it (a panic included).
+        let _leading = NotLeading(&leading);
         let end = {
-            let work = contender.on_acquired(term.clone());
+            // A panicking contender ends its term like one whose work returned.
+            let work = AssertUnwindSafe(contender.on_acquired(term.clone())).catch_unwind();
             tokio::pin!(work);
             let end = tokio::select! {
-                () = &mut work => TermEnd::WorkDone,
+                done = &mut work => {
+                    if done.is_err() {
+                        tracing::error!(election = %election.name, "dlock: the leader's work panicked; resigning");
+                    }
+                    TermEnd::WorkDone
+                }
                 reason = leadership.lost() => TermEnd::Lost(reason),
                 _ = stop.wait_for(|s| *s) => TermEnd::Stopped,
             };
             if end == TermEnd::Stopped {
                 step_down_tx.send_replace(true);
                 tokio::select! {
-                    () = &mut work => {}
+                    _ = &mut work => {}
                     _ = leadership.lost() => {}
                     () = tokio::time::sleep(election.stop_grace) => {
                         tracing::warn!(election = %election.name, "dlock: the leader's work did not end within the stop grace; dropping it");
@@ -777,7 +812,16 @@ async fn contend_loop(
             // The work future is dropped here: it has ended before anything below.
         };
         step_down_tx.send_replace(true);
-        contender.on_released(term, end).await;
+        let released = AssertUnwindSafe(contender.on_released(term, end)).catch_unwind();
+        match tokio::time::timeout(election.stop_grace, released).await {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) => {
+                tracing::error!(election = %election.name, "dlock: on_released panicked");
+            }
+            Err(_) => {
+                tracing::warn!(election = %election.name, "dlock: on_released did not return within the stop grace; resigning anyway");
+            }
+        }
         leading.send_replace(None);
         if let TermEnd::Lost(_) = end {
             drop(leadership);

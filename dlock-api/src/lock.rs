@@ -229,7 +229,9 @@ impl DistributeLock {
         let renew = lease.is_none() && manager.config.watchdog;
         let transition = self.handle.transition;
         // The store holds the grant for the holder's own lease plus the window.
-        let lease = lease.unwrap_or(manager.config.lease) + transition;
+        let lease = lease
+            .unwrap_or(manager.config.lease)
+            .saturating_add(transition);
         loop {
             // A new grant for every attempt: a late release of an earlier grant of
             // this handle (a dropped guard's) cannot touch it.
@@ -269,7 +271,9 @@ impl DistributeLock {
             let granted_at = lease_until
                 .and_then(|until| until.checked_sub(lease))
                 .map_or(sent_at, |at| at.clamp(sent_at, Instant::now()));
-            if manager.arrived_lost(granted_at, lease) {
+            // With a transition window, a grant must arrive within the holder's own
+            // lease: one that arrives suspended is of no use either.
+            if manager.arrived_lost(granted_at, lease.saturating_sub(transition)) {
                 // The answer came too late to be of use (a stalled connection): the
                 // store may let the grant go any moment. Give it back and, while the
                 // wait lasts, ask again.

@@ -331,7 +331,7 @@ impl DistributeLockManager {
     /// Errors: the name is invalid, or there is no tokio runtime to run it in.
     pub fn contend<C: Contender>(&self, name: &str, contender: C) -> Result<Contention> {
         self.election(name)
-            .contend(self.inner.config.context.clone(), contender)
+            .contend_as(self.inner.config.context.clone(), contender)
     }
 
     /// Who holds `name` and how many wait, straight from the backend.

@@ -13,7 +13,7 @@ use crate::parse_duration;
 pub(crate) struct ElectArgs {
     /// The election's name (`dlock status NAME` shows who leads).
     name: String,
-    /// The leader's value, shown to everyone who asks who leads (default: pid=<pid>).
+    /// The leader's value, shown to everyone who asks who leads (default: `pid=<pid>`).
     #[arg(long)]
     value: Option<String>,
     /// Give up if not leading within this long (exit 75); default: wait as long as it takes.

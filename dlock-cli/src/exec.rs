@@ -60,15 +60,16 @@ pub(crate) async fn supervise(
     let (program, rest) = command
         .split_first()
         .ok_or_else(|| Failure::new(SOFTWARE, "no command"))?;
+    // Handlers first: a signal right after the spawn must reach the command too.
+    let mut term =
+        signal(SignalKind::terminate()).map_err(|e| Failure::new(SOFTWARE, e.to_string()))?;
+    let mut int =
+        signal(SignalKind::interrupt()).map_err(|e| Failure::new(SOFTWARE, e.to_string()))?;
     let mut child = Command::new(program)
         .args(rest)
         .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
         .spawn()
         .map_err(|e| Failure::new(127, format!("cannot run {program:?}: {e}")))?;
-    let mut term =
-        signal(SignalKind::terminate()).map_err(|e| Failure::new(SOFTWARE, e.to_string()))?;
-    let mut int =
-        signal(SignalKind::interrupt()).map_err(|e| Failure::new(SOFTWARE, e.to_string()))?;
     let outcome = tokio::select! {
         status = child.wait() => match status {
             Ok(status) => Outcome::Exited(status),

@@ -407,11 +407,17 @@ impl JdbcBackend {
                 }
             })
             .await;
-            if let (Ok(Some(_)), HoldPurpose::Leadership) = (&token, req.purpose) {
-                // Observers of the election learn of the new term.
+            let announce = matches!(
+                (&token, req.purpose),
+                (Ok(Some(_)), HoldPurpose::Leadership)
+            );
+            let undelivered = answer.send(token);
+            if announce {
+                // Observers of the election learn of the new term (after the answer:
+                // the grant does not wait for it).
                 backend.notify_change(&req.name).await;
             }
-            if let Err(Ok(Some(_))) = answer.send(token) {
+            if let Err(Ok(Some(_))) = undelivered {
                 if let Err(err) = backend.release(&req.release_of_grant()).await {
                     tracing::warn!(lock = %req.name, error = %err, "dlock-jdbc: releasing the grant of a cancelled acquire failed; its lease will expire");
                 }

@@ -389,13 +389,16 @@ async fn start_listener(
         let target = Arc::clone(&wakeups);
         let task = tokio::spawn(async move {
             loop {
-                match listener.recv().await {
-                    Ok(note) => {
+                // `try_recv` answers `None` when the connection dropped (it reconnects
+                // on the next call): notices may have been missed, so observers re-read.
+                match listener.try_recv().await {
+                    Ok(Some(note)) => {
                         if note.channel() == channel {
                             target.wake(note.payload());
                         }
                         target.changed(note.payload());
                     }
+                    Ok(None) => target.changed_all(),
                     Err(e) => {
                         // recv reconnects on the next call; polling covers the gap,
                         // and observers re-read (they may have missed changes).

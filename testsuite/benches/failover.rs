@@ -154,7 +154,11 @@ fn url_for(label: &str) -> String {
 
 fn summary(rounds: &mut [Duration]) -> (Duration, Duration, Duration) {
     rounds.sort();
-    (rounds[0], rounds[rounds.len() / 2], rounds[rounds.len() - 1])
+    (
+        rounds[0],
+        rounds[rounds.len() / 2],
+        rounds[rounds.len() - 1],
+    )
 }
 
 fn main() {
