@@ -33,6 +33,8 @@
 //! * [`Election`] — leader election (etcd's `campaign` / `leader` / `observe` /
 //!   `proclaim` / `resign`), and [`DistributeLockManager::contend`] — Simba's
 //!   contention service calling a [`Contender`] as leadership comes and goes.
+//! * [`Semaphore`] — N permits per name; each [`SemaphorePermit`] is a hold with a
+//!   lease, fencing token and lost signal.
 //! * A watchdog per manager that renews held locks every lease/3 and fires the lost
 //!   signal when a renewal is refused or the lease passes without one.
 //!
@@ -57,6 +59,7 @@ mod guard;
 mod hold;
 mod lock;
 mod manager;
+mod semaphore;
 #[cfg(feature = "tower")]
 pub mod tower;
 mod watchdog;
@@ -94,6 +97,7 @@ pub use election::{
 pub use guard::{LockGuard, LostSignal};
 pub use lock::{DistributeLock, LockGroup, ReadWriteLock};
 pub use manager::{DistributeLockManager, DistributeLockManagerBuilder};
+pub use semaphore::{Semaphore, SemaphorePermit};
 
 pub use dlock_spi::{
     AcquireResult, Backoff, Capabilities, Error, ErrorKind, Fairness, FencingToken, HolderInfo,

@@ -31,6 +31,8 @@ pub(crate) struct Handle {
     purpose: HoldPurpose,
     /// A transition window added to every lease (an election's; zero for locks).
     transition: Duration,
+    /// A semaphore's total permits (zero for locks).
+    capacity: u32,
     /// The current hold of this handle (shared by its clones), if any.
     current: Mutex<Option<Arc<Hold>>>,
     /// Serialises remote acquires of this handle's clones, so they re-enter instead
@@ -90,6 +92,7 @@ impl DistributeLock {
                 context,
                 purpose,
                 transition: Duration::ZERO,
+                capacity: 0,
                 current: Mutex::new(None),
                 gate: tokio::sync::Mutex::new(()),
             }),
@@ -110,6 +113,14 @@ impl DistributeLock {
     pub(crate) fn with_transition(mut self, transition: Duration) -> Self {
         if let Some(handle) = Arc::get_mut(&mut self.handle) {
             handle.transition = transition;
+        }
+        self
+    }
+
+    /// Names the semaphore total of every acquire of this (new) handle.
+    pub(crate) fn with_capacity(mut self, capacity: u32) -> Self {
+        if let Some(handle) = Arc::get_mut(&mut self.handle) {
+            handle.capacity = capacity;
         }
         self
     }
@@ -243,7 +254,8 @@ impl DistributeLock {
                 .with_fairness(self.handle.fairness)
                 .with_context(self.handle.context.clone())
                 .with_purpose(self.handle.purpose)
-                .with_transition(transition);
+                .with_transition(transition)
+                .with_capacity(self.handle.capacity);
             let mut ctx = AcquireContext::new(request, manager.chain.resource().backend_name());
             let sent_at = ctx.started;
             // Dropped while the backend may be granting, the grant is given back.

@@ -17,6 +17,7 @@ use tokio::sync::watch;
 use crate::election::{Contender, Contention, Election};
 use crate::hold::Hold;
 use crate::lock::{DistributeLock, LockGroup, ReadWriteLock};
+use crate::semaphore::Semaphore;
 use crate::watchdog::Watchdog;
 
 /// Defaults every lock of a manager starts from.
@@ -332,6 +333,14 @@ impl DistributeLockManager {
     pub fn contend<C: Contender>(&self, name: &str, contender: C) -> Result<Contention> {
         self.election(name)
             .contend_as(self.inner.config.context.clone(), contender)
+    }
+
+    /// The semaphore `name` with `permits` permits in total (every client must name
+    /// the same total while it is in use; see [`Semaphore`]). Needs a backend with
+    /// semaphores ([`Capabilities::semaphore`]); others refuse its acquires with
+    /// [`ErrorKind::Unsupported`].
+    pub fn semaphore(&self, name: &str, permits: u32) -> Semaphore {
+        Semaphore::new(self.clone(), name, permits)
     }
 
     /// Who holds `name` and how many wait, straight from the backend.

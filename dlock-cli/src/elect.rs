@@ -5,9 +5,9 @@ use std::time::Duration;
 
 use clap::Args;
 
-use crate::exec::{code_of, supervise, Outcome};
-use crate::exit::{Failure, LOCK_LOST, NOT_ACQUIRED};
+use crate::exit::Failure;
 use crate::parse_duration;
+use crate::supervise::{not_acquired, run_holding, RunArgs};
 
 #[derive(Args, Debug)]
 pub(crate) struct ElectArgs {
@@ -19,12 +19,8 @@ pub(crate) struct ElectArgs {
     /// Give up if not leading within this long (exit 75); default: wait as long as it takes.
     #[arg(long, value_parser = parse_duration)]
     wait: Option<Duration>,
-    /// The term's lease, renewed every lease/3 while the command runs.
-    #[arg(long, default_value = "30s", value_parser = parse_duration)]
-    lease: Duration,
-    /// The command and its arguments, after `--`.
-    #[arg(last = true, required = true)]
-    command: Vec<String>,
+    #[command(flatten)]
+    run: RunArgs,
 }
 
 pub(crate) async fn run(
@@ -32,7 +28,7 @@ pub(crate) async fn run(
     namespace: &str,
     args: ElectArgs,
 ) -> Result<ExitCode, Failure> {
-    let manager = crate::connect(backend, namespace, Some(args.lease)).await?;
+    let manager = crate::connect(backend, namespace, Some(args.run.lease)).await?;
     let election = manager.election(&args.name);
     let value = args
         .value
@@ -43,51 +39,12 @@ pub(crate) async fn run(
     };
     let Some(leadership) = campaign.map_err(Failure::from)? else {
         manager.close().await;
-        return Err(Failure::new(
-            NOT_ACQUIRED,
-            format!(
-                "{}: not leading within {}",
-                args.name,
-                humantime::format_duration(args.wait.unwrap_or_default())
-            ),
+        return Err(not_acquired(
+            &args.name,
+            "leadership",
+            args.wait.unwrap_or_default(),
         ));
     };
-    let env = [
-        (
-            "DLOCK_FENCING_TOKEN",
-            leadership.fencing_token().to_string(),
-        ),
-        ("DLOCK_LEADER_VALUE", value),
-    ];
-    let what = format!("{}: leadership", args.name);
-    let outcome = match supervise(&what, &args.command, &env, leadership.lost()).await {
-        Ok(outcome) => outcome,
-        Err(failure) => {
-            let _ = leadership.resign().await;
-            manager.close().await;
-            return Err(failure);
-        }
-    };
-    let code = match outcome {
-        Outcome::Exited(status) => match leadership.resign().await {
-            Ok(()) => code_of(status),
-            Err(e) => {
-                eprintln!(
-                    "dlock: {}: the command finished but the leadership was not held to the end: {e}",
-                    args.name
-                );
-                LOCK_LOST
-            }
-        },
-        Outcome::Lost(_) => {
-            drop(leadership);
-            LOCK_LOST
-        }
-        Outcome::Signalled(_) => {
-            let _ = leadership.resign().await;
-            outcome.stop_code().unwrap_or(1)
-        }
-    };
-    manager.close().await;
-    Ok(ExitCode::from(code))
+    let env = vec![("DLOCK_LEADER_VALUE", value)];
+    run_holding(manager, &args.name, &args.run.command, env, leadership).await
 }

@@ -7,7 +7,9 @@ mod demo;
 mod elect;
 mod exec;
 mod exit;
+mod sem;
 mod status;
+mod supervise;
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -57,7 +59,10 @@ enum Command {
     /// Runs a command while this process leads an election (stopped if the
     /// leadership is lost; exit codes as for exec).
     Elect(elect::ElectArgs),
-    /// Shows who holds a lock (or leads the election of that name).
+    /// Runs a command while holding permits of a semaphore (exit codes as for exec).
+    Sem(sem::SemArgs),
+    /// Shows who holds a lock (or leads the election, or holds the semaphore's
+    /// permits, of that name).
     Status {
         /// The lock name.
         name: String,
@@ -149,6 +154,7 @@ async fn main() -> ExitCode {
         Command::Worker(args) => demo::worker(&cli.backend, &cli.namespace, args).await,
         Command::Exec(args) => exec::run(&cli.backend, &cli.namespace, args).await,
         Command::Elect(args) => elect::run(&cli.backend, &cli.namespace, args).await,
+        Command::Sem(args) => sem::run(&cli.backend, &cli.namespace, args).await,
         Command::Status { name } => status::status(&cli.backend, &cli.namespace, &name).await,
         Command::Unlock { name, force } => {
             status::unlock(&cli.backend, &cli.namespace, &name, force).await

@@ -494,3 +494,56 @@ async fn elect_runs_one_leader_at_a_time() {
     assert!(String::from_utf8_lossy(&status.stderr).contains("leadership lost"));
     holder.close().await;
 }
+
+/// `dlock sem` runs the command holding permits and passes its exit status and the
+/// fencing token (memory backend: semaphores live in the process); a backend
+/// without semaphores refuses with 64 and says so; a bad count is refused.
+#[test]
+fn sem_runs_the_command_holding_permits() {
+    let ns = namespace();
+    let out = dlock(
+        "memory://",
+        &ns,
+        &[
+            "sem",
+            "pool",
+            "--permits",
+            "3",
+            "--take",
+            "2",
+            "--",
+            "sh",
+            "-c",
+            "test -n \"$DLOCK_FENCING_TOKEN\" && exit 5",
+        ],
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(5),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = dlock(
+        "memory://",
+        &ns,
+        &["sem", "pool", "--permits", "3", "--take", "4", "--", "true"],
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(64),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = dlock(
+        &sqlite_url(),
+        &ns,
+        &["sem", "pool", "--permits", "3", "--", "true"],
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(64),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no semaphores"));
+}

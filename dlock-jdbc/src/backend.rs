@@ -404,6 +404,7 @@ impl JdbcBackend {
                 match req.mode {
                     LockMode::Exclusive => backend.try_exclusive(&req).await,
                     LockMode::Shared => backend.try_shared(&req).await,
+                    LockMode::Permits(_) => Err(Error::no_semaphores(backend.backend())),
                 }
             })
             .await;
@@ -513,8 +514,9 @@ impl JdbcBackend {
                 .map_err(self.err("acquire"))?;
         }
         let mode = match mode {
-            LockMode::Exclusive => "x",
             LockMode::Shared => "s",
+            // (Permits never get here: acquires of them are refused.)
+            LockMode::Exclusive | LockMode::Permits(_) => "x",
         };
         let params = [
             name,
@@ -573,6 +575,9 @@ impl LockRemoteResource for JdbcBackend {
     }
 
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<AcquireResult> {
+        if req.mode.permits().is_some() {
+            return Err(Error::no_semaphores(self.backend()));
+        }
         let backoff: Backoff = self.inner.options.backoff;
         // Subscribe before the first attempt, so a release between the attempt and
         // the wait is not missed.
@@ -707,6 +712,8 @@ impl JdbcBackend {
                     query!(&s.release_exclusive, &[name, owner]).execute(p).await.map(|r| r.rows_affected() == 1)
                 }
             }),
+            // Never granted here (acquires of permits are refused): not the owner.
+            LockMode::Permits(_) => Ok(false),
             LockMode::Shared => on_pool!(&self.inner.pool, p => {
                 async {
                     let mut tx = p.begin().await?;
@@ -753,6 +760,7 @@ impl JdbcBackend {
             LockMode::Exclusive => on_pool!(&self.inner.pool, p => {
                 query!(renew_exclusive, &exclusive).execute(p).await.map(|r| r.rows_affected() == 1)
             }),
+            LockMode::Permits(_) => Ok(false),
             LockMode::Shared => on_pool!(&self.inner.pool, p => {
                 async {
                     let mut tx = p.begin().await?;

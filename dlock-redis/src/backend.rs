@@ -441,7 +441,9 @@ fn owner_call<'s>(
     shared: &'s redis::Script,
 ) -> ScriptCall<'s> {
     match mode {
-        LockMode::Exclusive => {
+        // (Permits are never granted here: their acquires are refused; a release
+        // or renewal of them answers "not the owner".)
+        LockMode::Exclusive | LockMode::Permits(_) => {
             let mut call = keys.invocation(exclusive, exclusive_keys);
             call.arg(OwnerPart(holder));
             call
@@ -507,6 +509,9 @@ impl LockRemoteResource for RedisBackend {
     }
 
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<AcquireResult> {
+        if req.mode.permits().is_some() {
+            return Err(Error::no_semaphores("redis"));
+        }
         let keys = self.keys(&req.name);
         // The grant's identity is what the scripts store and compare as the "owner".
         let holder = req.holder();
@@ -646,7 +651,7 @@ impl LockRemoteResource for RedisBackend {
         );
         inv.arg(ms(req.lease));
         match (&req.context, req.mode) {
-            (Some(context), LockMode::Exclusive) => {
+            (Some(context), LockMode::Exclusive | LockMode::Permits(_)) => {
                 inv.arg(HolderValue(
                     OwnerPart(req.holder().as_str()),
                     context.as_ref(),

@@ -18,6 +18,8 @@ pub struct Capabilities {
     pub reentrant: bool,
     /// `Fairness::Fair` is honoured (grants in arrival order).
     pub fair: bool,
+    /// `LockMode::Permits` is supported (semaphores), granted in arrival order.
+    pub semaphore: bool,
     /// `LockMode::Shared` is supported (read-write locks).
     pub shared: bool,
     /// Waiters are woken by the backend when the lock frees (no polling), one at a time.

@@ -446,6 +446,21 @@ impl HandlerChain {
             ))
             .with_context("lock", &req.name));
         }
+        if let LockMode::Permits(n) = req.mode {
+            if !caps.semaphore {
+                return Err(Error::unsupported(format!(
+                    "the {backend} backend has no semaphores yet; use a backend that has them (memory) or a lock"
+                ))
+                .with_context("lock", &req.name));
+            }
+            if n == 0 || n > req.capacity {
+                return Err(Error::invalid_argument(format!(
+                    "asked for {n} permit(s) of a semaphore of {}; ask for 1 to {} permits",
+                    req.capacity, req.capacity
+                ))
+                .with_context("lock", &req.name));
+            }
+        }
         if req.fairness == Fairness::Fair && !caps.fair {
             return Err(Error::unsupported(format!(
                 "the {backend} backend cannot grant in arrival order; use non-fair mode or a backend with fair locks"

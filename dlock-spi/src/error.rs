@@ -82,6 +82,14 @@ pub struct Error {
 }
 
 impl Error {
+    /// The error of a backend without semaphores asked for permits (called directly,
+    /// past the chain's head, which refuses them first).
+    pub fn no_semaphores(backend: &str) -> Self {
+        Error::unsupported(format!(
+            "the {backend} backend has no semaphores yet; use a backend that has them (memory) or a lock"
+        ))
+    }
+
     /// Creates an error of `kind` with a message. Retryability defaults by kind
     /// (`Backend` and `Timeout` are retryable; the rest are not).
     pub fn new(kind: ErrorKind, message: impl Into<Cow<'static, str>>) -> Self {

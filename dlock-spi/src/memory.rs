@@ -59,6 +59,9 @@ struct State {
 struct Entry {
     holders: Vec<Holder>,
     waiters: VecDeque<Waiter>,
+    /// A semaphore's total permits, set by the first permit request while it has no
+    /// permit holders or waiters.
+    capacity: u32,
 }
 
 struct Holder {
@@ -126,17 +129,36 @@ impl Entry {
                 self.holders.iter().all(|h| h.mode == LockMode::Shared)
                     && !ahead.any(|w| w.mode == LockMode::Exclusive)
             }
+            // Permits go in arrival order, whatever the fairness: a request for many
+            // is never starved by a stream of requests for few.
+            LockMode::Permits(n) => {
+                let mut used = 0u64;
+                for h in &self.holders {
+                    match h.mode.permits() {
+                        Some(p) => used += u64::from(p),
+                        None => return false,
+                    }
+                }
+                pos == 0 && used + u64::from(n) <= u64::from(self.capacity)
+            }
         }
     }
 
+    /// Whether the semaphore has permit holders or waiters (its total is then fixed).
+    fn has_permit_state(&self) -> bool {
+        self.holders.iter().any(|h| h.mode.permits().is_some())
+            || self.waiters.iter().any(|w| w.mode.permits().is_some())
+    }
+
     /// Wakes the first waiter that is not already woken, and the run of shared
-    /// waiters right behind a shared one. Never wakes an exclusive waiter behind
-    /// another waiter: it could not take the lock anyway.
+    /// waiters right behind a shared one. Never wakes an exclusive (or permit)
+    /// waiter behind another waiter: it could not take the lock anyway (a permit
+    /// waiter that is granted wakes the next one itself while permits remain).
     fn wake_next(&mut self) {
         let mut shared_run = false;
         for (i, w) in self.waiters.iter_mut().enumerate() {
             if w.woken {
-                if w.mode == LockMode::Exclusive {
+                if w.mode != LockMode::Shared {
                     return;
                 }
                 shared_run = true;
@@ -145,7 +167,7 @@ impl Entry {
             if i == 0 || (shared_run && w.mode == LockMode::Shared) {
                 w.woken = true;
                 w.notify.notify_one();
-                if w.mode == LockMode::Exclusive {
+                if w.mode != LockMode::Shared {
                     return;
                 }
                 shared_run = true;
@@ -199,6 +221,7 @@ impl Shared {
 
 enum Step {
     Done(AcquireResult),
+    Fail(crate::Error),
     Park {
         notify: Arc<Notify>,
         wake_at: Option<Instant>,
@@ -287,6 +310,28 @@ impl InMemoryBackend {
             return Step::Done(result);
         }
 
+        if req.mode.permits().is_some() {
+            // One total per semaphore: set while it is idle, refused when it differs.
+            if !entry.has_permit_state() {
+                entry.capacity = req.capacity;
+            } else if entry.capacity != req.capacity {
+                let held = entry.capacity;
+                if let Some(id) = slot.id.take() {
+                    entry.remove_waiter(id);
+                    entry.wake_next();
+                }
+                if entry.is_idle() {
+                    state.locks.remove(&req.name);
+                }
+                return Step::Fail(
+                    crate::Error::invalid_argument(format!(
+                        "semaphore has {held} permits while it is in use; this handle asks with {}: use the same total everywhere (it can change once the semaphore is idle)",
+                        req.capacity
+                    ))
+                    .with_context("lock", &req.name),
+                );
+            }
+        }
         let pos = entry.position(slot.id);
         if entry.grantable(req.mode, req.fairness, pos, now) {
             if let Some(id) = slot.id.take() {
@@ -305,8 +350,9 @@ impl InMemoryBackend {
                 context: req.context.clone(),
             });
             ping(&state.followers, &req.name);
-            if req.mode == LockMode::Shared {
-                // Readers queued behind this one can hold together with it.
+            if req.mode != LockMode::Exclusive {
+                // Readers queued behind this one can hold together with it; the next
+                // permit waiter may fit in what is left.
                 entry.wake_next();
             }
             return Step::Done(AcquireResult::acquired(
@@ -381,6 +427,7 @@ impl LockRemoteResource for InMemoryBackend {
             reentrant: true,
             fair: true,
             shared: true,
+            semaphore: true,
             push_wakeup: true,
             fencing: true,
             max_name_len: None,
@@ -396,6 +443,7 @@ impl LockRemoteResource for InMemoryBackend {
         loop {
             match self.step(req, &mut slot) {
                 Step::Done(result) => return Ok(result),
+                Step::Fail(err) => return Err(err),
                 Step::Park { notify, wake_at } => {
                     let notified = notify.notified();
                     match wake_at {

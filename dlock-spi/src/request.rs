@@ -36,6 +36,12 @@ pub struct AcquireRequest {
     /// What the hold is for; backends may lay leadership terms out differently
     /// (same semantics).
     pub purpose: HoldPurpose,
+    /// For [`LockMode::Permits`]: the semaphore's total permits. Every holder and
+    /// waiter of one semaphore must name the same total; a request naming another
+    /// while the semaphore has holders or waiters is refused with
+    /// [`crate::ErrorKind::InvalidArgument`] (once it is idle, the next request sets
+    /// it). 0 for locks.
+    pub capacity: u32,
     /// The last part of `lease` that is a transition window (Simba's
     /// `transition_at`; zero for none): the holder counts itself suspended in it and
     /// may still renew, nobody else may take the hold before `lease` ends. Backends
@@ -58,8 +64,15 @@ impl AcquireRequest {
             fairness: Fairness::NonFair,
             context: Bytes::new(),
             purpose: HoldPurpose::Lock,
+            capacity: 0,
             transition: Duration::ZERO,
         }
+    }
+
+    /// Sets the semaphore's total permits (for [`LockMode::Permits`]).
+    pub fn with_capacity(mut self, capacity: u32) -> Self {
+        self.capacity = capacity;
+        self
     }
 
     /// Sets the transition window at the end of the lease.

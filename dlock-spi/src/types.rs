@@ -142,7 +142,7 @@ impl fmt::Debug for HolderKey {
     }
 }
 
-/// Exclusive (write) or shared (read) ownership.
+/// Exclusive (write) or shared (read) ownership, or permits of a semaphore.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum LockMode {
     /// One holder at a time.
@@ -150,21 +150,38 @@ pub enum LockMode {
     Exclusive,
     /// Many holders together, but never alongside an exclusive holder.
     Shared,
+    /// This many permits of a semaphore: holders together as long as their permits
+    /// add up to at most the semaphore's total ([`crate::AcquireRequest::capacity`]).
+    /// Only backends with [`crate::Capabilities::semaphore`] see it (the chain's head
+    /// refuses it for the others).
+    Permits(u32),
 }
 
 impl LockMode {
-    /// `"exclusive"` or `"shared"`.
+    /// `"exclusive"`, `"shared"` or `"permits"`.
     pub fn as_str(self) -> &'static str {
         match self {
             LockMode::Exclusive => "exclusive",
             LockMode::Shared => "shared",
+            LockMode::Permits(_) => "permits",
+        }
+    }
+
+    /// The permits a hold in this mode takes (`None` for locks).
+    pub fn permits(self) -> Option<u32> {
+        match self {
+            LockMode::Permits(n) => Some(n),
+            LockMode::Exclusive | LockMode::Shared => None,
         }
     }
 }
 
 impl fmt::Display for LockMode {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+        match self {
+            LockMode::Permits(n) => write!(f, "permits({n})"),
+            _ => f.write_str(self.as_str()),
+        }
     }
 }
 

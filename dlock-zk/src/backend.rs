@@ -437,6 +437,9 @@ impl LockRemoteResource for ZkBackend {
     }
 
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<AcquireResult> {
+        if req.mode.permits().is_some() {
+            return Err(Error::no_semaphores("zookeeper"));
+        }
         let sessions = &self.inner.sessions;
         let mut ended = None;
         for _ in 0..MAX_ENQUEUES {

@@ -154,8 +154,9 @@ pub(crate) fn node_prefix(
     let marker = match (mode, purpose, exclusive) {
         (LockMode::Shared, _, _) => READ_MARKER,
         (LockMode::Exclusive, HoldPurpose::Leadership, _) => LATCH_MARKER,
-        (LockMode::Exclusive, _, ExclusiveNode::Mutex) => MUTEX_MARKER,
-        (LockMode::Exclusive, _, ExclusiveNode::ReadWrite) => WRITE_MARKER,
+        // (Permits are refused before a node is made.)
+        (LockMode::Exclusive | LockMode::Permits(_), _, ExclusiveNode::Mutex) => MUTEX_MARKER,
+        (LockMode::Exclusive | LockMode::Permits(_), _, ExclusiveNode::ReadWrite) => WRITE_MARKER,
     };
     format!("{}{marker}", protected_prefix(holder))
 }
@@ -219,7 +220,9 @@ pub(crate) fn contenders(children: &[String]) -> Vec<Contender> {
 pub(crate) fn standing(queue: &[Contender], index: usize) -> Result<Option<&Contender>, ()> {
     let me = queue.get(index).ok_or(())?;
     match me.mode {
-        LockMode::Exclusive => Ok(index.checked_sub(1).and_then(|i| queue.get(i))),
+        LockMode::Exclusive | LockMode::Permits(_) => {
+            Ok(index.checked_sub(1).and_then(|i| queue.get(i)))
+        }
         LockMode::Shared => Ok(queue[..index]
             .iter()
             .find(|c| c.mode == LockMode::Exclusive)),

@@ -48,4 +48,7 @@ cases!(
     observers_see_every_change_in_order,
     contenders_hand_over_without_overlap,
     a_leader_in_transition_keeps_its_term,
+    semaphore_permits_never_exceed_the_total,
+    semaphore_serves_in_order_and_recovers_dead_permits,
+    semaphore_totals_must_agree,
 );

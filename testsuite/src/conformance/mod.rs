@@ -30,6 +30,11 @@ pub use election::{
     leadership_moves_on, observers_see_every_change_in_order, one_leader_at_a_time, FencedRegister,
     HANDOVER_BOUND,
 };
+mod semaphore;
+pub use semaphore::{
+    semaphore_permits_never_exceed_the_total, semaphore_serves_in_order_and_recovers_dead_permits,
+    semaphore_totals_must_agree,
+};
 mod waiters;
 pub use waiters::{a_leaving_writer_lets_readers_in, cancelled_lock_leaves_nothing};
 
@@ -993,4 +998,7 @@ pub const CASES: &[&str] = &[
     "observers_see_every_change_in_order",
     "contenders_hand_over_without_overlap",
     "a_leader_in_transition_keeps_its_term",
+    "semaphore_permits_never_exceed_the_total",
+    "semaphore_serves_in_order_and_recovers_dead_permits",
+    "semaphore_totals_must_agree",
 ];

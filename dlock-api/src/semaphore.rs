@@ -1,0 +1,207 @@
+//! Semaphores: a name with N permits; each acquisition takes some of them and is a
+//! hold like a lock guard's — lease renewed by the watchdog, fencing token, lost
+//! signal, released on drop, cancel-safe.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use dlock_spi::{
+    Error, ErrorKind, Fairness, FencingToken, HoldPurpose, LockMode, LockName, LostReason, Result,
+};
+
+use crate::guard::{LockGuard, LostSignal};
+use crate::lock::DistributeLock;
+use crate::manager::DistributeLockManager;
+
+/// A distributed semaphore: at most [`permits`](Self::permits) permits are held at
+/// once across all clients. Waiters are served in arrival order (a request for many
+/// permits is not starved by requests for few); a holder that dies gives its permits
+/// back when its lease runs out (its session ends, on ZooKeeper).
+///
+/// The total is a property of the semaphore while it is in use: every client must
+/// name the same total; a different one is refused with
+/// [`ErrorKind::InvalidArgument`] while anyone holds or waits, and takes effect once
+/// the semaphore is idle.
+///
+/// ```
+/// # async fn demo() -> dlock_api::Result<()> {
+/// use std::time::Duration;
+/// use dlock_api::DistributeLockManager;
+///
+/// let manager = DistributeLockManager::connect("memory://").await?;
+/// let pool = manager.semaphore("db-connections", 10);
+/// let permit = pool.acquire(2).await?;             // waits for 2 of the 10
+/// assert!(pool.try_acquire(9, Duration::ZERO).await?.is_none());
+/// permit.release().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Semaphore {
+    manager: DistributeLockManager,
+    name: String,
+    permits: u32,
+}
+
+impl Semaphore {
+    pub(crate) fn new(manager: DistributeLockManager, name: &str, permits: u32) -> Self {
+        Semaphore {
+            manager,
+            name: name.to_owned(),
+            permits,
+        }
+    }
+
+    /// The semaphore's total permits.
+    pub fn permits(&self) -> u32 {
+        self.permits
+    }
+
+    /// The full (namespaced) name, or why it is invalid.
+    pub fn name(&self) -> Result<LockName> {
+        self.manager.inner.full_name(&self.name)
+    }
+
+    fn holder(&self, n: u32) -> Result<DistributeLock> {
+        if n == 0 || n > self.permits {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                format!(
+                    "asked for {n} permit(s) of a semaphore of {}; ask for 1 to {}",
+                    self.permits, self.permits
+                ),
+            )
+            .with_context("lock", &self.name));
+        }
+        let inner = &self.manager.inner;
+        Ok(DistributeLock::with_context(
+            Arc::clone(inner),
+            inner.full_name(&self.name),
+            LockMode::Permits(n),
+            Fairness::Fair,
+            inner.config.context.clone(),
+            HoldPurpose::Lock,
+        )
+        .with_capacity(self.permits))
+    }
+
+    /// Waits until `n` permits are free and takes them (renewed by the watchdog
+    /// until released). Fails with [`ErrorKind::Closed`] when the manager closes.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: dropped while waiting, the request leaves the queue (the next
+    /// waiter may go); dropped after the backend may have granted, the permits are
+    /// given back in the background.
+    pub async fn acquire(&self, n: u32) -> Result<SemaphorePermit> {
+        let guard = self.holder(n)?.lock().await?;
+        Ok(SemaphorePermit { guard, n })
+    }
+
+    /// Like [`acquire`](Self::acquire), giving up after `wait` (`Ok(None)`).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`acquire`](Self::acquire).
+    pub async fn try_acquire(&self, n: u32, wait: Duration) -> Result<Option<SemaphorePermit>> {
+        let guard = self.holder(n)?.try_lock(wait).await?;
+        Ok(guard.map(|guard| SemaphorePermit { guard, n }))
+    }
+
+    /// How many permits are held now, straight from the backend.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: it only reads.
+    pub async fn held(&self) -> Result<u32> {
+        let state = self.manager.inspect(&self.name).await?;
+        Ok(state
+            .map(|s| s.holders.iter().filter_map(|h| h.mode.permits()).sum())
+            .unwrap_or(0))
+    }
+}
+
+impl fmt::Debug for Semaphore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Semaphore")
+            .field("name", &self.name)
+            .field("permits", &self.permits)
+            .finish()
+    }
+}
+
+/// Permits held; from [`Semaphore::acquire`]. Release with
+/// [`release`](Self::release); dropping it releases in the background.
+#[must_use = "dropping the permit releases it at once"]
+pub struct SemaphorePermit {
+    guard: LockGuard,
+    n: u32,
+}
+
+impl SemaphorePermit {
+    /// How many permits this holds.
+    pub fn permits(&self) -> u32 {
+        self.n
+    }
+
+    /// The fencing token of this acquisition, greater than every earlier one's of
+    /// the semaphore.
+    pub fn fencing_token(&self) -> FencingToken {
+        self.guard.fencing_token()
+    }
+
+    /// When the acquisition that was granted was sent.
+    pub fn acquired_at(&self) -> Instant {
+        self.guard.acquired_at()
+    }
+
+    /// Whether the permits are lost (lease passed without renewal, removed, session
+    /// ended, manager closed).
+    pub fn is_lost(&self) -> bool {
+        self.guard.is_lost()
+    }
+
+    /// Why the permits were lost, if they were.
+    pub fn lost_reason(&self) -> Option<LostReason> {
+        self.guard.lost_reason()
+    }
+
+    /// Completes when the permits are lost (at once if they are).
+    pub async fn lost(&self) -> LostReason {
+        self.guard.lost().await
+    }
+
+    /// An owned lost signal, for another task.
+    pub fn lost_signal(&self) -> LostSignal {
+        self.guard.lost_signal()
+    }
+
+    /// Whether the backend's connection is down while the permits may still be held
+    /// (session-bound backends).
+    pub fn is_suspended(&self) -> bool {
+        self.guard.is_suspended()
+    }
+
+    /// Gives the permits back; the next waiter is woken.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: dropped before it completes, the release goes on in the
+    /// background.
+    ///
+    /// Errors as [`LockGuard::unlock`].
+    pub async fn release(self) -> Result<()> {
+        self.guard.unlock().await
+    }
+}
+
+impl fmt::Debug for SemaphorePermit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SemaphorePermit")
+            .field("name", self.guard.name())
+            .field("permits", &self.n)
+            .field("token", &self.fencing_token())
+            .field("lost", &self.lost_reason())
+            .finish()
+    }
+}

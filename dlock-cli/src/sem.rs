@@ -1,0 +1,42 @@
+//! `dlock sem`: run a command while holding permits of a semaphore.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Args;
+
+use crate::exit::Failure;
+use crate::parse_duration;
+use crate::supervise::{not_acquired, run_holding, RunArgs};
+
+#[derive(Args, Debug)]
+pub(crate) struct SemArgs {
+    /// The semaphore's name (`dlock status NAME` shows the permit holders).
+    name: String,
+    /// The semaphore's total permits (every user of the name must give the same).
+    #[arg(long)]
+    permits: u32,
+    /// How many permits this command takes.
+    #[arg(long, default_value_t = 1)]
+    take: u32,
+    /// How long to wait for the permits before giving up (exit 75).
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    wait: Duration,
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+pub(crate) async fn run(
+    backend: &str,
+    namespace: &str,
+    args: SemArgs,
+) -> Result<ExitCode, Failure> {
+    let manager = crate::connect(backend, namespace, Some(args.run.lease)).await?;
+    let semaphore = manager.semaphore(&args.name, args.permits);
+    let acquired = semaphore.try_acquire(args.take, args.wait).await;
+    let Some(permit) = acquired.map_err(Failure::from)? else {
+        manager.close().await;
+        return Err(not_acquired(&args.name, "permits", args.wait));
+    };
+    run_holding(manager, &args.name, &args.run.command, Vec::new(), permit).await
+}

@@ -1,0 +1,254 @@
+//! Semaphores: permits never exceed the total (and are really shared), waiters are
+//! served in arrival order, a dead holder's permits come back after its lease, and
+//! the total is a property of the semaphore while it is in use. A backend without
+//! semaphores must refuse them with `Unsupported`.
+
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use dlock_api::DistributeLockManager;
+use dlock_spi::ErrorKind;
+
+use super::{Env, FencedRegister};
+use crate::TestBackend;
+
+/// True when the backend has semaphores; otherwise checks that it refuses them, as
+/// a backend without them must, and the case ends there.
+async fn has_semaphores(env: &Env, m: &DistributeLockManager) -> bool {
+    if m.capabilities().semaphore {
+        return true;
+    }
+    let err = m
+        .semaphore("refused", 2)
+        .try_acquire(1, Duration::ZERO)
+        .await
+        .expect_err("a backend without semaphores refuses permits");
+    assert_eq!(err.kind(), ErrorKind::Unsupported);
+    env.assert_no_leaks().await;
+    false
+}
+
+/// 6 tasks on 3 clients take 1 or 2 of 3 permits, 60 times in all: the permits in
+/// use never exceed 3, and holders really overlap (it is not a mutex). Every grant's
+/// token is accepted by a fenced register (tokens grow).
+pub async fn semaphore_permits_never_exceed_the_total(backend: Arc<dyn TestBackend>) {
+    const TOTAL: u32 = 3;
+    const GRANTS: usize = 60;
+    let env = Env::new(backend);
+    let managers = [
+        env.manager().await,
+        env.manager().await,
+        env.manager().await,
+    ];
+    if !has_semaphores(&env, &managers[0]).await {
+        for m in &managers {
+            m.close().await;
+        }
+        return;
+    }
+    let in_use = Arc::new(AtomicU32::new(0));
+    let most = Arc::new(AtomicU32::new(0));
+    let over = Arc::new(AtomicUsize::new(0));
+    let grants = Arc::new(AtomicUsize::new(0));
+    let register = Arc::new(FencedRegister::default());
+    let mut tasks = Vec::new();
+    for t in 0..6 {
+        let sem = managers[t % 3].semaphore("pool", TOTAL);
+        let (in_use, most, over, grants, register) = (
+            Arc::clone(&in_use),
+            Arc::clone(&most),
+            Arc::clone(&over),
+            Arc::clone(&grants),
+            Arc::clone(&register),
+        );
+        tasks.push(tokio::spawn(async move {
+            while grants.fetch_add(1, Ordering::SeqCst) < GRANTS {
+                let n = 1 + u32::from(fastrand::bool());
+                let permit = sem
+                    .try_acquire(n, Duration::from_secs(30))
+                    .await
+                    .expect("acquire without error")
+                    .expect("permits within 30 s");
+                assert_eq!(permit.permits(), n);
+                register.write(permit.fencing_token());
+                let now = in_use.fetch_add(n, Ordering::SeqCst) + n;
+                most.fetch_max(now, Ordering::SeqCst);
+                if now > TOTAL {
+                    over.fetch_add(1, Ordering::SeqCst);
+                }
+                tokio::time::sleep(Duration::from_millis(fastrand::u64(2..=15))).await;
+                in_use.fetch_sub(n, Ordering::SeqCst);
+                permit.release().await.expect("release");
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("task");
+    }
+    assert_eq!(
+        over.load(Ordering::SeqCst),
+        0,
+        "more than {TOTAL} permits in use"
+    );
+    assert!(
+        most.load(Ordering::SeqCst) >= 2,
+        "holders never overlapped: the semaphore acted as a mutex"
+    );
+    assert_eq!(register.counts(), (GRANTS, 0), "a grant reused a token");
+    assert_eq!(
+        managers[0]
+            .semaphore("pool", TOTAL)
+            .held()
+            .await
+            .expect("held"),
+        0
+    );
+    let refs: Vec<&DistributeLockManager> = managers.iter().collect();
+    env.finish(&refs).await;
+}
+
+/// Waiters are served in arrival order: with a waiter for 2 queued, a newcomer for
+/// 1 does not pass it even when 1 is free, and a waiter for 1 queued after it is
+/// served after it.
+/// A holder that stops renewing (a dead process) loses its permits after its lease
+/// — its lost signal first — and they come back to the queue.
+pub async fn semaphore_serves_in_order_and_recovers_dead_permits(backend: Arc<dyn TestBackend>) {
+    let env = Env::new(backend);
+    let live = env.manager().await;
+    if !has_semaphores(&env, &live).await {
+        live.close().await;
+        return;
+    }
+    let dead = env
+        .manager_with(|b| b.lease(Duration::from_millis(600)).watchdog(false))
+        .await;
+    // The dead holder takes 1, a live holder the other 1 of 2.
+    let lapsing = dead
+        .semaphore("queue", 2)
+        .try_acquire(1, Duration::ZERO)
+        .await
+        .expect("acquire")
+        .expect("a free permit");
+    let lost = lapsing.lost_signal();
+    let lost_at = tokio::spawn(async move {
+        lost.lost().await;
+        Instant::now()
+    });
+    let held = live
+        .semaphore("queue", 2)
+        .try_acquire(1, Duration::ZERO)
+        .await
+        .expect("acquire")
+        .expect("the second permit");
+    // B wants both, queued first; C wants one, queued after B.
+    let sem = live.semaphore("queue", 2);
+    let b = tokio::spawn({
+        let sem = sem.clone();
+        async move {
+            let p = sem.acquire(2).await.expect("B acquires");
+            (p, Instant::now())
+        }
+    });
+    let queued = super::eventually(Duration::from_secs(5), || async {
+        live.inspect("queue")
+            .await
+            .ok()
+            .flatten()
+            .and_then(|s| s.waiters)
+            .unwrap_or(0)
+            >= 1
+    })
+    .await;
+    assert!(queued, "B never showed as waiting");
+    // The dead holder's permit lapses (its lost signal first): one is free, but a
+    // newcomer for 1 may not pass B, queued first for 2.
+    let lost_at = tokio::time::timeout(Duration::from_secs(5), lost_at)
+        .await
+        .expect("the dead holder's lost signal fires")
+        .expect("task");
+    let lapsed = super::eventually(Duration::from_secs(5), || async {
+        sem.held().await.is_ok_and(|n| n == 1)
+    })
+    .await;
+    assert!(lapsed, "the dead holder's permit did not come back");
+    let passing = sem.try_acquire(1, Duration::ZERO).await.expect("acquire");
+    assert!(
+        passing.is_none(),
+        "a newcomer passed B, who was queued first"
+    );
+    let c = tokio::spawn({
+        let sem = sem.clone();
+        async move {
+            let p = sem.acquire(1).await.expect("C acquires");
+            (p, Instant::now())
+        }
+    });
+    held.release().await.expect("release");
+    let (pb, b_at) = tokio::time::timeout(Duration::from_secs(5), b)
+        .await
+        .expect("B gets both permits once they are free")
+        .expect("task");
+    assert!(
+        lost_at <= b_at,
+        "the dead holder learned of its loss after B was granted"
+    );
+    assert!(!c.is_finished(), "C got a permit while B held both");
+    pb.release().await.expect("release");
+    let (pc, _) = tokio::time::timeout(Duration::from_secs(5), c)
+        .await
+        .expect("C gets its permit after B")
+        .expect("task");
+    pc.release().await.expect("release");
+    drop(lapsing);
+    env.finish(&[&live, &dead]).await;
+}
+
+/// The total is the semaphore's while it is in use: a different one is refused
+/// (and changes nothing), bad permit counts are refused, and once the semaphore is
+/// idle a new total takes effect.
+pub async fn semaphore_totals_must_agree(backend: Arc<dyn TestBackend>) {
+    let env = Env::new(backend);
+    let m = env.manager().await;
+    if !has_semaphores(&env, &m).await {
+        m.close().await;
+        return;
+    }
+    let three = m.semaphore("totals", 3);
+    let permit = three
+        .try_acquire(2, Duration::ZERO)
+        .await
+        .expect("acquire")
+        .expect("free");
+    let err = m
+        .semaphore("totals", 5)
+        .try_acquire(1, Duration::ZERO)
+        .await
+        .expect_err("another total while in use");
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+    assert!(three
+        .try_acquire(1, Duration::ZERO)
+        .await
+        .expect("acquire")
+        .is_some_and(|p| p.permits() == 1));
+    for bad in [0, 4] {
+        let err = three
+            .try_acquire(bad, Duration::ZERO)
+            .await
+            .expect_err("a bad permit count");
+        assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{bad}: {err}");
+    }
+    permit.release().await.expect("release");
+    // Idle now (the 1-permit guard above was dropped): a new total takes effect.
+    let five = m.semaphore("totals", 5);
+    let reset = super::eventually(Duration::from_secs(5), || async {
+        five.try_acquire(5, Duration::ZERO)
+            .await
+            .ok()
+            .flatten()
+            .is_some()
+    })
+    .await;
+    assert!(reset, "the idle semaphore did not take its new total");
+    env.finish(&[&m]).await;
+}
