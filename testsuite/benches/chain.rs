@@ -1,6 +1,7 @@
 //! What the handler chain costs: acquire+release on the in-memory backend called
 //! directly (the floor), through Head+Tail alone, through three pass-through handlers,
-//! and through the full user API (manager, handle, guard, watchdog registration).
+//! and through the full user API (manager, handle, guard, watchdog registration);
+//! and a semaphore's acquire + release against the lock's own cycle.
 //!
 //! Run: `cargo bench -p testsuite --bench chain`
 #![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
@@ -136,6 +137,32 @@ fn bench(c: &mut Criterion) {
         b.to_async(&rt).iter(|| async {
             let g = lock.try_lock(Duration::ZERO).await.unwrap().unwrap();
             g.unlock().await.unwrap();
+        })
+    });
+    group.finish();
+
+    // A semaphore's acquire + release against the lock's own cycle, same backend,
+    // user API, no handlers (issue 14's target: ≥ 0.8× the lock's cycles per second).
+    let mut group = c.benchmark_group("semaphore_vs_lock");
+    let plain = DistributeLockManager::builder(InMemoryBackend::new())
+        .build()
+        .unwrap();
+    let lock = plain.lock("bench");
+    group.bench_function("lock_try_lock_unlock", |b| {
+        b.to_async(&rt).iter(|| async {
+            let g = lock.try_lock(Duration::ZERO).await.unwrap().unwrap();
+            g.unlock().await.unwrap();
+        })
+    });
+    let semaphore = plain.semaphore("bench-sem", 4);
+    group.bench_function("semaphore_try_acquire_release", |b| {
+        b.to_async(&rt).iter(|| async {
+            let p = semaphore
+                .try_acquire(1, Duration::ZERO)
+                .await
+                .unwrap()
+                .unwrap();
+            p.release().await.unwrap();
         })
     });
     group.finish();
