@@ -105,3 +105,38 @@ async fn a_term_that_arrives_in_its_window_is_not_handed_out() {
     assert_eq!(got, None, "a term that arrived suspended was handed out");
     m.close().await;
 }
+
+/// The value of the stream's next change, within 3 s.
+async fn next<S>(changes: &mut S) -> Option<dlock_api::spi::Bytes>
+where
+    S: futures_util::Stream<Item = dlock_api::Result<Option<dlock_api::Leader>>> + Unpin,
+{
+    use futures_util::StreamExt as _;
+    tokio::time::timeout(Duration::from_secs(3), changes.next())
+        .await
+        .expect("a change within 3 s")
+        .expect("the stream goes on")
+        .expect("no error")
+        .map(|l| l.value)
+}
+
+/// `observe().into_stream()` yields the same changes as `changed()`: nobody, the
+/// leader, its proclaimed value, nobody — in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_observer_stream_yields_every_change_in_order() {
+    let m = DistributeLockManager::connect("memory://").await.unwrap();
+    let election = m.election("streamed");
+    let mut changes = Box::pin(election.observe().into_stream());
+    assert_eq!(next(&mut changes).await, None);
+    let term = election
+        .try_campaign("a", Duration::ZERO)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(next(&mut changes).await, Some("a".into()));
+    term.proclaim("b").await.unwrap();
+    assert_eq!(next(&mut changes).await, Some("b".into()));
+    term.resign().await.unwrap();
+    assert_eq!(next(&mut changes).await, None);
+    m.close().await;
+}
