@@ -24,8 +24,8 @@ use dlock_spi::{
 use futures_util::FutureExt as _;
 use tokio::sync::watch;
 
-use crate::guard::{LockGuard, LostSignal};
-use crate::lock::DistributeLock;
+use crate::guard::{hold_accessors, LockGuard, LostSignal};
+use crate::lock::{DistributeLock, HoldSpec};
 use crate::manager::DistributeLockManager;
 
 /// How often [`LeaderObserver`] asks the backend who leads when the backend cannot
@@ -117,28 +117,22 @@ impl Election {
         } else {
             Fairness::NonFair
         };
-        DistributeLock::with_context(
+        DistributeLock::with_spec(
             Arc::clone(inner),
             inner.full_name(&self.name),
             LockMode::Exclusive,
             fairness,
-            value,
-            HoldPurpose::Leadership,
+            HoldSpec {
+                context: value,
+                purpose: HoldPurpose::Leadership,
+                transition: self.transition,
+                capacity: 0,
+            },
         )
-        .with_transition(self.transition)
     }
 
     fn term(&self, guard: LockGuard, value: Bytes) -> Leadership {
-        Leadership::new(
-            guard,
-            value,
-            self.manager
-                .inner
-                .config
-                .lease
-                .saturating_add(self.transition),
-            self.transition,
-        )
+        Leadership::new(guard, value, self.transition)
     }
 
     /// Waits until this new candidate leads, with `value` as the leader's value
@@ -177,21 +171,7 @@ impl Election {
     ///
     /// Cancel-safe: it only reads.
     pub async fn leader(&self) -> Result<Option<Leader>> {
-        let name = self.name()?;
-        let chain = &self.manager.inner.chain;
-        let state =
-            tokio::time::timeout(chain.operation_timeout(), chain.resource().inspect(&name))
-                .await
-                .map_err(|_| {
-                    Error::new(
-                        ErrorKind::Backend,
-                        format!(
-                    "the backend did not answer who leads within {:?}; check that it is reachable",
-                    chain.operation_timeout()
-                ),
-                    )
-                    .with_context("lock", &name)
-                })??;
+        let state = self.manager.inspect(&self.name).await?;
         Ok(state.and_then(|s| {
             s.holders
                 .into_iter()
@@ -207,8 +187,7 @@ impl Election {
             election: self.clone(),
             reported: None,
             highest: None,
-            feed: None,
-            feed_retry_at: None,
+            feed: Feed::Untried,
         }
     }
 
@@ -297,10 +276,20 @@ pub struct LeaderObserver {
     reported: Option<Option<(FencingToken, Bytes)>>,
     /// The highest term seen: an older one read later (a lagging replica) is ignored.
     highest: Option<FencingToken>,
-    /// The backend's change feed for the election, once opened.
-    feed: Option<ChangeFeed>,
-    /// When to try opening the feed (again); `None`: at once.
-    feed_retry_at: Option<Instant>,
+    /// How the observer learns of changes.
+    feed: Feed,
+}
+
+/// An observer's way of learning of changes.
+enum Feed {
+    /// Not tried yet.
+    Untried,
+    /// The backend's change feed for the election.
+    Open(ChangeFeed),
+    /// The backend has none: poll.
+    Polling,
+    /// Opening it failed (or it ended): poll, and try again then.
+    RetryAt(Instant),
 }
 
 impl LeaderObserver {
@@ -331,45 +320,45 @@ impl LeaderObserver {
 
     /// Opens the backend's change feed if it has one and none is open.
     async fn follow(&mut self) {
-        if self.feed.is_some() || self.feed_retry_at.is_some_and(|at| Instant::now() < at) {
-            return;
+        match self.feed {
+            Feed::Untried => {}
+            Feed::RetryAt(at) if Instant::now() >= at => {}
+            Feed::Open(_) | Feed::Polling | Feed::RetryAt(_) => return,
         }
         let resource = self.election.manager.inner.chain.resource();
         let (Some(events), Ok(name)) = (resource.events(), self.election.name()) else {
-            // Nothing to follow: poll.
-            self.feed_retry_at = Some(Instant::now() + Duration::from_secs(365 * 24 * 3600));
+            self.feed = Feed::Polling;
             return;
         };
         let limit = self.election.manager.inner.chain.operation_timeout();
-        match tokio::time::timeout(limit, events.follow(&name)).await {
-            Ok(Ok(feed)) => self.feed = Some(feed),
+        self.feed = match tokio::time::timeout(limit, events.follow(&name)).await {
+            Ok(Ok(feed)) => Feed::Open(feed),
             Ok(Err(err)) => {
                 tracing::debug!(election = %name, error = %err, "dlock: cannot follow the election; polling");
-                self.feed_retry_at = Some(Instant::now() + FEED_SAFETY_NET);
+                Feed::RetryAt(Instant::now() + FEED_SAFETY_NET)
             }
-            Err(_) => self.feed_retry_at = Some(Instant::now() + FEED_SAFETY_NET),
-        }
+            Err(_) => Feed::RetryAt(Instant::now() + FEED_SAFETY_NET),
+        };
     }
 
     /// Waits until a re-read is due: a ping of the feed, the current leader's lease
     /// running out (a lapse no store reports), or — without a feed — the interval.
     async fn wait(&mut self, current: Option<&Leader>) {
+        let Feed::Open(feed) = &mut self.feed else {
+            tokio::time::sleep(self.election.observe_interval).await;
+            return;
+        };
         let lease_end = current
             .and_then(|l| l.remaining_lease)
             .map(|left| left + Duration::from_millis(5));
-        match &mut self.feed {
-            Some(feed) => {
-                let limit = lease_end.map_or(FEED_SAFETY_NET, |d| d.min(FEED_SAFETY_NET));
-                tokio::select! {
-                    live = feed.changed() => {
-                        if !live {
-                            self.feed = None;
-                        }
-                    }
-                    () = tokio::time::sleep(limit) => {}
+        let limit = lease_end.map_or(FEED_SAFETY_NET, |d| d.min(FEED_SAFETY_NET));
+        tokio::select! {
+            live = feed.changed() => {
+                if !live {
+                    self.feed = Feed::RetryAt(Instant::now() + FEED_SAFETY_NET);
                 }
             }
-            None => tokio::time::sleep(self.election.observe_interval).await,
+            () = tokio::time::sleep(limit) => {}
         }
     }
 
@@ -419,34 +408,24 @@ impl fmt::Debug for LeaderObserver {
 pub struct Leadership {
     guard: LockGuard,
     value: Mutex<Bytes>,
-    /// The store's lease: the term's own plus the transition window.
-    lease: Duration,
+    /// The election's transition window (the store's lease is the manager's plus it).
     transition: Duration,
 }
 
 impl Leadership {
-    fn new(guard: LockGuard, value: Bytes, lease: Duration, transition: Duration) -> Self {
+    fn new(guard: LockGuard, value: Bytes, transition: Duration) -> Self {
         Leadership {
             guard,
             value: Mutex::new(value),
-            lease,
             transition,
         }
     }
 
-    /// The term's fencing token, greater than every earlier term's.
-    pub fn fencing_token(&self) -> FencingToken {
-        self.guard.fencing_token()
-    }
+    hold_accessors!("the term");
 
     /// The election's full name.
     pub fn name(&self) -> &LockName {
         self.guard.name()
-    }
-
-    /// When the term began: when its granted campaign request was sent.
-    pub fn acquired_at(&self) -> Instant {
-        self.guard.acquired_at()
     }
 
     /// This candidate's owner id (as [`Leader::owner`] shows it).
@@ -460,34 +439,6 @@ impl Leadership {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
-    }
-
-    /// Whether the term is lost.
-    pub fn is_lost(&self) -> bool {
-        self.guard.is_lost()
-    }
-
-    /// Why the term was lost, if it was.
-    pub fn lost_reason(&self) -> Option<LostReason> {
-        self.guard.lost_reason()
-    }
-
-    /// Completes when the term is lost (at once if it is already).
-    pub async fn lost(&self) -> LostReason {
-        self.guard.lost().await
-    }
-
-    /// An owned signal of the term's loss, for another task.
-    pub fn lost_signal(&self) -> LostSignal {
-        self.guard.lost_signal()
-    }
-
-    /// Whether the term may still hold but this leader must not act on it: the
-    /// backend's connection is down (session-bound backends), or — with a transition
-    /// window — its own lease passed without a renewal. Pause leader work until it
-    /// clears (a renewal) or the loss fires.
-    pub fn is_suspended(&self) -> bool {
-        self.guard.is_suspended()
     }
 
     /// Replaces the leader's value without giving up the term (etcd's `Proclaim`);
@@ -513,7 +464,7 @@ impl Leadership {
             hold.owner.clone(),
             hold.grant,
             hold.mode,
-            self.lease,
+            manager.config.lease.saturating_add(self.transition),
             hold.token,
         )
         .with_context(value.clone())

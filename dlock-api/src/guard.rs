@@ -92,6 +92,10 @@ impl LockGuard {
     }
 
     /// Completes when the lock is lost (at once if it already is).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: it only waits.
     pub async fn lost(&self) -> LostReason {
         self.hold.wait_lost().await
     }
@@ -182,6 +186,10 @@ pub struct LostSignal {
 
 impl LostSignal {
     /// Completes when the lock is lost (at once if it already is).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: it only waits.
     pub async fn lost(&self) -> LostReason {
         self.hold.wait_lost().await
     }
@@ -205,6 +213,58 @@ impl fmt::Debug for LostSignal {
             .finish()
     }
 }
+
+/// The accessors a type holding a [`LockGuard`] in its field `guard` shares with
+/// the guard (a leadership's term, a semaphore's permits); `$what` names the hold
+/// in the docs.
+macro_rules! hold_accessors {
+    ($what:literal) => {
+        #[doc = concat!("The fencing token of ", $what, ": greater than every earlier one's of the name.")]
+        pub fn fencing_token(&self) -> dlock_spi::FencingToken {
+            self.guard.fencing_token()
+        }
+
+        #[doc = concat!("When ", $what, " began: when the granted request was sent.")]
+        pub fn acquired_at(&self) -> std::time::Instant {
+            self.guard.acquired_at()
+        }
+
+        #[doc = concat!("Whether ", $what, " is lost.")]
+        pub fn is_lost(&self) -> bool {
+            self.guard.is_lost()
+        }
+
+        #[doc = concat!("Why ", $what, " was lost, if it was.")]
+        pub fn lost_reason(&self) -> Option<dlock_spi::LostReason> {
+            self.guard.lost_reason()
+        }
+
+        #[doc = concat!("Completes when ", $what, " is lost (at once if it already is).")]
+        ///
+        /// # Cancel safety
+        ///
+        /// Cancel-safe: it only waits.
+        pub async fn lost(&self) -> dlock_spi::LostReason {
+            self.guard.lost().await
+        }
+
+        #[doc = concat!("An owned signal of the loss of ", $what, ", for another task.")]
+        pub fn lost_signal(&self) -> crate::LostSignal {
+            self.guard.lost_signal()
+        }
+
+        #[doc = concat!(
+            "Whether ", $what, " may still hold but must not be acted on: the backend's ",
+            "connection is down (session-bound backends), or — with a transition window — ",
+            "its own lease passed without a renewal. Pause the work until it clears or the ",
+            "loss fires."
+        )]
+        pub fn is_suspended(&self) -> bool {
+            self.guard.is_suspended()
+        }
+    };
+}
+pub(crate) use hold_accessors;
 
 fn lost_error(name: &LockName, reason: LostReason) -> Error {
     Error::new(

@@ -25,19 +25,40 @@ pub(crate) struct Handle {
     owner: OwnerId,
     mode: LockMode,
     fairness: Fairness,
-    /// Stored with every grant and shown by `inspect` (an election's value).
-    context: Bytes,
-    /// A lock's or a leadership's grants.
-    purpose: HoldPurpose,
-    /// A transition window added to every lease (an election's; zero for locks).
-    transition: Duration,
-    /// A semaphore's total permits (zero for locks).
-    capacity: u32,
+    /// What every grant of the handle asks for besides name, owner and mode.
+    spec: HoldSpec,
     /// The current hold of this handle (shared by its clones), if any.
     current: Mutex<Option<Arc<Hold>>>,
     /// Serialises remote acquires of this handle's clones, so they re-enter instead
     /// of racing to the backend with the same owner.
     gate: tokio::sync::Mutex<()>,
+}
+
+/// What a handle's grants carry beyond name, owner, mode and fairness: a lock's
+/// take the manager's context and nothing else; an election's and a semaphore's set
+/// the rest.
+#[derive(Debug, Clone)]
+pub(crate) struct HoldSpec {
+    /// Stored with every grant and shown by `inspect` (an election's value).
+    pub(crate) context: Bytes,
+    /// A lock's or a leadership's grants.
+    pub(crate) purpose: HoldPurpose,
+    /// A transition window added to every lease (an election's; zero otherwise).
+    pub(crate) transition: Duration,
+    /// A semaphore's total permits (zero otherwise).
+    pub(crate) capacity: u32,
+}
+
+impl HoldSpec {
+    /// A lock's: the manager's context.
+    pub(crate) fn lock(context: Bytes) -> Self {
+        HoldSpec {
+            context,
+            purpose: HoldPurpose::Lock,
+            transition: Duration::ZERO,
+            capacity: 0,
+        }
+    }
 }
 
 impl Handle {
@@ -68,18 +89,17 @@ impl DistributeLock {
         mode: LockMode,
         fairness: Fairness,
     ) -> Self {
-        let context = manager.config.context.clone();
-        Self::with_context(manager, name, mode, fairness, context, HoldPurpose::Lock)
+        let spec = HoldSpec::lock(manager.config.context.clone());
+        Self::with_spec(manager, name, mode, fairness, spec)
     }
 
-    /// A handle whose grants store `context` instead of the manager's, for `purpose`.
-    pub(crate) fn with_context(
+    /// A handle whose grants carry `spec`.
+    pub(crate) fn with_spec(
         manager: Arc<ManagerInner>,
         name: Result<LockName>,
         mode: LockMode,
         fairness: Fairness,
-        context: Bytes,
-        purpose: HoldPurpose,
+        spec: HoldSpec,
     ) -> Self {
         let owner = manager.new_owner();
         DistributeLock {
@@ -89,10 +109,7 @@ impl DistributeLock {
                 owner,
                 mode,
                 fairness,
-                context,
-                purpose,
-                transition: Duration::ZERO,
-                capacity: 0,
+                spec,
                 current: Mutex::new(None),
                 gate: tokio::sync::Mutex::new(()),
             }),
@@ -107,22 +124,6 @@ impl DistributeLock {
     /// The owner this handle acquires as.
     pub fn owner(&self) -> &OwnerId {
         &self.handle.owner
-    }
-
-    /// Adds a transition window to every lease of this (new) handle.
-    pub(crate) fn with_transition(mut self, transition: Duration) -> Self {
-        if let Some(handle) = Arc::get_mut(&mut self.handle) {
-            handle.transition = transition;
-        }
-        self
-    }
-
-    /// Names the semaphore total of every acquire of this (new) handle.
-    pub(crate) fn with_capacity(mut self, capacity: u32) -> Self {
-        if let Some(handle) = Arc::get_mut(&mut self.handle) {
-            handle.capacity = capacity;
-        }
-        self
     }
 
     /// Exclusive or shared.
@@ -238,7 +239,8 @@ impl DistributeLock {
             .with_context("lock", &name));
         }
         let renew = lease.is_none() && manager.config.watchdog;
-        let transition = self.handle.transition;
+        let spec = &self.handle.spec;
+        let transition = spec.transition;
         // The store holds the grant for the holder's own lease plus the window.
         let lease = lease
             .unwrap_or(manager.config.lease)
@@ -252,10 +254,10 @@ impl DistributeLock {
                 .with_lease(lease)
                 .with_deadline(deadline)
                 .with_fairness(self.handle.fairness)
-                .with_context(self.handle.context.clone())
-                .with_purpose(self.handle.purpose)
+                .with_context(spec.context.clone())
+                .with_purpose(spec.purpose)
                 .with_transition(transition)
-                .with_capacity(self.handle.capacity);
+                .with_capacity(spec.capacity);
             let mut ctx = AcquireContext::new(request, manager.chain.resource().backend_name());
             let sent_at = ctx.started;
             // Dropped while the backend may be granting, the grant is given back.
@@ -305,7 +307,7 @@ impl DistributeLock {
                     token,
                     granted_at,
                 )
-                .for_purpose(self.handle.purpose),
+                .for_purpose(spec.purpose),
             );
             manager.track(&hold, (lease, transition), renew, granted_at, watch);
             if manager.is_closed() {

@@ -343,10 +343,11 @@ impl DistributeLockManager {
         Semaphore::new(self.clone(), name, permits)
     }
 
-    /// Who holds `name` and how many wait, straight from the backend.
+    /// Who holds `name` and how many wait, straight from the backend (bounded by
+    /// the operation timeout).
     pub async fn inspect(&self, name: &str) -> Result<Option<LockState>> {
         let name = self.inner.full_name(name)?;
-        self.inner.chain.resource().inspect(&name).await
+        self.inner.chain.inspect(&name).await
     }
 
     /// The backend's capabilities.

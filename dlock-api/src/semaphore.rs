@@ -4,14 +4,12 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use dlock_spi::{
-    Error, ErrorKind, Fairness, FencingToken, HoldPurpose, LockMode, LockName, LostReason, Result,
-};
+use dlock_spi::{Fairness, LockMode, LockName, Result};
 
-use crate::guard::{LockGuard, LostSignal};
-use crate::lock::DistributeLock;
+use crate::guard::{hold_accessors, LockGuard};
+use crate::lock::{DistributeLock, HoldSpec};
 use crate::manager::DistributeLockManager;
 
 /// A distributed semaphore: at most [`permits`](Self::permits) permits are held at
@@ -21,7 +19,7 @@ use crate::manager::DistributeLockManager;
 ///
 /// The total is a property of the semaphore while it is in use: every client must
 /// name the same total; a different one is refused with
-/// [`ErrorKind::InvalidArgument`] while anyone holds or waits, and takes effect once
+/// [`crate::ErrorKind::InvalidArgument`] while anyone holds or waits, and takes effect once
 /// the semaphore is idle.
 ///
 /// ```
@@ -62,31 +60,24 @@ impl Semaphore {
         self.manager.inner.full_name(&self.name)
     }
 
-    fn holder(&self, n: u32) -> Result<DistributeLock> {
-        if n == 0 || n > self.permits {
-            return Err(Error::new(
-                ErrorKind::InvalidArgument,
-                format!(
-                    "asked for {n} permit(s) of a semaphore of {}; ask for 1 to {}",
-                    self.permits, self.permits
-                ),
-            )
-            .with_context("lock", &self.name));
-        }
+    /// A new holder of `n` permits (the chain's head checks `n` against the total).
+    fn holder(&self, n: u32) -> DistributeLock {
         let inner = &self.manager.inner;
-        Ok(DistributeLock::with_context(
+        let spec = HoldSpec {
+            capacity: self.permits,
+            ..HoldSpec::lock(inner.config.context.clone())
+        };
+        DistributeLock::with_spec(
             Arc::clone(inner),
             inner.full_name(&self.name),
             LockMode::Permits(n),
             Fairness::Fair,
-            inner.config.context.clone(),
-            HoldPurpose::Lock,
+            spec,
         )
-        .with_capacity(self.permits))
     }
 
     /// Waits until `n` permits are free and takes them (renewed by the watchdog
-    /// until released). Fails with [`ErrorKind::Closed`] when the manager closes.
+    /// until released). Fails with [`crate::ErrorKind::Closed`] when the manager closes.
     ///
     /// # Cancel safety
     ///
@@ -94,7 +85,7 @@ impl Semaphore {
     /// waiter may go); dropped after the backend may have granted, the permits are
     /// given back in the background.
     pub async fn acquire(&self, n: u32) -> Result<SemaphorePermit> {
-        let guard = self.holder(n)?.lock().await?;
+        let guard = self.holder(n).lock().await?;
         Ok(SemaphorePermit { guard, n })
     }
 
@@ -104,7 +95,7 @@ impl Semaphore {
     ///
     /// As [`acquire`](Self::acquire).
     pub async fn try_acquire(&self, n: u32, wait: Duration) -> Result<Option<SemaphorePermit>> {
-        let guard = self.holder(n)?.try_lock(wait).await?;
+        let guard = self.holder(n).try_lock(wait).await?;
         Ok(guard.map(|guard| SemaphorePermit { guard, n }))
     }
 
@@ -144,43 +135,7 @@ impl SemaphorePermit {
         self.n
     }
 
-    /// The fencing token of this acquisition, greater than every earlier one's of
-    /// the semaphore.
-    pub fn fencing_token(&self) -> FencingToken {
-        self.guard.fencing_token()
-    }
-
-    /// When the acquisition that was granted was sent.
-    pub fn acquired_at(&self) -> Instant {
-        self.guard.acquired_at()
-    }
-
-    /// Whether the permits are lost (lease passed without renewal, removed, session
-    /// ended, manager closed).
-    pub fn is_lost(&self) -> bool {
-        self.guard.is_lost()
-    }
-
-    /// Why the permits were lost, if they were.
-    pub fn lost_reason(&self) -> Option<LostReason> {
-        self.guard.lost_reason()
-    }
-
-    /// Completes when the permits are lost (at once if they are).
-    pub async fn lost(&self) -> LostReason {
-        self.guard.lost().await
-    }
-
-    /// An owned lost signal, for another task.
-    pub fn lost_signal(&self) -> LostSignal {
-        self.guard.lost_signal()
-    }
-
-    /// Whether the backend's connection is down while the permits may still be held
-    /// (session-bound backends).
-    pub fn is_suspended(&self) -> bool {
-        self.guard.is_suspended()
-    }
+    hold_accessors!("the permits");
 
     /// Gives the permits back; the next waiter is woken.
     ///

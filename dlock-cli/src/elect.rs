@@ -46,5 +46,17 @@ pub(crate) async fn run(
         ));
     };
     let env = vec![("DLOCK_LEADER_VALUE", value)];
-    run_holding(manager, &args.name, &args.run.command, env, leadership).await
+    let held = (leadership.fencing_token(), leadership.lost_signal());
+    let command = &args.run.command;
+    let resign = leadership.resign();
+    run_holding(
+        manager,
+        &args.name,
+        "leadership",
+        command,
+        env,
+        held,
+        resign,
+    )
+    .await
 }

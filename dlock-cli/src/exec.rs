@@ -31,5 +31,16 @@ pub(crate) async fn run(
         manager.close().await;
         return Err(not_acquired(&args.name, "lock", args.wait));
     };
-    run_holding(manager, &args.name, &args.run.command, Vec::new(), guard).await
+    let held = (guard.fencing_token(), guard.lost_signal());
+    let command = &args.run.command;
+    run_holding(
+        manager,
+        &args.name,
+        "lock",
+        command,
+        Vec::new(),
+        held,
+        guard.unlock(),
+    )
+    .await
 }

@@ -38,5 +38,16 @@ pub(crate) async fn run(
         manager.close().await;
         return Err(not_acquired(&args.name, "permits", args.wait));
     };
-    run_holding(manager, &args.name, &args.run.command, Vec::new(), permit).await
+    let held = (permit.fencing_token(), permit.lost_signal());
+    let command = &args.run.command;
+    run_holding(
+        manager,
+        &args.name,
+        "permits",
+        command,
+        Vec::new(),
+        held,
+        permit.release(),
+    )
+    .await
 }

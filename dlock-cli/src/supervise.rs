@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Args;
-use dlock_api::{DistributeLockManager, Leadership, LockGuard, LostReason, SemaphorePermit};
+use dlock_api::{DistributeLockManager, FencingToken, LostSignal};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use tokio::process::{Child, Command};
@@ -26,57 +26,6 @@ pub(crate) struct RunArgs {
     pub(crate) command: Vec<String>,
 }
 
-/// A hold a command runs under.
-pub(crate) trait Held {
-    /// What it is, in messages ("lock").
-    const WHAT: &'static str;
-    /// Its fencing token.
-    fn token(&self) -> u64;
-    /// Completes when it is lost.
-    fn lost(&self) -> impl Future<Output = LostReason> + Send;
-    /// Gives it back.
-    fn give_back(self) -> impl Future<Output = dlock_api::Result<()>> + Send;
-}
-
-impl Held for LockGuard {
-    const WHAT: &'static str = "lock";
-    fn token(&self) -> u64 {
-        self.fencing_token().get()
-    }
-    fn lost(&self) -> impl Future<Output = LostReason> + Send {
-        LockGuard::lost(self)
-    }
-    fn give_back(self) -> impl Future<Output = dlock_api::Result<()>> + Send {
-        self.unlock()
-    }
-}
-
-impl Held for Leadership {
-    const WHAT: &'static str = "leadership";
-    fn token(&self) -> u64 {
-        self.fencing_token().get()
-    }
-    fn lost(&self) -> impl Future<Output = LostReason> + Send {
-        Leadership::lost(self)
-    }
-    fn give_back(self) -> impl Future<Output = dlock_api::Result<()>> + Send {
-        self.resign()
-    }
-}
-
-impl Held for SemaphorePermit {
-    const WHAT: &'static str = "permits";
-    fn token(&self) -> u64 {
-        self.fencing_token().get()
-    }
-    fn lost(&self) -> impl Future<Output = LostReason> + Send {
-        SemaphorePermit::lost(self)
-    }
-    fn give_back(self) -> impl Future<Output = dlock_api::Result<()>> + Send {
-        self.release()
-    }
-}
-
 /// The failure of a hold not taken within `wait` (exit 75).
 pub(crate) fn not_acquired(name: &str, what: &str, wait: Duration) -> Failure {
     Failure::new(
@@ -88,24 +37,25 @@ pub(crate) fn not_acquired(name: &str, what: &str, wait: Duration) -> Failure {
     )
 }
 
-/// Runs `command` under `held` (its token in `DLOCK_FENCING_TOKEN`, plus `env`),
-/// gives the hold back, closes the manager, and answers the exit code (see
-/// [`conclude`]).
-pub(crate) async fn run_holding<H: Held>(
+/// Runs `command` while a hold lasts — its fencing token in `DLOCK_FENCING_TOKEN`
+/// (plus `env`), stopped when the hold is `lost` — then gives the hold back by
+/// `release` (unless lost), closes the manager, and answers the exit code (see
+/// [`conclude`]). `what` names the hold in messages ("lock").
+pub(crate) async fn run_holding(
     manager: DistributeLockManager,
     name: &str,
+    what: &str,
     command: &[String],
-    env: Vec<(&str, String)>,
-    held: H,
+    mut env: Vec<(&str, String)>,
+    (token, lost): (FencingToken, LostSignal),
+    release: impl Future<Output = dlock_api::Result<()>>,
 ) -> Result<ExitCode, Failure> {
-    let mut env = env;
-    env.push(("DLOCK_FENCING_TOKEN", held.token().to_string()));
-    let what = format!("{name}: {}", H::WHAT);
-    let outcome = supervise(&what, command, &env, held.lost()).await;
+    env.push(("DLOCK_FENCING_TOKEN", token.to_string()));
+    let outcome = supervise(&format!("{name}: {what}"), command, &env, lost.lost()).await;
     let code = match outcome {
-        Ok(outcome) => Ok(conclude(name, H::WHAT, outcome, held.give_back()).await),
+        Ok(outcome) => Ok(conclude(name, what, outcome, release).await),
         Err(failure) => {
-            let _ = held.give_back().await;
+            let _ = release.await;
             Err(failure)
         }
     };

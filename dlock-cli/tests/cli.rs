@@ -187,12 +187,19 @@ async fn exec_gives_up_after_wait_and_stops_the_command_when_the_lock_is_lost() 
         .await
         .unwrap()
         .unwrap();
+    gives_up_after_its_wait(&url, &ns, "exec");
+    g.unlock().await.unwrap();
+
+    // The command runs under the lock; an operator breaks it; dlock stops the command.
+    breaking_the_hold_stops_the_command(&url, &ns, &holder, "exec", "lock").await;
+    holder.close().await;
+}
+
+/// `dlock <command> busy --wait 300ms -- true`, with `busy` held elsewhere, waits
+/// its 300 ms and exits 75.
+fn gives_up_after_its_wait(url: &str, ns: &str, command: &str) {
     let started = Instant::now();
-    let out = dlock(
-        &url,
-        &ns,
-        &["exec", "busy", "--wait", "300ms", "--", "true"],
-    );
+    let out = dlock(url, ns, &[command, "busy", "--wait", "300ms", "--", "true"]);
     assert_eq!(
         out.status.code(),
         Some(75),
@@ -200,19 +207,28 @@ async fn exec_gives_up_after_wait_and_stops_the_command_when_the_lock_is_lost() 
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(started.elapsed() >= Duration::from_millis(300));
-    g.unlock().await.unwrap();
+}
 
-    // The command runs under the lock; an operator breaks it; dlock stops the command.
+/// `dlock <command> victim --lease 600ms -- sleep 30` takes its hold; an operator
+/// breaks it (`unlock --force`); dlock stops the command promptly and exits 76,
+/// saying "<what> lost".
+async fn breaking_the_hold_stops_the_command(
+    url: &str,
+    ns: &str,
+    holder: &DistributeLockManager,
+    command: &str,
+    what: &str,
+) {
     let child = spawn_dlock(
-        &url,
-        &ns,
-        &["exec", "victim", "--lease", "600ms", "--", "sleep", "30"],
+        url,
+        ns,
+        &[command, "victim", "--lease", "600ms", "--", "sleep", "30"],
     );
     let held =
         testsuite_eventually(|| async { holder.inspect("victim").await.unwrap().is_some() }).await;
-    assert!(held, "dlock exec never took the lock");
+    assert!(held, "dlock {command} never took its {what}");
     let broke = Instant::now();
-    let out = dlock(&url, &ns, &["unlock", "victim", "--force"]);
+    let out = dlock(url, ns, &["unlock", "victim", "--force"]);
     assert!(out.status.success());
     assert!(String::from_utf8_lossy(&out.stdout).contains("removed 1"));
     let status = finished(child).await;
@@ -226,8 +242,7 @@ async fn exec_gives_up_after_wait_and_stops_the_command_when_the_lock_is_lost() 
         broke.elapsed() < Duration::from_secs(10),
         "the command was not stopped promptly"
     );
-    assert!(String::from_utf8_lossy(&status.stderr).contains("lock lost"));
-    holder.close().await;
+    assert!(String::from_utf8_lossy(&status.stderr).contains(&format!("{what} lost")));
 }
 
 async fn testsuite_eventually<F, Fut>(mut check: F) -> bool
@@ -454,44 +469,10 @@ async fn elect_runs_one_leader_at_a_time() {
         .await
         .unwrap()
         .unwrap();
-    let out = dlock(
-        &url,
-        &ns,
-        &["elect", "busy", "--wait", "300ms", "--", "true"],
-    );
-    assert_eq!(
-        out.status.code(),
-        Some(75),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    gives_up_after_its_wait(&url, &ns, "elect");
     term.resign().await.unwrap();
 
-    let child = spawn_dlock(
-        &url,
-        &ns,
-        &["elect", "victim", "--lease", "600ms", "--", "sleep", "30"],
-    );
-    let leading = testsuite_eventually(|| async {
-        holder.election("victim").leader().await.unwrap().is_some()
-    })
-    .await;
-    assert!(leading, "dlock elect never led");
-    let broke = Instant::now();
-    let out = dlock(&url, &ns, &["unlock", "victim", "--force"]);
-    assert!(out.status.success());
-    let status = finished(child).await;
-    assert_eq!(
-        status.status.code(),
-        Some(76),
-        "{}",
-        String::from_utf8_lossy(&status.stderr)
-    );
-    assert!(
-        broke.elapsed() < Duration::from_secs(10),
-        "the command was not stopped promptly"
-    );
-    assert!(String::from_utf8_lossy(&status.stderr).contains("leadership lost"));
+    breaking_the_hold_stops_the_command(&url, &ns, &holder, "elect", "leadership").await;
     holder.close().await;
 }
 

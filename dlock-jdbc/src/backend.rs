@@ -15,7 +15,7 @@ use sqlx::Row;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
-use crate::dialect::{Dialect, Statements};
+use crate::dialect::{Dialect, Statements, Stmt};
 use crate::error::{conflict_pause, is_conflict, map_sqlx, retry_conflicts};
 use crate::pool::{on_pool, query, Param, Pool};
 use crate::JdbcOptions;
@@ -416,7 +416,9 @@ impl JdbcBackend {
             if announce {
                 // Observers of the election learn of the new term (after the answer:
                 // the grant does not wait for it).
-                backend.notify_change(&req.name).await;
+                backend
+                    .notify(backend.inner.statements.notify_change.as_ref(), &req.name)
+                    .await;
             }
             if let Err(Ok(Some(_))) = undelivered {
                 if let Err(err) = backend.release(&req.release_of_grant()).await {
@@ -542,15 +544,10 @@ impl JdbcBackend {
         }
     }
 
-    /// Tells observers (on PostgreSQL) that the holders of `name` changed.
-    async fn notify_change(&self, name: &LockName) {
-        if let Some(stmt) = &self.inner.statements.notify_change {
-            let _ = on_pool!(&self.inner.pool, p => query!(stmt, &[Param::Text(name.as_str())]).execute(p).await.map(drop));
-        }
-    }
-
-    async fn notify_release(&self, name: &LockName) {
-        if let Some(stmt) = &self.inner.statements.notify {
+    /// Runs a PostgreSQL `pg_notify` statement for `name` (best effort; `None`
+    /// elsewhere): `notify` wakes waiters and observers, `notify_change` observers.
+    async fn notify(&self, stmt: Option<&Stmt>, name: &LockName) {
+        if let Some(stmt) = stmt {
             let _ = on_pool!(&self.inner.pool, p => query!(stmt, &[Param::Text(name.as_str())]).execute(p).await.map(drop));
         }
     }
@@ -779,7 +776,7 @@ impl JdbcBackend {
         let renewed = renewed.map_err(self.err("renew"))?;
         if renewed && req.context.is_some() {
             // A proclaimed value: observers re-read.
-            self.notify_change(&req.name).await;
+            self.notify(s.notify_change.as_ref(), &req.name).await;
         }
         Ok(if renewed {
             RenewResult::renewed(Some(sent + req.lease))
@@ -846,7 +843,7 @@ impl JdbcBackend {
             .await
         });
         let removed = removed.map_err(self.err("force_release"))?;
-        self.notify_release(name).await;
+        self.notify(s.notify.as_ref(), name).await;
         Ok(usize::try_from(removed).unwrap_or(usize::MAX))
     }
 }

@@ -757,11 +757,7 @@ impl dlock_spi::LockEvents for RedisBackend {
                     () = tx.closed() => {
                         let mut cmd = redis::cmd("ZREM");
                         cmd.arg(keys.key(OBSERVERS)).arg(&member);
-                        let removed: std::result::Result<i64, _> = match &this.inner.conn {
-                            Conn::Single(c) => cmd.query_async(&mut c.clone()).await,
-                            Conn::Cluster(c) => cmd.query_async(&mut c.clone()).await,
-                        };
-                        if let Err(err) = removed {
+                        if let Err(err) = this.inner.conn.query::<i64>(&cmd).await {
                             tracing::debug!(error = %err, "dlock-redis: removing an observer failed; it lapses");
                         }
                         return;
@@ -778,13 +774,7 @@ impl RedisBackend {
     async fn observe(&self, keys: &LockKeys, member: &str) -> Result<()> {
         let mut inv = keys.invocation(&self.inner.scripts.observe, &[OBSERVERS]);
         inv.arg(member).arg(ms(OBSERVER_LIVENESS));
-        let _: Value = self
-            .inner
-            .conn
-            .invoke(&inv)
-            .await
-            .map_err(|e| map_redis(e, "observe"))?;
-        Ok(())
+        self.run_flag(&inv, "observe").await.map(drop)
     }
 }
 

@@ -267,23 +267,21 @@ return 1
 
 /// Exclusive renewal. KEYS: exclusive, observers. ARGV: owner part of the holder
 /// value, lease ms, and optionally a new holder value (same owner part, new context:
-/// a leader proclaiming), stored with the renewed lease and announced to the
-/// observers.
+/// a leader proclaiming). A plain renewal (the watchdog's) is `GET` and `PEXPIRE`
+/// and returns before the helpers of [`RENEW_EXCLUSIVE_PROCLAIM`] are created.
 const RENEW_EXCLUSIVE: &str = r#"
 local v = redis.call('GET', KEYS[1])
 if not v or string.sub(v, 1, #ARGV[1]) ~= ARGV[1] then return 0 end
-if ARGV[3] then
-  redis.call('SET', KEYS[1], ARGV[3], 'PX', ARGV[2])
-  local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
-  for _, m in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do
-    local sp = string.find(m, ' ', 1, true)
-    if sp then redis.call('PUBLISH', string.sub(m, sp + 1), KEYS[2] .. '\n' .. string.sub(m, 1, sp - 1)) end
-  end
-else
+if not ARGV[3] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
 end
+"#;
+/// The exclusive renewal's tail, after its helpers: a proclaimed value, stored with
+/// the renewed lease and announced to the observers.
+const RENEW_EXCLUSIVE_PROCLAIM: &str = r#"
+redis.call('SET', KEYS[1], ARGV[3], 'PX', ARGV[2])
+announce(KEYS[2])
 return 1
 "#;
 
@@ -503,7 +501,11 @@ fn sources() -> [String; 10] {
             &[H_CLOCK, H_PURGE_QUEUE, H_NOTIFY, H_ANNOUNCE],
             RELEASE_EXCLUSIVE_NOTIFY,
         ),
-        RENEW_EXCLUSIVE.to_owned(),
+        lean(
+            RENEW_EXCLUSIVE,
+            &[H_CLOCK, H_ANNOUNCE],
+            RENEW_EXCLUSIVE_PROCLAIM,
+        ),
         with(all, ACQUIRE),
         with(all, RELEASE_SHARED),
         with(all, RENEW_SHARED),

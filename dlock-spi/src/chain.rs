@@ -26,7 +26,7 @@ use crate::capabilities::Capabilities;
 use crate::error::{Error, ErrorKind, Result};
 use crate::extensions::Extensions;
 use crate::name::LockName;
-use crate::outcome::{AcquireResult, ReleaseResult, RenewResult};
+use crate::outcome::{AcquireResult, LockState, ReleaseResult, RenewResult};
 use crate::request::{AcquireRequest, ReleaseRequest, RenewRequest};
 use crate::resource::LockRemoteResource;
 use crate::types::{Fairness, FencingToken, LockMode, LostReason, OwnerId};
@@ -417,6 +417,19 @@ impl HandlerChain {
         result
     }
 
+    /// Describes a lock's holders and waiters, straight from the backend (no
+    /// handlers), bounded by the operation timeout like every backend call.
+    pub async fn inspect(&self, name: &LockName) -> Result<Option<LockState>> {
+        self.tail
+            .bounded(
+                self.tail.operation_timeout,
+                "inspect",
+                name,
+                self.tail.resource.inspect(name),
+            )
+            .await
+    }
+
     /// Reports a lost hold to every handler's [`LockHandler::on_lost`].
     pub fn notify_lost(&self, event: &LostEvent<'_>) {
         for handler in self.handlers.iter() {
@@ -448,10 +461,7 @@ impl HandlerChain {
         }
         if let LockMode::Permits(n) = req.mode {
             if !caps.semaphore {
-                return Err(Error::unsupported(format!(
-                    "the {backend} backend has no semaphores yet; use a backend that has them (memory) or a lock"
-                ))
-                .with_context("lock", &req.name));
+                return Err(Error::no_semaphores(backend).with_context("lock", &req.name));
             }
             if n == 0 || n > req.capacity {
                 return Err(Error::invalid_argument(format!(

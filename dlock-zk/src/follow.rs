@@ -104,9 +104,9 @@ async fn run(sessions: Arc<Sessions>, lock: String, tx: watch::Sender<u64>, mut 
             }
             () = tx.closed() => return,
         }
-        tx.send_modify(|n| *n = n.wrapping_add(1));
-        // Re-arm, on whatever session is usable; a change while unarmed is covered
-        // by the ping above and the fresh listing that follows.
+        // Re-arm, on whatever session is usable, then ping: the observer's read
+        // after the ping sees the change that fired the watch and any made while
+        // no watch was set; later ones fire the new watches.
         armed = loop {
             let attempt = async {
                 let session = sessions.usable(None, None).await.ok()?;
@@ -122,7 +122,6 @@ async fn run(sessions: Arc<Sessions>, lock: String, tx: watch::Sender<u64>, mut 
             }
             tokio::time::sleep(Duration::from_millis(250)).await;
         };
-        // A change between the event and the new watches: ping once more.
         tx.send_modify(|n| *n = n.wrapping_add(1));
     }
 }

@@ -21,20 +21,6 @@ use std::time::{Duration, Instant};
 use dlock_api::DistributeLockManagerBuilder;
 use testsuite::bench::{is_bench, runtime};
 
-/// Labels whose clients live in other processes (memory cannot).
-const LABELS: &[&str] = &[
-    "sqlite",
-    "mysql",
-    "postgres",
-    "redis",
-    "redis-polling",
-    "redis-cluster",
-    "redis-tls",
-    "redis-cluster-tls",
-    "zk",
-    "zk-ensemble",
-];
-
 /// The term lease (and ZooKeeper session timeout) of the benchmark.
 const LEASE: Duration = Duration::from_secs(3);
 
@@ -142,11 +128,11 @@ fn run_candidate(label: &str, url: &str, name: &str) {
     });
 }
 
+/// The label's URL, the same for every candidate of the run (SQLite: one file);
+/// ZooKeeper sessions time out like the lease.
 fn url_for(label: &str) -> String {
     let url = testsuite::backends::server_url(label).expect("a URL for the label");
     match label {
-        // One file for all candidates of the run.
-        "sqlite" => url,
         "zk" | "zk-ensemble" => format!("{url}?session_timeout={}ms", LEASE.as_millis()),
         _ => url,
     }
@@ -185,7 +171,11 @@ fn main() {
         "failover: leader SIGKILLed → next candidate leading; lease / session {LEASE:?}, {rounds} round(s)"
     );
     let mut zk_median = None;
-    for label in LABELS {
+    // Every label whose clients can live in other processes (not memory).
+    for label in testsuite::backends::KNOWN
+        .iter()
+        .filter(|l| **l != "memory")
+    {
         if !selected.split(',').any(|l| l.trim() == *label) {
             continue;
         }

@@ -86,24 +86,32 @@ public final class CuratorWorker {
             }
             try {
                 acquired++;
-                boolean claimed = true;
-                try {
-                    Files.createFile(marker);
-                } catch (FileAlreadyExistsException e) {
-                    overlaps++;
-                    claimed = false;
-                }
-                long value = Long.parseLong(new String(Files.readAllBytes(counter), StandardCharsets.UTF_8).trim());
-                Thread.sleep(1);
-                Files.write(counter, Long.toString(value + 1).getBytes(StandardCharsets.UTF_8));
-                if (claimed) {
-                    Files.delete(marker);
-                }
+                overlaps += step(counter, marker);
             } finally {
                 lock.release();
             }
         }
         System.out.println("curator acquired=" + acquired + " overlaps=" + overlaps);
+    }
+
+    /**
+     * The counter step: claims the marker file exclusively (1 if someone else is
+     * inside), reads the counter, pauses, writes it + 1, drops the marker.
+     */
+    static int step(Path counter, Path marker) throws Exception {
+        boolean claimed = true;
+        try {
+            Files.createFile(marker);
+        } catch (FileAlreadyExistsException e) {
+            claimed = false;
+        }
+        long value = Long.parseLong(new String(Files.readAllBytes(counter), StandardCharsets.UTF_8).trim());
+        Thread.sleep(1);
+        Files.write(counter, Long.toString(value + 1).getBytes(StandardCharsets.UTF_8));
+        if (claimed) {
+            Files.delete(marker);
+        }
+        return claimed ? 0 : 1;
     }
 
     /** One LeaderLatch participant that leads until the process is killed. */
@@ -144,19 +152,7 @@ public final class CuratorWorker {
                     System.exit(75);
                 }
                 led++;
-                boolean claimed = true;
-                try {
-                    Files.createFile(marker);
-                } catch (FileAlreadyExistsException e) {
-                    overlaps++;
-                    claimed = false;
-                }
-                long value = Long.parseLong(new String(Files.readAllBytes(counter), StandardCharsets.UTF_8).trim());
-                Thread.sleep(1);
-                Files.write(counter, Long.toString(value + 1).getBytes(StandardCharsets.UTF_8));
-                if (claimed) {
-                    Files.delete(marker);
-                }
+                overlaps += step(counter, marker);
             } finally {
                 latch.close();
             }

@@ -137,10 +137,11 @@ pub async fn leadership_moves_on(backend: Arc<dyn TestBackend>) {
         let l = eb.campaign("b").await.expect("campaign");
         (l, Instant::now())
     });
-    super::eventually(Duration::from_secs(5), || async {
-        ea.leader().await.ok().flatten().is_some() && waiters(&a, "moves").await > 0
+    let queued = super::eventually(Duration::from_secs(5), || async {
+        ea.leader().await.ok().flatten().is_some() && super::waiters(&a, "moves").await > 0
     })
     .await;
+    assert!(queued, "the second candidate never showed as waiting");
     let resigned_at = Instant::now();
     let first_token = first.fencing_token();
     first.resign().await.expect("resign");
@@ -215,15 +216,6 @@ pub async fn leadership_moves_on(backend: Arc<dyn TestBackend>) {
         .expect_err("an empty election name");
     assert_eq!(err.kind(), ErrorKind::InvalidName);
     env.finish(&[&a, &b]).await;
-}
-
-async fn waiters(m: &DistributeLockManager, name: &str) -> usize {
-    m.inspect(name)
-        .await
-        .ok()
-        .flatten()
-        .and_then(|s| s.waiters)
-        .unwrap_or(0)
 }
 
 /// An observer sees every change in order: nobody, a leader, the value it
