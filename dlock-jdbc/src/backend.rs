@@ -22,10 +22,9 @@ use crate::JdbcOptions;
 
 /// Rows of `inspect` and `contention`: owner, token, context, remaining ms.
 type HolderRow = (Option<String>, i64, Option<Vec<u8>>, i64);
-/// What `inspect` reads: the exclusive holder and live waiters, then the readers.
-/// The lock row (holder, live waiters, ms left of the holder's own lease) and the
-/// readers.
-type InspectRows = (Option<(HolderRow, i64, Option<i64>)>, Vec<HolderRow>);
+/// What `inspect` reads: the lock row (holder, live waiters, ms left of the holder's own lease) and the
+/// readers and permit holders (with their permits).
+type InspectRows = (Option<(HolderRow, i64, Option<i64>)>, Vec<(HolderRow, i64)>);
 
 /// Takes a token from a `RETURNING token` row.
 macro_rules! row_token {
@@ -280,6 +279,10 @@ async fn dequeue(backend: &JdbcBackend, name: &LockName, waiter: &HolderKey) {
     }
 }
 
+/// How many times one permit attempt runs again after a concurrent grant changed
+/// the semaphore while it ran (PostgreSQL), before it counts as refused.
+const PERMIT_RACES: u32 = 8;
+
 /// How many attempts of one acquire may lose a transaction conflict in their queue
 /// or contention statements before the conflict is the caller's error.
 const MAX_CONFLICTED_ATTEMPTS: u32 = 5;
@@ -404,7 +407,7 @@ impl JdbcBackend {
                 match req.mode {
                     LockMode::Exclusive => backend.try_exclusive(&req).await,
                     LockMode::Shared => backend.try_shared(&req).await,
-                    LockMode::Permits(_) => Err(Error::no_semaphores(backend.backend())),
+                    LockMode::Permits(n) => backend.try_permits(&req, n).await,
                 }
             })
             .await;
@@ -484,6 +487,7 @@ impl JdbcBackend {
                                 Param::Int(token),
                                 lease,
                                 Param::Bytes(&req.context),
+                                Param::Int(0),
                             ];
                             let token =
                                 $token!(query!(&s.acquire_shared_reader, &reader), &mut *tx)?;
@@ -500,6 +504,91 @@ impl JdbcBackend {
         result.map_err(self.err("acquire"))
     }
 
+    /// Takes `n` permits of a semaphore (see [`Statements::grant_permits`]): one
+    /// statement on PostgreSQL, a transaction that locks the semaphore's row first
+    /// elsewhere. A refusal is checked against the semaphore's state: a different
+    /// total while it is in use is the caller's error, and room that a concurrent
+    /// grant raced away from this statement's snapshot (PostgreSQL) is tried again.
+    async fn try_permits(&self, req: &AcquireRequest, n: u32) -> Result<Option<i64>> {
+        let s = &self.inner.statements;
+        let holder = req.holder();
+        let params = [
+            Param::Text(req.name.as_str()),
+            Param::Text(holder.as_str()),
+            Param::Int(lease_ms(req.lease)),
+            Param::Int(i64::from(n)),
+            Param::Int(i64::from(req.capacity)),
+            Param::Bytes(&req.context),
+        ];
+        let one_statement = self.dialect() == Dialect::Postgres;
+        macro_rules! body {
+            ($p:ident, $token:ident) => {
+                async {
+                    if one_statement {
+                        return $token!(query!(&s.grant_permits, &params), $p);
+                    }
+                    let mut tx = $p.begin().await?;
+                    query!(&s.ensure_row, &params[..1])
+                        .execute(&mut *tx)
+                        .await?;
+                    let Some(token) = $token!(query!(&s.grant_permits, &params), &mut *tx)? else {
+                        tx.rollback().await?;
+                        return Ok::<_, sqlx::Error>(None);
+                    };
+                    let reader = [
+                        params[0],
+                        params[1],
+                        Param::Int(token),
+                        params[2],
+                        params[5],
+                        params[3],
+                    ];
+                    let token = $token!(query!(&s.acquire_shared_reader, &reader), &mut *tx)?;
+                    tx.commit().await?;
+                    Ok(token)
+                }
+                .await
+            };
+        }
+        for _ in 0..PERMIT_RACES {
+            let granted: std::result::Result<Option<i64>, sqlx::Error> =
+                with_token_reader!(&self.inner.pool, body);
+            if let Some(token) = granted.map_err(self.err("acquire"))? {
+                return Ok(Some(token));
+            }
+            let state: std::result::Result<Option<[i64; 5]>, sqlx::Error> = on_pool!(&self.inner.pool, p => {
+                async {
+                    match query!(&s.permit_state, &params[..2]).fetch_optional(p).await? {
+                        Some(r) => Ok(Some([r.try_get(0)?, r.try_get(1)?, r.try_get(2)?, r.try_get(3)?, r.try_get(4)?])),
+                        None => Ok(None),
+                    }
+                }
+                .await
+            });
+            let Some([capacity, used, others_waiting, owner_live, first]) =
+                state.map_err(self.err("acquire"))?
+            else {
+                // A semaphore's first use: its row (PostgreSQL's statement needs one).
+                on_pool!(&self.inner.pool, p => query!(&s.ensure_row, &params[..1]).execute(p).await.map(drop))
+                    .map_err(self.err("acquire"))?;
+                continue;
+            };
+            let total = i64::from(req.capacity);
+            if capacity != total && (used > 0 || others_waiting > 0) {
+                return Err(Error::invalid_argument(format!(
+                    "semaphore has {capacity} permits while it is in use; this handle asks with {total}: use the same total everywhere (it can change once the semaphore is idle)"
+                )));
+            }
+            let room = owner_live == 0 && first == 1 && used + i64::from(n) <= total;
+            if !room {
+                return Ok(None);
+            }
+            // The room was there: a concurrent grant changed the row after this
+            // statement's snapshot. Try again.
+        }
+        Ok(None)
+    }
+
     /// Queues `waiter` (or refreshes its liveness); the `first` time, forgets the
     /// waiters that crashed while queued.
     async fn enqueue(
@@ -514,11 +603,16 @@ impl JdbcBackend {
         if first {
             on_pool!(&self.inner.pool, p => query!(&s.purge_waiters, &[name]).execute(p).await.map(drop))
                 .map_err(self.err("acquire"))?;
+            if mode.permits().is_some() {
+                // Dead holders' rows (their permits stopped counting at expiry).
+                on_pool!(&self.inner.pool, p => query!(&s.purge_readers, &[name]).execute(p).await.map(drop))
+                    .map_err(self.err("acquire"))?;
+            }
         }
         let mode = match mode {
             LockMode::Shared => "s",
-            // (Permits never get here: acquires of them are refused.)
-            LockMode::Exclusive | LockMode::Permits(_) => "x",
+            LockMode::Exclusive => "x",
+            LockMode::Permits(_) => "p",
         };
         let params = [
             name,
@@ -567,14 +661,12 @@ impl LockRemoteResource for JdbcBackend {
         caps.reentrant = true;
         caps.shared = true;
         caps.fencing = true;
+        caps.semaphore = true;
         caps.max_name_len = Some(crate::MAX_NAME_LEN);
         caps
     }
 
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<AcquireResult> {
-        if req.mode.permits().is_some() {
-            return Err(Error::no_semaphores(self.backend()));
-        }
         let backoff: Backoff = self.inner.options.backoff;
         // Subscribe before the first attempt, so a release between the attempt and
         // the wait is not missed.
@@ -701,16 +793,18 @@ impl JdbcBackend {
         let holder = req.holder();
         let owner = Param::Text(holder.as_str());
         let released: std::result::Result<bool, sqlx::Error> = match req.mode {
-            LockMode::Exclusive => on_pool!(&self.inner.pool, p => {
+            LockMode::Exclusive | LockMode::Permits(_) => on_pool!(&self.inner.pool, p => {
+                let stmt = match req.mode {
+                    LockMode::Exclusive => &s.release_exclusive,
+                    _ => &s.release_permits,
+                };
                 if self.dialect() == Dialect::Postgres {
                     // The statement notifies waiters and returns a row when it released.
-                    query!(&s.release_exclusive, &[name, owner]).fetch_optional(p).await.map(|r| r.is_some())
+                    query!(stmt, &[name, owner]).fetch_optional(p).await.map(|r| r.is_some())
                 } else {
-                    query!(&s.release_exclusive, &[name, owner]).execute(p).await.map(|r| r.rows_affected() == 1)
+                    query!(stmt, &[name, owner]).execute(p).await.map(|r| r.rows_affected() == 1)
                 }
             }),
-            // Never granted here (acquires of permits are refused): not the owner.
-            LockMode::Permits(_) => Ok(false),
             LockMode::Shared => on_pool!(&self.inner.pool, p => {
                 async {
                     let mut tx = p.begin().await?;
@@ -757,8 +851,8 @@ impl JdbcBackend {
             LockMode::Exclusive => on_pool!(&self.inner.pool, p => {
                 query!(renew_exclusive, &exclusive).execute(p).await.map(|r| r.rows_affected() == 1)
             }),
-            LockMode::Permits(_) => Ok(false),
-            LockMode::Shared => on_pool!(&self.inner.pool, p => {
+            // Permit holders are readers: the horizon rises with their leases.
+            LockMode::Shared | LockMode::Permits(_) => on_pool!(&self.inner.pool, p => {
                 async {
                     let mut tx = p.begin().await?;
                     query!(&s.renew_shared_row, &shared).execute(&mut *tx).await?;
@@ -796,7 +890,7 @@ impl JdbcBackend {
                 };
                 let mut readers = Vec::new();
                 for r in query!(&s.inspect_readers, &p_name).fetch_all(p).await? {
-                    readers.push((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?, r.try_get(3)?));
+                    readers.push(((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?, r.try_get(3)?), r.try_get(4)?));
                 }
                 Ok((lock, readers))
             }
@@ -817,9 +911,13 @@ impl JdbcBackend {
                 );
             }
         }
-        for (owner, token, context, left) in readers {
+        for ((owner, token, context, left), permits) in readers {
             if let (Some(owner), Some(left)) = (owner, remaining(left)) {
-                holders.push(holder(owner, LockMode::Shared, token, context, left));
+                let mode = match u32::try_from(permits) {
+                    Ok(0) | Err(_) => LockMode::Shared,
+                    Ok(n) => LockMode::Permits(n),
+                };
+                holders.push(holder(owner, mode, token, context, left));
             }
         }
         if holders.is_empty() && waiters == 0 {

@@ -55,6 +55,15 @@ impl Dialect {
         }
     }
 
+    /// The 64-bit integer type in `CAST(… AS …)` (sums are decimals otherwise).
+    fn int64(self) -> &'static str {
+        match self {
+            Dialect::Sqlite => "INTEGER",
+            Dialect::MySql => "SIGNED",
+            Dialect::Postgres => "BIGINT",
+        }
+    }
+
     /// The label of the backend in logs and metrics.
     pub fn name(self) -> &'static str {
         match self {
@@ -78,6 +87,9 @@ impl Stmt {
         let template = template
             .replace("EXCLUSIVE_GATE", EXCLUSIVE_GATE)
             .replace("SHARED_GATE", SHARED_GATE)
+            .replace("PERMIT_ROOM", PERMIT_ROOM)
+            .replace("PERMIT_GATE", PERMIT_GATE)
+            .replace("PERMITS_USED", PERMITS_USED)
             .replace("{locks}", &format!("{prefix}locks"))
             .replace("{readers}", &format!("{prefix}readers"))
             .replace("{waiters}", &format!("{prefix}waiters"))
@@ -85,6 +97,7 @@ impl Stmt {
             .replace("{channel}", &format!("{prefix}release"))
             .replace("{change_channel}", &format!("{prefix}change"))
             .replace("{owner}", dialect.owner_text())
+            .replace("INT64", dialect.int64())
             .replace("GREATEST(", &format!("{}(", dialect.greatest()))
             .replace("CLOCK_US", dialect.clock_us())
             .replace("NOW", dialect.now_ms());
@@ -159,6 +172,28 @@ const SHARED_GATE: &str = "NOT EXISTS (SELECT 1 FROM {waiters} w \
        AND NOT EXISTS (SELECT 1 FROM {waiters} me WHERE me.name = $1 AND me.waiter = $3 \
          AND (me.arrived < w.arrived OR (me.arrived = w.arrived AND me.waiter < w.waiter))))";
 
+/// Whether permit requester `$2` is first in the semaphore's queue: no live waiter
+/// other than `$2` arrived before it (a caller not queued arrived after everyone).
+/// Permits are served in arrival order whatever the fairness, so a request for many
+/// is not starved by requests for few.
+const PERMIT_GATE: &str = "NOT EXISTS (SELECT 1 FROM {waiters} w \
+     WHERE w.name = $1 AND w.alive_until > NOW AND w.waiter <> $2 \
+       AND NOT EXISTS (SELECT 1 FROM {waiters} me WHERE me.name = $1 AND me.waiter = $2 \
+         AND (me.arrived < w.arrived OR (me.arrived = w.arrived AND me.waiter < w.waiter))))";
+
+/// The permits held by live holders of semaphore `$1` other than `$2`.
+const PERMITS_USED: &str = "(SELECT CAST(COALESCE(SUM(r.permits), 0) AS INT64) FROM {readers} r \
+     WHERE r.name = $1 AND r.expires_at > NOW AND r.owner <> $2)";
+
+/// Whether `$2` may take `$4` of the `$5` permits of semaphore `$1` (evaluated on its
+/// `locks` row): no live exclusive holder nor read lock, first in the queue, the
+/// same total (or an idle semaphore, whose total then changes), and room.
+const PERMIT_ROOM: &str = "(owner IS NULL OR expires_at <= NOW) AND PERMIT_GATE \
+     AND NOT EXISTS (SELECT 1 FROM {readers} r WHERE r.name = $1 AND r.expires_at > NOW AND r.permits = 0) \
+     AND (capacity = $5 OR (PERMITS_USED = 0 AND NOT EXISTS (SELECT 1 FROM {waiters} o \
+       WHERE o.name = $1 AND o.alive_until > NOW AND o.waiter <> $2))) \
+     AND PERMITS_USED + $4 <= $5";
+
 /// Every statement the backend runs, built once per connection pool.
 #[derive(Debug, Clone)]
 pub(crate) struct Statements {
@@ -169,7 +204,7 @@ pub(crate) struct Statements {
     /// `$1` name, `$2` waiter → owner, remaining lease ms, shared remaining ms, live
     /// waiters queued ahead of `$2` (0 when it is not queued).
     pub(crate) contention: Stmt,
-    /// `$1` name, `$2` waiter, `$3` mode (`x` | `s`), `$4` liveness ms: queues the
+    /// `$1` name, `$2` waiter, `$3` mode (`x` | `s` | `p`), `$4` liveness ms: queues the
     /// waiter (keeping an earlier arrival) or refreshes its liveness.
     pub(crate) enqueue: Stmt,
     /// `$1` name: forgets waiters whose liveness lapsed (crashed processes).
@@ -186,8 +221,29 @@ pub(crate) struct Statements {
     pub(crate) renew_exclusive_context: Stmt,
     /// `$1` name, `$2` lease ms, `$3` reader → token (0 / no row = not granted).
     pub(crate) acquire_shared_row: Stmt,
-    /// `$1` name, `$2` owner, `$3` token, `$4` lease ms, `$5` context → token.
+    /// `$1` name, `$2` owner, `$3` token, `$4` lease ms, `$5` context, `$6` permits
+    /// (0 for a read lock) → token.
     pub(crate) acquire_shared_reader: Stmt,
+    /// `$1` name: creates a semaphore's row if it has none, and locks it until the
+    /// transaction ends (before `grant_permits` on SQLite and MySQL).
+    pub(crate) ensure_row: Stmt,
+    /// `$1` name, `$2` owner, `$3` lease ms, `$4` permits, `$5` the total, `$6`
+    /// context → token (no row / 0 = not granted). PostgreSQL: one statement that
+    /// also writes the holder's `readers` row; it grants only if the lock row is
+    /// unchanged since the statement's snapshot (its subqueries read that snapshot,
+    /// not what a concurrent grant committed while this one waited for the row) — a
+    /// refusal that [`Self::permit_state`] shows had room was such a race. SQLite and
+    /// MySQL: the row is locked first (`ensure_row`, same transaction), and the
+    /// holder's row is written with `acquire_shared_reader`.
+    pub(crate) grant_permits: Stmt,
+    /// `$1` name, `$2` owner → the semaphore's total, permits used by others, live
+    /// waiters other than `$2`, whether an exclusive holder is live (0/1), whether
+    /// `$2` is first in the queue (0/1).
+    pub(crate) permit_state: Stmt,
+    /// `$1` name, `$2` owner → rows affected (or a notify row on PostgreSQL): gives
+    /// permits back (the readers' horizon is left to lapse; only exclusive requests
+    /// on the name wait for it).
+    pub(crate) release_permits: Stmt,
     /// `$1` name: locks the lock row first, so shared operations take row locks in
     /// one order (locks → readers) and never deadlock each other.
     pub(crate) lock_row: Stmt,
@@ -204,7 +260,8 @@ pub(crate) struct Statements {
     /// `$1` name → owner, token, context, remaining ms, live waiters, remaining ms
     /// of the holder's own lease (`ttl_at`).
     pub(crate) inspect_lock: Stmt,
-    /// `$1` name → owner, token, context, remaining ms per live reader.
+    /// `$1` name → owner, token, context, remaining ms, permits (0 for a read lock)
+    /// per live reader or permit holder.
     pub(crate) inspect_readers: Stmt,
     /// `$1` name: force-release.
     pub(crate) force_exclusive: Stmt,
@@ -278,22 +335,74 @@ impl Statements {
         };
         let acquire_shared_reader = match dialect {
             Dialect::MySql => s(
-                "INSERT INTO {readers} (name, owner, token, context, acquired_at, expires_at) \
-                 VALUES ($1, $2, LAST_INSERT_ID($3), $5, NOW, NOW + $4) \
+                "INSERT INTO {readers} (name, owner, token, context, acquired_at, expires_at, permits) \
+                 VALUES ($1, $2, LAST_INSERT_ID($3), $5, NOW, NOW + $4, $6) \
                  ON DUPLICATE KEY UPDATE \
                    token = LAST_INSERT_ID(IF(expires_at > NOW, token, VALUES(token))), \
                    acquired_at = IF(expires_at > NOW, acquired_at, NOW), \
-                   context = VALUES(context), expires_at = NOW + $4",
+                   context = VALUES(context), expires_at = NOW + $4, permits = VALUES(permits)",
             ),
             Dialect::Sqlite | Dialect::Postgres => s(
-                "INSERT INTO {readers} (name, owner, token, context, acquired_at, expires_at) \
-                 VALUES ($1, $2, $3, $5, NOW, NOW + $4) \
+                "INSERT INTO {readers} (name, owner, token, context, acquired_at, expires_at, permits) \
+                 VALUES ($1, $2, $3, $5, NOW, NOW + $4, $6) \
                  ON CONFLICT (name, owner) DO UPDATE SET \
                    token = CASE WHEN {readers}.expires_at > NOW THEN {readers}.token ELSE excluded.token END, \
                    acquired_at = CASE WHEN {readers}.expires_at > NOW THEN {readers}.acquired_at ELSE excluded.acquired_at END, \
-                   context = excluded.context, expires_at = excluded.expires_at \
+                   context = excluded.context, expires_at = excluded.expires_at, permits = excluded.permits \
                  RETURNING token",
             ),
+        };
+        let grant_permits = match dialect {
+            Dialect::Postgres => s(
+                "WITH seen AS (SELECT token FROM {locks} WHERE name = $1), \
+                 granted AS ( \
+                   UPDATE {locks} SET token = GREATEST(token + 1, CLOCK_US), \
+                     shared_until = GREATEST(shared_until, NOW + $3), capacity = $5 \
+                   WHERE name = $1 AND token = (SELECT token FROM seen) AND PERMIT_ROOM \
+                   RETURNING token) \
+                 INSERT INTO {readers} (name, owner, token, context, acquired_at, expires_at, permits) \
+                 SELECT $1, $2, token, $6, NOW, NOW + $3, $4 FROM granted \
+                 ON CONFLICT (name, owner) DO UPDATE SET \
+                   token = CASE WHEN {readers}.expires_at > NOW THEN {readers}.token ELSE excluded.token END, \
+                   acquired_at = CASE WHEN {readers}.expires_at > NOW THEN {readers}.acquired_at ELSE excluded.acquired_at END, \
+                   context = excluded.context, expires_at = excluded.expires_at, permits = excluded.permits \
+                 RETURNING token",
+            ),
+            Dialect::MySql => s(
+                "UPDATE {locks} SET \
+                   token = IF(@dlock_grant := (PERMIT_ROOM), \
+                              LAST_INSERT_ID(GREATEST(token + 1, CLOCK_US)), token + LAST_INSERT_ID(0)), \
+                   shared_until = IF(@dlock_grant, GREATEST(shared_until, NOW + $3), shared_until), \
+                   capacity = IF(@dlock_grant, $5, capacity) \
+                 WHERE name = $1",
+            ),
+            Dialect::Sqlite => s(
+                "UPDATE {locks} SET token = GREATEST(token + 1, CLOCK_US), \
+                   shared_until = GREATEST(shared_until, NOW + $3), capacity = $5 \
+                 WHERE name = $1 AND PERMIT_ROOM RETURNING token",
+            ),
+        };
+        let ensure_row = s(match dialect {
+            Dialect::MySql => {
+                "INSERT INTO {locks} (name, owner, token, context, acquired_at, expires_at, shared_until, writer_wait_until) \
+                 VALUES ($1, NULL, CLOCK_US, NULL, 0, 0, 0, 0) \
+                 ON DUPLICATE KEY UPDATE shared_until = shared_until"
+            }
+            Dialect::Sqlite | Dialect::Postgres => {
+                "INSERT INTO {locks} (name, owner, token, context, acquired_at, expires_at, shared_until, writer_wait_until) \
+                 VALUES ($1, NULL, CLOCK_US, NULL, 0, 0, 0, 0) \
+                 ON CONFLICT (name) DO UPDATE SET shared_until = {locks}.shared_until"
+            }
+        });
+        let release_permits = match dialect {
+            Dialect::Postgres => s(
+                "WITH released AS ( \
+                   DELETE FROM {readers} WHERE name = $1 AND owner = $2 AND expires_at > NOW RETURNING name) \
+                 SELECT pg_notify('{channel}', name) FROM released",
+            ),
+            Dialect::Sqlite | Dialect::MySql => {
+                s("DELETE FROM {readers} WHERE name = $1 AND owner = $2 AND expires_at > NOW")
+            }
         };
         let release_exclusive = match dialect {
             Dialect::Postgres => s(
@@ -312,6 +421,16 @@ impl Statements {
             (dialect == Dialect::Postgres).then(|| s("SELECT pg_notify('{change_channel}', $1)"));
         Statements {
             acquire_exclusive,
+            grant_permits,
+            ensure_row,
+            release_permits,
+            permit_state: s(
+                "SELECT capacity, PERMITS_USED, \
+                   (SELECT COUNT(*) FROM {waiters} o WHERE o.name = $1 AND o.alive_until > NOW AND o.waiter <> $2), \
+                   CAST(CASE WHEN owner IS NOT NULL AND expires_at > NOW THEN 1 ELSE 0 END AS INT64), \
+                   CAST(CASE WHEN PERMIT_GATE THEN 1 ELSE 0 END AS INT64) \
+                 FROM {locks} WHERE name = $1",
+            ),
             contention: s(
                 "SELECT {owner}, expires_at - NOW, shared_until - NOW, \
                    (SELECT COUNT(*) FROM {waiters} w WHERE w.name = $1 AND w.alive_until > NOW \
@@ -369,7 +488,7 @@ impl Statements {
                  FROM {locks} WHERE name = $1",
             ),
             inspect_readers: s(
-                "SELECT {owner}, token, context, expires_at - NOW FROM {readers} \
+                "SELECT {owner}, token, context, expires_at - NOW, permits FROM {readers} \
                  WHERE name = $1 AND expires_at > NOW ORDER BY acquired_at, owner",
             ),
             force_exclusive: s(
@@ -381,7 +500,8 @@ impl Statements {
             notify_change,
             live_locks: s(
                 "SELECT COUNT(*) FROM {locks} WHERE substr(name, 1, length($1)) = $1 \
-                 AND ((owner IS NOT NULL AND expires_at > NOW) OR shared_until > NOW \
+                 AND ((owner IS NOT NULL AND expires_at > NOW) \
+                   OR EXISTS (SELECT 1 FROM {readers} r WHERE r.name = {locks}.name AND r.expires_at > NOW) \
                    OR EXISTS (SELECT 1 FROM {waiters} w WHERE w.name = {locks}.name AND w.alive_until > NOW))",
             ),
             notify,

@@ -20,6 +20,11 @@
 //!   window (Simba's `ttl_at`; an election's leader may renew until `expires_at`,
 //!   which plays Simba's `transition_at`, and nobody else may take the row before
 //!   it). Equal to `expires_at` for holds without a window; 0 on rows from before.
+//! * Semaphores (version 4): a semaphore is a `locks` row whose `capacity` is its
+//!   total permits (0 for a plain lock), and each holder of permits a `readers` row
+//!   whose `permits` says how many it holds (0 for a read lock). A grant raises
+//!   `shared_until` as a reader's does, so exclusive requests on the name wait for
+//!   the permit holders; permit waiters queue in `waiters` with mode `p`.
 
 use dlock_spi::{Error, ErrorKind, Result};
 use sqlx::Row;
@@ -129,10 +134,25 @@ const MIGRATIONS: &[Migration] = &[
             "ALTER TABLE {locks} ADD COLUMN IF NOT EXISTS ttl_at BIGINT NOT NULL DEFAULT 0",
         ],
     },
+    Migration {
+        version: 4,
+        sqlite: &[
+            "ALTER TABLE {locks} ADD COLUMN capacity INTEGER NOT NULL DEFAULT 0",
+            "ALTER TABLE {readers} ADD COLUMN permits INTEGER NOT NULL DEFAULT 0",
+        ],
+        mysql: &[
+            "ALTER TABLE {locks} ADD COLUMN capacity BIGINT NOT NULL DEFAULT 0",
+            "ALTER TABLE {readers} ADD COLUMN permits BIGINT NOT NULL DEFAULT 0",
+        ],
+        postgres: &[
+            "ALTER TABLE {locks} ADD COLUMN IF NOT EXISTS capacity BIGINT NOT NULL DEFAULT 0",
+            "ALTER TABLE {readers} ADD COLUMN IF NOT EXISTS permits BIGINT NOT NULL DEFAULT 0",
+        ],
+    },
 ];
 
 /// The newest schema version this crate knows.
-pub const SCHEMA_VERSION: i64 = 3;
+pub const SCHEMA_VERSION: i64 = 4;
 
 /// Whether a migration statement failed only because an earlier, interrupted run
 /// already applied it (`ADD COLUMN` has no `IF NOT EXISTS` on SQLite and MySQL).

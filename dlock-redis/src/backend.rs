@@ -100,6 +100,8 @@ impl Waiting {
 /// An acquire script's answer.
 struct Answer {
     granted: bool,
+    /// Refused: the semaphore's holders have another total (`value`).
+    total_differs: bool,
     /// The token when granted, else ms until the lock may be free (0: unknown).
     value: i64,
     /// Refused and queued.
@@ -299,6 +301,7 @@ impl RedisBackend {
             .map_err(|e| map_redis(e, "acquire"))?;
         Ok(Answer {
             granted: reply.first() == Some(&1),
+            total_differs: reply.first() == Some(&-1),
             value: reply.get(1).copied().unwrap_or(0),
             queued: reply.get(2) == Some(&1),
             ahead: reply.get(3).copied().unwrap_or(0),
@@ -379,10 +382,10 @@ impl RedisBackend {
         }
         let mut inv = keys.invocation(&self.inner.scripts.acquire, &ALL);
         inv.arg(holder)
-            .arg(if req.mode == LockMode::Exclusive {
-                "x"
-            } else {
-                "s"
+            .arg(match req.mode {
+                LockMode::Exclusive => "x",
+                LockMode::Shared => "s",
+                LockMode::Permits(_) => "p",
             })
             .arg(ms(req.lease))
             .arg(value)
@@ -400,7 +403,17 @@ impl RedisBackend {
             } else {
                 "0"
             });
-        self.run_acquire(&inv).await
+        if let LockMode::Permits(n) = req.mode {
+            inv.arg(n).arg(req.capacity);
+        }
+        let answer = self.run_acquire(&inv).await?;
+        if answer.total_differs {
+            return Err(Error::invalid_argument(format!(
+                "semaphore has {} permits while it is in use; this handle asks with {}: use the same total everywhere (it can change once the semaphore is idle)",
+                answer.value, req.capacity
+            )));
+        }
+        Ok(answer)
     }
 
     /// `WAIT` for replicas after an acquire; releases and fails if too few answer.
@@ -432,7 +445,7 @@ impl RedisBackend {
 
 /// A release or renewal call of one grant (its [`dlock_spi::HolderKey`]): the exclusive
 /// script identifies the holder by the owner part of its value, the shared one (all
-/// keys) by the key itself.
+/// keys; readers and permit holders) by the key itself.
 fn owner_call<'s>(
     keys: &LockKeys,
     holder: &str,
@@ -441,14 +454,13 @@ fn owner_call<'s>(
     shared: &'s redis::Script,
 ) -> ScriptCall<'s> {
     match mode {
-        // (Permits are never granted here: their acquires are refused; a release
-        // or renewal of them answers "not the owner".)
-        LockMode::Exclusive | LockMode::Permits(_) => {
+        LockMode::Exclusive => {
             let mut call = keys.invocation(exclusive, exclusive_keys);
             call.arg(OwnerPart(holder));
             call
         }
-        LockMode::Shared => {
+        // Permit holders are readers.
+        LockMode::Shared | LockMode::Permits(_) => {
             let mut call = keys.invocation(shared, &ALL);
             call.arg(holder);
             call
@@ -505,13 +517,11 @@ impl LockRemoteResource for RedisBackend {
         caps.shared = true;
         caps.push_wakeup = self.inner.notices.is_some();
         caps.fencing = true;
+        caps.semaphore = true;
         caps
     }
 
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<AcquireResult> {
-        if req.mode.permits().is_some() {
-            return Err(Error::no_semaphores("redis"));
-        }
         let keys = self.keys(&req.name);
         // The grant's identity is what the scripts store and compare as the "owner".
         let holder = req.holder();
@@ -651,13 +661,13 @@ impl LockRemoteResource for RedisBackend {
         );
         inv.arg(ms(req.lease));
         match (&req.context, req.mode) {
-            (Some(context), LockMode::Exclusive | LockMode::Permits(_)) => {
+            (Some(context), LockMode::Exclusive) => {
                 inv.arg(HolderValue(
                     OwnerPart(req.holder().as_str()),
                     context.as_ref(),
                 ));
             }
-            (Some(context), LockMode::Shared) => {
+            (Some(context), LockMode::Shared | LockMode::Permits(_)) => {
                 inv.arg(context.as_ref());
             }
             (None, _) => {}
@@ -691,10 +701,14 @@ impl LockRemoteResource for RedisBackend {
             ));
         }
         let waiters = usize::try_from(int(v.get(4))).unwrap_or(0);
-        for r in v.get(5..).unwrap_or_default().chunks(4) {
+        for r in v.get(5..).unwrap_or_default().chunks(5) {
+            let mode = match u32::try_from(int(r.get(4))) {
+                Ok(0) | Err(_) => LockMode::Shared,
+                Ok(n) => LockMode::Permits(n),
+            };
             holders.push(HolderInfo::from_stored(
                 &String::from_utf8_lossy(&bytes(r.first())),
-                LockMode::Shared,
+                mode,
                 FencingToken::new(u64::try_from(int(r.get(1))).unwrap_or(0)),
                 bytes(r.get(2)).into(),
                 Some(Duration::from_millis(

@@ -17,15 +17,16 @@ use redis::{RedisWrite, ToRedisArgs};
 pub(crate) const EXCLUSIVE: &str = ":x";
 /// Fencing counter: never expires; a grant sets it to max(counter + 1, clock µs).
 pub(crate) const FENCE: &str = ":f";
-/// Shared holders: sorted set owner → expiry (server ms).
+/// Shared holders and permit holders: sorted set owner → expiry (server ms).
 pub(crate) const READERS: &str = ":r";
-/// Shared holders' tokens and contexts: hash.
+/// Shared holders' and permit holders' tokens (owner → token), contexts
+/// (`c:<owner>`) and permits (`p:<owner>`), and a semaphore's total (`#total`): hash.
 pub(crate) const READER_DATA: &str = ":rd";
 /// Waiters' queue (fair and non-fair): sorted set owner → arrival (server µs).
 pub(crate) const QUEUE: &str = ":q";
 /// Queue liveness: sorted set owner → liveness deadline (server ms).
 pub(crate) const QUEUE_ALIVE: &str = ":ql";
-/// Queued waiters' modes and notice channels: hash owner → "x" | "s", followed by
+/// Queued waiters' modes and notice channels: hash owner → "x" | "s" | "p", followed by
 /// the channel of the waiter's backend (empty when it polls).
 pub(crate) const QUEUE_MODE: &str = ":qm";
 

@@ -71,7 +71,7 @@ local function purge_readers(readers, data)
   clock()
   local dead = redis.call('ZRANGEBYSCORE', readers, '-inf', '(' .. now)
   for _, o in ipairs(dead) do
-    redis.call('HDEL', data, o, 'c:' .. o)
+    redis.call('HDEL', data, o, 'c:' .. o, 'p:' .. o)
   end
   if #dead > 0 then redis.call('ZREMRANGEBYSCORE', readers, '-inf', '(' .. now) end
 end
@@ -133,7 +133,7 @@ local function dequeue(queue, alive, modes, o)
 end
 "#;
 const H_NOTIFY: &str = r#"
--- The mode ('x' or 's') of queued waiter o and the notice channel of its backend
+-- The mode ('x', 's' or 'p') of queued waiter o and the notice channel of its backend
 -- ('' when it polls); nil and '' when o is not queued.
 local function queued_as(modes, o)
   local entry = redis.call('HGET', modes, o)
@@ -285,13 +285,21 @@ announce(KEYS[2])
 return 1
 "#;
 
-/// The general acquire: fair mode (exclusive or shared) and non-fair shared (a
-/// non-fair exclusive acquire always goes through [`ACQUIRE_EXCLUSIVE`]). KEYS:
-/// exclusive, readers, reader data, fence, queue, queue liveness, queue modes,
-/// observers. ARGV: owner, mode (x|s), lease ms, holder value, fair (1|0), waiting
-/// (as [`ACQUIRE_EXCLUSIVE`]), liveness ms, notice channel, context, `1` for a
-/// leadership (a grant is announced to its observers). Returns {1, token} or
-/// {0, ms left, queued, waiters ahead}.
+/// The general acquire: fair mode (exclusive or shared), non-fair shared (a
+/// non-fair exclusive acquire always goes through [`ACQUIRE_EXCLUSIVE`]) and
+/// permits. KEYS: exclusive, readers, reader data, fence, queue, queue liveness,
+/// queue modes, observers. ARGV: owner, mode (x|s|p), lease ms, holder value, fair
+/// (1|0), waiting (as [`ACQUIRE_EXCLUSIVE`]), liveness ms, notice channel, context,
+/// `1` for a leadership (a grant is announced to its observers), and for permits
+/// how many and the semaphore's total. Returns {1, token}, {0, ms left, queued,
+/// waiters ahead}, or {-1, the semaphore's total} when the total asked for differs
+/// from the one of its holders.
+///
+/// Permit holders are readers (same sorted set and data hash, so the exclusive key
+/// is `R` while they hold) with their count in `p:<owner>` and the total in
+/// `#total` of the data hash (gone with the last holder: a semaphore's total can
+/// change once nobody holds it). They are served in arrival order, fair or not: a
+/// request for many is not starved by requests for few.
 const ACQUIRE: &str = r#"
 local owner, mode, lease = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local fair = ARGV[5] == '1'
@@ -331,6 +339,58 @@ if mode == 'x' then
       return {1, t}
     end
   end
+elseif mode == 'p' then
+  clock()
+  purge_readers(KEYS[2], KEYS[3])
+  if redis.call('ZSCORE', KEYS[2], owner) then
+    redis.call('ZADD', KEYS[2], now + lease, owner)
+    reader_horizon(KEYS[1], KEYS[2], KEYS[3])
+    return {1, tonumber(redis.call('HGET', KEYS[3], owner))}
+  end
+  local n, total = tonumber(ARGV[11]), tonumber(ARGV[12])
+  local room = holder(v) == nil and not reserved_for_other(v, owner)
+  local used = 0
+  local holders = redis.call('ZRANGE', KEYS[2], 0, -1)
+  if #holders > 0 then
+    local t = tonumber(redis.call('HGET', KEYS[3], '#total'))
+    if not t then
+      -- Read locks hold the name.
+      room = false
+    elseif t ~= total then
+      return {-1, t}
+    elseif room then
+      local fields = {}
+      for i, o in ipairs(holders) do fields[i] = 'p:' .. o end
+      for _, p in ipairs(redis.call('HMGET', KEYS[3], unpack(fields))) do
+        used = used + (tonumber(p) or total)
+      end
+    end
+  end
+  local rank = false
+  if redis.call('EXISTS', KEYS[5]) == 1 then
+    purge_queue(KEYS[5], KEYS[6], KEYS[7])
+    rank = redis.call('ZRANK', KEYS[5], owner)
+    if rank ~= 0 and (rank or redis.call('ZCARD', KEYS[5]) > 0) then room = false end
+  end
+  if room and used + n <= total then
+    local tok = next_token(KEYS[4])
+    redis.call('ZADD', KEYS[2], now + lease, owner)
+    redis.call('HSET', KEYS[3], owner, string.format('%.0f', tok), 'c:' .. owner, ARGV[9],
+      'p:' .. owner, n, '#total', total)
+    reader_horizon(KEYS[1], KEYS[2], KEYS[3])
+    if rank then
+      dequeue(KEYS[5], KEYS[6], KEYS[7], owner)
+      -- Permits left: the next in line may take some.
+      if used + n < total then
+        local head = redis.call('ZRANGE', KEYS[5], 0, 0)
+        if head[1] then
+          local _, ch = queued_as(KEYS[7], head[1])
+          tell(KEYS[1], head[1], ch)
+        end
+      end
+    end
+    return {1, tok}
+  end
 else
   clock()
   purge_readers(KEYS[2], KEYS[3])
@@ -339,7 +399,9 @@ else
     reader_horizon(KEYS[1], KEYS[2], KEYS[3])
     return {1, tonumber(redis.call('HGET', KEYS[3], owner))}
   end
+  -- Free unless a writer holds it, it is set aside, or a semaphore's permits hold it.
   local free = holder(v) == nil and not reserved_for_other(v, owner)
+    and redis.call('HEXISTS', KEYS[3], '#total') == 0
   local rank = false
   if redis.call('EXISTS', KEYS[5]) == 1 then
     purge_queue(KEYS[5], KEYS[6], KEYS[7])
@@ -379,17 +441,21 @@ end
 return {0, time_left(KEYS[1]), queued, ahead}
 "#;
 
-/// Shared release. KEYS: as ACQUIRE. ARGV: owner.
+/// Shared (or permits) release. KEYS: as ACQUIRE. ARGV: owner. The queue's head is
+/// told when the last reader leaves, and whenever permits come back.
 const RELEASE_SHARED: &str = r#"
 purge_readers(KEYS[2], KEYS[3])
 if not redis.call('ZSCORE', KEYS[2], ARGV[1]) then return 0 end
+local permits = redis.call('HGET', KEYS[3], 'p:' .. ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
-redis.call('HDEL', KEYS[3], ARGV[1], 'c:' .. ARGV[1])
-if reader_horizon(KEYS[1], KEYS[2], KEYS[3]) == 0 then notify(KEYS[1], KEYS[5], KEYS[6], KEYS[7]) end
+redis.call('HDEL', KEYS[3], ARGV[1], 'c:' .. ARGV[1], 'p:' .. ARGV[1])
+if reader_horizon(KEYS[1], KEYS[2], KEYS[3]) == 0 or permits then
+  notify(KEYS[1], KEYS[5], KEYS[6], KEYS[7])
+end
 return 1
 "#;
 
-/// Shared renewal. KEYS: as ACQUIRE. ARGV: owner, lease ms, optionally a new context.
+/// Shared (or permits) renewal. KEYS: as ACQUIRE. ARGV: owner, lease ms, optionally a new context.
 const RENEW_SHARED: &str = r#"
 purge_readers(KEYS[2], KEYS[3])
 if not redis.call('ZSCORE', KEYS[2], ARGV[1]) then return 0 end
@@ -415,7 +481,8 @@ if was_head and (not v or v == 'R') then notify(KEYS[1], KEYS[5], KEYS[6], KEYS[
 return 1
 "#;
 
-/// Returns {x owner, x token, x context, x ms left, waiters, reader quads…}.
+/// Returns {x owner, x token, x context, x ms left, waiters, then per reader or
+/// permit holder: owner, token, context, ms left, permits (0 for a reader)}.
 /// KEYS: as ACQUIRE.
 const INSPECT: &str = r#"
 purge_readers(KEYS[2], KEYS[3])
@@ -432,6 +499,7 @@ for i = 1, #rs, 2 do
   table.insert(out, redis.call('HGET', KEYS[3], r) or '0')
   table.insert(out, redis.call('HGET', KEYS[3], 'c:' .. r) or '')
   table.insert(out, tonumber(rs[i + 1]) - now)
+  table.insert(out, tonumber(redis.call('HGET', KEYS[3], 'p:' .. r)) or 0)
 end
 return out
 "#;

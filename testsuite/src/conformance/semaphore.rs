@@ -3,14 +3,15 @@
 //! the total is a property of the semaphore while it is in use. A backend without
 //! semaphores must refuse them with `Unsupported`.
 
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use dlock_api::DistributeLockManager;
 use dlock_spi::ErrorKind;
 
-use super::{Env, FencedRegister};
+use super::Env;
 use crate::TestBackend;
 
 /// True when the backend has semaphores; otherwise checks that it refuses them, as
@@ -31,7 +32,8 @@ async fn has_semaphores(env: &Env, m: &DistributeLockManager) -> bool {
 
 /// 6 tasks on 3 clients take 1 or 2 of 3 permits, 60 times in all: the permits in
 /// use never exceed 3, and holders really overlap (it is not a mutex). Every grant's
-/// token is accepted by a fenced register (tokens grow).
+/// token is new (holders overlap, so grants may reach a shared register out of
+/// order; but no two grants share a token, and each task's tokens grow).
 pub async fn semaphore_permits_never_exceed_the_total(backend: Arc<dyn TestBackend>) {
     const TOTAL: u32 = 3;
     const GRANTS: usize = 60;
@@ -51,18 +53,19 @@ pub async fn semaphore_permits_never_exceed_the_total(backend: Arc<dyn TestBacke
     let most = Arc::new(AtomicU32::new(0));
     let over = Arc::new(AtomicUsize::new(0));
     let grants = Arc::new(AtomicUsize::new(0));
-    let register = Arc::new(FencedRegister::default());
+    let tokens = Arc::new(Mutex::new(HashSet::new()));
     let mut tasks = Vec::new();
     for t in 0..6 {
         let sem = managers[t % 3].semaphore("pool", TOTAL);
-        let (in_use, most, over, grants, register) = (
+        let (in_use, most, over, grants, tokens) = (
             Arc::clone(&in_use),
             Arc::clone(&most),
             Arc::clone(&over),
             Arc::clone(&grants),
-            Arc::clone(&register),
+            Arc::clone(&tokens),
         );
         tasks.push(tokio::spawn(async move {
+            let mut last = 0;
             while grants.fetch_add(1, Ordering::SeqCst) < GRANTS {
                 let n = 1 + u32::from(fastrand::bool());
                 let permit = sem
@@ -71,7 +74,17 @@ pub async fn semaphore_permits_never_exceed_the_total(backend: Arc<dyn TestBacke
                     .expect("acquire without error")
                     .expect("permits within 30 s");
                 assert_eq!(permit.permits(), n);
-                register.write(permit.fencing_token());
+                let token = permit.fencing_token().get();
+                assert!(
+                    token > last,
+                    "a task's next grant has token {token} after {last}"
+                );
+                last = token;
+                let fresh = tokens
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .insert(token);
+                assert!(fresh, "two grants share token {token}");
                 let now = in_use.fetch_add(n, Ordering::SeqCst) + n;
                 most.fetch_max(now, Ordering::SeqCst);
                 if now > TOTAL {
@@ -95,7 +108,10 @@ pub async fn semaphore_permits_never_exceed_the_total(backend: Arc<dyn TestBacke
         most.load(Ordering::SeqCst) >= 2,
         "holders never overlapped: the semaphore acted as a mutex"
     );
-    assert_eq!(register.counts(), (GRANTS, 0), "a grant reused a token");
+    assert_eq!(
+        tokens.lock().unwrap_or_else(PoisonError::into_inner).len(),
+        GRANTS
+    );
     assert_eq!(
         managers[0]
             .semaphore("pool", TOTAL)
