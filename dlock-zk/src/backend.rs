@@ -26,7 +26,7 @@ use crate::{parse_url, ZkOptions};
 /// credentials — full rights for that identity only, so a root an operator secured
 /// stays secured below the lock nodes dlock creates.
 #[derive(Debug, Clone, Copy)]
-struct NodeAcls(Acls<'static>);
+pub(crate) struct NodeAcls(Acls<'static>);
 
 impl NodeAcls {
     fn new(authenticated: bool) -> Self {
@@ -37,7 +37,7 @@ impl NodeAcls {
         })
     }
 
-    fn contender(self) -> CreateOptions<'static> {
+    pub(crate) fn contender(self) -> CreateOptions<'static> {
         CreateMode::EphemeralSequential.with_acls(self.0)
     }
 
@@ -60,14 +60,14 @@ const MAX_ENQUEUES: usize = 8;
 /// Locks on ZooKeeper. Cheap to share (`Arc` inside); one session per backend.
 #[derive(Clone)]
 pub struct ZkBackend {
-    inner: Arc<Inner>,
+    pub(crate) inner: Arc<Inner>,
 }
 
-struct Inner {
-    sessions: Arc<Sessions>,
-    root: String,
+pub(crate) struct Inner {
+    pub(crate) sessions: Arc<Sessions>,
+    pub(crate) root: String,
     exclusive: ExclusiveNode,
-    acls: NodeAcls,
+    pub(crate) acls: NodeAcls,
     /// Nodes this backend holds, by owner: for release, renew and reentry.
     held: Mutex<HashMap<HeldKey, HeldNode>>,
     /// Looks at a lock's queue (one per acquire, one per wake-up).
@@ -77,14 +77,14 @@ struct Inner {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-struct HeldKey {
+pub(crate) struct HeldKey {
     name: LockName,
     holder: HolderKey,
     mode: LockMode,
 }
 
 impl HeldKey {
-    fn new(name: &LockName, holder: HolderKey, mode: LockMode) -> Self {
+    pub(crate) fn new(name: &LockName, holder: HolderKey, mode: LockMode) -> Self {
         HeldKey {
             name: name.clone(),
             holder,
@@ -94,18 +94,20 @@ impl HeldKey {
 }
 
 #[derive(Debug, Clone)]
-struct HeldNode {
-    path: String,
-    token: FencingToken,
+pub(crate) struct HeldNode {
+    pub(crate) path: String,
+    pub(crate) token: FencingToken,
+    /// A semaphore grant's other lease nodes (one per permit beyond the first).
+    pub(crate) extra: Vec<String>,
 }
 
 /// Our contender node, while we wait: found in the queue, or gone.
-struct Enqueued {
-    node: String,
-    token: FencingToken,
-    children: Vec<String>,
+pub(crate) struct Enqueued {
+    pub(crate) node: String,
+    pub(crate) token: FencingToken,
+    pub(crate) children: Vec<String>,
     /// The child watch set by the latest listing: the holder's steal detector.
-    watch: OneshotWatcher,
+    pub(crate) watch: OneshotWatcher,
 }
 
 impl ZkBackend {
@@ -194,7 +196,7 @@ impl ZkBackend {
 }
 
 impl Inner {
-    fn held(&self) -> MutexGuard<'_, HashMap<HeldKey, HeldNode>> {
+    pub(crate) fn held(&self) -> MutexGuard<'_, HashMap<HeldKey, HeldNode>> {
         self.held.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -342,23 +344,31 @@ impl Inner {
         }))
     }
 
-    async fn create_lock_node(&self, session: &Session, lock: &str) -> Result<()> {
-        match session
-            .client
-            .create(lock, &[], &self.acls.lock_node())
-            .await
-        {
-            Ok(_) | Err(ZkError::NodeExists) => Ok(()),
-            Err(ZkError::NoNode) => {
-                // The root itself is gone (deleted by hand): put it back.
-                session
-                    .client
-                    .mkdir(&self.root, &self.acls.root())
-                    .await
-                    .map_err(|e| map_zk(e, "create root"))
+    /// Creates a lock's node (a container) — or a semaphore's `locks` or `leases`
+    /// node below it — and what is missing above it, up to the root.
+    pub(crate) async fn create_lock_node(&self, session: &Session, lock: &str) -> Result<()> {
+        for _ in 0..2 {
+            match session
+                .client
+                .create(lock, &[], &self.acls.lock_node())
+                .await
+            {
+                Ok(_) | Err(ZkError::NodeExists) => return Ok(()),
+                Err(ZkError::NoNode) => match lock.rsplit_once('/') {
+                    Some((parent, _)) if parent.len() > self.root.len() => {
+                        Box::pin(self.create_lock_node(session, parent)).await?;
+                    }
+                    // The root itself is gone (deleted by hand): put it back.
+                    _ => session
+                        .client
+                        .mkdir(&self.root, &self.acls.root())
+                        .await
+                        .map_err(|e| map_zk(e, "create root"))?,
+                },
+                Err(err) => return Err(map_zk(err, "create lock node")),
             }
-            Err(err) => Err(map_zk(err, "create lock node")),
         }
+        Ok(())
     }
 
     /// Finds an owner's node under a lock by its prefix (when this backend does not
@@ -376,12 +386,16 @@ impl Inner {
         }
     }
 
-    /// The path of the owner's node for a release or renewal.
+    /// The path of the owner's node for a release or renewal (a semaphore grant's
+    /// first lease).
     async fn node_of(&self, key: &HeldKey) -> Result<Option<String>> {
         if let Some(held) = self.held().get(key) {
             return Ok(Some(held.path.clone()));
         }
-        let lock = layout::lock_path(&self.root, &key.name);
+        let mut lock = layout::lock_path(&self.root, &key.name);
+        if key.mode.permits().is_some() {
+            lock = crate::semaphore::leases_dir(&lock);
+        }
         // The protection id alone names the grant's node, whatever its marker.
         self.find(&lock, &layout::protected_prefix(&key.holder))
             .await
@@ -394,7 +408,7 @@ impl ZkBackend {
     /// someone else. It rides on the child watch the acquire's listing already set
     /// (no extra request): a change among the lock's children makes it list again and
     /// check that our node is still there. The manager drives it; it ends on release.
-    fn watch_hold(
+    pub(crate) fn watch_hold(
         &self,
         session: &Arc<Session>,
         key: HeldKey,
@@ -433,13 +447,11 @@ impl LockRemoteResource for ZkBackend {
         caps.shared = true;
         caps.push_wakeup = true;
         caps.fencing = true;
+        caps.semaphore = true;
         caps
     }
 
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<AcquireResult> {
-        if req.mode.permits().is_some() {
-            return Err(Error::no_semaphores("zookeeper"));
-        }
         let sessions = &self.inner.sessions;
         let mut ended = None;
         for _ in 0..MAX_ENQUEUES {
@@ -461,6 +473,9 @@ impl LockRemoteResource for ZkBackend {
     }
 
     async fn release(&self, req: &ReleaseRequest) -> Result<ReleaseResult> {
+        if req.mode.permits().is_some() {
+            return self.release_permits(req).await;
+        }
         let inner = &self.inner;
         let key = HeldKey::new(&req.name, req.holder(), req.mode);
         let held = inner.held().remove(&key);
@@ -520,6 +535,9 @@ impl LockRemoteResource for ZkBackend {
             Err(ZkError::NoNode) => return Ok(None),
             Err(err) => return Err(map_zk(err, "list")),
         };
+        if crate::semaphore::is_semaphore(&children) {
+            return self.inspect_semaphore(&session, &lock).await;
+        }
         let queue = layout::contenders(&children);
         if queue.is_empty() {
             return Ok(None);
@@ -577,6 +595,9 @@ impl ZkBackend {
         session: &Arc<Session>,
         req: &AcquireRequest,
     ) -> Result<AcquireResult> {
+        if let LockMode::Permits(n) = req.mode {
+            return self.acquire_permits_in(session, req, n).await;
+        }
         let inner = &self.inner;
         let lock = layout::lock_path(&inner.root, &req.name);
         // Nodes belong to the grant: its key makes the protection id and the data, so
@@ -586,7 +607,40 @@ impl ZkBackend {
         let prefix = layout::node_prefix(&holder, req.mode, inner.exclusive, req.purpose);
         let data = node_data(&holder, &req.context);
         let key = HeldKey::new(&req.name, holder, req.mode);
-        let mut mine = inner.enqueue(session, &key, &lock, &prefix, &data).await?;
+        let Some((mine, mut pending)) = self
+            .wait_turn(session, &key, &lock, &prefix, &data, req.deadline)
+            .await?
+        else {
+            return Ok(AcquireResult::not_acquired(None, None));
+        };
+        pending.disarm();
+        inner.held().insert(
+            key.clone(),
+            HeldNode {
+                path: format!("{lock}/{}", mine.node),
+                token: mine.token,
+                extra: Vec::new(),
+            },
+        );
+        let watch = self.watch_hold(session, key, lock, mine.node, mine.token, mine.watch);
+        Ok(AcquireResult::acquired(mine.token, None).with_watch(watch))
+    }
+
+    /// Queues a contender node (`prefix`, `data`) under `lock` and waits until it
+    /// stands first by Curator's rules ([`layout::standing`]): `Some` with the node
+    /// (still armed to be deleted: the caller disarms it to keep it), or `None` once
+    /// `deadline` passes (the node deleted). Watches only the node just ahead.
+    pub(crate) async fn wait_turn(
+        &self,
+        session: &Arc<Session>,
+        key: &HeldKey,
+        lock: &str,
+        prefix: &str,
+        data: &[u8],
+        deadline: Option<Instant>,
+    ) -> Result<Option<(Enqueued, PendingNode)>> {
+        let inner = &self.inner;
+        let mut mine = inner.enqueue(session, key, lock, prefix, data).await?;
         let mut pending =
             PendingNode::new(&inner.sessions, session, format!("{lock}/{}", mine.node));
         let mut enqueues = 1;
@@ -596,10 +650,10 @@ impl ZkBackend {
             let Some(index) = queue.iter().position(|c| c.node == mine.node) else {
                 // Our node vanished (deleted by an operator, or its session ended).
                 pending.disarm();
-                if enqueues >= MAX_ENQUEUES || deadline_passed(req.deadline) {
-                    return Ok(AcquireResult::not_acquired(None, None));
+                if enqueues >= MAX_ENQUEUES || deadline_passed(deadline) {
+                    return Ok(None);
                 }
-                mine = inner.enqueue(session, &key, &lock, &prefix, &data).await?;
+                mine = inner.enqueue(session, key, lock, prefix, data).await?;
                 pending =
                     PendingNode::new(&inner.sessions, session, format!("{lock}/{}", mine.node));
                 enqueues += 1;
@@ -615,22 +669,13 @@ impl ZkBackend {
                 }
             };
             let Some(ahead) = ahead else {
-                pending.disarm();
-                inner.held().insert(
-                    key.clone(),
-                    HeldNode {
-                        path: format!("{lock}/{}", mine.node),
-                        token: mine.token,
-                    },
-                );
-                let watch = self.watch_hold(session, key, lock, mine.node, mine.token, mine.watch);
-                return Ok(AcquireResult::acquired(mine.token, None).with_watch(watch));
+                return Ok(Some((mine, pending)));
             };
-            let deadline = match req.deadline {
+            let deadline = match deadline {
                 Some(deadline) if deadline > Instant::now() => deadline,
                 _ => {
                     pending.delete().await;
-                    return Ok(AcquireResult::not_acquired(None, None));
+                    return Ok(None);
                 }
             };
             // Wait for the one node ahead of us to go (or change), then look again.
@@ -641,7 +686,7 @@ impl ZkBackend {
                         _ = watcher.changed() => {}
                         () = tokio::time::sleep_until(deadline.into()) => {
                             pending.delete().await;
-                            return Ok(AcquireResult::not_acquired(None, None));
+                            return Ok(None);
                         }
                     }
                 }
@@ -651,7 +696,7 @@ impl ZkBackend {
                 Err(err) => return Err(map_zk(err, "watch")),
             }
             loop {
-                match session.client.list_and_watch_children(&lock).await {
+                match session.client.list_and_watch_children(lock).await {
                     Ok((children, watch)) => (mine.children, mine.watch) = (children, watch),
                     // The lock node is gone, and our node with it: queue again above.
                     Err(ZkError::NoNode) => mine.children.clear(),
@@ -678,6 +723,9 @@ impl LockAdmin for ZkBackend {
             Err(ZkError::NoNode) => return Ok(0),
             Err(err) => return Err(map_zk(err, "list")),
         };
+        if crate::semaphore::is_semaphore(&children) {
+            return self.force_release_semaphore(&session, &lock).await;
+        }
         let queue = layout::contenders(&children);
         let holders = layout::holders(&queue).len();
         let deletes: Vec<_> = queue
@@ -701,16 +749,25 @@ impl LockAdmin for ZkBackend {
             Err(ZkError::NoNode) => return Ok(0),
             Err(err) => return Err(map_zk(err, "list")),
         };
-        let lists: Vec<_> = locks
+        let paths: Vec<String> = locks
             .iter()
             .filter(|segment| {
                 layout::decode_segment(segment).is_some_and(|name| name.starts_with(prefix))
             })
-            .map(|segment| session.client.list_children(&format!("{root}/{segment}")))
+            .map(|segment| format!("{root}/{segment}"))
+            .collect();
+        let lists: Vec<_> = paths
+            .iter()
+            .map(|path| session.client.list_children(path))
             .collect();
         let mut live = 0;
-        for list in lists {
+        for (path, list) in paths.iter().zip(lists) {
             match list.await {
+                Ok(children) if crate::semaphore::is_semaphore(&children) => {
+                    if self.semaphore_live(&session, path).await? {
+                        live += 1;
+                    }
+                }
                 Ok(children) if !layout::contenders(&children).is_empty() => live += 1,
                 Ok(_) | Err(ZkError::NoNode) => {}
                 Err(err) => return Err(map_zk(err, "list")),
@@ -834,14 +891,14 @@ async fn next_event(watcher: &mut Option<PendingEvent>) -> WatchedEvent {
 }
 
 /// A contender node that must not outlive a failed, timed-out or cancelled acquire.
-struct PendingNode {
+pub(crate) struct PendingNode {
     sessions: Arc<Sessions>,
     session: Arc<Session>,
     path: Option<String>,
 }
 
 impl PendingNode {
-    fn new(sessions: &Arc<Sessions>, session: &Arc<Session>, path: String) -> Self {
+    pub(crate) fn new(sessions: &Arc<Sessions>, session: &Arc<Session>, path: String) -> Self {
         PendingNode {
             sessions: Arc::clone(sessions),
             session: Arc::clone(session),
@@ -850,13 +907,13 @@ impl PendingNode {
     }
 
     /// The node is ours to keep (granted) or already gone.
-    fn disarm(&mut self) {
+    pub(crate) fn disarm(&mut self) {
         self.path = None;
     }
 
     /// Deletes the node and waits for the answer, so the queue is clean on return
     /// (when the connection is down, the delete is retried in the background).
-    async fn delete(&mut self) {
+    pub(crate) async fn delete(&mut self) {
         if let Some(path) = self.path.take() {
             match self.session.client.delete(&path, None).await {
                 Ok(()) | Err(ZkError::NoNode) => {}
@@ -875,15 +932,15 @@ impl Drop for PendingNode {
     }
 }
 
-fn deadline_passed(deadline: Option<Instant>) -> bool {
+pub(crate) fn deadline_passed(deadline: Option<Instant>) -> bool {
     deadline.is_none_or(|d| d <= Instant::now())
 }
 
-fn token_of(czxid: i64) -> FencingToken {
+pub(crate) fn token_of(czxid: i64) -> FencingToken {
     FencingToken::new(u64::try_from(czxid).unwrap_or(0))
 }
 
-fn node_data(holder: &HolderKey, context: &Bytes) -> Vec<u8> {
+pub(crate) fn node_data(holder: &HolderKey, context: &Bytes) -> Vec<u8> {
     let mut data = Vec::with_capacity(DATA_MAGIC.len() + holder.as_str().len() + 1 + context.len());
     data.extend_from_slice(DATA_MAGIC);
     data.extend_from_slice(holder.as_str().as_bytes());
@@ -894,7 +951,7 @@ fn node_data(holder: &HolderKey, context: &Bytes) -> Vec<u8> {
 
 /// The holder key and context stored in a node; a foreign node (Curator's) is
 /// described by its own name and data.
-fn parse_node_data(node: &str, data: Vec<u8>) -> (String, Bytes) {
+pub(crate) fn parse_node_data(node: &str, data: Vec<u8>) -> (String, Bytes) {
     if let Some(rest) = data.strip_prefix(DATA_MAGIC) {
         if let Some(at) = rest.iter().position(|b| *b == b'\n') {
             if let Ok(holder) = std::str::from_utf8(&rest[..at]) {

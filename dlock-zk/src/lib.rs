@@ -43,6 +43,7 @@ mod backend;
 mod error;
 mod follow;
 mod layout;
+mod semaphore;
 mod session;
 
 use std::time::Duration;

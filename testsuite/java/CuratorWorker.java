@@ -2,12 +2,15 @@
 // the interoperability test and the benchmark. Built by the tests with javac against
 // Debian's jars (libcurator-recipes-java); nothing is downloaded.
 //
-//   counter  CONNECT LOCK_PATH COUNTER_FILE ITERATIONS mutex|rw|latch
+//   counter  CONNECT LOCK_PATH COUNTER_FILE ITERATIONS mutex|rw|latch|semaphore-N
 //       ITERATIONS times: take the lock (InterProcessMutex, the write side of
 //       InterProcessReadWriteLock, or the leadership of a LeaderLatch), claim the marker file COUNTER_FILE.held with an
 //       exclusive create (fails if another holder is inside), read the counter, sleep,
-//       write counter + 1, remove the marker, release. Prints "ready" once connected
-//       and "curator acquired=N overlaps=M" at the end.
+//       write counter + 1, remove the marker, release. With semaphore-N: take one
+//       lease of an InterProcessSemaphoreV2 of N and claim one of the N slot files
+//       COUNTER_FILE.slot<i> instead (an overlap when all N are taken: more than N
+//       holders). Prints "ready" once connected and "curator acquired=N overlaps=M"
+//       at the end.
 //   latch-candidate  CONNECT LATCH_PATH SESSION_MS
 //       Failover benchmark: one LeaderLatch participant on a client with a session
 //       timeout of SESSION_MS. Prints "campaigning" once its node exists, "leading"
@@ -34,6 +37,8 @@ import org.apache.curator.framework.recipes.leader.LeaderLatch;
 import org.apache.curator.framework.recipes.locks.InterProcessLock;
 import org.apache.curator.framework.recipes.locks.InterProcessMutex;
 import org.apache.curator.framework.recipes.locks.InterProcessReadWriteLock;
+import org.apache.curator.framework.recipes.locks.InterProcessSemaphoreV2;
+import org.apache.curator.framework.recipes.locks.Lease;
 import org.apache.curator.retry.RetryNTimes;
 
 public final class CuratorWorker {
@@ -71,6 +76,10 @@ public final class CuratorWorker {
             throws Exception {
         if (kind.equals("latch")) {
             latchCounter(client, path, counter, iterations);
+            return;
+        }
+        if (kind.startsWith("semaphore-")) {
+            semaphoreCounter(client, path, counter, iterations, Integer.parseInt(kind.substring("semaphore-".length())));
             return;
         }
         InterProcessLock lock = kind.equals("rw")
@@ -112,6 +121,51 @@ public final class CuratorWorker {
             Files.delete(marker);
         }
         return claimed ? 0 : 1;
+    }
+
+    /** The slot step under one lease of an InterProcessSemaphoreV2 of `total`. */
+    static void semaphoreCounter(CuratorFramework client, String path, Path counter, int iterations, int total)
+            throws Exception {
+        InterProcessSemaphoreV2 semaphore = new InterProcessSemaphoreV2(client, path, total);
+        int acquired = 0;
+        int overlaps = 0;
+        for (int i = 0; i < iterations; i++) {
+            Lease lease = semaphore.acquire(60, TimeUnit.SECONDS);
+            if (lease == null) {
+                System.err.println("curator: no lease within 60 s");
+                System.exit(75);
+            }
+            try {
+                acquired++;
+                overlaps += slotStep(counter, total);
+            } finally {
+                semaphore.returnLease(lease);
+            }
+        }
+        System.out.println("curator acquired=" + acquired + " overlaps=" + overlaps);
+    }
+
+    /**
+     * The semaphore's step: claims one of `total` slot files with an exclusive
+     * create (1 if all are taken: more holders than permits), pauses, drops it.
+     */
+    static int slotStep(Path counter, int total) throws Exception {
+        Path claimed = null;
+        for (int s = 0; s < total && claimed == null; s++) {
+            Path slot = Paths.get(counter.toString() + ".slot" + s);
+            try {
+                Files.createFile(slot);
+                claimed = slot;
+            } catch (FileAlreadyExistsException e) {
+                // Taken: try the next.
+            }
+        }
+        Thread.sleep(5);
+        if (claimed == null) {
+            return 1;
+        }
+        Files.delete(claimed);
+        return 0;
     }
 
     /** One LeaderLatch participant that leads until the process is killed. */

@@ -526,12 +526,20 @@ impl Drop for Restart {
 /// A Java service using Curator's `InterProcessMutex` and two dlock clients increment
 /// one non-atomic counter under the same ZooKeeper lock: no update is lost and no two
 /// holders ever overlap. Then the same with Curator's read-write lock (writers) against
-/// dlock's read-write lock configured with `exclusive=rw`, and with Curator's
-/// `LeaderLatch` against dlock's election (one leader among both).
+/// dlock's read-write lock configured with `exclusive=rw`, with Curator's
+/// `LeaderLatch` against dlock's election (one leader among both), and with Curator's
+/// `InterProcessSemaphoreV2` of 2 against dlock's semaphore of 2 (each holder claims
+/// one of 2 slot files: never more than 2 holders among both).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dlock_and_java_curator_exclude_each_other() {
     let Some(url) = url_for("zk") else { return };
-    for (recipe, query) in [("mutex", ""), ("rw", "?exclusive=rw"), ("latch", "")] {
+    const PERMITS: u32 = 2;
+    for (recipe, query) in [
+        ("mutex", ""),
+        ("rw", "?exclusive=rw"),
+        ("latch", ""),
+        ("semaphore", ""),
+    ] {
         let dlock_url = format!("{url}{query}");
         let backend = ZkBackend::connect(&dlock_url).await.unwrap();
         let lock = name(&format!("curator-{recipe}"));
@@ -547,7 +555,12 @@ async fn dlock_and_java_curator_exclude_each_other() {
         let mut child = java
             .args(["counter", &hosts_of(&url), &path])
             .arg(&counter)
-            .args([&JAVA_ITERATIONS.to_string(), recipe])
+            .arg(JAVA_ITERATIONS.to_string())
+            .arg(if recipe == "semaphore" {
+                format!("semaphore-{PERMITS}")
+            } else {
+                recipe.to_owned()
+            })
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
@@ -582,7 +595,20 @@ async fn dlock_and_java_curator_exclude_each_other() {
             workers.push(tokio::spawn(async move {
                 let handle = m.read_write_lock(&lock);
                 let mut overlaps = 0;
-                for _ in 0..DLOCK_ITERATIONS {
+                for i in 0..DLOCK_ITERATIONS {
+                    if recipe == "semaphore" {
+                        // 1 and 2 permits by turns (2: the whole semaphore).
+                        let n = 1 + u32::try_from(i % 2).unwrap();
+                        let permit = m
+                            .semaphore(&lock, PERMITS)
+                            .try_acquire(n, Duration::from_secs(60))
+                            .await
+                            .unwrap()
+                            .expect("permits within 60 s");
+                        overlaps += claim_slots(&counter, n, PERMITS);
+                        permit.release().await.unwrap();
+                        continue;
+                    }
                     if recipe == "latch" {
                         let term = m
                             .election(&lock)
@@ -627,7 +653,17 @@ async fn dlock_and_java_curator_exclude_each_other() {
             .trim()
             .parse()
             .unwrap();
-        assert_eq!(overlaps, 0, "{recipe}: dlock saw another holder inside");
+        assert_eq!(overlaps, 0, "{recipe}: dlock saw too many holders inside");
+        if recipe == "semaphore" {
+            // Holders overlap by design: slots are the check, not the counter.
+            eprintln!(
+                "semaphore: {JAVA_ITERATIONS} (Curator) + {} (dlock) leases of {PERMITS}, never more than {PERMITS} holders",
+                2 * DLOCK_ITERATIONS
+            );
+            let _ = std::fs::remove_dir_all(&dir);
+            drop(backend);
+            continue;
+        }
         assert_eq!(
             value,
             JAVA_ITERATIONS + 2 * DLOCK_ITERATIONS,
@@ -640,6 +676,29 @@ async fn dlock_and_java_curator_exclude_each_other() {
         let _ = std::fs::remove_dir_all(&dir);
         drop(backend);
     }
+}
+
+/// The semaphore's step (as the Java worker's): claim `n` of the `total` slot files
+/// with exclusive creates (1 when fewer are free: more permits held than the total),
+/// pause, drop them.
+fn claim_slots(counter: &Path, n: u32, total: u32) -> u32 {
+    let claimed: Vec<PathBuf> = (0..total)
+        .map(|s| PathBuf::from(format!("{}.slot{s}", counter.display())))
+        .filter(|slot| {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(slot)
+                .is_ok()
+        })
+        .take(usize::try_from(n).unwrap())
+        .collect();
+    std::thread::sleep(Duration::from_millis(5));
+    let short = u32::from(claimed.len() < usize::try_from(n).unwrap());
+    for slot in claimed {
+        std::fs::remove_file(slot).unwrap();
+    }
+    short
 }
 
 /// The counter step both sides run: claim the marker file exclusively (counting an

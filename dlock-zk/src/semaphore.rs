@@ -1,0 +1,379 @@
+//! Semaphores in Apache Curator's `InterProcessSemaphoreV2` layout, so Java clients
+//! and dlock share one semaphore:
+//!
+//! ```text
+//! <root>/<escaped name>/locks/_c_<protection id>-lock-0000000007    the recipe's mutex
+//! <root>/<escaped name>/leases/_c_<protection id>-lease-0000000042  one permit each
+//! ```
+//!
+//! An acquire of `n` permits takes the mutex (an `InterProcessMutex` on `…/locks`:
+//! waiters queue in arrival order and each watches only its predecessor), creates `n`
+//! ephemeral sequential lease nodes, and waits — still holding the mutex, so nobody
+//! passes it — until the leases number at most the total; then it gives the mutex
+//! up. A holder's leases vanish with its session. The grant's token is its first
+//! lease's creation zxid.
+//!
+//! Curator keeps no total in ZooKeeper (each client passes its own). dlock records
+//! the total of its clients as the data of `…/leases`, set while nobody holds a
+//! lease; a dlock client naming another total while leases are held is refused.
+
+use std::sync::Arc;
+
+use dlock_spi::{
+    AcquireRequest, AcquireResult, Error, FencingToken, HolderInfo, LockMode, LockState,
+    ReleaseRequest, ReleaseResult, Result,
+};
+use zookeeper_client::Error as ZkError;
+
+use crate::backend::{
+    deadline_passed, node_data, parse_node_data, token_of, HeldKey, HeldNode, PendingNode,
+    ZkBackend,
+};
+use crate::error::map_zk;
+use crate::layout;
+use crate::session::Session;
+
+/// The recipe's mutex node, below the semaphore's node.
+const LOCKS: &str = "locks";
+/// The recipe's lease nodes' parent, below the semaphore's node.
+const LEASES: &str = "leases";
+/// `InterProcessSemaphoreV2`'s lease name.
+const LEASE_MARKER: &str = "lease-";
+
+/// The parent of a semaphore's lease nodes.
+pub(crate) fn leases_dir(lock: &str) -> String {
+    format!("{lock}/{LEASES}")
+}
+
+fn locks_dir(lock: &str) -> String {
+    format!("{lock}/{LOCKS}")
+}
+
+/// Whether a lock node's children are a semaphore's (`locks`, `leases`).
+pub(crate) fn is_semaphore(children: &[String]) -> bool {
+    children.iter().any(|c| c == LOCKS || c == LEASES)
+}
+
+/// A lease node's sequence number (`…lease-<digits>`).
+fn lease_sequence(node: &str) -> Option<i64> {
+    let at = node.rfind(LEASE_MARKER)?;
+    node[at + LEASE_MARKER.len()..].parse().ok()
+}
+
+/// The total recorded in `…/leases` by dlock clients (`None` when none is).
+fn recorded_total(data: &[u8]) -> Option<u32> {
+    std::str::from_utf8(data).ok()?.trim().parse().ok()
+}
+
+impl ZkBackend {
+    /// One acquire of `n` permits in one session (see the module docs).
+    pub(crate) async fn acquire_permits_in(
+        &self,
+        session: &Arc<Session>,
+        req: &AcquireRequest,
+        n: u32,
+    ) -> Result<AcquireResult> {
+        let inner = &self.inner;
+        let lock = layout::lock_path(&inner.root, &req.name);
+        let holder = req.holder();
+        let data = node_data(&holder, &req.context);
+        let protected = layout::protected_prefix(&holder);
+        // The mutex: the recipe's own InterProcessMutex node.
+        let mutex_key = HeldKey::new(&req.name, holder.clone(), LockMode::Exclusive);
+        let mutex_prefix = format!("{protected}{}", layout::MUTEX_MARKER);
+        let Some((_, mut mutex)) = self
+            .wait_turn(
+                session,
+                &mutex_key,
+                &locks_dir(&lock),
+                &mutex_prefix,
+                &data,
+                req.deadline,
+            )
+            .await?
+        else {
+            return Ok(AcquireResult::not_acquired(None, None));
+        };
+        let taken = self.take_leases(session, req, n, &lock, &protected).await;
+        // Given up whatever happened (on an error, dropping it deletes it).
+        mutex.delete().await;
+        let Some((leases, watch)) = taken? else {
+            return Ok(AcquireResult::not_acquired(None, None));
+        };
+        let dir = leases_dir(&lock);
+        let (first, token) = leases[0].clone();
+        let key = HeldKey::new(&req.name, holder, req.mode);
+        inner.held().insert(
+            key.clone(),
+            HeldNode {
+                path: format!("{dir}/{first}"),
+                token,
+                extra: leases[1..]
+                    .iter()
+                    .map(|(node, _)| format!("{dir}/{node}"))
+                    .collect(),
+            },
+        );
+        let watch = self.watch_hold(session, key, dir, first, token, watch);
+        Ok(AcquireResult::acquired(token, None).with_watch(watch))
+    }
+
+    /// Under the mutex: checks the total, creates `n` leases and waits until the
+    /// leases number at most the total. `None` when the deadline passed first (the
+    /// leases deleted again).
+    async fn take_leases(
+        &self,
+        session: &Arc<Session>,
+        req: &AcquireRequest,
+        n: u32,
+        lock: &str,
+        protected: &str,
+    ) -> Result<
+        Option<(
+            Vec<(String, FencingToken)>,
+            zookeeper_client::OneshotWatcher,
+        )>,
+    > {
+        let inner = &self.inner;
+        let client = &session.client;
+        let dir = leases_dir(lock);
+        inner.create_lock_node(session, &dir).await?;
+        let (recorded, listed) = tokio::join!(client.get_data(&dir), client.list_children(&dir));
+        let (recorded, stat) = recorded.map_err(|e| map_zk(e, "get"))?;
+        let listed = listed.map_err(|e| map_zk(e, "list"))?;
+        let total = req.capacity;
+        match recorded_total(&recorded) {
+            Some(held) if held != total && !listed.is_empty() => {
+                return Err(Error::invalid_argument(format!(
+                    "semaphore has {held} permits while it is in use; this handle asks with {total}: use the same total everywhere (it can change once the semaphore is idle)"
+                )));
+            }
+            Some(held) if held == total => {}
+            // Idle (or never recorded): record this total. Only the mutex's holder
+            // writes it, so the version check fails only if someone bypassed it.
+            _ => match client
+                .set_data(&dir, total.to_string().as_bytes(), Some(stat.version))
+                .await
+            {
+                Ok(_) | Err(ZkError::BadVersion) => {}
+                Err(err) => return Err(map_zk(err, "set_data")),
+            },
+        }
+        // The leases, all sent before the first answer is awaited.
+        let prefix = format!("{dir}/{protected}{LEASE_MARKER}");
+        let data = node_data(&req.holder(), &req.context);
+        let creates: Vec<_> = (0..n)
+            .map(|_| client.create(&prefix, &data, &inner.acls.contender()))
+            .collect();
+        let mut leases = Vec::with_capacity(creates.len());
+        let mut pending = Vec::with_capacity(creates.len());
+        let mut failed = None;
+        for create in creates {
+            match create.await {
+                Ok((stat, sequence)) => {
+                    let node = format!("{protected}{LEASE_MARKER}{sequence}");
+                    pending.push(PendingNode::new(
+                        &inner.sessions,
+                        session,
+                        format!("{dir}/{node}"),
+                    ));
+                    leases.push((node, token_of(stat.czxid)));
+                }
+                Err(err) => failed = Some(err),
+            }
+        }
+        if let Some(err) = failed {
+            // A create lost with the connection may have happened: sweep the grant's
+            // leases by their prefix (the session's end removes any left).
+            if let Ok(children) = client.list_children(&dir).await {
+                for child in children.iter().filter(|c| c.starts_with(protected)) {
+                    inner
+                        .sessions
+                        .delete_later(session, format!("{dir}/{child}"));
+                }
+            }
+            return Err(map_zk(err, "create"));
+        }
+        let first = leases
+            .first()
+            .map(|(node, _)| node.clone())
+            .unwrap_or_default();
+        loop {
+            let (children, watch) = client
+                .list_and_watch_children(&dir)
+                .await
+                .map_err(|e| map_zk(e, "list"))?;
+            if !children.contains(&first) {
+                return Err(Error::new(
+                    dlock_spi::ErrorKind::Backend,
+                    "a semaphore lease vanished while it waited (deleted by someone, or the session ended); retry",
+                )
+                .set_retryable(true));
+            }
+            // As Curator counts: every child of the leases node is a permit in use.
+            if children.len() <= usize::try_from(total).unwrap_or(usize::MAX) {
+                for p in &mut pending {
+                    p.disarm();
+                }
+                return Ok(Some((leases, watch)));
+            }
+            let deadline = match req.deadline {
+                Some(d) if !deadline_passed(Some(d)) => d,
+                _ => break,
+            };
+            tokio::select! {
+                _ = watch.changed() => {}
+                () = tokio::time::sleep_until(deadline.into()) => break,
+            }
+        }
+        for p in &mut pending {
+            p.delete().await;
+        }
+        Ok(None)
+    }
+
+    /// Gives a grant's permits back: deletes its lease nodes (found by prefix when
+    /// this backend does not know them).
+    pub(crate) async fn release_permits(&self, req: &ReleaseRequest) -> Result<ReleaseResult> {
+        let inner = &self.inner;
+        let key = HeldKey::new(&req.name, req.holder(), req.mode);
+        let held = inner.held().remove(&key);
+        let session = inner.sessions.usable(None, None).await?;
+        let paths = match &held {
+            Some(h) => std::iter::once(h.path.clone())
+                .chain(h.extra.iter().cloned())
+                .collect(),
+            None => {
+                let dir = leases_dir(&layout::lock_path(&inner.root, &req.name));
+                let protected = layout::protected_prefix(&req.holder());
+                match session.client.list_children(&dir).await {
+                    Ok(children) => children
+                        .into_iter()
+                        .filter(|c| c.starts_with(&protected))
+                        .map(|c| format!("{dir}/{c}"))
+                        .collect(),
+                    Err(ZkError::NoNode) => Vec::new(),
+                    Err(err) => return Err(map_zk(err, "list")),
+                }
+            }
+        };
+        let deletes: Vec<_> = paths
+            .iter()
+            .map(|p| session.client.delete(p, None))
+            .collect();
+        let mut released = false;
+        for delete in deletes {
+            match delete.await {
+                Ok(()) => released = true,
+                Err(ZkError::NoNode) => {}
+                Err(err) => {
+                    if let Some(held) = held {
+                        inner.held().insert(key, held);
+                    }
+                    return Err(map_zk(err, "delete"));
+                }
+            }
+        }
+        Ok(if released {
+            ReleaseResult::Released
+        } else {
+            ReleaseResult::NotOwner
+        })
+    }
+
+    /// A semaphore's holders (permits per grant; Java clients' leases one each, by
+    /// node) and waiters (acquirers queued for, or holding, the mutex). The leases of
+    /// an acquirer still waiting under the mutex are not holders.
+    pub(crate) async fn inspect_semaphore(
+        &self,
+        session: &Session,
+        lock: &str,
+    ) -> Result<Option<LockState>> {
+        let client = &session.client;
+        let dir = leases_dir(lock);
+        let (leases, mutex, recorded) = tokio::join!(
+            client.list_children(&dir),
+            client.list_children(&locks_dir(lock)),
+            client.get_data(&dir)
+        );
+        let ok_or_empty = |r: std::result::Result<Vec<String>, ZkError>| match r {
+            Ok(v) => Ok(v),
+            Err(ZkError::NoNode) => Ok(Vec::new()),
+            Err(err) => Err(map_zk(err, "list")),
+        };
+        let mut leases = ok_or_empty(leases)?;
+        let waiters = layout::contenders(&ok_or_empty(mutex)?).len();
+        let total = recorded.ok().and_then(|(data, _)| recorded_total(&data));
+        leases.sort_by_key(|node| lease_sequence(node));
+        let reads: Vec<_> = leases
+            .iter()
+            .map(|node| client.get_data(&format!("{dir}/{node}")))
+            .collect();
+        // (owner, permits, token of its first lease, context), in lease order.
+        let mut grants: Vec<(String, u32, FencingToken, dlock_spi::Bytes)> = Vec::new();
+        for (node, read) in leases.iter().zip(reads) {
+            match read.await {
+                Ok((data, stat)) => {
+                    let (owner, context) = parse_node_data(node, data);
+                    match grants.iter_mut().find(|g| g.0 == owner) {
+                        Some(grant) => grant.1 += 1,
+                        None => grants.push((owner, 1, token_of(stat.czxid), context)),
+                    }
+                }
+                Err(ZkError::NoNode) => {}
+                Err(err) => return Err(map_zk(err, "get")),
+            }
+        }
+        let in_use: u32 = grants.iter().map(|g| g.1).sum();
+        if total.is_some_and(|t| in_use > t) {
+            // Over the total: the newest leases are the waiting acquirer's.
+            grants.pop();
+        }
+        if grants.is_empty() && waiters == 0 {
+            return Ok(None);
+        }
+        let holders = grants
+            .into_iter()
+            .map(|(owner, permits, token, context)| {
+                HolderInfo::from_stored(&owner, LockMode::Permits(permits), token, context, None)
+            })
+            .collect();
+        Ok(Some(LockState::new(holders, Some(waiters))))
+    }
+
+    /// Whether a semaphore has leases or acquirers (for `live_locks`).
+    pub(crate) async fn semaphore_live(&self, session: &Session, lock: &str) -> Result<bool> {
+        Ok(self.inspect_semaphore(session, lock).await?.is_some())
+    }
+
+    /// Deletes every lease and mutex node of a semaphore; the number of grants
+    /// whose leases were removed.
+    pub(crate) async fn force_release_semaphore(
+        &self,
+        session: &Session,
+        lock: &str,
+    ) -> Result<usize> {
+        let holders = self
+            .inspect_semaphore(session, lock)
+            .await?
+            .map_or(0, |s| s.holders.len());
+        for dir in [leases_dir(lock), locks_dir(lock)] {
+            let children = match session.client.list_children(&dir).await {
+                Ok(children) => children,
+                Err(ZkError::NoNode) => continue,
+                Err(err) => return Err(map_zk(err, "list")),
+            };
+            let deletes: Vec<_> = children
+                .iter()
+                .map(|c| session.client.delete(&format!("{dir}/{c}"), None))
+                .collect();
+            for delete in deletes {
+                match delete.await {
+                    Ok(()) | Err(ZkError::NoNode) => {}
+                    Err(err) => return Err(map_zk(err, "delete")),
+                }
+            }
+        }
+        Ok(holders)
+    }
+}
