@@ -5,7 +5,7 @@
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use dlock_api::DistributeLockManager;
+use dlock_api::{DistributeLockManager, DistributeLockManagerBuilder};
 
 const DLOCK: &str = env!("CARGO_BIN_EXE_dlock");
 
@@ -476,55 +476,80 @@ async fn elect_runs_one_leader_at_a_time() {
     holder.close().await;
 }
 
-/// `dlock sem` runs the command holding permits and passes its exit status and the
-/// fencing token (memory backend: semaphores live in the process); a backend
-/// without semaphores refuses with 64 and says so; a bad count is refused.
-#[test]
-fn sem_runs_the_command_holding_permits() {
-    let ns = namespace();
-    let out = dlock(
-        "memory://",
-        &ns,
-        &[
-            "sem",
-            "pool",
-            "--permits",
-            "3",
-            "--take",
-            "2",
-            "--",
-            "sh",
-            "-c",
-            "test -n \"$DLOCK_FENCING_TOKEN\" && exit 5",
-        ],
-    );
-    assert_eq!(
-        out.status.code(),
-        Some(5),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let out = dlock(
-        "memory://",
-        &ns,
-        &["sem", "pool", "--permits", "3", "--take", "4", "--", "true"],
-    );
-    assert_eq!(
-        out.status.code(),
-        Some(64),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let out = dlock(
-        &sqlite_url(),
-        &ns,
-        &["sem", "pool", "--permits", "3", "--", "true"],
-    );
-    assert_eq!(
-        out.status.code(),
-        Some(64),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(String::from_utf8_lossy(&out.stderr).contains("no semaphores"));
+/// `dlock sem` on every backend the command reaches: with 2 of 3 permits held by
+/// another client, `--take 2` gives up after its wait (75), `dlock status` shows the
+/// holder's permits, and `--take 1` runs the command (its exit status and the
+/// fencing token pass through); a count above the total, or another total while the
+/// semaphore is held, is refused (64).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sem_runs_the_command_holding_permits() {
+    let code = |out: &Output| {
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    for (label, url) in sql_urls() {
+        let ns = namespace();
+        let holder =
+            DistributeLockManagerBuilder::new(dlock_api::open_backend(&url).await.unwrap())
+                .namespace(ns.clone())
+                .build()
+                .unwrap();
+        let held = holder
+            .semaphore("pool", 3)
+            .try_acquire(2, Duration::ZERO)
+            .await
+            .unwrap()
+            .expect("2 free permits");
+        let started = Instant::now();
+        let out = dlock(
+            &url,
+            &ns,
+            &[
+                "sem",
+                "pool",
+                "--permits",
+                "3",
+                "--take",
+                "2",
+                "--wait",
+                "300ms",
+                "--",
+                "true",
+            ],
+        );
+        assert_eq!(code(&out).0, Some(75), "{label}: {}", code(&out).1);
+        assert!(started.elapsed() >= Duration::from_millis(300), "{label}");
+        let out = dlock(&url, &ns, &["status", "pool"]);
+        let status = String::from_utf8_lossy(&out.stdout);
+        assert!(status.contains("held permits(2) by"), "{label}: {status}");
+        let out = dlock(
+            &url,
+            &ns,
+            &[
+                "sem",
+                "pool",
+                "--permits",
+                "3",
+                "--",
+                "sh",
+                "-c",
+                "test -n \"$DLOCK_FENCING_TOKEN\" && exit 5",
+            ],
+        );
+        assert_eq!(code(&out).0, Some(5), "{label}: {}", code(&out).1);
+        for bad in [
+            ["--permits", "3", "--take", "4"],
+            ["--permits", "5", "--take", "1"],
+        ] {
+            let mut args = vec!["sem", "pool"];
+            args.extend(bad);
+            args.extend(["--", "true"]);
+            let out = dlock(&url, &ns, &args);
+            assert_eq!(code(&out).0, Some(64), "{label} {bad:?}: {}", code(&out).1);
+        }
+        held.release().await.unwrap();
+        holder.close().await;
+    }
 }

@@ -31,6 +31,11 @@
 //!   PostgreSQL; `LAST_INSERT_ID(expr)` on MariaDB/MySQL). **Release** and **renew** are
 //!   single `UPDATE`s guarded by the owner and the lease. Shared (read) holds use short
 //!   transactions that lock the lock's row first.
+//! * **Semaphores**: a permit holder is a `readers` row with its count; a grant is
+//!   decided on the live holders' permits, in arrival order — one statement on
+//!   PostgreSQL (granted only if the lock row is unchanged since the statement's
+//!   snapshot), a transaction that locks the row first on SQLite and MySQL; a release
+//!   is one `DELETE`.
 //! * **Fencing tokens** live in the lock's row, which outlives releases, and advance
 //!   as `token = max(token + 1, database clock in µs)`: strictly increasing, and still
 //!   above every earlier token if the row is deleted and recreated later — later than

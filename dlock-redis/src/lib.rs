@@ -23,6 +23,9 @@
 //!   and a release nobody
 //!   waits for is `GET`, `DEL` and one `EXISTS`. Readers occupy the same key while they
 //!   hold. Expiry is judged by the server (`PX`, `TIME`), never by a client clock.
+//! * **Semaphores**: permit holders share the readers' keys of the name (a sorted set
+//!   by expiry, a hash of tokens, contexts and permits, and the total while held);
+//!   one script decides a grant from the live holders' permits, in arrival order.
 //! * **Fencing**: a per-lock counter (no expiry); a grant takes
 //!   `max(counter + 1, server clock in µs)`, as the SQL backend does. Strictly
 //!   increasing on one server; and after a failover to a replica whose counter lags

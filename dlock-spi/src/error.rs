@@ -86,7 +86,7 @@ impl Error {
     /// past the chain's head, which refuses them first).
     pub fn no_semaphores(backend: &str) -> Self {
         Error::unsupported(format!(
-            "the {backend} backend has no semaphores yet; use a backend that has them (memory) or a lock"
+            "the {backend} backend has no semaphores; use a backend that has them (memory, SQL, Redis, ZooKeeper) or a lock"
         ))
     }
 

@@ -37,6 +37,11 @@
 //!   the server cannot have handed the lock to another client yet (see the `session`
 //!   module's notes for the exact bound) — and lost
 //!   ([`LostReason::NotOwner`](dlock_spi::LostReason)) when someone deletes the node.
+//! * **Semaphores** in Curator's `InterProcessSemaphoreV2` layout:
+//!   `<lock>/locks/_c_<uuid>-lock-<seq>` (the recipe's mutex, which serialises lease
+//!   creation in arrival order) and `<lock>/leases/_c_<uuid>-lease-<seq>`, one
+//!   ephemeral node per permit; the mutex's holder waits until the leases number at
+//!   most the total. Java services using the recipe share the semaphore with dlock.
 #![deny(missing_docs)]
 
 mod backend;

@@ -179,15 +179,23 @@ impl H {
     /// An exclusive grant without register traffic: invoke 1 ms before `t_ok`, ok,
     /// release-invoke at `t_rel`.
     fn grant(&mut self, t_ok: u64, t_rel: u64, p: u32, lock: &str, token: u64, hold: &str) {
-        let att = self.invoke(
-            t_ok.saturating_sub(1),
-            p,
-            lock,
-            Mode::Exclusive,
-            false,
-            1000,
-        );
-        self.ok(t_ok, p, att, lock, Mode::Exclusive, token, hold);
+        self.grant_in(Mode::Exclusive, t_ok, t_rel, p, lock, token, hold);
+    }
+
+    /// [`grant`](Self::grant) in `mode`.
+    #[allow(clippy::too_many_arguments)]
+    fn grant_in(
+        &mut self,
+        mode: Mode,
+        t_ok: u64,
+        t_rel: u64,
+        p: u32,
+        lock: &str,
+        token: u64,
+        hold: &str,
+    ) {
+        let att = self.invoke(t_ok.saturating_sub(1), p, lock, mode, false, 1000);
+        self.ok(t_ok, p, att, lock, mode, token, hold);
         self.release(t_rel, p, hold, lock);
     }
 
@@ -334,6 +342,40 @@ fn overlap_is_a_grant_within_the_holders_valid_lease() {
     }
     h.exit_all(200, &[1, 2, 3]);
     only(h.check(), "overlap", 2);
+}
+
+/// Semaphore permits held together add up to at most the total (3): holds that
+/// overlap are fine while they fit, a grant past the total is an overlap, and a
+/// holder told of its loss no longer counts.
+#[test]
+fn permits_in_use_never_exceed_the_total() {
+    let mut h = H::default();
+    h.grant_in(Mode::Permit2, 0, 100, 1, "s0", 1, "a");
+    h.grant_in(Mode::Permit1, 10, 100, 2, "s0", 2, "b");
+    h.grant_in(Mode::Permit2, 101, 150, 3, "s0", 3, "c");
+    h.exit_all(200, &[1, 2, 3]);
+    clean(h.check(), "overlap", 0);
+
+    let mut h = H::default();
+    h.grant_in(Mode::Permit2, 0, 100, 1, "s0", 1, "a");
+    h.grant_in(Mode::Permit1, 10, 100, 2, "s0", 2, "b");
+    h.grant_in(Mode::Permit1, 20, 30, 3, "s0", 3, "c");
+    h.exit_all(200, &[1, 2, 3]);
+    only(h.check(), "overlap", 1);
+
+    let mut h = H::default();
+    h.grant_in(Mode::Permit2, 0, 100, 1, "s0", 1, "a");
+    h.lost(15, 1, "s0", 1);
+    h.grant_in(Mode::Permit2, 20, 30, 2, "s0", 2, "b");
+    h.exit_all(200, &[1, 2]);
+    clean(h.check(), "overlap", 0);
+
+    // An exclusive hold of the name excludes permit holders.
+    let mut h = H::default();
+    h.grant_in(Mode::Permit1, 0, 100, 1, "s0", 1, "a");
+    h.grant(10, 20, 2, "s0", 2, "b");
+    h.exit_all(200, &[1, 2]);
+    only(h.check(), "overlap", 1);
 }
 
 #[test]

@@ -82,7 +82,7 @@ use std::fmt::Write as _;
 use crate::proxy::Fault;
 
 use super::history::{Event, Kind, Mode, Op, Outcome, Reason, RegOp, Why, COORDINATOR};
-use super::workload::MAX_LEASE_MS;
+use super::workload::{MAX_LEASE_MS, SEMAPHORE_PERMITS};
 
 /// The checker's tunable bounds.
 #[derive(Debug, Clone, Copy)]
@@ -801,9 +801,22 @@ pub fn check(label: &str, events: &[Event], rules: &Rules) -> Report {
         for &bi in &by_lock[lock] {
             let b = &holds[bi];
             active.retain(|&ai| holds[ai].end > b.ok);
+            // Permits of a semaphore: those still held when B was granted (by the
+            // rules a conflicting hold is judged by) add up to at most the total.
+            let mut in_use = b.mode.permits().unwrap_or(0);
+            let mut sharing: Vec<&str> = Vec::new();
             for &ai in &active {
                 let a = &holds[ai];
                 if !a.mode.conflicts(b.mode) {
+                    if let (Some(n), Some(_)) = (a.mode.permits(), b.mode.permits()) {
+                        let earlier_grant = b.ok_unreliable && b.token < a.token;
+                        let held =
+                            b.ok < a.valid_until(b.ok) || a.renewed_within(b.ok, a.end.min(b.end));
+                        if held && !earlier_grant {
+                            in_use += n;
+                            sharing.push(a.key);
+                        }
+                    }
                     continue;
                 }
                 // B may have been granted before A (its ok came late, and its token
@@ -834,6 +847,17 @@ pub fn check(label: &str, events: &[Event], rules: &Rules) -> Report {
                         b.key,
                         b.token,
                         at(b.ok, t0)
+                    )
+                });
+            }
+            if in_use > SEMAPHORE_PERMITS {
+                overlap.violation(lock, || {
+                    format!(
+                        "{lock}: {} (token {}) granted at {} with {in_use} of {SEMAPHORE_PERMITS} permits in use, also by {}",
+                        b.key,
+                        b.token,
+                        at(b.ok, t0),
+                        sharing.join(", ")
                     )
                 });
             }
@@ -898,7 +922,7 @@ pub fn check(label: &str, events: &[Event], rules: &Rules) -> Report {
             } else {
                 let floor = match h.mode {
                     Mode::Exclusive => max_all,
-                    Mode::Shared => max_exclusive,
+                    Mode::Shared | Mode::Permit1 | Mode::Permit2 => max_exclusive,
                 };
                 if h.token <= floor {
                     if h.ok_unreliable {

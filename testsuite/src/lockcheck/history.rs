@@ -68,19 +68,37 @@ macro_rules! words {
 }
 
 words! {
-    /// Exclusive or shared, as the history records it.
+    /// Exclusive, shared, or permits of a semaphore, as the history records it.
     Mode {
         /// One holder.
         Exclusive = "x",
         /// Many holders together, none exclusive.
         Shared = "s",
+        /// One permit of a semaphore.
+        Permit1 = "p1",
+        /// Two permits of a semaphore.
+        Permit2 = "p2",
     }
 }
 
 impl Mode {
-    /// Whether holds in `self` and `other` exclude each other.
+    /// Whether holds in `self` and `other` exclude each other (permit holds never
+    /// do pairwise: they are judged by the permits in use together).
     pub fn conflicts(self, other: Mode) -> bool {
-        self == Mode::Exclusive || other == Mode::Exclusive
+        match (self.permits(), other.permits()) {
+            (Some(_), Some(_)) => false,
+            (Some(_), None) | (None, Some(_)) => true,
+            (None, None) => self == Mode::Exclusive || other == Mode::Exclusive,
+        }
+    }
+
+    /// The permits a hold in this mode takes.
+    pub fn permits(self) -> Option<u32> {
+        match self {
+            Mode::Permit1 => Some(1),
+            Mode::Permit2 => Some(2),
+            Mode::Exclusive | Mode::Shared => None,
+        }
     }
 }
 

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use dlock_api::{
     Capabilities, DistributeLock, DistributeLockManager, DistributeLockManagerBuilder, Election,
-    Leadership, LockGuard, LostReason, ReadWriteLock,
+    Leadership, LockGuard, LostReason, ReadWriteLock, Semaphore, SemaphorePermit,
 };
 use dlock_spi::{
     AcquireChain, AcquireContext, AcquireResult, LockHandler, LockName, LostEvent, ReleaseChain,
@@ -113,6 +113,12 @@ where
 /// The election every run holds (a term is an exclusive hold of this name).
 pub const ELECTION_NAME: &str = "e0";
 
+/// The semaphore runs on backends with semaphores hold (1 or 2 permits at a time).
+pub const SEMAPHORE_NAME: &str = "s0";
+
+/// The semaphore's total permits.
+pub const SEMAPHORE_PERMITS: u32 = 3;
+
 /// Every lock name a run on a backend with `caps` uses.
 pub fn lock_names(caps: Capabilities) -> Vec<&'static str> {
     let mut names = EXCLUSIVE_NAMES.to_vec();
@@ -122,6 +128,9 @@ pub fn lock_names(caps: Capabilities) -> Vec<&'static str> {
     }
     if caps.shared {
         names.push(RW_NAME);
+    }
+    if caps.semaphore {
+        names.push(SEMAPHORE_NAME);
     }
     names
 }
@@ -313,49 +322,52 @@ struct Target {
     handle: DistributeLock,
     /// Set for the election: terms are campaigned for through it (`handle` unused).
     election: Option<Election>,
+    /// Set for the semaphore: permits are taken through it (`handle` unused).
+    semaphore: Option<Semaphore>,
     handle_id: String,
 }
 
-/// A granted hold: a lock guard or a term of leadership.
+/// A granted hold: a lock guard, a term of leadership or semaphore permits.
 enum Held {
     Guard(LockGuard),
     Term(Leadership),
+    Permit(SemaphorePermit),
+}
+
+/// `$held.$call`, whichever hold it is.
+macro_rules! each_hold {
+    ($held:expr, $h:ident => $call:expr) => {
+        match $held {
+            Held::Guard($h) => $call,
+            Held::Term($h) => $call,
+            Held::Permit($h) => $call,
+        }
+    };
 }
 
 impl Held {
     fn fencing_token(&self) -> u64 {
-        match self {
-            Held::Guard(g) => g.fencing_token().get(),
-            Held::Term(t) => t.fencing_token().get(),
-        }
+        each_hold!(self, h => h.fencing_token().get())
     }
 
     fn acquired_at(&self) -> Instant {
-        match self {
-            Held::Guard(g) => g.acquired_at(),
-            Held::Term(t) => t.acquired_at(),
-        }
+        each_hold!(self, h => h.acquired_at())
     }
 
     fn is_lost(&self) -> bool {
-        match self {
-            Held::Guard(g) => g.is_lost(),
-            Held::Term(t) => t.is_lost(),
-        }
+        each_hold!(self, h => h.is_lost())
     }
 
     async fn lost(&self) -> LostReason {
-        match self {
-            Held::Guard(g) => g.lost().await,
-            Held::Term(t) => t.lost().await,
-        }
+        each_hold!(self, h => h.lost().await)
     }
 
-    /// `unlock` / `resign`.
+    /// `unlock` / `resign` / `release`.
     async fn release(self) -> dlock_api::Result<()> {
         match self {
             Held::Guard(g) => g.unlock().await,
             Held::Term(t) => t.resign().await,
+            Held::Permit(p) => p.release().await,
         }
     }
 }
@@ -429,6 +441,7 @@ impl Task {
                 fair: false,
                 handle,
                 election: None,
+                semaphore: None,
                 handle_id: format!("{}.{lock}.{side}", self.client),
             };
         }
@@ -439,7 +452,26 @@ impl Task {
                 fair: false,
                 handle: self.shared.clone(),
                 election: None,
+                semaphore: None,
                 handle_id: self.shared_id.clone(),
+            };
+        }
+        if lock == SEMAPHORE_NAME {
+            let semaphore = self.manager.semaphore(SEMAPHORE_NAME, SEMAPHORE_PERMITS);
+            let mode = if self.rng.u32(0..100) < 70 {
+                Mode::Permit1
+            } else {
+                Mode::Permit2
+            };
+            return Target {
+                lock,
+                mode,
+                fair: true,
+                handle: self.shared.clone(),
+                election: None,
+                semaphore: Some(semaphore),
+                // Every acquisition is a new holder.
+                handle_id: format!("{}.{lock}.p{:x}", self.client, self.rng.u64(..)),
             };
         }
         if lock == ELECTION_NAME {
@@ -450,6 +482,7 @@ impl Task {
                 fair: true,
                 handle: self.shared.clone(),
                 election: Some(election),
+                semaphore: None,
                 // Every campaign is a new candidate (owner).
                 handle_id: format!("{}.{lock}.c{:x}", self.client, self.rng.u64(..)),
             };
@@ -473,6 +506,7 @@ impl Task {
             fair,
             handle,
             election: None,
+            semaphore: None,
             handle_id: format!("{}.{lock}", self.client),
         }
     }
@@ -491,7 +525,10 @@ impl Task {
     async fn attempt(&mut self, target: &Target) -> Result<Option<bool>, String> {
         let remaining = self.deadline.saturating_duration_since(Instant::now());
         let lease_ms = self.rng.u64(EXPLICIT_LEASE_MS);
-        let explicit = self.leases && self.rng.bool() && target.election.is_none();
+        let explicit = self.leases
+            && self.rng.bool()
+            && target.election.is_none()
+            && target.semaphore.is_none();
         let (op, wait) = match (self.rng.u32(0..100) < 60, explicit) {
             (true, false) => (Op::Try, Duration::from_millis(self.rng.u64(0..=300))),
             (true, true) => (Op::Lease, Duration::from_millis(self.rng.u64(0..=300))),
@@ -520,6 +557,22 @@ impl Task {
             // A `try_lock` answers by its wait; one that does not is hung. `lock()`
             // is bounded by the wait the workload gives it.
             let hung = wait + CALL_BOUND;
+            if let (Some(semaphore), Some(n)) = (&target.semaphore, target.mode.permits()) {
+                let result = match op {
+                    Op::Try => tokio::time::timeout(hung, semaphore.try_acquire(n, wait))
+                        .await
+                        .map_err(|_| Why::Hung)?,
+                    _ => tokio::time::timeout(wait, semaphore.acquire(n))
+                        .await
+                        .map_err(|_| Why::Timeout)?
+                        .map(Some),
+                };
+                return match result {
+                    Ok(Some(permit)) => Ok(Held::Permit(permit)),
+                    Ok(None) => Err(Why::None),
+                    Err(e) => Err(Why::Error(e.kind().as_str().to_owned())),
+                };
+            }
             if let Some(election) = &target.election {
                 let result = match op {
                     Op::Try => tokio::time::timeout(hung, election.try_campaign(value, wait))
@@ -652,6 +705,8 @@ impl Task {
                             let value = format!("{hold}+");
                             let _ = tokio::time::timeout(CALL_BOUND, term.proclaim(value)).await;
                         }
+                        // Every acquisition of permits is its own holder: no reentry.
+                        Held::Permit(_) => {}
                     }
                 }
             }
@@ -690,7 +745,9 @@ impl Task {
                 .write(target.lock, token, hold)
                 .await
                 .map(drop),
-            Mode::Shared => self.register.read(target.lock, token, hold).await.map(drop),
+            Mode::Shared | Mode::Permit1 | Mode::Permit2 => {
+                self.register.read(target.lock, token, hold).await.map(drop)
+            }
         }
         .map_err(|e| reg_err(client, e))
     }
