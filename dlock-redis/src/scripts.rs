@@ -310,6 +310,16 @@ local v = redis.call('GET', KEYS[1])
 -- The lock set aside for this waiter is free for it (and for nobody else).
 local set_aside = v == '@' .. owner
 if set_aside then v = nil end
+if mode ~= 'x' then
+  -- A reader or permit holder asking again (a retried grant) keeps its grant.
+  clock()
+  purge_readers(KEYS[2], KEYS[3])
+  if redis.call('ZSCORE', KEYS[2], owner) then
+    redis.call('ZADD', KEYS[2], now + lease, owner)
+    reader_horizon(KEYS[1], KEYS[2], KEYS[3])
+    return {1, tonumber(redis.call('HGET', KEYS[3], owner))}
+  end
+end
 if mode == 'x' then
   if holder(v) == owner then
     redis.call('PEXPIRE', KEYS[1], lease)
@@ -340,13 +350,6 @@ if mode == 'x' then
     end
   end
 elseif mode == 'p' then
-  clock()
-  purge_readers(KEYS[2], KEYS[3])
-  if redis.call('ZSCORE', KEYS[2], owner) then
-    redis.call('ZADD', KEYS[2], now + lease, owner)
-    reader_horizon(KEYS[1], KEYS[2], KEYS[3])
-    return {1, tonumber(redis.call('HGET', KEYS[3], owner))}
-  end
   local n, total = tonumber(ARGV[11]), tonumber(ARGV[12])
   local room = holder(v) == nil and not reserved_for_other(v, owner)
   local used = 0
@@ -392,13 +395,6 @@ elseif mode == 'p' then
     return {1, tok}
   end
 else
-  clock()
-  purge_readers(KEYS[2], KEYS[3])
-  if redis.call('ZSCORE', KEYS[2], owner) then
-    redis.call('ZADD', KEYS[2], now + lease, owner)
-    reader_horizon(KEYS[1], KEYS[2], KEYS[3])
-    return {1, tonumber(redis.call('HGET', KEYS[3], owner))}
-  end
   -- Free unless a writer holds it, it is set aside, or a semaphore's permits hold it.
   local free = holder(v) == nil and not reserved_for_other(v, owner)
     and redis.call('HEXISTS', KEYS[3], '#total') == 0

@@ -728,16 +728,7 @@ impl LockAdmin for ZkBackend {
         }
         let queue = layout::contenders(&children);
         let holders = layout::holders(&queue).len();
-        let deletes: Vec<_> = queue
-            .iter()
-            .map(|c| session.client.delete(&format!("{lock}/{}", c.node), None))
-            .collect();
-        for delete in deletes {
-            match delete.await {
-                Ok(()) | Err(ZkError::NoNode) => {}
-                Err(err) => return Err(map_zk(err, "delete")),
-            }
-        }
+        delete_children(&session, &lock, queue.iter().map(|c| c.node.as_str())).await?;
         Ok(holders)
     }
 
@@ -930,6 +921,25 @@ impl Drop for PendingNode {
             self.sessions.delete_later(&self.session, path);
         }
     }
+}
+
+/// Deletes `children` of `parent`, all requests out before the first answer is
+/// awaited; children already gone are fine.
+pub(crate) async fn delete_children<'a>(
+    session: &Session,
+    parent: &str,
+    children: impl Iterator<Item = &'a str>,
+) -> Result<()> {
+    let deletes: Vec<_> = children
+        .map(|c| session.client.delete(&format!("{parent}/{c}"), None))
+        .collect();
+    for delete in deletes {
+        match delete.await {
+            Ok(()) | Err(ZkError::NoNode) => {}
+            Err(err) => return Err(map_zk(err, "delete")),
+        }
+    }
+    Ok(())
 }
 
 pub(crate) fn deadline_passed(deadline: Option<Instant>) -> bool {

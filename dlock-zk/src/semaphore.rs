@@ -26,8 +26,8 @@ use dlock_spi::{
 use zookeeper_client::Error as ZkError;
 
 use crate::backend::{
-    deadline_passed, node_data, parse_node_data, token_of, HeldKey, HeldNode, PendingNode,
-    ZkBackend,
+    deadline_passed, delete_children, node_data, parse_node_data, token_of, HeldKey, HeldNode,
+    PendingNode, ZkBackend,
 };
 use crate::error::map_zk;
 use crate::layout;
@@ -363,16 +363,7 @@ impl ZkBackend {
                 Err(ZkError::NoNode) => continue,
                 Err(err) => return Err(map_zk(err, "list")),
             };
-            let deletes: Vec<_> = children
-                .iter()
-                .map(|c| session.client.delete(&format!("{dir}/{c}"), None))
-                .collect();
-            for delete in deletes {
-                match delete.await {
-                    Ok(()) | Err(ZkError::NoNode) => {}
-                    Err(err) => return Err(map_zk(err, "delete")),
-                }
-            }
+            delete_children(session, &dir, children.iter().map(String::as_str)).await?;
         }
         Ok(holders)
     }
