@@ -63,6 +63,14 @@ async fn finished(child: Child) -> Output {
         .expect("dlock output")
 }
 
+/// A manager of the test's own (another client than the command) in `ns`.
+async fn holder_on(url: &str, ns: &str) -> DistributeLockManager {
+    DistributeLockManagerBuilder::new(dlock_api::open_backend(url).await.unwrap())
+        .namespace(ns.to_owned())
+        .build()
+        .unwrap()
+}
+
 fn namespace() -> String {
     format!("cli{:08x}:", fastrand::u32(..))
 }
@@ -176,11 +184,7 @@ fn exec_passes_the_exit_status_and_the_fencing_token() {
 async fn exec_gives_up_after_wait_and_stops_the_command_when_the_lock_is_lost() {
     let url = sqlite_url();
     let ns = namespace();
-    let holder =
-        DistributeLockManager::builder(dlock_api::jdbc::JdbcBackend::connect(&url).await.unwrap())
-            .namespace(ns.clone())
-            .build()
-            .unwrap();
+    let holder = holder_on(&url, &ns).await;
     let g = holder
         .lock("busy")
         .try_lock(Duration::ZERO)
@@ -458,11 +462,7 @@ async fn elect_runs_one_leader_at_a_time() {
 
     let url = sqlite_url();
     let ns = namespace();
-    let holder =
-        DistributeLockManager::builder(dlock_api::jdbc::JdbcBackend::connect(&url).await.unwrap())
-            .namespace(ns.clone())
-            .build()
-            .unwrap();
+    let holder = holder_on(&url, &ns).await;
     let term = holder
         .election("busy")
         .try_campaign("someone", Duration::ZERO)
@@ -491,11 +491,7 @@ async fn sem_runs_the_command_holding_permits() {
     };
     for (label, url) in sql_urls() {
         let ns = namespace();
-        let holder =
-            DistributeLockManagerBuilder::new(dlock_api::open_backend(&url).await.unwrap())
-                .namespace(ns.clone())
-                .build()
-                .unwrap();
+        let holder = holder_on(&url, &ns).await;
         let held = holder
             .semaphore("pool", 3)
             .try_acquire(2, Duration::ZERO)

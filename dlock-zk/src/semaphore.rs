@@ -118,9 +118,11 @@ impl ZkBackend {
         Ok(AcquireResult::acquired(token, None).with_watch(watch))
     }
 
-    /// Under the mutex: checks the total, creates `n` leases and waits until the
-    /// leases number at most the total. `None` when the deadline passed first (the
-    /// leases deleted again).
+    /// Under the mutex: creates `n` leases (and the leases node on first use), checks
+    /// the total against the other holders', and waits until the leases number at
+    /// most the total. `None` when the deadline passed first (the leases deleted
+    /// again). Two round trips when permits are free: the creates, then the listing
+    /// with the recorded total.
     async fn take_leases(
         &self,
         session: &Arc<Session>,
@@ -137,13 +139,66 @@ impl ZkBackend {
         let inner = &self.inner;
         let client = &session.client;
         let dir = leases_dir(lock);
-        inner.create_lock_node(session, &dir).await?;
-        let (recorded, listed) = tokio::join!(client.get_data(&dir), client.list_children(&dir));
-        let (recorded, stat) = recorded.map_err(|e| map_zk(e, "get"))?;
-        let listed = listed.map_err(|e| map_zk(e, "list"))?;
         let total = req.capacity;
+        let wanted = usize::try_from(n).unwrap_or(usize::MAX);
+        let prefix = format!("{dir}/{protected}{LEASE_MARKER}");
+        let data = node_data(&req.holder(), &req.context);
+        let mut leases = Vec::with_capacity(wanted);
+        let mut pending = Vec::with_capacity(wanted);
+        for round in 0..2 {
+            // All sent before the first answer is awaited.
+            let creates: Vec<_> = (leases.len()..wanted)
+                .map(|_| client.create(&prefix, &data, &inner.acls.contender()))
+                .collect();
+            let mut missing = false;
+            let mut failed = None;
+            for create in creates {
+                match create.await {
+                    Ok((stat, sequence)) => {
+                        let node = format!("{protected}{LEASE_MARKER}{sequence}");
+                        pending.push(PendingNode::new(
+                            &inner.sessions,
+                            session,
+                            format!("{dir}/{node}"),
+                        ));
+                        leases.push((node, token_of(stat.czxid)));
+                    }
+                    Err(ZkError::NoNode) if round == 0 => missing = true,
+                    Err(err) => failed = Some(err),
+                }
+            }
+            if let Some(err) = failed {
+                // A create lost with the connection may have happened: sweep the
+                // grant's leases by their prefix (the session's end removes any left).
+                if let Ok(children) = client.list_children(&dir).await {
+                    for child in children.iter().filter(|c| c.starts_with(protected)) {
+                        inner
+                            .sessions
+                            .delete_later(session, format!("{dir}/{child}"));
+                    }
+                }
+                return Err(map_zk(err, "create"));
+            }
+            if !missing {
+                break;
+            }
+            // The semaphore's first use: its leases node.
+            inner.create_lock_node(session, &dir).await?;
+        }
+        let first = leases
+            .first()
+            .map(|(node, _)| node.clone())
+            .unwrap_or_default();
+        let (listed, recorded) =
+            tokio::join!(client.list_and_watch_children(&dir), client.get_data(&dir));
+        let (mut children, mut watch) = listed.map_err(|e| map_zk(e, "list"))?;
+        let (recorded, stat) = recorded.map_err(|e| map_zk(e, "get"))?;
+        let others = children.iter().any(|c| !c.starts_with(protected));
         match recorded_total(&recorded) {
-            Some(held) if held != total && !listed.is_empty() => {
+            Some(held) if held != total && others => {
+                for p in &mut pending {
+                    p.delete().await;
+                }
                 return Err(Error::invalid_argument(format!(
                     "semaphore has {held} permits while it is in use; this handle asks with {total}: use the same total everywhere (it can change once the semaphore is idle)"
                 )));
@@ -159,50 +214,7 @@ impl ZkBackend {
                 Err(err) => return Err(map_zk(err, "set_data")),
             },
         }
-        // The leases, all sent before the first answer is awaited.
-        let prefix = format!("{dir}/{protected}{LEASE_MARKER}");
-        let data = node_data(&req.holder(), &req.context);
-        let creates: Vec<_> = (0..n)
-            .map(|_| client.create(&prefix, &data, &inner.acls.contender()))
-            .collect();
-        let mut leases = Vec::with_capacity(creates.len());
-        let mut pending = Vec::with_capacity(creates.len());
-        let mut failed = None;
-        for create in creates {
-            match create.await {
-                Ok((stat, sequence)) => {
-                    let node = format!("{protected}{LEASE_MARKER}{sequence}");
-                    pending.push(PendingNode::new(
-                        &inner.sessions,
-                        session,
-                        format!("{dir}/{node}"),
-                    ));
-                    leases.push((node, token_of(stat.czxid)));
-                }
-                Err(err) => failed = Some(err),
-            }
-        }
-        if let Some(err) = failed {
-            // A create lost with the connection may have happened: sweep the grant's
-            // leases by their prefix (the session's end removes any left).
-            if let Ok(children) = client.list_children(&dir).await {
-                for child in children.iter().filter(|c| c.starts_with(protected)) {
-                    inner
-                        .sessions
-                        .delete_later(session, format!("{dir}/{child}"));
-                }
-            }
-            return Err(map_zk(err, "create"));
-        }
-        let first = leases
-            .first()
-            .map(|(node, _)| node.clone())
-            .unwrap_or_default();
         loop {
-            let (children, watch) = client
-                .list_and_watch_children(&dir)
-                .await
-                .map_err(|e| map_zk(e, "list"))?;
             if !children.contains(&first) {
                 return Err(Error::new(
                     dlock_spi::ErrorKind::Backend,
@@ -225,6 +237,10 @@ impl ZkBackend {
                 _ = watch.changed() => {}
                 () = tokio::time::sleep_until(deadline.into()) => break,
             }
+            (children, watch) = client
+                .list_and_watch_children(&dir)
+                .await
+                .map_err(|e| map_zk(e, "list"))?;
         }
         for p in &mut pending {
             p.delete().await;

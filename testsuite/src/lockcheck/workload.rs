@@ -313,6 +313,41 @@ impl HoldLog {
     }
 }
 
+/// A `try_*` call's answer: its hold, or why there is none (`Hung` when it did not
+/// answer within `hung`).
+async fn tried<T>(
+    hung: Duration,
+    call: impl std::future::Future<Output = dlock_api::Result<Option<T>>>,
+) -> Result<T, Why> {
+    answer(
+        tokio::time::timeout(hung, call)
+            .await
+            .map_err(|_| Why::Hung)?,
+    )
+}
+
+/// A waiting call's answer: its hold, or why there is none (`Timeout` when it did
+/// not get one within `wait`).
+async fn waited<T>(
+    wait: Duration,
+    call: impl std::future::Future<Output = dlock_api::Result<T>>,
+) -> Result<T, Why> {
+    answer(
+        tokio::time::timeout(wait, call)
+            .await
+            .map_err(|_| Why::Timeout)?
+            .map(Some),
+    )
+}
+
+fn answer<T>(result: dlock_api::Result<Option<T>>) -> Result<T, Why> {
+    match result {
+        Ok(Some(held)) => Ok(held),
+        Ok(None) => Err(Why::None),
+        Err(e) => Err(Why::Error(e.kind().as_str().to_owned())),
+    }
+}
+
 /// What a task locks next.
 #[derive(Clone)]
 struct Target {
@@ -554,64 +589,30 @@ impl Task {
         let handle = &target.handle;
         let value = format!("{}#{att}", target.handle_id);
         let acquire = async {
-            // A `try_lock` answers by its wait; one that does not is hung. `lock()`
-            // is bounded by the wait the workload gives it.
+            // A `try_*` call answers by its wait; one that does not is hung. A
+            // waiting call is bounded by the wait the workload gives it.
             let hung = wait + CALL_BOUND;
             if let (Some(semaphore), Some(n)) = (&target.semaphore, target.mode.permits()) {
-                let result = match op {
-                    Op::Try => tokio::time::timeout(hung, semaphore.try_acquire(n, wait))
-                        .await
-                        .map_err(|_| Why::Hung)?,
-                    _ => tokio::time::timeout(wait, semaphore.acquire(n))
-                        .await
-                        .map_err(|_| Why::Timeout)?
-                        .map(Some),
-                };
-                return match result {
-                    Ok(Some(permit)) => Ok(Held::Permit(permit)),
-                    Ok(None) => Err(Why::None),
-                    Err(e) => Err(Why::Error(e.kind().as_str().to_owned())),
-                };
+                return match op {
+                    Op::Try => tried(hung, semaphore.try_acquire(n, wait)).await,
+                    _ => waited(wait, semaphore.acquire(n)).await,
+                }
+                .map(Held::Permit);
             }
             if let Some(election) = &target.election {
-                let result = match op {
-                    Op::Try => tokio::time::timeout(hung, election.try_campaign(value, wait))
-                        .await
-                        .map_err(|_| Why::Hung)?,
-                    _ => tokio::time::timeout(wait, election.campaign(value))
-                        .await
-                        .map_err(|_| Why::Timeout)?
-                        .map(Some),
-                };
-                return match result {
-                    Ok(Some(term)) => Ok(Held::Term(term)),
-                    Ok(None) => Err(Why::None),
-                    Err(e) => Err(Why::Error(e.kind().as_str().to_owned())),
-                };
-            }
-            let result = match op {
-                Op::Try => tokio::time::timeout(hung, handle.try_lock(wait))
-                    .await
-                    .map_err(|_| Why::Hung)?,
-                Op::Lease => tokio::time::timeout(hung, handle.try_lock_with_lease(wait, lease))
-                    .await
-                    .map_err(|_| Why::Hung)?,
-                Op::Lock => tokio::time::timeout(wait, handle.lock())
-                    .await
-                    .map_err(|_| Why::Timeout)?
-                    .map(Some),
-                Op::LockLease | Op::Reenter => {
-                    tokio::time::timeout(wait, handle.lock_with_lease(lease))
-                        .await
-                        .map_err(|_| Why::Timeout)?
-                        .map(Some)
+                return match op {
+                    Op::Try => tried(hung, election.try_campaign(value, wait)).await,
+                    _ => waited(wait, election.campaign(value)).await,
                 }
-            };
-            match result {
-                Ok(Some(guard)) => Ok(Held::Guard(guard)),
-                Ok(None) => Err(Why::None),
-                Err(e) => Err(Why::Error(e.kind().as_str().to_owned())),
+                .map(Held::Term);
             }
+            match op {
+                Op::Try => tried(hung, handle.try_lock(wait)).await,
+                Op::Lease => tried(hung, handle.try_lock_with_lease(wait, lease)).await,
+                Op::Lock => waited(wait, handle.lock()).await,
+                Op::LockLease | Op::Reenter => waited(wait, handle.lock_with_lease(lease)).await,
+            }
+            .map(Held::Guard)
         };
         let got = match cancel_after {
             Some(after) => tokio::time::timeout(after, acquire)
