@@ -575,9 +575,7 @@ impl JdbcBackend {
             };
             let total = i64::from(req.capacity);
             if capacity != total && (used > 0 || others_waiting > 0) {
-                return Err(Error::invalid_argument(format!(
-                    "semaphore has {capacity} permits while it is in use; this handle asks with {total}: use the same total everywhere (it can change once the semaphore is idle)"
-                )));
+                return Err(Error::semaphore_total_differs(capacity, req.capacity));
             }
             let room = owner_live == 0 && first == 1 && used + i64::from(n) <= total;
             if !room {

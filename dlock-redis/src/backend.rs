@@ -408,10 +408,7 @@ impl RedisBackend {
         }
         let answer = self.run_acquire(&inv).await?;
         if answer.total_differs {
-            return Err(Error::invalid_argument(format!(
-                "semaphore has {} permits while it is in use; this handle asks with {}: use the same total everywhere (it can change once the semaphore is idle)",
-                answer.value, req.capacity
-            )));
+            return Err(Error::semaphore_total_differs(answer.value, req.capacity));
         }
         Ok(answer)
     }

@@ -90,6 +90,14 @@ impl Error {
         ))
     }
 
+    /// The error of a permit request naming another total than the semaphore's
+    /// holders (`held`) while it is in use (`InvalidArgument`).
+    pub fn semaphore_total_differs(held: impl std::fmt::Display, asked: u32) -> Self {
+        Error::invalid_argument(format!(
+            "semaphore has {held} permits while it is in use; this handle asks with {asked}: use the same total everywhere (it can change once the semaphore is idle)"
+        ))
+    }
+
     /// Creates an error of `kind` with a message. Retryability defaults by kind
     /// (`Backend` and `Timeout` are retryable; the rest are not).
     pub fn new(kind: ErrorKind, message: impl Into<Cow<'static, str>>) -> Self {

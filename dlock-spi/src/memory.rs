@@ -328,11 +328,8 @@ impl InMemoryBackend {
                     state.locks.remove(&req.name);
                 }
                 return Step::Fail(
-                    crate::Error::invalid_argument(format!(
-                        "semaphore has {held} permits while it is in use; this handle asks with {}: use the same total everywhere (it can change once the semaphore is idle)",
-                        req.capacity
-                    ))
-                    .with_context("lock", &req.name),
+                    crate::Error::semaphore_total_differs(held, req.capacity)
+                        .with_context("lock", &req.name),
                 );
             }
         }

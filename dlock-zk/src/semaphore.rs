@@ -199,9 +199,7 @@ impl ZkBackend {
                 for p in &mut pending {
                     p.delete().await;
                 }
-                return Err(Error::invalid_argument(format!(
-                    "semaphore has {held} permits while it is in use; this handle asks with {total}: use the same total everywhere (it can change once the semaphore is idle)"
-                )));
+                return Err(Error::semaphore_total_differs(held, total));
             }
             Some(held) if held == total => {}
             // Idle (or never recorded): record this total. Only the mutex's holder
