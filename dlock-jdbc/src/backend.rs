@@ -521,6 +521,10 @@ impl JdbcBackend {
             Param::Bytes(&req.context),
         ];
         let one_statement = self.dialect() == Dialect::Postgres;
+        // MySQL locks the row before the grant's statement reads the holders, so its
+        // snapshot is taken after the previous grant committed. SQLite needs no
+        // such step: its grant's statement takes the database's one write lock.
+        let lock_row_first = self.dialect() == Dialect::MySql;
         macro_rules! body {
             ($p:ident, $token:ident) => {
                 async {
@@ -528,9 +532,11 @@ impl JdbcBackend {
                         return $token!(query!(&s.grant_permits, &params), $p);
                     }
                     let mut tx = $p.begin().await?;
-                    query!(&s.ensure_row, &params[..1])
-                        .execute(&mut *tx)
-                        .await?;
+                    if lock_row_first {
+                        query!(&s.ensure_row, &params[..1])
+                            .execute(&mut *tx)
+                            .await?;
+                    }
                     let Some(token) = $token!(query!(&s.grant_permits, &params), &mut *tx)? else {
                         tx.rollback().await?;
                         return Ok::<_, sqlx::Error>(None);

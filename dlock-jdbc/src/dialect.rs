@@ -225,7 +225,8 @@ pub(crate) struct Statements {
     /// (0 for a read lock) → token.
     pub(crate) acquire_shared_reader: Stmt,
     /// `$1` name: creates a semaphore's row if it has none, and locks it until the
-    /// transaction ends (before `grant_permits` on SQLite and MySQL).
+    /// transaction ends (before `grant_permits` on MySQL; on a semaphore's first use
+    /// everywhere).
     pub(crate) ensure_row: Stmt,
     /// `$1` name, `$2` owner, `$3` lease ms, `$4` permits, `$5` the total, `$6`
     /// context → token (no row / 0 = not granted). PostgreSQL: one statement that
@@ -233,8 +234,9 @@ pub(crate) struct Statements {
     /// unchanged since the statement's snapshot (its subqueries read that snapshot,
     /// not what a concurrent grant committed while this one waited for the row) — a
     /// refusal that [`Self::permit_state`] shows had room was such a race. SQLite and
-    /// MySQL: the row is locked first (`ensure_row`, same transaction), and the
-    /// holder's row is written with `acquire_shared_reader`.
+    /// MySQL: in a transaction that writes the holder's row with
+    /// `acquire_shared_reader`; MySQL locks the row first (`ensure_row`), SQLite's
+    /// statement takes the database's write lock itself.
     pub(crate) grant_permits: Stmt,
     /// `$1` name, `$2` owner → the semaphore's total, permits used by others, live
     /// waiters other than `$2`, whether an exclusive holder is live (0/1), whether

@@ -65,6 +65,114 @@ fn recorded_total(data: &[u8]) -> Option<u32> {
     std::str::from_utf8(data).ok()?.trim().parse().ok()
 }
 
+/// A grant's leases (node name and token each, the first's token the grant's) and
+/// the watch on the leases node from the listing that granted them.
+type Granted = (
+    Vec<(String, FencingToken)>,
+    zookeeper_client::OneshotWatcher,
+);
+
+/// The leases one acquire creates: those made so far, each armed to be deleted
+/// until the grant keeps them.
+struct LeaseBatch<'a> {
+    backend: &'a ZkBackend,
+    session: &'a Arc<Session>,
+    /// The leases node.
+    dir: String,
+    /// The grant's protection prefix, which names its leases.
+    protected: &'a str,
+    leases: Vec<(String, FencingToken)>,
+    pending: Vec<PendingNode>,
+}
+
+impl<'a> LeaseBatch<'a> {
+    fn new(
+        backend: &'a ZkBackend,
+        session: &'a Arc<Session>,
+        lock: &str,
+        protected: &'a str,
+    ) -> Self {
+        let dir = leases_dir(lock);
+        LeaseBatch {
+            backend,
+            session,
+            dir,
+            protected,
+            leases: Vec::new(),
+            pending: Vec::new(),
+        }
+    }
+
+    /// What a new lease is created with: its sequential path prefix and its data.
+    fn create_args(&self, req: &AcquireRequest) -> (String, Vec<u8>) {
+        (
+            format!("{}/{}{LEASE_MARKER}", self.dir, self.protected),
+            node_data(&req.holder(), &req.context),
+        )
+    }
+
+    /// Awaits `creates`, keeping the leases made; the last failure, if any.
+    async fn collect(
+        &mut self,
+        creates: Vec<
+            impl std::future::Future<
+                Output = std::result::Result<
+                    (zookeeper_client::Stat, zookeeper_client::CreateSequence),
+                    ZkError,
+                >,
+            >,
+        >,
+    ) -> Option<ZkError> {
+        let mut failed = None;
+        for create in creates {
+            match create.await {
+                Ok((stat, sequence)) => {
+                    let node = format!("{}{LEASE_MARKER}{sequence}", self.protected);
+                    self.pending.push(PendingNode::new(
+                        &self.backend.inner.sessions,
+                        self.session,
+                        format!("{}/{node}", self.dir),
+                    ));
+                    self.leases.push((node, token_of(stat.czxid)));
+                }
+                Err(err) => failed = Some(err),
+            }
+        }
+        failed
+    }
+
+    /// The leases are the grant's: kept past the batch.
+    fn keep(mut self) -> Vec<(String, FencingToken)> {
+        for p in &mut self.pending {
+            p.disarm();
+        }
+        std::mem::take(&mut self.leases)
+    }
+
+    /// Deletes the leases made (waiting for the answers).
+    async fn give_back(&mut self) {
+        for p in &mut self.pending {
+            p.delete().await;
+        }
+    }
+
+    /// A create failed with `err`; one lost with the connection may still have
+    /// happened, so the grant's leases are swept by their prefix (the session's end
+    /// removes any left). The error to return.
+    async fn lost_create(&mut self, err: ZkError) -> Error {
+        self.give_back().await;
+        if let Ok(children) = self.session.client.list_children(&self.dir).await {
+            for child in children.iter().filter(|c| c.starts_with(self.protected)) {
+                self.backend
+                    .inner
+                    .sessions
+                    .delete_later(self.session, format!("{}/{child}", self.dir));
+            }
+        }
+        map_zk(err, "create")
+    }
+}
+
 impl ZkBackend {
     /// One acquire of `n` permits in one session (see the module docs).
     pub(crate) async fn acquire_permits_in(
@@ -78,6 +186,12 @@ impl ZkBackend {
         let holder = req.holder();
         let data = node_data(&holder, &req.context);
         let protected = layout::protected_prefix(&holder);
+        if let Some((leases, watch)) = self
+            .take_leases_unqueued(session, req, n, &lock, &protected)
+            .await?
+        {
+            return Ok(self.hold_leases(session, req, &lock, leases, watch));
+        }
         // The mutex: the recipe's own InterProcessMutex node.
         let mutex_key = HeldKey::new(&req.name, holder.clone(), LockMode::Exclusive);
         let mutex_prefix = format!("{protected}{}", layout::MUTEX_MARKER);
@@ -100,10 +214,22 @@ impl ZkBackend {
         let Some((leases, watch)) = taken? else {
             return Ok(AcquireResult::not_acquired(None, None));
         };
-        let dir = leases_dir(&lock);
+        Ok(self.hold_leases(session, req, &lock, leases, watch))
+    }
+
+    /// Records a grant's leases as held and watches its first.
+    fn hold_leases(
+        &self,
+        session: &Arc<Session>,
+        req: &AcquireRequest,
+        lock: &str,
+        leases: Vec<(String, FencingToken)>,
+        watch: zookeeper_client::OneshotWatcher,
+    ) -> AcquireResult {
+        let dir = leases_dir(lock);
         let (first, token) = leases[0].clone();
-        let key = HeldKey::new(&req.name, holder, req.mode);
-        inner.held().insert(
+        let key = HeldKey::new(&req.name, req.holder(), req.mode);
+        self.inner.held().insert(
             key.clone(),
             HeldNode {
                 path: format!("{dir}/{first}"),
@@ -115,7 +241,73 @@ impl ZkBackend {
             },
         );
         let watch = self.watch_hold(session, key, dir, first, token, watch);
-        Ok(AcquireResult::acquired(token, None).with_watch(watch))
+        AcquireResult::acquired(token, None).with_watch(watch)
+    }
+
+    /// The uncontended grant, in one round trip and without the mutex: creates the
+    /// `n` leases and, in the same flight, lists the leases (with the recorded total)
+    /// and the mutex's queue. Granted when nobody queues for the mutex, the recorded
+    /// total is this one and the leases number at most the total; otherwise the
+    /// leases are deleted again and `None` sends the acquire through the mutex.
+    ///
+    /// Safe without the mutex, as every grant is decided by a listing made after the
+    /// grant's own creates: of any set of grants held at once, the one whose last
+    /// lease was created last listed every other's leases besides its own, so it was
+    /// granted only if they all fit the total. The mutex only orders waiters, and a
+    /// queue in it turns this path away, so nobody passes a waiter. A Java client
+    /// holding the mutex may meet these leases in its count for one round trip: it
+    /// waits, as for any lease, until they are gone.
+    async fn take_leases_unqueued(
+        &self,
+        session: &Arc<Session>,
+        req: &AcquireRequest,
+        n: u32,
+        lock: &str,
+        protected: &str,
+    ) -> Result<Option<Granted>> {
+        let client = &session.client;
+        let mut batch = LeaseBatch::new(self, session, lock, protected);
+        let (prefix, data) = batch.create_args(req);
+        let acls = self.inner.acls.contender();
+        // All sent, in this order, before the first answer is awaited: the listings
+        // follow the creates on the session.
+        let creates: Vec<_> = (0..n)
+            .map(|_| client.create(&prefix, &data, &acls))
+            .collect();
+        let dir = batch.dir.clone();
+        let (listed, recorded, queue) = (
+            client.list_and_watch_children(&dir),
+            client.get_data(&dir),
+            client.list_children(&locks_dir(lock)),
+        );
+        let failed = batch.collect(creates).await;
+        let (listed, recorded, queue) = tokio::join!(listed, recorded, queue);
+        match failed {
+            None => {}
+            // The semaphore's first use (no leases node yet): through the mutex.
+            Some(ZkError::NoNode) => {
+                batch.give_back().await;
+                return Ok(None);
+            }
+            Some(err) => return Err(batch.lost_create(err).await),
+        }
+        let queue = match queue {
+            Ok(queue) => Ok(queue),
+            Err(ZkError::NoNode) => Ok(Vec::new()),
+            Err(err) => Err(err),
+        };
+        if let (Ok((children, watch)), Ok((recorded, _)), Ok(queue)) = (listed, recorded, queue) {
+            let total = usize::try_from(req.capacity).unwrap_or(usize::MAX);
+            let fits = layout::contenders(&queue).is_empty()
+                && recorded_total(&recorded) == Some(req.capacity)
+                && batch.leases.iter().all(|(node, _)| children.contains(node))
+                && children.len() <= total;
+            if fits {
+                return Ok(Some((batch.keep(), watch)));
+            }
+        }
+        batch.give_back().await;
+        Ok(None)
     }
 
     /// Under the mutex: creates `n` leases (and the leases node on first use), checks
@@ -130,62 +322,31 @@ impl ZkBackend {
         n: u32,
         lock: &str,
         protected: &str,
-    ) -> Result<
-        Option<(
-            Vec<(String, FencingToken)>,
-            zookeeper_client::OneshotWatcher,
-        )>,
-    > {
+    ) -> Result<Option<Granted>> {
         let inner = &self.inner;
         let client = &session.client;
-        let dir = leases_dir(lock);
         let total = req.capacity;
         let wanted = usize::try_from(n).unwrap_or(usize::MAX);
-        let prefix = format!("{dir}/{protected}{LEASE_MARKER}");
-        let data = node_data(&req.holder(), &req.context);
-        let mut leases = Vec::with_capacity(wanted);
-        let mut pending = Vec::with_capacity(wanted);
+        let mut batch = LeaseBatch::new(self, session, lock, protected);
+        let (prefix, data) = batch.create_args(req);
+        let acls = self.inner.acls.contender();
+        let dir = batch.dir.clone();
         for round in 0..2 {
             // All sent before the first answer is awaited.
-            let creates: Vec<_> = (leases.len()..wanted)
-                .map(|_| client.create(&prefix, &data, &inner.acls.contender()))
+            let creates: Vec<_> = (batch.leases.len()..wanted)
+                .map(|_| client.create(&prefix, &data, &acls))
                 .collect();
-            let mut missing = false;
-            let mut failed = None;
-            for create in creates {
-                match create.await {
-                    Ok((stat, sequence)) => {
-                        let node = format!("{protected}{LEASE_MARKER}{sequence}");
-                        pending.push(PendingNode::new(
-                            &inner.sessions,
-                            session,
-                            format!("{dir}/{node}"),
-                        ));
-                        leases.push((node, token_of(stat.czxid)));
-                    }
-                    Err(ZkError::NoNode) if round == 0 => missing = true,
-                    Err(err) => failed = Some(err),
+            match batch.collect(creates).await {
+                None => break,
+                // The semaphore's first use: its leases node, then the creates again.
+                Some(ZkError::NoNode) if round == 0 => {
+                    inner.create_lock_node(session, &dir).await?;
                 }
+                Some(err) => return Err(batch.lost_create(err).await),
             }
-            if let Some(err) = failed {
-                // A create lost with the connection may have happened: sweep the
-                // grant's leases by their prefix (the session's end removes any left).
-                if let Ok(children) = client.list_children(&dir).await {
-                    for child in children.iter().filter(|c| c.starts_with(protected)) {
-                        inner
-                            .sessions
-                            .delete_later(session, format!("{dir}/{child}"));
-                    }
-                }
-                return Err(map_zk(err, "create"));
-            }
-            if !missing {
-                break;
-            }
-            // The semaphore's first use: its leases node.
-            inner.create_lock_node(session, &dir).await?;
         }
-        let first = leases
+        let first = batch
+            .leases
             .first()
             .map(|(node, _)| node.clone())
             .unwrap_or_default();
@@ -196,9 +357,7 @@ impl ZkBackend {
         let others = children.iter().any(|c| !c.starts_with(protected));
         match recorded_total(&recorded) {
             Some(held) if held != total && others => {
-                for p in &mut pending {
-                    p.delete().await;
-                }
+                batch.give_back().await;
                 return Err(Error::semaphore_total_differs(held, total));
             }
             Some(held) if held == total => {}
@@ -222,10 +381,7 @@ impl ZkBackend {
             }
             // As Curator counts: every child of the leases node is a permit in use.
             if children.len() <= usize::try_from(total).unwrap_or(usize::MAX) {
-                for p in &mut pending {
-                    p.disarm();
-                }
-                return Ok(Some((leases, watch)));
+                return Ok(Some((batch.keep(), watch)));
             }
             let deadline = match req.deadline {
                 Some(d) if !deadline_passed(Some(d)) => d,
@@ -240,9 +396,7 @@ impl ZkBackend {
                 .await
                 .map_err(|e| map_zk(e, "list"))?;
         }
-        for p in &mut pending {
-            p.delete().await;
-        }
+        batch.give_back().await;
         Ok(None)
     }
 

@@ -3,6 +3,11 @@
 //! `lock.try_lock(0)` + `unlock()`, through the user API on one manager, one task,
 //! in interleaved rounds (median cycles/s of each).
 //!
+//! Same-run controls, in the same interleaved rounds: the read lock's cycle (its
+//! grant writes what a permit's does: the name's row and a holder's row), and on
+//! ZooKeeper Java Curator's `InterProcessSemaphoreV2` (one lease of 3) against its
+//! `InterProcessMutex` — the ratio the recipe's own protocol allows.
+//!
 //! Run: `cargo bench -p testsuite --bench semaphore` (DLOCK_TEST_BACKENDS selects the
 //! backends, servers as `scripts/test` starts them; DLOCK_BENCH_ROUNDS rounds,
 //! default 5, of DLOCK_BENCH_SECS seconds, default 2). Under `cargo test` it runs one
@@ -12,7 +17,10 @@
 use std::time::Duration;
 
 use dlock_api::DistributeLockManagerBuilder;
-use testsuite::bench::{api_contestant, cycles, interleaved, is_bench, runtime, Contestant};
+use testsuite::bench::{
+    api_contestant, api_cycle, cycles, interleaved, is_bench, runtime, Contestant,
+};
+use testsuite::curator::BenchServer;
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name)
@@ -36,8 +44,8 @@ fn main() {
     println!(
         "semaphore vs lock: acquire + release cycles/s, 1 task, {rounds} round(s) of {secs} s"
     );
-    println!("| backend | lock | semaphore | semaphore ÷ lock |");
-    println!("|---|---|---|---|");
+    println!("| backend | lock | read lock | semaphore | semaphore ÷ lock | semaphore ÷ read lock | Curator: semaphore ÷ mutex |");
+    println!("|---|---|---|---|---|---|---|");
     runtime().block_on(async {
         for label in testsuite::backends::KNOWN {
             if !selected.split(',').any(|l| l.trim() == *label) {
@@ -46,13 +54,42 @@ fn main() {
             let backend = testsuite::backends::open(label)
                 .await
                 .unwrap_or_else(|e| panic!("{label}: {e}"));
+            let namespace = format!("bench-sem-{:x}", fastrand::u64(..));
             let manager = DistributeLockManagerBuilder::new(backend.client().await.unwrap())
-                .namespace(format!("bench-sem-{:x}", fastrand::u64(..)))
+                .namespace(namespace.clone())
                 .build()
                 .unwrap();
             let semaphore = manager.semaphore("sem", 3);
-            let contestants = vec![
+            let read = manager.read_write_lock("rw").read().clone();
+            // ZooKeeper's control: Curator's own recipes on the same servers.
+            let hosts = label
+                .starts_with("zk")
+                .then(|| testsuite::backends::server_url(label))
+                .flatten()
+                .map(|url| {
+                    url.trim_start_matches("zk://")
+                        .split(['/', '?'])
+                        .next()
+                        .unwrap_or_default()
+                        .to_owned()
+                });
+            let mut curator: Vec<BenchServer> = hosts
+                .iter()
+                .flat_map(|hosts| {
+                    ["mutex", "semaphore-3"].map(|kind| {
+                        BenchServer::start(hosts, &format!("/dlock-test/{namespace}-curator-{kind}"), 1, kind)
+                            .unwrap_or_else(|e| panic!("{label}: {e}"))
+                    })
+                })
+                .collect();
+            let mut contestants = vec![
                 api_contestant(1, manager.clone(), |_| "lock".to_owned()),
+                Contestant::tasks("read lock", 1, move |_, end| {
+                    cycles(read.clone(), end, |read| async move {
+                        api_cycle(&read).await;
+                        read
+                    })
+                }),
                 Contestant::tasks("semaphore", 1, move |_, end| {
                     cycles(semaphore.clone(), end, |sem| async move {
                         let permit = sem
@@ -65,11 +102,30 @@ fn main() {
                     })
                 }),
             ];
+            for (server, name) in curator.iter_mut().zip(["Curator mutex", "Curator semaphore"]) {
+                contestants.push(Contestant::new(
+                    name,
+                    Box::new(move |d| {
+                        let result = server.round(d).unwrap_or_else(|e| panic!("{e}"));
+                        Box::pin(async move { result })
+                    }),
+                ));
+            }
             let rates = interleaved(contestants, rounds, per_round).await;
-            let (lock, sem) = (rates[0].1, rates[1].1);
+            let (lock, read, sem) = (rates[0].1, rates[1].1, rates[2].1);
+            let control = match rates.get(3..5) {
+                Some([mutex, semaphore]) => format!(
+                    "{:.0}/s ÷ {:.0}/s = **{:.2}×**",
+                    semaphore.1,
+                    mutex.1,
+                    semaphore.1 / mutex.1
+                ),
+                _ => "—".to_owned(),
+            };
             println!(
-                "| {label} | {lock:.0}/s | {sem:.0}/s | **{:.2}×** |",
-                sem / lock
+                "| {label} | {lock:.0}/s | {read:.0}/s | {sem:.0}/s | **{:.2}×** | {:.2}× | {control} |",
+                sem / lock,
+                sem / read
             );
             manager.close().await;
         }

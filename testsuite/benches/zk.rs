@@ -15,8 +15,6 @@
 //! smoke pass.
 #![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
 
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, ChildStdin, ChildStdout, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -26,62 +24,6 @@ use testsuite::bench::{
     api_contestant, backend_selected, cycles, interleaved, is_bench, spi_contestant, Contestant,
 };
 use zookeeper_client::{Acls, Client, CreateMode};
-
-/// The Java Curator benchmark server: rounds on request over stdin/stdout.
-struct Curator {
-    child: Child,
-    stdin: ChildStdin,
-    stdout: BufReader<ChildStdout>,
-}
-
-impl Curator {
-    fn start(hosts: &str, path: &str, threads: usize) -> Curator {
-        let mut java = testsuite::curator::worker().unwrap_or_else(|e| panic!("{e}"));
-        let mut child = java
-            .args(["serve", hosts, path, &threads.to_string()])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("run java");
-        let stdin = child.stdin.take().unwrap();
-        let mut stdout = BufReader::new(child.stdout.take().unwrap());
-        let mut line = String::new();
-        stdout.read_line(&mut line).unwrap();
-        assert_eq!(line.trim(), "ready", "the Curator bench did not start");
-        Curator {
-            child,
-            stdin,
-            stdout,
-        }
-    }
-
-    /// One round, blocking this thread while Java runs it (nothing else is measured
-    /// meanwhile).
-    fn round(&mut self, secs: Duration) -> (u64, Duration) {
-        writeln!(self.stdin, "{}", secs.as_secs_f64()).unwrap();
-        self.stdin.flush().unwrap();
-        let mut line = String::new();
-        self.stdout.read_line(&mut line).unwrap();
-        let field = |key: &str| -> f64 {
-            line.split_whitespace()
-                .find_map(|kv| kv.strip_prefix(key))
-                .and_then(|v| v.parse().ok())
-                .unwrap_or_else(|| panic!("bad Curator answer {line:?}"))
-        };
-        (
-            field("cycles=") as u64,
-            Duration::from_secs_f64(field("seconds=")),
-        )
-    }
-}
-
-impl Drop for Curator {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 async fn scenario(
     url: &str,
@@ -136,8 +78,15 @@ async fn scenario(
         .unwrap();
     let spi: Arc<dyn LockRemoteResource> = Arc::new(backend);
 
-    let mut curator =
-        with_curator.then(|| Curator::start(hosts, &format!("/dlock-test/{tag}-curator"), tasks));
+    let mut curator = with_curator.then(|| {
+        testsuite::curator::BenchServer::start(
+            hosts,
+            &format!("/dlock-test/{tag}-curator"),
+            tasks,
+            "mutex",
+        )
+        .unwrap_or_else(|e| panic!("{e}"))
+    });
     let mut contestants = vec![
         Contestant::tasks("floor (create ephemeral-sequential + delete)", tasks, floor),
         api_contestant(tasks, m.clone(), {
@@ -153,7 +102,7 @@ async fn scenario(
         contestants.push(Contestant::new(
             "Java Curator InterProcessMutex (a thread per lock)",
             Box::new(move |d| {
-                let result = curator.round(d);
+                let result = curator.round(d).unwrap_or_else(|e| panic!("{e}"));
                 Box::pin(async move { result })
             }),
         ));

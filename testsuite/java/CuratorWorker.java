@@ -15,9 +15,10 @@
 //       Failover benchmark: one LeaderLatch participant on a client with a session
 //       timeout of SESSION_MS. Prints "campaigning" once its node exists, "leading"
 //       when it leads, then waits to be killed.
-//   serve    CONNECT LOCK_PATH THREADS
+//   serve    CONNECT LOCK_PATH THREADS [mutex|semaphore-N]
 //       Benchmark server: THREADS threads, each with its own InterProcessMutex
-//       (LOCK_PATH-<i>) on the one client session. Warms up for a second, prints
+//       (LOCK_PATH-<i>) on the one client session, or with semaphore-N its own
+//       InterProcessSemaphoreV2 of N leases (one lease per cycle). Warms up for a second, prints
 //       "ready", then for each line SECONDS read from stdin runs uncontended acquire +
 //       release cycles for that long and prints the total "cycles=N seconds=S"; exits
 //       at end of input.
@@ -44,7 +45,7 @@ import org.apache.curator.retry.RetryNTimes;
 public final class CuratorWorker {
     public static void main(String[] args) throws Exception {
         if (args.length < 1) {
-            System.err.println("usage: counter CONNECT LOCK_PATH COUNTER_FILE ITERATIONS mutex|rw | serve CONNECT LOCK_PATH THREADS");
+            System.err.println("usage: counter CONNECT LOCK_PATH COUNTER_FILE ITERATIONS mutex|rw|latch|semaphore-N | serve CONNECT LOCK_PATH THREADS [mutex|semaphore-N]");
             System.exit(64);
         }
         int sessionMs = args[0].equals("latch-candidate") ? Integer.parseInt(args[3]) : 10000;
@@ -62,7 +63,7 @@ public final class CuratorWorker {
             } else if (args[0].equals("latch-candidate")) {
                 latchCandidate(client, args[2]);
             } else if (args[0].equals("serve")) {
-                serve(client, args[2], Integer.parseInt(args[3]));
+                serve(client, args[2], Integer.parseInt(args[3]), args.length > 4 ? args[4] : "mutex");
             } else {
                 System.err.println("unknown command " + args[0]);
                 System.exit(64);
@@ -214,38 +215,53 @@ public final class CuratorWorker {
         System.out.println("curator acquired=" + led + " overlaps=" + overlaps);
     }
 
-    static void serve(CuratorFramework client, String path, int threads) throws Exception {
-        InterProcessMutex[] locks = new InterProcessMutex[threads];
+    /** One acquire + release of a benchmark thread's own lock or semaphore. */
+    interface Cycle {
+        void run() throws Exception;
+    }
+
+    static void serve(CuratorFramework client, String path, int threads, String kind) throws Exception {
+        Cycle[] cycles = new Cycle[threads];
         for (int i = 0; i < threads; i++) {
-            locks[i] = new InterProcessMutex(client, path + "-" + i);
+            String own = path + "-" + i;
+            if (kind.startsWith("semaphore-")) {
+                InterProcessSemaphoreV2 semaphore =
+                        new InterProcessSemaphoreV2(client, own, Integer.parseInt(kind.substring("semaphore-".length())));
+                cycles[i] = () -> semaphore.returnLease(semaphore.acquire());
+            } else {
+                InterProcessMutex lock = new InterProcessMutex(client, own);
+                cycles[i] = () -> {
+                    lock.acquire();
+                    lock.release();
+                };
+            }
         }
-        cycleAll(locks, 1.0);
+        cycleAll(cycles, 1.0);
         System.out.println("ready");
         System.out.flush();
         java.io.BufferedReader in = new java.io.BufferedReader(new java.io.InputStreamReader(System.in, StandardCharsets.UTF_8));
         String line;
         while ((line = in.readLine()) != null) {
             long start = System.nanoTime();
-            long cycles = cycleAll(locks, Double.parseDouble(line.trim()));
-            System.out.println("cycles=" + cycles + " seconds=" + (System.nanoTime() - start) / 1e9);
+            long total = cycleAll(cycles, Double.parseDouble(line.trim()));
+            System.out.println("cycles=" + total + " seconds=" + (System.nanoTime() - start) / 1e9);
             System.out.flush();
         }
     }
 
-    /** Every lock cycled by its own thread for SECONDS; the total number of cycles. */
-    static long cycleAll(InterProcessMutex[] locks, double seconds) throws Exception {
+    /** Every cycle run by its own thread for SECONDS; the total number of cycles. */
+    static long cycleAll(Cycle[] cycles, double seconds) throws Exception {
         long end = System.nanoTime() + (long) (seconds * 1e9);
         java.util.concurrent.atomic.AtomicLong total = new java.util.concurrent.atomic.AtomicLong();
         java.util.concurrent.atomic.AtomicReference<Exception> failure = new java.util.concurrent.atomic.AtomicReference<>();
-        Thread[] threads = new Thread[locks.length];
-        for (int i = 0; i < locks.length; i++) {
-            InterProcessMutex lock = locks[i];
+        Thread[] threads = new Thread[cycles.length];
+        for (int i = 0; i < cycles.length; i++) {
+            Cycle cycle = cycles[i];
             threads[i] = new Thread(() -> {
                 long n = 0;
                 try {
                     while (System.nanoTime() < end) {
-                        lock.acquire();
-                        lock.release();
+                        cycle.run();
                         n++;
                     }
                 } catch (Exception e) {

@@ -3,8 +3,10 @@
 //! jars (`libcurator-recipes-java`, which `scripts/test` installs). Missing tools are
 //! errors, never a skip.
 
+use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::time::Duration;
 
 /// Debian's jars the program needs (Curator 5, the ZooKeeper 3.8 client, Guava, SLF4J
 /// with the no-op binding so the tests' output stays readable).
@@ -70,4 +72,75 @@ pub fn worker() -> Result<Command, String> {
         "CuratorWorker",
     ]);
     Ok(java)
+}
+
+/// The Java program's benchmark server (`serve`): Curator cycles in rounds on request
+/// over stdin/stdout, so the Rust benches interleave them with their own.
+pub struct BenchServer {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl BenchServer {
+    /// Starts `threads` threads on one Curator client connected to `hosts`, each
+    /// cycling its own `kind` (`mutex`: an `InterProcessMutex`; `semaphore-N`: one
+    /// lease of an `InterProcessSemaphoreV2` of N) at `path-<i>`; returns once the
+    /// server has warmed up.
+    pub fn start(hosts: &str, path: &str, threads: usize, kind: &str) -> Result<Self, String> {
+        let mut child = worker()?
+            .args(["serve", hosts, path, &threads.to_string(), kind])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .map_err(|e| format!("cannot run java: {e}"))?;
+        let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+            return Err("the Curator bench server has no stdin/stdout".to_owned());
+        };
+        let mut server = BenchServer {
+            child,
+            stdin,
+            stdout: BufReader::new(stdout),
+        };
+        let line = server.line()?;
+        if line.trim() != "ready" {
+            return Err(format!("the Curator bench server did not start: {line:?}"));
+        }
+        Ok(server)
+    }
+
+    fn line(&mut self) -> Result<String, String> {
+        let mut line = String::new();
+        self.stdout
+            .read_line(&mut line)
+            .map_err(|e| format!("reading the Curator bench server: {e}"))?;
+        Ok(line)
+    }
+
+    /// One round of `secs`, blocking this thread while Java runs it (nothing else
+    /// is measured meanwhile): the cycles done and the time they took.
+    pub fn round(&mut self, secs: Duration) -> Result<(u64, Duration), String> {
+        writeln!(self.stdin, "{}", secs.as_secs_f64())
+            .and_then(|()| self.stdin.flush())
+            .map_err(|e| format!("writing to the Curator bench server: {e}"))?;
+        let line = self.line()?;
+        let field = |key: &str| -> Result<f64, String> {
+            line.split_whitespace()
+                .find_map(|kv| kv.strip_prefix(key))
+                .and_then(|v| v.parse().ok())
+                .ok_or_else(|| format!("bad Curator answer {line:?}"))
+        };
+        Ok((
+            field("cycles=")? as u64,
+            Duration::from_secs_f64(field("seconds=")?),
+        ))
+    }
+}
+
+impl Drop for BenchServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }

@@ -176,6 +176,57 @@ async fn another_sessions_node_is_not_adopted_and_a_retry_is_idempotent() {
         .unwrap_or(true));
 }
 
+/// A semaphore's uncontended grant skips the recipe's mutex, but never passes an
+/// acquirer queued in it: with a (Java-style) contender node in `…/locks` and
+/// permits free, a try-once newcomer is refused; once the node is gone, granted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_semaphore_newcomer_does_not_pass_an_acquirer_queued_in_the_mutex() {
+    let Some(url) = url_for("zk") else { return };
+    let (backend, m, raw) = setup(&url).await;
+    let sem_name = name("sem-queue");
+    let sem = m.semaphore(&sem_name, 3);
+    // First use (records the total), then idle with 3 permits free.
+    sem.try_acquire(1, Duration::ZERO)
+        .await
+        .unwrap()
+        .expect("a free permit")
+        .release()
+        .await
+        .unwrap();
+    let locks = format!(
+        "{}/locks",
+        backend.lock_path(&LockName::new(sem_name.as_str()).unwrap())
+    );
+    let queued = raw
+        .create(
+            &format!("{locks}/_c_00000000-0000-0000-0000-000000000000-lock-"),
+            b"",
+            &zookeeper_client::CreateMode::EphemeralSequential
+                .with_acls(zookeeper_client::Acls::anyone_all()),
+        )
+        .await
+        .unwrap()
+        .1;
+    assert!(
+        sem.try_acquire(1, Duration::ZERO).await.unwrap().is_none(),
+        "a newcomer passed an acquirer queued in the semaphore's mutex"
+    );
+    raw.delete(
+        &format!("{locks}/_c_00000000-0000-0000-0000-000000000000-lock-{queued}"),
+        None,
+    )
+    .await
+    .unwrap();
+    sem.try_acquire(1, Duration::ZERO)
+        .await
+        .unwrap()
+        .expect("a free permit once nobody queues")
+        .release()
+        .await
+        .unwrap();
+    m.close().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fencing_tokens_increase_across_deletion_of_the_lock_node() {
     let Some(url) = url_for("zk") else { return };

@@ -33,7 +33,8 @@ async fn has_semaphores(env: &Env, m: &DistributeLockManager) -> bool {
 /// 6 tasks on 3 clients take 1 or 2 of 3 permits, 60 times in all: the permits in
 /// use never exceed 3, and holders really overlap (it is not a mutex). Every grant's
 /// token is new (holders overlap, so grants may reach a shared register out of
-/// order; but no two grants share a token, and each task's tokens grow).
+/// order; but no two grants share a token, and each task's tokens grow). Then 8
+/// try-once acquirers at one instant on the idle semaphore: at most 3 granted.
 pub async fn semaphore_permits_never_exceed_the_total(backend: Arc<dyn TestBackend>) {
     const TOTAL: u32 = 3;
     const GRANTS: usize = 60;
@@ -120,6 +121,34 @@ pub async fn semaphore_permits_never_exceed_the_total(backend: Arc<dyn TestBacke
             .expect("held"),
         0
     );
+    // A burst on the idle semaphore: 8 try-once acquirers at the same instant,
+    // nobody queued (the uncontended path, where a backend has one). Grants are kept
+    // until every attempt has answered: at most 3 may stand.
+    let start = Arc::new(tokio::sync::Barrier::new(8));
+    let burst: Vec<_> = (0..8)
+        .map(|i| {
+            let sem = managers[i % 3].semaphore("pool", TOTAL);
+            let start = Arc::clone(&start);
+            tokio::spawn(async move {
+                start.wait().await;
+                sem.try_acquire(1, Duration::ZERO)
+                    .await
+                    .expect("acquire without error")
+            })
+        })
+        .collect();
+    let mut standing = Vec::new();
+    for attempt in burst {
+        standing.extend(attempt.await.expect("task"));
+    }
+    assert!(
+        standing.len() <= TOTAL as usize,
+        "{} of 8 simultaneous try-once acquirers were granted a permit of {TOTAL}",
+        standing.len()
+    );
+    for permit in standing {
+        permit.release().await.expect("release");
+    }
     let refs: Vec<&DistributeLockManager> = managers.iter().collect();
     env.finish(&refs).await;
 }
