@@ -42,6 +42,12 @@
 //!   creation in arrival order) and `<lock>/leases/_c_<uuid>-lease-<seq>`, one
 //!   ephemeral node per permit; the mutex's holder waits until the leases number at
 //!   most the total. Java services using the recipe share the semaphore with dlock.
+//!   When nobody queues in the mutex, dlock grants in one round trip without it: it
+//!   creates its leases and, in the same flight, lists the leases and the mutex's
+//!   queue; it keeps them if the queue is empty and the leases fit the total, and
+//!   otherwise deletes them and queues in the mutex. Safe because every grant is
+//!   decided by a listing made after its own creates (the last-created of any set of
+//!   concurrent holders saw all the others).
 #![deny(missing_docs)]
 
 mod backend;

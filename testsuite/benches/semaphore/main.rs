@@ -4,9 +4,12 @@
 //! in interleaved rounds (median cycles/s of each).
 //!
 //! Same-run controls, in the same interleaved rounds: the read lock's cycle (its
-//! grant writes what a permit's does: the name's row and a holder's row), and on
-//! ZooKeeper Java Curator's `InterProcessSemaphoreV2` (one lease of 3) against its
-//! `InterProcessMutex` — the ratio the recipe's own protocol allows.
+//! grant writes what a permit's does: the name's row and a holder's row); on SQL,
+//! raw statements on the same pool — the lock's floor against a semaphore's, with
+//! the holders in rows of their own (dlock's design) or in the semaphore's row
+//! ([`sql_floor`]); on ZooKeeper, Java Curator's `InterProcessSemaphoreV2` (one
+//! lease of 3) against its `InterProcessMutex` — the ratio the recipe's own protocol
+//! allows.
 //!
 //! Run: `cargo bench -p testsuite --bench semaphore` (DLOCK_TEST_BACKENDS selects the
 //! backends, servers as `scripts/test` starts them; DLOCK_BENCH_ROUNDS rounds,
@@ -21,6 +24,8 @@ use testsuite::bench::{
     api_contestant, api_cycle, cycles, interleaved, is_bench, runtime, Contestant,
 };
 use testsuite::curator::BenchServer;
+
+mod sql_floor;
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name)
@@ -44,7 +49,7 @@ fn main() {
     println!(
         "semaphore vs lock: acquire + release cycles/s, 1 task, {rounds} round(s) of {secs} s"
     );
-    println!("| backend | lock | read lock | semaphore | semaphore ÷ lock | semaphore ÷ read lock | Curator: semaphore ÷ mutex |");
+    println!("| backend | lock | read lock | semaphore | semaphore ÷ lock | semaphore ÷ read lock | control: semaphore ÷ lock |");
     println!("|---|---|---|---|---|---|---|");
     runtime().block_on(async {
         for label in testsuite::backends::KNOWN {
@@ -82,6 +87,15 @@ fn main() {
                     })
                 })
                 .collect();
+            // SQL's control: raw floors on the pool of a backend of its own.
+            let floors = match *label {
+                "sqlite" | "mysql" | "postgres" => {
+                    let url = testsuite::backends::server_url(label).unwrap();
+                    let jdbc = dlock_jdbc::JdbcBackend::connect(&url).await.unwrap();
+                    Some(sql_floor::Floor::all(jdbc.sqlx_pool(), &namespace).await)
+                }
+                _ => None,
+            };
             let mut contestants = vec![
                 api_contestant(1, manager.clone(), |_| "lock".to_owned()),
                 Contestant::tasks("read lock", 1, move |_, end| {
@@ -102,6 +116,20 @@ fn main() {
                     })
                 }),
             ];
+            // Spawned, as dlock's contestants are (not run on the bench's own thread).
+            for (floor, name) in floors.into_iter().flatten().zip([
+                "floor: lock row",
+                "floor: holder rows",
+                "floor: holders in the row",
+            ]) {
+                let floor = std::sync::Arc::new(floor);
+                contestants.push(Contestant::tasks(name, 1, move |_, end| {
+                    cycles(std::sync::Arc::clone(&floor), end, |floor| async move {
+                        floor.cycle().await;
+                        floor
+                    })
+                }));
+            }
             for (server, name) in curator.iter_mut().zip(["Curator mutex", "Curator semaphore"]) {
                 contestants.push(Contestant::new(
                     name,
@@ -113,12 +141,18 @@ fn main() {
             }
             let rates = interleaved(contestants, rounds, per_round).await;
             let (lock, read, sem) = (rates[0].1, rates[1].1, rates[2].1);
-            let control = match rates.get(3..5) {
+            let control = match rates.get(3..) {
                 Some([mutex, semaphore]) => format!(
-                    "{:.0}/s ÷ {:.0}/s = **{:.2}×**",
+                    "Curator semaphore ÷ mutex: {:.0}/s ÷ {:.0}/s = **{:.2}×**",
                     semaphore.1,
                     mutex.1,
                     semaphore.1 / mutex.1
+                ),
+                Some([lock, rows, json]) => format!(
+                    "floor {:.0}/s; holder rows **{:.2}×**, holders in the row **{:.2}×**",
+                    lock.1,
+                    rows.1 / lock.1,
+                    json.1 / lock.1
                 ),
                 _ => "—".to_owned(),
             };
