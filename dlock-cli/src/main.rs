@@ -27,6 +27,8 @@ struct Cli {
     #[arg(
         long,
         env = "DLOCK_URL",
+        // Its value may hold a password: --help names the variable, not its value.
+        hide_env_values = true,
         default_value = "sqlite://dlock.db",
         global = true
     )]

@@ -291,6 +291,31 @@ fn status_unlock_and_input_errors() {
     );
 }
 
+/// `--help` (of the command and of a subcommand) does not print the password of the
+/// `DLOCK_URL` the environment holds.
+#[test]
+fn help_does_not_show_the_password_in_dlock_url() {
+    for args in [&["--help"][..], &["exec", "--help"][..]] {
+        let out = Command::new(DLOCK)
+            .args(args)
+            .env("DLOCK_URL", "postgres://app:help-s3cret@127.0.0.1/db")
+            .stdin(Stdio::null())
+            .output()
+            .expect("run dlock");
+        assert!(out.status.success(), "{args:?}");
+        let shown = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(shown.contains("DLOCK_URL"), "{shown}");
+        assert!(
+            !shown.contains("help-s3cret"),
+            "{args:?} printed the password:\n{shown}"
+        );
+    }
+}
+
 #[test]
 fn log_and_metrics_flags_turn_the_plugins_on() {
     let url = sqlite_url();

@@ -1,27 +1,56 @@
 //! Keeping secrets out of logs and error messages.
 
-/// Replaces the password of `scheme://user:password@host…` with `***`, so URLs can be
-/// logged and shown in errors.
+/// Replaces the secrets of a URL with `***`, so it can be logged and shown in errors:
+/// the password of `scheme://user:password@host…`, and the value of every query
+/// parameter whose name says it holds one (`password`, `pwd`, `pass`, `secret`,
+/// `token`, `auth`, … in any case, as part of a longer name too: `sslpassword`,
+/// `auth_token`).
 pub fn redact_url(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_owned();
     };
     let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
     let (authority, tail) = rest.split_at(authority_end);
-    match authority.rfind('@') {
+    let authority = match authority.rfind('@') {
         Some(at) => {
             let userinfo = &authority[..at];
             let host = &authority[at + 1..];
-            let user = userinfo.split_once(':').map_or(userinfo, |(u, _)| u);
-            let redacted = if userinfo.contains(':') {
-                format!("{user}:***")
-            } else {
-                user.to_owned()
-            };
-            format!("{scheme}://{redacted}@{host}{tail}")
+            match userinfo.split_once(':') {
+                Some((user, _)) => format!("{user}:***@{host}"),
+                None => authority.to_owned(),
+            }
         }
-        None => url.to_owned(),
-    }
+        None => authority.to_owned(),
+    };
+    format!("{scheme}://{authority}{}", redact_query(tail))
+}
+
+/// Whether a query parameter's name says its value is a secret.
+fn secret_parameter(name: &str) -> bool {
+    let name = name.to_ascii_lowercase();
+    ["pass", "pwd", "secret", "token", "auth", "credential"]
+        .iter()
+        .any(|marker| name.contains(marker))
+}
+
+/// `path?query#fragment` with the secret parameters' values replaced.
+fn redact_query(tail: &str) -> String {
+    let Some(q) = tail.find('?') else {
+        return tail.to_owned();
+    };
+    let (path, query) = tail.split_at(q + 1);
+    let (query, fragment) = match query.find('#') {
+        Some(h) => query.split_at(h),
+        None => (query, ""),
+    };
+    let query: Vec<String> = query
+        .split('&')
+        .map(|pair| match pair.split_once('=') {
+            Some((name, _)) if secret_parameter(name) => format!("{name}=***"),
+            _ => pair.to_owned(),
+        })
+        .collect();
+    format!("{path}{}{fragment}", query.join("&"))
 }
 
 #[cfg(test)]
@@ -38,5 +67,29 @@ mod tests {
         assert_eq!(redact_url("redis://user@host"), "redis://user@host");
         assert_eq!(redact_url("sqlite://a.db"), "sqlite://a.db");
         assert_eq!(redact_url("nonsense"), "nonsense");
+    }
+
+    #[test]
+    fn redacts_secrets_in_query_parameters() {
+        assert_eq!(
+            redact_url("postgres://u@h/db?sslmode=require&password=hunter2&application_name=x"),
+            "postgres://u@h/db?sslmode=require&password=***&application_name=x"
+        );
+        assert_eq!(
+            redact_url("mysql://h/db?PWD=a%20b#frag"),
+            "mysql://h/db?PWD=***#frag"
+        );
+        assert_eq!(
+            redact_url("redis://h/0?sslpassword=k1&auth_token=k2&secret=k3&pass=k4"),
+            "redis://h/0?sslpassword=***&auth_token=***&secret=***&pass=***"
+        );
+        assert_eq!(
+            redact_url("zk://u:p@h:2181/root?session_timeout=3s"),
+            "zk://u:***@h:2181/root?session_timeout=3s"
+        );
+        assert_eq!(
+            redact_url("sqlite://a.db?mode=rwc"),
+            "sqlite://a.db?mode=rwc"
+        );
     }
 }

@@ -64,8 +64,9 @@ use dlock_spi::{redact_url, Error, ErrorKind, Result};
 pub use backend::ZkBackend;
 pub use layout::ExclusiveNode;
 
-/// Settings of a [`ZkBackend`].
-#[derive(Debug, Clone)]
+/// Settings of a [`ZkBackend`]. Its `Debug` shows the digest's user, never its
+/// password.
+#[derive(Clone)]
 #[non_exhaustive]
 pub struct ZkOptions {
     /// The path every lock lives under. Default `/dlock`; created if missing.
@@ -79,6 +80,21 @@ pub struct ZkOptions {
     pub digest: Option<String>,
     /// How exclusive holds are named, for interoperating with Curator recipes.
     pub exclusive_node: ExclusiveNode,
+}
+
+impl std::fmt::Debug for ZkOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let digest = self
+            .digest
+            .as_deref()
+            .map(|d| format!("{}:***", d.split_once(':').map_or(d, |(user, _)| user)));
+        f.debug_struct("ZkOptions")
+            .field("root", &self.root)
+            .field("session_timeout", &self.session_timeout)
+            .field("digest", &digest)
+            .field("exclusive_node", &self.exclusive_node)
+            .finish()
+    }
 }
 
 impl Default for ZkOptions {
@@ -229,6 +245,19 @@ mod tests {
             (d.options.root.as_str(), d.options.digest),
             ("/dlock", None)
         );
+    }
+
+    #[test]
+    fn debug_of_options_hides_the_digest_password() {
+        let options = ZkOptions::default().digest("alice:s3cr3t-zk");
+        let shown = format!("{options:?}");
+        assert!(!shown.contains("s3cr3t-zk"), "{shown}");
+        assert!(shown.contains("alice"), "{shown}");
+        let parsed = parse_url("zk://bob:pw-in-url@127.0.0.1:2181/r", ZkOptions::default())
+            .map(|u| format!("{u:?}"))
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(!parsed.contains("pw-in-url"), "{parsed}");
+        assert!(parsed.contains("bob"), "{parsed}");
     }
 
     #[test]
