@@ -523,51 +523,42 @@ async fn sem_runs_the_command_holding_permits() {
             .await
             .unwrap()
             .expect("2 free permits");
+        // `dlock sem pool ARGS…`.
+        let sem = |args: &[&str]| {
+            let mut all = vec!["sem", "pool"];
+            all.extend(args);
+            dlock(&url, &ns, &all)
+        };
         let started = Instant::now();
-        let out = dlock(
-            &url,
-            &ns,
-            &[
-                "sem",
-                "pool",
-                "--permits",
-                "3",
-                "--take",
-                "2",
-                "--wait",
-                "300ms",
-                "--",
-                "true",
-            ],
-        );
+        let out = sem(&[
+            "--permits",
+            "3",
+            "--take",
+            "2",
+            "--wait",
+            "300ms",
+            "--",
+            "true",
+        ]);
         assert_eq!(code(&out).0, Some(75), "{label}: {}", code(&out).1);
         assert!(started.elapsed() >= Duration::from_millis(300), "{label}");
         let out = dlock(&url, &ns, &["status", "pool"]);
         let status = String::from_utf8_lossy(&out.stdout);
         assert!(status.contains("held permits(2) by"), "{label}: {status}");
-        let out = dlock(
-            &url,
-            &ns,
-            &[
-                "sem",
-                "pool",
-                "--permits",
-                "3",
-                "--",
-                "sh",
-                "-c",
-                "test -n \"$DLOCK_FENCING_TOKEN\" && exit 5",
-            ],
-        );
+        let out = sem(&[
+            "--permits",
+            "3",
+            "--",
+            "sh",
+            "-c",
+            "test -n \"$DLOCK_FENCING_TOKEN\" && exit 5",
+        ]);
         assert_eq!(code(&out).0, Some(5), "{label}: {}", code(&out).1);
         for bad in [
-            ["--permits", "3", "--take", "4"],
-            ["--permits", "5", "--take", "1"],
+            ["--permits", "3", "--take", "4", "--", "true"],
+            ["--permits", "5", "--take", "1", "--", "true"],
         ] {
-            let mut args = vec!["sem", "pool"];
-            args.extend(bad);
-            args.extend(["--", "true"]);
-            let out = dlock(&url, &ns, &args);
+            let out = sem(&bad);
             assert_eq!(code(&out).0, Some(64), "{label} {bad:?}: {}", code(&out).1);
         }
         held.release().await.unwrap();

@@ -905,10 +905,24 @@ impl PendingNode {
     /// Deletes the node and waits for the answer, so the queue is clean on return
     /// (when the connection is down, the delete is retried in the background).
     pub(crate) async fn delete(&mut self) {
-        if let Some(path) = self.path.take() {
-            match self.session.client.delete(&path, None).await {
+        Self::delete_all(std::slice::from_mut(self)).await;
+    }
+
+    /// [`Self::delete`] for several nodes, every request sent before the first
+    /// answer is awaited.
+    pub(crate) async fn delete_all(nodes: &mut [PendingNode]) {
+        let deletes: Vec<_> = nodes
+            .iter_mut()
+            .filter_map(|node| {
+                let path = node.path.take()?;
+                let delete = node.session.client.delete(&path, None);
+                Some((node, path, delete))
+            })
+            .collect();
+        for (node, path, delete) in deletes {
+            match delete.await {
                 Ok(()) | Err(ZkError::NoNode) => {}
-                Err(_) => self.sessions.delete_later(&self.session, path),
+                Err(_) => node.sessions.delete_later(&node.session, path),
             }
         }
     }

@@ -72,48 +72,88 @@ type Granted = (
     zookeeper_client::OneshotWatcher,
 );
 
-/// The leases one acquire creates: those made so far, each armed to be deleted
-/// until the grant keeps them.
-struct LeaseBatch<'a> {
+/// What one acquire's leases are made with: the session, the leases node, and the
+/// grant's protection prefix and data. Built once per acquire, shared by the
+/// uncontended path and the path through the mutex.
+struct LeaseMaker<'a> {
     backend: &'a ZkBackend,
     session: &'a Arc<Session>,
     /// The leases node.
     dir: String,
+    /// The recipe's mutex node, whose children queue for it.
+    mutex_dir: String,
     /// The grant's protection prefix, which names its leases.
     protected: &'a str,
+    /// Path prefix of a new (sequential) lease.
+    prefix: String,
+    data: &'a [u8],
+}
+
+/// The leases made so far by one attempt, each armed to be deleted (when dropped,
+/// in the background) until the grant keeps them.
+#[derive(Default)]
+struct Made {
     leases: Vec<(String, FencingToken)>,
     pending: Vec<PendingNode>,
 }
 
-impl<'a> LeaseBatch<'a> {
+impl Made {
+    /// The leases are the grant's: kept past the attempt.
+    fn keep(mut self) -> Vec<(String, FencingToken)> {
+        for p in &mut self.pending {
+            p.disarm();
+        }
+        std::mem::take(&mut self.leases)
+    }
+
+    /// Deletes the leases made and waits for the answers (all sent first).
+    async fn give_back(&mut self) {
+        PendingNode::delete_all(&mut self.pending).await;
+    }
+}
+
+impl<'a> LeaseMaker<'a> {
     fn new(
         backend: &'a ZkBackend,
         session: &'a Arc<Session>,
         lock: &str,
         protected: &'a str,
+        data: &'a [u8],
     ) -> Self {
         let dir = leases_dir(lock);
-        LeaseBatch {
+        LeaseMaker {
             backend,
             session,
+            prefix: format!("{dir}/{protected}{LEASE_MARKER}"),
             dir,
+            mutex_dir: locks_dir(lock),
             protected,
-            leases: Vec::new(),
-            pending: Vec::new(),
+            data,
         }
     }
 
-    /// What a new lease is created with: its sequential path prefix and its data.
-    fn create_args(&self, req: &AcquireRequest) -> (String, Vec<u8>) {
-        (
-            format!("{}/{}{LEASE_MARKER}", self.dir, self.protected),
-            node_data(&req.holder(), &req.context),
-        )
+    /// Sends `count` lease creates; none is awaited yet.
+    fn send(
+        &self,
+        count: usize,
+    ) -> Vec<
+        impl std::future::Future<
+                Output = std::result::Result<
+                    (zookeeper_client::Stat, zookeeper_client::CreateSequence),
+                    ZkError,
+                >,
+            > + '_,
+    > {
+        let acls = self.backend.inner.acls.contender();
+        (0..count)
+            .map(|_| self.session.client.create(&self.prefix, self.data, &acls))
+            .collect()
     }
 
-    /// Awaits `creates`, keeping the leases made; the last failure, if any.
+    /// Awaits `creates`, adding the leases made to `made`; the last failure, if any.
     async fn collect(
-        &mut self,
+        &self,
+        made: &mut Made,
         creates: Vec<
             impl std::future::Future<
                 Output = std::result::Result<
@@ -128,12 +168,12 @@ impl<'a> LeaseBatch<'a> {
             match create.await {
                 Ok((stat, sequence)) => {
                     let node = format!("{}{LEASE_MARKER}{sequence}", self.protected);
-                    self.pending.push(PendingNode::new(
+                    made.pending.push(PendingNode::new(
                         &self.backend.inner.sessions,
                         self.session,
                         format!("{}/{node}", self.dir),
                     ));
-                    self.leases.push((node, token_of(stat.czxid)));
+                    made.leases.push((node, token_of(stat.czxid)));
                 }
                 Err(err) => failed = Some(err),
             }
@@ -141,26 +181,11 @@ impl<'a> LeaseBatch<'a> {
         failed
     }
 
-    /// The leases are the grant's: kept past the batch.
-    fn keep(mut self) -> Vec<(String, FencingToken)> {
-        for p in &mut self.pending {
-            p.disarm();
-        }
-        std::mem::take(&mut self.leases)
-    }
-
-    /// Deletes the leases made (waiting for the answers).
-    async fn give_back(&mut self) {
-        for p in &mut self.pending {
-            p.delete().await;
-        }
-    }
-
     /// A create failed with `err`; one lost with the connection may still have
     /// happened, so the grant's leases are swept by their prefix (the session's end
     /// removes any left). The error to return.
-    async fn lost_create(&mut self, err: ZkError) -> Error {
-        self.give_back().await;
+    async fn lost_create(&self, mut made: Made, err: ZkError) -> Error {
+        made.give_back().await;
         if let Ok(children) = self.session.client.list_children(&self.dir).await {
             for child in children.iter().filter(|c| c.starts_with(self.protected)) {
                 self.backend
@@ -170,6 +195,138 @@ impl<'a> LeaseBatch<'a> {
             }
         }
         map_zk(err, "create")
+    }
+
+    /// The uncontended grant, in one round trip and without the mutex: creates the
+    /// `n` leases and, in the same flight, lists the leases (with the recorded total)
+    /// and the mutex's queue. Granted when nobody queues for the mutex, the
+    /// recorded total is this one and the leases number at most the total; otherwise
+    /// `None` sends the acquire through the mutex, and the leases are deleted in the
+    /// background meanwhile (while they last they only count against the total).
+    ///
+    /// Safe without the mutex, as every grant is decided by a listing made after the
+    /// grant's own creates: of any set of grants held at once, the one whose last
+    /// lease was created last listed every other's leases besides its own, so it was
+    /// granted only if they all fit the total. The mutex only orders waiters, and a
+    /// queue in it turns this path away, so nobody passes a waiter. A Java client
+    /// holding the mutex may meet these leases in its count until their deletes
+    /// (sent at once) land: it waits, as for any lease, until they are gone.
+    async fn take_unqueued(&self, req: &AcquireRequest, n: u32) -> Result<Option<Granted>> {
+        let client = &self.session.client;
+        // All sent, in this order, before the first answer is awaited: the listings
+        // follow the creates on the session.
+        let creates = self.send(usize::try_from(n).unwrap_or(usize::MAX));
+        let (listed, recorded, queue) = (
+            client.list_and_watch_children(&self.dir),
+            client.get_data(&self.dir),
+            client.list_children(&self.mutex_dir),
+        );
+        let mut made = Made::default();
+        let failed = self.collect(&mut made, creates).await;
+        let (listed, recorded, queue) = tokio::join!(listed, recorded, queue);
+        match failed {
+            None => {}
+            // The semaphore's first use (no leases node yet): through the mutex.
+            Some(ZkError::NoNode) => return Ok(None),
+            Some(err) => return Err(self.lost_create(made, err).await),
+        }
+        let queue = match queue {
+            Ok(queue) => Ok(queue),
+            Err(ZkError::NoNode) => Ok(Vec::new()),
+            Err(err) => Err(err),
+        };
+        if let (Ok((children, watch)), Ok((recorded, _)), Ok(queue)) = (listed, recorded, queue) {
+            let total = usize::try_from(req.capacity).unwrap_or(usize::MAX);
+            let fits = layout::contenders(&queue).is_empty()
+                && recorded_total(&recorded) == Some(req.capacity)
+                && made.leases.iter().all(|(node, _)| children.contains(node))
+                && children.len() <= total;
+            if fits {
+                return Ok(Some((made.keep(), watch)));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Under the mutex: creates `n` leases (and the leases node on first use), checks
+    /// the total against the other holders', and waits until the leases number at
+    /// most the total. `None` when the deadline passed first (the leases deleted
+    /// again). Two round trips when permits are free: the creates, then the listing
+    /// with the recorded total.
+    async fn take_under_mutex(&self, req: &AcquireRequest, n: u32) -> Result<Option<Granted>> {
+        let client = &self.session.client;
+        let total = req.capacity;
+        let wanted = usize::try_from(n).unwrap_or(usize::MAX);
+        let dir = &self.dir;
+        let mut made = Made::default();
+        for round in 0..2 {
+            // All sent before the first answer is awaited.
+            let creates = self.send(wanted - made.leases.len());
+            match self.collect(&mut made, creates).await {
+                None => break,
+                // The semaphore's first use: its leases node, then the creates again.
+                Some(ZkError::NoNode) if round == 0 => {
+                    self.backend
+                        .inner
+                        .create_lock_node(self.session, dir)
+                        .await?;
+                }
+                Some(err) => return Err(self.lost_create(made, err).await),
+            }
+        }
+        let first = made
+            .leases
+            .first()
+            .map(|(node, _)| node.clone())
+            .unwrap_or_default();
+        let (listed, recorded) =
+            tokio::join!(client.list_and_watch_children(dir), client.get_data(dir));
+        let (mut children, mut watch) = listed.map_err(|e| map_zk(e, "list"))?;
+        let (recorded, stat) = recorded.map_err(|e| map_zk(e, "get"))?;
+        let others = children.iter().any(|c| !c.starts_with(self.protected));
+        match recorded_total(&recorded) {
+            Some(held) if held != total && others => {
+                made.give_back().await;
+                return Err(Error::semaphore_total_differs(held, total));
+            }
+            Some(held) if held == total => {}
+            // Idle (or never recorded): record this total. Only the mutex's holder
+            // writes it, so the version check fails only if someone bypassed it.
+            _ => match client
+                .set_data(dir, total.to_string().as_bytes(), Some(stat.version))
+                .await
+            {
+                Ok(_) | Err(ZkError::BadVersion) => {}
+                Err(err) => return Err(map_zk(err, "set_data")),
+            },
+        }
+        loop {
+            if !children.contains(&first) {
+                return Err(Error::new(
+                    dlock_spi::ErrorKind::Backend,
+                    "a semaphore lease vanished while it waited (deleted by someone, or the session ended); retry",
+                )
+                .set_retryable(true));
+            }
+            // As Curator counts: every child of the leases node is a permit in use.
+            if children.len() <= usize::try_from(total).unwrap_or(usize::MAX) {
+                return Ok(Some((made.keep(), watch)));
+            }
+            let deadline = match req.deadline {
+                Some(d) if !deadline_passed(Some(d)) => d,
+                _ => break,
+            };
+            tokio::select! {
+                _ = watch.changed() => {}
+                () = tokio::time::sleep_until(deadline.into()) => break,
+            }
+            (children, watch) = client
+                .list_and_watch_children(dir)
+                .await
+                .map_err(|e| map_zk(e, "list"))?;
+        }
+        made.give_back().await;
+        Ok(None)
     }
 }
 
@@ -186,10 +343,8 @@ impl ZkBackend {
         let holder = req.holder();
         let data = node_data(&holder, &req.context);
         let protected = layout::protected_prefix(&holder);
-        if let Some((leases, watch)) = self
-            .take_leases_unqueued(session, req, n, &lock, &protected)
-            .await?
-        {
+        let maker = LeaseMaker::new(self, session, &lock, &protected, &data);
+        if let Some((leases, watch)) = maker.take_unqueued(req, n).await? {
             return Ok(self.hold_leases(session, req, &lock, leases, watch));
         }
         // The mutex: the recipe's own InterProcessMutex node.
@@ -208,7 +363,7 @@ impl ZkBackend {
         else {
             return Ok(AcquireResult::not_acquired(None, None));
         };
-        let taken = self.take_leases(session, req, n, &lock, &protected).await;
+        let taken = maker.take_under_mutex(req, n).await;
         // Given up whatever happened (on an error, dropping it deletes it).
         mutex.delete().await;
         let Some((leases, watch)) = taken? else {
@@ -242,162 +397,6 @@ impl ZkBackend {
         );
         let watch = self.watch_hold(session, key, dir, first, token, watch);
         AcquireResult::acquired(token, None).with_watch(watch)
-    }
-
-    /// The uncontended grant, in one round trip and without the mutex: creates the
-    /// `n` leases and, in the same flight, lists the leases (with the recorded total)
-    /// and the mutex's queue. Granted when nobody queues for the mutex, the recorded
-    /// total is this one and the leases number at most the total; otherwise the
-    /// leases are deleted again and `None` sends the acquire through the mutex.
-    ///
-    /// Safe without the mutex, as every grant is decided by a listing made after the
-    /// grant's own creates: of any set of grants held at once, the one whose last
-    /// lease was created last listed every other's leases besides its own, so it was
-    /// granted only if they all fit the total. The mutex only orders waiters, and a
-    /// queue in it turns this path away, so nobody passes a waiter. A Java client
-    /// holding the mutex may meet these leases in its count for one round trip: it
-    /// waits, as for any lease, until they are gone.
-    async fn take_leases_unqueued(
-        &self,
-        session: &Arc<Session>,
-        req: &AcquireRequest,
-        n: u32,
-        lock: &str,
-        protected: &str,
-    ) -> Result<Option<Granted>> {
-        let client = &session.client;
-        let mut batch = LeaseBatch::new(self, session, lock, protected);
-        let (prefix, data) = batch.create_args(req);
-        let acls = self.inner.acls.contender();
-        // All sent, in this order, before the first answer is awaited: the listings
-        // follow the creates on the session.
-        let creates: Vec<_> = (0..n)
-            .map(|_| client.create(&prefix, &data, &acls))
-            .collect();
-        let dir = batch.dir.clone();
-        let (listed, recorded, queue) = (
-            client.list_and_watch_children(&dir),
-            client.get_data(&dir),
-            client.list_children(&locks_dir(lock)),
-        );
-        let failed = batch.collect(creates).await;
-        let (listed, recorded, queue) = tokio::join!(listed, recorded, queue);
-        match failed {
-            None => {}
-            // The semaphore's first use (no leases node yet): through the mutex.
-            Some(ZkError::NoNode) => {
-                batch.give_back().await;
-                return Ok(None);
-            }
-            Some(err) => return Err(batch.lost_create(err).await),
-        }
-        let queue = match queue {
-            Ok(queue) => Ok(queue),
-            Err(ZkError::NoNode) => Ok(Vec::new()),
-            Err(err) => Err(err),
-        };
-        if let (Ok((children, watch)), Ok((recorded, _)), Ok(queue)) = (listed, recorded, queue) {
-            let total = usize::try_from(req.capacity).unwrap_or(usize::MAX);
-            let fits = layout::contenders(&queue).is_empty()
-                && recorded_total(&recorded) == Some(req.capacity)
-                && batch.leases.iter().all(|(node, _)| children.contains(node))
-                && children.len() <= total;
-            if fits {
-                return Ok(Some((batch.keep(), watch)));
-            }
-        }
-        batch.give_back().await;
-        Ok(None)
-    }
-
-    /// Under the mutex: creates `n` leases (and the leases node on first use), checks
-    /// the total against the other holders', and waits until the leases number at
-    /// most the total. `None` when the deadline passed first (the leases deleted
-    /// again). Two round trips when permits are free: the creates, then the listing
-    /// with the recorded total.
-    async fn take_leases(
-        &self,
-        session: &Arc<Session>,
-        req: &AcquireRequest,
-        n: u32,
-        lock: &str,
-        protected: &str,
-    ) -> Result<Option<Granted>> {
-        let inner = &self.inner;
-        let client = &session.client;
-        let total = req.capacity;
-        let wanted = usize::try_from(n).unwrap_or(usize::MAX);
-        let mut batch = LeaseBatch::new(self, session, lock, protected);
-        let (prefix, data) = batch.create_args(req);
-        let acls = self.inner.acls.contender();
-        let dir = batch.dir.clone();
-        for round in 0..2 {
-            // All sent before the first answer is awaited.
-            let creates: Vec<_> = (batch.leases.len()..wanted)
-                .map(|_| client.create(&prefix, &data, &acls))
-                .collect();
-            match batch.collect(creates).await {
-                None => break,
-                // The semaphore's first use: its leases node, then the creates again.
-                Some(ZkError::NoNode) if round == 0 => {
-                    inner.create_lock_node(session, &dir).await?;
-                }
-                Some(err) => return Err(batch.lost_create(err).await),
-            }
-        }
-        let first = batch
-            .leases
-            .first()
-            .map(|(node, _)| node.clone())
-            .unwrap_or_default();
-        let (listed, recorded) =
-            tokio::join!(client.list_and_watch_children(&dir), client.get_data(&dir));
-        let (mut children, mut watch) = listed.map_err(|e| map_zk(e, "list"))?;
-        let (recorded, stat) = recorded.map_err(|e| map_zk(e, "get"))?;
-        let others = children.iter().any(|c| !c.starts_with(protected));
-        match recorded_total(&recorded) {
-            Some(held) if held != total && others => {
-                batch.give_back().await;
-                return Err(Error::semaphore_total_differs(held, total));
-            }
-            Some(held) if held == total => {}
-            // Idle (or never recorded): record this total. Only the mutex's holder
-            // writes it, so the version check fails only if someone bypassed it.
-            _ => match client
-                .set_data(&dir, total.to_string().as_bytes(), Some(stat.version))
-                .await
-            {
-                Ok(_) | Err(ZkError::BadVersion) => {}
-                Err(err) => return Err(map_zk(err, "set_data")),
-            },
-        }
-        loop {
-            if !children.contains(&first) {
-                return Err(Error::new(
-                    dlock_spi::ErrorKind::Backend,
-                    "a semaphore lease vanished while it waited (deleted by someone, or the session ended); retry",
-                )
-                .set_retryable(true));
-            }
-            // As Curator counts: every child of the leases node is a permit in use.
-            if children.len() <= usize::try_from(total).unwrap_or(usize::MAX) {
-                return Ok(Some((batch.keep(), watch)));
-            }
-            let deadline = match req.deadline {
-                Some(d) if !deadline_passed(Some(d)) => d,
-                _ => break,
-            };
-            tokio::select! {
-                _ = watch.changed() => {}
-                () = tokio::time::sleep_until(deadline.into()) => break,
-            }
-            (children, watch) = client
-                .list_and_watch_children(&dir)
-                .await
-                .map_err(|e| map_zk(e, "list"))?;
-        }
-        batch.give_back().await;
-        Ok(None)
     }
 
     /// Gives a grant's permits back: deletes its lease nodes (found by prefix when

@@ -56,6 +56,22 @@ async fn raw_client(url: &str) -> Client {
     Client::connect(&hosts_of(url)).await.unwrap()
 }
 
+/// An ephemeral sequential node made by `raw` at `prefix` (another client's
+/// contender): its stat and sequence number.
+async fn contender_node(
+    raw: &Client,
+    prefix: &str,
+) -> (zookeeper_client::Stat, zookeeper_client::CreateSequence) {
+    raw.create(
+        prefix,
+        b"",
+        &zookeeper_client::CreateMode::EphemeralSequential
+            .with_acls(zookeeper_client::Acls::anyone_all()),
+    )
+    .await
+    .unwrap()
+}
+
 /// A backend, a manager over it, and a raw client to look at the tree.
 async fn setup(url: &str) -> (ZkBackend, DistributeLockManager, Client) {
     let backend = ZkBackend::connect(url).await.unwrap();
@@ -130,15 +146,7 @@ async fn another_sessions_node_is_not_adopted_and_a_retry_is_idempotent() {
         )
         .await;
     let prefix = backend.node_prefix(&HolderKey::new(&owner, grant), LockMode::Exclusive);
-    let (stat, _) = raw
-        .create(
-            &format!("{path}/{prefix}"),
-            b"",
-            &zookeeper_client::CreateMode::EphemeralSequential
-                .with_acls(zookeeper_client::Acls::anyone_all()),
-        )
-        .await
-        .unwrap();
+    let (stat, _) = contender_node(&raw, &format!("{path}/{prefix}")).await;
     let req = AcquireRequest::new(lock.clone(), owner.clone(), grant)
         .with_deadline(Some(Instant::now() + Duration::from_secs(5)));
     let got = backend.try_acquire(&req).await.unwrap();
@@ -185,45 +193,28 @@ async fn a_semaphore_newcomer_does_not_pass_an_acquirer_queued_in_the_mutex() {
     let (backend, m, raw) = setup(&url).await;
     let sem_name = name("sem-queue");
     let sem = m.semaphore(&sem_name, 3);
+    let granted_now = |why: &'static str| {
+        let sem = sem.clone();
+        async move {
+            let permit = sem.try_acquire(1, Duration::ZERO).await.unwrap();
+            permit.expect(why).release().await.unwrap();
+        }
+    };
     // First use (records the total), then idle with 3 permits free.
-    sem.try_acquire(1, Duration::ZERO)
-        .await
-        .unwrap()
-        .expect("a free permit")
-        .release()
-        .await
-        .unwrap();
-    let locks = format!(
-        "{}/locks",
+    granted_now("a free permit").await;
+    let queued_prefix = format!(
+        "{}/locks/_c_00000000-0000-0000-0000-000000000000-lock-",
         backend.lock_path(&LockName::new(sem_name.as_str()).unwrap())
     );
-    let queued = raw
-        .create(
-            &format!("{locks}/_c_00000000-0000-0000-0000-000000000000-lock-"),
-            b"",
-            &zookeeper_client::CreateMode::EphemeralSequential
-                .with_acls(zookeeper_client::Acls::anyone_all()),
-        )
-        .await
-        .unwrap()
-        .1;
+    let (_, queued) = contender_node(&raw, &queued_prefix).await;
     assert!(
         sem.try_acquire(1, Duration::ZERO).await.unwrap().is_none(),
         "a newcomer passed an acquirer queued in the semaphore's mutex"
     );
-    raw.delete(
-        &format!("{locks}/_c_00000000-0000-0000-0000-000000000000-lock-{queued}"),
-        None,
-    )
-    .await
-    .unwrap();
-    sem.try_acquire(1, Duration::ZERO)
-        .await
-        .unwrap()
-        .expect("a free permit once nobody queues")
-        .release()
+    raw.delete(&format!("{queued_prefix}{queued}"), None)
         .await
         .unwrap();
+    granted_now("a free permit once nobody queues").await;
     m.close().await;
 }
 

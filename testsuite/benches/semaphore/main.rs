@@ -24,6 +24,7 @@ use testsuite::bench::{
     api_contestant, api_cycle, cycles, interleaved, is_bench, runtime, Contestant,
 };
 use testsuite::curator::BenchServer;
+use testsuite::proxy::{join_hosts, split_url};
 
 mod sql_floor;
 
@@ -71,13 +72,7 @@ fn main() {
                 .starts_with("zk")
                 .then(|| testsuite::backends::server_url(label))
                 .flatten()
-                .map(|url| {
-                    url.trim_start_matches("zk://")
-                        .split(['/', '?'])
-                        .next()
-                        .unwrap_or_default()
-                        .to_owned()
-                });
+                .map(|url| join_hosts(&split_url(&url).unwrap_or_else(|e| panic!("{e}")).hosts));
             let mut curator: Vec<BenchServer> = hosts
                 .iter()
                 .flat_map(|hosts| {
