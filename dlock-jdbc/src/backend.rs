@@ -17,6 +17,7 @@ use tokio::task::JoinHandle;
 
 use crate::dialect::{Dialect, Statements, Stmt};
 use crate::error::{conflict_pause, is_conflict, map_sqlx, retry_conflicts};
+use crate::permits;
 use crate::pool::{on_pool, query, Param, Pool};
 use crate::JdbcOptions;
 
@@ -505,55 +506,24 @@ impl JdbcBackend {
     }
 
     /// Takes `n` permits of a semaphore (see [`Statements::grant_permits`]): one
-    /// statement on PostgreSQL, a transaction that locks the semaphore's row first
-    /// elsewhere. A refusal is checked against the semaphore's state: a different
-    /// total while it is in use is the caller's error, and room that a concurrent
-    /// grant raced away from this statement's snapshot (PostgreSQL) is tried again.
+    /// `UPDATE` of the semaphore's row. A refusal is checked against the semaphore's
+    /// state: a different total while it is in use is the caller's error, and room
+    /// that a concurrent grant raced away from the statement is tried again.
     async fn try_permits(&self, req: &AcquireRequest, n: u32) -> Result<Option<i64>> {
         let s = &self.inner.statements;
         let holder = req.holder();
+        let context = permits::context_hex(&req.context);
         let params = [
             Param::Text(req.name.as_str()),
             Param::Text(holder.as_str()),
             Param::Int(lease_ms(req.lease)),
             Param::Int(i64::from(n)),
             Param::Int(i64::from(req.capacity)),
-            Param::Bytes(&req.context),
+            Param::Text(&context),
         ];
-        let one_statement = self.dialect() == Dialect::Postgres;
-        // MySQL locks the row before the grant's statement reads the holders, so its
-        // snapshot is taken after the previous grant committed. SQLite needs no
-        // such step: its grant's statement takes the database's one write lock.
-        let lock_row_first = self.dialect() == Dialect::MySql;
         macro_rules! body {
             ($p:ident, $token:ident) => {
-                async {
-                    if one_statement {
-                        return $token!(query!(&s.grant_permits, &params), $p);
-                    }
-                    let mut tx = $p.begin().await?;
-                    if lock_row_first {
-                        query!(&s.ensure_row, &params[..1])
-                            .execute(&mut *tx)
-                            .await?;
-                    }
-                    let Some(token) = $token!(query!(&s.grant_permits, &params), &mut *tx)? else {
-                        tx.rollback().await?;
-                        return Ok::<_, sqlx::Error>(None);
-                    };
-                    let reader = [
-                        params[0],
-                        params[1],
-                        Param::Int(token),
-                        params[2],
-                        params[5],
-                        params[3],
-                    ];
-                    let token = $token!(query!(&s.acquire_shared_reader, &reader), &mut *tx)?;
-                    tx.commit().await?;
-                    Ok(token)
-                }
-                .await
+                $token!(query!(&s.grant_permits, &params), $p)
             };
         }
         for _ in 0..PERMIT_RACES {
@@ -574,7 +544,7 @@ impl JdbcBackend {
             let Some([capacity, used, others_waiting, owner_live, first]) =
                 state.map_err(self.err("acquire"))?
             else {
-                // A semaphore's first use: its row (PostgreSQL's statement needs one).
+                // A semaphore's first use: its row, which the grant updates.
                 on_pool!(&self.inner.pool, p => query!(&s.ensure_row, &params[..1]).execute(p).await.map(drop))
                     .map_err(self.err("acquire"))?;
                 continue;
@@ -607,11 +577,6 @@ impl JdbcBackend {
         if first {
             on_pool!(&self.inner.pool, p => query!(&s.purge_waiters, &[name]).execute(p).await.map(drop))
                 .map_err(self.err("acquire"))?;
-            if mode.permits().is_some() {
-                // Dead holders' rows (their permits stopped counting at expiry).
-                on_pool!(&self.inner.pool, p => query!(&s.purge_readers, &[name]).execute(p).await.map(drop))
-                    .map_err(self.err("acquire"))?;
-            }
         }
         let mode = match mode {
             LockMode::Shared => "s",
@@ -796,17 +761,20 @@ impl JdbcBackend {
         let name = Param::Text(req.name.as_str());
         let holder = req.holder();
         let owner = Param::Text(holder.as_str());
+        let pattern = permits::search_pattern(holder.as_str());
         let released: std::result::Result<bool, sqlx::Error> = match req.mode {
             LockMode::Exclusive | LockMode::Permits(_) => on_pool!(&self.inner.pool, p => {
                 let stmt = match req.mode {
                     LockMode::Exclusive => &s.release_exclusive,
                     _ => &s.release_permits,
                 };
+                // A statement binds the parameters it uses (MySQL's permits: all three).
+                let params = [name, owner, Param::Text(&pattern)];
                 if self.dialect() == Dialect::Postgres {
                     // The statement notifies waiters and returns a row when it released.
-                    query!(stmt, &[name, owner]).fetch_optional(p).await.map(|r| r.is_some())
+                    query!(stmt, &params).fetch_optional(p).await.map(|r| r.is_some())
                 } else {
-                    query!(stmt, &[name, owner]).execute(p).await.map(|r| r.rows_affected() == 1)
+                    query!(stmt, &params).execute(p).await.map(|r| r.rows_affected() == 1)
                 }
             }),
             LockMode::Shared => on_pool!(&self.inner.pool, p => {
@@ -837,6 +805,7 @@ impl JdbcBackend {
         let s = &self.inner.statements;
         let holder = req.holder();
         let context = Param::Bytes(req.context.as_deref().unwrap_or_default());
+        let context_hex = permits::context_hex(req.context.as_deref().unwrap_or_default());
         let exclusive = [
             Param::Text(req.name.as_str()),
             Param::Text(holder.as_str()),
@@ -845,18 +814,31 @@ impl JdbcBackend {
             context,
         ];
         let shared = [exclusive[0], exclusive[1], exclusive[2], context];
+        let permit = [
+            exclusive[0],
+            exclusive[1],
+            exclusive[2],
+            Param::Text(&context_hex),
+        ];
         // The context is bound only by the statements that store it.
-        let (renew_exclusive, renew_reader) = match req.context {
-            Some(_) => (&s.renew_exclusive_context, &s.renew_reader_context),
-            None => (&s.renew_exclusive, &s.renew_reader),
+        let (renew_exclusive, renew_reader, renew_permits) = match req.context {
+            Some(_) => (
+                &s.renew_exclusive_context,
+                &s.renew_reader_context,
+                &s.renew_permits_context,
+            ),
+            None => (&s.renew_exclusive, &s.renew_reader, &s.renew_permits),
         };
         let sent = Instant::now();
         let renewed: std::result::Result<bool, sqlx::Error> = match req.mode {
             LockMode::Exclusive => on_pool!(&self.inner.pool, p => {
                 query!(renew_exclusive, &exclusive).execute(p).await.map(|r| r.rows_affected() == 1)
             }),
-            // Permit holders are readers: the horizon rises with their leases.
-            LockMode::Shared | LockMode::Permits(_) => on_pool!(&self.inner.pool, p => {
+            LockMode::Permits(_) => on_pool!(&self.inner.pool, p => {
+                query!(renew_permits, &permit).execute(p).await.map(|r| r.rows_affected() == 1)
+            }),
+            // A reader's row and the horizon, which rises with its lease.
+            LockMode::Shared => on_pool!(&self.inner.pool, p => {
                 async {
                     let mut tx = p.begin().await?;
                     query!(&s.renew_shared_row, &shared).execute(&mut *tx).await?;
@@ -895,6 +877,11 @@ impl JdbcBackend {
                 let mut readers = Vec::new();
                 for r in query!(&s.inspect_readers, &p_name).fetch_all(p).await? {
                     readers.push(((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?, r.try_get(3)?), r.try_get(4)?));
+                }
+                for r in query!(&s.inspect_permits, &p_name).fetch_all(p).await? {
+                    let context: Option<String> = r.try_get(2)?;
+                    let context = context.as_deref().and_then(permits::context_bytes);
+                    readers.push(((r.try_get(0)?, r.try_get(1)?, context, r.try_get(3)?), r.try_get(4)?));
                 }
                 Ok((lock, readers))
             }
@@ -937,10 +924,11 @@ impl JdbcBackend {
             async {
                 let mut tx = p.begin().await?;
                 let x = query!(&s.force_exclusive, &p_name).execute(&mut *tx).await?.rows_affected();
+                let permit_holders: i64 = query!(&s.count_permit_holders, &p_name).fetch_one(&mut *tx).await?.try_get(0)?;
                 query!(&s.force_clear, &p_name).execute(&mut *tx).await?;
                 let r = query!(&s.force_readers, &p_name).execute(&mut *tx).await?.rows_affected();
                 tx.commit().await?;
-                Ok(x + r)
+                Ok(x + r + u64::try_from(permit_holders).unwrap_or(0))
             }
             .await
         });

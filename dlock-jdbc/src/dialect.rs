@@ -6,12 +6,14 @@
 
 use dlock_spi::{Error, ErrorKind, Result};
 
+use crate::permits;
+
 /// The SQL dialects dlock speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Dialect {
     /// SQLite 3.35+ (bundled).
     Sqlite,
-    /// MariaDB 10.5+ and MySQL 8.
+    /// MariaDB 10.6+ and MySQL 8 (`JSON_TABLE`).
     MySql,
     /// PostgreSQL 12+.
     Postgres,
@@ -87,9 +89,9 @@ impl Stmt {
         let template = template
             .replace("EXCLUSIVE_GATE", EXCLUSIVE_GATE)
             .replace("SHARED_GATE", SHARED_GATE)
-            .replace("PERMIT_ROOM", PERMIT_ROOM)
+            .replace("PERMIT_ROOM", &permits::room(dialect, PERMIT_ROOM))
             .replace("PERMIT_GATE", PERMIT_GATE)
-            .replace("PERMITS_USED", PERMITS_USED)
+            .replace("PERMITS_USED", &permits::used_by_others(dialect))
             .replace("{locks}", &format!("{prefix}locks"))
             .replace("{readers}", &format!("{prefix}readers"))
             .replace("{waiters}", &format!("{prefix}waiters"))
@@ -181,15 +183,13 @@ const PERMIT_GATE: &str = "NOT EXISTS (SELECT 1 FROM {waiters} w \
        AND NOT EXISTS (SELECT 1 FROM {waiters} me WHERE me.name = $1 AND me.waiter = $2 \
          AND (me.arrived < w.arrived OR (me.arrived = w.arrived AND me.waiter < w.waiter))))";
 
-/// The permits held by live holders of semaphore `$1` other than `$2`.
-const PERMITS_USED: &str = "(SELECT CAST(COALESCE(SUM(r.permits), 0) AS INT64) FROM {readers} r \
-     WHERE r.name = $1 AND r.expires_at > NOW AND r.owner <> $2)";
-
 /// Whether `$2` may take `$4` of the `$5` permits of semaphore `$1` (evaluated on its
-/// `locks` row): no live exclusive holder nor read lock, first in the queue, the
-/// same total (or an idle semaphore, whose total then changes), and room.
+/// `locks` row): no live exclusive holder nor `readers` row (a read lock, or a permit
+/// holder of schema version 4), first in the queue, the same total (or an idle
+/// semaphore, whose total then changes), and room (`PERMITS_USED`: the permits of the
+/// row's live holders other than `$2`, see [`permits`]).
 const PERMIT_ROOM: &str = "(owner IS NULL OR expires_at <= NOW) AND PERMIT_GATE \
-     AND NOT EXISTS (SELECT 1 FROM {readers} r WHERE r.name = $1 AND r.expires_at > NOW AND r.permits = 0) \
+     AND NOT EXISTS (SELECT 1 FROM {readers} r WHERE r.name = $1 AND r.expires_at > NOW) \
      AND (capacity = $5 OR (PERMITS_USED = 0 AND NOT EXISTS (SELECT 1 FROM {waiters} o \
        WHERE o.name = $1 AND o.alive_until > NOW AND o.waiter <> $2))) \
      AND PERMITS_USED + $4 <= $5";
@@ -224,19 +224,12 @@ pub(crate) struct Statements {
     /// `$1` name, `$2` owner, `$3` token, `$4` lease ms, `$5` context, `$6` permits
     /// (0 for a read lock) → token.
     pub(crate) acquire_shared_reader: Stmt,
-    /// `$1` name: creates a semaphore's row if it has none, and locks it until the
-    /// transaction ends (before `grant_permits` on MySQL; on a semaphore's first use
-    /// everywhere).
+    /// `$1` name: creates a semaphore's row if it has none (its first use).
     pub(crate) ensure_row: Stmt,
     /// `$1` name, `$2` owner, `$3` lease ms, `$4` permits, `$5` the total, `$6`
-    /// context → token (no row / 0 = not granted). PostgreSQL: one statement that
-    /// also writes the holder's `readers` row; it grants only if the lock row is
-    /// unchanged since the statement's snapshot (its subqueries read that snapshot,
-    /// not what a concurrent grant committed while this one waited for the row) — a
-    /// refusal that [`Self::permit_state`] shows had room was such a race. SQLite and
-    /// MySQL: in a transaction that writes the holder's row with
-    /// `acquire_shared_reader`; MySQL locks the row first (`ensure_row`), SQLite's
-    /// statement takes the database's write lock itself.
+    /// context (hex) → token (no row / 0 = not granted): one `UPDATE` of the
+    /// semaphore's row, see [`permits::grant`]. A refusal that [`Self::permit_state`]
+    /// shows had room is tried again.
     pub(crate) grant_permits: Stmt,
     /// `$1` name, `$2` owner → the semaphore's total, permits used by others, live
     /// waiters other than `$2`, whether an exclusive holder is live (0/1), whether
@@ -246,6 +239,15 @@ pub(crate) struct Statements {
     /// permits back (the readers' horizon is left to lapse; only exclusive requests
     /// on the name wait for it).
     pub(crate) release_permits: Stmt,
+    /// `$1` name, `$2` owner, `$3` lease ms → rows affected.
+    pub(crate) renew_permits: Stmt,
+    /// As `renew_permits`, also storing `$4` (hex) as the holder's context.
+    pub(crate) renew_permits_context: Stmt,
+    /// `$1` name → owner, token, context (hex), remaining ms, permits per live
+    /// permit holder.
+    pub(crate) inspect_permits: Stmt,
+    /// `$1` name → how many permit holders are live.
+    pub(crate) count_permit_holders: Stmt,
     /// `$1` name: locks the lock row first, so shared operations take row locks in
     /// one order (locks → readers) and never deadlock each other.
     pub(crate) lock_row: Stmt,
@@ -262,8 +264,8 @@ pub(crate) struct Statements {
     /// `$1` name → owner, token, context, remaining ms, live waiters, remaining ms
     /// of the holder's own lease (`ttl_at`).
     pub(crate) inspect_lock: Stmt,
-    /// `$1` name → owner, token, context, remaining ms, permits (0 for a read lock)
-    /// per live reader or permit holder.
+    /// `$1` name → owner, token, context, remaining ms, permits (0 for a read lock;
+    /// more for a permit holder of schema version 4) per live reader.
     pub(crate) inspect_readers: Stmt,
     /// `$1` name: force-release.
     pub(crate) force_exclusive: Stmt,
@@ -354,36 +356,7 @@ impl Statements {
                  RETURNING token",
             ),
         };
-        let grant_permits = match dialect {
-            Dialect::Postgres => s(
-                "WITH seen AS (SELECT token FROM {locks} WHERE name = $1), \
-                 granted AS ( \
-                   UPDATE {locks} SET token = GREATEST(token + 1, CLOCK_US), \
-                     shared_until = GREATEST(shared_until, NOW + $3), capacity = $5 \
-                   WHERE name = $1 AND token = (SELECT token FROM seen) AND PERMIT_ROOM \
-                   RETURNING token) \
-                 INSERT INTO {readers} (name, owner, token, context, acquired_at, expires_at, permits) \
-                 SELECT $1, $2, token, $6, NOW, NOW + $3, $4 FROM granted \
-                 ON CONFLICT (name, owner) DO UPDATE SET \
-                   token = CASE WHEN {readers}.expires_at > NOW THEN {readers}.token ELSE excluded.token END, \
-                   acquired_at = CASE WHEN {readers}.expires_at > NOW THEN {readers}.acquired_at ELSE excluded.acquired_at END, \
-                   context = excluded.context, expires_at = excluded.expires_at, permits = excluded.permits \
-                 RETURNING token",
-            ),
-            Dialect::MySql => s(
-                "UPDATE {locks} SET \
-                   token = IF(@dlock_grant := (PERMIT_ROOM), \
-                              LAST_INSERT_ID(GREATEST(token + 1, CLOCK_US)), token + LAST_INSERT_ID(0)), \
-                   shared_until = IF(@dlock_grant, GREATEST(shared_until, NOW + $3), shared_until), \
-                   capacity = IF(@dlock_grant, $5, capacity) \
-                 WHERE name = $1",
-            ),
-            Dialect::Sqlite => s(
-                "UPDATE {locks} SET token = GREATEST(token + 1, CLOCK_US), \
-                   shared_until = GREATEST(shared_until, NOW + $3), capacity = $5 \
-                 WHERE name = $1 AND PERMIT_ROOM RETURNING token",
-            ),
-        };
+        let grant_permits = s(&permits::grant(dialect));
         let ensure_row = s(match dialect {
             Dialect::MySql => {
                 "INSERT INTO {locks} (name, owner, token, context, acquired_at, expires_at, shared_until, writer_wait_until) \
@@ -396,16 +369,7 @@ impl Statements {
                  ON CONFLICT (name) DO UPDATE SET shared_until = {locks}.shared_until"
             }
         });
-        let release_permits = match dialect {
-            Dialect::Postgres => s(
-                "WITH released AS ( \
-                   DELETE FROM {readers} WHERE name = $1 AND owner = $2 AND expires_at > NOW RETURNING name) \
-                 SELECT pg_notify('{channel}', name) FROM released",
-            ),
-            Dialect::Sqlite | Dialect::MySql => {
-                s("DELETE FROM {readers} WHERE name = $1 AND owner = $2 AND expires_at > NOW")
-            }
-        };
+        let release_permits = s(&permits::release(dialect));
         let release_exclusive = match dialect {
             Dialect::Postgres => s(
                 "WITH released AS ( \
@@ -426,6 +390,10 @@ impl Statements {
             grant_permits,
             ensure_row,
             release_permits,
+            renew_permits: s(&permits::renew(dialect, false)),
+            renew_permits_context: s(&permits::renew(dialect, true)),
+            inspect_permits: s(&permits::inspect(dialect)),
+            count_permit_holders: s(&permits::count_live(dialect)),
             permit_state: s(
                 "SELECT capacity, PERMITS_USED, \
                    (SELECT COUNT(*) FROM {waiters} o WHERE o.name = $1 AND o.alive_until > NOW AND o.waiter <> $2), \
@@ -497,15 +465,16 @@ impl Statements {
                 "UPDATE {locks} SET owner = NULL, context = NULL, acquired_at = 0, expires_at = 0 \
                  WHERE name = $1 AND owner IS NOT NULL AND expires_at > NOW",
             ),
-            force_clear: s("UPDATE {locks} SET shared_until = 0 WHERE name = $1"),
+            force_clear: s("UPDATE {locks} SET shared_until = 0, holders = NULL WHERE name = $1"),
             force_readers: s("DELETE FROM {readers} WHERE name = $1 AND expires_at > NOW"),
             notify_change,
-            live_locks: s(
-                "SELECT COUNT(*) FROM {locks} WHERE substr(name, 1, length($1)) = $1 \
-                 AND ((owner IS NOT NULL AND expires_at > NOW) \
-                   OR EXISTS (SELECT 1 FROM {readers} r WHERE r.name = {locks}.name AND r.expires_at > NOW) \
-                   OR EXISTS (SELECT 1 FROM {waiters} w WHERE w.name = {locks}.name AND w.alive_until > NOW))",
-            ),
+            live_locks: s(&format!(
+                "SELECT COUNT(*) FROM {{locks}} WHERE substr(name, 1, length($1)) = $1 \
+                 AND ((owner IS NOT NULL AND expires_at > NOW) OR {} \
+                   OR EXISTS (SELECT 1 FROM {{readers}} r WHERE r.name = {{locks}}.name AND r.expires_at > NOW) \
+                   OR EXISTS (SELECT 1 FROM {{waiters}} w WHERE w.name = {{locks}}.name AND w.alive_until > NOW))",
+                permits::any_live(dialect)
+            )),
             notify,
         }
     }

@@ -14,7 +14,7 @@
 //! | URL | database |
 //! |---|---|
 //! | `sqlite://path/to/locks.db` | SQLite file (created if missing; WAL mode, 5 s busy timeout) |
-//! | `mysql://user:pass@127.0.0.1:3306/db` (or `mariadb://…`) | MariaDB 10.5+ / MySQL 8 |
+//! | `mysql://user:pass@127.0.0.1:3306/db` (or `mariadb://…`) | MariaDB 10.6+ / MySQL 8 |
 //! | `postgres://user@127.0.0.1:5432/db` | PostgreSQL 12+ |
 //!
 //! dlock's own options ride in the query string and are removed before the URL
@@ -31,11 +31,10 @@
 //!   PostgreSQL; `LAST_INSERT_ID(expr)` on MariaDB/MySQL). **Release** and **renew** are
 //!   single `UPDATE`s guarded by the owner and the lease. Shared (read) holds use short
 //!   transactions that lock the lock's row first.
-//! * **Semaphores**: a permit holder is a `readers` row with its count; a grant is
-//!   decided on the live holders' permits, in arrival order — one statement on
-//!   PostgreSQL (granted only if the lock row is unchanged since the statement's
-//!   snapshot), a transaction that locks the row first on SQLite and MySQL; a release
-//!   is one `DELETE`.
+//! * **Semaphores**: the permit holders live in the semaphore's own row (a JSON
+//!   array of owner, permits, lease, token); a grant is one `UPDATE` of that row,
+//!   decided on the live holders' permits, in arrival order, and a release or renewal
+//!   is one `UPDATE` too — the writes of an exclusive lock's cycle.
 //! * **Fencing tokens** live in the lock's row, which outlives releases, and advance
 //!   as `token = max(token + 1, database clock in µs)`: strictly increasing, and still
 //!   above every earlier token if the row is deleted and recreated later — later than
@@ -66,6 +65,7 @@ mod backend;
 mod dialect;
 mod error;
 mod migrate;
+mod permits;
 pub(crate) mod pool;
 
 use std::sync::atomic::AtomicU64;

@@ -25,6 +25,12 @@
 //!   whose `permits` says how many it holds (0 for a read lock). A grant raises
 //!   `shared_until` as a reader's does, so exclusive requests on the name wait for
 //!   the permit holders; permit waiters queue in `waiters` with mode `p`.
+//! * `locks.holders` (version 5) — a semaphore's permit holders, in its own row: a
+//!   JSON array of `[owner, permits, expires_at, token, acquired_at, context (hex)]`,
+//!   so a grant, renewal or release writes one row. `readers.permits` is no longer
+//!   written; a live `readers` row (a version-4 permit holder) keeps permits from
+//!   being granted until it lapses. Upgrade every process that uses a semaphore
+//!   together: a version-4 process does not see version-5 holders.
 
 use dlock_spi::{Error, ErrorKind, Result};
 use sqlx::Row;
@@ -149,10 +155,16 @@ const MIGRATIONS: &[Migration] = &[
             "ALTER TABLE {readers} ADD COLUMN IF NOT EXISTS permits BIGINT NOT NULL DEFAULT 0",
         ],
     },
+    Migration {
+        version: 5,
+        sqlite: &["ALTER TABLE {locks} ADD COLUMN holders TEXT NULL"],
+        mysql: &["ALTER TABLE {locks} ADD COLUMN holders JSON NULL"],
+        postgres: &["ALTER TABLE {locks} ADD COLUMN IF NOT EXISTS holders JSONB NULL"],
+    },
 ];
 
 /// The newest schema version this crate knows.
-pub const SCHEMA_VERSION: i64 = 4;
+pub const SCHEMA_VERSION: i64 = 5;
 
 /// Whether a migration statement failed only because an earlier, interrupted run
 /// already applied it (`ADD COLUMN` has no `IF NOT EXISTS` on SQLite and MySQL).

@@ -51,4 +51,5 @@ cases!(
     semaphore_permits_never_exceed_the_total,
     semaphore_serves_in_order_and_recovers_dead_permits,
     semaphore_totals_must_agree,
+    semaphore_watchdog_keeps_permits,
 );

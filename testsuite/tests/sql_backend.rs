@@ -1,6 +1,7 @@
 //! What only the SQL backend promises, on every SQL database in `DLOCK_TEST_BACKENDS`:
-//! fencing across a deleted row, the name-length limit, PostgreSQL's push wake-up,
-//! and behaviour while the database is unreachable (through the fault proxy).
+//! fencing across a deleted row, the name-length limit, semaphores across the
+//! schema's upgrade, PostgreSQL's push wake-up, and behaviour while the database is
+//! unreachable (through the fault proxy).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::{Duration, Instant};
@@ -162,6 +163,159 @@ async fn fencing_tokens_survive_the_row_being_deleted() {
             }
         }
         m.close().await;
+    }
+}
+
+/// Schema version 5 keeps a semaphore's holders in its own row; a process still on
+/// version 4 wrote a `readers` row per holder instead. While such a row is live, no
+/// permit is granted (the new grant cannot count it): an upgrade never over-grants
+/// past a holder from before it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_holder_from_schema_4_keeps_the_permits_from_being_granted() {
+    for (label, url) in sql_backends() {
+        let m = manager(&url, JdbcOptions::default(), Duration::from_secs(30)).await;
+        let name = format!("sem-v4-{:x}", fastrand::u64(..));
+        let sem = m.semaphore(&name, 3);
+        // The semaphore's row exists (a first grant), then a version-4 holder of 1.
+        sem.try_acquire(1, Duration::ZERO)
+            .await
+            .unwrap()
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+        raw_scalars(
+            &label,
+            &url,
+            "INSERT INTO dlock_readers (name, owner, token, context, acquired_at, expires_at, permits) \
+             VALUES (?, 'v4-holder', 1, NULL, 0, 9000000000000000, 1)",
+            &name,
+        )
+        .await;
+        let refused = sem.try_acquire(1, Duration::ZERO).await.unwrap();
+        assert!(
+            refused.is_none(),
+            "{label}: a permit was granted past a version-4 holder"
+        );
+        raw_scalars(
+            &label,
+            &url,
+            "DELETE FROM dlock_readers WHERE name = ?",
+            &name,
+        )
+        .await;
+        let granted = sem.try_acquire(1, Duration::ZERO).await.unwrap();
+        assert!(
+            granted.is_some(),
+            "{label}: the holder left, the permits did not come back"
+        );
+        granted.unwrap().release().await.unwrap();
+        m.close().await;
+    }
+}
+
+/// A semaphore's holders live in its row: a holder that died (lease lapsed) leaves
+/// the row with the next grant, and a release takes its holder's entry out — the row
+/// does not grow with crashed holders.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lapsed_permit_holder_leaves_the_semaphores_row_with_the_next_grant() {
+    for (label, url) in sql_backends() {
+        let live = manager(&url, JdbcOptions::default(), Duration::from_secs(30)).await;
+        let dead = DistributeLockManager::builder(JdbcBackend::connect(&url).await.unwrap())
+            .lease(Duration::from_millis(300))
+            .watchdog(false)
+            .build()
+            .unwrap();
+        let name = format!("sem-row-{:x}", fastrand::u64(..));
+        let entries_sql = match label.as_str() {
+            "sqlite" => "SELECT json_array_length(holders) FROM dlock_locks WHERE name = ?",
+            "mysql" => "SELECT JSON_LENGTH(holders) FROM dlock_locks WHERE name = ?",
+            _ => "SELECT jsonb_array_length(holders)::bigint FROM dlock_locks WHERE name = ?",
+        };
+        let lapsing = dead
+            .semaphore(&name, 3)
+            .try_acquire(1, Duration::ZERO)
+            .await
+            .unwrap()
+            .unwrap();
+        let sem = live.semaphore(&name, 3);
+        let first = sem.try_acquire(1, Duration::ZERO).await.unwrap().unwrap();
+        assert_eq!(
+            raw_scalars(&label, &url, entries_sql, &name).await,
+            [2],
+            "{label}"
+        );
+        let lost = tokio::time::timeout(Duration::from_secs(5), lapsing.lost_signal().lost()).await;
+        assert!(
+            lost.is_ok(),
+            "{label}: the unrenewed holder never lost its permit"
+        );
+        let lapsed = eventually(Duration::from_secs(5), || async {
+            sem.held().await.is_ok_and(|n| n == 1)
+        })
+        .await;
+        assert!(
+            lapsed,
+            "{label}: the unrenewed holder's permit did not lapse"
+        );
+        let second = sem.try_acquire(1, Duration::ZERO).await.unwrap().unwrap();
+        assert_eq!(
+            raw_scalars(&label, &url, entries_sql, &name).await,
+            [2],
+            "{label}: entries after a grant past a lapsed holder"
+        );
+        first.release().await.unwrap();
+        assert_eq!(
+            raw_scalars(&label, &url, entries_sql, &name).await,
+            [1],
+            "{label}: entries after a release"
+        );
+        second.release().await.unwrap();
+        drop(lapsing);
+        live.close().await;
+        dead.close().await;
+    }
+}
+
+/// Owners are any text (`OwnerId::new`): a release finds its own entry in the
+/// semaphore's row byte for byte, never another owner's that a pattern would match
+/// (MySQL looks it up with `JSON_SEARCH`, whose `%` and `_` are wildcards).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_release_finds_its_owner_exactly() {
+    use dlock_spi::{AcquireRequest, GrantId, LockMode, LockName, LockRemoteResource, OwnerId};
+    use dlock_spi::{FencingToken, ReleaseRequest, ReleaseResult};
+    for (label, url) in sql_backends() {
+        let backend = JdbcBackend::connect(&url).await.unwrap();
+        let name = LockName::new(format!("sem-owner-{:x}", fastrand::u64(..))).unwrap();
+        // Granted in this order: the first would match the others' text as a pattern.
+        let owners = ["oX1%", "o_1%", "O_1\\%"];
+        for owner in owners {
+            let req = AcquireRequest::new(name.clone(), OwnerId::new(owner), GrantId::new(1))
+                .with_mode(LockMode::Permits(1))
+                .with_capacity(3)
+                .with_lease(Duration::from_secs(30));
+            let granted = backend.try_acquire(&req).await.unwrap();
+            assert!(granted.token().is_some(), "{label}: {owner} was refused");
+        }
+        for owner in owners.iter().rev() {
+            let release = ReleaseRequest::new(
+                name.clone(),
+                OwnerId::new(*owner),
+                GrantId::new(1),
+                LockMode::Permits(1),
+                FencingToken::new(0),
+            );
+            assert_eq!(
+                backend.release(&release).await.unwrap(),
+                ReleaseResult::Released,
+                "{label}: {owner}'s release"
+            );
+        }
+        assert!(
+            backend.inspect(&name).await.unwrap().is_none(),
+            "{label}: holders left"
+        );
+        backend.close().await;
     }
 }
 

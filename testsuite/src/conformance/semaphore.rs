@@ -258,6 +258,59 @@ pub async fn semaphore_serves_in_order_and_recovers_dead_permits(backend: Arc<dy
     env.finish(&[&live, &dead]).await;
 }
 
+/// The watchdog keeps permits past their lease: held for four leases, they are not
+/// lost, still counted (nobody else gets the room), and still shown with a lease
+/// no longer than one; once released the room is there again.
+pub async fn semaphore_watchdog_keeps_permits(backend: Arc<dyn TestBackend>) {
+    let env = Env::new(backend);
+    let lease = Duration::from_millis(300);
+    let a = env.manager_with(|b| b.lease(lease)).await;
+    let b = env.manager().await;
+    if !has_semaphores(&env, &a).await {
+        env.finish(&[&a, &b]).await;
+        return;
+    }
+    let permits = a
+        .semaphore("watched", 2)
+        .try_acquire(2, Duration::ZERO)
+        .await
+        .expect("acquire")
+        .expect("both permits of an idle semaphore");
+    // Time passing is the subject of this test.
+    tokio::time::sleep(lease * 4).await;
+    assert!(!permits.is_lost(), "lost: {:?}", permits.lost_reason());
+    let other = b.semaphore("watched", 2);
+    let refused = other.try_acquire(1, Duration::ZERO).await.expect("acquire");
+    assert!(
+        refused.is_none(),
+        "a permit was granted past a watched holder of both"
+    );
+    let state = b
+        .inspect("watched")
+        .await
+        .expect("inspect")
+        .expect("the semaphore is held");
+    assert_eq!(state.holders.len(), 1, "{state:?}");
+    let holder = &state.holders[0];
+    assert_eq!(holder.mode.permits(), Some(2), "{holder:?}");
+    if a.capabilities().lease {
+        let left = holder
+            .remaining_lease
+            .expect("a leased hold shows its lease");
+        assert!(left <= lease, "{left:?} left of a {lease:?} lease");
+        assert_eq!(a.watched_count(), 1);
+    }
+    permits.release().await.expect("release");
+    assert_eq!(a.watched_count(), 0);
+    let granted = other
+        .try_acquire(2, Duration::ZERO)
+        .await
+        .expect("acquire")
+        .expect("the released permits are free");
+    granted.release().await.expect("release");
+    env.finish(&[&a, &b]).await;
+}
+
 /// The total is the semaphore's while it is in use: a different one is refused
 /// (and changes nothing), bad permit counts are refused, and once the semaphore is
 /// idle a new total takes effect.
