@@ -40,7 +40,7 @@ struct Json {
     append: &'static str,
     /// A JSON array of the listed values (`{}`).
     array: &'static str,
-    /// The array `{0}` with field `{2}` of entry `{1}` set to `{3}`.
+    /// The entry `{0}` with field `{1}` set to `{2}`.
     set: &'static str,
     /// Casts for the values a new entry takes from parameters: owner, count, context.
     text_param: &'static str,
@@ -61,7 +61,7 @@ const SQLITE: Json = Json {
     collect: "json_group_array({})",
     append: "json_insert({0}, '$[#]', {1})",
     array: "json_array({})",
-    set: "json_set({0}, '$[' || ({1}) || '][{2}]', {3})",
+    set: "json_set({0}, '$[{1}]', {2})",
     text_param: "{}",
     int_param: "{}",
 };
@@ -86,7 +86,7 @@ const MYSQL: Json = Json {
     collect: "COALESCE(JSON_ARRAYAGG({}), JSON_ARRAY())",
     append: "JSON_ARRAY_APPEND({0}, '$', {1})",
     array: "JSON_ARRAY({})",
-    set: "JSON_SET({0}, CONCAT('$[', ({1}), '][{2}]'), {3})",
+    set: "JSON_SET({0}, '$[{1}]', {2})",
     text_param: "{}",
     int_param: "{}",
 };
@@ -106,7 +106,7 @@ const POSTGRES: Json = Json {
     collect: "COALESCE(jsonb_agg({} ORDER BY h.i), '[]'::jsonb)",
     append: "({0} || jsonb_build_array({1}))",
     array: "jsonb_build_array({})",
-    set: "jsonb_set({0}, ARRAY[({1})::text, '{2}'], to_jsonb({3}))",
+    set: "jsonb_set({0}, ARRAY['{1}'], to_jsonb({2}))",
     text_param: "{}::text",
     int_param: "{}::bigint",
 };
@@ -148,10 +148,15 @@ impl Json {
         )
     }
 
-    fn set(&self, array: &str, field: u8, value: &str) -> String {
+    /// Entry `h` with field `field` set to `value` where `h` is `$2`'s.
+    fn set_mine(&self, entry: &str, field: u8, value: &str, otherwise: &str) -> String {
         fill(
             self.set,
-            &[array, &self.my_index(), &field.to_string(), value],
+            &[
+                entry,
+                &field.to_string(),
+                &format!("CASE WHEN {} THEN {value} ELSE {otherwise} END", self.mine),
+            ],
         )
     }
 }
@@ -166,22 +171,22 @@ pub(crate) fn used_by_others(dialect: Dialect) -> String {
 }
 
 /// The grant's condition (`PERMIT_ROOM`, see [`crate::dialect`]) as `dialect` runs
-/// it. MySQL: each `JSON_TABLE` costs a temporary table (MariaDB: ~75 µs, as much
-/// as the rest of the statement), so the permits used by others are summed once,
-/// first, into `@dlock_used` — with, in `@dlock_kept`, how many entries are live and
-/// not `$2`'s (fewer than the array holds: the grant rewrites the array without the
-/// others; else it only appends).
+/// it. MySQL: every `JSON_TABLE` in a statement costs a temporary table, evaluated or
+/// not (MariaDB: ~0.1 ms, as much as the rest of the grant), so the grant has one:
+/// it sums the permits used by others, first, into `@dlock_used`, and counts `$2`'s
+/// live entries (a retried grant) into `@dlock_mine`.
 pub(crate) fn room(dialect: Dialect, room: &str) -> String {
     match dialect {
         Dialect::MySql => {
             let j = json(dialect);
-            let counted = format!("({} > NOW AND NOT ({}))", j.expires, j.mine);
             format!(
-                "(@dlock_used := (SELECT CAST(COALESCE(SUM(IF({counted}, {}, 0)), 0) AS SIGNED) \
-                   + 0 * (@dlock_kept := COALESCE(SUM({counted}), 0)) FROM {})) IS NOT NULL AND {}",
+                "(@dlock_used := (SELECT CAST(COALESCE(SUM(IF({live} AND NOT ({mine}), {}, 0)), 0) AS SIGNED) \
+                   + 0 * (@dlock_mine := COALESCE(SUM({live} AND {mine}), 0)) FROM {})) IS NOT NULL AND {}",
                 j.permits,
                 j.from,
-                room.replace("PERMITS_USED", "@dlock_used")
+                room.replace("PERMITS_USED", "@dlock_used"),
+                live = format!("{} > NOW", j.expires),
+                mine = j.mine,
             )
         }
         Dialect::Sqlite | Dialect::Postgres => room.to_owned(),
@@ -232,21 +237,21 @@ pub(crate) fn grant(dialect: Dialect) -> String {
     match dialect {
         // MySQL assigns left to right, each assignment seeing the ones before it:
         // `token` is the new token once assigned, `holders` still the old array.
+        // Without a second `JSON_TABLE` the grant only appends, dropping the first
+        // entry if it has lapsed (the oldest grant); renewals drop every lapsed one.
+        // A retried grant (`$2` already live) keeps its entry.
         Dialect::MySql => format!(
             "UPDATE {{locks}} SET \
                token = IF(@dlock_grant := (PERMIT_ROOM), \
                           LAST_INSERT_ID(GREATEST(token + 1, CLOCK_US)), token + LAST_INSERT_ID(0)), \
                shared_until = IF(@dlock_grant, GREATEST(shared_until, NOW + $3), shared_until), \
-               holders = IF(@dlock_grant, {}, holders), \
+               holders = IF(@dlock_grant AND @dlock_mine = 0, {}, holders), \
                capacity = IF(@dlock_grant, $5, capacity) \
              WHERE name = $1",
             fill(
                 j.append,
                 &[
-                    &format!(
-                        "IF(@dlock_kept < JSON_LENGTH(COALESCE(holders, '[]')), {}, COALESCE(holders, '[]'))",
-                        j.others()
-                    ),
+                    "IF(JSON_EXTRACT(holders, '$[0][2]') <= NOW, JSON_REMOVE(holders, '$[0]'), COALESCE(holders, '[]'))",
                     &entry("token")
                 ]
             )
@@ -291,16 +296,21 @@ pub(crate) fn release(dialect: Dialect) -> String {
 }
 
 /// `$1` name, `$2` owner, `$3` lease ms (and `$4` context as hex, `with_context`) →
-/// rows affected: extends `$2`'s live entry and the readers' horizon.
+/// rows affected: writes back the live entries, `$2`'s extended (and its context
+/// replaced), and raises the readers' horizon — renewals also drop lapsed holders.
 pub(crate) fn renew(dialect: Dialect, with_context: bool) -> String {
     let j = json(dialect);
-    let mut holders = j.set("holders", 2, "NOW + $3");
+    let mut entry = j.set_mine(j.entry, 2, "NOW + $3", j.expires);
     if with_context {
-        holders = j.set(&holders, 5, &fill(j.text_param, &["$4"]));
+        entry = j.set_mine(&entry, 5, &fill(j.text_param, &["$4"]), j.context);
     }
     format!(
-        "UPDATE {{locks}} SET shared_until = GREATEST(shared_until, NOW + $3), holders = {holders} \
+        "UPDATE {{locks}} SET shared_until = GREATEST(shared_until, NOW + $3), \
+           holders = (SELECT {} FROM {} WHERE {} > NOW) \
          WHERE name = $1 AND {} IS NOT NULL",
+        fill(j.collect, &[&entry]),
+        j.from,
+        j.expires,
         j.my_index()
     )
 }

@@ -285,6 +285,61 @@ announce(KEYS[2])
 return 1
 "#;
 
+/// The permits' fast path, ahead of [`ACQUIRE`]'s helpers (not even created when it
+/// grants): with nobody queued, the name free or held by permit holders only, all
+/// of them live, of the same total and leaving room, and this owner not among them
+/// (a retried grant), it grants as [`ACQUIRE`] would — 11 server calls instead of
+/// 14, and no helper functions built. Anything else falls through to [`ACQUIRE`],
+/// which decides it. KEYS and ARGV: as [`ACQUIRE`].
+const ACQUIRE_PERMITS_FAST: &str = r#"
+if ARGV[2] == 'p' and redis.call('EXISTS', KEYS[5]) == 0 then
+  local v = redis.call('GET', KEYS[1])
+  if not v or v == 'R' then
+    local t = redis.call('TIME')
+    local us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+    local ms = math.floor(us / 1000)
+    local n, total = tonumber(ARGV[11]), tonumber(ARGV[12])
+    local hs = redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES')
+    local plain, used, top = true, 0, 0
+    if #hs > 0 then
+      local fields = {'#total'}
+      for i = 1, #hs, 2 do
+        local score = tonumber(hs[i + 1])
+        -- A lapsed holder (to purge) or this owner asking again: the general path.
+        if score < ms or hs[i] == ARGV[1] then plain = false break end
+        if score > top then top = score end
+        fields[#fields + 1] = 'p:' .. hs[i]
+      end
+      if plain then
+        local got = redis.call('HMGET', KEYS[3], unpack(fields))
+        -- Read locks (no total) or another total: the general path.
+        if tonumber(got[1]) ~= total then
+          plain = false
+        else
+          for i = 2, #got do used = used + (tonumber(got[i]) or total) end
+        end
+      end
+    end
+    if plain and used + n <= total then
+      local tok = (tonumber(redis.call('GET', KEYS[4])) or 0) + 1
+      if tok < us then tok = us end
+      redis.call('SET', KEYS[4], string.format('%.0f', tok))
+      local expiry = ms + tonumber(ARGV[3])
+      redis.call('ZADD', KEYS[2], expiry, ARGV[1])
+      redis.call('HSET', KEYS[3], ARGV[1], string.format('%.0f', tok), 'c:' .. ARGV[1], ARGV[9],
+        'p:' .. ARGV[1], n, '#total', total)
+      -- The readers' horizon, as reader_horizon sets it.
+      if expiry > top then top = expiry end
+      local ttl = top - ms + 1
+      redis.call('PEXPIRE', KEYS[2], ttl)
+      redis.call('PEXPIRE', KEYS[3], ttl)
+      redis.call('SET', KEYS[1], 'R', 'PX', ttl)
+      return {1, tok}
+    end
+  end
+end
+"#;
+
 /// The general acquire: fair mode (exclusive or shared), non-fair shared (a
 /// non-fair exclusive acquire always goes through [`ACQUIRE_EXCLUSIVE`]) and
 /// permits. KEYS: exclusive, readers, reader data, fence, queue, queue liveness,
@@ -437,6 +492,39 @@ end
 return {0, time_left(KEYS[1]), queued, ahead}
 "#;
 
+/// The shared release's fast path, ahead of [`RELEASE_SHARED`]'s helpers: with
+/// nobody queued (nobody to tell) and every holder live, the holder leaves and the
+/// horizon follows the others — 8 server calls instead of 12. Anything else (a
+/// lapsed holder to purge, a queue, a holder not found) falls through. KEYS and
+/// ARGV: as [`RELEASE_SHARED`].
+const RELEASE_SHARED_FAST: &str = r#"
+if redis.call('EXISTS', KEYS[5]) == 0 then
+  local t = redis.call('TIME')
+  local ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local hs = redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES')
+  local plain, mine, top = true, false, 0
+  for i = 1, #hs, 2 do
+    local score = tonumber(hs[i + 1])
+    if score < ms then plain = false break end
+    if hs[i] == ARGV[1] then mine = true elseif score > top then top = score end
+  end
+  if plain and mine then
+    redis.call('ZREM', KEYS[2], ARGV[1])
+    redis.call('HDEL', KEYS[3], ARGV[1], 'c:' .. ARGV[1], 'p:' .. ARGV[1])
+    if top > 0 then
+      local ttl = top - ms + 1
+      redis.call('PEXPIRE', KEYS[2], ttl)
+      redis.call('PEXPIRE', KEYS[3], ttl)
+      redis.call('SET', KEYS[1], 'R', 'PX', ttl)
+    else
+      redis.call('DEL', KEYS[2], KEYS[3])
+      if redis.call('GET', KEYS[1]) == 'R' then redis.call('DEL', KEYS[1]) end
+    end
+    return 1
+  end
+end
+"#;
+
 /// Shared (or permits) release. KEYS: as ACQUIRE. ARGV: owner. The queue's head is
 /// told when the last reader leaves, and whenever permits come back.
 const RELEASE_SHARED: &str = r#"
@@ -570,8 +658,8 @@ fn sources() -> [String; 10] {
             &[H_CLOCK, H_ANNOUNCE],
             RENEW_EXCLUSIVE_PROCLAIM,
         ),
-        with(all, ACQUIRE),
-        with(all, RELEASE_SHARED),
+        lean(ACQUIRE_PERMITS_FAST, all, ACQUIRE),
+        lean(RELEASE_SHARED_FAST, all, RELEASE_SHARED),
         with(all, RENEW_SHARED),
         with(all, LEAVE),
         with(all, INSPECT),

@@ -1038,3 +1038,27 @@ async fn a_queued_writer_holds_back_new_readers_however_rarely_it_rechecks() {
     readers.close().await;
     writer_side.close().await;
 }
+
+/// Permit holders keep the name from an exclusive lock through its key (value `R`,
+/// the holders' horizon): while any holds, a lock is refused; the last holder's
+/// release frees the name at once (the shared release's fast path, nobody queued).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_last_permit_release_frees_the_name_at_once() {
+    let Some(url) = redis_url() else { return };
+    let (_, m) = dlock_client(&url, RedisOptions::default()).await;
+    let n = name("sem-frees");
+    let sem = m.semaphore(&n, 3);
+    let a = sem.try_acquire(1, Duration::ZERO).await.unwrap().unwrap();
+    let b = sem.try_acquire(2, Duration::ZERO).await.unwrap().unwrap();
+    a.release().await.unwrap();
+    let refused = m.lock(&n).try_lock(Duration::ZERO).await.unwrap();
+    assert!(refused.is_none(), "a lock was granted past a permit holder");
+    b.release().await.unwrap();
+    let granted = m.lock(&n).try_lock(Duration::ZERO).await.unwrap();
+    assert!(
+        granted.is_some(),
+        "the name stayed taken after the last release"
+    );
+    granted.unwrap().unlock().await.unwrap();
+    m.close().await;
+}
