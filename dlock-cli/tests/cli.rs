@@ -565,3 +565,123 @@ async fn sem_runs_the_command_holding_permits() {
         holder.close().await;
     }
 }
+
+/// Everything a user sees of a client whose URL holds a password, on every selected
+/// backend with credentials (MariaDB, PostgreSQL, Redis, ZooKeeper; SQLite and memory
+/// have none): `--help` with the URL in `DLOCK_URL`; `exec` with the access log
+/// (tracing) and the Prometheus endpoint on, running `status` while it holds the
+/// lock and fetching the metrics; `status` and `unlock` after; a connection refused,
+/// with the password in its URL; and, for programs, `Debug` of a manager and an
+/// error's `Display`/`Debug` down its source chain. The password shows nowhere —
+/// and each surface is checked to have been produced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_planted_password_shows_nowhere_a_user_looks() {
+    let selected = std::env::var("DLOCK_TEST_BACKENDS").unwrap_or_else(|_| "memory".to_owned());
+    for label in selected.split(',').map(str::trim) {
+        let password = format!("Pl4nted-{label}-{:08x}", fastrand::u32(..));
+        let Some(url) = testsuite::backends::url_with_password(label, &password)
+            .await
+            .unwrap()
+        else {
+            continue;
+        };
+        let ns = namespace();
+        let mut seen = Vec::new();
+        let mut record = |what: &str, out: &Output| {
+            seen.push(format!(
+                "--- {what}\n{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        };
+        for args in [
+            &["--help"][..],
+            &["exec", "--help"][..],
+            &["status", "--help"][..],
+        ] {
+            let out = Command::new(DLOCK)
+                .args(args)
+                .env("DLOCK_URL", &url)
+                .stdin(Stdio::null())
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "{label}: {args:?}");
+            record("help", &out);
+        }
+        let port = 20_000 + fastrand::u16(..20_000);
+        let inner = format!(
+            "{DLOCK} --backend '{url}' --namespace '{ns}' status planted:1; \
+             exec 3<>/dev/tcp/127.0.0.1/{port}; printf 'GET /metrics HTTP/1.0\\r\\n\\r\\n' >&3; cat <&3"
+        );
+        let addr = format!("127.0.0.1:{port}");
+        let held = dlock(
+            &url,
+            &ns,
+            &[
+                "--log",
+                "--metrics-addr",
+                &addr,
+                "exec",
+                "planted:1",
+                "--",
+                "bash",
+                "-c",
+                &inner,
+            ],
+        );
+        assert!(
+            held.status.success(),
+            "{label}: {}",
+            String::from_utf8_lossy(&held.stderr)
+        );
+        let shown = String::from_utf8_lossy(&held.stdout);
+        assert!(
+            shown.contains("planted:1: held"),
+            "{label}: status while held: {shown}"
+        );
+        assert!(
+            shown.contains("dlock_acquire_total"),
+            "{label}: metrics: {shown}"
+        );
+        assert!(
+            String::from_utf8_lossy(&held.stderr).contains("dlock::access"),
+            "{label}: the access log"
+        );
+        record("exec --log --metrics-addr (status, metrics)", &held);
+        for args in [&["status", "planted:1"][..], &["unlock", "planted:1"][..]] {
+            let out = dlock(&url, &ns, args);
+            record(args[0], &out);
+        }
+        // The same credentials towards a port nobody listens on: the error names the
+        // place, not the password.
+        let refused_url = url
+            .replace(":3306/", ":1/")
+            .replace(":5432/", ":1/")
+            .replace(":6379", ":1")
+            .replace(":2181/", ":1/");
+        let refused = dlock(&refused_url, &ns, &["--log", "status", "planted:1"]);
+        assert!(!refused.status.success(), "{label}: {refused_url} answered");
+        record("refused", &refused);
+        // What a program embedding dlock prints: Debug of the manager, and an
+        // error with its whole source chain.
+        let manager = holder_on(&url, &ns).await;
+        seen.push(format!("--- manager\n{manager:?}"));
+        manager.close().await;
+        let error = match dlock_api::open_backend(&refused_url).await {
+            Ok(_) => panic!("{label}: {refused_url} answered"),
+            Err(e) => e,
+        };
+        let mut chain = format!("--- error\n{error}\n{error:?}");
+        let mut source = std::error::Error::source(&error);
+        while let Some(s) = source {
+            chain.push_str(&format!("\n{s}\n{s:?}"));
+            source = s.source();
+        }
+        seen.push(chain);
+        let everything = seen.concat();
+        assert!(
+            !everything.contains(&password),
+            "{label}: the password shows:\n{everything}"
+        );
+    }
+}

@@ -298,3 +298,82 @@ impl<C> Drop for ServerTestBackend<C> {
         }
     }
 }
+
+/// A URL of `label`'s test server that carries `password` and works: for the
+/// secret-leak checks, which need every surface (logs, metrics, status) produced by
+/// a client that really holds that password. MariaDB: a user `dlock_secrets` (re)made
+/// with it, allowed on `test`; PostgreSQL: the password in the URL (the test server
+/// trusts loopback, so it is sent and ignored); Redis: an ACL user `dlock-secrets`
+/// (re)made with it; ZooKeeper: a digest identity `dlock-secrets:<password>` on a
+/// root of its own.
+/// `None` for labels without credentials (memory, SQLite) or not set up here.
+pub async fn url_with_password(label: &str, password: &str) -> Result<Option<String>> {
+    use dlock_jdbc::sqlx::{self, Connection};
+    let err = |e: &dyn std::fmt::Display| {
+        Error::new(
+            ErrorKind::Backend,
+            format!("setting up the secrets test user on {label}: {e}"),
+        )
+    };
+    match label {
+        "mysql" => {
+            let mut c = sqlx::MySqlConnection::connect("mysql://root@127.0.0.1:3306/test")
+                .await
+                .map_err(|e| err(&e))?;
+            // CREATE USER takes no placeholder: the password is pasted, so it may
+            // hold only letters, digits and '-'.
+            if !password
+                .chars()
+                .all(|ch| ch.is_ascii_alphanumeric() || ch == '-')
+            {
+                return Err(err(&"the password may hold only letters, digits and '-'"));
+            }
+            for sql in [
+                format!(
+                    "CREATE OR REPLACE USER 'dlock_secrets'@'127.0.0.1' IDENTIFIED BY '{password}'"
+                ),
+                "GRANT ALL PRIVILEGES ON test.* TO 'dlock_secrets'@'127.0.0.1'".to_owned(),
+            ] {
+                sqlx::raw_sql(&sql)
+                    .execute(&mut c)
+                    .await
+                    .map_err(|e| err(&e))?;
+            }
+            Ok(Some(format!(
+                "mysql://dlock_secrets:{password}@127.0.0.1:3306/test"
+            )))
+        }
+        "postgres" => Ok(Some(format!(
+            "postgres://postgres:{password}@127.0.0.1:5432/test"
+        ))),
+        "redis" => {
+            let client = redis::Client::open("redis://127.0.0.1:6379").map_err(|e| err(&e))?;
+            let mut c = client
+                .get_multiplexed_async_connection()
+                .await
+                .map_err(|e| err(&e))?;
+            redis::cmd("ACL")
+                .arg("SETUSER")
+                .arg("dlock-secrets")
+                .arg("reset")
+                .arg("on")
+                .arg(format!(">{password}"))
+                .arg("~*")
+                .arg("&*")
+                .arg("+@all")
+                .query_async::<()>(&mut c)
+                .await
+                .map_err(|e| err(&e))?;
+            Ok(Some(format!(
+                "redis://dlock-secrets:{password}@127.0.0.1:6379"
+            )))
+        }
+        // A root of its own: nodes made under a digest identity are that identity's
+        // (an earlier run's password could not use them).
+        "zk" => Ok(Some(format!(
+            "zk://dlock-secrets:{password}@127.0.0.1:2181/dlock-test-secrets-{:016x}",
+            fastrand::u64(..)
+        ))),
+        _ => Ok(None),
+    }
+}
