@@ -280,6 +280,10 @@ async fn dequeue(backend: &JdbcBackend, name: &LockName, waiter: &HolderKey) {
     }
 }
 
+/// The longest holder identity a MySQL semaphore takes: its entries are read back
+/// as `VARCHAR(255)`, as the `owner` columns are.
+const MAX_MYSQL_HOLDER_LEN: usize = 255;
+
 /// How many times one permit attempt runs again after a concurrent grant changed
 /// the semaphore while it ran (PostgreSQL), before it counts as refused.
 const PERMIT_RACES: u32 = 8;
@@ -512,7 +516,17 @@ impl JdbcBackend {
     async fn try_permits(&self, req: &AcquireRequest, n: u32) -> Result<Option<i64>> {
         let s = &self.inner.statements;
         let holder = req.holder();
+        if self.dialect() == Dialect::MySql && holder.as_str().len() > MAX_MYSQL_HOLDER_LEN {
+            return Err(Error::new(
+                dlock_spi::ErrorKind::InvalidArgument,
+                format!(
+                    "the holder's identity (owner and grant) is {} bytes; MySQL semaphores take at most {MAX_MYSQL_HOLDER_LEN} — use a shorter owner id",
+                    holder.as_str().len()
+                ),
+            ));
+        }
         let context = permits::context_hex(&req.context);
+        let pattern = permits::search_pattern(holder.as_str());
         let params = [
             Param::Text(req.name.as_str()),
             Param::Text(holder.as_str()),
@@ -520,6 +534,7 @@ impl JdbcBackend {
             Param::Int(i64::from(n)),
             Param::Int(i64::from(req.capacity)),
             Param::Text(&context),
+            Param::Text(&pattern),
         ];
         macro_rules! body {
             ($p:ident, $token:ident) => {

@@ -232,8 +232,9 @@ pub(crate) struct Statements {
     /// shows had room is tried again.
     pub(crate) grant_permits: Stmt,
     /// `$1` name, `$2` owner → the semaphore's total, permits used by others, live
-    /// waiters other than `$2`, whether an exclusive holder is live (0/1), whether
-    /// `$2` is first in the queue (0/1).
+    /// waiters other than `$2`, whether an exclusive holder or a `readers` row is
+    /// live (0/1: no room whatever the permits), whether `$2` is first in the queue
+    /// (0/1).
     pub(crate) permit_state: Stmt,
     /// `$1` name, `$2` owner → rows affected (or a notify row on PostgreSQL): gives
     /// permits back (the readers' horizon is left to lapse; only exclusive requests
@@ -397,7 +398,9 @@ impl Statements {
             permit_state: s(
                 "SELECT capacity, PERMITS_USED, \
                    (SELECT COUNT(*) FROM {waiters} o WHERE o.name = $1 AND o.alive_until > NOW AND o.waiter <> $2), \
-                   CAST(CASE WHEN owner IS NOT NULL AND expires_at > NOW THEN 1 ELSE 0 END AS INT64), \
+                   CAST(CASE WHEN (owner IS NOT NULL AND expires_at > NOW) \
+                     OR EXISTS (SELECT 1 FROM {readers} r WHERE r.name = $1 AND r.expires_at > NOW) \
+                     THEN 1 ELSE 0 END AS INT64), \
                    CAST(CASE WHEN PERMIT_GATE THEN 1 ELSE 0 END AS INT64) \
                  FROM {locks} WHERE name = $1",
             ),

@@ -174,19 +174,18 @@ pub(crate) fn used_by_others(dialect: Dialect) -> String {
 /// it. MySQL: every `JSON_TABLE` in a statement costs a temporary table, evaluated or
 /// not (MariaDB: ~0.1 ms, as much as the rest of the grant), so the grant has one:
 /// it sums the permits used by others, first, into `@dlock_used`, and counts `$2`'s
-/// live entries (a retried grant) into `@dlock_mine`.
+/// entries, live or lapsed (a retried grant replaces its entry), into `@dlock_mine`.
 pub(crate) fn room(dialect: Dialect, room: &str) -> String {
     match dialect {
         Dialect::MySql => {
             let j = json(dialect);
+            let (expires, mine) = (j.expires, j.mine);
             format!(
-                "(@dlock_used := (SELECT CAST(COALESCE(SUM(IF({live} AND NOT ({mine}), {}, 0)), 0) AS SIGNED) \
-                   + 0 * (@dlock_mine := COALESCE(SUM({live} AND {mine}), 0)) FROM {})) IS NOT NULL AND {}",
+                "(@dlock_used := (SELECT CAST(COALESCE(SUM(IF({expires} > NOW AND NOT ({mine}), {}, 0)), 0) AS SIGNED) \
+                   + 0 * (@dlock_mine := COALESCE(SUM({mine}), 0)) FROM {})) IS NOT NULL AND {}",
                 j.permits,
                 j.from,
                 room.replace("PERMITS_USED", "@dlock_used"),
-                live = format!("{} > NOW", j.expires),
-                mine = j.mine,
             )
         }
         Dialect::Sqlite | Dialect::Postgres => room.to_owned(),
@@ -194,14 +193,18 @@ pub(crate) fn room(dialect: Dialect, room: &str) -> String {
 }
 
 /// MySQL: the path of `$2`'s entry (`$[i]`), found without a `JSON_TABLE`:
-/// `JSON_SEARCH` (case-sensitive on a JSON column) for `$3`, the owner with `%`, `_`
-/// and `\` escaped (see [`search_pattern`]); NULL when it has none. The statements
+/// `JSON_SEARCH` (case-sensitive on a JSON column) for `pattern`, the parameter
+/// holding the owner with `%`, `_` and `\` escaped (see [`search_pattern`]); NULL
+/// when it has none. A row holds at most one entry per owner (a grant replaces it). The statements
 /// that use it also check the entry's owner byte-wise and its lease.
-const MYSQL_ENTRY: &str =
-    "SUBSTRING_INDEX(JSON_UNQUOTE(JSON_SEARCH(holders, 'one', $3, NULL, '$[*][0]')), '[', 2)";
+fn mysql_entry(pattern: &str) -> String {
+    format!(
+        "SUBSTRING_INDEX(JSON_UNQUOTE(JSON_SEARCH(holders, 'one', {pattern}, NULL, '$[*][0]')), '[', 2)"
+    )
+}
 
 /// `$2` as a `JSON_SEARCH` pattern that matches it only (MySQL's release binds it
-/// as `$3`).
+/// as `$3`, its grant as `$7`).
 pub(crate) fn search_pattern(owner: &str) -> String {
     let mut out = String::with_capacity(owner.len() + 4);
     for c in owner.chars() {
@@ -214,7 +217,8 @@ pub(crate) fn search_pattern(owner: &str) -> String {
 }
 
 /// `$1` name, `$2` owner, `$3` lease ms, `$4` permits, `$5` the total, `$6` context
-/// (hex) → token (RETURNING, or LAST_INSERT_ID on MySQL; no row / 0 = not granted).
+/// (hex), `$7` the owner's [`search_pattern`] (MySQL) → token (RETURNING, or
+/// LAST_INSERT_ID on MySQL; no row / 0 = not granted).
 /// One `UPDATE` of the semaphore's row: where `PERMIT_ROOM` holds, bumps the token,
 /// raises the readers' horizon, records the total and writes the live holders with
 /// `$2`'s new entry.
@@ -237,21 +241,25 @@ pub(crate) fn grant(dialect: Dialect) -> String {
     match dialect {
         // MySQL assigns left to right, each assignment seeing the ones before it:
         // `token` is the new token once assigned, `holders` still the old array.
-        // Without a second `JSON_TABLE` the grant only appends, dropping the first
-        // entry if it has lapsed (the oldest grant); renewals drop every lapsed one.
-        // A retried grant (`$2` already live) keeps its entry.
+        // Without a second `JSON_TABLE` the grant appends, dropping `$2`'s own entry
+        // (a retried grant: `$7` is its search pattern) or else the first entry if
+        // it has lapsed (the oldest grant); renewals drop every lapsed one.
         Dialect::MySql => format!(
             "UPDATE {{locks}} SET \
                token = IF(@dlock_grant := (PERMIT_ROOM), \
                           LAST_INSERT_ID(GREATEST(token + 1, CLOCK_US)), token + LAST_INSERT_ID(0)), \
                shared_until = IF(@dlock_grant, GREATEST(shared_until, NOW + $3), shared_until), \
-               holders = IF(@dlock_grant AND @dlock_mine = 0, {}, holders), \
+               holders = IF(@dlock_grant, {}, holders), \
                capacity = IF(@dlock_grant, $5, capacity) \
              WHERE name = $1",
             fill(
                 j.append,
                 &[
-                    "IF(JSON_EXTRACT(holders, '$[0][2]') <= NOW, JSON_REMOVE(holders, '$[0]'), COALESCE(holders, '[]'))",
+                    &format!(
+                        "IF(@dlock_mine > 0, JSON_REMOVE(holders, {}), \
+                         IF(JSON_EXTRACT(holders, '$[0][2]') <= NOW, JSON_REMOVE(holders, '$[0]'), COALESCE(holders, '[]')))",
+                        mysql_entry("$7")
+                    ),
                     &entry("token")
                 ]
             )
@@ -273,7 +281,7 @@ pub(crate) fn grant(dialect: Dialect) -> String {
 pub(crate) fn release(dialect: Dialect) -> String {
     let j = json(dialect);
     if dialect == Dialect::MySql {
-        let e = MYSQL_ENTRY;
+        let e = mysql_entry("$3");
         return format!(
             "UPDATE {{locks}} SET holders = JSON_REMOVE(holders, {e}) \
              WHERE name = $1 AND {e} IS NOT NULL \

@@ -291,7 +291,9 @@ async fn lapsed_permit_holders_leave_the_semaphores_row() {
 }
 
 /// A grant asked for again (the same owner and grant: a retried statement) is
-/// granted and keeps one entry, which one release removes.
+/// granted and keeps one entry — the retry's, with the token it returned — which one
+/// release removes. On MySQL a holder identity longer than its 255-byte column is
+/// refused with `InvalidArgument` (it would be cut short when read back).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retried_permit_grant_keeps_one_entry() {
     use dlock_spi::{AcquireRequest, GrantId, LockMode, LockName, LockRemoteResource, OwnerId};
@@ -303,15 +305,15 @@ async fn a_retried_permit_grant_keeps_one_entry() {
             .with_mode(LockMode::Permits(2))
             .with_capacity(3)
             .with_lease(Duration::from_secs(30));
+        let mut token = None;
         for attempt in 0..2 {
-            let granted = backend.try_acquire(&req).await.unwrap();
-            assert!(
-                granted.token().is_some(),
-                "{label}: attempt {attempt} refused"
-            );
+            token = backend.try_acquire(&req).await.unwrap().token();
+            assert!(token.is_some(), "{label}: attempt {attempt} refused");
         }
+        // The entry is the retry's: the token it returned.
         let state = backend.inspect(&name).await.unwrap().unwrap();
         assert_eq!(state.holders.len(), 1, "{label}: {state:?}");
+        assert_eq!(Some(state.holders[0].token), token, "{label}: {state:?}");
         let release = ReleaseRequest::new(
             name.clone(),
             OwnerId::new("retrier"),
@@ -327,6 +329,20 @@ async fn a_retried_permit_grant_keeps_one_entry() {
             backend.inspect(&name).await.unwrap().is_none(),
             "{label}: holders left"
         );
+        let long =
+            AcquireRequest::new(name.clone(), OwnerId::new("o".repeat(300)), GrantId::new(1))
+                .with_mode(LockMode::Permits(1))
+                .with_capacity(3);
+        let answer = backend.try_acquire(&long).await;
+        if label == "mysql" {
+            let err = answer.expect_err("a 300-byte holder identity on MySQL");
+            assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+        } else {
+            assert!(
+                answer.unwrap().token().is_some(),
+                "{label}: a long owner was refused"
+            );
+        }
         backend.close().await;
     }
 }
