@@ -291,29 +291,38 @@ fn status_unlock_and_input_errors() {
     );
 }
 
-/// `--help` (of the command and of a subcommand) does not print the password of the
-/// `DLOCK_URL` the environment holds.
-#[test]
-fn help_does_not_show_the_password_in_dlock_url() {
-    for args in [&["--help"][..], &["exec", "--help"][..]] {
+/// What `--help` of the command and of its subcommands prints with `url` in
+/// `DLOCK_URL` (each must succeed).
+fn help_with_dlock_url(url: &str) -> String {
+    let mut shown = String::new();
+    for args in [
+        &["--help"][..],
+        &["exec", "--help"][..],
+        &["status", "--help"][..],
+    ] {
         let out = Command::new(DLOCK)
             .args(args)
-            .env("DLOCK_URL", "postgres://app:help-s3cret@127.0.0.1/db")
+            .env("DLOCK_URL", url)
             .stdin(Stdio::null())
             .output()
             .expect("run dlock");
         assert!(out.status.success(), "{args:?}");
-        let shown = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        assert!(shown.contains("DLOCK_URL"), "{shown}");
-        assert!(
-            !shown.contains("help-s3cret"),
-            "{args:?} printed the password:\n{shown}"
-        );
+        shown.push_str(&String::from_utf8_lossy(&out.stdout));
+        shown.push_str(&String::from_utf8_lossy(&out.stderr));
     }
+    shown
+}
+
+/// `--help` (of the command and of a subcommand) does not print the password of the
+/// `DLOCK_URL` the environment holds.
+#[test]
+fn help_does_not_show_the_password_in_dlock_url() {
+    let shown = help_with_dlock_url("postgres://app:help-s3cret@127.0.0.1/db");
+    assert!(shown.contains("DLOCK_URL"), "{shown}");
+    assert!(
+        !shown.contains("help-s3cret"),
+        "help printed the password:\n{shown}"
+    );
 }
 
 #[test]
@@ -576,17 +585,16 @@ async fn sem_runs_the_command_holding_permits() {
 /// and each surface is checked to have been produced.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_planted_password_shows_nowhere_a_user_looks() {
-    let selected = std::env::var("DLOCK_TEST_BACKENDS").unwrap_or_else(|_| "memory".to_owned());
-    for label in selected.split(',').map(str::trim) {
+    for label in testsuite::runner::selected() {
         let password = format!("Pl4nted-{label}-{:08x}", fastrand::u32(..));
-        let Some(url) = testsuite::backends::url_with_password(label, &password)
+        let Some(url) = testsuite::backends::url_with_password(&label, &password)
             .await
             .unwrap()
         else {
             continue;
         };
         let ns = namespace();
-        let mut seen = Vec::new();
+        let mut seen = vec![format!("--- help\n{}", help_with_dlock_url(&url))];
         let mut record = |what: &str, out: &Output| {
             seen.push(format!(
                 "--- {what}\n{}{}",
@@ -594,20 +602,6 @@ async fn a_planted_password_shows_nowhere_a_user_looks() {
                 String::from_utf8_lossy(&out.stderr)
             ));
         };
-        for args in [
-            &["--help"][..],
-            &["exec", "--help"][..],
-            &["status", "--help"][..],
-        ] {
-            let out = Command::new(DLOCK)
-                .args(args)
-                .env("DLOCK_URL", &url)
-                .stdin(Stdio::null())
-                .output()
-                .unwrap();
-            assert!(out.status.success(), "{label}: {args:?}");
-            record("help", &out);
-        }
         let port = 20_000 + fastrand::u16(..20_000);
         let inner = format!(
             "{DLOCK} --backend '{url}' --namespace '{ns}' status planted:1; \

@@ -492,7 +492,6 @@ impl JdbcBackend {
                                 Param::Int(token),
                                 lease,
                                 Param::Bytes(&req.context),
-                                Param::Int(0),
                             ];
                             let token =
                                 $token!(query!(&s.acquire_shared_reader, &reader), &mut *tx)?;
@@ -516,17 +515,22 @@ impl JdbcBackend {
     async fn try_permits(&self, req: &AcquireRequest, n: u32) -> Result<Option<i64>> {
         let s = &self.inner.statements;
         let holder = req.holder();
-        if self.dialect() == Dialect::MySql && holder.as_str().len() > MAX_MYSQL_HOLDER_LEN {
-            return Err(Error::new(
-                dlock_spi::ErrorKind::InvalidArgument,
-                format!(
-                    "the holder's identity (owner and grant) is {} bytes; MySQL semaphores take at most {MAX_MYSQL_HOLDER_LEN} — use a shorter owner id",
-                    holder.as_str().len()
-                ),
-            ));
-        }
+        // MySQL finds a holder's entry by a search pattern (bound as `$7`).
+        let pattern = if self.dialect() == Dialect::MySql {
+            if holder.as_str().len() > MAX_MYSQL_HOLDER_LEN {
+                return Err(Error::new(
+                    dlock_spi::ErrorKind::InvalidArgument,
+                    format!(
+                        "the holder's identity (owner and grant) is {} bytes; MySQL semaphores take at most {MAX_MYSQL_HOLDER_LEN} — use a shorter owner id",
+                        holder.as_str().len()
+                    ),
+                ));
+            }
+            permits::search_pattern(holder.as_str())
+        } else {
+            String::new()
+        };
         let context = permits::context_hex(&req.context);
-        let pattern = permits::search_pattern(holder.as_str());
         let params = [
             Param::Text(req.name.as_str()),
             Param::Text(holder.as_str()),
@@ -556,7 +560,7 @@ impl JdbcBackend {
                 }
                 .await
             });
-            let Some([capacity, used, others_waiting, owner_live, first]) =
+            let Some([capacity, used, others_waiting, blocked, first]) =
                 state.map_err(self.err("acquire"))?
             else {
                 // A semaphore's first use: its row, which the grant updates.
@@ -568,7 +572,7 @@ impl JdbcBackend {
             if capacity != total && (used > 0 || others_waiting > 0) {
                 return Err(Error::semaphore_total_differs(capacity, req.capacity));
             }
-            let room = owner_live == 0 && first == 1 && used + i64::from(n) <= total;
+            let room = blocked == 0 && first == 1 && used + i64::from(n) <= total;
             if !room {
                 return Ok(None);
             }
@@ -776,14 +780,18 @@ impl JdbcBackend {
         let name = Param::Text(req.name.as_str());
         let holder = req.holder();
         let owner = Param::Text(holder.as_str());
-        let pattern = permits::search_pattern(holder.as_str());
+        // MySQL's permit release finds the holder's entry by a search pattern.
+        let pattern = match (self.dialect(), req.mode) {
+            (Dialect::MySql, LockMode::Permits(_)) => permits::search_pattern(holder.as_str()),
+            _ => String::new(),
+        };
         let released: std::result::Result<bool, sqlx::Error> = match req.mode {
             LockMode::Exclusive | LockMode::Permits(_) => on_pool!(&self.inner.pool, p => {
                 let stmt = match req.mode {
                     LockMode::Exclusive => &s.release_exclusive,
                     _ => &s.release_permits,
                 };
-                // A statement binds the parameters it uses (MySQL's permits: all three).
+                // A statement binds the parameters it uses.
                 let params = [name, owner, Param::Text(&pattern)];
                 if self.dialect() == Dialect::Postgres {
                     // The statement notifies waiters and returns a row when it released.

@@ -221,13 +221,13 @@ pub(crate) struct Statements {
     pub(crate) renew_exclusive_context: Stmt,
     /// `$1` name, `$2` lease ms, `$3` reader → token (0 / no row = not granted).
     pub(crate) acquire_shared_row: Stmt,
-    /// `$1` name, `$2` owner, `$3` token, `$4` lease ms, `$5` context, `$6` permits
-    /// (0 for a read lock) → token.
+    /// `$1` name, `$2` owner, `$3` token, `$4` lease ms, `$5` context → token.
     pub(crate) acquire_shared_reader: Stmt,
     /// `$1` name: creates a semaphore's row if it has none (its first use).
     pub(crate) ensure_row: Stmt,
     /// `$1` name, `$2` owner, `$3` lease ms, `$4` permits, `$5` the total, `$6`
-    /// context (hex) → token (no row / 0 = not granted): one `UPDATE` of the
+    /// context (hex), `$7` the owner's search pattern (MySQL) → token (no row / 0 =
+    /// not granted): one `UPDATE` of the
     /// semaphore's row, see [`permits::grant`]. A refusal that [`Self::permit_state`]
     /// shows had room is tried again.
     pub(crate) grant_permits: Stmt,
@@ -340,20 +340,20 @@ impl Statements {
         };
         let acquire_shared_reader = match dialect {
             Dialect::MySql => s(
-                "INSERT INTO {readers} (name, owner, token, context, acquired_at, expires_at, permits) \
-                 VALUES ($1, $2, LAST_INSERT_ID($3), $5, NOW, NOW + $4, $6) \
+                "INSERT INTO {readers} (name, owner, token, context, acquired_at, expires_at) \
+                 VALUES ($1, $2, LAST_INSERT_ID($3), $5, NOW, NOW + $4) \
                  ON DUPLICATE KEY UPDATE \
                    token = LAST_INSERT_ID(IF(expires_at > NOW, token, VALUES(token))), \
                    acquired_at = IF(expires_at > NOW, acquired_at, NOW), \
-                   context = VALUES(context), expires_at = NOW + $4, permits = VALUES(permits)",
+                   context = VALUES(context), expires_at = NOW + $4",
             ),
             Dialect::Sqlite | Dialect::Postgres => s(
-                "INSERT INTO {readers} (name, owner, token, context, acquired_at, expires_at, permits) \
-                 VALUES ($1, $2, $3, $5, NOW, NOW + $4, $6) \
+                "INSERT INTO {readers} (name, owner, token, context, acquired_at, expires_at) \
+                 VALUES ($1, $2, $3, $5, NOW, NOW + $4) \
                  ON CONFLICT (name, owner) DO UPDATE SET \
                    token = CASE WHEN {readers}.expires_at > NOW THEN {readers}.token ELSE excluded.token END, \
                    acquired_at = CASE WHEN {readers}.expires_at > NOW THEN {readers}.acquired_at ELSE excluded.acquired_at END, \
-                   context = excluded.context, expires_at = excluded.expires_at, permits = excluded.permits \
+                   context = excluded.context, expires_at = excluded.expires_at \
                  RETURNING token",
             ),
         };

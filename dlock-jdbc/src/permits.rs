@@ -5,9 +5,10 @@
 //! context as lowercase hex). A grant, a release and a renewal are then each one
 //! `UPDATE` of one row — the row the lock's own statements use — instead of a
 //! transaction over the semaphore's row and a holder's row: the same number of
-//! writes per cycle as an exclusive lock. A grant writes back only the live entries
-//! (MySQL: when there is a lapsed one to drop), and so do releases on SQLite and
-//! PostgreSQL: a holder that crashed leaves the row with the next grant.
+//! writes per cycle as an exclusive lock. Renewals write back only the live
+//! entries, and so do grants and releases on SQLite and PostgreSQL (a MySQL grant
+//! drops a lapsed oldest entry; see [`grant`]): a holder that crashed leaves the row
+//! with the next renewal of any holder, or sooner.
 //!
 //! This module holds the layout, each dialect's JSON fragments and the statements
 //! built from them; [`crate::dialect::Statements`] carries the statements.
@@ -195,8 +196,8 @@ pub(crate) fn room(dialect: Dialect, room: &str) -> String {
 /// MySQL: the path of `$2`'s entry (`$[i]`), found without a `JSON_TABLE`:
 /// `JSON_SEARCH` (case-sensitive on a JSON column) for `pattern`, the parameter
 /// holding the owner with `%`, `_` and `\` escaped (see [`search_pattern`]); NULL
-/// when it has none. A row holds at most one entry per owner (a grant replaces it). The statements
-/// that use it also check the entry's owner byte-wise and its lease.
+/// when it has none. A row holds at most one entry per owner (a grant replaces
+/// it); the release also checks the entry's owner byte-wise and its lease.
 fn mysql_entry(pattern: &str) -> String {
     format!(
         "SUBSTRING_INDEX(JSON_UNQUOTE(JSON_SEARCH(holders, 'one', {pattern}, NULL, '$[*][0]')), '[', 2)"
@@ -277,29 +278,32 @@ pub(crate) fn grant(dialect: Dialect) -> String {
 
 /// `$1` name, `$2` owner (and `$3` its [`search_pattern`], MySQL) → rows affected
 /// (or a notify row on PostgreSQL): removes `$2`'s live entry (and, but on MySQL,
-/// the lapsed ones; there the next grant does).
+/// the lapsed ones; there renewals do).
 pub(crate) fn release(dialect: Dialect) -> String {
     let j = json(dialect);
-    if dialect == Dialect::MySql {
-        let e = mysql_entry("$3");
-        return format!(
-            "UPDATE {{locks}} SET holders = JSON_REMOVE(holders, {e}) \
-             WHERE name = $1 AND {e} IS NOT NULL \
-               AND JSON_UNQUOTE(JSON_EXTRACT(holders, CONCAT({e}, '[0]'))) = $2 \
-               AND JSON_EXTRACT(holders, CONCAT({e}, '[2]')) > NOW"
-        );
-    }
-    let update = format!(
-        "UPDATE {{locks}} SET holders = {} WHERE name = $1 AND {} IS NOT NULL",
-        j.others(),
-        j.my_index()
-    );
+    let rewrite = || {
+        format!(
+            "UPDATE {{locks}} SET holders = {} WHERE name = $1 AND {} IS NOT NULL",
+            j.others(),
+            j.my_index()
+        )
+    };
     match dialect {
+        Dialect::MySql => {
+            let e = mysql_entry("$3");
+            format!(
+                "UPDATE {{locks}} SET holders = JSON_REMOVE(holders, {e}) \
+                 WHERE name = $1 AND {e} IS NOT NULL \
+                   AND JSON_UNQUOTE(JSON_EXTRACT(holders, CONCAT({e}, '[0]'))) = $2 \
+                   AND JSON_EXTRACT(holders, CONCAT({e}, '[2]')) > NOW"
+            )
+        }
         Dialect::Postgres => format!(
-            "WITH released AS ({update} RETURNING name) \
-             SELECT pg_notify('{{channel}}', name) FROM released"
+            "WITH released AS ({} RETURNING name) \
+             SELECT pg_notify('{{channel}}', name) FROM released",
+            rewrite()
         ),
-        Dialect::Sqlite | Dialect::MySql => update,
+        Dialect::Sqlite => rewrite(),
     }
 }
 

@@ -76,23 +76,33 @@ local function purge_readers(readers, data)
   if #dead > 0 then redis.call('ZREMRANGEBYSCORE', readers, '-inf', '(' .. now) end
 end
 "#;
-const H_READER_HORIZON: &str = r#"
+/// The readers' horizon, set and cleared: ahead of every script that has readers
+/// (and of the permits' fast paths, which know the last reader's end already).
+const H_HORIZON: &str = r#"
 -- Readers also occupy the exclusive key (value "R") until the last reader's lease
--- ends, so one SET NX excludes writers and readers alike.
+-- ends, so one SET NX excludes writers and readers alike. Set through the last
+-- reader's last ms `top` (a reader in it is still live, and a TTL must be
+-- positive), at server time `ms`; returns the TTL.
+local function set_horizon(x, readers, data, top, ms)
+  local ttl = top - ms + 1
+  redis.call('PEXPIRE', readers, ttl)
+  redis.call('PEXPIRE', data, ttl)
+  redis.call('SET', x, 'R', 'PX', ttl)
+  return ttl
+end
+-- No reader left: the name is free (unless a writer's value is there).
+local function clear_horizon(x, readers, data)
+  redis.call('DEL', readers, data)
+  if redis.call('GET', x) == 'R' then redis.call('DEL', x) end
+end
+"#;
+const H_READER_HORIZON: &str = r#"
+-- The horizon after readers changed, from the last live reader's end.
 local function reader_horizon(x, readers, data)
   clock()
   local top = redis.call('ZRANGE', readers, -1, -1, 'WITHSCORES')
-  if top[2] then
-    -- Through the last reader's last ms (a reader in it is still live, and a TTL
-    -- must be positive).
-    local ttl = tonumber(top[2]) - now + 1
-    redis.call('PEXPIRE', readers, ttl)
-    redis.call('PEXPIRE', data, ttl)
-    redis.call('SET', x, 'R', 'PX', ttl)
-    return ttl
-  end
-  redis.call('DEL', readers, data)
-  if redis.call('GET', x) == 'R' then redis.call('DEL', x) end
+  if top[2] then return set_horizon(x, readers, data, tonumber(top[2]), now) end
+  clear_horizon(x, readers, data)
   return 0
 end
 "#;
@@ -286,7 +296,7 @@ return 1
 "#;
 
 /// The permits' fast path, ahead of [`ACQUIRE`]'s helpers (not even created when it
-/// grants): with nobody queued, the name free or held by permit holders only, all
+/// grants; only [`H_HORIZON`]'s are): with nobody queued, the name free or held by permit holders only, all
 /// of them live, of the same total and leaving room, and this owner not among them
 /// (a retried grant), it grants as [`ACQUIRE`] would — 11 server calls instead of
 /// 14, and no helper functions built. Anything else falls through to [`ACQUIRE`],
@@ -328,12 +338,8 @@ if ARGV[2] == 'p' and redis.call('EXISTS', KEYS[5]) == 0 then
       redis.call('ZADD', KEYS[2], expiry, ARGV[1])
       redis.call('HSET', KEYS[3], ARGV[1], string.format('%.0f', tok), 'c:' .. ARGV[1], ARGV[9],
         'p:' .. ARGV[1], n, '#total', total)
-      -- The readers' horizon, as reader_horizon sets it.
       if expiry > top then top = expiry end
-      local ttl = top - ms + 1
-      redis.call('PEXPIRE', KEYS[2], ttl)
-      redis.call('PEXPIRE', KEYS[3], ttl)
-      redis.call('SET', KEYS[1], 'R', 'PX', ttl)
+      set_horizon(KEYS[1], KEYS[2], KEYS[3], top, ms)
       return {1, tok}
     end
   end
@@ -512,13 +518,9 @@ if redis.call('EXISTS', KEYS[5]) == 0 then
     redis.call('ZREM', KEYS[2], ARGV[1])
     redis.call('HDEL', KEYS[3], ARGV[1], 'c:' .. ARGV[1], 'p:' .. ARGV[1])
     if top > 0 then
-      local ttl = top - ms + 1
-      redis.call('PEXPIRE', KEYS[2], ttl)
-      redis.call('PEXPIRE', KEYS[3], ttl)
-      redis.call('SET', KEYS[1], 'R', 'PX', ttl)
+      set_horizon(KEYS[1], KEYS[2], KEYS[3], top, ms)
     else
-      redis.call('DEL', KEYS[2], KEYS[3])
-      if redis.call('GET', KEYS[1]) == 'R' then redis.call('DEL', KEYS[1]) end
+      clear_horizon(KEYS[1], KEYS[2], KEYS[3])
     end
     return 1
   end
@@ -638,7 +640,9 @@ fn sources() -> [String; 10] {
         H_TIME_LEFT,
         H_ANNOUNCE,
     ];
-    let with = |helpers: &[&str], body: &str| format!("{}\n{body}", helpers.concat());
+    // The scripts with readers: the horizon's helpers first, for a fast part too.
+    let with = |body: &str| format!("{H_HORIZON}{}\n{body}", all.concat());
+    let shared_lean = |fast: &str, body: &str| format!("{H_HORIZON}{fast}{}\n{body}", all.concat());
     // A lean script: its fast part, then the helpers only its slow part uses.
     let lean =
         |fast: &str, helpers: &[&str], tail: &str| format!("{fast}{}{tail}", helpers.concat());
@@ -658,12 +662,12 @@ fn sources() -> [String; 10] {
             &[H_CLOCK, H_ANNOUNCE],
             RENEW_EXCLUSIVE_PROCLAIM,
         ),
-        lean(ACQUIRE_PERMITS_FAST, all, ACQUIRE),
-        lean(RELEASE_SHARED_FAST, all, RELEASE_SHARED),
-        with(all, RENEW_SHARED),
-        with(all, LEAVE),
-        with(all, INSPECT),
-        with(all, FORCE_RELEASE),
+        shared_lean(ACQUIRE_PERMITS_FAST, ACQUIRE),
+        shared_lean(RELEASE_SHARED_FAST, RELEASE_SHARED),
+        with(RENEW_SHARED),
+        with(LEAVE),
+        with(INSPECT),
+        with(FORCE_RELEASE),
         OBSERVE.to_owned(),
     ]
 }
@@ -703,6 +707,8 @@ mod tests {
             "dequeue",
             "purge_readers",
             "reader_horizon",
+            "set_horizon",
+            "clear_horizon",
             "purge_queue",
             "notify",
             "queued_as",

@@ -11,7 +11,7 @@ use dlock_api::spi::{
 use dlock_api::{DistributeLock, DistributeLockManager, ErrorKind, LockGuard, LockMode};
 use dlock_redis::{RedisBackend, RedisOptions};
 use testsuite::backends::server_url;
-use testsuite::conformance::{eventually, take};
+use testsuite::conformance::{eventually, take, take_permits};
 use testsuite::proxy::{Fault, FaultProxy};
 use testsuite::runner::selected;
 
@@ -1048,8 +1048,8 @@ async fn the_last_permit_release_frees_the_name_at_once() {
     let (_, m) = dlock_client(&url, RedisOptions::default()).await;
     let n = name("sem-frees");
     let sem = m.semaphore(&n, 3);
-    let a = sem.try_acquire(1, Duration::ZERO).await.unwrap().unwrap();
-    let b = sem.try_acquire(2, Duration::ZERO).await.unwrap().unwrap();
+    let a = take_permits(&sem, 1).await;
+    let b = take_permits(&sem, 2).await;
     a.release().await.unwrap();
     let refused = m.lock(&n).try_lock(Duration::ZERO).await.unwrap();
     assert!(refused.is_none(), "a lock was granted past a permit holder");

@@ -8,10 +8,13 @@ use std::time::{Duration, Instant};
 
 use dlock_api::{DistributeLockManager, ErrorKind, LostReason};
 use dlock_jdbc::{JdbcBackend, JdbcOptions};
-use dlock_spi::{Backoff, Jitter};
+use dlock_spi::{
+    AcquireRequest, Backoff, FencingToken, GrantId, Jitter, LockMode, LockName, LockRemoteResource,
+    OwnerId, ReleaseRequest, ReleaseResult,
+};
 use sqlx::Connection;
 use testsuite::backends::server_url;
-use testsuite::conformance::eventually;
+use testsuite::conformance::{eventually, take_permits};
 use testsuite::proxy::{split_url, Fault, FaultProxy};
 use testsuite::runner::selected;
 
@@ -79,6 +82,26 @@ async fn raw_scalars(label: &str, url: &str, sql: &str, name: &str) -> Vec<i64> 
         }
     }
     .unwrap_or_else(|e| panic!("{label}: {sql}: {e}"))
+}
+
+/// A request for `n` of 3 permits of `name` by grant `grant` of `owner` (30 s lease),
+/// straight to a backend.
+fn permit_request(name: &LockName, owner: &str, grant: u64, n: u32) -> AcquireRequest {
+    AcquireRequest::new(name.clone(), OwnerId::new(owner), GrantId::new(grant))
+        .with_mode(LockMode::Permits(n))
+        .with_capacity(3)
+        .with_lease(Duration::from_secs(30))
+}
+
+/// The release of what [`permit_request`] asked for.
+fn permit_release(name: &LockName, owner: &str, grant: u64, n: u32) -> ReleaseRequest {
+    ReleaseRequest::new(
+        name.clone(),
+        OwnerId::new(owner),
+        GrantId::new(grant),
+        LockMode::Permits(n),
+        FencingToken::new(0),
+    )
 }
 
 /// The database's clock counts whole milliseconds, truncated: a hold it stored as
@@ -177,13 +200,7 @@ async fn a_permit_holder_from_schema_4_keeps_the_permits_from_being_granted() {
         let name = format!("sem-v4-{:x}", fastrand::u64(..));
         let sem = m.semaphore(&name, 3);
         // The semaphore's row exists (a first grant), then a version-4 holder of 1.
-        sem.try_acquire(1, Duration::ZERO)
-            .await
-            .unwrap()
-            .unwrap()
-            .release()
-            .await
-            .unwrap();
+        take_permits(&sem, 1).await.release().await.unwrap();
         raw_scalars(
             &label,
             &url,
@@ -241,12 +258,7 @@ async fn lapsed_permit_holders_leave_the_semaphores_row() {
             let name = &name;
             let label = &label;
             async move {
-                let lapsing = dead
-                    .semaphore(name, 3)
-                    .try_acquire(1, Duration::ZERO)
-                    .await
-                    .unwrap()
-                    .unwrap();
+                let lapsing = take_permits(&dead.semaphore(name, 3), 1).await;
                 let lost =
                     tokio::time::timeout(Duration::from_secs(5), lapsing.lost_signal().lost())
                         .await;
@@ -258,7 +270,7 @@ async fn lapsed_permit_holders_leave_the_semaphores_row() {
             }
         };
         // A live (renewed) holder first, then one that lapses behind it.
-        let renewed = sem.try_acquire(1, Duration::ZERO).await.unwrap().unwrap();
+        let renewed = take_permits(&sem, 1).await;
         let lapsed = lapse("behind a renewed holder").await;
         let dropped = eventually(Duration::from_secs(5), || async { entries().await == [1] }).await;
         assert!(
@@ -277,7 +289,7 @@ async fn lapsed_permit_holders_leave_the_semaphores_row() {
         })
         .await;
         assert!(ended, "{label}: the unrenewed holder's lease did not end");
-        let granted = sem.try_acquire(1, Duration::ZERO).await.unwrap().unwrap();
+        let granted = take_permits(&sem, 1).await;
         assert_eq!(
             entries().await,
             [1],
@@ -296,15 +308,10 @@ async fn lapsed_permit_holders_leave_the_semaphores_row() {
 /// refused with `InvalidArgument` (it would be cut short when read back).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retried_permit_grant_keeps_one_entry() {
-    use dlock_spi::{AcquireRequest, GrantId, LockMode, LockName, LockRemoteResource, OwnerId};
-    use dlock_spi::{FencingToken, ReleaseRequest, ReleaseResult};
     for (label, url) in sql_backends() {
         let backend = JdbcBackend::connect(&url).await.unwrap();
         let name = LockName::new(format!("sem-retry-{:x}", fastrand::u64(..))).unwrap();
-        let req = AcquireRequest::new(name.clone(), OwnerId::new("retrier"), GrantId::new(7))
-            .with_mode(LockMode::Permits(2))
-            .with_capacity(3)
-            .with_lease(Duration::from_secs(30));
+        let req = permit_request(&name, "retrier", 7, 2);
         let mut token = None;
         for attempt in 0..2 {
             token = backend.try_acquire(&req).await.unwrap().token();
@@ -314,13 +321,7 @@ async fn a_retried_permit_grant_keeps_one_entry() {
         let state = backend.inspect(&name).await.unwrap().unwrap();
         assert_eq!(state.holders.len(), 1, "{label}: {state:?}");
         assert_eq!(Some(state.holders[0].token), token, "{label}: {state:?}");
-        let release = ReleaseRequest::new(
-            name.clone(),
-            OwnerId::new("retrier"),
-            GrantId::new(7),
-            LockMode::Permits(2),
-            FencingToken::new(0),
-        );
+        let release = permit_release(&name, "retrier", 7, 2);
         assert_eq!(
             backend.release(&release).await.unwrap(),
             ReleaseResult::Released
@@ -329,10 +330,7 @@ async fn a_retried_permit_grant_keeps_one_entry() {
             backend.inspect(&name).await.unwrap().is_none(),
             "{label}: holders left"
         );
-        let long =
-            AcquireRequest::new(name.clone(), OwnerId::new("o".repeat(300)), GrantId::new(1))
-                .with_mode(LockMode::Permits(1))
-                .with_capacity(3);
+        let long = permit_request(&name, &"o".repeat(300), 1, 1);
         let answer = backend.try_acquire(&long).await;
         if label == "mysql" {
             let err = answer.expect_err("a 300-byte holder identity on MySQL");
@@ -352,31 +350,24 @@ async fn a_retried_permit_grant_keeps_one_entry() {
 /// (MySQL looks it up with `JSON_SEARCH`, whose `%` and `_` are wildcards).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_permit_release_finds_its_owner_exactly() {
-    use dlock_spi::{AcquireRequest, GrantId, LockMode, LockName, LockRemoteResource, OwnerId};
-    use dlock_spi::{FencingToken, ReleaseRequest, ReleaseResult};
     for (label, url) in sql_backends() {
         let backend = JdbcBackend::connect(&url).await.unwrap();
         let name = LockName::new(format!("sem-owner-{:x}", fastrand::u64(..))).unwrap();
         // Granted in this order: the first would match the others' text as a pattern.
         let owners = ["oX1%", "o_1%", "O_1\\%"];
         for owner in owners {
-            let req = AcquireRequest::new(name.clone(), OwnerId::new(owner), GrantId::new(1))
-                .with_mode(LockMode::Permits(1))
-                .with_capacity(3)
-                .with_lease(Duration::from_secs(30));
-            let granted = backend.try_acquire(&req).await.unwrap();
+            let granted = backend
+                .try_acquire(&permit_request(&name, owner, 1, 1))
+                .await
+                .unwrap();
             assert!(granted.token().is_some(), "{label}: {owner} was refused");
         }
         for owner in owners.iter().rev() {
-            let release = ReleaseRequest::new(
-                name.clone(),
-                OwnerId::new(*owner),
-                GrantId::new(1),
-                LockMode::Permits(1),
-                FencingToken::new(0),
-            );
             assert_eq!(
-                backend.release(&release).await.unwrap(),
+                backend
+                    .release(&permit_release(&name, owner, 1, 1))
+                    .await
+                    .unwrap(),
                 ReleaseResult::Released,
                 "{label}: {owner}'s release"
             );

@@ -33,7 +33,7 @@ pub use election::{
 mod semaphore;
 pub use semaphore::{
     semaphore_permits_never_exceed_the_total, semaphore_serves_in_order_and_recovers_dead_permits,
-    semaphore_totals_must_agree, semaphore_watchdog_keeps_permits,
+    semaphore_totals_must_agree, semaphore_watchdog_keeps_permits, take_permits,
 };
 mod waiters;
 pub use waiters::{a_leaving_writer_lets_readers_in, cancelled_lock_leaves_nothing};

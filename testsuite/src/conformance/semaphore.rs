@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use dlock_api::DistributeLockManager;
+use dlock_api::{DistributeLockManager, Semaphore, SemaphorePermit};
 use dlock_spi::ErrorKind;
 
 use super::Env;
@@ -28,6 +28,15 @@ async fn has_semaphores(env: &Env, m: &DistributeLockManager) -> bool {
     assert_eq!(err.kind(), ErrorKind::Unsupported);
     env.assert_no_leaks().await;
     false
+}
+
+/// Takes `n` permits of `sem` without waiting; they must be free (as [`super::take`]
+/// for a lock).
+pub async fn take_permits(sem: &Semaphore, n: u32) -> SemaphorePermit {
+    sem.try_acquire(n, Duration::ZERO)
+        .await
+        .expect("acquire without error")
+        .unwrap_or_else(|| panic!("{n} permits of {:?} not free", sem.name().ok()))
 }
 
 /// 6 tasks on 3 clients take 1 or 2 of 3 permits, 60 times in all: the permits in
@@ -175,23 +184,13 @@ pub async fn semaphore_serves_in_order_and_recovers_dead_permits(backend: Arc<dy
         env.manager().await
     };
     // The dead holder takes 1, a live holder the other 1 of 2.
-    let lapsing = dead
-        .semaphore("queue", 2)
-        .try_acquire(1, Duration::ZERO)
-        .await
-        .expect("acquire")
-        .expect("a free permit");
+    let lapsing = take_permits(&dead.semaphore("queue", 2), 1).await;
     let lost = lapsing.lost_signal();
     let lost_at = tokio::spawn(async move {
         lost.lost().await;
         Instant::now()
     });
-    let held = live
-        .semaphore("queue", 2)
-        .try_acquire(1, Duration::ZERO)
-        .await
-        .expect("acquire")
-        .expect("the second permit");
+    let held = take_permits(&live.semaphore("queue", 2), 1).await;
     // B wants both, queued first; C wants one, queued after B.
     let sem = live.semaphore("queue", 2);
     let b = tokio::spawn({
@@ -270,12 +269,7 @@ pub async fn semaphore_watchdog_keeps_permits(backend: Arc<dyn TestBackend>) {
         env.finish(&[&a, &b]).await;
         return;
     }
-    let permits = a
-        .semaphore("watched", 2)
-        .try_acquire(2, Duration::ZERO)
-        .await
-        .expect("acquire")
-        .expect("both permits of an idle semaphore");
+    let permits = take_permits(&a.semaphore("watched", 2), 2).await;
     // Time passing is the subject of this test.
     tokio::time::sleep(lease * 4).await;
     assert!(!permits.is_lost(), "lost: {:?}", permits.lost_reason());
@@ -302,11 +296,7 @@ pub async fn semaphore_watchdog_keeps_permits(backend: Arc<dyn TestBackend>) {
     }
     permits.release().await.expect("release");
     assert_eq!(a.watched_count(), 0);
-    let granted = other
-        .try_acquire(2, Duration::ZERO)
-        .await
-        .expect("acquire")
-        .expect("the released permits are free");
+    let granted = take_permits(&other, 2).await;
     granted.release().await.expect("release");
     env.finish(&[&a, &b]).await;
 }
@@ -322,11 +312,7 @@ pub async fn semaphore_totals_must_agree(backend: Arc<dyn TestBackend>) {
         return;
     }
     let three = m.semaphore("totals", 3);
-    let permit = three
-        .try_acquire(2, Duration::ZERO)
-        .await
-        .expect("acquire")
-        .expect("free");
+    let permit = take_permits(&three, 2).await;
     let err = m
         .semaphore("totals", 5)
         .try_acquire(1, Duration::ZERO)
