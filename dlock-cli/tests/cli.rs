@@ -448,14 +448,23 @@ async fn elect_runs_one_leader_at_a_time() {
             &ns,
             &["elect", "chief", "--value", "a", "--", "sh", "-c", &script],
         );
+        let last = std::sync::Mutex::new(String::new());
         let leading = testsuite_eventually(|| async {
             let out = dlock(&url, &ns, &["status", "chief"]);
-            String::from_utf8_lossy(&out.stdout).contains("context=\"a\"")
+            let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+            let shown = stdout.contains("context=\"a\"");
+            *last.lock().unwrap() = format!(
+                "{:?}: {stdout}{}",
+                out.status.code(),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            shown
         })
         .await;
         assert!(
             leading,
-            "{label}: `dlock status` never showed the leader's value"
+            "{label}: `dlock status` never showed the leader's value; last: {}",
+            last.lock().unwrap()
         );
         let second = spawn_dlock(
             &url,

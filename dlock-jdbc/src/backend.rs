@@ -28,6 +28,7 @@ type HolderRow = (Option<String>, i64, Option<Vec<u8>>, i64);
 type InspectRows = (Option<(HolderRow, i64, Option<i64>)>, Vec<(HolderRow, i64)>);
 
 /// Takes a token from a `RETURNING token` row.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 macro_rules! row_token {
     ($q:expr, $exec:expr) => {
         match $q.fetch_optional($exec).await {
@@ -83,6 +84,7 @@ impl Wakeups {
     }
 
     /// Tells the observers of `name` that its holders changed.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn changed(&self, name: &str) {
         let map = self
             .observers
@@ -94,6 +96,7 @@ impl Wakeups {
     }
 
     /// Tells every observer (notifications may have been missed).
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn changed_all(&self) {
         let map = self
             .observers
@@ -118,6 +121,7 @@ impl Wakeups {
     }
 
     /// Wakes one local waiter of `name` (the rest keep polling or wait for the next).
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn wake(&self, name: &str) {
         let map = self.waiters.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some((notify, _)) = map.get(name) {

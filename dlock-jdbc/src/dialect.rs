@@ -80,7 +80,7 @@ impl Dialect {
 /// order in which the logical parameters `$1…$n` are bound.
 #[derive(Debug, Clone)]
 pub(crate) struct Stmt {
-    pub(crate) sql: String,
+    pub(crate) sql: std::sync::Arc<str>,
     pub(crate) order: Vec<usize>,
 }
 
@@ -131,7 +131,10 @@ impl Stmt {
         if dialect != Dialect::MySql {
             order = (0..highest).collect();
         }
-        Stmt { sql, order }
+        Stmt {
+            sql: sql.into(),
+            order,
+        }
     }
 }
 

@@ -61,6 +61,11 @@
 //! three tables; with `dlock_migrate=false` that is all.
 #![deny(missing_docs)]
 
+#[cfg(not(any(feature = "sqlite", feature = "mysql", feature = "postgres")))]
+compile_error!(
+    "dlock-jdbc: enable at least one database feature: `sqlite`, `mysql` or `postgres` (dlock-api: the features of the same names)"
+);
+
 mod backend;
 mod dialect;
 mod error;
@@ -373,6 +378,7 @@ async fn start_listener(
     options: &JdbcOptions,
 ) -> (Option<Arc<Wakeups>>, Option<tokio::task::JoinHandle<()>>) {
     #[cfg(feature = "postgres")]
+    #[allow(irrefutable_let_patterns)] // PostgreSQL may be the only database built in
     if let Pool::Postgres(pg) = pool {
         let channel = format!("{}release", options.table_prefix);
         let mut listener = match sqlx::postgres::PgListener::connect_with(pg).await {

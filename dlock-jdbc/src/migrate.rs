@@ -33,7 +33,7 @@
 //!   together: a version-4 process does not see version-5 holders.
 
 use dlock_spi::{Error, ErrorKind, Result};
-use sqlx::Row;
+use sqlx::{AssertSqlSafe, Row};
 
 use crate::dialect::Dialect;
 use crate::error::map_sqlx;
@@ -206,8 +206,8 @@ pub(crate) async fn migrate(pool: &Pool, prefix: &str) -> Result<()> {
             Dialect::Sqlite => {}
         }
         let result: Result<()> = async {
-            sqlx::query(&create_version).execute(&mut *conn).await.map_err(err)?;
-            let current: i64 = sqlx::query(&fill("SELECT COALESCE(MAX(version), 0) FROM {schema}", prefix))
+            sqlx::query(AssertSqlSafe(create_version.as_str())).execute(&mut *conn).await.map_err(err)?;
+            let current: i64 = sqlx::query(AssertSqlSafe(fill("SELECT COALESCE(MAX(version), 0) FROM {schema}", prefix)))
                 .fetch_one(&mut *conn).await.map_err(err)?
                 .try_get(0).map_err(err)?;
             if current > SCHEMA_VERSION {
@@ -222,7 +222,7 @@ pub(crate) async fn migrate(pool: &Pool, prefix: &str) -> Result<()> {
                     Dialect::Postgres => m.postgres,
                 };
                 for sql in statements {
-                    match sqlx::query(&fill(sql, prefix)).execute(&mut *conn).await {
+                    match sqlx::query(AssertSqlSafe(fill(sql, prefix))).execute(&mut *conn).await {
                         Err(e) if !already_applied(&e) => return Err(err(e)),
                         _ => {}
                     }
@@ -232,7 +232,7 @@ pub(crate) async fn migrate(pool: &Pool, prefix: &str) -> Result<()> {
                     Dialect::MySql => "INSERT IGNORE INTO {schema} (version, applied_at) VALUES (?, 0)",
                     Dialect::Postgres => "INSERT INTO {schema} (version, applied_at) VALUES ($1, 0) ON CONFLICT DO NOTHING",
                 };
-                sqlx::query(&fill(record, prefix)).bind(m.version).execute(&mut *conn).await.map_err(err)?;
+                sqlx::query(AssertSqlSafe(fill(record, prefix))).bind(m.version).execute(&mut *conn).await.map_err(err)?;
             }
             Ok(())
         }

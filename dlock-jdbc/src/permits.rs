@@ -368,7 +368,7 @@ pub(crate) fn context_hex(context: &[u8]) -> String {
 
 /// The context an entry stores (`None` when it is not hex: written by hand).
 pub(crate) fn context_bytes(hex: &str) -> Option<Vec<u8>> {
-    if hex.len() % 2 != 0 {
+    if !hex.len().is_multiple_of(2) {
         return None;
     }
     (0..hex.len())

@@ -66,7 +66,7 @@ pub struct FlowControlHandler {
     on_limit: OnLimit,
     rate: Option<NonZeroU32>,
     concurrency: Option<usize>,
-    groups: Mutex<rustc_hash::FxHashMap<String, Arc<GroupLimits>>>,
+    groups: Mutex<std::collections::HashMap<String, Arc<GroupLimits>>>,
 }
 
 impl Default for FlowControlHandler {
@@ -77,7 +77,7 @@ impl Default for FlowControlHandler {
             on_limit: OnLimit::Reject,
             rate: None,
             concurrency: None,
-            groups: Mutex::new(rustc_hash::FxHashMap::default()),
+            groups: Mutex::new(std::collections::HashMap::default()),
         }
     }
 }

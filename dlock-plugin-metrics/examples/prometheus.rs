@@ -36,7 +36,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         workers.push(tokio::spawn(async move {
             let mut n = 0u64;
             while Instant::now() < end {
-                let name = if n % 3 == 0 {
+                let name = if n.is_multiple_of(3) {
                     format!("reports:{}", n % 2)
                 } else {
                     format!("orders:{}", n % 4)

@@ -67,7 +67,7 @@ impl Handles {
 }
 
 /// group → [(backend, handles)]: one hash per call; a process has few backends.
-type HandleMap = rustc_hash::FxHashMap<String, Vec<(&'static str, Arc<Handles>)>>;
+type HandleMap = std::collections::HashMap<String, Vec<(&'static str, Arc<Handles>)>>;
 
 /// Records dlock metrics. See the crate docs for names and labels.
 pub struct MetricsHandler {

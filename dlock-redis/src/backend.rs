@@ -39,7 +39,7 @@ impl Conn {
     /// again if the server does not know it yet.
     async fn invoke<T: FromRedisValue>(&self, call: &ScriptCall<'_>) -> redis::RedisResult<T> {
         match self.query(&call.cmd).await {
-            Err(e) if e.kind() == redis::ErrorKind::NoScriptError => {
+            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
                 let load = call.script.prepare_invoke();
                 match self {
                     Conn::Single(c) => load.load_async(&mut c.clone()).await?,
@@ -237,9 +237,13 @@ impl RedisBackend {
             // No retry loop inside connect (the redis crate's default backs off for
             // minutes): an unreachable server is reported at once; after a loss,
             // the next command reconnects.
+            // No reply timeout (the crate's default is 500 ms): a script that ran but
+            // answered late must not be reported as failed; the callers bound their
+            // own waits (the watchdog by the lease, an acquire by its deadline).
             let config = redis::aio::ConnectionManagerConfig::new()
                 .set_number_of_retries(0)
-                .set_connection_timeout(options.connect_timeout);
+                .set_connection_timeout(Some(options.connect_timeout))
+                .set_response_timeout(None);
             let conn = client
                 .get_connection_manager_with_config(config)
                 .await
@@ -808,7 +812,11 @@ impl LockAdmin for RedisBackend {
         let mut names = HashSet::new();
         for node in &self.inner.nodes {
             let mut conn = node
-                .get_multiplexed_async_connection()
+                .get_multiplexed_async_connection_with_config(
+                    &redis::AsyncConnectionConfig::new()
+                        .set_connection_timeout(Some(self.inner.options.connect_timeout))
+                        .set_response_timeout(None),
+                )
                 .await
                 .map_err(|e| map_redis(e, "live_locks"))?;
             let mut cursor = 0u64;

@@ -1,6 +1,7 @@
 //! The one place redis errors become dlock errors.
 
 use dlock_spi::{redact_url, Error, ErrorKind};
+use redis::ServerErrorKind;
 
 /// The redis crate refused `url` (as the user wrote it; shown without its password).
 pub(crate) fn config_error(url: &str, e: redis::RedisError) -> Error {
@@ -27,12 +28,15 @@ pub(crate) fn classify(err: &redis::RedisError) -> (ErrorKind, &'static str, boo
         || err.is_timeout()
         || matches!(
             err.kind(),
-            redis::ErrorKind::TryAgain
-                | redis::ErrorKind::ClusterDown
-                | redis::ErrorKind::BusyLoadingError
-                | redis::ErrorKind::MasterDown
-                | redis::ErrorKind::Moved
-                | redis::ErrorKind::Ask
+            redis::ErrorKind::Server(
+                ServerErrorKind::TryAgain
+                    | ServerErrorKind::ClusterDown
+                    | ServerErrorKind::BusyLoading
+                    | ServerErrorKind::MasterDown
+                    | ServerErrorKind::Moved
+                    | ServerErrorKind::Ask
+                    | ServerErrorKind::ReadOnly
+            )
         );
     let (kind, hint) = if matches!(err.kind(), redis::ErrorKind::InvalidClientConfig) {
         (

@@ -58,14 +58,13 @@ pub(crate) struct ConnectSpec {
 
 impl ConnectSpec {
     pub(crate) async fn connect(&self) -> Result<Client> {
-        let mut connector = Client::connector();
         // Try every host once and fail, rather than cycling until the session timeout:
         // an unreachable ensemble is reported at once; the supervisor retries itself.
-        connector
-            .session_timeout(self.session_timeout)
-            .fail_eagerly();
+        let mut connector = Client::connector()
+            .with_session_timeout(self.session_timeout)
+            .with_fail_eagerly();
         if let Some(digest) = &self.digest {
-            connector.auth("digest".to_owned(), digest.as_bytes().to_vec());
+            connector = connector.with_auth("digest", digest.as_bytes());
         }
         connector
             .connect(&self.hosts)

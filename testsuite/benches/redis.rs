@@ -58,7 +58,11 @@ fn rate(n: u64, t: Duration) -> f64 {
 async fn floor_conn(url: &str) -> redis::aio::ConnectionManager {
     redis::Client::open(url)
         .unwrap()
-        .get_connection_manager()
+        .get_connection_manager_with_config(
+            redis::aio::ConnectionManagerConfig::new()
+                .set_connection_timeout(None)
+                .set_response_timeout(None),
+        )
         .await
         .unwrap()
 }

@@ -334,7 +334,7 @@ pub async fn url_with_password(label: &str, password: &str) -> Result<Option<Str
                 ),
                 "GRANT ALL PRIVILEGES ON test.* TO 'dlock_secrets'@'127.0.0.1'".to_owned(),
             ] {
-                sqlx::raw_sql(&sql)
+                sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
                     .execute(&mut c)
                     .await
                     .map_err(|e| err(&e))?;

@@ -965,6 +965,34 @@ async fn a_black_holed_holder_hears_of_its_loss_a_margin_before_the_next_grant()
     rival.close().await;
 }
 
+/// A slow reply is awaited, not timed out by the client: the redis crate gives up
+/// on a reply after 500 ms by default, when the script may have run (a grant the
+/// caller never hears of, a release reported as failed). Every reply here comes
+/// 700 ms late; the lock, its reentry and its release all succeed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_reply_is_awaited_not_timed_out() {
+    let Some(_url) = redis_url() else { return };
+    let proxy = FaultProxy::start("127.0.0.1:6379".parse().unwrap())
+        .await
+        .unwrap();
+    let backend = RedisBackend::connect(&format!("redis://{}", proxy.addr()))
+        .await
+        .unwrap();
+    let m = DistributeLockManager::builder(backend).build().unwrap();
+    let lock = m.lock(&name("slow-reply"));
+    proxy.set(Fault::Delay(Duration::from_millis(700)));
+    let started = Instant::now();
+    let g = take(&lock, Duration::ZERO).await;
+    assert!(
+        started.elapsed() >= Duration::from_millis(700),
+        "the reply was not delayed ({:?}): the test checks nothing",
+        started.elapsed()
+    );
+    g.unlock().await.unwrap();
+    proxy.set(Fault::Pass);
+    m.close().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connecting_to_a_dead_or_silent_server_fails_fast() {
     let Some(_url) = redis_url() else { return };

@@ -63,7 +63,7 @@ async fn wait_for_sqlite_clock_past(url: &str, ms: u64) {
 
 /// Runs one statement outside dlock with the lock name bound to its `?` placeholder
 /// (`$1` on PostgreSQL) and returns the first column of every row it returns.
-async fn raw_scalars(label: &str, url: &str, sql: &str, name: &str) -> Vec<i64> {
+async fn raw_scalars(label: &str, url: &str, sql: &'static str, name: &str) -> Vec<i64> {
     match label {
         "sqlite" => {
             let mut c = sqlx::SqliteConnection::connect(url).await.unwrap();
@@ -75,7 +75,7 @@ async fn raw_scalars(label: &str, url: &str, sql: &str, name: &str) -> Vec<i64> 
         }
         _ => {
             let mut c = sqlx::PgConnection::connect(url).await.unwrap();
-            sqlx::query_scalar(&sql.replace('?', "$1"))
+            sqlx::query_scalar(sqlx::AssertSqlSafe(sql.replace('?', "$1")))
                 .bind(name)
                 .fetch_all(&mut c)
                 .await

@@ -246,9 +246,11 @@ async fn digest_credentials_in_the_url_are_used() {
     let Some(url) = url_for("zk") else { return };
     let hosts = hosts_of(&url);
     let root = format!("/dlock-secure-{:x}", fastrand::u64(..));
-    let mut connector = Client::connector();
-    connector.auth("digest".to_owned(), b"app:s3cret".to_vec());
-    let owner = connector.connect(&hosts).await.unwrap();
+    let owner = Client::connector()
+        .with_auth("digest", b"app:s3cret")
+        .connect(&hosts)
+        .await
+        .unwrap();
     owner
         .create(
             &root,

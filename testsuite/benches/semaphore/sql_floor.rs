@@ -139,7 +139,7 @@ impl Floor {
                     None
                 };
                 for (sql, order) in &self.acquire {
-                    let mut q = sqlx::query(sql);
+                    let mut q = sqlx::query(sqlx::AssertSqlSafe(sql.as_str()));
                     for i in *order {
                         q = q.bind(binds[*i]);
                     }
@@ -174,7 +174,7 @@ impl Floor {
 async fn run(pool: &SqlPool, sql: &str, order: &[usize], binds: &[&str]) -> u64 {
     macro_rules! exec {
         ($p:expr) => {{
-            let mut q = sqlx::query(sql);
+            let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
             for i in order {
                 q = q.bind(binds[*i]);
             }
