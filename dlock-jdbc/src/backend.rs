@@ -351,7 +351,18 @@ impl JdbcBackend {
     }
 
     /// Closes the connection pool; later calls fail with `Closed`.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: dropped before it returns, the pool is closed all the same (it
+    /// refuses new calls at once) and its connections close as they come back.
     pub async fn close(&self) {
+        // The release-notice listener holds a connection of the pool, and a pool's
+        // close waits for every connection: stop it first (its connection goes back
+        // as its task is dropped).
+        if let Some(task) = &self.inner.listener {
+            task.abort();
+        }
         self.inner.pool.close().await;
     }
 

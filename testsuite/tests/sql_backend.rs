@@ -380,6 +380,24 @@ async fn a_permit_release_finds_its_owner_exactly() {
     }
 }
 
+/// Closing a backend returns at once, on PostgreSQL too, whose release-notice
+/// listener holds a connection of the pool (a pool's close waits for every
+/// connection to come back).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closing_a_backend_returns_at_once() {
+    for (label, url) in sql_backends() {
+        let backend = JdbcBackend::connect(&url).await.unwrap();
+        let name = LockName::new(format!("close-{:x}", fastrand::u64(..))).unwrap();
+        let granted = backend
+            .try_acquire(&permit_request(&name, "closer", 1, 1))
+            .await
+            .unwrap();
+        assert!(granted.token().is_some(), "{label}");
+        let closed = tokio::time::timeout(Duration::from_secs(5), backend.close()).await;
+        assert!(closed.is_ok(), "{label}: close() did not return within 5 s");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn names_longer_than_the_column_are_invalid_not_truncated() {
     for (label, url) in sql_backends() {
