@@ -2,13 +2,14 @@
 //! workload runs: workers contending on a few locks in two groups, some with timeouts.
 //! Point Prometheus at it and import `dashboards/dlock-grafana.json` into Grafana.
 //!
-//! Run: `cargo run -p dlock-plugin-metrics --example prometheus -- [ADDR] [SECONDS]`
+//! Run: `cargo run -p dlock-api --features metrics --example prometheus -- [ADDR] [SECONDS]`
 //! (defaults 127.0.0.1:9187 and 60).
 
 use std::time::{Duration, Instant};
 
+use dlock_api::metrics::SECONDS_BUCKETS;
+use dlock_api::MetricsHandler;
 use dlock_api::{DistributeLockManager, InMemoryBackend};
-use dlock_plugin_metrics::{MetricsHandler, SECONDS_BUCKETS};
 use metrics_exporter_prometheus::PrometheusBuilder;
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]

@@ -334,7 +334,7 @@ impl LeaderObserver {
         self.feed = match tokio::time::timeout(limit, events.follow(&name)).await {
             Ok(Ok(feed)) => Feed::Open(feed),
             Ok(Err(err)) => {
-                tracing::debug!(election = %name, error = %err, "dlock: cannot follow the election; polling");
+                tracing::debug!(election = %name, error = &err as &dyn std::error::Error, "dlock: cannot follow the election; polling");
                 Feed::RetryAt(Instant::now() + FEED_SAFETY_NET)
             }
             Err(_) => Feed::RetryAt(Instant::now() + FEED_SAFETY_NET),
@@ -716,7 +716,7 @@ async fn contend_loop(
             Err(err) if err.kind() == ErrorKind::Closed => return,
             Err(err) => {
                 failures = failures.saturating_add(1);
-                tracing::warn!(election = %election.name, error = %err, "dlock: campaign failed; trying again");
+                tracing::warn!(election = %election.name, error = &err as &dyn std::error::Error, "dlock: campaign failed; trying again");
                 tokio::select! {
                     _ = stop.wait_for(|s| *s) => return,
                     () = tokio::time::sleep(campaign_pause(failures)) => continue,
@@ -777,7 +777,7 @@ async fn contend_loop(
         if let TermEnd::Lost(_) = end {
             drop(leadership);
         } else if let Err(err) = leadership.resign().await {
-            tracing::warn!(election = %election.name, error = %err, "dlock: resigning failed");
+            tracing::warn!(election = %election.name, error = &err as &dyn std::error::Error, "dlock: resigning failed");
         }
         if end == TermEnd::Stopped {
             return;

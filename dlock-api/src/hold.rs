@@ -85,6 +85,7 @@ impl Hold {
             "dlock: lock lost"
         );
         chain.notify_lost(&LostEvent::new(
+            chain.resource().backend_name(),
             &self.name,
             &self.owner,
             self.mode,

@@ -52,6 +52,7 @@
 //! rates and round trips plus timer delays under 15 % of the session timeout (see
 //! `dlock-zk`).
 #![deny(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod connect;
 mod election;
@@ -87,6 +88,11 @@ pub use dlock_plugin_logging::LoggingHandler;
 #[cfg(feature = "metrics")]
 pub use dlock_plugin_metrics::MetricsHandler;
 
+/// The metrics plugin: names, labels and [`SECONDS_BUCKETS`](dlock_plugin_metrics::SECONDS_BUCKETS)
+/// (feature `metrics`).
+#[cfg(feature = "metrics")]
+pub use dlock_plugin_metrics as metrics;
+
 /// Flow control and hot-lock coalescing (feature `flow-control`).
 #[cfg(feature = "flow-control")]
 pub use dlock_plugin_flow_control::{CoalescingHandler, FlowControlHandler, OnLimit};
@@ -107,3 +113,8 @@ pub use dlock_spi::{
 
 /// The SPI crate, for handler and backend authors.
 pub use dlock_spi as spi;
+
+/// The README's examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -172,7 +172,7 @@ impl ManagerInner {
         };
         rt.spawn(async move {
             if let Err(err) = self.release_now(&hold).await {
-                tracing::warn!(lock = %hold.name, error = %err, "dlock: background release failed; the lease will expire on the server");
+                tracing::warn!(lock = %hold.name, error = &err as &dyn std::error::Error, "dlock: background release failed; the lease will expire on the server");
             }
         });
     }
@@ -209,7 +209,7 @@ impl ManagerInner {
         rt.spawn(async move {
             match tokio::time::timeout(limit, resource.release(&request)).await {
                 Ok(Ok(_)) => {}
-                Ok(Err(err)) => tracing::warn!(lock = %request.name, error = %err, "dlock: releasing a cancelled acquire's grant failed; its lease will expire on the server"),
+                Ok(Err(err)) => tracing::warn!(lock = %request.name, error = &err as &dyn std::error::Error, "dlock: releasing a cancelled acquire's grant failed; its lease will expire on the server"),
                 Err(_) => tracing::warn!(lock = %request.name, "dlock: releasing a cancelled acquire's grant timed out; its lease will expire on the server"),
             }
         });
@@ -390,7 +390,7 @@ impl DistributeLockManager {
         for hold in holds {
             hold.lose(&self.inner.chain, LostReason::ManagerClosed);
             if let Err(err) = self.inner.release(&hold).await {
-                tracing::warn!(lock = %hold.name, error = %err, "dlock: release on close failed; the lease will expire on the server");
+                tracing::warn!(lock = %hold.name, error = &err as &dyn std::error::Error, "dlock: release on close failed; the lease will expire on the server");
             }
         }
     }

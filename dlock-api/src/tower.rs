@@ -135,7 +135,7 @@ impl<E: fmt::Display> fmt::Display for LockedError<E> {
             LockedError::Busy { lock } => {
                 write!(f, "lock {lock:?} is held by another request; retry later")
             }
-            LockedError::Lock(e) => write!(f, "could not take the request's lock: {e}"),
+            LockedError::Lock(_) => f.write_str("could not take the request's lock"),
             LockedError::Inner(e) => fmt::Display::fmt(e, f),
         }
     }
@@ -146,7 +146,8 @@ impl<E: std::error::Error + 'static> std::error::Error for LockedError<E> {
         match self {
             LockedError::Busy { .. } => None,
             LockedError::Lock(e) => Some(e),
-            LockedError::Inner(e) => Some(e),
+            // Displayed as the inner error itself: its causes are this one's.
+            LockedError::Inner(e) => e.source(),
         }
     }
 }
@@ -193,7 +194,7 @@ where
             };
             let response = inner.call(req).await;
             if let Err(e) = guard.unlock().await {
-                tracing::warn!(lock = %name, error = %e, "dlock: the request's lock was not held to the end");
+                tracing::warn!(lock = %name, error = &e as &dyn std::error::Error, "dlock: the request's lock was not held to the end");
             }
             response.map_err(LockedError::Inner)
         })

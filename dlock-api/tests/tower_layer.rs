@@ -70,3 +70,30 @@ async fn same_key_is_serialised_other_keys_run_and_busy_is_reported() {
     );
     assert!(a.is_ok() && b.is_ok());
 }
+
+/// Each cause of a `LockedError` is printed once by a reporter that prints the
+/// error and walks `source()`: the lock's error is a source, not part of the text,
+/// and an inner error is shown as itself with its own causes.
+#[test]
+fn locked_errors_print_each_cause_once() {
+    fn report(e: &dyn std::error::Error) -> String {
+        let mut text = e.to_string();
+        let mut cause = e.source();
+        while let Some(c) = cause {
+            text.push_str(&format!(": {c}"));
+            cause = c.source();
+        }
+        text
+    }
+    let io = || std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "peer-said-no");
+    let lock: LockedError<dlock_api::Error> =
+        LockedError::Lock(dlock_api::Error::backend("cannot reach the server").with_source(io()));
+    let text = report(&lock);
+    assert_eq!(text.matches("peer-said-no").count(), 1, "{text}");
+    assert_eq!(text.matches("cannot reach the server").count(), 1, "{text}");
+    let inner: LockedError<dlock_api::Error> =
+        LockedError::Inner(dlock_api::Error::backend("the handler failed").with_source(io()));
+    let text = report(&inner);
+    assert_eq!(text.matches("peer-said-no").count(), 1, "{text}");
+    assert_eq!(text.matches("the handler failed").count(), 1, "{text}");
+}

@@ -138,13 +138,13 @@ pub(crate) async fn worker(
                 if args.release == "drop" {
                     drop(guard);
                 } else if let Err(e) = guard.unlock().await {
-                    eprintln!("worker {}: unlock: {e}", args.id);
+                    eprintln!("worker {}: unlock: {e:#}", args.id);
                     tally.errors += 1;
                 }
             }
             Ok(None) => tally.timed_out += 1,
             Err(e) => {
-                eprintln!("worker {}: {e}", args.id);
+                eprintln!("worker {}: {e:#}", args.id);
                 tally.errors += 1;
             }
         }

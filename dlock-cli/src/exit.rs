@@ -39,6 +39,7 @@ impl From<Error> for Failure {
             ErrorKind::Backend | ErrorKind::Timeout | ErrorKind::Closed => UNAVAILABLE,
             _ => SOFTWARE,
         };
-        Failure::new(code, err.to_string())
+        // The whole cause chain on one line (a refused connection says why).
+        Failure::new(code, format!("{err:#}"))
     }
 }

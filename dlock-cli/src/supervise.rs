@@ -141,7 +141,7 @@ pub(crate) async fn conclude(
             Ok(()) => code_of(status),
             Err(e) => {
                 eprintln!(
-                    "dlock: {name}: the command finished but the {what} was not held to the end: {e}"
+                    "dlock: {name}: the command finished but the {what} was not held to the end: {e:#}"
                 );
                 LOCK_LOST
             }

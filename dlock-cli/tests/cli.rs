@@ -366,7 +366,9 @@ fn log_and_metrics_flags_turn_the_plugins_on() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(
-        body.contains("dlock_acquire_total{outcome=\"acquired\""),
+        body.lines().any(|l| l.starts_with("dlock_acquire_total{")
+            && l.contains("outcome=\"acquired\"")
+            && l.contains("backend=\"sqlite\"")),
         "{body}"
     );
     assert!(body.contains("group=\"orders\""), "{body}");

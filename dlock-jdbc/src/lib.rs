@@ -60,6 +60,7 @@
 //! on the schema). At run time the user needs `SELECT, INSERT, UPDATE, DELETE` on the
 //! three tables; with `dlock_migrate=false` that is all.
 #![deny(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 #[cfg(not(any(feature = "sqlite", feature = "mysql", feature = "postgres")))]
 compile_error!(
@@ -467,3 +468,8 @@ mod tests {
         }
     }
 }
+
+/// The README's examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

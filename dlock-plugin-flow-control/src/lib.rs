@@ -27,6 +27,7 @@
 //! # let _ = (flow, coalesce);
 //! ```
 #![deny(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 use std::collections::HashMap;
 use std::num::NonZeroU32;
@@ -303,3 +304,8 @@ impl LockHandler for CoalescingHandler {
         }
     }
 }
+
+/// The README's examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -4,11 +4,15 @@
 //!
 //! * a span `dlock.acquire` / `dlock.release` with fields `lock`, `owner`, `mode`,
 //!   `wait_ms`, `outcome`, `token`, `elapsed_ms` (so backend spans nest inside);
-//! * one access-log line per call on the target [`ACCESS_TARGET`] (`dlock::access`), in
-//!   the seed framework's format `acquire|<lock>|<owner>|<outcome>|<ms>` — route that
-//!   target to its own file with your subscriber's filters;
+//! * one access-log event per call on the target [`ACCESS_TARGET`] (`dlock::access`),
+//!   with structured fields `op`, `lock`, `owner`, `mode`, `backend`, `outcome`,
+//!   `elapsed_ms` (and `token` on a release) for JSON or key-value subscribers, and
+//!   the seed framework's line `acquire|<lock>|<owner>|<outcome>|<ms>` as its message
+//!   — route that target to its own file with your subscriber's filters;
+//! * outcomes: `acquired`, `busy` (a try-once found the lock held), `timeout` (waited,
+//!   gave up), `released`, `not_owner`, or the error kind;
 //! * failed calls at `ERROR` (through the chain's error hooks), failed renewals and lost
-//!   locks at `WARN`.
+//!   locks at `WARN`, the error as a `&dyn Error` field (subscribers keep its causes).
 //!
 //! It logs lock names, owners, tokens and error messages, never connection URLs; errors
 //! from dlock's backends already carry URLs with the password replaced by `***`.
@@ -24,6 +28,7 @@
 //! # let _ = chain; Ok(()) }
 //! ```
 #![deny(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 use std::time::Instant;
 
@@ -101,13 +106,20 @@ impl LockHandler for LoggingHandler {
                 span.record("token", token.get());
                 "acquired"
             }
+            // A try-once that found the lock held did not time out: it never waited.
+            Ok(AcquireResult::NotAcquired { .. }) if ctx.wait().is_zero() => "busy",
             Ok(AcquireResult::NotAcquired { .. }) => "timeout",
             Err(e) => e.kind().as_str(),
         };
         span.record("outcome", outcome);
         span.record("elapsed_ms", elapsed);
         if access {
-            tracing::info!(target: ACCESS_TARGET, "acquire|{}|{}|{}|{}", req.name, req.owner, outcome, elapsed);
+            tracing::info!(
+                target: ACCESS_TARGET,
+                op = "acquire", lock = %req.name, owner = %req.owner, mode = req.mode.as_str(),
+                backend = ctx.backend, outcome, elapsed_ms = elapsed,
+                "acquire|{}|{}|{}|{}", req.name, req.owner, outcome, elapsed
+            );
         }
         result
     }
@@ -147,7 +159,12 @@ impl LockHandler for LoggingHandler {
             span.record("held_ms", ms(at));
         }
         if access {
-            tracing::info!(target: ACCESS_TARGET, "release|{}|{}|{}|{}", req.name, req.owner, outcome, elapsed);
+            tracing::info!(
+                target: ACCESS_TARGET,
+                op = "release", lock = %req.name, owner = %req.owner, mode = req.mode.as_str(),
+                backend = ctx.backend, token = req.token.get(), outcome, elapsed_ms = elapsed,
+                "release|{}|{}|{}|{}", req.name, req.owner, outcome, elapsed
+            );
         }
         if matches!(result, Ok(ReleaseResult::NotOwner)) {
             tracing::warn!(lock = %req.name, owner = %req.owner, "dlock: released a lock this owner no longer held");
@@ -156,11 +173,11 @@ impl LockHandler for LoggingHandler {
     }
 
     fn on_acquire_error(&self, ctx: &AcquireContext, err: &Error) {
-        tracing::error!(lock = %ctx.request.name, owner = %ctx.request.owner, error = %err, retryable = err.is_retryable(), "dlock: acquire failed");
+        tracing::error!(lock = %ctx.request.name, owner = %ctx.request.owner, error = err as &dyn std::error::Error, retryable = err.is_retryable(), "dlock: acquire failed");
     }
 
     fn on_release_error(&self, ctx: &ReleaseContext, err: &Error) {
-        tracing::error!(lock = %ctx.request.name, owner = %ctx.request.owner, error = %err, retryable = err.is_retryable(), "dlock: release failed");
+        tracing::error!(lock = %ctx.request.name, owner = %ctx.request.owner, error = err as &dyn std::error::Error, retryable = err.is_retryable(), "dlock: release failed");
     }
 
     fn on_renew(&self, event: &RenewEvent<'_>) {
@@ -175,7 +192,7 @@ impl LockHandler for LoggingHandler {
                 tracing::warn!(lock = %req.name, owner = %req.owner, "dlock: renewal refused: not the owner any more");
             }
             Err(e) => {
-                tracing::warn!(lock = %req.name, owner = %req.owner, error = %e, "dlock: renewal failed; retrying until the lease ends");
+                tracing::warn!(lock = %req.name, owner = %req.owner, error = e as &dyn std::error::Error, "dlock: renewal failed; retrying until the lease ends");
             }
         }
     }
@@ -184,3 +201,8 @@ impl LockHandler for LoggingHandler {
         tracing::warn!(lock = %event.name, owner = %event.owner, token = event.token.get(), reason = %event.reason, "dlock: lock lost");
     }
 }
+
+/// The README's examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -41,7 +41,8 @@ fn subscriber(capture: &Capture) -> impl tracing::Subscriber + Send + Sync {
         .finish()
 }
 
-/// A backend that fails with an error carrying a (redacted) URL, as dlock's backends do.
+/// A backend that fails with an error carrying a (redacted) URL and a cause, as
+/// dlock's backends do.
 struct Failing;
 
 #[async_trait]
@@ -56,6 +57,10 @@ impl LockRemoteResource for Failing {
         Err(Error::backend(format!(
             "cannot connect to {}",
             dlock_spi::redact_url("redis://admin:hunter2@127.0.0.1:6379")
+        ))
+        .with_source(std::io::Error::new(
+            std::io::ErrorKind::ConnectionRefused,
+            "peer-said-no",
         )))
     }
     async fn release(&self, _: &ReleaseRequest) -> Result<ReleaseResult> {
@@ -85,14 +90,16 @@ fn request(name: &str) -> AcquireRequest {
     .with_lease(Duration::from_secs(5))
 }
 
+/// A chain over the in-memory backend with `handler`.
+fn memory_chain(handler: LoggingHandler) -> HandlerChain {
+    HandlerChain::new(Arc::new(InMemoryBackend::new()), vec![Arc::new(handler)])
+}
+
 #[tokio::test(flavor = "current_thread")]
 async fn spans_and_access_lines_for_acquire_and_release() {
     let capture = Capture::default();
     let _guard = tracing::subscriber::set_default(subscriber(&capture));
-    let chain = HandlerChain::new(
-        Arc::new(InMemoryBackend::new()),
-        vec![Arc::new(LoggingHandler::default())],
-    );
+    let chain = memory_chain(LoggingHandler::default());
     let mut ctx = AcquireContext::new(request("orders:1"), "memory");
     let token = chain.acquire(&mut ctx).await.unwrap().token().unwrap();
     let rel = ReleaseContext::new(
@@ -125,8 +132,10 @@ async fn spans_and_access_lines_for_acquire_and_release() {
     assert!(text.contains(&format!("token={token}")), "{text}");
 }
 
+/// A failed call is logged without secrets, with the error as a `&dyn Error` field:
+/// the subscriber sees its cause chain, and each cause is printed once.
 #[tokio::test(flavor = "current_thread")]
-async fn errors_are_logged_without_secrets() {
+async fn errors_are_logged_with_their_causes_once_and_without_secrets() {
     let capture = Capture::default();
     let _guard = tracing::subscriber::set_default(subscriber(&capture));
     let chain = HandlerChain::new(Arc::new(Failing), vec![Arc::new(LoggingHandler::default())]);
@@ -139,6 +148,15 @@ async fn errors_are_logged_without_secrets() {
     );
     assert!(text.contains("acquire|a|owner-1|backend|"), "{text}");
     assert!(text.contains("admin:***@"), "{text}");
+    let line = text
+        .lines()
+        .find(|l| l.contains("acquire failed"))
+        .unwrap_or_else(|| panic!("no error event:\n{text}"));
+    assert!(
+        line.contains("error.sources=["),
+        "not recorded as an error: {line}"
+    );
+    assert_eq!(line.matches("peer-said-no").count(), 1, "{line}");
     assert!(
         !text.contains("hunter2"),
         "a password reached the log:\n{text}"
@@ -152,13 +170,52 @@ async fn errors_are_logged_without_secrets() {
 async fn the_access_log_can_be_turned_off() {
     let capture = Capture::default();
     let _guard = tracing::subscriber::set_default(subscriber(&capture));
-    let chain = HandlerChain::new(
-        Arc::new(InMemoryBackend::new()),
-        vec![Arc::new(LoggingHandler::default().with_access_log(false))],
-    );
+    let chain = memory_chain(LoggingHandler::default().with_access_log(false));
     let mut ctx = AcquireContext::new(request("quiet"), "memory");
     chain.acquire(&mut ctx).await.unwrap();
     let text = capture.text();
     assert!(!text.contains("acquire|quiet"), "{text}");
     assert!(text.contains("dlock.acquire"), "{text}");
+}
+
+/// The access log's events carry structured fields (not only the pipe-joined line),
+/// a try-once that found the lock held says `busy` and a wait that gave up `timeout`.
+#[tokio::test(flavor = "current_thread")]
+async fn access_events_have_fields_and_tell_busy_from_timeout() {
+    let capture = Capture::default();
+    let _guard = tracing::subscriber::set_default(subscriber(&capture));
+    let chain = memory_chain(LoggingHandler::default());
+    let mut held = AcquireContext::new(request("orders:2"), "memory");
+    chain.acquire(&mut held).await.unwrap();
+    let other = |wait: Option<Duration>| {
+        AcquireRequest::new(
+            LockName::new("orders:2").unwrap(),
+            OwnerId::new("owner-2"),
+            dlock_spi::GrantId::new(1),
+        )
+        .with_lease(Duration::from_secs(5))
+        .with_deadline(wait.map(|w| std::time::Instant::now() + w))
+    };
+    let mut once = AcquireContext::new(other(None), "memory");
+    assert!(!chain.acquire(&mut once).await.unwrap().is_acquired());
+    let mut waiting = AcquireContext::new(other(Some(Duration::from_millis(30))), "memory");
+    assert!(!chain.acquire(&mut waiting).await.unwrap().is_acquired());
+    let text = capture.text();
+    let access: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("dlock::access"))
+        .collect();
+    assert_eq!(access.len(), 3, "{text}");
+    for (line, outcome) in access.iter().zip(["acquired", "busy", "timeout"]) {
+        for field in [
+            "op=\"acquire\"".to_owned(),
+            "lock=orders:2".to_owned(),
+            "backend=\"memory\"".to_owned(),
+            "mode=\"exclusive\"".to_owned(),
+            format!("outcome=\"{outcome}\""),
+            "elapsed_ms=".to_owned(),
+        ] {
+            assert!(line.contains(&field), "{field} missing in {line}");
+        }
+    }
 }

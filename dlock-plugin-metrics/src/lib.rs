@@ -1,25 +1,28 @@
 //! # dlock-plugin-metrics — metrics for dlock
 //!
 //! [`MetricsHandler`] records through the [`metrics`] facade (install any recorder,
-//! e.g. `metrics-exporter-prometheus`):
+//! e.g. `metrics-exporter-prometheus`). Every series carries `backend` and `group`;
+//! every counter and histogram also carries `outcome`:
 //!
-//! | metric | kind | labels |
+//! | metric | kind (unit) | `outcome` |
 //! |---|---|---|
-//! | `dlock_acquire_total` | counter | `outcome` (acquired, timeout, or the error kind), `backend`, `group` |
-//! | `dlock_acquire_wait_seconds` | histogram | `backend`, `group` |
-//! | `dlock_hold_seconds` | histogram — first acquire to last release of a (reentrant) hold | `backend`, `group` |
-//! | `dlock_held` | gauge | `backend`, `group` |
-//! | `dlock_lost_total` | counter | `reason`, `group` |
-//! | `dlock_renew_total` | counter | `outcome` (renewed, not_owner, error) |
-//! | `dlock_rejected_total` | counter | `group` (calls refused by a handler further in) |
+//! | `dlock_acquire_total` | counter | `acquired`; `busy` (a try-once found it held); `timeout` (waited, gave up); or the error kind (`rejected` by a handler further in, `backend`, …) |
+//! | `dlock_acquire_wait_seconds` | histogram (seconds) — from the call to its outcome | as `dlock_acquire_total` |
+//! | `dlock_hold_seconds` | histogram (seconds) — first acquire to last release of a (reentrant) hold | the release's: `released`, `not_owner` (the hold had been lost), or the error kind |
+//! | `dlock_held` | gauge — holds acquired and not yet released | — |
+//! | `dlock_lost_total` | counter — holds lost without their owner releasing | the reason: `lease_expired`, `not_owner`, `session_expired`, … |
+//! | `dlock_renew_total` | counter — the watchdog's renewals | `renewed`, `not_owner`, or the error kind |
+//!
+//! Each metric is described (help text and unit) to the recorder when the handler
+//! first records for a (backend, group), so exporters print `# HELP` and units.
 //!
 //! `group` is the lock name up to the first separator (`:` by default) — `orders:42`
 //! → `orders` — never the full name, so label cardinality stays bounded. Names without
 //! the separator are grouped as `-`.
 //!
-//! The handler registers its metrics once per (backend, group) and keeps the handles,
-//! so the hot path does no label allocation or registry lookup: **install your
-//! recorder before the first lock operation** (as with most `metrics` users).
+//! The handler registers its hot-path series once per (backend, group) and keeps the
+//! handles, so the hot path does no label allocation or registry lookup: **install
+//! your recorder before the first lock operation** (as with most `metrics` users).
 //!
 //! ```no_run
 //! use dlock_plugin_metrics::MetricsHandler;
@@ -27,14 +30,17 @@
 //! # let _ = handler;
 //! ```
 #![deny(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
+use std::collections::HashMap;
 use std::sync::{Arc, PoisonError, RwLock};
 
 use async_trait::async_trait;
 use dlock_spi::{
-    AcquireChain, AcquireContext, AcquireResult, ErrorKind, LockHandler, LockName, LostEvent,
-    ReleaseChain, ReleaseContext, ReleaseResult, RenewEvent, RenewResult, Result,
+    AcquireChain, AcquireContext, AcquireResult, LockHandler, LockName, LostEvent, ReleaseChain,
+    ReleaseContext, ReleaseResult, RenewEvent, RenewResult, Result,
 };
+use metrics::Unit;
 
 /// Histogram bucket bounds (seconds) that suit lock waits and holds; give them to your
 /// exporter (e.g. `PrometheusBuilder::set_buckets`) so dashboards can compute
@@ -44,30 +50,77 @@ pub const SECONDS_BUCKETS: &[f64] = &[
     60.0,
 ];
 
-/// The hot-path metrics of one (backend, group), registered once.
+const ACQUIRE_TOTAL: &str = "dlock_acquire_total";
+const ACQUIRE_WAIT: &str = "dlock_acquire_wait_seconds";
+const HOLD: &str = "dlock_hold_seconds";
+const HELD: &str = "dlock_held";
+const LOST_TOTAL: &str = "dlock_lost_total";
+const RENEW_TOTAL: &str = "dlock_renew_total";
+
+/// Describes every metric to the current recorder: with each new (backend, group)'s
+/// handles, so rarely, and a recorder in place then has the descriptions.
+fn describe() {
+    metrics::describe_counter!(ACQUIRE_TOTAL, Unit::Count, "Lock acquisitions by outcome: acquired, busy (a try-once found the lock held), timeout (waited and gave up), or the error kind");
+    metrics::describe_histogram!(
+        ACQUIRE_WAIT,
+        Unit::Seconds,
+        "Time from an acquire call to its outcome"
+    );
+    metrics::describe_histogram!(
+        HOLD,
+        Unit::Seconds,
+        "Time from the first acquire to the last release of a hold, by the release's outcome"
+    );
+    metrics::describe_gauge!(HELD, Unit::Count, "Holds acquired and not yet released");
+    metrics::describe_counter!(
+        LOST_TOTAL,
+        Unit::Count,
+        "Holds lost without their owner releasing them, by reason (outcome)"
+    );
+    metrics::describe_counter!(
+        RENEW_TOTAL,
+        Unit::Count,
+        "Lease renewals made by the watchdog, by outcome"
+    );
+}
+
+/// An acquire's outcome label: `acquired`, `busy`, `timeout`.
+#[derive(Clone, Copy)]
+enum Acquire {
+    Acquired = 0,
+    Busy = 1,
+    Timeout = 2,
+}
+
+const ACQUIRE_OUTCOMES: [&str; 3] = ["acquired", "busy", "timeout"];
+
+/// The hot-path series of one (backend, group), registered once.
 struct Handles {
-    acquired: metrics::Counter,
-    timeout: metrics::Counter,
-    wait: metrics::Histogram,
+    acquires: [metrics::Counter; 3],
+    waits: [metrics::Histogram; 3],
     held: metrics::Gauge,
-    hold: metrics::Histogram,
+    hold_released: metrics::Histogram,
+    renewed: metrics::Counter,
 }
 
 impl Handles {
     fn new(backend: &'static str, group: &str) -> Self {
-        let g = group.to_owned();
+        describe();
+        let g = || group.to_owned();
+        let counter = |o: &'static str| metrics::counter!(ACQUIRE_TOTAL, "backend" => backend, "group" => g(), "outcome" => o);
+        let wait = |o: &'static str| metrics::histogram!(ACQUIRE_WAIT, "backend" => backend, "group" => g(), "outcome" => o);
         Handles {
-            acquired: metrics::counter!("dlock_acquire_total", "outcome" => "acquired", "backend" => backend, "group" => g.clone()),
-            timeout: metrics::counter!("dlock_acquire_total", "outcome" => "timeout", "backend" => backend, "group" => g.clone()),
-            wait: metrics::histogram!("dlock_acquire_wait_seconds", "backend" => backend, "group" => g.clone()),
-            held: metrics::gauge!("dlock_held", "backend" => backend, "group" => g.clone()),
-            hold: metrics::histogram!("dlock_hold_seconds", "backend" => backend, "group" => g),
+            acquires: ACQUIRE_OUTCOMES.map(counter),
+            waits: ACQUIRE_OUTCOMES.map(wait),
+            held: metrics::gauge!(HELD, "backend" => backend, "group" => g()),
+            hold_released: metrics::histogram!(HOLD, "backend" => backend, "group" => g(), "outcome" => "released"),
+            renewed: metrics::counter!(RENEW_TOTAL, "backend" => backend, "group" => g(), "outcome" => "renewed"),
         }
     }
 }
 
 /// group → [(backend, handles)]: one hash per call; a process has few backends.
-type HandleMap = std::collections::HashMap<String, Vec<(&'static str, Arc<Handles>)>>;
+type HandleMap = HashMap<String, Vec<(&'static str, Arc<Handles>)>>;
 
 /// Records dlock metrics. See the crate docs for names and labels.
 pub struct MetricsHandler {
@@ -137,48 +190,72 @@ impl LockHandler for MetricsHandler {
         let result = next.invoke(ctx).await;
         let group = self.group_of(&ctx.request.name);
         let h = self.handles(ctx.backend, group);
-        h.wait.record(ctx.started.elapsed().as_secs_f64());
-        match &result {
+        let waited = ctx.started.elapsed().as_secs_f64();
+        let outcome = match &result {
             Ok(AcquireResult::Acquired { .. }) => {
-                h.acquired.increment(1);
                 h.held.increment(1.0);
+                Acquire::Acquired
             }
-            Ok(AcquireResult::NotAcquired { .. }) => h.timeout.increment(1),
+            // A try-once that found the lock held did not time out: it never waited.
+            Ok(AcquireResult::NotAcquired { .. }) if ctx.wait().is_zero() => Acquire::Busy,
+            Ok(AcquireResult::NotAcquired { .. }) => Acquire::Timeout,
             Err(e) => {
                 // Errors are rare: register their series on demand.
-                metrics::counter!("dlock_acquire_total", "outcome" => e.kind().as_str(), "backend" => ctx.backend, "group" => group.to_owned())
-                    .increment(1);
-                if e.kind() == ErrorKind::Rejected {
-                    metrics::counter!("dlock_rejected_total", "group" => group.to_owned())
-                        .increment(1);
+                let (backend, group, kind) = (ctx.backend, group.to_owned(), e.kind().as_str());
+                metrics::counter!(ACQUIRE_TOTAL, "backend" => backend, "group" => group.clone(), "outcome" => kind).increment(1);
+                metrics::histogram!(ACQUIRE_WAIT, "backend" => backend, "group" => group, "outcome" => kind).record(waited);
+                return result;
+            }
+        };
+        h.acquires[outcome as usize].increment(1);
+        h.waits[outcome as usize].record(waited);
+        result
+    }
+
+    async fn release(&self, ctx: &ReleaseContext, next: ReleaseChain<'_>) -> Result<ReleaseResult> {
+        let result = next.invoke(ctx).await;
+        let group = self.group_of(&ctx.request.name);
+        let h = self.handles(ctx.backend, group);
+        h.held.decrement(1.0);
+        if let Some(at) = ctx.acquired_at {
+            let held = at.elapsed().as_secs_f64();
+            match &result {
+                Ok(ReleaseResult::Released) => h.hold_released.record(held),
+                other => {
+                    let outcome = match other {
+                        Err(e) => e.kind().as_str(),
+                        _ => "not_owner",
+                    };
+                    metrics::histogram!(HOLD, "backend" => ctx.backend, "group" => group.to_owned(), "outcome" => outcome)
+                        .record(held);
                 }
             }
         }
         result
     }
 
-    async fn release(&self, ctx: &ReleaseContext, next: ReleaseChain<'_>) -> Result<ReleaseResult> {
-        let result = next.invoke(ctx).await;
-        let h = self.handles(ctx.backend, self.group_of(&ctx.request.name));
-        h.held.decrement(1.0);
-        if let Some(at) = ctx.acquired_at {
-            h.hold.record(at.elapsed().as_secs_f64());
-        }
-        result
-    }
-
     fn on_renew(&self, event: &RenewEvent<'_>) {
+        let group = self.group_of(&event.request.name);
         let outcome = match event.outcome {
-            Ok(RenewResult::Renewed { .. }) => "renewed",
+            Ok(RenewResult::Renewed { .. }) => {
+                self.handles(event.backend, group).renewed.increment(1);
+                return;
+            }
             Ok(RenewResult::NotOwner) => "not_owner",
-            Err(_) => "error",
+            Err(e) => e.kind().as_str(),
         };
-        metrics::counter!("dlock_renew_total", "outcome" => outcome).increment(1);
+        metrics::counter!(RENEW_TOTAL, "backend" => event.backend, "group" => group.to_owned(), "outcome" => outcome)
+            .increment(1);
     }
 
     fn on_lost(&self, event: &LostEvent<'_>) {
         let group = self.group_of(event.name).to_owned();
-        metrics::counter!("dlock_lost_total", "reason" => event.reason.as_str(), "group" => group)
+        metrics::counter!(LOST_TOTAL, "backend" => event.backend, "group" => group, "outcome" => event.reason.as_str())
             .increment(1);
     }
 }
+
+/// The README's examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

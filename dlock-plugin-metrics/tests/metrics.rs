@@ -2,7 +2,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use dlock_plugin_metrics::MetricsHandler;
 use dlock_spi::{
@@ -71,8 +71,14 @@ fn records_acquires_holds_losses_and_groups_by_prefix() {
             };
             let mut a = AcquireContext::new(req("a"), "memory");
             let token = chain.acquire(&mut a).await.unwrap().token().unwrap();
+            // A try-once finds it held (busy); a waiting call gives up (timeout).
             let mut b = AcquireContext::new(req("b"), "memory");
             assert!(!chain.acquire(&mut b).await.unwrap().is_acquired());
+            let mut c = AcquireContext::new(
+                req("c").with_deadline(Some(Instant::now() + Duration::from_millis(30))),
+                "memory",
+            );
+            assert!(!chain.acquire(&mut c).await.unwrap().is_acquired());
             tokio::time::sleep(Duration::from_millis(20)).await; // the hold being measured
             let rel = ReleaseContext::new(
                 ReleaseRequest::new(
@@ -87,6 +93,7 @@ fn records_acquires_holds_losses_and_groups_by_prefix() {
             );
             chain.release(&rel).await.unwrap();
             chain.notify_lost(&LostEvent::new(
+                "memory",
                 &name,
                 &OwnerId::new("a"),
                 LockMode::Exclusive,
@@ -107,13 +114,24 @@ fn records_acquires_holds_losses_and_groups_by_prefix() {
         ],
     );
     assert_eq!(acquired, Some(V::Counter(1)));
-    let timeout = find(
+    for outcome in ["busy", "timeout"] {
+        let refused = find(
+            &snap,
+            MetricKind::Counter,
+            "dlock_acquire_total",
+            &[("outcome", outcome), ("group", "orders")],
+        );
+        assert_eq!(refused, Some(V::Counter(1)), "{outcome}");
+    }
+    match find(
         &snap,
-        MetricKind::Counter,
-        "dlock_acquire_total",
+        MetricKind::Histogram,
+        "dlock_acquire_wait_seconds",
         &[("outcome", "timeout"), ("group", "orders")],
-    );
-    assert_eq!(timeout, Some(V::Counter(1)));
+    ) {
+        Some(V::Histogram(v)) => assert!(v.len() == 1 && v[0] >= 0.03, "{v:?}"),
+        other => panic!("no wait histogram of the timeout: {other:?}"),
+    }
     assert_eq!(
         find(
             &snap,
@@ -127,7 +145,7 @@ fn records_acquires_holds_losses_and_groups_by_prefix() {
         &snap,
         MetricKind::Histogram,
         "dlock_hold_seconds",
-        &[("group", "orders")],
+        &[("group", "orders"), ("outcome", "released")],
     ) {
         Some(V::Histogram(v)) => assert!(v.len() == 1 && v[0] >= 0.02, "{v:?}"),
         other => panic!("no hold histogram: {other:?}"),
@@ -137,16 +155,43 @@ fn records_acquires_holds_losses_and_groups_by_prefix() {
             &snap,
             MetricKind::Counter,
             "dlock_lost_total",
-            &[("reason", "not_owner"), ("group", "orders")]
+            &[
+                ("outcome", "not_owner"),
+                ("group", "orders"),
+                ("backend", "memory")
+            ]
         ),
         Some(V::Counter(1))
     );
-    // The full name never becomes a label value.
-    for (key, _, _, _) in &snap {
+    // One label set: backend and group on every series, outcome on every counter and
+    // histogram; each metric described with a unit and help; the full name never a
+    // label value.
+    for (key, unit, help, _) in &snap {
+        let labels: Vec<&str> = key.key().labels().map(|l| l.key()).collect();
+        let mut want = vec!["backend", "group"];
+        if key.kind() != MetricKind::Gauge {
+            want.push("outcome");
+        }
+        let mut have = labels.clone();
+        have.sort_unstable();
+        want.sort_unstable();
+        assert_eq!(have, want, "{key:?}");
+        assert!(unit.is_some() && help.is_some(), "{key:?} is not described");
         assert!(
             key.key().labels().all(|l| l.value() != "orders:42"),
             "{key:?}"
         );
+    }
+    let names: std::collections::HashSet<&str> =
+        snap.iter().map(|(k, _, _, _)| k.key().name()).collect();
+    for name in [
+        "dlock_acquire_total",
+        "dlock_acquire_wait_seconds",
+        "dlock_hold_seconds",
+        "dlock_held",
+        "dlock_lost_total",
+    ] {
+        assert!(names.contains(name), "{name} was not recorded");
     }
 }
 

@@ -87,6 +87,7 @@ fn every_dashboard_query_names_an_exported_series() {
             );
             assert!(chain.acquire(&mut blocked).await.is_err());
             chain.notify_lost(&LostEvent::new(
+                "memory",
                 &name,
                 &owner,
                 LockMode::Exclusive,
@@ -103,11 +104,45 @@ fn every_dashboard_query_names_an_exported_series() {
     let mut exprs = Vec::new();
     for panel in dashboard["panels"].as_array().unwrap() {
         for target in panel["targets"].as_array().unwrap() {
-            exprs.push(target["expr"].as_str().unwrap().to_owned());
+            let legend = target["legendFormat"].as_str().unwrap_or_default();
+            exprs.push((
+                target["expr"].as_str().unwrap().to_owned(),
+                legend.to_owned(),
+            ));
         }
     }
     assert!(exprs.len() >= 6);
-    for expr in &exprs {
+    for (expr, legend) in &exprs {
+        // Every label the query groups by, filters on or names in its legend is on
+        // the series it reads.
+        let metric = expr
+            .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .find(|w| w.starts_with("dlock_"))
+            .expect("a query of a dlock series");
+        let mut labels: Vec<&str> = Vec::new();
+        for by in expr.split("by (").skip(1) {
+            labels.extend(by.split(')').next().unwrap().split(',').map(str::trim));
+        }
+        for shown in legend.split("{{").skip(1) {
+            labels.extend(shown.split("}}").next().map(str::trim));
+        }
+        for filter in expr.split('{').skip(1) {
+            let inside = filter.split('}').next().unwrap();
+            labels.extend(
+                inside
+                    .split(',')
+                    .filter_map(|m| m.split(['=', '!']).next().map(str::trim)),
+            );
+        }
+        for label in labels.into_iter().filter(|l| !l.is_empty() && *l != "le") {
+            assert!(
+                rendered
+                    .lines()
+                    .any(|l| l.starts_with(metric) && l.contains(&format!("{label}=\""))),
+                "dashboard query {expr:?} uses the label {label} that {metric} does not carry:\n{rendered}"
+            );
+        }
+
         for word in expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
             if word.starts_with("dlock_") {
                 assert!(

@@ -62,6 +62,7 @@
 //!   acquire, `WAIT n timeout`; with fewer acknowledgements the lock is released and the
 //!   acquire fails.
 #![deny(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod backend;
 mod error;
@@ -174,3 +175,8 @@ impl RedisOptions {
         self
     }
 }
+
+/// The README's examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -104,6 +104,8 @@ impl ReleaseContext {
 #[derive(Debug)]
 #[non_exhaustive]
 pub struct RenewEvent<'a> {
+    /// The backend's name (`"redis"`, …), for labels.
+    pub backend: &'static str,
     /// The renewal sent.
     pub request: &'a RenewRequest,
     /// The backend's answer.
@@ -116,6 +118,8 @@ pub struct RenewEvent<'a> {
 #[derive(Debug)]
 #[non_exhaustive]
 pub struct LostEvent<'a> {
+    /// The backend's name (`"redis"`, …), for labels.
+    pub backend: &'static str,
     /// The lock.
     pub name: &'a LockName,
     /// The owner that lost it.
@@ -129,8 +133,9 @@ pub struct LostEvent<'a> {
 }
 
 impl<'a> LostEvent<'a> {
-    /// Describes a lost hold.
+    /// Describes a hold on `backend` that was lost.
     pub fn new(
+        backend: &'static str,
         name: &'a LockName,
         owner: &'a OwnerId,
         mode: LockMode,
@@ -138,6 +143,7 @@ impl<'a> LostEvent<'a> {
         reason: LostReason,
     ) -> Self {
         LostEvent {
+            backend,
             name,
             owner,
             mode,
@@ -407,6 +413,7 @@ impl HandlerChain {
             )
             .await;
         let event = RenewEvent {
+            backend: self.tail.resource.backend_name(),
             request: req,
             outcome: result.as_ref(),
             elapsed: started.elapsed(),

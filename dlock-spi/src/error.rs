@@ -73,6 +73,18 @@ type Source = Box<dyn std::error::Error + Send + Sync + 'static>;
 /// Carries a [`ErrorKind`], a message that says what was wrong and what to do,
 /// optional key/value context (lock name, backend, operation), an optional source,
 /// and whether retrying may help.
+///
+/// `Display` (`{}`) prints the kind, message and context, not the source, which
+/// [`source()`](std::error::Error::source) returns — so reporters that walk the
+/// chain (`tracing`'s `&dyn Error` fields, `anyhow`, `eyre`) print each cause once.
+/// The alternate form (`{:#}`) appends the whole chain, for a one-line report:
+///
+/// ```
+/// let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
+/// let err = dlock_spi::Error::backend("cannot reach the server").with_source(io);
+/// assert_eq!(err.to_string(), "backend: cannot reach the server");
+/// assert_eq!(format!("{err:#}"), "backend: cannot reach the server: refused");
+/// ```
 pub struct Error {
     kind: ErrorKind,
     message: Cow<'static, str>,
@@ -177,8 +189,13 @@ impl fmt::Display for Error {
             }
             f.write_str(")")?;
         }
-        if let Some(source) = &self.source {
-            write!(f, ": {source}")?;
+        if f.alternate() {
+            // `{:#}`: the causes too, as `source()` walks them.
+            let mut cause = std::error::Error::source(self);
+            while let Some(c) = cause {
+                write!(f, ": {c}")?;
+                cause = c.source();
+            }
         }
         Ok(())
     }
@@ -216,19 +233,41 @@ mod tests {
     use super::*;
 
     #[test]
-    fn display_includes_kind_context_and_source() {
+    fn display_shows_the_source_once_through_source_or_the_alternate_form() {
+        #[derive(Debug)]
+        struct Outer(std::io::Error);
+        impl fmt::Display for Outer {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("handshake failed")
+            }
+        }
+        impl std::error::Error for Outer {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                Some(&self.0)
+            }
+        }
         let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
         let err = Error::backend("cannot reach the server; is it running?")
             .with_context("backend", "redis")
             .with_context("lock", "orders:1")
-            .with_source(io);
-        let text = err.to_string();
+            .with_source(Outer(io));
         assert_eq!(
-            text,
-            "backend: cannot reach the server; is it running? (backend=redis, lock=orders:1): refused"
+            err.to_string(),
+            "backend: cannot reach the server; is it running? (backend=redis, lock=orders:1)"
         );
+        assert_eq!(
+            format!("{err:#}"),
+            "backend: cannot reach the server; is it running? (backend=redis, lock=orders:1): handshake failed: refused"
+        );
+        // A reporter that prints the Display and then walks source() prints each once.
+        let mut report = err.to_string();
+        let mut cause = std::error::Error::source(&err);
+        while let Some(c) = cause {
+            report.push_str(&format!(": {c}"));
+            cause = c.source();
+        }
+        assert_eq!(report, format!("{err:#}"));
         assert!(err.is_retryable());
-        assert!(std::error::Error::source(&err).is_some());
     }
 
     #[test]

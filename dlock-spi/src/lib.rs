@@ -25,6 +25,7 @@
 //! `testsuite` conformance cases against it. Read [`InMemoryBackend`]'s source for a
 //! complete example of waiting, fairness, wake-one and cancellation.
 #![deny(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod backoff;
 mod capabilities;
@@ -64,3 +65,8 @@ pub use types::{
 /// Re-exported so implementors use the same `async_trait` and `bytes` as the traits.
 pub use async_trait::async_trait;
 pub use bytes::Bytes;
+
+/// The README's examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

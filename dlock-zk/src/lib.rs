@@ -49,6 +49,7 @@
 //!   decided by a listing made after its own creates (the last-created of any set of
 //!   concurrent holders saw all the others).
 #![deny(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod backend;
 mod error;
@@ -283,3 +284,8 @@ mod tests {
         }
     }
 }
+
+/// The README's examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
