@@ -253,7 +253,6 @@ impl JdbcBackend {
                 ))
             }
         };
-        let dialect = pool.dialect();
         // Fail now, with the real cause, if the database is unreachable: a direct
         // connection reports "connection refused" where the pool says only "timed out".
         let probe: std::result::Result<(), sqlx::Error> = pool::on_pool!(&pool, p => {
@@ -275,10 +274,73 @@ impl JdbcBackend {
             )
             .set_retryable(retryable)
         })?;
+        Self::assemble(pool, options).await
+    }
+
+    /// Builds the backend on the application's pool — its connections, limits, TLS
+    /// and credentials — and migrates the schema (unless [`JdbcOptions::migrate`]
+    /// says not to). [`JdbcOptions`]' pool settings (`max_connections`,
+    /// `acquire_timeout`) do not apply: the pool has its own.
+    ///
+    /// dlock needs of the pool's sessions what [`JdbcBackend::connect`] sets up itself:
+    ///
+    /// * **MySQL / MariaDB**: UTC (`time_zone = '+00:00'`: leases are judged by
+    ///   `NOW(3)`, which must not jump at a DST change) and `READ COMMITTED` (the
+    ///   statements' reads of the waiters' queue take gap locks under `REPEATABLE
+    ///   READ` that deadlock). Give the pool [`prepare_mysql_session`] as its
+    ///   `after_connect`; a pool whose session shows otherwise is refused
+    ///   ([`ErrorKind::Config`]) with what to do.
+    /// * **SQLite**: a file database (not `:memory:`, which is private to one
+    ///   connection); WAL mode and a busy timeout, as [`JdbcBackend::connect`] sets,
+    ///   keep writers from failing with `SQLITE_BUSY` under contention.
+    /// * **PostgreSQL**: nothing; one connection of the pool listens for release
+    ///   notices for as long as the backend lives.
+    ///
+    /// [`JdbcBackend::close`] closes the pool, which is the application's too: drop
+    /// the backend instead while the application still uses the pool.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> dlock_spi::Result<()> {
+    /// # #[cfg(feature = "postgres")] {
+    /// use dlock_jdbc::{sqlx, JdbcBackend, JdbcOptions};
+    /// let pool = sqlx::PgPool::connect_lazy("postgres://app@db/app")
+    ///     .map_err(|e| dlock_spi::Error::backend(e.to_string()))?;
+    /// let backend = JdbcBackend::from_pool(pool.clone(), JdbcOptions::default()).await?;
+    /// # let _ = backend; }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: dropped before it returns, it leaves at most a migration step
+    /// done (each is idempotent and recorded) and no listener running.
+    pub async fn from_pool(pool: impl Into<SqlPool>, options: JdbcOptions) -> Result<Self> {
+        let pool = pool.into();
+        validate_prefix(&options.table_prefix)?;
+        #[cfg(feature = "sqlite")]
+        if let Pool::Sqlite(p) = &pool {
+            let options = p.connect_options();
+            let file = options.get_filename().to_string_lossy();
+            if file.is_empty() || file.contains(":memory:") {
+                return Err(Error::new(
+                    ErrorKind::Config,
+                    "the pool's SQLite database is in memory, private to one connection; use a file database or the memory:// backend",
+                ));
+            }
+        }
+        #[cfg(feature = "mysql")]
+        if let Pool::MySql(p) = &pool {
+            check_mysql_session(p).await?;
+        }
+        Self::assemble(pool, options).await
+    }
+
+    /// Migrates (if asked), prepares the statements and starts the listener.
+    async fn assemble(pool: Pool, options: JdbcOptions) -> Result<Self> {
         if options.migrate {
             migrate::migrate(&pool, &options.table_prefix).await?;
         }
-        let statements = Statements::new(dialect, &options.table_prefix);
+        let statements = Statements::new(pool.dialect(), &options.table_prefix);
         let (wakeups, listener) = start_listener(&pool, &options).await;
         Ok(JdbcBackend {
             inner: Arc::new(Inner {
@@ -291,6 +353,76 @@ impl JdbcBackend {
             }),
         })
     }
+}
+
+/// Prepares a MySQL / MariaDB session as dlock's statements need it: UTC
+/// (`time_zone = '+00:00'`) and `READ COMMITTED`. Give it to the application's pool
+/// as its `after_connect` before [`JdbcBackend::from_pool`]:
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// use dlock_jdbc::{prepare_mysql_session, sqlx, JdbcBackend, JdbcOptions};
+/// let pool = sqlx::mysql::MySqlPoolOptions::new()
+///     .after_connect(prepare_mysql_session)
+///     .connect_lazy("mysql://app@db/app")?;
+/// let backend = JdbcBackend::from_pool(pool, JdbcOptions::default()).await?;
+/// # let _ = backend; Ok(()) }
+/// ```
+///
+/// Other statements of the application on those connections run in UTC and
+/// `READ COMMITTED` too.
+#[cfg(feature = "mysql")]
+pub fn prepare_mysql_session(
+    conn: &mut sqlx::MySqlConnection,
+    _: sqlx::pool::PoolConnectionMetadata,
+) -> std::pin::Pin<
+    Box<dyn std::future::Future<Output = std::result::Result<(), sqlx::Error>> + Send + '_>,
+> {
+    use sqlx::Executor;
+    Box::pin(async move {
+        // Lease arithmetic uses NOW(3); in UTC it never jumps at DST changes.
+        conn.execute("SET time_zone = '+00:00'").await?;
+        // Statements read the waiters' queue to decide a grant; under REPEATABLE
+        // READ those reads take gap locks that deadlock against waiters joining and
+        // leaving. Every decision that must be serialised is already serialised by
+        // the lock's row, which each statement locks.
+        conn.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+            .await?;
+        Ok(())
+    })
+}
+
+/// Refuses a MySQL pool whose sessions are not as [`prepare_mysql_session`] makes them.
+#[cfg(feature = "mysql")]
+async fn check_mysql_session(pool: &sqlx::MySqlPool) -> Result<()> {
+    use sqlx::Row;
+    let rows = sqlx::query(
+        "SHOW SESSION VARIABLES WHERE Variable_name IN ('time_zone', 'tx_isolation', 'transaction_isolation')",
+    )
+    .fetch_all(pool)
+    .await
+    .map_err(|e| crate::error::map_sqlx(e, "mysql", "connect"))?;
+    let mut utc = false;
+    let mut read_committed = false;
+    for row in rows {
+        let name: String = row.try_get(0).unwrap_or_default();
+        let value: String = row.try_get(1).unwrap_or_default();
+        match name.as_str() {
+            "time_zone" => utc = matches!(value.as_str(), "+00:00" | "UTC" | "+0:00"),
+            _ => read_committed |= value.eq_ignore_ascii_case("READ-COMMITTED"),
+        }
+    }
+    if utc && read_committed {
+        return Ok(());
+    }
+    Err(Error::new(
+        ErrorKind::Config,
+        format!(
+            "the pool's MySQL sessions run{}{}; dlock needs UTC and READ COMMITTED: build the pool with `.after_connect(dlock_jdbc::prepare_mysql_session)`",
+            if utc { "" } else { " outside UTC" },
+            if read_committed { "" } else { " without READ COMMITTED" },
+        ),
+    ))
 }
 
 fn feature_of(scheme: &str) -> &'static str {
@@ -336,26 +468,13 @@ fn open_sqlite(url: &str, options: &JdbcOptions) -> Result<Pool> {
 #[cfg(feature = "mysql")]
 fn open_mysql(url: &str, options: &JdbcOptions) -> Result<Pool> {
     use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
-    use sqlx::Executor;
     use std::str::FromStr;
     let url = url.replacen("mariadb://", "mysql://", 1);
     let connect = MySqlConnectOptions::from_str(&url).map_err(|e| config_error(&url, e))?;
     let pool = MySqlPoolOptions::new()
         .max_connections(options.max_connections)
         .acquire_timeout(options.acquire_timeout)
-        .after_connect(|conn, _| {
-            Box::pin(async move {
-                // Lease arithmetic uses NOW(3); in UTC it never jumps at DST changes.
-                conn.execute("SET time_zone = '+00:00'").await?;
-                // Statements read the waiters' queue to decide a grant; under
-                // REPEATABLE READ those reads take gap locks that deadlock against
-                // waiters joining and leaving. Every decision that must be serialised
-                // is already serialised by the lock's row, which each statement locks.
-                conn.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
-                    .await?;
-                Ok(())
-            })
-        })
+        .after_connect(prepare_mysql_session)
         .connect_lazy_with(connect);
     Ok(Pool::MySql(pool))
 }

@@ -19,6 +19,27 @@ pub enum Pool {
     Postgres(sqlx::PgPool),
 }
 
+#[cfg(feature = "sqlite")]
+impl From<sqlx::SqlitePool> for Pool {
+    fn from(pool: sqlx::SqlitePool) -> Self {
+        Pool::Sqlite(pool)
+    }
+}
+
+#[cfg(feature = "mysql")]
+impl From<sqlx::MySqlPool> for Pool {
+    fn from(pool: sqlx::MySqlPool) -> Self {
+        Pool::MySql(pool)
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl From<sqlx::PgPool> for Pool {
+    fn from(pool: sqlx::PgPool) -> Self {
+        Pool::Postgres(pool)
+    }
+}
+
 impl Pool {
     /// The dialect of this pool's database.
     pub fn dialect(&self) -> Dialect {

@@ -234,18 +234,7 @@ impl RedisBackend {
             (Conn::Cluster(conn), nodes)
         } else if url.starts_with("redis://") || url.starts_with("rediss://") {
             let client = crate::tls::client(url, shown, &options)?;
-            // No retry loop inside connect (the redis crate's default backs off for
-            // minutes): an unreachable server is reported at once; after a loss,
-            // the next command reconnects.
-            // No reply timeout (the crate's default is 500 ms): a script that ran but
-            // answered late must not be reported as failed; the callers bound their
-            // own waits (the watchdog by the lease, an acquire by its deadline).
-            let config = redis::aio::ConnectionManagerConfig::new()
-                .set_number_of_retries(0)
-                .set_connection_timeout(Some(options.connect_timeout))
-                .set_response_timeout(None);
-            let conn = client
-                .get_connection_manager_with_config(config)
+            let conn = connection_manager(&client, &options)
                 .await
                 .map_err(|e| unreachable(shown, e))?;
             (Conn::Single(conn), vec![client])
@@ -258,6 +247,71 @@ impl RedisBackend {
                 ),
             ));
         };
+        Self::assemble(conn, nodes, options, shown).await
+    }
+
+    /// Builds the backend on the application's client for one node (`redis://` or
+    /// `rediss://`, with the TLS settings and credentials it was built with): dlock
+    /// opens its own connection manager from it — without a reply timeout, as
+    /// [`RedisBackend::connect`] does — and, unless polling, one pub/sub connection.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: dropped before it returns, the connections it opened close.
+    pub async fn from_client(client: redis::Client, options: RedisOptions) -> Result<Self> {
+        let conn = connection_manager(&client, &options)
+            .await
+            .map_err(|e| unreachable(APPLICATION_CLIENT, e))?;
+        Self::from_connection_manager(client, conn, options).await
+    }
+
+    /// Builds the backend on the application's connection manager (one node): dlock's
+    /// scripts share its multiplexed connection with the application's commands;
+    /// `client`, the one the manager came from, opens the pub/sub connection (unless
+    /// polling) and scans for [`LockAdmin::live_locks`](dlock_spi::LockAdmin).
+    ///
+    /// Build the manager without a reply timeout
+    /// (`ConnectionManagerConfig::set_response_timeout(None)`; the `redis` crate's
+    /// default gives up after 500 ms): a script that ran but answered late would be
+    /// reported as failed — an acquire as an error while it holds the lock until its
+    /// lease ends, a release as failed though it released. dlock's own calls are
+    /// bounded by the manager's `operation_timeout`.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use dlock_redis::{RedisBackend, RedisOptions};
+    /// let client = redis::Client::open("redis://127.0.0.1:6379")?;
+    /// let config = redis::aio::ConnectionManagerConfig::new().set_response_timeout(None);
+    /// let conn = client.get_connection_manager_with_config(config).await?;
+    /// let backend =
+    ///     RedisBackend::from_connection_manager(client, conn, RedisOptions::default()).await?;
+    /// # let _ = backend; Ok(()) }
+    /// ```
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: dropped before it returns, the pub/sub connection it opened closes.
+    pub async fn from_connection_manager(
+        client: redis::Client,
+        conn: ConnectionManager,
+        options: RedisOptions,
+    ) -> Result<Self> {
+        Self::assemble(
+            Conn::Single(conn),
+            vec![client],
+            options,
+            APPLICATION_CLIENT,
+        )
+        .await
+    }
+
+    /// The backend on its connections: checks the options, opens the notices.
+    async fn assemble(
+        conn: Conn,
+        nodes: Vec<redis::Client>,
+        options: RedisOptions,
+        shown: &str,
+    ) -> Result<Self> {
         if options.key_prefix.contains(['{', '}']) {
             return Err(Error::new(
                 ErrorKind::Config,
@@ -480,6 +534,25 @@ async fn bounded<T>(
             format!("no connection within {limit:?}"),
         )))
     })
+}
+
+/// How messages name a client the application gave (it has no URL to show).
+const APPLICATION_CLIENT: &str = "the application's Redis client";
+
+/// dlock's connection manager on `client`. No retry loop inside connect (the redis
+/// crate's default backs off for minutes): an unreachable server is reported at once;
+/// after a loss, the next command reconnects. No reply timeout (the crate's default
+/// is 500 ms): a script that ran but answered late must not be reported as failed;
+/// the chain bounds every call by the manager's `operation_timeout`.
+async fn connection_manager(
+    client: &redis::Client,
+    options: &RedisOptions,
+) -> redis::RedisResult<ConnectionManager> {
+    let config = redis::aio::ConnectionManagerConfig::new()
+        .set_number_of_retries(0)
+        .set_connection_timeout(Some(options.connect_timeout))
+        .set_response_timeout(None);
+    client.get_connection_manager_with_config(config).await
 }
 
 fn unreachable(url: &str, e: redis::RedisError) -> Error {

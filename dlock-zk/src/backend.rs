@@ -126,7 +126,52 @@ impl ZkBackend {
             hosts: parsed.hosts,
             session_timeout: parsed.options.session_timeout,
             digest: parsed.options.digest.clone(),
+            connector: None,
         };
+        Self::assemble(spec, parsed.options, url).await
+    }
+
+    /// Builds the backend on the application's connector — its TLS, authentication
+    /// and session timeout — for the ensemble `hosts` (`host:port,host:port`; with a
+    /// chroot suffix if the application uses one). dlock opens its own sessions with
+    /// it (the first now; a new one whenever a session is lost, as its holds end with
+    /// their session), rather than sharing a client: a shared session would end the
+    /// application's ephemeral nodes and watches along with dlock's holds, and dlock
+    /// could not open the next one. [`ZkOptions::session_timeout`] does not apply
+    /// (the connector has its own); with [`ZkOptions::digest`] set, dlock adds that
+    /// digest authentication and creates its nodes writable by that identity only.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> dlock_spi::Result<()> {
+    /// use std::time::Duration;
+    /// use dlock_zk::{ZkBackend, ZkOptions};
+    /// let connector = zookeeper_client::Client::connector()
+    ///     .with_session_timeout(Duration::from_secs(6));
+    /// let backend =
+    ///     ZkBackend::from_connector(connector, "127.0.0.1:2181", ZkOptions::default()).await?;
+    /// # let _ = backend; Ok(()) }
+    /// ```
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: dropped before it returns, the session it opened closes.
+    pub async fn from_connector(
+        connector: zookeeper_client::Connector,
+        hosts: &str,
+        options: ZkOptions,
+    ) -> Result<Self> {
+        let spec = ConnectSpec {
+            hosts: hosts.to_owned(),
+            session_timeout: options.session_timeout,
+            digest: options.digest.clone(),
+            connector: Some(connector),
+        };
+        let shown = format!("zk://{hosts}");
+        Self::assemble(spec, options, &shown).await
+    }
+
+    /// Opens the first session, creates the root and starts the supervisor.
+    async fn assemble(spec: ConnectSpec, options: ZkOptions, url: &str) -> Result<Self> {
         let (shutdown, shutdown_rx) = watch::channel(());
         let sessions = Sessions::open(spec, shutdown_rx).await.map_err(|e| {
             Error::new(
@@ -139,8 +184,8 @@ impl ZkBackend {
             )
             .set_retryable(e.is_retryable())
         })?;
-        let root = parsed.options.root;
-        let acls = NodeAcls::new(parsed.options.digest.is_some());
+        let root = options.root;
+        let acls = NodeAcls::new(options.digest.is_some());
         sessions
             .current()
             .client
@@ -151,7 +196,7 @@ impl ZkBackend {
             inner: Arc::new(Inner {
                 sessions,
                 root,
-                exclusive: parsed.options.exclusive_node,
+                exclusive: options.exclusive_node,
                 acls,
                 held: Mutex::new(HashMap::new()),
                 attempts: AtomicU64::new(0),

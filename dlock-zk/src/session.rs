@@ -54,15 +54,20 @@ pub(crate) struct ConnectSpec {
     pub(crate) session_timeout: Duration,
     /// Digest credentials `user:password`.
     pub(crate) digest: Option<String>,
+    /// The application's connector (its TLS, authentication and timeouts), used
+    /// instead of one built from `session_timeout`.
+    pub(crate) connector: Option<zookeeper_client::Connector>,
 }
 
 impl ConnectSpec {
     pub(crate) async fn connect(&self) -> Result<Client> {
         // Try every host once and fail, rather than cycling until the session timeout:
         // an unreachable ensemble is reported at once; the supervisor retries itself.
-        let mut connector = Client::connector()
-            .with_session_timeout(self.session_timeout)
-            .with_fail_eagerly();
+        let mut connector = match &self.connector {
+            Some(connector) => connector.clone(),
+            None => Client::connector().with_session_timeout(self.session_timeout),
+        }
+        .with_fail_eagerly();
         if let Some(digest) = &self.digest {
             connector = connector.with_auth("digest", digest.as_bytes());
         }

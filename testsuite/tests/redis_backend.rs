@@ -1090,3 +1090,45 @@ async fn the_last_permit_release_frees_the_name_at_once() {
     granted.unwrap().unlock().await.unwrap();
     m.close().await;
 }
+
+/// Backends built on the application's client and on its connection manager share
+/// locks with one built from the URL, and wake their waiters by release notices.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backends_on_the_applications_client_share_locks_with_one_from_the_url() {
+    let Some(url) = redis_url() else { return };
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let conn = client
+        .get_connection_manager_with_config(
+            redis::aio::ConnectionManagerConfig::new().set_response_timeout(None),
+        )
+        .await
+        .unwrap();
+    let built = [
+        RedisBackend::from_client(client.clone(), RedisOptions::default())
+            .await
+            .unwrap(),
+        RedisBackend::from_connection_manager(client, conn, RedisOptions::default())
+            .await
+            .unwrap(),
+    ];
+    let (_, theirs) = dlock_client(&url, RedisOptions::default()).await;
+    for backend in built {
+        assert!(backend.notices_connected(), "no release notices");
+        let mine = DistributeLockManager::builder(backend.clone())
+            .build()
+            .unwrap();
+        let lock = name("app-client");
+        let held = take(&theirs.lock(&lock), Duration::ZERO).await;
+        assert!(mine
+            .lock(&lock)
+            .try_lock(Duration::ZERO)
+            .await
+            .unwrap()
+            .is_none());
+        // A waiter on the application's client is woken by the release's notice.
+        let woke = wake_after_release(held, mine.lock(&lock), &backend, Duration::ZERO).await;
+        assert!(woke < Duration::from_millis(500), "woken after {woke:?}");
+        mine.close().await;
+    }
+    theirs.close().await;
+}

@@ -649,3 +649,67 @@ async fn a_cancelled_shared_call_leaves_no_open_transaction_behind() {
         observer.close().await;
     }
 }
+
+/// A backend built on the application's own sqlx pool shares locks with one built
+/// from the URL (the same tables, the same grants), and a MySQL pool whose sessions
+/// are not in UTC with READ COMMITTED is refused with what to do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_on_the_applications_pool_shares_locks_with_one_from_the_url() {
+    use std::str::FromStr;
+    for (label, url) in sql_backends() {
+        let pool: dlock_jdbc::SqlPool = match label.as_str() {
+            "sqlite" => sqlx::sqlite::SqlitePoolOptions::new()
+                .connect_lazy_with(
+                    sqlx::sqlite::SqliteConnectOptions::from_str(&url)
+                        .unwrap()
+                        .create_if_missing(true),
+                )
+                .into(),
+            "mysql" => {
+                let plain = sqlx::mysql::MySqlPoolOptions::new()
+                    .connect_lazy(&url)
+                    .unwrap();
+                let err = JdbcBackend::from_pool(plain, JdbcOptions::default())
+                    .await
+                    .map(drop)
+                    .unwrap_err();
+                assert_eq!(err.kind(), ErrorKind::Config, "{label}: {err}");
+                assert!(err.message().contains("prepare_mysql_session"), "{err}");
+                sqlx::mysql::MySqlPoolOptions::new()
+                    .after_connect(dlock_jdbc::prepare_mysql_session)
+                    .connect_lazy(&url)
+                    .unwrap()
+                    .into()
+            }
+            _ => sqlx::postgres::PgPoolOptions::new()
+                .connect_lazy(&url)
+                .unwrap()
+                .into(),
+        };
+        let mine = DistributeLockManager::builder(
+            JdbcBackend::from_pool(pool, JdbcOptions::default())
+                .await
+                .unwrap_or_else(|e| panic!("{label}: {e}")),
+        )
+        .build()
+        .unwrap();
+        let theirs = manager(&url, JdbcOptions::default(), Duration::from_secs(30)).await;
+        let name = format!("app-pool-{:x}", fastrand::u64(..));
+        let held = mine.lock(&name).try_lock(Duration::ZERO).await.unwrap();
+        let held = held.unwrap_or_else(|| panic!("{label}: the pool's backend was refused"));
+        assert!(
+            theirs
+                .lock(&name)
+                .try_lock(Duration::ZERO)
+                .await
+                .unwrap()
+                .is_none(),
+            "{label}: both backends granted {name}"
+        );
+        held.unlock().await.unwrap();
+        let g = theirs.lock(&name).try_lock(Duration::ZERO).await.unwrap();
+        assert!(g.is_some(), "{label}: not free after the release");
+        mine.close().await;
+        theirs.close().await;
+    }
+}
