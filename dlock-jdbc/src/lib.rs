@@ -264,13 +264,20 @@ impl JdbcBackend {
             }
         });
         probe.map_err(|e| {
-            let retryable = !matches!(e, sqlx::Error::Configuration(_) | sqlx::Error::Database(_));
+            // A refused TLS handshake (rustls' errors reach sqlx as invalid data) is
+            // the configuration's to fix, as a bad URL is; retrying will not help.
+            let tls = matches!(&e, sqlx::Error::Tls(_))
+                || matches!(&e, sqlx::Error::Io(io) if io.kind() == std::io::ErrorKind::InvalidData);
+            let retryable =
+                !tls && !matches!(e, sqlx::Error::Configuration(_) | sqlx::Error::Database(_));
+            let hint = if tls {
+                "the TLS handshake failed: check the CA the URL names (PostgreSQL: sslrootcert=…, MySQL: ssl-ca=…), that the URL's host is the one the server's certificate names, and that dlock-jdbc's `tls` feature is on"
+            } else {
+                "check that the server runs, the URL is right and the user may log in"
+            };
             Error::new(
                 if retryable { ErrorKind::Backend } else { ErrorKind::Config },
-                format!(
-                    "cannot connect to {}: {e}; check that the server runs, the URL is right and the user may log in",
-                    redact_url(&url)
-                ),
+                format!("cannot connect to {}: {e}; {hint}", redact_url(&url)),
             )
             .set_retryable(retryable)
         })?;

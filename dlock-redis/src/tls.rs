@@ -118,8 +118,12 @@ pub(crate) fn client(url: &str, shown: &str, options: &RedisOptions) -> Result<r
 #[cfg(feature = "tls")]
 fn tls_client(url: &str, shown: &str, options: &RedisOptions) -> Result<redis::Client> {
     // The redis crate builds its rustls config from the process' default crypto
-    // provider; make sure there is one (a no-op if the application chose its own).
-    let _ = rustls::crypto::ring::default_provider().install_default();
+    // provider and offers no way to pass one: the application's, if it installed
+    // one before connecting; if it installed none, ring's is installed here (rustls
+    // would otherwise pick from its crate features, or panic when several are on).
+    if rustls::crypto::CryptoProvider::get_default().is_none() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
     let client = if !has_certificates(options) {
         redis::Client::open(url)
     } else {

@@ -115,6 +115,44 @@ ensure_postgres() {
   log "PostgreSQL ready at 127.0.0.1:5432"
 }
 
+# A second PostgreSQL on 127.0.0.1:5433 that takes TLS connections only (hostssl),
+# its server certificate signed by a throwaway CA (DIR/ca.crt); DIR/other-ca.crt is a
+# CA that did not sign it, for the wrong-CA test. Data in DIR/data, owned by postgres.
+PG_TLS_DIR="${TMPDIR:-/tmp}/dlock-pg-tls"
+
+pg_tls_ok() {
+  psql "postgresql://postgres@127.0.0.1:5433/postgres?sslmode=verify-full&sslrootcert=$PG_TLS_DIR/ca.crt" \
+    -tAc "SELECT 1" >/dev/null 2>&1
+}
+
+ensure_postgres_tls() {
+  export DLOCK_POSTGRES_TLS_DIR="$PG_TLS_DIR"
+  if [ -f "$PG_TLS_DIR/ca.crt" ] && pg_tls_ok; then
+    log "PostgreSQL with TLS already running on 127.0.0.1:5433"
+    return
+  fi
+  local bin
+  bin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1)
+  [ -n "$bin" ] || fail "no PostgreSQL binaries under /usr/lib/postgresql"
+  if [ -d "$PG_TLS_DIR/data" ]; then
+    as_root runuser -u postgres -- "$bin/pg_ctl" -D "$PG_TLS_DIR/data" stop -m fast >/dev/null 2>&1 || true
+  fi
+  tcp_open 127.0.0.1 5433 && fail "port 5433 is taken by something else; the TLS PostgreSQL needs it"
+  make_tls_certs "$PG_TLS_DIR"
+  make_tls_certs "$PG_TLS_DIR/other" && cp "$PG_TLS_DIR/other/ca.crt" "$PG_TLS_DIR/other-ca.crt"
+  chmod 755 "$PG_TLS_DIR" && chmod 600 "$PG_TLS_DIR/server.key"
+  as_root chown postgres "$PG_TLS_DIR/server.key" "$PG_TLS_DIR/server.crt"
+  as_root install -d -o postgres "$PG_TLS_DIR/data"
+  as_root runuser -u postgres -- "$bin/initdb" -D "$PG_TLS_DIR/data" -A trust -U postgres >/dev/null \
+    || fail "initdb for the TLS PostgreSQL"
+  printf 'hostssl all all 127.0.0.1/32 trust\n' | as_root tee "$PG_TLS_DIR/data/pg_hba.conf" >/dev/null
+  log "starting PostgreSQL with TLS only on 127.0.0.1:5433"
+  as_root runuser -u postgres -- "$bin/pg_ctl" -D "$PG_TLS_DIR/data" -l "$PG_TLS_DIR/data/log" \
+    -o "-c port=5433 -c listen_addresses=127.0.0.1 -c unix_socket_directories=$PG_TLS_DIR/data -c ssl=on -c ssl_cert_file=$PG_TLS_DIR/server.crt -c ssl_key_file=$PG_TLS_DIR/server.key" \
+    start >/dev/null || fail "pg_ctl start (see $PG_TLS_DIR/data/log)"
+  wait_for 30 "PostgreSQL with TLS" pg_tls_ok
+}
+
 ensure_redis_server_binary() {
   command -v redis-server >/dev/null 2>&1 && command -v redis-cli >/dev/null 2>&1 || apt_install redis-server redis-tools
 }
@@ -219,9 +257,13 @@ start_redis_tls() {
   wait_for 30 "Redis with TLS on port $port" redis_tls_cli -h 127.0.0.1 -p "$port" ping
 }
 
-make_redis_tls_certs() {
+make_redis_tls_certs() { make_tls_certs "$REDIS_TLS_DIR"; }
+
+# make_tls_certs DIR: a throwaway CA and, signed by it, a server and a client
+# certificate valid for 127.0.0.1 (DIR/ca.crt, DIR/server.{crt,key}, DIR/client.{crt,key}).
+make_tls_certs() {
   command -v openssl >/dev/null 2>&1 || apt_install openssl
-  local d=$REDIS_TLS_DIR
+  local d=$1
   rm -rf "$d" && mkdir -p "$d"
   openssl req -x509 -newkey rsa:2048 -nodes -days 30 -subj "/CN=dlock test CA" \
     -keyout "$d/ca.key" -out "$d/ca.crt" 2>/dev/null || fail "openssl: CA"
@@ -376,7 +418,7 @@ ensure_backend() {
   case "$1" in
     memory | sqlite) ;; # in-process / a file: nothing to start
     mysql) ensure_mysql ;;
-    postgres) ensure_postgres ;;
+    postgres) ensure_postgres && ensure_postgres_tls ;;
 
     redis | redis-polling) ensure_redis ;;
     redis-cluster) ensure_redis_cluster ;;
