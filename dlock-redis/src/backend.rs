@@ -225,7 +225,7 @@ impl RedisBackend {
                 .collect::<Result<Vec<_>>>()?;
             let builder = redis::cluster::ClusterClientBuilder::new(node_urls.clone())
                 .connection_timeout(options.connect_timeout);
-            let client = crate::tls::cluster(builder, &options)
+            let client = crate::tls::cluster(builder, &options, scheme == "rediss")?
                 .build()
                 .map_err(|e| config_error(shown, e))?;
             let conn = bounded(options.connect_timeout, client.get_async_connection())

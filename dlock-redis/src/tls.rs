@@ -1,8 +1,8 @@
 //! TLS connections (`rediss://`, and `rediss+cluster://` for a Cluster). Certificates
 //! come from [`RedisOptions`] or from the URL's `tls_ca`, `tls_cert` and `tls_key`
 //! parameters (paths of PEM files, so the `dlock` command and `open_backend` can use
-//! them too); without a CA the system's roots verify the server. Needs the crate's
-//! `tls` feature.
+//! them too); without a CA the system's roots verify the server (loaded once per
+//! process, not per connection). Needs the crate's `tls` feature.
 
 use dlock_spi::{redact_url, Error, ErrorKind, Result};
 
@@ -124,18 +124,53 @@ fn tls_client(url: &str, shown: &str, options: &RedisOptions) -> Result<redis::C
     if rustls::crypto::CryptoProvider::get_default().is_none() {
         let _ = rustls::crypto::ring::default_provider().install_default();
     }
-    let client = if !has_certificates(options) {
-        redis::Client::open(url)
-    } else {
-        redis::Client::build_with_tls(url, certificates(options))
-    };
-    client.map_err(|e| config_error(shown, e))
+    redis::Client::build_with_tls(url, certificates(options)?).map_err(|e| config_error(shown, e))
 }
 
-/// The options' certificates as the redis crate takes them.
+/// The system's root certificates as PEM, loaded once per process: the redis crate
+/// would read the whole store (every file of `/etc/ssl/certs`) synchronously on the
+/// runtime's thread for every connection it opens — a stall of 20–200 ms on each
+/// reconnect, longer than a short loss margin — when it is not handed the roots.
 #[cfg(feature = "tls")]
-fn certificates(options: &RedisOptions) -> redis::TlsCertificates {
-    redis::TlsCertificates {
+fn system_roots() -> Result<Vec<u8>> {
+    use base64::Engine;
+    static ROOTS: std::sync::OnceLock<std::result::Result<Vec<u8>, String>> =
+        std::sync::OnceLock::new();
+    let loaded = ROOTS.get_or_init(|| {
+        let found = rustls_native_certs::load_native_certs();
+        if found.certs.is_empty() {
+            if let Some(e) = found.errors.first() {
+                return Err(e.to_string());
+            }
+        }
+        let mut pem = Vec::new();
+        for cert in &found.certs {
+            pem.extend_from_slice(b"-----BEGIN CERTIFICATE-----\n");
+            let text = base64::engine::general_purpose::STANDARD.encode(cert.as_ref());
+            for line in text.as_bytes().chunks(64) {
+                pem.extend_from_slice(line);
+                pem.push(b'\n');
+            }
+            pem.extend_from_slice(b"-----END CERTIFICATE-----\n");
+        }
+        Ok(pem)
+    });
+    loaded.clone().map_err(|e| {
+        config(format!(
+            "cannot load the system's root certificates ({e}); give the server's CA with tls_ca=<pem file> in the URL or RedisOptions::tls_root_certificate"
+        ))
+    })
+}
+
+/// The options' certificates as the redis crate takes them; without a CA, the
+/// system's roots (loaded once).
+#[cfg(feature = "tls")]
+fn certificates(options: &RedisOptions) -> Result<redis::TlsCertificates> {
+    let root_cert = match &options.tls_root_certificate {
+        Some(ca) => ca.clone(),
+        None => system_roots()?,
+    };
+    Ok(redis::TlsCertificates {
         client_tls: options
             .tls_identity
             .as_ref()
@@ -143,8 +178,8 @@ fn certificates(options: &RedisOptions) -> redis::TlsCertificates {
                 client_cert: id.cert_pem.clone(),
                 client_key: id.key_pem.clone(),
             }),
-        root_cert: options.tls_root_certificate.clone(),
-    }
+        root_cert: Some(root_cert),
+    })
 }
 
 #[cfg(not(feature = "tls"))]
@@ -155,21 +190,21 @@ fn tls_client(_url: &str, shown: &str, _options: &RedisOptions) -> Result<redis:
     )))
 }
 
-/// The Cluster client's TLS: the options' certificates, if any (the node URLs'
-/// scheme — `rediss://` from `rediss+cluster://` — turns TLS on; each node was
-/// checked by [`client`] already, which also refuses certificates for plain nodes and
-/// TLS in a build without it).
+/// The Cluster client's TLS: for `tls` (a `rediss+cluster://` URL) the options'
+/// certificates, or the system's roots (the node URLs' scheme turns TLS on; each node
+/// was checked by [`client`] already, which also refuses certificates for plain nodes
+/// and TLS in a build without it).
 pub(crate) fn cluster(
     builder: redis::cluster::ClusterClientBuilder,
     options: &RedisOptions,
-) -> redis::cluster::ClusterClientBuilder {
+    tls: bool,
+) -> Result<redis::cluster::ClusterClientBuilder> {
     #[cfg(feature = "tls")]
-    if has_certificates(options) {
-        return builder.certs(certificates(options));
+    if tls {
+        return Ok(builder.certs(certificates(options)?));
     }
-    #[cfg(not(feature = "tls"))]
-    let _ = options;
-    builder
+    let _ = (options, tls);
+    Ok(builder)
 }
 
 #[cfg(test)]
@@ -212,6 +247,24 @@ mod tests {
         let (url, options) = split("redis://h:1", with_ca).unwrap();
         let err = client(&url, &url, &options).map(drop).unwrap_err();
         assert!(err.message().contains("rediss://"), "{}", err.message());
+    }
+
+    /// The roots handed to the redis crate are the system's, every one of them, as
+    /// PEM it parses.
+    #[cfg(feature = "tls")]
+    #[test]
+    fn the_system_roots_are_handed_over_as_pem() {
+        use rustls::pki_types::pem::PemObject;
+        let pem = system_roots().unwrap();
+        let parsed: Vec<_> = rustls::pki_types::CertificateDer::pem_slice_iter(&pem)
+            .collect::<std::result::Result<_, _>>()
+            .unwrap();
+        let system = rustls_native_certs::load_native_certs().certs;
+        assert!(
+            !system.is_empty(),
+            "this machine has no system roots to compare"
+        );
+        assert_eq!(parsed, system);
     }
 
     #[test]
