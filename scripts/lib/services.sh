@@ -43,8 +43,9 @@ wait_for() {
 # when this returns.
 start_mysql() {
   as_root mkdir -p /run/mysqld && as_root chown mysql:mysql /run/mysqld 2>/dev/null || true
-  as_root start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd -- \
-    --user=mysql --bind-address=127.0.0.1 --port=3306
+  # Matched by its pid file too: the TLS MariaDB on 3307 runs the same executable.
+  as_root start-stop-daemon --start --oknodo --background --pidfile /run/mysqld/mysqld.pid \
+    --exec /usr/sbin/mariadbd -- --user=mysql --bind-address=127.0.0.1 --port=3306
   wait_for 60 "MariaDB" tcp_open 127.0.0.1 3306
 }
 
@@ -115,6 +116,43 @@ ensure_postgres() {
   log "PostgreSQL ready at 127.0.0.1:5432"
 }
 
+# A second MariaDB on 127.0.0.1:3307 that takes TLS connections only
+# (require_secure_transport), its certificate signed by a throwaway CA (DIR/ca.crt);
+# DIR/other-ca.crt is a CA that did not sign it. Data in DIR/data, owned by mysql.
+MYSQL_TLS_DIR="${TMPDIR:-/tmp}/dlock-mysql-tls"
+
+mysql_tls_ok() {
+  mariadb --protocol=tcp -h 127.0.0.1 -P 3307 -u root --ssl --ssl-ca="$MYSQL_TLS_DIR/ca.crt" \
+    --ssl-verify-server-cert -e "SELECT 1" >/dev/null 2>&1
+}
+
+ensure_mysql_tls() {
+  export DLOCK_MYSQL_TLS_DIR="$MYSQL_TLS_DIR"
+  if [ -f "$MYSQL_TLS_DIR/ca.crt" ] && mysql_tls_ok; then
+    log "MariaDB with TLS already running on 127.0.0.1:3307"
+    return
+  fi
+  if [ -f "$MYSQL_TLS_DIR/data/mariadb.pid" ]; then
+    as_root kill "$(cat "$MYSQL_TLS_DIR/data/mariadb.pid")" 2>/dev/null || true
+    sleep 2
+  fi
+  tcp_open 127.0.0.1 3307 && fail "port 3307 is taken by something else; the TLS MariaDB needs it"
+  make_server_tls_dir "$MYSQL_TLS_DIR" mysql
+  as_root mariadb-install-db --no-defaults --user=mysql --datadir="$MYSQL_TLS_DIR/data" \
+    --auth-root-authentication-method=normal >"$MYSQL_TLS_DIR/install.log" 2>&1 \
+    || fail "mariadb-install-db for the TLS MariaDB (see $MYSQL_TLS_DIR/install.log)"
+  log "starting MariaDB with TLS only on 127.0.0.1:3307"
+  as_root runuser -u mysql -- setsid mariadbd --no-defaults --datadir="$MYSQL_TLS_DIR/data" \
+    --port=3307 --bind-address=127.0.0.1 --socket="$MYSQL_TLS_DIR/data/mariadb.sock" \
+    --pid-file="$MYSQL_TLS_DIR/data/mariadb.pid" --log-error="$MYSQL_TLS_DIR/data/error.log" \
+    --ssl-ca="$MYSQL_TLS_DIR/ca.crt" --ssl-cert="$MYSQL_TLS_DIR/server.crt" \
+    --ssl-key="$MYSQL_TLS_DIR/server.key" --require-secure-transport=ON \
+    </dev/null >/dev/null 2>&1 &
+  wait_for 60 "MariaDB with TLS" mysql_tls_ok
+  mariadb --protocol=tcp -h 127.0.0.1 -P 3307 -u root --ssl --ssl-ca="$MYSQL_TLS_DIR/ca.crt" \
+    -e "CREATE DATABASE IF NOT EXISTS test" || fail "cannot create database test on the TLS MariaDB"
+}
+
 # A second PostgreSQL on 127.0.0.1:5433 that takes TLS connections only (hostssl),
 # its server certificate signed by a throwaway CA (DIR/ca.crt); DIR/other-ca.crt is a
 # CA that did not sign it, for the wrong-CA test. Data in DIR/data, owned by postgres.
@@ -138,11 +176,7 @@ ensure_postgres_tls() {
     as_root runuser -u postgres -- "$bin/pg_ctl" -D "$PG_TLS_DIR/data" stop -m fast >/dev/null 2>&1 || true
   fi
   tcp_open 127.0.0.1 5433 && fail "port 5433 is taken by something else; the TLS PostgreSQL needs it"
-  make_tls_certs "$PG_TLS_DIR"
-  make_tls_certs "$PG_TLS_DIR/other" && cp "$PG_TLS_DIR/other/ca.crt" "$PG_TLS_DIR/other-ca.crt"
-  chmod 755 "$PG_TLS_DIR" && chmod 600 "$PG_TLS_DIR/server.key"
-  as_root chown postgres "$PG_TLS_DIR/server.key" "$PG_TLS_DIR/server.crt"
-  as_root install -d -o postgres "$PG_TLS_DIR/data"
+  make_server_tls_dir "$PG_TLS_DIR" postgres
   as_root runuser -u postgres -- "$bin/initdb" -D "$PG_TLS_DIR/data" -A trust -U postgres >/dev/null \
     || fail "initdb for the TLS PostgreSQL"
   printf 'hostssl all all 127.0.0.1/32 trust\n' | as_root tee "$PG_TLS_DIR/data/pg_hba.conf" >/dev/null
@@ -258,6 +292,18 @@ start_redis_tls() {
 }
 
 make_redis_tls_certs() { make_tls_certs "$REDIS_TLS_DIR"; }
+
+# make_server_tls_dir DIR OWNER: make_tls_certs DIR, plus DIR/other-ca.crt (a CA that
+# did not sign the server's certificate), the server's key and certificate readable by
+# OWNER only, and DIR/data for OWNER's server.
+make_server_tls_dir() {
+  local d=$1 owner=$2
+  make_tls_certs "$d"
+  make_tls_certs "$d/other" && cp "$d/other/ca.crt" "$d/other-ca.crt"
+  chmod 755 "$d" && chmod 600 "$d/server.key"
+  as_root chown "$owner" "$d/server.key" "$d/server.crt"
+  as_root install -d -o "$owner" "$d/data"
+}
 
 # make_tls_certs DIR: a throwaway CA and, signed by it, a server and a client
 # certificate valid for 127.0.0.1 (DIR/ca.crt, DIR/server.{crt,key}, DIR/client.{crt,key}).
@@ -417,7 +463,7 @@ ensure_zookeeper_ensemble() {
 ensure_backend() {
   case "$1" in
     memory | sqlite) ;; # in-process / a file: nothing to start
-    mysql) ensure_mysql ;;
+    mysql) ensure_mysql && ensure_mysql_tls ;;
     postgres) ensure_postgres && ensure_postgres_tls ;;
 
     redis | redis-polling) ensure_redis ;;

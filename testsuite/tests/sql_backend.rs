@@ -714,61 +714,75 @@ async fn a_backend_on_the_applications_pool_shares_locks_with_one_from_the_url()
     }
 }
 
-/// PostgreSQL over TLS (the project's script runs one on 127.0.0.1:5433 that takes
-/// TLS connections only, its certificate signed by a throwaway CA): with the
-/// certificate verified against that CA the backend works; against another CA it
-/// is refused, and so is a connection without TLS.
+/// MySQL and PostgreSQL over TLS (the project's script runs a second server of each —
+/// MariaDB on 127.0.0.1:3307, PostgreSQL on 127.0.0.1:5433 — that takes TLS
+/// connections only, its certificate signed by a throwaway CA): with the certificate
+/// verified against that CA the backend works; against another CA it is refused
+/// (a `Config` error naming the CA parameter), and so is a connection without TLS.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_over_tls_verifies_the_server_certificate() {
-    if !selected().iter().any(|l| l == "postgres") {
-        eprintln!("postgres is not selected; nothing to check here");
-        return;
-    }
-    let dir = std::env::var("DLOCK_POSTGRES_TLS_DIR").unwrap_or_else(|_| {
-        format!(
-            "{}/dlock-pg-tls",
-            std::env::var("TMPDIR").unwrap_or_else(|_| "/tmp".to_owned())
-        )
-    });
-    let url = |mode: &str, ca: &str| {
-        format!("postgres://postgres@127.0.0.1:5433/postgres?sslmode={mode}&sslrootcert={dir}/{ca}")
-    };
-    let backend = JdbcBackend::connect(&url("verify-full", "ca.crt"))
-        .await
-        .unwrap_or_else(|e| {
-            panic!("TLS PostgreSQL at 127.0.0.1:5433 (started by scripts/test): {e:#}")
-        });
-    let m = DistributeLockManager::builder(backend).build().unwrap();
-    let name = format!("tls-{:x}", fastrand::u64(..));
-    let g = m.lock(&name).try_lock(Duration::ZERO).await.unwrap();
-    g.expect("not granted over TLS").unlock().await.unwrap();
-    m.close().await;
-    for (mode, ca, what) in [
-        (
-            "verify-full",
-            "other-ca.crt",
-            "a certificate another CA signed",
-        ),
-        ("disable", "ca.crt", "a connection without TLS"),
-    ] {
-        let err = JdbcBackend::connect(&url(mode, ca))
-            .await
-            .map(drop)
-            .expect_err(what);
-        let text = format!("{err:#}");
-        assert!(!err.message().is_empty(), "{what}: {text}");
-        eprintln!("{what}: refused: {text}");
-        if mode == "disable" {
-            assert!(text.contains("no encryption"), "{what}: {text}");
-        } else {
-            assert!(
-                text.to_lowercase().contains("certificate"),
-                "{what}: {text}"
-            );
-            // Not a blip: retrying will not help, the configuration must change.
-            assert_eq!(err.kind(), ErrorKind::Config, "{what}: {text}");
-            assert!(!err.is_retryable(), "{what}: {text}");
-            assert!(err.message().contains("sslrootcert"), "{what}: {text}");
+async fn sql_over_tls_verifies_the_server_certificate() {
+    let tmp = std::env::var("TMPDIR").unwrap_or_else(|_| "/tmp".to_owned());
+    let servers = [
+        ("mysql", "DLOCK_MYSQL_TLS_DIR", "dlock-mysql-tls"),
+        ("postgres", "DLOCK_POSTGRES_TLS_DIR", "dlock-pg-tls"),
+    ];
+    let chosen = selected();
+    let mut checked = 0;
+    for (label, var, default_dir) in servers {
+        if !chosen.iter().any(|l| l == label) {
+            continue;
         }
+        checked += 1;
+        let dir = std::env::var(var).unwrap_or_else(|_| format!("{tmp}/{default_dir}"));
+        let url = |verify: bool, ca: &str| {
+            match (label, verify) {
+            ("mysql", true) => format!(
+                "mysql://root@127.0.0.1:3307/test?ssl-mode=VERIFY_IDENTITY&ssl-ca={dir}/{ca}"
+            ),
+            ("mysql", false) => "mysql://root@127.0.0.1:3307/test?ssl-mode=DISABLED".to_owned(),
+            (_, true) => format!(
+                "postgres://postgres@127.0.0.1:5433/postgres?sslmode=verify-full&sslrootcert={dir}/{ca}"
+            ),
+            (_, false) => "postgres://postgres@127.0.0.1:5433/postgres?sslmode=disable".to_owned(),
+        }
+        };
+        let backend = JdbcBackend::connect(&url(true, "ca.crt"))
+            .await
+            .unwrap_or_else(|e| panic!("{label} over TLS (started by scripts/test): {e:#}"));
+        let m = DistributeLockManager::builder(backend).build().unwrap();
+        let name = format!("tls-{:x}", fastrand::u64(..));
+        let g = m.lock(&name).try_lock(Duration::ZERO).await.unwrap();
+        g.unwrap_or_else(|| panic!("{label}: not granted over TLS"))
+            .unlock()
+            .await
+            .unwrap();
+        m.close().await;
+        for (verify, ca, what) in [
+            (true, "other-ca.crt", "a certificate another CA signed"),
+            (false, "ca.crt", "a connection without TLS"),
+        ] {
+            let err = JdbcBackend::connect(&url(verify, ca))
+                .await
+                .map(drop)
+                .expect_err(what);
+            let text = format!("{err:#}");
+            eprintln!("{label}: {what}: refused: {text}");
+            if verify {
+                assert!(
+                    text.to_lowercase().contains("certificate"),
+                    "{label}: {what}: {text}"
+                );
+                // Not a blip: retrying will not help, the configuration must change.
+                assert_eq!(err.kind(), ErrorKind::Config, "{label}: {what}: {text}");
+                assert!(!err.is_retryable(), "{label}: {what}: {text}");
+                assert!(
+                    err.message().contains("sslrootcert"),
+                    "{label}: {what}: {text}"
+                );
+            }
+        }
+    }
+    if checked == 0 {
+        eprintln!("neither mysql nor postgres is selected; nothing to check here");
     }
 }
