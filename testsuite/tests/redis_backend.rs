@@ -44,6 +44,17 @@ async fn raw_connection(url: &str) -> redis::aio::MultiplexedConnection {
         .unwrap()
 }
 
+/// The fault proxy in front of the Redis on 6379, and a backend connected through it.
+async fn proxied_backend() -> (FaultProxy, RedisBackend) {
+    let proxy = FaultProxy::start("127.0.0.1:6379".parse().unwrap())
+        .await
+        .unwrap();
+    let backend = RedisBackend::connect(&format!("redis://{}", proxy.addr()))
+        .await
+        .unwrap();
+    (proxy, backend)
+}
+
 fn name(tag: &str) -> String {
     format!("{tag}-{:x}", fastrand::u64(..))
 }
@@ -143,12 +154,8 @@ async fn a_dead_fair_waiter_is_skipped_once_its_liveness_lapses() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_outage_is_typed_loses_on_time_and_notices_resume() {
     let Some(_url) = redis_url() else { return };
-    let proxy = FaultProxy::start("127.0.0.1:6379".parse().unwrap())
-        .await
-        .unwrap();
-    let url = format!("redis://{}", proxy.addr());
+    let (proxy, backend) = proxied_backend().await;
     let lease = Duration::from_millis(900);
-    let backend = RedisBackend::connect(&url).await.unwrap();
     let m = DistributeLockManager::builder(backend.clone())
         .lease(lease)
         .operation_timeout(Duration::from_millis(500))
@@ -945,12 +952,7 @@ async fn a_black_holed_holder_hears_of_its_loss_a_margin_before_the_next_grant()
     let lease = Duration::from_secs(2);
     let (_, rival) = dlock_client(&url, RedisOptions::default()).await;
     for margin in [None, Some(Duration::from_millis(150))] {
-        let proxy = FaultProxy::start("127.0.0.1:6379".parse().unwrap())
-            .await
-            .unwrap();
-        let backend = RedisBackend::connect(&format!("redis://{}", proxy.addr()))
-            .await
-            .unwrap();
+        let (proxy, backend) = proxied_backend().await;
         let mut builder = DistributeLockManager::builder(backend).lease(lease);
         if let Some(margin) = margin {
             builder = builder.loss_margin(margin);
@@ -968,16 +970,11 @@ async fn a_black_holed_holder_hears_of_its_loss_a_margin_before_the_next_grant()
 /// A slow reply is awaited, not timed out by the client: the redis crate gives up
 /// on a reply after 500 ms by default, when the script may have run (a grant the
 /// caller never hears of, a release reported as failed). Every reply here comes
-/// 700 ms late; the lock, its reentry and its release all succeed.
+/// 700 ms late; the lock and its release both succeed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_reply_is_awaited_not_timed_out() {
     let Some(_url) = redis_url() else { return };
-    let proxy = FaultProxy::start("127.0.0.1:6379".parse().unwrap())
-        .await
-        .unwrap();
-    let backend = RedisBackend::connect(&format!("redis://{}", proxy.addr()))
-        .await
-        .unwrap();
+    let (proxy, backend) = proxied_backend().await;
     let m = DistributeLockManager::builder(backend).build().unwrap();
     let lock = m.lock(&name("slow-reply"));
     proxy.set(Fault::Delay(Duration::from_millis(700)));
