@@ -129,6 +129,9 @@ pub(crate) async fn connect(
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> ExitCode {
+    // The process' rustls crypto provider, which the redis crate's TLS uses (an
+    // application's choice: libraries install none).
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let cli = Cli::parse();
     if cli.log {
         let filter = tracing_subscriber::EnvFilter::try_from_default_env()

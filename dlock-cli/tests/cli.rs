@@ -441,9 +441,16 @@ async fn elect_runs_one_leader_at_a_time() {
     for (label, url) in sql_urls() {
         let ns = namespace();
         let log = std::env::temp_dir().join(format!("dlock-elect-{:016x}.log", fastrand::u64(..)));
+        let go = log.with_extension("go");
+        // A leader's term lasts until the test has seen it in `dlock status` and
+        // started the second contender (the file `go`; at most 20 s), then 0.5 s: a
+        // fixed term could end, under load, before any `status` caught it.
         let script = format!(
-            "echo start $DLOCK_LEADER_VALUE $DLOCK_FENCING_TOKEN >> {0}; sleep 1; echo end $DLOCK_LEADER_VALUE >> {0}; exit 4",
-            log.display()
+            "echo start $DLOCK_LEADER_VALUE $DLOCK_FENCING_TOKEN >> {0}; i=0; \
+             while [ ! -e {1} ] && [ $i -lt 400 ]; do sleep 0.05; i=$((i+1)); done; \
+             sleep 0.5; echo end $DLOCK_LEADER_VALUE >> {0}; exit 4",
+            log.display(),
+            go.display()
         );
         let first = spawn_dlock(
             &url,
@@ -473,7 +480,9 @@ async fn elect_runs_one_leader_at_a_time() {
             &ns,
             &["elect", "chief", "--value", "b", "--", "sh", "-c", &script],
         );
+        std::fs::write(&go, b"").unwrap();
         let (a, b) = (finished(first).await, finished(second).await);
+        let _ = std::fs::remove_file(&go);
         for out in [&a, &b] {
             assert_eq!(
                 out.status.code(),
@@ -659,11 +668,14 @@ async fn a_planted_password_shows_nowhere_a_user_looks() {
         }
         // The same credentials towards a port nobody listens on: the error names the
         // place, not the password.
-        let refused_url = url
-            .replace(":3306/", ":1/")
-            .replace(":5432/", ":1/")
-            .replace(":6379", ":1")
-            .replace(":2181/", ":1/");
+        let refused_url = [
+            ":3306/", ":5432/", ":6379", ":6390", ":7000", ":7001", ":7002", ":7100", ":7101",
+            ":7102", ":2181/",
+        ]
+        .iter()
+        .fold(url.clone(), |u, port| {
+            u.replace(port, if port.ends_with('/') { ":1/" } else { ":1" })
+        });
         let refused = dlock(&refused_url, &ns, &["--log", "status", "planted:1"]);
         assert!(!refused.status.success(), "{label}: {refused_url} answered");
         record("refused", &refused);

@@ -101,16 +101,10 @@ impl LockHandler for LoggingHandler {
         }
         let result = next.invoke(ctx).instrument(span.clone()).await;
         let elapsed = ms(ctx.started);
-        let outcome = match &result {
-            Ok(AcquireResult::Acquired { token, .. }) => {
-                span.record("token", token.get());
-                "acquired"
-            }
-            // A try-once that found the lock held did not time out: it never waited.
-            Ok(AcquireResult::NotAcquired { .. }) if ctx.wait().is_zero() => "busy",
-            Ok(AcquireResult::NotAcquired { .. }) => "timeout",
-            Err(e) => e.kind().as_str(),
-        };
+        if let Ok(AcquireResult::Acquired { token, .. }) = &result {
+            span.record("token", token.get());
+        }
+        let outcome = ctx.outcome(&result).as_str();
         span.record("outcome", outcome);
         span.record("elapsed_ms", elapsed);
         if access {

@@ -37,8 +37,8 @@ use std::sync::{Arc, PoisonError, RwLock};
 
 use async_trait::async_trait;
 use dlock_spi::{
-    AcquireChain, AcquireContext, AcquireResult, LockHandler, LockName, LostEvent, ReleaseChain,
-    ReleaseContext, ReleaseResult, RenewEvent, RenewResult, Result,
+    AcquireChain, AcquireContext, AcquireOutcome, AcquireResult, LockHandler, LockName, LostEvent,
+    ReleaseChain, ReleaseContext, ReleaseResult, RenewEvent, RenewResult, Result,
 };
 use metrics::Unit;
 
@@ -84,15 +84,13 @@ fn describe() {
     );
 }
 
-/// An acquire's outcome label: `acquired`, `busy`, `timeout`.
-#[derive(Clone, Copy)]
-enum Acquire {
-    Acquired = 0,
-    Busy = 1,
-    Timeout = 2,
-}
-
-const ACQUIRE_OUTCOMES: [&str; 3] = ["acquired", "busy", "timeout"];
+/// The outcomes whose series are registered up front, in the order of
+/// [`Handles::acquires`] and [`Handles::waits`].
+const ACQUIRE_OUTCOMES: [AcquireOutcome; 3] = [
+    AcquireOutcome::Acquired,
+    AcquireOutcome::Busy,
+    AcquireOutcome::Timeout,
+];
 
 /// The hot-path series of one (backend, group), registered once.
 struct Handles {
@@ -107,8 +105,8 @@ impl Handles {
     fn new(backend: &'static str, group: &str) -> Self {
         describe();
         let g = || group.to_owned();
-        let counter = |o: &'static str| metrics::counter!(ACQUIRE_TOTAL, "backend" => backend, "group" => g(), "outcome" => o);
-        let wait = |o: &'static str| metrics::histogram!(ACQUIRE_WAIT, "backend" => backend, "group" => g(), "outcome" => o);
+        let counter = |o: AcquireOutcome| metrics::counter!(ACQUIRE_TOTAL, "backend" => backend, "group" => g(), "outcome" => o.as_str());
+        let wait = |o: AcquireOutcome| metrics::histogram!(ACQUIRE_WAIT, "backend" => backend, "group" => g(), "outcome" => o.as_str());
         Handles {
             acquires: ACQUIRE_OUTCOMES.map(counter),
             waits: ACQUIRE_OUTCOMES.map(wait),
@@ -191,24 +189,19 @@ impl LockHandler for MetricsHandler {
         let group = self.group_of(&ctx.request.name);
         let h = self.handles(ctx.backend, group);
         let waited = ctx.started.elapsed().as_secs_f64();
-        let outcome = match &result {
-            Ok(AcquireResult::Acquired { .. }) => {
-                h.held.increment(1.0);
-                Acquire::Acquired
-            }
-            // A try-once that found the lock held did not time out: it never waited.
-            Ok(AcquireResult::NotAcquired { .. }) if ctx.wait().is_zero() => Acquire::Busy,
-            Ok(AcquireResult::NotAcquired { .. }) => Acquire::Timeout,
-            Err(e) => {
-                // Errors are rare: register their series on demand.
-                let (backend, group, kind) = (ctx.backend, group.to_owned(), e.kind().as_str());
-                metrics::counter!(ACQUIRE_TOTAL, "backend" => backend, "group" => group.clone(), "outcome" => kind).increment(1);
-                metrics::histogram!(ACQUIRE_WAIT, "backend" => backend, "group" => group, "outcome" => kind).record(waited);
-                return result;
-            }
+        let outcome = ctx.outcome(&result);
+        if outcome == AcquireOutcome::Acquired {
+            h.held.increment(1.0);
+        }
+        let Some(series) = ACQUIRE_OUTCOMES.iter().position(|o| *o == outcome) else {
+            // Errors are rare: register their series on demand.
+            let (backend, group, outcome) = (ctx.backend, group.to_owned(), outcome.as_str());
+            metrics::counter!(ACQUIRE_TOTAL, "backend" => backend, "group" => group.clone(), "outcome" => outcome).increment(1);
+            metrics::histogram!(ACQUIRE_WAIT, "backend" => backend, "group" => group, "outcome" => outcome).record(waited);
+            return result;
         };
-        h.acquires[outcome as usize].increment(1);
-        h.waits[outcome as usize].record(waited);
+        h.acquires[series].increment(1);
+        h.waits[series].record(waited);
         result
     }
 

@@ -213,10 +213,7 @@ impl RedisBackend {
         let url = url.as_str();
         let (conn, nodes) = if let Some((rest, scheme)) = split_cluster_url(url) {
             if options.replica_ack.is_some() {
-                return Err(Error::new(
-                    ErrorKind::Config,
-                    "replica acknowledgement (WAIT) is supported on a single node only; remove replica_ack for Cluster",
-                ));
+                return Err(replica_ack_on_cluster());
             }
             let node_urls = parse_cluster_url(url, rest, scheme)?;
             let nodes = node_urls
@@ -301,6 +298,64 @@ impl RedisBackend {
             vec![client],
             options,
             APPLICATION_CLIENT,
+        )
+        .await
+    }
+
+    /// Builds the backend on the application's Cluster client (its credentials, TLS
+    /// and routing settings): dlock opens its own Cluster connection from it.
+    /// `nodes` are clients for the Cluster's nodes, built with the same credentials
+    /// and TLS: release notices are subscribed through the first (a Cluster
+    /// broadcasts `PUBLISH` to every node), and [`LockAdmin::live_locks`] scans each
+    /// — give every master for a complete listing, as a `redis+cluster://` URL's
+    /// node list does.
+    ///
+    /// Build the client without a reply timeout (the `redis` crate's Cluster builder
+    /// sets none unless `response_timeout` is called): a script that ran but
+    /// answered late would be reported as failed. dlock's own calls are bounded by
+    /// the manager's `operation_timeout`.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use dlock_redis::{RedisBackend, RedisOptions};
+    /// let seeds = ["redis://127.0.0.1:7000", "redis://127.0.0.1:7001", "redis://127.0.0.1:7002"];
+    /// let cluster = redis::cluster::ClusterClient::new(seeds.to_vec())?;
+    /// let nodes = seeds.iter().map(|u| redis::Client::open(*u)).collect::<Result<_, _>>()?;
+    /// let backend = RedisBackend::from_cluster_client(cluster, nodes, RedisOptions::default()).await?;
+    /// # let _ = backend; Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Config`] when `nodes` is empty or the options ask for replica
+    /// acknowledgement (single node only); a connection error when the Cluster
+    /// cannot be reached within [`RedisOptions::connect_timeout`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: dropped before it returns, the connections it opened close.
+    pub async fn from_cluster_client(
+        client: redis::cluster::ClusterClient,
+        nodes: Vec<redis::Client>,
+        options: RedisOptions,
+    ) -> Result<Self> {
+        if nodes.is_empty() {
+            return Err(Error::new(
+                ErrorKind::Config,
+                "from_cluster_client needs a client for at least one of the Cluster's nodes (for release notices and listing locks); pass one per master",
+            ));
+        }
+        if options.replica_ack.is_some() {
+            return Err(replica_ack_on_cluster());
+        }
+        let conn = bounded(options.connect_timeout, client.get_async_connection())
+            .await
+            .map_err(|e| unreachable(APPLICATION_CLUSTER_CLIENT, e))?;
+        Self::assemble(
+            Conn::Cluster(conn),
+            nodes,
+            options,
+            APPLICATION_CLUSTER_CLIENT,
         )
         .await
     }
@@ -538,6 +593,14 @@ async fn bounded<T>(
 
 /// How messages name a client the application gave (it has no URL to show).
 const APPLICATION_CLIENT: &str = "the application's Redis client";
+const APPLICATION_CLUSTER_CLIENT: &str = "the application's Redis Cluster client";
+
+fn replica_ack_on_cluster() -> Error {
+    Error::new(
+        ErrorKind::Config,
+        "replica acknowledgement (WAIT) is supported on a single node only; remove replica_ack for Cluster",
+    )
+}
 
 /// dlock's connection manager on `client`. No retry loop inside connect (the redis
 /// crate's default backs off for minutes): an unreachable server is reported at once;

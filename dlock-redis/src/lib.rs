@@ -57,7 +57,12 @@
 //!   rustls): the server is verified against the system's roots or a given CA
 //!   ([`RedisOptions::tls_root_certificate`], URL parameter `tls_ca=<pem file>`); a
 //!   client certificate can be presented ([`RedisOptions::tls_identity`],
-//!   `tls_cert=<file>&tls_key=<file>`).
+//!   `tls_cert=<file>&tls_key=<file>`). The redis crate builds its TLS configuration
+//!   from the process' default rustls crypto provider and takes no other: the
+//!   application installs it, early in `main` and before connecting
+//!   (`rustls::crypto::ring::default_provider().install_default()`, or aws-lc-rs').
+//!   dlock installs none; connecting without one is a [`dlock_spi::ErrorKind::Config`]
+//!   error that says so.
 //! * **Replica acknowledgement** ([`RedisOptions::replica_ack`], single node): after an
 //!   acquire, `WAIT n timeout`; with fewer acknowledgements the lock is released and the
 //!   acquire fails.

@@ -118,11 +118,17 @@ pub(crate) fn client(url: &str, shown: &str, options: &RedisOptions) -> Result<r
 #[cfg(feature = "tls")]
 fn tls_client(url: &str, shown: &str, options: &RedisOptions) -> Result<redis::Client> {
     // The redis crate builds its rustls config from the process' default crypto
-    // provider and offers no way to pass one: the application's, if it installed
-    // one before connecting; if it installed none, ring's is installed here (rustls
-    // would otherwise pick from its crate features, or panic when several are on).
+    // provider and takes no other. Choosing that default is the application's call
+    // (rustls: "applications should call install_default early in main"); dlock
+    // installs none behind its back, and refuses to connect rather than let rustls
+    // panic on a connection task when it finds none.
     if rustls::crypto::CryptoProvider::get_default().is_none() {
-        let _ = rustls::crypto::ring::default_provider().install_default();
+        return Err(config(format!(
+            "{} needs TLS, and no rustls crypto provider is installed for this process (the redis crate uses the process default and takes no other); \
+             install one before connecting, early in main: rustls::crypto::ring::default_provider().install_default() \
+             (or aws_lc_rs' with rustls' aws_lc_rs feature)",
+            redact_url(shown)
+        )));
     }
     redis::Client::build_with_tls(url, certificates(options)?).map_err(|e| config_error(shown, e))
 }

@@ -65,6 +65,46 @@ impl AcquireContext {
             d.saturating_duration_since(self.started)
         })
     }
+
+    /// What `result`, this acquire's, comes to for logs and metrics: the one place
+    /// that tells a try-once that found the lock held ([`AcquireOutcome::Busy`]) from
+    /// a wait that gave up ([`AcquireOutcome::Timeout`]).
+    pub fn outcome(&self, result: &Result<AcquireResult>) -> AcquireOutcome {
+        match result {
+            Ok(AcquireResult::Acquired { .. }) => AcquireOutcome::Acquired,
+            // A try-once that found the lock held did not time out: it never waited.
+            Ok(AcquireResult::NotAcquired { .. }) if self.wait().is_zero() => AcquireOutcome::Busy,
+            Ok(AcquireResult::NotAcquired { .. }) => AcquireOutcome::Timeout,
+            Err(e) => AcquireOutcome::Failed(e.kind()),
+        }
+    }
+}
+
+/// How an acquire ended, as logs and metrics name it ([`AcquireContext::outcome`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum AcquireOutcome {
+    /// Granted.
+    Acquired,
+    /// Not granted by a try-once (no wait): the lock was held.
+    Busy,
+    /// Not granted within the caller's wait.
+    Timeout,
+    /// An error of this kind.
+    Failed(ErrorKind),
+}
+
+impl AcquireOutcome {
+    /// The label: `acquired`, `busy`, `timeout`, or the error kind's
+    /// ([`ErrorKind::as_str`]).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AcquireOutcome::Acquired => "acquired",
+            AcquireOutcome::Busy => "busy",
+            AcquireOutcome::Timeout => "timeout",
+            AcquireOutcome::Failed(kind) => kind.as_str(),
+        }
+    }
 }
 
 /// Everything a handler knows about one release.

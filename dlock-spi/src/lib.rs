@@ -45,8 +45,8 @@ mod types;
 pub use backoff::{Backoff, BackoffKind, Jitter};
 pub use capabilities::Capabilities;
 pub use chain::{
-    AcquireChain, AcquireContext, HandlerChain, LockHandler, LostEvent, ReleaseChain,
-    ReleaseContext, RenewEvent, MAX_LEASE,
+    AcquireChain, AcquireContext, AcquireOutcome, HandlerChain, LockHandler, LostEvent,
+    ReleaseChain, ReleaseContext, RenewEvent, MAX_LEASE,
 };
 pub use error::{Error, ErrorKind, Result};
 pub use events::{ChangeFeed, LockEvents};

@@ -34,7 +34,14 @@ pub const KNOWN: &[&str] = &[
 /// (MariaDB root with no password and PostgreSQL trust auth, database `test`, on
 /// 127.0.0.1; SQLite in a fresh temporary file, which the test backend opened on it
 /// in this process removes when dropped).
+///
+/// For the TLS labels it first installs ring's rustls crypto provider as the
+/// process default, as an application does in `main` ([`install_crypto_provider`]):
+/// the redis crate needs one and dlock installs none.
 pub fn server_url(label: &str) -> Option<String> {
+    if label.ends_with("-tls") {
+        install_crypto_provider();
+    }
     let var = format!("DLOCK_{}_URL", label.to_ascii_uppercase().replace('-', "_"));
     if let Ok(url) = std::env::var(&var) {
         return Some(url);
@@ -72,16 +79,67 @@ pub fn server_url(label: &str) -> Option<String> {
     }
 }
 
+/// Makes (or resets) the user `dlock-secrets` with `password` and every right on the
+/// Redis node at 127.0.0.1:`port` (over TLS with the test certificates when `tls`).
+async fn redis_acl_user(port: u16, tls: bool, password: &str) -> redis::RedisResult<()> {
+    let client = if tls {
+        install_crypto_provider();
+        let dir = redis_tls_dir();
+        let read =
+            |file: &str| std::fs::read(format!("{dir}/{file}")).map_err(redis::RedisError::from);
+        redis::Client::build_with_tls(
+            format!("rediss://127.0.0.1:{port}"),
+            redis::TlsCertificates {
+                client_tls: Some(redis::ClientTlsConfig {
+                    client_cert: read("client.crt")?,
+                    client_key: read("client.key")?,
+                }),
+                root_cert: Some(read("ca.crt")?),
+            },
+        )?
+    } else {
+        redis::Client::open(format!("redis://127.0.0.1:{port}"))?
+    };
+    let mut c = client.get_multiplexed_async_connection().await?;
+    redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("dlock-secrets")
+        .arg("reset")
+        .arg("on")
+        .arg(format!(">{password}"))
+        .arg("~*")
+        .arg("&*")
+        .arg("+@all")
+        .query_async::<()>(&mut c)
+        .await
+}
+
+/// Installs ring's rustls crypto provider as the process default unless one is
+/// installed already — what an application using Redis over TLS does early in
+/// `main` (the test binaries and tools of this crate are that application).
+pub fn install_crypto_provider() {
+    if rustls::crypto::CryptoProvider::get_default().is_none() {
+        // Another thread may have installed one meanwhile: either is ring's.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
+}
+
 /// The URL parameters naming the CA and client certificate `scripts/test` made for
 /// its TLS servers (in DLOCK_REDIS_TLS_DIR).
-fn redis_tls_params() -> String {
-    let dir = std::env::var("DLOCK_REDIS_TLS_DIR").unwrap_or_else(|_| {
+pub fn redis_tls_params() -> String {
+    let dir = redis_tls_dir();
+    format!("tls_ca={dir}/ca.crt&tls_cert={dir}/client.crt&tls_key={dir}/client.key")
+}
+
+/// Where `scripts/test` keeps the CA and client certificate of its Redis TLS
+/// servers (DLOCK_REDIS_TLS_DIR).
+fn redis_tls_dir() -> String {
+    std::env::var("DLOCK_REDIS_TLS_DIR").unwrap_or_else(|_| {
         std::env::temp_dir()
             .join("dlock-redis-tls")
             .display()
             .to_string()
-    });
-    format!("tls_ca={dir}/ca.crt&tls_cert={dir}/client.crt&tls_key={dir}/client.key")
+    })
 }
 
 /// The file-name prefix of the SQLite files [`server_url`] makes in this process.
@@ -346,26 +404,35 @@ pub async fn url_with_password(label: &str, password: &str) -> Result<Option<Str
         "postgres" => Ok(Some(format!(
             "postgres://postgres:{password}@127.0.0.1:5432/test"
         ))),
-        "redis" => {
-            let client = redis::Client::open("redis://127.0.0.1:6379").map_err(|e| err(&e))?;
-            let mut c = client
-                .get_multiplexed_async_connection()
-                .await
-                .map_err(|e| err(&e))?;
-            redis::cmd("ACL")
-                .arg("SETUSER")
-                .arg("dlock-secrets")
-                .arg("reset")
-                .arg("on")
-                .arg(format!(">{password}"))
-                .arg("~*")
-                .arg("&*")
-                .arg("+@all")
-                .query_async::<()>(&mut c)
-                .await
-                .map_err(|e| err(&e))?;
+        "redis" | "redis-cluster" | "redis-tls" | "redis-cluster-tls" => {
+            let tls = label.ends_with("-tls");
+            let ports: &[u16] = match label {
+                "redis" => &[6379],
+                "redis-tls" => &[6390],
+                "redis-cluster" => &[7000, 7001, 7002],
+                _ => &[7100, 7101, 7102],
+            };
+            // ACLs are per node: the user is made on each of them.
+            for port in ports {
+                redis_acl_user(*port, tls, password)
+                    .await
+                    .map_err(|e| err(&e))?;
+            }
+            let hosts: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+            let scheme = match label {
+                "redis" => "redis",
+                "redis-tls" => "rediss",
+                "redis-cluster" => "redis+cluster",
+                _ => "rediss+cluster",
+            };
+            let query = if tls {
+                format!("/?{}", redis_tls_params())
+            } else {
+                String::new()
+            };
             Ok(Some(format!(
-                "redis://dlock-secrets:{password}@127.0.0.1:6379"
+                "{scheme}://dlock-secrets:{password}@{}{query}",
+                hosts.join(",")
             )))
         }
         // A root of its own: nodes made under a digest identity are that identity's

@@ -1129,3 +1129,76 @@ async fn backends_on_the_applications_client_share_locks_with_one_from_the_url()
     }
     theirs.close().await;
 }
+
+/// A backend built on the application's Cluster client (with clients for its nodes)
+/// shares locks with one built from the `redis+cluster://` URL, wakes its waiters by
+/// release notices and lists the locks held on every node; without a node client it
+/// is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_on_the_applications_cluster_client_shares_locks_with_one_from_the_url() {
+    if !selected().iter().any(|l| l == "redis-cluster") {
+        eprintln!("redis-cluster is not selected in DLOCK_TEST_BACKENDS; nothing to check here");
+        return;
+    }
+    let url = server_url("redis-cluster").unwrap();
+    let seeds: Vec<String> = url
+        .trim_start_matches("redis+cluster://")
+        .split(',')
+        .map(|h| format!("redis://{h}"))
+        .collect();
+    let cluster = || redis::cluster::ClusterClient::new(seeds.clone()).unwrap();
+    let err = RedisBackend::from_cluster_client(cluster(), Vec::new(), RedisOptions::default())
+        .await
+        .map(drop)
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Config, "{err:#}");
+    let nodes = seeds
+        .iter()
+        .map(|u| redis::Client::open(u.as_str()).unwrap())
+        .collect();
+    let backend = RedisBackend::from_cluster_client(cluster(), nodes, RedisOptions::default())
+        .await
+        .unwrap();
+    assert!(backend.notices_connected(), "no release notices");
+    let (_, theirs) = dlock_client(&url, RedisOptions::default()).await;
+    let mine = DistributeLockManager::builder(backend.clone())
+        .build()
+        .unwrap();
+    // Names spread over the Cluster's slots: every node holds some.
+    let prefix = name("app-cluster");
+    let held: Vec<LockGuard> = {
+        let mut held = Vec::new();
+        for i in 0..12 {
+            held.push(take(&theirs.lock(&format!("{prefix}-{i}")), Duration::ZERO).await);
+        }
+        held
+    };
+    let listed = dlock_api::spi::LockAdmin::live_locks(&backend, &prefix)
+        .await
+        .unwrap();
+    assert_eq!(
+        listed, 12,
+        "locks listed through the application's node clients"
+    );
+    let mut held = held.into_iter();
+    let first = held.next().unwrap();
+    assert!(mine
+        .lock(&format!("{prefix}-0"))
+        .try_lock(Duration::ZERO)
+        .await
+        .unwrap()
+        .is_none());
+    let woke = wake_after_release(
+        first,
+        mine.lock(&format!("{prefix}-0")),
+        &backend,
+        Duration::ZERO,
+    )
+    .await;
+    assert!(woke < Duration::from_millis(500), "woken after {woke:?}");
+    for g in held {
+        g.unlock().await.unwrap();
+    }
+    mine.close().await;
+    theirs.close().await;
+}

@@ -70,6 +70,7 @@ fn parse_args() -> Result<Args, String> {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> ExitCode {
+    testsuite::backends::install_crypto_provider();
     let args = match parse_args() {
         Ok(a) => a,
         Err(e) => {

@@ -107,6 +107,7 @@ fn worker_main(id: u32, args: Args) -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
+    testsuite::backends::install_crypto_provider();
     let args = match parse_args() {
         Ok(a) => a,
         Err(e) => {
