@@ -341,7 +341,7 @@ impl Drop for InFlightAcquire<'_> {
     }
 }
 
-fn clone_error(err: &Error) -> Error {
+pub(crate) fn clone_error(err: &Error) -> Error {
     Error::new(err.kind(), err.message().to_owned())
 }
 

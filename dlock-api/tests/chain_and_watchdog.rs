@@ -291,6 +291,20 @@ async fn namespaces_groups_and_connect() {
             .kind(),
         ErrorKind::InvalidName
     );
+    // A semaphore checks its name once and refuses every acquisition on a bad one,
+    // clones included.
+    let bad = m.semaphore("", 3);
+    for sem in [bad.clone(), bad] {
+        assert_eq!(sem.name().unwrap_err().kind(), ErrorKind::InvalidName);
+        assert_eq!(
+            sem.try_acquire(1, Duration::ZERO)
+                .await
+                .map(drop)
+                .unwrap_err()
+                .kind(),
+            ErrorKind::InvalidName
+        );
+    }
 
     let m = DistributeLockManager::connect("memory://").await.unwrap();
     assert_eq!(m.backend_name(), "memory");
