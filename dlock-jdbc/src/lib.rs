@@ -17,6 +17,14 @@
 //! | `mysql://user:pass@127.0.0.1:3306/db` (or `mariadb://…`) | MariaDB 10.6+ / MySQL 8 |
 //! | `postgres://user@127.0.0.1:5432/db` | PostgreSQL 12+ |
 //!
+//! With the `tls` feature, MySQL and PostgreSQL connect over TLS as their URL
+//! parameters say (`?sslmode=verify-full&sslrootcert=ca.pem`,
+//! `?ssl-mode=VERIFY_IDENTITY&ssl-ca=ca.pem`). The TLS is sqlx's: rustls with ring
+//! as a provider of its own for each connection. It neither reads nor installs the
+//! process's default crypto provider, so an application's choice there is left
+//! alone but not used for SQL (sqlx 0.9 takes no provider; its rustls features are
+//! being reworked upstream, sqlx RFC #4408).
+//!
 //! dlock's own options ride in the query string and are removed before the URL
 //! reaches the driver: `dlock_table_prefix=dlock_` (tables `<prefix>locks`,
 //! `<prefix>readers`, `<prefix>schema_version`), `dlock_pool_max=10`,
