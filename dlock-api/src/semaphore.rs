@@ -38,29 +38,19 @@ use crate::manager::DistributeLockManager;
 /// permit.release().await?;
 /// # Ok(()) }
 /// ```
+#[derive(Clone)]
 pub struct Semaphore {
     manager: DistributeLockManager,
     name: String,
     /// The full name, checked once (each acquisition is a holder of its own on it).
-    full_name: Result<LockName>,
+    full_name: Arc<Result<LockName>>,
     permits: u32,
-}
-
-impl Clone for Semaphore {
-    fn clone(&self) -> Self {
-        Semaphore {
-            manager: self.manager.clone(),
-            name: self.name.clone(),
-            full_name: self.name(),
-            permits: self.permits,
-        }
-    }
 }
 
 impl Semaphore {
     pub(crate) fn new(manager: DistributeLockManager, name: &str, permits: u32) -> Self {
         Semaphore {
-            full_name: manager.inner.full_name(name),
+            full_name: Arc::new(manager.inner.full_name(name)),
             manager,
             name: name.to_owned(),
             permits,
@@ -74,10 +64,10 @@ impl Semaphore {
 
     /// The full (namespaced) name, or why it is invalid.
     pub fn name(&self) -> Result<LockName> {
-        self.full_name
-            .as_ref()
-            .map(LockName::clone)
-            .map_err(crate::lock::clone_error)
+        match self.full_name.as_ref() {
+            Ok(name) => Ok(name.clone()),
+            Err(e) => Err(crate::lock::clone_error(e)),
+        }
     }
 
     /// A new holder of `n` permits (the chain's head checks `n` against the total).

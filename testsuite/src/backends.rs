@@ -37,11 +37,17 @@ pub const KNOWN: &[&str] = &[
 ///
 /// For the TLS labels it first installs ring's rustls crypto provider as the
 /// process default, as an application does in `main` ([`install_crypto_provider`]):
-/// the redis crate needs one and dlock installs none.
+/// the redis crate needs one and dlock installs none. [`url_of`] is the same URL
+/// without that.
 pub fn server_url(label: &str) -> Option<String> {
     if label.ends_with("-tls") {
         install_crypto_provider();
     }
+    url_of(label)
+}
+
+/// The URL of [`server_url`], and nothing else done (no crypto provider installed).
+pub fn url_of(label: &str) -> Option<String> {
     let var = format!("DLOCK_{}_URL", label.to_ascii_uppercase().replace('-', "_"));
     if let Ok(url) = std::env::var(&var) {
         return Some(url);
@@ -80,15 +86,14 @@ pub fn server_url(label: &str) -> Option<String> {
 }
 
 /// Makes (or resets) the user `dlock-secrets` with `password` and every right on the
-/// Redis node at 127.0.0.1:`port` (over TLS with the test certificates when `tls`).
-async fn redis_acl_user(port: u16, tls: bool, password: &str) -> redis::RedisResult<()> {
+/// Redis node at `host` (`ip:port`; over TLS with the test certificates when `tls`).
+async fn redis_acl_user(host: &str, tls: bool, password: &str) -> redis::RedisResult<()> {
     let client = if tls {
-        install_crypto_provider();
         let dir = redis_tls_dir();
         let read =
             |file: &str| std::fs::read(format!("{dir}/{file}")).map_err(redis::RedisError::from);
         redis::Client::build_with_tls(
-            format!("rediss://127.0.0.1:{port}"),
+            format!("rediss://{host}"),
             redis::TlsCertificates {
                 client_tls: Some(redis::ClientTlsConfig {
                     client_cert: read("client.crt")?,
@@ -98,7 +103,7 @@ async fn redis_acl_user(port: u16, tls: bool, password: &str) -> redis::RedisRes
             },
         )?
     } else {
-        redis::Client::open(format!("redis://127.0.0.1:{port}"))?
+        redis::Client::open(format!("redis://{host}"))?
     };
     let mut c = client.get_multiplexed_async_connection().await?;
     redis::cmd("ACL")
@@ -126,7 +131,7 @@ pub fn install_crypto_provider() {
 
 /// The URL parameters naming the CA and client certificate `scripts/test` made for
 /// its TLS servers (in DLOCK_REDIS_TLS_DIR).
-pub fn redis_tls_params() -> String {
+fn redis_tls_params() -> String {
     let dir = redis_tls_dir();
     format!("tls_ca={dir}/ca.crt&tls_cert={dir}/client.crt&tls_key={dir}/client.key")
 }
@@ -139,6 +144,30 @@ fn redis_tls_dir() -> String {
             .join("dlock-redis-tls")
             .display()
             .to_string()
+    })
+}
+
+/// The URL of the TLS-only server `scripts/test` starts for `label` (`mysql`: MariaDB
+/// on 127.0.0.1:3307; `postgres`: PostgreSQL on 127.0.0.1:5433), verifying its
+/// certificate against `ca` — a file in the directory the script made its
+/// certificates in (DLOCK_MYSQL_TLS_DIR, DLOCK_POSTGRES_TLS_DIR).
+pub fn sql_tls_url(label: &str, ca: &str) -> Option<String> {
+    let (var, default_dir) = match label {
+        "mysql" => ("DLOCK_MYSQL_TLS_DIR", "dlock-mysql-tls"),
+        "postgres" => ("DLOCK_POSTGRES_TLS_DIR", "dlock-pg-tls"),
+        _ => return None,
+    };
+    let dir = std::env::var(var).unwrap_or_else(|_| {
+        let tmp = std::env::var("TMPDIR").unwrap_or_else(|_| "/tmp".to_owned());
+        format!("{tmp}/{default_dir}")
+    });
+    Some(match label {
+        "mysql" => {
+            format!("mysql://root@127.0.0.1:3307/test?ssl-mode=VERIFY_IDENTITY&ssl-ca={dir}/{ca}")
+        }
+        _ => format!(
+            "postgres://postgres@127.0.0.1:5433/postgres?sslmode=verify-full&sslrootcert={dir}/{ca}"
+        ),
     })
 }
 
@@ -405,35 +434,19 @@ pub async fn url_with_password(label: &str, password: &str) -> Result<Option<Str
             "postgres://postgres:{password}@127.0.0.1:5432/test"
         ))),
         "redis" | "redis-cluster" | "redis-tls" | "redis-cluster-tls" => {
-            let tls = label.ends_with("-tls");
-            let ports: &[u16] = match label {
-                "redis" => &[6379],
-                "redis-tls" => &[6390],
-                "redis-cluster" => &[7000, 7001, 7002],
-                _ => &[7100, 7101, 7102],
-            };
+            // The suite's URL for the label, with the user's credentials in it.
+            let url = server_url(label).ok_or_else(|| err(&"no URL for the label"))?;
+            let (scheme, rest) = url
+                .split_once("://")
+                .ok_or_else(|| err(&"a URL without a scheme"))?;
+            let hosts = rest.split(['/', '?']).next().unwrap_or_default();
             // ACLs are per node: the user is made on each of them.
-            for port in ports {
-                redis_acl_user(*port, tls, password)
+            for host in hosts.split(',') {
+                redis_acl_user(host, label.ends_with("-tls"), password)
                     .await
                     .map_err(|e| err(&e))?;
             }
-            let hosts: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
-            let scheme = match label {
-                "redis" => "redis",
-                "redis-tls" => "rediss",
-                "redis-cluster" => "redis+cluster",
-                _ => "rediss+cluster",
-            };
-            let query = if tls {
-                format!("/?{}", redis_tls_params())
-            } else {
-                String::new()
-            };
-            Ok(Some(format!(
-                "{scheme}://dlock-secrets:{password}@{}{query}",
-                hosts.join(",")
-            )))
+            Ok(Some(format!("{scheme}://dlock-secrets:{password}@{rest}")))
         }
         // A root of its own: nodes made under a digest identity are that identity's
         // (an earlier run's password could not use them).

@@ -13,7 +13,7 @@ use dlock_spi::{
     OwnerId, ReleaseRequest, ReleaseResult,
 };
 use sqlx::Connection;
-use testsuite::backends::server_url;
+use testsuite::backends::{server_url, sql_tls_url};
 use testsuite::conformance::{eventually, take_permits};
 use testsuite::proxy::{split_url, Fault, FaultProxy};
 use testsuite::runner::selected;
@@ -721,30 +721,17 @@ async fn a_backend_on_the_applications_pool_shares_locks_with_one_from_the_url()
 /// (a `Config` error naming the CA parameter), and so is a connection without TLS.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sql_over_tls_verifies_the_server_certificate() {
-    let tmp = std::env::var("TMPDIR").unwrap_or_else(|_| "/tmp".to_owned());
-    let servers = [
-        ("mysql", "DLOCK_MYSQL_TLS_DIR", "dlock-mysql-tls"),
-        ("postgres", "DLOCK_POSTGRES_TLS_DIR", "dlock-pg-tls"),
-    ];
     let chosen = selected();
     let mut checked = 0;
-    for (label, var, default_dir) in servers {
+    for label in ["mysql", "postgres"] {
         if !chosen.iter().any(|l| l == label) {
             continue;
         }
         checked += 1;
-        let dir = std::env::var(var).unwrap_or_else(|_| format!("{tmp}/{default_dir}"));
-        let url = |verify: bool, ca: &str| {
-            match (label, verify) {
-            ("mysql", true) => format!(
-                "mysql://root@127.0.0.1:3307/test?ssl-mode=VERIFY_IDENTITY&ssl-ca={dir}/{ca}"
-            ),
+        let url = |verify: bool, ca: &str| match (label, verify) {
+            (_, true) => sql_tls_url(label, ca).unwrap(),
             ("mysql", false) => "mysql://root@127.0.0.1:3307/test?ssl-mode=DISABLED".to_owned(),
-            (_, true) => format!(
-                "postgres://postgres@127.0.0.1:5433/postgres?sslmode=verify-full&sslrootcert={dir}/{ca}"
-            ),
             (_, false) => "postgres://postgres@127.0.0.1:5433/postgres?sslmode=disable".to_owned(),
-        }
         };
         let backend = JdbcBackend::connect(&url(true, "ca.crt"))
             .await

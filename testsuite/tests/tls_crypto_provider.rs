@@ -16,7 +16,8 @@ use dlock_jdbc::JdbcBackend;
 use dlock_redis::RedisBackend;
 use dlock_spi::{ErrorKind, LockRemoteResource};
 use rustls::crypto::{CryptoProvider, GetRandomFailed, SecureRandom};
-use testsuite::backends::redis_tls_params;
+use testsuite::backends::{sql_tls_url, url_of};
+use testsuite::conformance::take;
 use testsuite::runner::selected;
 
 /// Ring's randomness, counting its calls: a TLS handshake made with the provider
@@ -37,11 +38,11 @@ impl SecureRandom for CountingRandom {
 }
 
 /// One lock taken and released on `backend`.
-async fn lock_once(backend: impl LockRemoteResource, what: &str) {
+async fn lock_once(backend: impl LockRemoteResource) {
     let m = DistributeLockManager::builder(backend).build().unwrap();
     let name = format!("provider-{:x}", fastrand::u64(..));
-    let g = m.lock(&name).try_lock(Duration::ZERO).await.unwrap();
-    g.unwrap_or_else(|| panic!("{what}: not granted"))
+    take(&m.lock(&name), Duration::ZERO)
+        .await
         .unlock()
         .await
         .unwrap();
@@ -52,35 +53,17 @@ async fn lock_once(backend: impl LockRemoteResource, what: &str) {
 async fn tls_uses_the_applications_crypto_provider_and_installs_none() {
     let chosen = selected();
     let is = |label: &str| chosen.iter().any(|l| l == label);
-    let tmp = std::env::var("TMPDIR").unwrap_or_else(|_| "/tmp".to_owned());
-    let sql = [
-        (
-            "mysql",
-            "DLOCK_MYSQL_TLS_DIR",
-            "dlock-mysql-tls",
-            "mysql://root@127.0.0.1:3307/test?ssl-mode=VERIFY_IDENTITY&ssl-ca=",
-        ),
-        (
-            "postgres",
-            "DLOCK_POSTGRES_TLS_DIR",
-            "dlock-pg-tls",
-            "postgres://postgres@127.0.0.1:5433/postgres?sslmode=verify-full&sslrootcert=",
-        ),
-    ];
-    let redis = [
-        (
-            "redis-tls",
-            format!("rediss://127.0.0.1:6390/?{}", redis_tls_params()),
-        ),
-        (
-            "redis-cluster-tls",
-            format!(
-                "rediss+cluster://127.0.0.1:7100,127.0.0.1:7101,127.0.0.1:7102/?{}",
-                redis_tls_params()
-            ),
-        ),
-    ];
-    if !sql.iter().any(|s| is(s.0)) && !redis.iter().any(|r| is(r.0)) {
+    let sql: Vec<&str> = ["mysql", "postgres"]
+        .into_iter()
+        .filter(|l| is(l))
+        .collect();
+    // The suite's URLs, without the provider server_url installs for TLS labels.
+    let redis: Vec<(&str, String)> = ["redis-tls", "redis-cluster-tls"]
+        .into_iter()
+        .filter(|l| is(l))
+        .map(|l| (l, url_of(l).unwrap()))
+        .collect();
+    if sql.is_empty() && redis.is_empty() {
         eprintln!("no backend with TLS is selected in DLOCK_TEST_BACKENDS; nothing to check here");
         return;
     }
@@ -90,15 +73,11 @@ async fn tls_uses_the_applications_crypto_provider_and_installs_none() {
     );
 
     // SQL over TLS works with no process default, and installs none.
-    for (label, var, default_dir, url) in sql {
-        if !is(label) {
-            continue;
-        }
-        let dir = std::env::var(var).unwrap_or_else(|_| format!("{tmp}/{default_dir}"));
-        let backend = JdbcBackend::connect(&format!("{url}{dir}/ca.crt"))
+    for label in sql {
+        let backend = JdbcBackend::connect(&sql_tls_url(label, "ca.crt").unwrap())
             .await
             .unwrap_or_else(|e| panic!("{label} over TLS (started by scripts/test): {e:#}"));
-        lock_once(backend, label).await;
+        lock_once(backend).await;
         assert!(
             CryptoProvider::get_default().is_none(),
             "{label}: connecting over TLS installed a process-wide crypto provider"
@@ -108,9 +87,6 @@ async fn tls_uses_the_applications_crypto_provider_and_installs_none() {
     // Redis over TLS without a process default: a Config error that says what to
     // do, and still none installed.
     for (label, url) in &redis {
-        if !is(label) {
-            continue;
-        }
         let err = RedisBackend::connect(url).await.map(drop).unwrap_err();
         assert_eq!(err.kind(), ErrorKind::Config, "{label}: {err:#}");
         assert!(
@@ -130,14 +106,11 @@ async fn tls_uses_the_applications_crypto_provider_and_installs_none() {
     };
     provider.install_default().unwrap();
     for (label, url) in &redis {
-        if !is(label) {
-            continue;
-        }
         let before = DRAWS.load(Ordering::SeqCst);
         let backend = RedisBackend::connect(url)
             .await
             .unwrap_or_else(|e| panic!("{label}: {e:#}"));
-        lock_once(backend, label).await;
+        lock_once(backend).await;
         assert!(
             DRAWS.load(Ordering::SeqCst) > before,
             "{label}: the TLS handshakes did not use the application's provider"
