@@ -173,10 +173,17 @@ pub(crate) async fn run(
     let manager = crate::connect(backend, namespace, None).await?;
     manager.close().await;
 
-    let dir = std::env::temp_dir().join(format!("dlock-demo-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)
-        .map_err(|e| Failure::new(SOFTWARE, format!("cannot create {}: {e}", dir.display())))?;
-    let counter = dir.join("counter");
+    // The shared counter's directory: an unpredictable name, removed on every way out.
+    let dir = tempfile::Builder::new()
+        .prefix("dlock-demo-")
+        .tempdir()
+        .map_err(|e| {
+            Failure::new(
+                SOFTWARE,
+                format!("cannot create a temporary directory: {e}"),
+            )
+        })?;
+    let counter = dir.path().join("counter");
     std::fs::write(&counter, "0")
         .map_err(|e| Failure::new(SOFTWARE, format!("cannot write {}: {e}", counter.display())))?;
     let _ = std::fs::remove_file(marker_of(&counter));
@@ -268,7 +275,7 @@ pub(crate) async fn run(
     let counter_value = std::fs::read_to_string(&counter)
         .ok()
         .and_then(|s| s.trim().parse::<u64>().ok());
-    let _ = std::fs::remove_dir_all(&dir);
+    drop(dir);
 
     println!(
         "{:<8}{:>10}{:>11}{:>8}{:>10}",

@@ -6,16 +6,17 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use dlock_api::{DistributeLockManager, DistributeLockManagerBuilder};
+use testsuite::backends::TestUrl;
 
 const DLOCK: &str = env!("CARGO_BIN_EXE_dlock");
 
-fn sqlite_url() -> String {
-    let file = std::env::temp_dir().join(format!("dlock-cli-{:016x}.db", fastrand::u64(..)));
-    format!("sqlite://{}", file.display())
+/// A SQLite file in a temporary directory, removed when the URL is dropped.
+fn sqlite_url() -> TestUrl {
+    TestUrl::sqlite_scratch()
 }
 
 /// The selected server backends' URLs (the test suite's), SQLite always.
-fn sql_urls() -> Vec<(String, String)> {
+fn sql_urls() -> Vec<(String, TestUrl)> {
     let selected = std::env::var("DLOCK_TEST_BACKENDS").unwrap_or_else(|_| "memory".to_owned());
     let mut urls = vec![("sqlite".to_owned(), sqlite_url())];
     for label in selected.split(',').map(str::trim) {
@@ -440,8 +441,9 @@ async fn a_frozen_zookeeper_holder_loses_the_lock_and_says_so_when_thawed() {
 async fn elect_runs_one_leader_at_a_time() {
     for (label, url) in sql_urls() {
         let ns = namespace();
-        let log = std::env::temp_dir().join(format!("dlock-elect-{:016x}.log", fastrand::u64(..)));
-        let go = log.with_extension("go");
+        let scratch = tempfile::tempdir().unwrap();
+        let log = scratch.path().join("terms.log");
+        let go = scratch.path().join("go");
         // A leader's term lasts until the test has seen it in `dlock status` and
         // started the second contender (the file `go`; at most 20 s), then 0.5 s: a
         // fixed term could end, under load, before any `status` caught it.
@@ -482,7 +484,6 @@ async fn elect_runs_one_leader_at_a_time() {
         );
         std::fs::write(&go, b"").unwrap();
         let (a, b) = (finished(first).await, finished(second).await);
-        let _ = std::fs::remove_file(&go);
         for out in [&a, &b] {
             assert_eq!(
                 out.status.code(),
@@ -492,7 +493,6 @@ async fn elect_runs_one_leader_at_a_time() {
             );
         }
         let lines = std::fs::read_to_string(&log).unwrap();
-        let _ = std::fs::remove_file(&log);
         let words: Vec<Vec<&str>> = lines.lines().map(|l| l.split(' ').collect()).collect();
         assert_eq!(words.len(), 4, "{label}: {lines}");
         assert_eq!(

@@ -219,9 +219,8 @@ mod tests {
 
     #[test]
     fn tls_parameters_are_taken_off_the_url_and_the_rest_kept() {
-        let dir = std::env::temp_dir().join(format!("dlock-tls-{:x}", fastrand::u64(..)));
-        std::fs::create_dir_all(&dir).unwrap();
-        let ca = dir.join("ca a.pem");
+        let dir = tempfile::tempdir().unwrap();
+        let ca = dir.path().join("ca a.pem");
         std::fs::write(&ca, b"CA").unwrap();
         let url = format!(
             "rediss://u:secret@127.0.0.1:6390/0?protocol=resp3&tls_ca={}#insecure",
@@ -233,7 +232,6 @@ mod tests {
             "rediss://u:secret@127.0.0.1:6390/0?protocol=resp3#insecure"
         );
         assert_eq!(options.tls_root_certificate.as_deref(), Some(&b"CA"[..]));
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

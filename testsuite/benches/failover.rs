@@ -101,7 +101,7 @@ fn dlock_candidate(label: &str, url: &str, name: &str) -> Command {
 /// killed.
 fn run_candidate(label: &str, url: &str, name: &str) {
     runtime().block_on(async {
-        let backend = testsuite::backends::open_at(label, url.to_owned())
+        let backend = testsuite::backends::open_at(label, testsuite::backends::TestUrl::fixed(url))
             .await
             .expect("open the backend");
         let client = backend.client().await.expect("a client");
@@ -130,10 +130,12 @@ fn run_candidate(label: &str, url: &str, name: &str) {
 
 /// The label's URL, the same for every candidate of the run (SQLite: one file);
 /// ZooKeeper sessions time out like the lease.
-fn url_for(label: &str) -> String {
+fn url_for(label: &str) -> testsuite::backends::TestUrl {
     let url = testsuite::backends::server_url(label).expect("a URL for the label");
     match label {
-        "zk" | "zk-ensemble" => format!("{url}?session_timeout={}ms", LEASE.as_millis()),
+        "zk" | "zk-ensemble" => {
+            url.with_suffix(&format!("?session_timeout={}ms", LEASE.as_millis()))
+        }
         _ => url,
     }
 }

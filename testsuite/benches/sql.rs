@@ -15,26 +15,14 @@ use dlock_api::DistributeLockManager;
 use dlock_jdbc::{sqlx, JdbcBackend, SqlPool};
 use dlock_spi::{AcquireRequest, LockName, LockRemoteResource, OwnerId};
 
-fn urls(labels: &str) -> Vec<(String, String)> {
+/// The SQL labels among `labels`, each with the suite's URL (SQLite: a temporary
+/// file, removed when its URL is dropped).
+fn urls(labels: &str) -> Vec<(String, testsuite::backends::TestUrl)> {
     labels
         .split(',')
         .map(str::trim)
-        .filter_map(|l| {
-            let url = match l {
-                "sqlite" => format!(
-                    "sqlite://{}",
-                    std::env::temp_dir()
-                        .join(format!("dlock-bench-{}.db", std::process::id()))
-                        .display()
-                ),
-                "mysql" => std::env::var("DLOCK_MYSQL_URL")
-                    .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into()),
-                "postgres" => std::env::var("DLOCK_POSTGRES_URL")
-                    .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into()),
-                _ => return None,
-            };
-            Some((l.to_owned(), url))
-        })
+        .filter(|l| matches!(*l, "sqlite" | "mysql" | "postgres"))
+        .filter_map(|l| Some((l.to_owned(), testsuite::backends::server_url(l)?)))
         .collect()
 }
 

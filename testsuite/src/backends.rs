@@ -30,16 +30,81 @@ pub const KNOWN: &[&str] = &[
     "zk-ensemble",
 ];
 
+/// A test server's URL. For SQLite it names a file in a fresh temporary directory
+/// (made by `tempfile`, with an unpredictable name) that is removed — with the file
+/// and its `-wal`/`-shm` companions — when the last clone of this URL is dropped: keep
+/// it alive as long as anything uses the file.
+#[derive(Clone, Debug)]
+pub struct TestUrl {
+    url: String,
+    scratch: Option<Arc<tempfile::TempDir>>,
+}
+
+impl TestUrl {
+    /// A URL that owns no files.
+    pub fn fixed(url: impl Into<String>) -> Self {
+        TestUrl {
+            url: url.into(),
+            scratch: None,
+        }
+    }
+
+    /// A SQLite database file in a new temporary directory, removed when the last
+    /// clone of the returned URL is dropped.
+    pub fn sqlite_scratch() -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("dlock-test-")
+            .tempdir()
+            .unwrap_or_else(|e| panic!("cannot make a temporary directory for SQLite: {e}"));
+        TestUrl {
+            url: format!("sqlite://{}", dir.path().join("dlock.db").display()),
+            scratch: Some(Arc::new(dir)),
+        }
+    }
+
+    /// The URL.
+    pub fn as_str(&self) -> &str {
+        &self.url
+    }
+
+    /// The same URL with `suffix` appended (query parameters), sharing its files.
+    pub fn with_suffix(&self, suffix: &str) -> Self {
+        TestUrl {
+            url: format!("{}{suffix}", self.url),
+            scratch: self.scratch.clone(),
+        }
+    }
+}
+
+impl std::ops::Deref for TestUrl {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.url
+    }
+}
+
+impl std::fmt::Display for TestUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.url)
+    }
+}
+
+impl From<String> for TestUrl {
+    fn from(url: String) -> Self {
+        TestUrl::fixed(url)
+    }
+}
+
 /// The URL a server-backed label uses: `DLOCK_<LABEL>_URL`, or the local default
 /// (MariaDB root with no password and PostgreSQL trust auth, database `test`, on
-/// 127.0.0.1; SQLite in a fresh temporary file, which the test backend opened on it
-/// in this process removes when dropped).
+/// 127.0.0.1; SQLite in a fresh temporary directory, removed when the returned
+/// [`TestUrl`] and its clones are dropped).
 ///
 /// For the TLS labels it first installs ring's rustls crypto provider as the
 /// process default, as an application does in `main` ([`install_crypto_provider`]):
 /// the redis crate needs one and dlock installs none. [`url_of`] is the same URL
 /// without that.
-pub fn server_url(label: &str) -> Option<String> {
+pub fn server_url(label: &str) -> Option<TestUrl> {
     if label.ends_with("-tls") {
         install_crypto_provider();
     }
@@ -47,20 +112,15 @@ pub fn server_url(label: &str) -> Option<String> {
 }
 
 /// The URL of [`server_url`], and nothing else done (no crypto provider installed).
-pub fn url_of(label: &str) -> Option<String> {
+pub fn url_of(label: &str) -> Option<TestUrl> {
     let var = format!("DLOCK_{}_URL", label.to_ascii_uppercase().replace('-', "_"));
     if let Ok(url) = std::env::var(&var) {
-        return Some(url);
+        return Some(TestUrl::fixed(url));
     }
-    match label {
-        "sqlite" => {
-            let file = std::env::temp_dir().join(format!(
-                "{}{:016x}.db",
-                own_sqlite_prefix(),
-                fastrand::u64(..)
-            ));
-            Some(format!("sqlite://{}", file.display()))
-        }
+    if label == "sqlite" {
+        return Some(TestUrl::sqlite_scratch());
+    }
+    let url = match label {
         "mysql" => Some("mysql://root@127.0.0.1:3306/test".to_owned()),
         "postgres" => Some("postgres://postgres@127.0.0.1:5432/test".to_owned()),
         "redis" | "redis-polling" => std::env::var("DLOCK_REDIS_URL")
@@ -82,7 +142,8 @@ pub fn url_of(label: &str) -> Option<String> {
             Some("zk://127.0.0.1:2191,127.0.0.1:2192,127.0.0.1:2193/dlock-test".to_owned())
         }
         _ => None,
-    }
+    };
+    url.map(TestUrl::fixed)
 }
 
 /// Makes (or resets) the user `dlock-secrets` with `password` and every right on the
@@ -171,11 +232,6 @@ pub fn sql_tls_url(label: &str, ca: &str) -> Option<String> {
     })
 }
 
-/// The file-name prefix of the SQLite files [`server_url`] makes in this process.
-fn own_sqlite_prefix() -> String {
-    format!("dlock-test-{}-", std::process::id())
-}
-
 /// The label as the suite knows it, or a configuration error naming the known ones:
 /// the one place a label is checked, so a misspelt or missing label can never fall
 /// back to another backend's behaviour.
@@ -196,14 +252,18 @@ fn known(label: &str) -> Result<&'static str> {
 /// errors (the runner turns them into failures).
 pub async fn open(label: &str) -> Result<Arc<dyn TestBackend>> {
     let label = known(label)?;
-    open_at(label, server_url(label).unwrap_or_default()).await
+    open_at(
+        label,
+        server_url(label).unwrap_or_else(|| TestUrl::fixed("")),
+    )
+    .await
 }
 
 /// Opens a test backend for `label` at `url` (ignored by the in-process backends):
 /// a [`KNOWN`] label or one of the lock-history checker's deliberately broken
 /// backends ([`Flaw::ALL`]), which are never conformance backends. Connects once —
 /// and makes one round trip — so an unreachable server fails here.
-pub async fn open_at(label: &str, url: String) -> Result<Arc<dyn TestBackend>> {
+pub async fn open_at(label: &str, url: TestUrl) -> Result<Arc<dyn TestBackend>> {
     if let Some(flaw) = Flaw::of(label) {
         return Ok(Arc::new(MemoryTestBackend::broken(flaw)));
     }
@@ -316,10 +376,11 @@ impl ServerClient for ZkBackend {
 }
 
 /// A backend behind a server (or a SQLite file): one admin client for the hooks, and a
-/// new client per `client()` call.
+/// new client per `client()` call. It keeps its [`TestUrl`], and with it a SQLite
+/// file, until dropped.
 pub struct ServerTestBackend<C> {
     label: &'static str,
-    url: String,
+    url: TestUrl,
     admin: C,
     clients: Mutex<Vec<C>>,
 }
@@ -333,7 +394,7 @@ pub type ZkTestBackend = ServerTestBackend<ZkBackend>;
 
 impl<C: ServerClient> ServerTestBackend<C> {
     /// Connects once — and makes one round trip — so an unreachable server fails here.
-    pub async fn open(label: &str, url: String) -> Result<Self> {
+    pub async fn open(label: &str, url: TestUrl) -> Result<Self> {
         let label = known(label)?;
         let admin = C::open(label, &url).await?;
         admin.live_locks("").await?;
@@ -369,20 +430,6 @@ impl<C: ServerClient> TestBackend for ServerTestBackend<C> {
     fn acquire_attempts(&self) -> Option<u64> {
         let clients = self.clients.lock().expect("clients");
         Some(clients.iter().map(ServerClient::attempts).sum())
-    }
-}
-
-impl<C> Drop for ServerTestBackend<C> {
-    fn drop(&mut self) {
-        // A per-case SQLite file `server_url` made in this process (not one another
-        // process made and shares with this one).
-        if let Some(path) = self.url.strip_prefix("sqlite://") {
-            if path.contains(&own_sqlite_prefix()) {
-                for suffix in ["", "-wal", "-shm"] {
-                    let _ = std::fs::remove_file(format!("{path}{suffix}"));
-                }
-            }
-        }
     }
 }
 

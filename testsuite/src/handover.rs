@@ -163,7 +163,7 @@ impl Summary {
 /// caller's to judge). An unreachable backend or a worker that fails is an error.
 pub async fn run(opts: &Options, worker_exe: &std::path::Path) -> Result<Summary, String> {
     let url = if in_process(&opts.label) {
-        String::new()
+        backends::TestUrl::fixed("")
     } else {
         backends::server_url(&opts.label)
             .ok_or_else(|| format!("unknown backend label {:?}", opts.label))?
@@ -213,7 +213,7 @@ pub async fn run(opts: &Options, worker_exe: &std::path::Path) -> Result<Summary
             .arg(opts.hold.as_millis().to_string())
             .arg("--wait-ms")
             .arg(opts.wait.as_millis().to_string())
-            .env(WORKER_URL_VAR, &url)
+            .env(WORKER_URL_VAR, url.as_str())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -253,7 +253,7 @@ pub async fn worker_process(
     namespace: String,
     start_at: SystemTime,
 ) -> Result<WorkerFigures, String> {
-    let backend = backends::open_at(&opts.label, url)
+    let backend = backends::open_at(&opts.label, backends::TestUrl::fixed(url))
         .await
         .map_err(|e| format!("backend {} cannot be opened: {e}", opts.label))?;
     let client = backend.client().await.map_err(|e| e.to_string())?;

@@ -8,8 +8,9 @@
 //! * [`handover`] — the starvation bound: processes handing one non-fair lock over;
 //!   binary `handover`.
 //! * [`runner`] — selects backends from `DLOCK_TEST_BACKENDS` (comma-separated,
-//!   default `memory`) and runs a case on each; a requested backend that cannot be
-//!   opened fails the run.
+//!   default `memory`) and runs one case on one of them; a requested backend that
+//!   cannot be opened fails the case. The `conformance` test makes each case ×
+//!   backend a test trial of its own (`LABEL::CASE`).
 #![deny(missing_docs)]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 

@@ -1,20 +1,15 @@
 //! Runs conformance cases on the backends `DLOCK_TEST_BACKENDS` selects.
 
-use std::future::Future;
-use std::pin::Pin;
-use std::sync::Arc;
 use std::time::Duration;
 
-use crate::{backends, TestBackend};
+use crate::backends;
+use crate::conformance::Case;
 
 /// The environment variable that selects backends (comma-separated labels).
 pub const BACKENDS_VAR: &str = "DLOCK_TEST_BACKENDS";
 
 /// How long one case may run on one backend before it counts as hung.
 pub const CASE_TIMEOUT: Duration = Duration::from_secs(120);
-
-/// A conformance case: takes a fresh test backend, panics on failure.
-pub type Case = fn(Arc<dyn TestBackend>) -> Pin<Box<dyn Future<Output = ()> + Send>>;
 
 /// The selected backend labels (default: `memory`).
 pub fn selected() -> Vec<String> {
@@ -32,23 +27,29 @@ pub fn selected() -> Vec<String> {
     labels
 }
 
-/// Runs `case` on every selected backend in turn. A backend that cannot be opened,
-/// a failing case and a case that exceeds [`CASE_TIMEOUT`] all fail with the
-/// backend's label in the message.
-pub async fn run(name: &str, case: Case) {
-    for label in selected() {
-        let backend = match backends::open(&label).await {
-            Ok(b) => b,
-            Err(err) => panic!(
+/// Runs `case` once on a fresh backend of `label`, in a runtime of its own (two
+/// worker threads), and says how it failed: a backend that cannot be opened, a
+/// panicking case and a case that exceeds [`CASE_TIMEOUT`] are each an `Err` naming
+/// the case and the backend.
+pub fn run_case(label: &str, case: &Case) -> Result<(), String> {
+    let name = case.name;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| format!("case {name} on backend {label}: no runtime: {e}"))?;
+    runtime.block_on(async {
+        let backend = backends::open(label).await.map_err(|err| {
+            format!(
                 "backend {label:?} was requested by {BACKENDS_VAR} but could not be opened: {err}"
-            ),
-        };
-        let task = tokio::spawn(tokio::time::timeout(CASE_TIMEOUT, case(backend)));
+            )
+        })?;
+        let task = tokio::spawn(tokio::time::timeout(CASE_TIMEOUT, (case.run)(backend)));
         match task.await {
-            Ok(Ok(())) => {}
-            Ok(Err(_)) => {
-                panic!("case {name} on backend {label}: timed out after {CASE_TIMEOUT:?}")
-            }
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(_)) => Err(format!(
+                "case {name} on backend {label}: timed out after {CASE_TIMEOUT:?}"
+            )),
             Err(err) => {
                 let msg = err
                     .try_into_panic()
@@ -59,8 +60,8 @@ pub async fn run(name: &str, case: Case) {
                             .or_else(|| p.downcast_ref::<&str>().map(|s| (*s).to_owned()))
                     })
                     .unwrap_or_else(|| "cancelled".to_owned());
-                panic!("case {name} on backend {label}: {msg}");
+                Err(format!("case {name} on backend {label}: {msg}"))
             }
         }
-    }
+    })
 }

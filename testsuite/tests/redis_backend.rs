@@ -19,7 +19,7 @@ fn redis_url() -> Option<String> {
     let url = selected()
         .iter()
         .any(|l| l == "redis")
-        .then(|| server_url("redis").unwrap());
+        .then(|| server_url("redis").unwrap().to_string());
     if url.is_none() {
         eprintln!("redis is not selected in DLOCK_TEST_BACKENDS; nothing to check here");
     }

@@ -13,14 +13,14 @@ use dlock_spi::{
     OwnerId, ReleaseRequest, ReleaseResult,
 };
 use sqlx::Connection;
-use testsuite::backends::{server_url, sql_tls_url};
+use testsuite::backends::{server_url, sql_tls_url, TestUrl};
 use testsuite::conformance::{eventually, take_permits};
 use testsuite::proxy::{split_url, Fault, FaultProxy};
 use testsuite::runner::selected;
 
 /// The selected SQL labels with a URL each.
-fn sql_backends() -> Vec<(String, String)> {
-    let chosen: Vec<(String, String)> = selected()
+fn sql_backends() -> Vec<(String, TestUrl)> {
+    let chosen: Vec<(String, TestUrl)> = selected()
         .into_iter()
         .filter(|l| matches!(l.as_str(), "sqlite" | "mysql" | "postgres"))
         .map(|l| {

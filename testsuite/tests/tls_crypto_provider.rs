@@ -61,7 +61,7 @@ async fn tls_uses_the_applications_crypto_provider_and_installs_none() {
     let redis: Vec<(&str, String)> = ["redis-tls", "redis-cluster-tls"]
         .into_iter()
         .filter(|l| is(l))
-        .map(|l| (l, url_of(l).unwrap()))
+        .map(|l| (l, url_of(l).unwrap().to_string()))
         .collect();
     if sql.is_empty() && redis.is_empty() {
         eprintln!("no backend with TLS is selected in DLOCK_TEST_BACKENDS; nothing to check here");

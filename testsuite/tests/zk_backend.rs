@@ -25,7 +25,7 @@ fn url_for(label: &str) -> Option<String> {
     let url = selected()
         .iter()
         .any(|l| l == label)
-        .then(|| server_url(label).unwrap());
+        .then(|| server_url(label).unwrap().to_string());
     if url.is_none() {
         eprintln!("{label} is not selected in DLOCK_TEST_BACKENDS; nothing to check here");
     }
@@ -588,9 +588,8 @@ async fn dlock_and_java_curator_exclude_each_other() {
         let backend = ZkBackend::connect(&dlock_url).await.unwrap();
         let lock = name(&format!("curator-{recipe}"));
         let path = backend.lock_path(&LockName::new(lock.as_str()).unwrap());
-        let dir = std::env::temp_dir().join(format!("dlock-curator-{:x}", fastrand::u64(..)));
-        std::fs::create_dir_all(&dir).unwrap();
-        let counter = dir.join("counter");
+        let dir = tempfile::tempdir().unwrap();
+        let counter = dir.path().join("counter");
         std::fs::write(&counter, "0").unwrap();
 
         const JAVA_ITERATIONS: u64 = 150;
@@ -704,7 +703,6 @@ async fn dlock_and_java_curator_exclude_each_other() {
                 "semaphore: {JAVA_ITERATIONS} (Curator) + {} (dlock) leases of {PERMITS}, never more than {PERMITS} holders",
                 2 * DLOCK_ITERATIONS
             );
-            let _ = std::fs::remove_dir_all(&dir);
             drop(backend);
             continue;
         }
@@ -717,7 +715,6 @@ async fn dlock_and_java_curator_exclude_each_other() {
             "{recipe}: counter {value} = {JAVA_ITERATIONS} (Curator) + {} (dlock), 0 overlaps",
             2 * DLOCK_ITERATIONS
         );
-        let _ = std::fs::remove_dir_all(&dir);
         drop(backend);
     }
 }

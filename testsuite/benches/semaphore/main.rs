@@ -83,13 +83,15 @@ fn main() {
                 })
                 .collect();
             // SQL's control: raw floors on the pool of a backend of its own.
-            let floors = match *label {
-                "sqlite" | "mysql" | "postgres" => {
-                    let url = testsuite::backends::server_url(label).unwrap();
-                    let jdbc = dlock_jdbc::JdbcBackend::connect(&url).await.unwrap();
+            // (Its URL lives as long as the floors: a SQLite file goes with it.)
+            let floor_url = matches!(*label, "sqlite" | "mysql" | "postgres")
+                .then(|| testsuite::backends::server_url(label).unwrap());
+            let floors = match &floor_url {
+                Some(url) => {
+                    let jdbc = dlock_jdbc::JdbcBackend::connect(url).await.unwrap();
                     Some(sql_floor::Floor::all(jdbc.sqlx_pool(), &namespace).await)
                 }
-                _ => None,
+                None => None,
             };
             let mut contestants = vec![
                 api_contestant(1, manager.clone(), |_| "lock".to_owned()),

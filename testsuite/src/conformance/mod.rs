@@ -970,36 +970,59 @@ pub async fn close_releases_everything(backend: Arc<dyn TestBackend>) {
     env.finish(&[&b]).await;
 }
 
-/// The names of all cases, for runners that list them.
-pub const CASES: &[&str] = &[
-    "mutual_exclusion",
-    "try_lock_wait_is_bounded",
-    "explicit_lease_expires",
-    "watchdog_keeps_lock",
-    "lost_signal_when_stolen",
-    "fencing_tokens_increase",
-    "reentrancy_counts",
-    "only_owner_releases",
-    "drop_releases",
-    "cancelled_lock_leaves_nothing",
-    "fair_mode_grants_in_order",
-    "release_wakes_one",
-    "shared_mode",
-    "hostile_names_are_distinct_or_refused",
-    "bad_arguments_are_refused",
-    "close_releases_everything",
-    "drop_then_relock",
-    "cancel_during_unlock",
-    "cancel_at_random_points",
-    "a_long_wait_grants_a_live_hold",
-    "a_leaving_writer_lets_readers_in",
-    "one_leader_at_a_time",
-    "leadership_moves_on",
-    "observers_see_every_change_in_order",
-    "contenders_hand_over_without_overlap",
-    "a_leader_in_transition_keeps_its_term",
-    "semaphore_permits_never_exceed_the_total",
-    "semaphore_serves_in_order_and_recovers_dead_permits",
-    "semaphore_totals_must_agree",
-    "semaphore_watchdog_keeps_permits",
-];
+/// A running case: ends when the case has passed, panics when it fails.
+pub type CaseFuture = std::pin::Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// A conformance case: its name and the function that runs it on a fresh backend
+/// (panicking on failure).
+#[derive(Clone, Copy)]
+pub struct Case {
+    /// The case's name (its function's).
+    pub name: &'static str,
+    /// Runs the case.
+    pub run: fn(Arc<dyn TestBackend>) -> CaseFuture,
+}
+
+/// The table of cases: each name once, written once (the function's).
+macro_rules! cases {
+    ($($case:ident),* $(,)?) => {
+        /// Every case, in the order runners list them.
+        pub const CASES: &[Case] = &[$(Case {
+            name: stringify!($case),
+            run: |backend| Box::pin($case(backend)),
+        }),*];
+    };
+}
+
+cases!(
+    mutual_exclusion,
+    try_lock_wait_is_bounded,
+    explicit_lease_expires,
+    watchdog_keeps_lock,
+    lost_signal_when_stolen,
+    fencing_tokens_increase,
+    reentrancy_counts,
+    only_owner_releases,
+    drop_releases,
+    cancelled_lock_leaves_nothing,
+    fair_mode_grants_in_order,
+    release_wakes_one,
+    shared_mode,
+    hostile_names_are_distinct_or_refused,
+    bad_arguments_are_refused,
+    close_releases_everything,
+    drop_then_relock,
+    cancel_during_unlock,
+    cancel_at_random_points,
+    a_long_wait_grants_a_live_hold,
+    a_leaving_writer_lets_readers_in,
+    one_leader_at_a_time,
+    leadership_moves_on,
+    observers_see_every_change_in_order,
+    contenders_hand_over_without_overlap,
+    a_leader_in_transition_keeps_its_term,
+    semaphore_permits_never_exceed_the_total,
+    semaphore_serves_in_order_and_recovers_dead_permits,
+    semaphore_totals_must_agree,
+    semaphore_watchdog_keeps_permits,
+);

@@ -115,7 +115,7 @@ pub async fn worker_process(args: WorkerArgs) -> Result<(), String> {
     }
     // Unlike the coordinator's probe, a worker may start during an outage.
     let backend = keep_trying(|| async {
-        backends::open_at(&args.label, url.clone())
+        backends::open_at(&args.label, backends::TestUrl::fixed(url.clone()))
             .await
             .map_err(|e| e.to_string())
     })
@@ -128,7 +128,7 @@ pub async fn worker_process(args: WorkerArgs) -> Result<(), String> {
 /// bounded: an unreachable backend fails the run, it is never skipped.
 async fn open_backend(
     label: &str,
-    url: String,
+    url: backends::TestUrl,
     shown: &str,
 ) -> Result<Arc<dyn TestBackend>, String> {
     let unreachable = |e: String| format!("backend {label} at {shown} cannot be reached: {e}");
@@ -138,17 +138,29 @@ async fn open_backend(
         .map_err(|e| unreachable(e.to_string()))
 }
 
-/// Removes the run's history directory when dropped, unless kept.
+/// The run's history directory (made by `tempfile`): removed when dropped, unless
+/// kept.
 struct RunDir {
     path: PathBuf,
-    keep: bool,
+    _temp: Option<tempfile::TempDir>,
 }
 
-impl Drop for RunDir {
-    fn drop(&mut self) {
-        if !self.keep {
-            let _ = std::fs::remove_dir_all(&self.path);
-        }
+impl RunDir {
+    fn new(label: &str, seed: u64, keep: bool) -> Result<Self, String> {
+        let temp = tempfile::Builder::new()
+            .prefix(&format!("lockcheck-{label}-{seed}-"))
+            .tempdir()
+            .map_err(|e| format!("cannot create a history directory: {e}"))?;
+        let path = temp.path().to_owned();
+        Ok(RunDir {
+            path,
+            _temp: if keep {
+                drop(temp.keep());
+                None
+            } else {
+                Some(temp)
+            },
+        })
     }
 }
 
@@ -180,7 +192,7 @@ pub async fn run(opts: &RunOptions) -> Result<RunOutcome, String> {
         return Err("--processes must be at least 1".to_owned());
     }
     let url = if in_process(label) {
-        String::new()
+        backends::TestUrl::fixed("")
     } else {
         backends::server_url(label).ok_or_else(|| {
             let broken: Vec<&str> = Flaw::ALL.iter().map(|(l, _)| *l).collect();
@@ -197,17 +209,7 @@ pub async fn run(opts: &RunOptions) -> Result<RunOutcome, String> {
     let backend = open_backend(label, url.clone(), &shown).await?;
     let rules = Rules::for_label(label);
 
-    let nonce = fastrand::u32(..);
-    let dir = RunDir {
-        path: std::env::temp_dir().join(format!(
-            "lockcheck-{label}-{}-{}-{nonce:08x}",
-            opts.seed,
-            std::process::id()
-        )),
-        keep: opts.keep,
-    };
-    std::fs::create_dir_all(&dir.path)
-        .map_err(|e| format!("cannot create {}: {e}", dir.path.display()))?;
+    let dir = RunDir::new(label, opts.seed, opts.keep)?;
     let mut notes = Vec::new();
     if opts.keep {
         notes.push(format!(
@@ -231,7 +233,7 @@ pub async fn run(opts: &RunOptions) -> Result<RunOutcome, String> {
         }
     }
 
-    let namespace = format!("lc{}-{nonce:08x}:", opts.seed);
+    let namespace = format!("lc{}-{:08x}:", opts.seed, fastrand::u32(..));
     let plan = Plan {
         seed: opts.seed,
         namespace: namespace.clone(),
@@ -276,7 +278,7 @@ pub async fn run(opts: &RunOptions) -> Result<RunOutcome, String> {
         let mut procs = Procs {
             exe,
             label: label.to_owned(),
-            url,
+            url: url.to_string(),
             proxy: kinds.iter().any(|k| k.needs_proxy()),
             dir: dir.path.clone(),
             log: coordinator_log.clone(),
