@@ -71,6 +71,25 @@ pub async fn open_backend(url: &str) -> Result<Arc<dyn LockRemoteResource>> {
     }
 }
 
+/// Opens the backend a URL names only where its store already exists, creating
+/// nothing: a `sqlite:` URL whose file does not exist is `Ok(None)` (and no file is
+/// made); every other URL is [`open_backend`]'s (a server is there or the call
+/// fails). For readers — status pages, `dlock status`, `dlock unlock --force` — that
+/// must not leave a database file behind where nothing was ever locked.
+///
+/// Errors as for [`open_backend`].
+pub async fn open_existing_backend(url: &str) -> Result<Option<Arc<dyn LockRemoteResource>>> {
+    #[cfg(feature = "sqlite")]
+    if url
+        .split_once("://")
+        .is_some_and(|(scheme, _)| scheme.eq_ignore_ascii_case("sqlite"))
+        && !dlock_jdbc::sqlite_file(url)?.exists()
+    {
+        return Ok(None);
+    }
+    open_backend(url).await.map(Some)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

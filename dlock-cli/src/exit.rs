@@ -2,6 +2,8 @@
 
 use dlock_api::{Error, ErrorKind};
 
+/// `status`: the lock is free (no holder); 0 says it is held.
+pub(crate) const FREE: u8 = 1;
 /// Bad usage or input (EX_USAGE).
 pub(crate) const USAGE: u8 = 64;
 /// The backend is unreachable (EX_UNAVAILABLE).

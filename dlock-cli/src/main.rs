@@ -14,14 +14,17 @@ mod supervise;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 use dlock_api::DistributeLockManager;
 
 use crate::exit::Failure;
 
-/// Distributed locks from the shell, on SQLite, MariaDB/MySQL, PostgreSQL or Redis.
+/// The one-line description `--help` starts with: every backend the command reaches.
+const ABOUT: &str = "Distributed locks, leader election and semaphores from the shell, on SQLite, MariaDB/MySQL, PostgreSQL, Redis (single or Cluster, over TLS too), ZooKeeper or in memory";
+
+/// The command line.
 #[derive(Parser, Debug)]
-#[command(name = "dlock", version, about)]
+#[command(name = "dlock", version, about = ABOUT, long_about = None)]
 struct Cli {
     /// Backend URL: sqlite://FILE, mysql://USER@HOST/DB, postgres://USER@HOST/DB, redis://HOST:6379, redis+cluster://H1,H2 (rediss://, rediss+cluster:// for TLS), zk://H1:2181,H2:2181/ROOT, memory://
     #[arg(
@@ -64,11 +67,8 @@ enum Command {
     /// Runs a command while holding permits of a semaphore (exit codes as for exec).
     Sem(sem::SemArgs),
     /// Shows who holds a lock (or leads the election, or holds the semaphore's
-    /// permits, of that name).
-    Status {
-        /// The lock name.
-        name: String,
-    },
+    /// permits, of that name). Exit status 0 when held, 1 when free.
+    Status(status::StatusArgs),
     /// Removes a lock behind its holders' backs.
     Unlock {
         /// The lock name.
@@ -76,6 +76,12 @@ enum Command {
         /// Confirms that you mean to break another process's lock.
         #[arg(long)]
         force: bool,
+    },
+    /// Prints a completion script for a shell, e.g. `dlock completions bash >
+    /// ~/.local/share/bash-completion/completions/dlock`.
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
     },
     /// One demo worker (started by `dlock demo`).
     #[command(hide = true)]
@@ -113,6 +119,15 @@ pub(crate) async fn connect(
     let resource = dlock_api::open_backend(cli_backend)
         .await
         .map_err(Failure::from)?;
+    manager_on(resource, namespace, lease)
+}
+
+/// A manager on an opened backend, with the plugins the global flags turned on.
+pub(crate) fn manager_on(
+    resource: std::sync::Arc<dyn dlock_api::LockRemoteResource>,
+    namespace: &str,
+    lease: Option<Duration>,
+) -> Result<DistributeLockManager, Failure> {
     let mut builder = dlock_api::DistributeLockManagerBuilder::new(resource).namespace(namespace);
     let plugins = PLUGINS.get().copied().unwrap_or_default();
     if plugins.log {
@@ -132,7 +147,20 @@ async fn main() -> ExitCode {
     // The process' rustls crypto provider, which the redis crate's TLS uses (an
     // application's choice: libraries install none).
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(err) => {
+            // Help and version go to stdout and succeed; every usage error clap finds
+            // is EX_USAGE, as dlock's own are.
+            let code = if err.use_stderr() { exit::USAGE } else { 0 };
+            let _ = err.print();
+            return ExitCode::from(code);
+        }
+    };
+    if let Command::Completions { shell } = cli.command {
+        clap_complete::generate(shell, &mut Cli::command(), "dlock", &mut std::io::stdout());
+        return ExitCode::SUCCESS;
+    }
     if cli.log {
         let filter = tracing_subscriber::EnvFilter::try_from_default_env()
             .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
@@ -160,10 +188,11 @@ async fn main() -> ExitCode {
         Command::Exec(args) => exec::run(&cli.backend, &cli.namespace, args).await,
         Command::Elect(args) => elect::run(&cli.backend, &cli.namespace, args).await,
         Command::Sem(args) => sem::run(&cli.backend, &cli.namespace, args).await,
-        Command::Status { name } => status::status(&cli.backend, &cli.namespace, &name).await,
+        Command::Status(args) => status::status(&cli.backend, &cli.namespace, args).await,
         Command::Unlock { name, force } => {
             status::unlock(&cli.backend, &cli.namespace, &name, force).await
         }
+        Command::Completions { .. } => Ok(ExitCode::SUCCESS),
     };
     match result {
         Ok(code) => code,

@@ -1,42 +1,80 @@
-//! `dlock status` and `dlock unlock --force`.
+//! `dlock status` and `dlock unlock --force`. Neither creates a database file: on a
+//! SQLite file that does not exist, nothing is held.
 
 use std::process::ExitCode;
 
-use dlock_api::LockName;
+use dlock_api::{LockName, LockState};
 
-use crate::exit::{Failure, USAGE};
+use crate::exit::{Failure, FREE, SOFTWARE, USAGE};
+
+/// `dlock status NAME [--json]`.
+#[derive(clap::Args, Debug)]
+pub(crate) struct StatusArgs {
+    /// The lock name.
+    name: String,
+    /// Prints the state as one JSON object: `name`, `held`, `holders` (each with
+    /// `owner`, `grant`, `mode`, `token`, `context`, `remaining_lease_ms`,
+    /// `remaining_ttl_ms`) and `waiters` (null when the backend cannot tell).
+    #[arg(long)]
+    json: bool,
+}
 
 pub(crate) async fn status(
     backend: &str,
     namespace: &str,
-    name: &str,
+    args: StatusArgs,
 ) -> Result<ExitCode, Failure> {
-    let manager = crate::connect(backend, namespace, None).await?;
-    match manager.inspect(name).await.map_err(Failure::from)? {
-        None => println!("{name}: free"),
-        Some(state) => {
-            if state.holders.is_empty() {
-                println!("{name}: free");
-            }
-            for h in &state.holders {
-                let lease = h
-                    .remaining_lease
-                    .map_or_else(|| "session".to_owned(), |d| format!("{}ms", d.as_millis()));
-                println!(
-                    "{name}: held {} by {} token={} lease_left={lease} context={:?}",
-                    h.mode,
-                    h.owner,
-                    h.token,
-                    String::from_utf8_lossy(&h.context)
-                );
-            }
-            if let Some(w) = state.waiters {
-                println!("{name}: {w} waiter(s) known to the backend");
-            }
+    let name = args.name.as_str();
+    // A bad name is a usage error even where nothing is stored.
+    LockName::with_prefix(namespace, name).map_err(Failure::from)?;
+    let state = match dlock_api::open_existing_backend(backend)
+        .await
+        .map_err(Failure::from)?
+    {
+        None => LockState::default(),
+        Some(resource) => {
+            let manager = crate::manager_on(resource, namespace, None)?;
+            let state = manager.inspect(name).await;
+            manager.close().await;
+            state.map_err(Failure::from)?.unwrap_or_default()
+        }
+    };
+    let held = !state.holders.is_empty();
+    if args.json {
+        let json = serde_json::json!({
+            "name": name,
+            "held": held,
+            "holders": state.holders,
+            "waiters": state.waiters,
+        });
+        let text = serde_json::to_string(&json)
+            .map_err(|e| Failure::new(SOFTWARE, format!("cannot write the state as JSON: {e}")))?;
+        println!("{text}");
+    } else {
+        if !held {
+            println!("{name}: free");
+        }
+        for h in &state.holders {
+            let lease = h
+                .remaining_lease
+                .map_or_else(|| "session".to_owned(), |d| format!("{}ms", d.as_millis()));
+            println!(
+                "{name}: held {} by {} token={} lease_left={lease} context={:?}",
+                h.mode,
+                h.owner,
+                h.token,
+                String::from_utf8_lossy(&h.context)
+            );
+        }
+        if let Some(w) = state.waiters {
+            println!("{name}: {w} waiter(s) known to the backend");
         }
     }
-    manager.close().await;
-    Ok(ExitCode::SUCCESS)
+    Ok(if held {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(FREE)
+    })
 }
 
 pub(crate) async fn unlock(
@@ -52,9 +90,13 @@ pub(crate) async fn unlock(
         ));
     }
     let full = LockName::with_prefix(namespace, name).map_err(Failure::from)?;
-    let resource = dlock_api::open_backend(backend)
+    let Some(resource) = dlock_api::open_existing_backend(backend)
         .await
-        .map_err(Failure::from)?;
+        .map_err(Failure::from)?
+    else {
+        println!("{name}: removed 0 hold(s)");
+        return Ok(ExitCode::SUCCESS);
+    };
     let admin = resource.admin().ok_or_else(|| {
         Failure::new(
             USAGE,

@@ -270,13 +270,13 @@ fn status_unlock_and_input_errors() {
     let url = sqlite_url();
     let ns = namespace();
     let out = dlock(&url, &ns, &["status", "nothing"]);
-    assert!(out.status.success());
+    assert_eq!(out.status.code(), Some(1), "a free lock's status is 1");
     assert!(String::from_utf8_lossy(&out.stdout).contains("nothing: free"));
     let out = dlock(&url, &ns, &["unlock", "nothing"]);
     assert_eq!(out.status.code(), Some(64));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--force"));
     let out = dlock(&url, &ns, &["exec", "x", "--wait", "soon", "--", "true"]);
-    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(out.status.code(), Some(64), "a usage error is EX_USAGE");
     assert!(String::from_utf8_lossy(&out.stderr).contains("500ms"));
     let out = dlock("nope://x", &ns, &["status", "a"]);
     assert_eq!(out.status.code(), Some(78));
@@ -324,6 +324,189 @@ fn help_does_not_show_the_password_in_dlock_url() {
         !shown.contains("help-s3cret"),
         "help printed the password:\n{shown}"
     );
+}
+
+/// Every usage error clap finds exits 64 (EX_USAGE) with its message on stderr;
+/// `--help` and `--version` succeed on stdout.
+#[test]
+fn usage_errors_exit_64_and_help_succeeds() {
+    let url = sqlite_url();
+    let ns = namespace();
+    for (args, says) in [
+        (&["frobnicate"][..], "frobnicate"),
+        (&[][..], "Usage"),
+        (&["status"][..], "NAME"),
+        (&["exec", "x", "--wait", "soon", "--", "true"][..], "500ms"),
+        (
+            &["sem", "pool", "--permits", "many", "--", "true"][..],
+            "many",
+        ),
+        (&["status", "x", "--colour"][..], "--colour"),
+        (&["completions", "tcsh-ish"][..], "tcsh-ish"),
+    ] {
+        let out = dlock(&url, &ns, args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(64), "{args:?}: {stderr}");
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+    }
+    for args in [&["--help"][..], &["--version"][..], &["help", "status"][..]] {
+        let out = dlock(&url, &ns, args);
+        assert_eq!(out.status.code(), Some(0), "{args:?}");
+        assert!(!out.stdout.is_empty(), "{args:?}");
+    }
+}
+
+/// The about text names every backend the command reaches.
+#[test]
+fn the_about_text_names_every_backend() {
+    let out = Command::new(DLOCK).arg("--help").output().unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    let about = help.lines().next().unwrap_or_default();
+    for backend in [
+        "SQLite",
+        "MariaDB",
+        "MySQL",
+        "PostgreSQL",
+        "Redis",
+        "Cluster",
+        "ZooKeeper",
+        "memory",
+    ] {
+        assert!(about.contains(backend), "{backend} missing from: {about}");
+    }
+}
+
+/// `dlock status` on a SQLite file that does not exist says the lock is free and
+/// leaves no file behind; `unlock --force` likewise.
+#[test]
+fn status_creates_no_database_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("never.db");
+    let url = format!("sqlite://{}", file.display());
+    let out = dlock(&url, "", &["status", "x"]);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("x: free"));
+    let out = dlock(&url, "", &["status", "x", "--json"]);
+    assert_eq!(out.status.code(), Some(1));
+    let out = dlock(&url, "", &["unlock", "x", "--force"]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("removed 0"));
+    let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+    assert!(left.is_empty(), "status or unlock made files: {left:?}");
+}
+
+/// `dlock status NAME --json` on every selected backend: a held lock's holder
+/// (owner, mode, token, context, lease left) as JSON with exit status 0; a free
+/// lock as `"held": false` with exit status 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_json_says_who_holds_and_exits_by_held_or_free() {
+    for (label, url) in sql_urls() {
+        let ns = namespace();
+        let holder =
+            DistributeLockManagerBuilder::new(dlock_api::open_backend(&url).await.unwrap())
+                .namespace(ns.clone())
+                .context("node-a \"quoted\"")
+                .build()
+                .unwrap();
+        let guard = testsuite::conformance::take(&holder.lock("job"), Duration::ZERO).await;
+
+        let out = dlock(&url, &ns, &["status", "job", "--json"]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{label}: held is 0: {stderr}");
+        let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!(
+                "{label}: not JSON ({e}): {}",
+                String::from_utf8_lossy(&out.stdout)
+            )
+        });
+        assert_eq!(json["name"], "job", "{label}: {json}");
+        assert_eq!(json["held"], true, "{label}: {json}");
+        let holders = json["holders"].as_array().unwrap();
+        assert_eq!(holders.len(), 1, "{label}: {json}");
+        let h = &holders[0];
+        assert_eq!(h["mode"], "exclusive", "{label}: {json}");
+        assert_eq!(h["token"], guard.fencing_token().get(), "{label}: {json}");
+        assert_eq!(h["context"], "node-a \"quoted\"", "{label}: {json}");
+        assert!(
+            h["owner"].as_str().is_some_and(|o| !o.is_empty()),
+            "{label}: {json}"
+        );
+        let lease = h["remaining_lease_ms"].as_u64();
+        if label.starts_with("zk") {
+            assert!(
+                h["remaining_lease_ms"].is_null(),
+                "{label}: a session hold: {json}"
+            );
+        } else {
+            assert!(
+                lease.is_some_and(|ms| ms > 0 && ms <= 30_000),
+                "{label}: {json}"
+            );
+        }
+
+        guard.unlock().await.unwrap();
+        let out = dlock(&url, &ns, &["status", "job", "--json"]);
+        assert_eq!(out.status.code(), Some(1), "{label}: free is 1");
+        let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(json["held"], false, "{label}: {json}");
+        assert_eq!(
+            json["holders"].as_array().map(Vec::len),
+            Some(0),
+            "{label}: {json}"
+        );
+        holder.close().await;
+    }
+}
+
+/// `dlock completions SHELL` prints a completion script the shell accepts (bash:
+/// sourced, it registers `dlock`'s completion).
+#[test]
+fn completions_register_in_bash() {
+    let out = Command::new(DLOCK)
+        .args(["completions", "bash"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let script = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        script.contains("status") && script.contains("elect"),
+        "{script}"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("dlock.bash");
+    std::fs::write(&file, &script).unwrap();
+    let out = Command::new("bash")
+        .arg("-c")
+        .arg(format!("source {} && complete -p dlock", file.display()))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("dlock"));
+    for shell in ["zsh", "fish", "elvish", "powershell"] {
+        let out = Command::new(DLOCK)
+            .args(["completions", shell])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{shell}");
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains("dlock"),
+            "{shell}"
+        );
+    }
 }
 
 #[test]
@@ -673,7 +856,11 @@ async fn a_planted_password_shows_nowhere_a_user_looks() {
             "{label}: the access log"
         );
         record("exec --log --metrics-addr (status, metrics)", &held);
-        for args in [&["status", "planted:1"][..], &["unlock", "planted:1"][..]] {
+        for args in [
+            &["status", "planted:1"][..],
+            &["status", "planted:1", "--json"][..],
+            &["unlock", "planted:1"][..],
+        ] {
             let out = dlock(&url, &ns, args);
             record(args[0], &out);
         }

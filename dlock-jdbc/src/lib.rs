@@ -455,6 +455,20 @@ fn config_error(url: &str, e: sqlx::Error) -> Error {
     )
 }
 
+/// The database file a `sqlite:` URL names, as sqlx reads the URL — so a reader
+/// (a status page, `dlock status`) can tell whether the file exists before it
+/// connects: connecting creates the file.
+///
+/// An URL sqlx cannot read is [`ErrorKind::Config`].
+#[cfg(feature = "sqlite")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
+pub fn sqlite_file(url: &str) -> Result<std::path::PathBuf> {
+    use std::str::FromStr;
+    let options =
+        sqlx::sqlite::SqliteConnectOptions::from_str(url).map_err(|e| config_error(url, e))?;
+    Ok(options.get_filename().to_owned())
+}
+
 #[cfg(feature = "sqlite")]
 fn open_sqlite(url: &str, options: &JdbcOptions) -> Result<Pool> {
     use sqlx::sqlite::{

@@ -40,6 +40,9 @@ mod outcome;
 mod redact;
 mod request;
 mod resource;
+#[cfg(feature = "serde")]
+#[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
+mod serde_impls;
 mod types;
 
 pub use backoff::{Backoff, BackoffKind, Jitter};
