@@ -465,6 +465,8 @@ ensure_backend() {
     memory | sqlite) ;; # in-process / a file: nothing to start
     mysql) ensure_mysql && ensure_mysql_tls ;;
     postgres) ensure_postgres && ensure_postgres_tls ;;
+    mysql-tls) ensure_mysql && ensure_mysql_tls ;;
+    postgres-tls) ensure_postgres && ensure_postgres_tls ;;
 
     redis | redis-polling) ensure_redis ;;
     redis-cluster) ensure_redis_cluster ;;

@@ -21,6 +21,8 @@ pub const KNOWN: &[&str] = &[
     "sqlite",
     "mysql",
     "postgres",
+    "mysql-tls",
+    "postgres-tls",
     "redis",
     "redis-polling",
     "redis-cluster",
@@ -117,8 +119,13 @@ pub fn url_of(label: &str) -> Option<TestUrl> {
     if let Ok(url) = std::env::var(&var) {
         return Some(TestUrl::fixed(url));
     }
-    if label == "sqlite" {
-        return Some(TestUrl::sqlite_scratch());
+    match label {
+        "sqlite" => return Some(TestUrl::sqlite_scratch()),
+        // The TLS-only servers, their certificates verified against the CA the
+        // script made.
+        "mysql-tls" => return sql_tls_url("mysql", "ca.crt").map(TestUrl::fixed),
+        "postgres-tls" => return sql_tls_url("postgres", "ca.crt").map(TestUrl::fixed),
+        _ => {}
     }
     let url = match label {
         "mysql" => Some("mysql://root@127.0.0.1:3306/test".to_owned()),
@@ -270,7 +277,9 @@ pub async fn open_at(label: &str, url: TestUrl) -> Result<Arc<dyn TestBackend>> 
     let label = known(label)?;
     Ok(match label {
         "memory" => Arc::new(MemoryTestBackend::default()),
-        "sqlite" | "mysql" | "postgres" => Arc::new(SqlTestBackend::open(label, url).await?),
+        "sqlite" | "mysql" | "postgres" | "mysql-tls" | "postgres-tls" => {
+            Arc::new(SqlTestBackend::open(label, url).await?)
+        }
         "redis" | "redis-polling" | "redis-cluster" | "redis-tls" | "redis-cluster-tls" => {
             Arc::new(RedisTestBackend::open(label, url).await?)
         }

@@ -142,7 +142,13 @@ impl Nemesis {
                 _ => None,
             },
             Nemesis::Stop | Nemesis::Kill => None,
-            Nemesis::Restart => (label == "sqlite").then_some("a local file, no server"),
+            Nemesis::Restart => match label {
+                "sqlite" => Some("a local file, no server"),
+                "mysql-tls" | "postgres-tls" => Some(
+                    "scripts/server-fault restarts the plain servers only (the same engine: see the mysql and postgres runs)",
+                ),
+                _ => None,
+            },
             Nemesis::Promote => (!matches!(label, "redis" | "redis-polling")).then_some(
                 "no replica to promote (only the single Redis server of `redis` and \
                  `redis-polling` runs with one)",
