@@ -71,13 +71,20 @@ pub async fn open_backend(url: &str) -> Result<Arc<dyn LockRemoteResource>> {
     }
 }
 
-/// Opens the backend a URL names only where its store already exists, creating
-/// nothing: a `sqlite:` URL whose file does not exist is `Ok(None)` (and no file is
-/// made); every other URL is [`open_backend`]'s (a server is there or the call
-/// fails). For readers — status pages, `dlock status`, `dlock unlock --force` — that
-/// must not leave a database file behind where nothing was ever locked.
+/// Opens the backend a URL names only where its store already exists, creating no
+/// database file: a `sqlite:` URL whose file does not exist is `Ok(None)` (and no
+/// file is made); every other URL is [`open_backend`]'s (a server is there or the
+/// call fails). For readers — status pages, `dlock status`, `dlock unlock --force` —
+/// that must not leave a database file behind where nothing was ever locked. A store
+/// that exists is opened as [`open_backend`] opens it (SQL: dlock's tables are
+/// created there unless the URL says `dlock_migrate=false`).
 ///
 /// Errors as for [`open_backend`].
+///
+/// # Cancel safety
+///
+/// Cancel-safe: dropped before it returns, nothing is left open (no file is made
+/// by the existence check).
 pub async fn open_existing_backend(url: &str) -> Result<Option<Arc<dyn LockRemoteResource>>> {
     #[cfg(feature = "sqlite")]
     if url

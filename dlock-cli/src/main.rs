@@ -158,8 +158,16 @@ async fn main() -> ExitCode {
         }
     };
     if let Command::Completions { shell } = cli.command {
-        clap_complete::generate(shell, &mut Cli::command(), "dlock", &mut std::io::stdout());
-        return ExitCode::SUCCESS;
+        // Written whole, and a closed pipe is an error, not a panic.
+        let mut script = Vec::new();
+        clap_complete::generate(shell, &mut Cli::command(), "dlock", &mut script);
+        return match std::io::Write::write_all(&mut std::io::stdout().lock(), &script) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("dlock: cannot write the completion script: {e}");
+                ExitCode::from(exit::SOFTWARE)
+            }
+        };
     }
     if cli.log {
         let filter = tracing_subscriber::EnvFilter::try_from_default_env()

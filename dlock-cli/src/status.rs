@@ -31,7 +31,10 @@ pub(crate) async fn status(
         .await
         .map_err(Failure::from)?
     {
-        None => LockState::default(),
+        None => {
+            no_database_note(backend);
+            LockState::default()
+        }
         Some(resource) => {
             let manager = crate::manager_on(resource, namespace, None)?;
             let state = manager.inspect(name).await;
@@ -94,6 +97,7 @@ pub(crate) async fn unlock(
         .await
         .map_err(Failure::from)?
     else {
+        no_database_note(backend);
         println!("{name}: removed 0 hold(s)");
         return Ok(ExitCode::SUCCESS);
     };
@@ -109,4 +113,15 @@ pub(crate) async fn unlock(
     let removed = admin.force_release(&full).await.map_err(Failure::from)?;
     println!("{name}: removed {removed} hold(s)");
     Ok(ExitCode::SUCCESS)
+}
+
+/// Says on stderr that the SQLite file was not there (a mistyped path, another
+/// working directory), so a "free" is not mistaken for one read from a database.
+fn no_database_note(backend: &str) {
+    if let Ok(path) = dlock_api::jdbc::sqlite_file(backend) {
+        eprintln!(
+            "dlock: no database file at {}: nothing is held there (none was created)",
+            path.display()
+        );
+    }
 }

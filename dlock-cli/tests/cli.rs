@@ -382,27 +382,60 @@ fn the_about_text_names_every_backend() {
 fn status_creates_no_database_file() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("never.db");
-    let url = format!("sqlite://{}", file.display());
-    let out = dlock(&url, "", &["status", "x"]);
+    // dlock's own URL options are no obstacle to finding the file.
+    for url in [
+        format!("sqlite://{}", file.display()),
+        format!("sqlite://{}?dlock_table_prefix=app_", file.display()),
+    ] {
+        let out = dlock(&url, "", &["status", "x"]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{url}: {stderr}");
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains("x: free"),
+            "{url}"
+        );
+        // The user learns that no database was there (a mistyped path?).
+        assert!(
+            stderr.contains(&format!("no database file at {}", file.display())),
+            "{url}: {stderr}"
+        );
+        let out = dlock(&url, "", &["status", "x", "--json"]);
+        assert_eq!(out.status.code(), Some(1), "{url}");
+        let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(json["held"], false, "{url}: {json}");
+        assert_eq!(
+            json["holders"].as_array().map(Vec::len),
+            Some(0),
+            "{url}: {json}"
+        );
+        let out = dlock(&url, "", &["unlock", "x", "--force"]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{url}: {stderr}");
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains("removed 0"),
+            "{url}"
+        );
+        let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+        assert!(
+            left.is_empty(),
+            "{url}: status or unlock made files: {left:?}"
+        );
+    }
+    // An in-memory database has no file to look for: refused, as when locking.
+    let out = dlock("sqlite::memory:", "", &["status", "x"]);
     assert_eq!(
         out.status.code(),
-        Some(1),
+        Some(78),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(String::from_utf8_lossy(&out.stdout).contains("x: free"));
-    let out = dlock(&url, "", &["status", "x", "--json"]);
-    assert_eq!(out.status.code(), Some(1));
-    let out = dlock(&url, "", &["unlock", "x", "--force"]);
+    let out = dlock("sqlite://x.db?mode=memory", "", &["status", "x"]);
     assert_eq!(
         out.status.code(),
-        Some(0),
+        Some(78),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(String::from_utf8_lossy(&out.stdout).contains("removed 0"));
-    let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
-    assert!(left.is_empty(), "status or unlock made files: {left:?}");
 }
 
 /// `dlock status NAME --json` on every selected backend: a held lock's holder

@@ -455,18 +455,34 @@ fn config_error(url: &str, e: sqlx::Error) -> Error {
     )
 }
 
-/// The database file a `sqlite:` URL names, as sqlx reads the URL — so a reader
-/// (a status page, `dlock status`) can tell whether the file exists before it
-/// connects: connecting creates the file.
+/// The database file a `sqlite:` URL names (its `dlock_*` options set aside, the
+/// rest read as sqlx reads it) — so a reader (a status page, `dlock status`) can
+/// tell whether the file exists before it connects: connecting creates the file.
 ///
-/// An URL sqlx cannot read is [`ErrorKind::Config`].
+/// A URL sqlx cannot read, a bad `dlock_*` option and an in-memory database (private
+/// to one connection: no file to look for) are [`ErrorKind::Config`], as
+/// [`JdbcBackend::connect`] would say.
 #[cfg(feature = "sqlite")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub fn sqlite_file(url: &str) -> Result<std::path::PathBuf> {
     use std::str::FromStr;
+    let (url, _) = split_options(url, JdbcOptions::default())?;
+    refuse_sqlite_memory(&url)?;
     let options =
-        sqlx::sqlite::SqliteConnectOptions::from_str(url).map_err(|e| config_error(url, e))?;
+        sqlx::sqlite::SqliteConnectOptions::from_str(&url).map_err(|e| config_error(&url, e))?;
     Ok(options.get_filename().to_owned())
+}
+
+/// An in-memory SQLite database is private to one connection: refused.
+#[cfg(feature = "sqlite")]
+fn refuse_sqlite_memory(url: &str) -> Result<()> {
+    if url.contains(":memory:") || url.contains("mode=memory") {
+        return Err(Error::new(
+            ErrorKind::Config,
+            "an in-memory SQLite database is private to one connection; use a file (sqlite://locks.db) or the memory:// backend",
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(feature = "sqlite")]
@@ -475,12 +491,7 @@ fn open_sqlite(url: &str, options: &JdbcOptions) -> Result<Pool> {
         SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous,
     };
     use std::str::FromStr;
-    if url.contains(":memory:") || url.contains("mode=memory") {
-        return Err(Error::new(
-            ErrorKind::Config,
-            "an in-memory SQLite database is private to one connection; use a file (sqlite://locks.db) or the memory:// backend",
-        ));
-    }
+    refuse_sqlite_memory(url)?;
     let connect = SqliteConnectOptions::from_str(url)
         .map_err(|e| config_error(url, e))?
         .create_if_missing(true)

@@ -41,7 +41,6 @@ mod redact;
 mod request;
 mod resource;
 #[cfg(feature = "serde")]
-#[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
 mod serde_impls;
 mod types;
 

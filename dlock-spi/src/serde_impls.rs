@@ -15,24 +15,28 @@ use serde::{Serialize, Serializer};
 
 use crate::{FencingToken, GrantId, HolderInfo, LockMode, LockState, OwnerId};
 
+#[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
 impl Serialize for FencingToken {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         serializer.serialize_u64(self.get())
     }
 }
 
+#[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
 impl Serialize for OwnerId {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         serializer.serialize_str(self.as_str())
     }
 }
 
+#[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
 impl Serialize for GrantId {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         serializer.collect_str(self)
     }
 }
 
+#[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
 impl Serialize for LockMode {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         match self {
@@ -50,25 +54,38 @@ fn millis(d: Option<Duration>) -> Option<u64> {
     d.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
+#[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
 impl Serialize for HolderInfo {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        // Every field named: a new one does not compile until it is serialized.
+        let HolderInfo {
+            owner,
+            grant,
+            mode,
+            token,
+            context,
+            remaining_lease,
+            remaining_ttl,
+        } = self;
         let mut s = serializer.serialize_struct("HolderInfo", 7)?;
-        s.serialize_field("owner", &self.owner)?;
-        s.serialize_field("grant", &self.grant)?;
-        s.serialize_field("mode", &self.mode)?;
-        s.serialize_field("token", &self.token)?;
-        s.serialize_field("context", &String::from_utf8_lossy(&self.context))?;
-        s.serialize_field("remaining_lease_ms", &millis(self.remaining_lease))?;
-        s.serialize_field("remaining_ttl_ms", &millis(self.remaining_ttl))?;
+        s.serialize_field("owner", owner)?;
+        s.serialize_field("grant", grant)?;
+        s.serialize_field("mode", mode)?;
+        s.serialize_field("token", token)?;
+        s.serialize_field("context", &String::from_utf8_lossy(context))?;
+        s.serialize_field("remaining_lease_ms", &millis(*remaining_lease))?;
+        s.serialize_field("remaining_ttl_ms", &millis(*remaining_ttl))?;
         s.end()
     }
 }
 
+#[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
 impl Serialize for LockState {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let LockState { holders, waiters } = self;
         let mut s = serializer.serialize_struct("LockState", 2)?;
-        s.serialize_field("holders", &self.holders)?;
-        s.serialize_field("waiters", &self.waiters)?;
+        s.serialize_field("holders", holders)?;
+        s.serialize_field("waiters", waiters)?;
         s.end()
     }
 }

@@ -38,7 +38,7 @@ pub fn run_case(label: &str, case: &Case) -> Result<(), String> {
         .enable_all()
         .build()
         .map_err(|e| format!("case {name} on backend {label}: no runtime: {e}"))?;
-    runtime.block_on(async {
+    let outcome = runtime.block_on(async {
         let backend = backends::open(label).await.map_err(|err| {
             format!(
                 "backend {label:?} was requested by {BACKENDS_VAR} but could not be opened: {err}"
@@ -63,5 +63,8 @@ pub fn run_case(label: &str, case: &Case) -> Result<(), String> {
                 Err(format!("case {name} on backend {label}: {msg}"))
             }
         }
-    })
+    });
+    // A task the case left stuck (a blocking call) cannot hang the trial.
+    runtime.shutdown_timeout(Duration::from_secs(5));
+    outcome
 }
