@@ -296,52 +296,66 @@ return 1
 "#;
 
 /// The permits' fast path, ahead of [`ACQUIRE`]'s helpers (not even created when it
-/// grants; only [`H_HORIZON`]'s are): with nobody queued, the name free or held by permit holders only, all
-/// of them live, of the same total and leaving room, and this owner not among them
-/// (a retried grant), it grants as [`ACQUIRE`] would — 11 server calls instead of
-/// 14, and no helper functions built. Anything else falls through to [`ACQUIRE`],
-/// which decides it. KEYS and ARGV: as [`ACQUIRE`].
+/// grants; only [`H_HORIZON`]'s are): with nobody queued, the name free or held by
+/// permit holders only, all of them live, of the same total and leaving room, and
+/// this owner not among them (a retried grant), it grants as [`ACQUIRE`] would.
+/// On an idle semaphore the horizon's `SET NX` is the check that the name is free
+/// (10 server calls: `EXISTS`, `TIME`, `ZRANGE`, `SET NX`, the token's `GET` and
+/// `SET`, `ZADD`, `HSET` and two `PEXPIRE`); beside other holders, 12 (the name read,
+/// their counts read, the horizon moved) — instead of [`ACQUIRE`]'s 14, and no helper
+/// functions built. Anything else falls through to [`ACQUIRE`], which decides it.
+/// KEYS and ARGV: as [`ACQUIRE`].
 const ACQUIRE_PERMITS_FAST: &str = r#"
 if ARGV[2] == 'p' and redis.call('EXISTS', KEYS[5]) == 0 then
-  local v = redis.call('GET', KEYS[1])
-  if not v or v == 'R' then
-    local t = redis.call('TIME')
-    local us = tonumber(t[1]) * 1000000 + tonumber(t[2])
-    local ms = math.floor(us / 1000)
-    local n, total = tonumber(ARGV[11]), tonumber(ARGV[12])
-    local hs = redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES')
-    local plain, used, top = true, 0, 0
-    if #hs > 0 then
-      local fields = {'#total'}
-      for i = 1, #hs, 2 do
-        local score = tonumber(hs[i + 1])
-        -- A lapsed holder (to purge) or this owner asking again: the general path.
-        if score < ms or hs[i] == ARGV[1] then plain = false break end
-        if score > top then top = score end
-        fields[#fields + 1] = 'p:' .. hs[i]
-      end
-      if plain then
-        local got = redis.call('HMGET', KEYS[3], unpack(fields))
-        -- Read locks (no total) or another total: the general path.
-        if tonumber(got[1]) ~= total then
-          plain = false
-        else
-          for i = 2, #got do used = used + (tonumber(got[i]) or total) end
-        end
+  local t = redis.call('TIME')
+  local us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local ms = math.floor(us / 1000)
+  local n, total, lease = tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[3])
+  local hs = redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES')
+  local plain, used, top, idle = true, 0, 0, #hs == 0
+  if idle then
+    -- Nobody holds permits: the horizon (through this holder's last ms) taken with
+    -- NX is the check that no writer (or stale horizon) is there.
+    plain = n <= total and redis.call('SET', KEYS[1], 'R', 'NX', 'PX', lease + 1) and true or false
+  else
+    local v = redis.call('GET', KEYS[1])
+    if v and v ~= 'R' then plain = false end
+    local fields = {'#total'}
+    for i = 1, #hs, 2 do
+      if not plain then break end
+      local score = tonumber(hs[i + 1])
+      -- A lapsed holder (to purge) or this owner asking again: the general path.
+      if score < ms or hs[i] == ARGV[1] then plain = false break end
+      if score > top then top = score end
+      fields[#fields + 1] = 'p:' .. hs[i]
+    end
+    if plain then
+      local got = redis.call('HMGET', KEYS[3], unpack(fields))
+      -- Read locks (no total) or another total: the general path.
+      if tonumber(got[1]) ~= total then
+        plain = false
+      else
+        for i = 2, #got do used = used + (tonumber(got[i]) or total) end
       end
     end
-    if plain and used + n <= total then
-      local tok = (tonumber(redis.call('GET', KEYS[4])) or 0) + 1
-      if tok < us then tok = us end
-      redis.call('SET', KEYS[4], string.format('%.0f', tok))
-      local expiry = ms + tonumber(ARGV[3])
-      redis.call('ZADD', KEYS[2], expiry, ARGV[1])
-      redis.call('HSET', KEYS[3], ARGV[1], string.format('%.0f', tok), 'c:' .. ARGV[1], ARGV[9],
-        'p:' .. ARGV[1], n, '#total', total)
+  end
+  if plain and used + n <= total then
+    local tok = (tonumber(redis.call('GET', KEYS[4])) or 0) + 1
+    if tok < us then tok = us end
+    redis.call('SET', KEYS[4], string.format('%.0f', tok))
+    local expiry = ms + lease
+    redis.call('ZADD', KEYS[2], expiry, ARGV[1])
+    redis.call('HSET', KEYS[3], ARGV[1], string.format('%.0f', tok), 'c:' .. ARGV[1], ARGV[9],
+      'p:' .. ARGV[1], n, '#total', total)
+    if idle then
+      -- The horizon is set already: its keys get the same lifetime.
+      redis.call('PEXPIRE', KEYS[2], lease + 1)
+      redis.call('PEXPIRE', KEYS[3], lease + 1)
+    else
       if expiry > top then top = expiry end
       set_horizon(KEYS[1], KEYS[2], KEYS[3], top, ms)
-      return {1, tok}
     end
+    return {1, tok}
   end
 end
 "#;

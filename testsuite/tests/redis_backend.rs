@@ -1088,6 +1088,31 @@ async fn the_last_permit_release_frees_the_name_at_once() {
     m.close().await;
 }
 
+/// The converse: an exclusive holder keeps an idle semaphore's name from its first
+/// permit holder (the permits' fast path takes the name with `SET NX`, never over a
+/// writer's key), and the permits are granted once the writer is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_keeps_an_idle_semaphore_from_its_first_holder() {
+    let Some(url) = redis_url() else { return };
+    let (_, m) = dlock_client(&url, RedisOptions::default()).await;
+    let n = name("sem-writer");
+    let writer = take(&m.lock(&n), Duration::ZERO).await;
+    let sem = m.semaphore(&n, 3);
+    let refused = sem.try_acquire(1, Duration::ZERO).await.unwrap();
+    assert!(
+        refused.is_none(),
+        "a permit was granted past an exclusive holder"
+    );
+    assert!(
+        !writer.is_lost(),
+        "the writer lost its lock to a permit holder"
+    );
+    writer.unlock().await.unwrap();
+    let permit = take_permits(&sem, 1).await;
+    permit.release().await.unwrap();
+    m.close().await;
+}
+
 /// Backends built on the application's client and on its connection manager share
 /// locks with one built from the URL, and wake their waiters by release notices.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
