@@ -184,24 +184,17 @@ impl Watchdog {
     /// proclaiming): counts as the hold's latest renewal.
     pub(crate) fn renewed(&self, id: u64, sent: Instant) {
         let mut state = self.shared.lock();
-        let Some(entry) = state.entries.get(&id) else {
+        let Some(entry) = state.entries.get_mut(&id) else {
             return;
         };
-        // An in-flight renewal of the scheduler's settles it; an older send moves
-        // nothing.
-        if entry.in_flight || sent + entry.lease - self.shared.margin(entry.lease) <= entry.lost_at
-        {
+        if entry.in_flight {
+            // The scheduler's own renewal settles it.
             return;
         }
-        self.count_renewal(&mut state, id, sent);
-    }
-
-    /// Counts a renewal sent at `sent` as the entry's latest: its loss instant, its
-    /// suspension and its next due time follow from it and the entry's lease.
-    /// Returns the new due time.
-    fn count_renewal(&self, state: &mut State, id: u64, sent: Instant) -> Option<Instant> {
-        let entry = state.entries.get_mut(&id)?;
         let lost_at = sent + entry.lease - self.shared.margin(entry.lease);
+        if lost_at <= entry.lost_at {
+            return;
+        }
         entry.lost_at = lost_at;
         self.shared
             .suspend(&entry.hold, sent, entry.lease, entry.transition);
@@ -214,7 +207,6 @@ impl Watchdog {
         entry.due = due;
         state.queue.remove(&(old, id));
         state.queue.insert((due, id));
-        Some(due)
     }
 
     /// When a watched hold counts as lost unless a renewal moves it; `None` when it
@@ -234,13 +226,25 @@ impl Watchdog {
         let Some(entry) = state.entries.get_mut(&id) else {
             return;
         };
+        let lost_at = sent + lease - self.shared.margin(lease);
         entry.lease = lease;
         if entry.in_flight {
-            entry.lost_at = entry.lost_at.min(sent + lease - self.shared.margin(lease));
+            entry.lost_at = entry.lost_at.min(lost_at);
             return;
         }
-        let due = self.count_renewal(&mut state, id, sent);
-        if due.is_some_and(|due| state.sleeping_until.is_none_or(|until| due < until)) {
+        entry.lost_at = lost_at;
+        self.shared
+            .suspend(&entry.hold, sent, entry.lease, entry.transition);
+        let old = entry.due;
+        let due = if entry.renew {
+            (sent + (entry.lease - entry.transition) / 3).min(lost_at)
+        } else {
+            lost_at
+        };
+        entry.due = due;
+        state.queue.remove(&(old, id));
+        state.queue.insert((due, id));
+        if state.sleeping_until.is_none_or(|until| due < until) {
             self.shared.wake.notify_one();
         }
     }
