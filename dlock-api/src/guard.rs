@@ -3,11 +3,10 @@
 use std::fmt;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use dlock_spi::{
-    Error, ErrorKind, FencingToken, LockMode, LockName, LostReason, ReleaseResult, RenewRequest,
-    RenewResult, Result, MAX_LEASE,
+    Error, ErrorKind, FencingToken, LockMode, LockName, LostReason, ReleaseResult, Result,
 };
 
 use crate::hold::Hold;
@@ -99,119 +98,6 @@ impl LockGuard {
     /// Cancel-safe: it only waits.
     pub async fn lost(&self) -> LostReason {
         self.hold.wait_lost().await
-    }
-
-    /// The instant before which the hold is guaranteed: the loss margin before the
-    /// store may let it go, counted from when the last acquire or renewal that
-    /// succeeded was sent — the lost signal fires then unless a renewal moves it.
-    /// `None` for a hold bound to a session rather than a lease (ZooKeeper: held
-    /// until [`lost`](Self::lost) fires; see [`is_suspended`](Self::is_suspended)),
-    /// and once the hold is lost.
-    pub fn valid_until(&self) -> Option<Instant> {
-        if self.hold.lost_reason().is_some() {
-            return None;
-        }
-        self.handle.manager.watchdog.valid_until(self.hold.id)
-    }
-
-    /// `Ok` while the hold can be acted on; call it right before a side effect.
-    ///
-    /// Errors: [`ErrorKind::LockLost`] once the hold is lost, or when its
-    /// [`valid_until`](Self::valid_until) has passed (the lost signal is due);
-    /// [`ErrorKind::Backend`] while it is suspended (the connection to a
-    /// session-bound backend is down: it may still be held, but must not be acted
-    /// on until that clears).
-    pub fn check(&self) -> Result<()> {
-        if let Some(reason) = self.hold.lost_reason() {
-            return Err(lost_error(&self.hold.name, reason));
-        }
-        if self
-            .valid_until()
-            .is_some_and(|until| Instant::now() >= until)
-        {
-            return Err(lost_error(&self.hold.name, LostReason::LeaseExpired));
-        }
-        if self.hold.is_suspended() {
-            return Err(Error::new(
-                ErrorKind::Backend,
-                "the hold is suspended: the backend's connection is down and it may or may not still be held; wait until it clears (or the lost signal fires) before acting on it",
-            )
-            .with_context("lock", &self.hold.name));
-        }
-        Ok(())
-    }
-
-    /// Renews the hold now for `lease` (counted from this call), and from then on
-    /// for `lease` each time the watchdog renews it. For a lock taken with a fixed
-    /// lease, this is how it is made longer (or shorter) on purpose.
-    ///
-    /// ```
-    /// # async fn demo() -> dlock_api::Result<()> {
-    /// use std::time::Duration;
-    /// use dlock_api::DistributeLockManager;
-    ///
-    /// let manager = DistributeLockManager::connect("memory://").await?;
-    /// let guard = manager.lock("report").lock_with_lease(Duration::from_secs(10)).await?;
-    /// // A long step ahead: make the hold outlast it before starting.
-    /// guard.extend(Duration::from_secs(60)).await?;
-    /// assert!(guard.valid_until().is_some());
-    /// guard.check()?; // right before the side effect
-    /// guard.unlock().await?;
-    /// # Ok(()) }
-    /// ```
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: dropped before the store answers, the renewal may or may not
-    /// have happened; the guard's [`valid_until`](Self::valid_until) is unchanged
-    /// either way (it never counts on an answer it did not get).
-    ///
-    /// Errors: [`ErrorKind::Unsupported`] on session-bound backends (no lease);
-    /// [`ErrorKind::InvalidArgument`] for a lease outside 1 ms ..= 30 days (nothing
-    /// changes); [`ErrorKind::LockLost`] if the hold is lost or its lease has passed
-    /// — it is never revived — or the store says another owner has it now (the hold
-    /// is then lost); backend errors as they come (the hold keeps its old lease).
-    pub async fn extend(&self, lease: Duration) -> Result<()> {
-        let manager = &self.handle.manager;
-        let name = &self.hold.name;
-        if !manager.capabilities.lease {
-            return Err(Error::unsupported(format!(
-                "the {} backend ties holds to its session, not to a lease: there is no lease to extend (the hold lasts until released or the session ends)",
-                manager.chain.resource().backend_name()
-            ))
-            .with_context("lock", name));
-        }
-        if lease < Duration::from_millis(1) || lease > MAX_LEASE {
-            return Err(Error::invalid_argument(format!(
-                "lease {lease:?} is out of range; use between 1 ms and {} days",
-                MAX_LEASE.as_secs() / 86_400
-            ))
-            .with_context("lock", name));
-        }
-        self.check()?;
-        let request = RenewRequest::new(
-            name.clone(),
-            self.hold.owner.clone(),
-            self.hold.grant,
-            self.hold.mode,
-            lease,
-            self.hold.token,
-        );
-        let sent = Instant::now();
-        match manager.chain.renew(&request).await? {
-            RenewResult::Renewed { .. } => {
-                manager.watchdog.extended(self.hold.id, sent, lease);
-                // Lost while the renewal was in flight: the loss stands.
-                match self.hold.lost_reason() {
-                    Some(reason) => Err(lost_error(name, reason)),
-                    None => Ok(()),
-                }
-            }
-            RenewResult::NotOwner => {
-                self.hold.lose(&manager.chain, LostReason::NotOwner);
-                Err(lost_error(name, LostReason::NotOwner))
-            }
-        }
     }
 
     /// An owned, cloneable signal to hand to another task.
@@ -360,20 +246,6 @@ macro_rules! hold_accessors {
         /// Cancel-safe: it only waits.
         pub async fn lost(&self) -> dlock_spi::LostReason {
             self.guard.lost().await
-        }
-
-        #[doc = concat!("The instant before which ", $what, " is guaranteed (see [`crate::LockGuard::valid_until`]); `None` on session-bound backends and once lost.")]
-        pub fn valid_until(&self) -> Option<std::time::Instant> {
-            self.guard.valid_until()
-        }
-
-        #[doc = concat!("`Ok` while ", $what, " can be acted on (see [`crate::LockGuard::check`]).")]
-        ///
-        /// # Errors
-        ///
-        /// As [`crate::LockGuard::check`].
-        pub fn check(&self) -> dlock_spi::Result<()> {
-            self.guard.check()
         }
 
         #[doc = concat!("An owned signal of the loss of ", $what, ", for another task.")]

@@ -209,46 +209,6 @@ impl Watchdog {
         state.queue.insert((due, id));
     }
 
-    /// When a watched hold counts as lost unless a renewal moves it; `None` when it
-    /// is not watched (session-bound, lost, or released).
-    pub(crate) fn valid_until(&self, id: u64) -> Option<Instant> {
-        self.shared.lock().entries.get(&id).map(|e| e.lost_at)
-    }
-
-    /// An explicit renewal for `lease`, sent at `sent`, succeeded (a guard's
-    /// `extend`): the hold's lease is `lease` from now on (the watchdog's later
-    /// renewals ask for it) and it counts as lost the loss margin before `sent +
-    /// lease`. While a renewal of the old lease is in flight it may reach the store
-    /// after this one, so the loss instant then only moves earlier (that renewal's
-    /// answer sets it from its own send time and lease).
-    pub(crate) fn extended(&self, id: u64, sent: Instant, lease: Duration) {
-        let mut state = self.shared.lock();
-        let Some(entry) = state.entries.get_mut(&id) else {
-            return;
-        };
-        let lost_at = sent + lease - self.shared.margin(lease);
-        entry.lease = lease;
-        if entry.in_flight {
-            entry.lost_at = entry.lost_at.min(lost_at);
-            return;
-        }
-        entry.lost_at = lost_at;
-        self.shared
-            .suspend(&entry.hold, sent, entry.lease, entry.transition);
-        let old = entry.due;
-        let due = if entry.renew {
-            (sent + (entry.lease - entry.transition) / 3).min(lost_at)
-        } else {
-            lost_at
-        };
-        entry.due = due;
-        state.queue.remove(&(old, id));
-        state.queue.insert((due, id));
-        if state.sleeping_until.is_none_or(|until| due < until) {
-            self.shared.wake.notify_one();
-        }
-    }
-
     /// Stops watching a hold (it is being released).
     pub(crate) fn unregister(&self, id: u64) {
         let mut state = self.shared.lock();
@@ -289,8 +249,7 @@ struct Due {
     renew: bool,
 }
 
-/// A renewal's answer: the hold, when it was sent, the lease it asked for.
-type RenewOutcome = (u64, Instant, Duration, Option<Result<RenewResult>>);
+type RenewOutcome = (u64, Instant, Option<Result<RenewResult>>);
 
 async fn run(shared: Arc<Shared>) {
     let mut in_flight: JoinSet<RenewOutcome> = JoinSet::new();
@@ -314,14 +273,13 @@ async fn run(shared: Arc<Shared>) {
             .with_transition(d.transition);
             let lost_at = d.lost_at;
             let id = d.id;
-            let lease = d.lease;
             in_flight.spawn(async move {
                 let sent = Instant::now();
                 // A renewal that cannot finish before the loss instant is a loss.
                 let result = tokio::time::timeout_at(lost_at.into(), chain.renew(&req))
                     .await
                     .ok();
-                (id, sent, lease, result)
+                (id, sent, result)
             });
         }
         let sleep_until = next;
@@ -370,7 +328,7 @@ fn take_due(shared: &Shared, now: Instant) -> (Vec<Due>, Instant) {
 }
 
 /// Applies a renewal's answer: reschedule, retry, or declare the hold lost.
-fn settle(shared: &Shared, (id, sent, lease, result): RenewOutcome) {
+fn settle(shared: &Shared, (id, sent, result): RenewOutcome) {
     let now = Instant::now();
     let reason = {
         let mut state = shared.lock();
@@ -381,10 +339,8 @@ fn settle(shared: &Shared, (id, sent, lease, result): RenewOutcome) {
         let next = match result {
             Some(Ok(RenewResult::Renewed { .. })) => {
                 shared.observe_round_trip(now.saturating_duration_since(sent));
-                // The lease this renewal asked for (an `extend` may have changed the
-                // entry's since it was sent).
-                entry.lost_at = sent + lease - shared.margin(lease);
-                shared.suspend(&entry.hold, sent, lease, entry.transition);
+                entry.lost_at = sent + entry.lease - shared.margin(entry.lease);
+                shared.suspend(&entry.hold, sent, entry.lease, entry.transition);
                 Ok((sent + (entry.lease - entry.transition) / 3).min(entry.lost_at))
             }
             Some(Ok(RenewResult::NotOwner)) => Err(LostReason::NotOwner),

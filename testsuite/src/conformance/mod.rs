@@ -35,8 +35,6 @@ pub use semaphore::{
     semaphore_permits_never_exceed_the_total, semaphore_serves_in_order_and_recovers_dead_permits,
     semaphore_totals_must_agree, semaphore_watchdog_keeps_permits, take_permits,
 };
-mod guards;
-pub use guards::guards_say_until_when_and_extend;
 mod waiters;
 pub use waiters::{a_leaving_writer_lets_readers_in, cancelled_lock_leaves_nothing};
 
@@ -1027,5 +1025,4 @@ cases!(
     semaphore_serves_in_order_and_recovers_dead_permits,
     semaphore_totals_must_agree,
     semaphore_watchdog_keeps_permits,
-    guards_say_until_when_and_extend,
 );
