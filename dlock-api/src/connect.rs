@@ -71,10 +71,19 @@ pub async fn open_backend(url: &str) -> Result<Arc<dyn LockRemoteResource>> {
     }
 }
 
+/// What [`open_existing_backend`] found.
+pub enum ExistingBackend {
+    /// The store exists; the backend on it.
+    Open(Arc<dyn LockRemoteResource>),
+    /// The SQLite database file the URL names does not exist (and none was made):
+    /// nothing is held there.
+    NoDatabaseFile(std::path::PathBuf),
+}
+
 /// Opens the backend a URL names only where its store already exists, creating no
-/// database file: a `sqlite:` URL whose file does not exist is `Ok(None)` (and no
-/// file is made); every other URL is [`open_backend`]'s (a server is there or the
-/// call fails). For readers — status pages, `dlock status`, `dlock unlock --force` —
+/// database file: a `sqlite:` URL whose file does not exist is
+/// [`ExistingBackend::NoDatabaseFile`] (and no file is made); every other URL is
+/// [`open_backend`]'s (a server is there or the call fails). For readers — status pages, `dlock status`, `dlock unlock --force` —
 /// that must not leave a database file behind where nothing was ever locked. A store
 /// that exists is opened as [`open_backend`] opens it (SQL: dlock's tables are
 /// created there unless the URL says `dlock_migrate=false`).
@@ -85,16 +94,18 @@ pub async fn open_backend(url: &str) -> Result<Arc<dyn LockRemoteResource>> {
 ///
 /// Cancel-safe: dropped before it returns, nothing is left open (no file is made
 /// by the existence check).
-pub async fn open_existing_backend(url: &str) -> Result<Option<Arc<dyn LockRemoteResource>>> {
+pub async fn open_existing_backend(url: &str) -> Result<ExistingBackend> {
     #[cfg(feature = "sqlite")]
     if url
         .split_once("://")
         .is_some_and(|(scheme, _)| scheme.eq_ignore_ascii_case("sqlite"))
-        && !dlock_jdbc::sqlite_file(url)?.exists()
     {
-        return Ok(None);
+        let file = dlock_jdbc::sqlite_file(url)?;
+        if !file.exists() {
+            return Ok(ExistingBackend::NoDatabaseFile(file));
+        }
     }
-    open_backend(url).await.map(Some)
+    open_backend(url).await.map(ExistingBackend::Open)
 }
 
 #[cfg(test)]

@@ -65,7 +65,7 @@ mod semaphore;
 pub mod tower;
 mod watchdog;
 
-pub use connect::{open_backend, open_existing_backend, SUPPORTED};
+pub use connect::{open_backend, open_existing_backend, ExistingBackend, SUPPORTED};
 pub use dlock_spi::redact_url;
 
 /// The SQL backend (features `sqlite`, `mysql`, `postgres`).

@@ -142,6 +142,21 @@ pub(crate) fn manager_on(
     builder.build().map_err(Failure::from)
 }
 
+/// Prints the completion script for `shell`, written whole (a closed pipe is an
+/// error, not a panic).
+fn completions(shell: clap_complete::Shell) -> Result<ExitCode, Failure> {
+    let mut script = Vec::new();
+    clap_complete::generate(shell, &mut Cli::command(), "dlock", &mut script);
+    std::io::Write::write_all(&mut std::io::stdout().lock(), &script)
+        .map(|()| ExitCode::SUCCESS)
+        .map_err(|e| {
+            Failure::new(
+                exit::SOFTWARE,
+                format!("cannot write the completion script: {e}"),
+            )
+        })
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> ExitCode {
     // The process' rustls crypto provider, which the redis crate's TLS uses (an
@@ -157,18 +172,6 @@ async fn main() -> ExitCode {
             return ExitCode::from(code);
         }
     };
-    if let Command::Completions { shell } = cli.command {
-        // Written whole, and a closed pipe is an error, not a panic.
-        let mut script = Vec::new();
-        clap_complete::generate(shell, &mut Cli::command(), "dlock", &mut script);
-        return match std::io::Write::write_all(&mut std::io::stdout().lock(), &script) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("dlock: cannot write the completion script: {e}");
-                ExitCode::from(exit::SOFTWARE)
-            }
-        };
-    }
     if cli.log {
         let filter = tracing_subscriber::EnvFilter::try_from_default_env()
             .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
@@ -200,7 +203,7 @@ async fn main() -> ExitCode {
         Command::Unlock { name, force } => {
             status::unlock(&cli.backend, &cli.namespace, &name, force).await
         }
-        Command::Completions { .. } => Ok(ExitCode::SUCCESS),
+        Command::Completions { shell } => completions(shell),
     };
     match result {
         Ok(code) => code,

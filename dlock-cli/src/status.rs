@@ -3,7 +3,7 @@
 
 use std::process::ExitCode;
 
-use dlock_api::{LockName, LockState};
+use dlock_api::{ExistingBackend, LockName, LockState};
 
 use crate::exit::{Failure, FREE, SOFTWARE, USAGE};
 
@@ -31,11 +31,11 @@ pub(crate) async fn status(
         .await
         .map_err(Failure::from)?
     {
-        None => {
-            no_database_note(backend);
+        ExistingBackend::NoDatabaseFile(file) => {
+            no_database_note(&file);
             LockState::default()
         }
-        Some(resource) => {
+        ExistingBackend::Open(resource) => {
             let manager = crate::manager_on(resource, namespace, None)?;
             let state = manager.inspect(name).await;
             manager.close().await;
@@ -93,13 +93,16 @@ pub(crate) async fn unlock(
         ));
     }
     let full = LockName::with_prefix(namespace, name).map_err(Failure::from)?;
-    let Some(resource) = dlock_api::open_existing_backend(backend)
+    let resource = match dlock_api::open_existing_backend(backend)
         .await
         .map_err(Failure::from)?
-    else {
-        no_database_note(backend);
-        println!("{name}: removed 0 hold(s)");
-        return Ok(ExitCode::SUCCESS);
+    {
+        ExistingBackend::Open(resource) => resource,
+        ExistingBackend::NoDatabaseFile(file) => {
+            no_database_note(&file);
+            println!("{name}: removed 0 hold(s)");
+            return Ok(ExitCode::SUCCESS);
+        }
     };
     let admin = resource.admin().ok_or_else(|| {
         Failure::new(
@@ -117,11 +120,9 @@ pub(crate) async fn unlock(
 
 /// Says on stderr that the SQLite file was not there (a mistyped path, another
 /// working directory), so a "free" is not mistaken for one read from a database.
-fn no_database_note(backend: &str) {
-    if let Ok(path) = dlock_api::jdbc::sqlite_file(backend) {
-        eprintln!(
-            "dlock: no database file at {}: nothing is held there (none was created)",
-            path.display()
-        );
-    }
+fn no_database_note(file: &std::path::Path) {
+    eprintln!(
+        "dlock: no database file at {}: nothing is held there (none was created)",
+        file.display()
+    );
 }

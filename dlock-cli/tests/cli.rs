@@ -376,6 +376,20 @@ fn the_about_text_names_every_backend() {
     }
 }
 
+/// `dlock status --json` said the lock is free: exit status 1, `held` false, no
+/// holders.
+fn assert_free_json(out: &Output, what: &str) {
+    assert_eq!(out.status.code(), Some(1), "{what}: free is 1");
+    let json: serde_json::Value =
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{what}: not JSON ({e})"));
+    assert_eq!(json["held"], false, "{what}: {json}");
+    assert_eq!(
+        json["holders"].as_array().map(Vec::len),
+        Some(0),
+        "{what}: {json}"
+    );
+}
+
 /// `dlock status` on a SQLite file that does not exist says the lock is free and
 /// leaves no file behind; `unlock --force` likewise.
 #[test]
@@ -399,15 +413,7 @@ fn status_creates_no_database_file() {
             stderr.contains(&format!("no database file at {}", file.display())),
             "{url}: {stderr}"
         );
-        let out = dlock(&url, "", &["status", "x", "--json"]);
-        assert_eq!(out.status.code(), Some(1), "{url}");
-        let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        assert_eq!(json["held"], false, "{url}: {json}");
-        assert_eq!(
-            json["holders"].as_array().map(Vec::len),
-            Some(0),
-            "{url}: {json}"
-        );
+        assert_free_json(&dlock(&url, "", &["status", "x", "--json"]), &url);
         let out = dlock(&url, "", &["unlock", "x", "--force"]);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(0), "{url}: {stderr}");
@@ -422,20 +428,11 @@ fn status_creates_no_database_file() {
         );
     }
     // An in-memory database has no file to look for: refused, as when locking.
-    let out = dlock("sqlite::memory:", "", &["status", "x"]);
-    assert_eq!(
-        out.status.code(),
-        Some(78),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let out = dlock("sqlite://x.db?mode=memory", "", &["status", "x"]);
-    assert_eq!(
-        out.status.code(),
-        Some(78),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    for url in ["sqlite::memory:", "sqlite://x.db?mode=memory"] {
+        let out = dlock(url, "", &["status", "x"]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(78), "{url}: {stderr}");
+    }
 }
 
 /// `dlock status NAME --json` on every selected backend: a held lock's holder
@@ -488,15 +485,7 @@ async fn status_json_says_who_holds_and_exits_by_held_or_free() {
         }
 
         guard.unlock().await.unwrap();
-        let out = dlock(&url, &ns, &["status", "job", "--json"]);
-        assert_eq!(out.status.code(), Some(1), "{label}: free is 1");
-        let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        assert_eq!(json["held"], false, "{label}: {json}");
-        assert_eq!(
-            json["holders"].as_array().map(Vec::len),
-            Some(0),
-            "{label}: {json}"
-        );
+        assert_free_json(&dlock(&url, &ns, &["status", "job", "--json"]), &label);
         holder.close().await;
     }
 }

@@ -465,35 +465,28 @@ fn config_error(url: &str, e: sqlx::Error) -> Error {
 #[cfg(feature = "sqlite")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub fn sqlite_file(url: &str) -> Result<std::path::PathBuf> {
-    use std::str::FromStr;
     let (url, _) = split_options(url, JdbcOptions::default())?;
-    refuse_sqlite_memory(&url)?;
-    let options =
-        sqlx::sqlite::SqliteConnectOptions::from_str(&url).map_err(|e| config_error(&url, e))?;
-    Ok(options.get_filename().to_owned())
+    Ok(sqlite_options(&url)?.get_filename().to_owned())
 }
 
-/// An in-memory SQLite database is private to one connection: refused.
+/// sqlx's reading of a `sqlite:` URL (dlock's own options already taken off). An
+/// in-memory database is private to one connection: refused.
 #[cfg(feature = "sqlite")]
-fn refuse_sqlite_memory(url: &str) -> Result<()> {
+fn sqlite_options(url: &str) -> Result<sqlx::sqlite::SqliteConnectOptions> {
+    use std::str::FromStr;
     if url.contains(":memory:") || url.contains("mode=memory") {
         return Err(Error::new(
             ErrorKind::Config,
             "an in-memory SQLite database is private to one connection; use a file (sqlite://locks.db) or the memory:// backend",
         ));
     }
-    Ok(())
+    sqlx::sqlite::SqliteConnectOptions::from_str(url).map_err(|e| config_error(url, e))
 }
 
 #[cfg(feature = "sqlite")]
 fn open_sqlite(url: &str, options: &JdbcOptions) -> Result<Pool> {
-    use sqlx::sqlite::{
-        SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous,
-    };
-    use std::str::FromStr;
-    refuse_sqlite_memory(url)?;
-    let connect = SqliteConnectOptions::from_str(url)
-        .map_err(|e| config_error(url, e))?
+    use sqlx::sqlite::{SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+    let connect = sqlite_options(url)?
         .create_if_missing(true)
         .journal_mode(SqliteJournalMode::Wal)
         .synchronous(SqliteSynchronous::Normal)

@@ -91,12 +91,6 @@ impl std::fmt::Display for TestUrl {
     }
 }
 
-impl From<String> for TestUrl {
-    fn from(url: String) -> Self {
-        TestUrl::fixed(url)
-    }
-}
-
 /// The URL a server-backed label uses: `DLOCK_<LABEL>_URL`, or the local default
 /// (MariaDB root with no password and PostgreSQL trust auth, database `test`, on
 /// 127.0.0.1; SQLite in a fresh temporary directory, removed when the returned
