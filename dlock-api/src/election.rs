@@ -127,6 +127,7 @@ impl Election {
                 purpose: HoldPurpose::Leadership,
                 transition: self.transition,
                 capacity: 0,
+                max_hold: None,
             },
         )
     }

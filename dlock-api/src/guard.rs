@@ -3,10 +3,11 @@
 use std::fmt;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use dlock_spi::{
     Error, ErrorKind, FencingToken, LockMode, LockName, LostReason, ReleaseResult, Result,
+    MAX_LEASE,
 };
 
 use crate::hold::Hold;
@@ -22,17 +23,114 @@ use crate::lock::Handle;
 pub struct LockGuard {
     handle: Arc<Handle>,
     hold: Arc<Hold>,
+    acquisition: Acquisition,
     runtime: Option<tokio::runtime::Handle>,
     released: bool,
 }
 
+/// How a guard's acquisition was granted (RheaKV's acquire outcomes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Acquisition {
+    /// A new grant from the backend.
+    New,
+    /// A new grant that replaced a holder whose lease had run out without a
+    /// release — its work may have been cut short. Reported where the backend can
+    /// tell (see [`AcquireResult::Acquired`](dlock_spi::AcquireResult::Acquired));
+    /// elsewhere such a grant is [`New`](Self::New).
+    TookOver,
+    /// The handle already held the lock: this guard shares that hold (same grant,
+    /// same fencing token), and the last guard's release gives it back.
+    Reentered,
+}
+
 impl LockGuard {
-    pub(crate) fn new(handle: Arc<Handle>, hold: Arc<Hold>) -> Self {
+    pub(crate) fn new(handle: Arc<Handle>, hold: Arc<Hold>, acquisition: Acquisition) -> Self {
         LockGuard {
             handle,
             hold,
+            acquisition,
             runtime: tokio::runtime::Handle::try_current().ok(),
             released: false,
+        }
+    }
+
+    /// How this acquisition was granted: new, took over an expired holder, or
+    /// reentered the handle's hold.
+    pub fn acquisition(&self) -> Acquisition {
+        self.acquisition
+    }
+
+    /// The instant until which the hold is guaranteed: the loss margin before the
+    /// store may let it go (counted from the last successful renewal's send time),
+    /// or its `max_hold` bound if sooner. Moves on with every renewal. `None` when no
+    /// instant is guaranteed: the hold is lost, or it is tied to a session rather
+    /// than a lease (ZooKeeper: watch [`is_suspended`](Self::is_suspended) and
+    /// [`lost`](Self::lost) instead).
+    pub fn valid_until(&self) -> Option<Instant> {
+        self.hold.valid_until()
+    }
+
+    /// `Ok` when the hold can be acted on right now — call it just before a side
+    /// effect. Errors: [`ErrorKind::LockLost`] once the lock is lost or its
+    /// guaranteed instant ([`valid_until`](Self::valid_until)) has passed (even if
+    /// the lost signal has not fired yet); [`ErrorKind::Backend`] while the hold is
+    /// suspended (connection down, or a leader in its transition window) — it may
+    /// still be held, but must not be acted on.
+    pub fn check(&self) -> Result<()> {
+        check_hold(&self.hold)
+    }
+
+    /// Renews the lease now, for `lease`, and makes `lease` the one the watchdog
+    /// renews for from here on (a hold taken with a fixed lease gets one renewal
+    /// and keeps its fixed end, `lease` later). Shortening is allowed: the guard's
+    /// guaranteed instant drops at once, before the store is asked.
+    ///
+    /// Errors: [`ErrorKind::InvalidArgument`] for a lease outside 3 ms – 30 days;
+    /// [`ErrorKind::LockLost`] when the hold is lost or past its guaranteed instant
+    /// (an expired hold is never revived); [`ErrorKind::Unsupported`] on
+    /// session-bound backends (ZooKeeper), whose holds have no lease; a backend
+    /// error as it comes (the watchdog retries with the new lease until the loss
+    /// instant). A `max_hold` bound still ends the hold where it did.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: the renewal is sent by the manager's watchdog, after any
+    /// renewal of this hold already in flight; dropped, it is still sent and its
+    /// lease still applies. One renewal per hold is in flight at a time, so the
+    /// store sees them in order.
+    pub async fn extend(&self, lease: Duration) -> Result<()> {
+        let manager = &self.handle.manager;
+        if lease < Duration::from_millis(3) || lease > MAX_LEASE {
+            return Err(Error::invalid_argument(format!(
+                "lease {lease:?} is out of range; extend by between 3 ms and {} days",
+                MAX_LEASE.as_secs() / 86_400
+            ))
+            .with_context("lock", &self.hold.name));
+        }
+        if !manager.capabilities.lease {
+            return Err(Error::unsupported(format!(
+                "the {} backend ties holds to its session, not to a lease: there is nothing to extend (the hold lasts until released or the session ends)",
+                manager.chain.resource().backend_name()
+            ))
+            .with_context("lock", &self.hold.name));
+        }
+        check_lost(&self.hold)?;
+        let answer = match manager.watchdog.extend(self.hold.id, lease) {
+            Some(answer) => answer.await,
+            None => return Err(self.gone()),
+        };
+        match answer {
+            Ok(result) => result.map_err(|e| e.with_context("lock", &self.hold.name)),
+            Err(_) => Err(self.gone()),
+        }
+    }
+
+    /// The error for a hold that is lost or past its guaranteed instant.
+    fn gone(&self) -> Error {
+        match self.hold.lost_reason() {
+            Some(reason) => lost_error(&self.hold.name, reason),
+            None => past_error(&self.hold.name),
         }
     }
 
@@ -102,9 +200,7 @@ impl LockGuard {
 
     /// An owned, cloneable signal to hand to another task.
     pub fn lost_signal(&self) -> LostSignal {
-        LostSignal {
-            hold: Arc::clone(&self.hold),
-        }
+        LostSignal::of(Arc::from([Arc::clone(&self.hold)]))
     }
 
     /// Releases this acquisition. For a reentrant hold, only the last unlock reaches
@@ -172,45 +268,65 @@ impl fmt::Debug for LockGuard {
         f.debug_struct("LockGuard")
             .field("name", &self.hold.name)
             .field("mode", &self.hold.mode)
+            .field("acquisition", &self.acquisition)
             .field("token", &self.hold.token)
             .field("lost", &self.hold.lost_reason())
             .finish()
     }
 }
 
-/// An owned handle on a guard's lost signal, for another task.
+/// An owned handle on a guard's lost signal, for another task (a multi-lock's: of
+/// any of its members).
 #[derive(Clone)]
 pub struct LostSignal {
-    hold: Arc<Hold>,
+    holds: Arc<[Arc<Hold>]>,
 }
 
 impl LostSignal {
+    pub(crate) fn of(holds: Arc<[Arc<Hold>]>) -> Self {
+        LostSignal { holds }
+    }
+
     /// Completes when the lock is lost (at once if it already is).
     ///
     /// # Cancel safety
     ///
     /// Cancel-safe: it only waits.
     pub async fn lost(&self) -> LostReason {
-        self.hold.wait_lost().await
+        wait_any_lost(&self.holds).await
     }
 
     /// Whether the lock has been lost.
     pub fn is_lost(&self) -> bool {
-        self.hold.lost_reason().is_some()
+        self.holds.iter().any(|h| h.lost_reason().is_some())
     }
 
     /// Whether the hold is suspended (see [`LockGuard::is_suspended`]).
     pub fn is_suspended(&self) -> bool {
-        self.hold.is_suspended()
+        self.holds.iter().any(|h| h.is_suspended())
     }
 }
 
 impl fmt::Debug for LostSignal {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("LostSignal")
-            .field("lock", &self.hold.name)
-            .field("lost", &self.hold.lost_reason())
-            .finish()
+        let mut d = f.debug_struct("LostSignal");
+        for hold in self.holds.iter() {
+            d.field("lock", &hold.name)
+                .field("lost", &hold.lost_reason());
+        }
+        d.finish()
+    }
+}
+
+/// Completes when any of `holds` is lost (at once if one is); never for none.
+pub(crate) async fn wait_any_lost(holds: &[Arc<Hold>]) -> LostReason {
+    match holds {
+        [] => std::future::pending().await,
+        [one] => one.wait_lost().await,
+        many => {
+            let waits = many.iter().map(|h| Box::pin(h.wait_lost()));
+            futures_util::future::select_all(waits).await.0
+        }
     }
 }
 
@@ -227,6 +343,16 @@ macro_rules! hold_accessors {
         #[doc = concat!("When ", $what, " began: when the granted request was sent.")]
         pub fn acquired_at(&self) -> std::time::Instant {
             self.guard.acquired_at()
+        }
+
+        #[doc = concat!("Until when ", $what, " is guaranteed (see [`LockGuard::valid_until`](crate::LockGuard::valid_until)).")]
+        pub fn valid_until(&self) -> Option<std::time::Instant> {
+            self.guard.valid_until()
+        }
+
+        #[doc = concat!("`Ok` when ", $what, " can be acted on now (see [`LockGuard::check`](crate::LockGuard::check)).")]
+        pub fn check(&self) -> dlock_spi::Result<()> {
+            self.guard.check()
         }
 
         #[doc = concat!("Whether ", $what, " is lost.")]
@@ -265,6 +391,41 @@ macro_rules! hold_accessors {
     };
 }
 pub(crate) use hold_accessors;
+
+/// `check()` of a hold: lost, past its guaranteed instant, or suspended.
+pub(crate) fn check_hold(hold: &Hold) -> Result<()> {
+    check_lost(hold)?;
+    if hold.is_suspended() {
+        return Err(Error::new(
+            ErrorKind::Backend,
+            "the hold is suspended (the backend's connection is down, or its own lease passed into the transition window); it may still be held but must not be acted on — wait until it clears or the loss fires",
+        )
+        .with_context("lock", &hold.name));
+    }
+    Ok(())
+}
+
+/// An error if the hold is lost or past its guaranteed instant.
+fn check_lost(hold: &Hold) -> Result<()> {
+    if let Some(reason) = hold.lost_reason() {
+        return Err(lost_error(&hold.name, reason));
+    }
+    if hold
+        .valid_until()
+        .is_some_and(|until| Instant::now() >= until)
+    {
+        return Err(past_error(&hold.name));
+    }
+    Ok(())
+}
+
+fn past_error(name: &LockName) -> Error {
+    Error::new(
+        ErrorKind::LockLost,
+        "the hold is past the instant it was guaranteed until (no renewal succeeded in time); its loss is being signalled — stop the protected work",
+    )
+    .with_context("lock", name)
+}
 
 fn lost_error(name: &LockName, reason: LostReason) -> Error {
     Error::new(

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use dlock_spi::{
     FencingToken, GrantId, HandlerChain, HoldPurpose, LockMode, LockName, LostEvent, LostReason,
-    OwnerId,
+    OwnerId, ReleaseContext, ReleaseRequest,
 };
 use tokio::sync::Notify;
 
@@ -29,6 +29,9 @@ pub(crate) struct Hold {
     /// A hold with a transition window is suspended from this instant (its own
     /// lease, less the margin, passed without a renewal) until a renewal moves it.
     suspend_after: Mutex<Option<Instant>>,
+    /// Until when a lease-based hold is guaranteed (the watchdog's loss instant, or
+    /// the cap if sooner); `None` for a session-bound one.
+    valid_until: Mutex<Option<Instant>>,
     /// Guards alive for this hold. Changed only under the handle's `current` mutex.
     pub(crate) count: AtomicUsize,
     /// Why the hold was lost; set once. With `lost_notify` instead of a watch
@@ -58,6 +61,7 @@ impl Hold {
             acquired_at,
             suspended: AtomicBool::new(false),
             suspend_after: Mutex::new(None),
+            valid_until: Mutex::new(None),
             count: AtomicUsize::new(1),
             lost: OnceLock::new(),
             lost_notify: Notify::new(),
@@ -114,6 +118,41 @@ impl Hold {
             .suspend_after
             .lock()
             .unwrap_or_else(PoisonError::into_inner) = at;
+    }
+
+    /// Sets until when the hold is guaranteed.
+    pub(crate) fn set_valid_until(&self, at: Option<Instant>) {
+        *self
+            .valid_until
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = at;
+    }
+
+    /// Until when the hold is guaranteed: `None` once lost, or when session-bound.
+    pub(crate) fn valid_until(&self) -> Option<Instant> {
+        if self.lost_reason().is_some() {
+            return None;
+        }
+        *self
+            .valid_until
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The release of this hold's grant, as the chain takes it.
+    pub(crate) fn release_context(&self, chain: &HandlerChain) -> ReleaseContext {
+        ReleaseContext::new(
+            ReleaseRequest::new(
+                self.name.clone(),
+                self.owner.clone(),
+                self.grant,
+                self.mode,
+                self.token,
+            )
+            .with_purpose(self.purpose),
+            chain.resource().backend_name(),
+            Some(self.acquired_at),
+        )
     }
 
     pub(crate) fn lost_reason(&self) -> Option<LostReason> {

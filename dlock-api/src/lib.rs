@@ -28,8 +28,11 @@
 //! * [`DistributeLockManager`] — built by [`DistributeLockManagerBuilder`] over any
 //!   [`LockRemoteResource`], or by [`DistributeLockManager::connect`] from a URL.
 //! * [`DistributeLock`] — `try_lock(wait)`, `lock()`, explicit leases; reentrant per
-//!   handle; fair or not. [`ReadWriteLock`], [`LockGroup`].
-//! * [`LockGuard`] — fencing token, lost signal, `unlock().await`, release on drop.
+//!   handle; fair or not; per-acquisition [`LockOptions`] (lease, `max_hold`,
+//!   holder context). [`ReadWriteLock`], [`LockGroup`] (one lock per key, cached),
+//!   [`MultiLock`] (all or none).
+//! * [`LockGuard`] — fencing token, lost signal, `unlock().await`, release on drop;
+//!   `valid_until()`, `check()`, `extend(lease)`, `acquisition()`.
 //! * [`Election`] — leader election (etcd's `campaign` / `leader` / `observe` /
 //!   `proclaim` / `resign`), and [`DistributeLockManager::contend`] — Simba's
 //!   contention service calling a [`Contender`] as leadership comes and goes.
@@ -56,10 +59,13 @@
 
 mod connect;
 mod election;
+mod group;
 mod guard;
 mod hold;
 mod lock;
 mod manager;
+mod multi;
+mod options;
 mod semaphore;
 #[cfg(feature = "tower")]
 pub mod tower;
@@ -100,9 +106,12 @@ pub use election::{
     Contender, Contention, Election, Leader, LeaderObserver, Leadership, Term, TermEnd,
     DEFAULT_OBSERVE_INTERVAL, DEFAULT_STOP_GRACE,
 };
-pub use guard::{LockGuard, LostSignal};
-pub use lock::{DistributeLock, LockGroup, ReadWriteLock};
+pub use group::{LockGroup, DEFAULT_GROUP_CAPACITY, DEFAULT_GROUP_IDLE};
+pub use guard::{Acquisition, LockGuard, LostSignal};
+pub use lock::{DistributeLock, ReadWriteLock, TryLock};
 pub use manager::{DistributeLockManager, DistributeLockManagerBuilder};
+pub use multi::{MultiGuard, MultiLock};
+pub use options::LockOptions;
 pub use semaphore::{Semaphore, SemaphorePermit};
 
 pub use dlock_spi::{

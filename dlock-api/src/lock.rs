@@ -6,13 +6,16 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use dlock_spi::{
-    AcquireContext, AcquireRequest, AcquireResult, Error, Fairness, GrantId, HoldPurpose, LockMode,
-    LockName, OwnerId, ReleaseRequest, Result,
+    AcquireContext, AcquireRequest, AcquireResult, Error, Fairness, GrantId, HoldPurpose,
+    HolderInfo, LockMode, LockName, OwnerId, ReleaseRequest, Result,
 };
 
-use crate::guard::LockGuard;
+use crate::guard::{Acquisition, LockGuard};
 use crate::hold::Hold;
-use crate::manager::{DistributeLockManager, ManagerInner};
+use crate::manager::{Config, ManagerInner};
+pub(crate) use crate::options::check_max_hold;
+use crate::options::LockOptions;
+use crate::watchdog::Watch;
 
 /// The deadline [`DistributeLock::lock`] gives its one backend wait: in effect no
 /// deadline. One wait, one grant, one place in a fair queue for as long as it takes
@@ -47,16 +50,20 @@ pub(crate) struct HoldSpec {
     pub(crate) transition: Duration,
     /// A semaphore's total permits (zero otherwise).
     pub(crate) capacity: u32,
+    /// How long a grant may be held at most (the manager's `max_hold` for locks and
+    /// permits; none for leaderships).
+    pub(crate) max_hold: Option<Duration>,
 }
 
 impl HoldSpec {
-    /// A lock's: the manager's context.
-    pub(crate) fn lock(context: Bytes) -> Self {
+    /// A lock's: the manager's context and bound.
+    pub(crate) fn lock(config: &Config) -> Self {
         HoldSpec {
-            context,
+            context: config.context.clone(),
             purpose: HoldPurpose::Lock,
             transition: Duration::ZERO,
             capacity: 0,
+            max_hold: config.max_hold,
         }
     }
 }
@@ -72,7 +79,7 @@ impl Handle {
 /// Clones are the *same* owner: they share the hold and re-enter it (counted
 /// locally, one remote release when the count returns to zero, same fencing token).
 /// For mutual exclusion between tasks, give each task its own handle from
-/// [`DistributeLockManager::lock`].
+/// [`DistributeLockManager::lock`](crate::DistributeLockManager::lock).
 ///
 /// A guard is handed out only while its hold is live: a grant whose answer arrives
 /// after its lease less the loss margin (a stalled connection) is given back, and
@@ -89,7 +96,7 @@ impl DistributeLock {
         mode: LockMode,
         fairness: Fairness,
     ) -> Self {
-        let spec = HoldSpec::lock(manager.config.context.clone());
+        let spec = HoldSpec::lock(&manager.config);
         Self::with_spec(manager, name, mode, fairness, spec)
     }
 
@@ -136,6 +143,11 @@ impl DistributeLock {
         self.handle.fairness
     }
 
+    /// Whether nothing but this value refers to the handle: no clone, no guard.
+    pub(crate) fn is_unshared(&self) -> bool {
+        Arc::strong_count(&self.handle) == 1
+    }
+
     /// Whether this handle (or a clone) currently holds the lock and has not lost it.
     pub fn is_held(&self) -> bool {
         self.handle
@@ -146,39 +158,101 @@ impl DistributeLock {
 
     /// Tries to take the lock, waiting up to `wait` (zero: try once). The lock is
     /// renewed by the watchdog until released. `Ok(None)` when it stayed taken.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: dropped while waiting, it leaves no waiter behind; dropped after
+    /// the backend may have granted, the grant is given back in the background.
     pub async fn try_lock(&self, wait: Duration) -> Result<Option<LockGuard>> {
-        self.acquire(Some(Instant::now() + wait), None).await
+        self.acquire(Some(Instant::now() + wait), &LockOptions::new())
+            .await
     }
 
     /// Tries to take the lock for a fixed `lease` that is not renewed: the lock frees
     /// itself when the lease ends and the guard's lost signal fires then.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`try_lock`](Self::try_lock).
     pub async fn try_lock_with_lease(
         &self,
         wait: Duration,
         lease: Duration,
     ) -> Result<Option<LockGuard>> {
-        self.acquire(Some(Instant::now() + wait), Some(lease)).await
+        self.try_lock_with(wait, &LockOptions::new().lease(lease))
+            .await
+    }
+
+    /// Like [`try_lock`](Self::try_lock), with this acquisition's own options (a
+    /// fixed lease, a `max_hold` bound, the holder context to store).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`try_lock`](Self::try_lock).
+    pub async fn try_lock_with(
+        &self,
+        wait: Duration,
+        options: &LockOptions,
+    ) -> Result<Option<LockGuard>> {
+        self.acquire(Some(Instant::now() + wait), options).await
+    }
+
+    /// Like [`try_lock`](Self::try_lock), but a refusal says who holds the lock
+    /// (Simba's `MutexOwner`): each holder's owner, context, fencing token and
+    /// remaining lease, read from the backend right after the refusal (so possibly
+    /// empty, if the holder left meanwhile).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`try_lock`](Self::try_lock); the read after a refusal changes nothing.
+    pub async fn try_lock_or_holders(&self, wait: Duration) -> Result<TryLock> {
+        if let Some(guard) = self.try_lock(wait).await? {
+            return Ok(TryLock::Acquired(guard));
+        }
+        let name = self.name()?.clone();
+        let holders = self
+            .handle
+            .manager
+            .chain
+            .inspect(&name)
+            .await?
+            .map(|state| state.holders)
+            .unwrap_or_default();
+        Ok(TryLock::Held(holders))
     }
 
     /// Waits until the lock is taken (renewed by the watchdog), or fails with
-    /// `Closed` when the manager closes. Dropping the future cancels the wait and
-    /// leaves no waiter behind.
+    /// `Closed` when the manager closes.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: dropping the future cancels the wait and leaves no waiter
+    /// behind; a grant the backend may have made meanwhile is given back.
     pub async fn lock(&self) -> Result<LockGuard> {
-        self.lock_inner(None).await
+        self.lock_with(&LockOptions::new()).await
     }
 
     /// Like [`lock`](Self::lock) with a fixed, unrenewed `lease`.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`lock`](Self::lock).
     pub async fn lock_with_lease(&self, lease: Duration) -> Result<LockGuard> {
-        self.lock_inner(Some(lease)).await
+        self.lock_with(&LockOptions::new().lease(lease)).await
     }
 
-    async fn lock_inner(&self, lease: Option<Duration>) -> Result<LockGuard> {
+    /// Like [`lock`](Self::lock), with this acquisition's own options.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`lock`](Self::lock).
+    pub async fn lock_with(&self, options: &LockOptions) -> Result<LockGuard> {
         let manager = &self.handle.manager;
         let mut closed = manager.closed_signal();
         loop {
             let deadline = Instant::now() + LOCK_WAIT_FOREVER;
             tokio::select! {
-                acquired = self.acquire(Some(deadline), lease) => {
+                acquired = self.acquire(Some(deadline), options) => {
                     if let Some(guard) = acquired? {
                         return Ok(guard);
                     }
@@ -194,7 +268,11 @@ impl DistributeLock {
         match current.as_ref() {
             Some(hold) if hold.lost_reason().is_none() => {
                 hold.count.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
-                Some(LockGuard::new(Arc::clone(&self.handle), Arc::clone(hold)))
+                Some(LockGuard::new(
+                    Arc::clone(&self.handle),
+                    Arc::clone(hold),
+                    Acquisition::Reentered,
+                ))
             }
             Some(_) => {
                 // Lost: forget it; its guards keep reporting the loss.
@@ -208,13 +286,19 @@ impl DistributeLock {
     async fn acquire(
         &self,
         deadline: Option<Instant>,
-        lease: Option<Duration>,
+        options: &LockOptions,
     ) -> Result<Option<LockGuard>> {
         let manager = &self.handle.manager;
         if manager.is_closed() {
             return Err(manager.closed_error());
         }
         let name = self.name()?.clone();
+        let spec = &self.handle.spec;
+        let max_hold = options.max_hold.or(spec.max_hold);
+        if let Some(max_hold) = max_hold {
+            check_max_hold(max_hold).map_err(|e| e.with_context("lock", &name))?;
+        }
+        let lease = options.lease;
         if let Some(guard) = self.reenter() {
             return Ok(Some(guard));
         }
@@ -239,7 +323,7 @@ impl DistributeLock {
             .with_context("lock", &name));
         }
         let renew = lease.is_none() && manager.config.watchdog;
-        let spec = &self.handle.spec;
+        let context = options.context.as_ref().unwrap_or(&spec.context);
         let transition = spec.transition;
         // The store holds the grant for the holder's own lease plus the window.
         let lease = lease
@@ -254,7 +338,7 @@ impl DistributeLock {
                 .with_lease(lease)
                 .with_deadline(deadline)
                 .with_fairness(self.handle.fairness)
-                .with_context(spec.context.clone())
+                .with_context(context.clone())
                 .with_purpose(spec.purpose)
                 .with_transition(transition)
                 .with_capacity(spec.capacity);
@@ -271,13 +355,14 @@ impl DistributeLock {
             if result.is_ok() {
                 in_flight.release = None;
             }
-            let (token, lease_until, watch) = match result? {
+            let (token, lease_until, watch, took_over) = match result? {
                 AcquireResult::Acquired {
                     token,
                     lease_until,
                     watch,
+                    took_over,
                     ..
-                } => (token, lease_until, watch),
+                } => (token, lease_until, watch, took_over),
                 AcquireResult::NotAcquired { .. } => return Ok(None),
             };
             // The lease runs from the granting attempt's send time, which the backend
@@ -309,7 +394,14 @@ impl DistributeLock {
                 )
                 .for_purpose(spec.purpose),
             );
-            manager.track(&hold, (lease, transition), renew, granted_at, watch);
+            let watching = Watch {
+                lease: Some(lease),
+                transition,
+                renew,
+                sent_at: granted_at,
+                cap: max_hold.map(|d| granted_at + d),
+            };
+            manager.track(&hold, watching, watch);
             if manager.is_closed() {
                 // `close` ran while the grant was in flight and may have missed it:
                 // registered first, checked second, so one of the two releases it.
@@ -318,9 +410,29 @@ impl DistributeLock {
                 return Err(manager.closed_error());
             }
             *self.handle.current() = Some(Arc::clone(&hold));
-            return Ok(Some(LockGuard::new(Arc::clone(&self.handle), hold)));
+            let acquisition = if took_over {
+                Acquisition::TookOver
+            } else {
+                Acquisition::New
+            };
+            return Ok(Some(LockGuard::new(
+                Arc::clone(&self.handle),
+                hold,
+                acquisition,
+            )));
         }
     }
+}
+
+/// What [`DistributeLock::try_lock_or_holders`] found.
+#[derive(Debug)]
+#[must_use = "an acquired guard releases the lock when dropped"]
+pub enum TryLock {
+    /// The lock is yours.
+    Acquired(LockGuard),
+    /// Someone else holds it: who, as the backend told right after the refusal
+    /// (empty if they left in between).
+    Held(Vec<HolderInfo>),
 }
 
 /// An acquire sent to the chain and not yet answered, or answered with an error.
@@ -390,42 +502,5 @@ impl ReadWriteLock {
     /// The exclusive side.
     pub fn write(&self) -> &DistributeLock {
         &self.write
-    }
-}
-
-/// Locks whose names share a prefix, e.g. one lock per user id (ylock's `Locks`).
-#[derive(Clone, Debug)]
-pub struct LockGroup {
-    manager: DistributeLockManager,
-    prefix: String,
-}
-
-impl LockGroup {
-    pub(crate) fn new(manager: DistributeLockManager, prefix: &str) -> Self {
-        LockGroup {
-            manager,
-            prefix: format!("{prefix}:"),
-        }
-    }
-
-    /// The group's name prefix, separator included.
-    pub fn prefix(&self) -> &str {
-        &self.prefix
-    }
-
-    /// The lock for `key` (named `"<prefix>:<key>"`).
-    pub fn lock(&self, key: impl fmt::Display) -> DistributeLock {
-        self.manager.lock(&format!("{}{key}", self.prefix))
-    }
-
-    /// The fair lock for `key`.
-    pub fn fair_lock(&self, key: impl fmt::Display) -> DistributeLock {
-        self.manager.fair_lock(&format!("{}{key}", self.prefix))
-    }
-
-    /// The read-write lock for `key`.
-    pub fn read_write_lock(&self, key: impl fmt::Display) -> ReadWriteLock {
-        self.manager
-            .read_write_lock(&format!("{}{key}", self.prefix))
     }
 }

@@ -9,14 +9,15 @@ use std::time::Duration;
 use bytes::Bytes;
 use dlock_spi::{
     Capabilities, Error, ErrorKind, Fairness, HandlerChain, HoldStatus, HoldWatch, LockHandler,
-    LockMode, LockName, LockRemoteResource, LockState, LostReason, OwnerId, ReleaseContext,
-    ReleaseRequest, ReleaseResult, Result, MAX_LEASE,
+    LockMode, LockName, LockRemoteResource, LockState, LostReason, OwnerId, ReleaseRequest,
+    ReleaseResult, Result, MAX_LEASE,
 };
 use tokio::sync::watch;
 
 use crate::election::{Contender, Contention, Election};
+use crate::group::LockGroup;
 use crate::hold::Hold;
-use crate::lock::{DistributeLock, LockGroup, ReadWriteLock};
+use crate::lock::{DistributeLock, ReadWriteLock};
 use crate::semaphore::Semaphore;
 use crate::watchdog::Watchdog;
 
@@ -30,6 +31,8 @@ pub(crate) struct Config {
     pub(crate) context: Bytes,
     /// A fixed loss margin; `None`: the watchdog's default rule.
     pub(crate) loss_margin: Option<Duration>,
+    /// The longest a lock or permit is held before the watchdog gives it up.
+    pub(crate) max_hold: Option<Duration>,
 }
 
 pub(crate) struct ManagerInner {
@@ -79,22 +82,22 @@ impl ManagerInner {
             && std::time::Instant::now() >= self.watchdog.lost_at(sent_at, lease)
     }
 
-    /// Records a new hold and has it looked after: by the watchdog when it has a lease,
-    /// by its backend's status feed when it is session-bound (`watch`).
+    /// Records a new hold and has it looked after: by the watchdog when it has a lease
+    /// or a cap (`watching.lease` is ignored on session-bound backends), by its
+    /// backend's status feed when it is session-bound (`watch`).
     pub(crate) fn track(
         self: &Arc<Self>,
         hold: &Arc<Hold>,
-        (lease, transition): (Duration, Duration),
-        renew: bool,
-        sent_at: std::time::Instant,
+        mut watching: crate::watchdog::Watch,
         watch: Option<HoldWatch>,
     ) {
         self.holds().insert(hold.id, Arc::clone(hold));
         if self.capabilities.lease {
-            let renew = renew && self.capabilities.renew;
-            self.watchdog
-                .register(Arc::clone(hold), lease, transition, renew, sent_at);
+            watching.renew = watching.renew && self.capabilities.renew;
+        } else {
+            watching.lease = None;
         }
+        self.watchdog.register(Arc::clone(hold), watching);
         if let Some(watch) = watch {
             self.follow(hold, watch);
         }
@@ -179,18 +182,7 @@ impl ManagerInner {
 
     async fn release_now(&self, hold: &Hold) -> Result<ReleaseResult> {
         self.watchdog.unregister(hold.id);
-        let ctx = ReleaseContext::new(
-            ReleaseRequest::new(
-                hold.name.clone(),
-                hold.owner.clone(),
-                hold.grant,
-                hold.mode,
-                hold.token,
-            )
-            .with_purpose(hold.purpose),
-            self.chain.resource().backend_name(),
-            Some(hold.acquired_at),
-        );
+        let ctx = hold.release_context(&self.chain);
         let result = self.chain.release(&ctx).await;
         self.holds().remove(&hold.id);
         result
@@ -311,9 +303,21 @@ impl DistributeLockManager {
     }
 
     /// A family of locks whose names share `prefix` (ylock's `Locks`): `group.lock(id)`
-    /// locks `"<prefix>:<id>"`.
+    /// locks `"<prefix>:<id>"`, the same owner for the same id (handles kept in a
+    /// bounded cache; see [`LockGroup`]).
     pub fn group(&self, prefix: &str) -> LockGroup {
         LockGroup::new(self.clone(), prefix)
+    }
+
+    /// Several locks taken together, all or none, in a fixed order (see
+    /// [`MultiLock`](crate::MultiLock)); one guard and one lost signal for all.
+    pub fn multi_lock<I>(&self, names: I) -> crate::MultiLock
+    where
+        I: IntoIterator,
+        I::Item: AsRef<str>,
+    {
+        let names = names.into_iter().map(|n| n.as_ref().to_owned()).collect();
+        crate::MultiLock::new(self, names)
     }
 
     /// The election `name` (prefixed with the manager's namespace): campaign to lead
@@ -383,12 +387,20 @@ impl DistributeLockManager {
     /// Stops the watchdog, wakes every waiting `lock()` with [`ErrorKind::Closed`],
     /// releases every lock still held (their guards' lost signals fire with
     /// [`LostReason::ManagerClosed`]), and refuses new acquires. Idempotent.
+    ///
+    /// # Cancel safety
+    ///
+    /// Every guard reports its hold lost before the first await; dropped later, the
+    /// releases not yet sent are left to expire on the server.
     pub async fn close(&self) {
         self.inner.closed.send_replace(true);
         self.inner.watchdog.shutdown();
         let holds: Vec<Arc<Hold>> = self.inner.holds().values().cloned().collect();
-        for hold in holds {
+        // All lost before any release is awaited: no guard says "held" after close.
+        for hold in &holds {
             hold.lose(&self.inner.chain, LostReason::ManagerClosed);
+        }
+        for hold in holds {
             if let Err(err) = self.inner.release(&hold).await {
                 tracing::warn!(lock = %hold.name, error = &err as &dyn std::error::Error, "dlock: release on close failed; the lease will expire on the server");
             }
@@ -438,6 +450,7 @@ impl DistributeLockManagerBuilder {
                 namespace: String::new(),
                 context: Bytes::from(format!("pid={}", std::process::id())),
                 loss_margin: None,
+                max_hold: None,
             },
             operation_timeout: HandlerChain::DEFAULT_OPERATION_TIMEOUT,
         }
@@ -502,6 +515,17 @@ impl DistributeLockManagerBuilder {
         self
     }
 
+    /// The longest any lock or semaphore permit of this manager is held (leaderships
+    /// are not bounded): at `max_hold` after it was granted, the watchdog stops
+    /// renewing it, its lost signal fires with [`LostReason::MaxHold`] — before the
+    /// store's lease runs out — and it is given back. For services whose process may
+    /// stay alive but stuck, where a lock must not be held forever. Per acquisition:
+    /// [`LockOptions::max_hold`](crate::LockOptions::max_hold). Default: none.
+    pub fn max_hold(mut self, max_hold: Duration) -> Self {
+        self.config.max_hold = Some(max_hold);
+        self
+    }
+
     /// The bound on one backend call beyond the caller's wait (default 10 s).
     pub fn operation_timeout(mut self, timeout: Duration) -> Self {
         self.operation_timeout = timeout;
@@ -519,6 +543,10 @@ impl DistributeLockManagerBuilder {
                     MAX_LEASE.as_secs() / 86_400
                 ),
             ));
+        }
+        if let Some(max_hold) = self.config.max_hold {
+            crate::lock::check_max_hold(max_hold)
+                .map_err(|e| Error::new(ErrorKind::Config, e.message().to_owned()))?;
         }
         if !self.resource.capabilities().lease && !self.config.watchdog {
             return Err(Error::unsupported(format!(

@@ -75,7 +75,7 @@ impl Semaphore {
         let inner = &self.manager.inner;
         let spec = HoldSpec {
             capacity: self.permits,
-            ..HoldSpec::lock(inner.config.context.clone())
+            ..HoldSpec::lock(&inner.config)
         };
         DistributeLock::with_spec(
             Arc::clone(inner),

@@ -12,6 +12,12 @@
 //! no earlier than `sent + lease` on its clock, and the guard hears of the loss at
 //! `sent + lease − margin` on ours, so clock-rate drift and timer delay up to the
 //! margin cannot make the loss signal late.
+//!
+//! A hold has at most one renewal in flight, and every renewal of a hold is sent by
+//! the scheduler — an explicit [`Watchdog::extend`] included — so the store sees a
+//! hold's renewals in the order they were sent and the local loss instant can be
+//! computed from the last one answered. A shortening extend lowers the local loss
+//! instant *before* it is sent (the store may apply it even if its answer is lost).
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -19,13 +25,17 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use dlock_spi::{Error, HandlerChain, LostReason, RenewRequest, RenewResult, Result};
-use tokio::sync::Notify;
+use tokio::sync::{oneshot, Notify};
 use tokio::task::{JoinHandle, JoinSet};
 
 use crate::hold::Hold;
 
+/// Told how an explicit extend's renewal went.
+type ExtendWaiter = oneshot::Sender<Result<()>>;
+
 struct Entry {
     hold: Arc<Hold>,
+    /// The lease every renewal asks for (transition included); an extend changes it.
     lease: Duration,
     /// The transition window at the end of the lease (zero for none): renewals are
     /// due every third of the rest, and the hold is suspended in the window.
@@ -35,7 +45,54 @@ struct Entry {
     /// When the lost signal fires unless a renewal succeeds first: the send time of
     /// the last successful acquire or renewal + lease − margin.
     lost_at: Instant,
+    /// The `max_hold` bound: no renewal is sent from here, and the hold is lost
+    /// (and given back) at this instant.
+    cap: Option<Instant>,
     in_flight: bool,
+    /// Extends asked for but not yet sent: the next renewal carries them, at once.
+    pending: Vec<ExtendWaiter>,
+    /// A shortening extend's bound on `lost_at` (`.1`), set at `.0`: a renewal sent
+    /// before `.0` carried the longer lease, but the shorter one may reach the store
+    /// after it, so its success cannot lift `lost_at` above the bound.
+    floor: Option<(Instant, Instant)>,
+}
+
+impl Entry {
+    /// When the scheduler looks at this hold next, after a grant or a renewal sent at
+    /// `sent`: a third into its own lease if renewed, else at the loss; never after
+    /// the cap; at once when an extend waits.
+    fn next_due(&self, sent: Instant, now: Instant) -> Instant {
+        let due = if !self.pending.is_empty() {
+            now
+        } else if self.renew {
+            (sent + (self.lease - self.transition) / 3).min(self.lost_at)
+        } else {
+            self.lost_at
+        };
+        self.cap.map_or(due, |cap| due.min(cap))
+    }
+
+    /// Tells the hold how long it is guaranteed (lease-based holds only).
+    fn publish(&self) {
+        let until = self.cap.map_or(self.lost_at, |cap| cap.min(self.lost_at));
+        self.hold.set_valid_until(Some(until));
+    }
+}
+
+/// How a hold is watched.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Watch {
+    /// The lease asked for (transition included); `None` for a session-bound hold,
+    /// watched only for its cap.
+    pub(crate) lease: Option<Duration>,
+    /// The transition window at the end of the lease (zero for none).
+    pub(crate) transition: Duration,
+    /// Whether the watchdog renews the lease.
+    pub(crate) renew: bool,
+    /// When the granted request was sent.
+    pub(crate) sent_at: Instant,
+    /// The `max_hold` bound, if any.
+    pub(crate) cap: Option<Instant>,
 }
 
 /// Added to every loss margin when scheduling the lost signal, so a timer that fires a
@@ -137,40 +194,50 @@ impl Watchdog {
 
     /// Watches `hold`: renews it every third of its own lease (`lease − transition`)
     /// when `renew` is set, marks it suspended the loss margin before its own lease
-    /// passes without a renewal (with a transition window), and fires its lost signal
-    /// the loss margin before `lease` (counted from `sent_at`) passes.
-    pub(crate) fn register(
-        &self,
-        hold: Arc<Hold>,
-        lease: Duration,
-        transition: Duration,
-        renew: bool,
-        sent_at: Instant,
-    ) {
-        let lost_at = self.lost_at(sent_at, lease);
-        self.shared.suspend(&hold, sent_at, lease, transition);
-        let due = if renew {
-            (sent_at + (lease - transition) / 3).min(lost_at)
-        } else {
-            lost_at
+    /// passes without a renewal (with a transition window), fires its lost signal
+    /// the loss margin before `lease` (counted from `sent_at`) passes, and — with a
+    /// cap — loses it with [`LostReason::MaxHold`] at the cap and gives it back.
+    pub(crate) fn register(&self, hold: Arc<Hold>, watch: Watch) {
+        let Watch {
+            lease,
+            transition,
+            renew,
+            sent_at,
+            cap,
+        } = watch;
+        let (lease, lost_at, renew) = match lease {
+            Some(lease) => {
+                self.shared.suspend(&hold, sent_at, lease, transition);
+                (lease, self.lost_at(sent_at, lease), renew)
+            }
+            // Session-bound: only the cap ends it here.
+            None => match cap {
+                Some(cap) => (Duration::ZERO, cap, false),
+                None => return,
+            },
         };
         let id = hold.id;
+        let entry = Entry {
+            hold,
+            lease,
+            transition,
+            renew,
+            due: lost_at,
+            lost_at,
+            cap,
+            in_flight: false,
+            pending: Vec::new(),
+            floor: None,
+        };
+        let due = entry.next_due(sent_at, sent_at);
+        if watch.lease.is_some() {
+            entry.publish();
+        }
         let mut state = self.shared.lock();
         if state.closed {
             return;
         }
-        state.entries.insert(
-            id,
-            Entry {
-                hold,
-                lease,
-                transition,
-                renew,
-                due,
-                lost_at,
-                in_flight: false,
-            },
-        );
+        state.entries.insert(id, Entry { due, ..entry });
         state.queue.insert((due, id));
         if state.task.is_none() {
             let shared = Arc::clone(&self.shared);
@@ -180,6 +247,41 @@ impl Watchdog {
         }
     }
 
+    /// Renews the hold `id` now for `lease` (its own lease; the transition window is
+    /// added), and asks for `lease` in its later renewals too. The renewal is sent by
+    /// the scheduler, after any renewal of the hold already in flight; the receiver
+    /// hears how it went. `None` when the hold is no longer watched or is past its
+    /// loss instant or cap (it is lost, or about to be).
+    pub(crate) fn extend(&self, id: u64, lease: Duration) -> Option<oneshot::Receiver<Result<()>>> {
+        let now = Instant::now();
+        let mut state = self.shared.lock();
+        let entry = state.entries.get_mut(&id)?;
+        if now >= entry.lost_at || entry.cap.is_some_and(|cap| now >= cap) {
+            return None;
+        }
+        let lease = lease.saturating_add(entry.transition);
+        if lease < entry.lease {
+            // The store may apply the shorter lease whatever happens to its answer:
+            // from now on the hold is guaranteed only that long.
+            let bound = now + lease - self.shared.margin(lease);
+            let bound = entry.floor.map_or(bound, |(_, old)| old.min(bound));
+            entry.floor = Some((now, bound));
+            entry.lost_at = entry.lost_at.min(bound);
+            entry.publish();
+        }
+        entry.lease = lease;
+        let (tx, rx) = oneshot::channel();
+        entry.pending.push(tx);
+        if !entry.in_flight {
+            let old = entry.due;
+            entry.due = now;
+            state.queue.remove(&(old, id));
+            state.queue.insert((now, id));
+            self.shared.wake.notify_one();
+        }
+        Some(rx)
+    }
+
     /// A renewal sent at `sent` outside the scheduler succeeded (a leader
     /// proclaiming): counts as the hold's latest renewal.
     pub(crate) fn renewed(&self, id: u64, sent: Instant) {
@@ -187,7 +289,7 @@ impl Watchdog {
         let Some(entry) = state.entries.get_mut(&id) else {
             return;
         };
-        if entry.in_flight {
+        if entry.in_flight || entry.floor.is_some() || !entry.pending.is_empty() {
             // The scheduler's own renewal settles it.
             return;
         }
@@ -196,14 +298,11 @@ impl Watchdog {
             return;
         }
         entry.lost_at = lost_at;
+        entry.publish();
         self.shared
             .suspend(&entry.hold, sent, entry.lease, entry.transition);
         let old = entry.due;
-        let due = if entry.renew {
-            (sent + (entry.lease - entry.transition) / 3).min(lost_at)
-        } else {
-            lost_at
-        };
+        let due = entry.next_due(sent, Instant::now());
         entry.due = due;
         state.queue.remove(&(old, id));
         state.queue.insert((due, id));
@@ -246,10 +345,21 @@ struct Due {
     lease: Duration,
     transition: Duration,
     lost_at: Instant,
+    cap: Option<Instant>,
     renew: bool,
+    /// Extends this renewal carries.
+    waiters: Vec<ExtendWaiter>,
 }
 
-type RenewOutcome = (u64, Instant, Option<Result<RenewResult>>);
+/// A renewal's answer: `None` when it could not finish before the loss instant.
+struct RenewOutcome {
+    id: u64,
+    sent: Instant,
+    /// The lease it asked for.
+    lease: Duration,
+    waiters: Vec<ExtendWaiter>,
+    result: Option<Result<RenewResult>>,
+}
 
 async fn run(shared: Arc<Shared>) {
     let mut in_flight: JoinSet<RenewOutcome> = JoinSet::new();
@@ -257,7 +367,12 @@ async fn run(shared: Arc<Shared>) {
         let now = Instant::now();
         let (due, next) = take_due(&shared, now);
         for d in due {
-            if !d.renew || now >= d.lost_at {
+            if d.cap.is_some_and(|cap| now >= cap) {
+                lose(&shared, d.id, LostReason::MaxHold);
+                continue;
+            }
+            // An extend renews a hold the watchdog does not otherwise renew.
+            if now >= d.lost_at || (!d.renew && d.waiters.is_empty()) {
                 lose(&shared, d.id, LostReason::LeaseExpired);
                 continue;
             }
@@ -272,14 +387,20 @@ async fn run(shared: Arc<Shared>) {
             )
             .with_transition(d.transition);
             let lost_at = d.lost_at;
-            let id = d.id;
+            let (id, lease, waiters) = (d.id, d.lease, d.waiters);
             in_flight.spawn(async move {
                 let sent = Instant::now();
                 // A renewal that cannot finish before the loss instant is a loss.
                 let result = tokio::time::timeout_at(lost_at.into(), chain.renew(&req))
                     .await
                     .ok();
-                (id, sent, result)
+                RenewOutcome {
+                    id,
+                    sent,
+                    lease,
+                    waiters,
+                    result,
+                }
             });
         }
         let sleep_until = next;
@@ -314,7 +435,9 @@ fn take_due(shared: &Shared, now: Instant) -> (Vec<Due>, Instant) {
                     lease: entry.lease,
                     transition: entry.transition,
                     lost_at: entry.lost_at,
+                    cap: entry.cap,
                     renew: entry.renew,
+                    waiters: std::mem::take(&mut entry.pending),
                 });
             }
         }
@@ -327,8 +450,16 @@ fn take_due(shared: &Shared, now: Instant) -> (Vec<Due>, Instant) {
     (due, next)
 }
 
-/// Applies a renewal's answer: reschedule, retry, or declare the hold lost.
-fn settle(shared: &Shared, (id, sent, result): RenewOutcome) {
+/// Applies a renewal's answer: reschedule, retry, or declare the hold lost; tells
+/// the extends it carried how it went (dropped unanswered when the hold is lost).
+fn settle(shared: &Shared, outcome: RenewOutcome) {
+    let RenewOutcome {
+        id,
+        sent,
+        lease,
+        waiters,
+        result,
+    } = outcome;
     let now = Instant::now();
     let reason = {
         let mut state = shared.lock();
@@ -337,22 +468,38 @@ fn settle(shared: &Shared, (id, sent, result): RenewOutcome) {
         };
         entry.in_flight = false;
         let next = match result {
+            // An answer after the loss instant (lowered by an extend meanwhile) does
+            // not revive the hold: its guards may have been told it is over.
+            _ if now >= entry.lost_at => Err(LostReason::LeaseExpired),
             Some(Ok(RenewResult::Renewed { .. })) => {
                 shared.observe_round_trip(now.saturating_duration_since(sent));
-                entry.lost_at = sent + entry.lease - shared.margin(entry.lease);
-                shared.suspend(&entry.hold, sent, entry.lease, entry.transition);
-                Ok((sent + (entry.lease - entry.transition) / 3).min(entry.lost_at))
+                let mut lost_at = sent + lease - shared.margin(lease);
+                match entry.floor {
+                    Some((set_at, bound)) if sent < set_at => lost_at = lost_at.min(bound),
+                    _ => entry.floor = None,
+                }
+                entry.lost_at = lost_at;
+                entry.publish();
+                shared.suspend(&entry.hold, sent, lease, entry.transition);
+                for waiter in waiters {
+                    let _ = waiter.send(Ok(()));
+                }
+                Ok(entry.next_due(sent, now))
             }
             Some(Ok(RenewResult::NotOwner)) => Err(LostReason::NotOwner),
             Some(Err(err)) if now < entry.lost_at && !is_final(&err) => {
-                Ok((now + retry_delay(entry.lease - entry.transition)).min(entry.lost_at))
+                for waiter in waiters {
+                    let _ = waiter.send(Err(crate::lock::clone_error(&err)));
+                }
+                let retry = (now + retry_delay(entry.lease - entry.transition)).min(entry.lost_at);
+                Ok(entry.cap.map_or(retry, |cap| retry.min(cap)))
             }
-            Some(Err(_)) => Err(LostReason::LeaseExpired),
-            None => Err(LostReason::LeaseExpired),
+            Some(Err(_)) | None => Err(LostReason::LeaseExpired),
         };
         match next {
             Ok(due) => {
                 entry.due = due;
+                // Due at once (an extend waits): the scheduler's next turn sends it.
                 state.queue.insert((due, id));
                 None
             }
@@ -382,5 +529,16 @@ fn lose(shared: &Shared, id: u64, reason: LostReason) {
         entry
     };
     let Some(entry) = entry else { return };
-    entry.hold.lose(&shared.chain, reason);
+    if entry.hold.lose(&shared.chain, reason) && reason == LostReason::MaxHold {
+        // Bounded: give it back rather than let the store keep it for the rest of
+        // its lease (or, session-bound, for as long as the session lives). The
+        // guard's own release later answers `NotOwner`, harmlessly.
+        let chain = shared.chain.clone();
+        tokio::spawn(async move {
+            let ctx = entry.hold.release_context(&chain);
+            if let Err(err) = chain.release(&ctx).await {
+                tracing::warn!(lock = %entry.hold.name, error = &err as &dyn std::error::Error, "dlock: giving back a hold at its max_hold failed; it ends with its lease or session");
+            }
+        });
+    }
 }

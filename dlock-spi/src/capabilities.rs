@@ -26,6 +26,9 @@ pub struct Capabilities {
     pub push_wakeup: bool,
     /// Grants carry strictly increasing fencing tokens.
     pub fencing: bool,
+    /// A grant says whether it replaced a holder whose lease ran out without a
+    /// release (`AcquireResult::Acquired::took_over`).
+    pub takeover: bool,
     /// The longest name the backend stores, when shorter than `LockName::MAX_LEN`.
     pub max_name_len: Option<usize>,
 }

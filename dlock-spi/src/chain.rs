@@ -34,6 +34,10 @@ use crate::types::{Fairness, FencingToken, LockMode, LostReason, OwnerId};
 /// The longest lease the head accepts; longer ones are almost always a unit mistake.
 pub const MAX_LEASE: Duration = Duration::from_secs(30 * 24 * 3600);
 
+/// The most context bytes an acquire may store with its hold: enough to say who
+/// holds it and why, small enough for every backend's column, node or value.
+pub const MAX_CONTEXT_LEN: usize = 4096;
+
 /// Everything a handler knows about one acquire.
 #[derive(Debug)]
 #[non_exhaustive]
@@ -529,6 +533,14 @@ impl HandlerChain {
                 "lease {:?} is out of range; use between 1 ms and {} days",
                 req.lease,
                 MAX_LEASE.as_secs() / 86_400
+            ))
+            .with_context("lock", &req.name));
+        }
+        if req.context.len() > MAX_CONTEXT_LEN {
+            return Err(Error::invalid_argument(format!(
+                "the holder context is {} bytes; store at most {} (who holds it and why, not a payload)",
+                req.context.len(),
+                MAX_CONTEXT_LEN
             ))
             .with_context("lock", &req.name));
         }

@@ -62,6 +62,9 @@ struct Entry {
     /// A semaphore's total permits, set by the first permit request while it has no
     /// permit holders or waiters.
     capacity: u32,
+    /// A holder's lease ran out without a release since the last grant: the next
+    /// grant takes over from it.
+    expired_since_grant: bool,
 }
 
 struct Holder {
@@ -100,7 +103,9 @@ impl Entry {
     fn purge_expired(&mut self, now: Instant) -> bool {
         let before = self.holders.len();
         self.holders.retain(|h| h.expires_at > now);
-        self.holders.len() != before
+        let dropped = self.holders.len() != before;
+        self.expired_since_grant |= dropped;
+        dropped
     }
 
     fn position(&self, waiter: Option<u64>) -> usize {
@@ -356,10 +361,11 @@ impl InMemoryBackend {
                 // permit waiter may fit in what is left.
                 entry.wake_next();
             }
-            return Step::Done(AcquireResult::acquired(
-                FencingToken::new(token),
-                Some(expires_at),
-            ));
+            let took_over = std::mem::take(&mut entry.expired_since_grant);
+            return Step::Done(
+                AcquireResult::acquired(FencingToken::new(token), Some(expires_at))
+                    .with_took_over(took_over),
+            );
         }
 
         let deadline = match req.deadline {
@@ -431,6 +437,7 @@ impl LockRemoteResource for InMemoryBackend {
             semaphore: true,
             push_wakeup: true,
             fencing: true,
+            takeover: true,
             max_name_len: None,
         }
     }

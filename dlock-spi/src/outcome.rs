@@ -24,6 +24,9 @@ pub enum AcquireResult {
         /// How the hold stands, pushed by session-bound backends (ZooKeeper); `None`
         /// for lease-based holds, which the manager's watchdog looks after.
         watch: Option<HoldWatch>,
+        /// The grant replaced a holder whose lease had run out without a release
+        /// (RheaKV's "took over"), when the backend can tell; false otherwise.
+        took_over: bool,
     },
     /// Someone else holds it and the deadline passed (or there was none).
     #[non_exhaustive]
@@ -42,7 +45,17 @@ impl AcquireResult {
             token,
             lease_until,
             watch: None,
+            took_over: false,
         }
+    }
+
+    /// Marks a grant as having replaced a holder whose lease had run out (no effect
+    /// on `NotAcquired`).
+    pub fn with_took_over(mut self, replaced_expired: bool) -> Self {
+        if let AcquireResult::Acquired { took_over, .. } = &mut self {
+            *took_over = replaced_expired;
+        }
+        self
     }
 
     /// Attaches the backend's status feed of a session-bound hold to a grant (no

@@ -231,6 +231,10 @@ pub enum LostReason {
     SessionExpired,
     /// The manager was closed while the lock was held; it released the lock.
     ManagerClosed,
+    /// The hold reached its `max_hold` bound: the watchdog stopped renewing it, fired
+    /// the lost signal and gave it back (a holder that is alive but stuck cannot keep
+    /// a lock forever).
+    MaxHold,
 }
 
 impl LostReason {
@@ -241,6 +245,7 @@ impl LostReason {
             LostReason::LeaseExpired => "lease_expired",
             LostReason::SessionExpired => "session_expired",
             LostReason::ManagerClosed => "manager_closed",
+            LostReason::MaxHold => "max_hold",
         }
     }
 }

@@ -35,6 +35,12 @@ pub use semaphore::{
     semaphore_permits_never_exceed_the_total, semaphore_serves_in_order_and_recovers_dead_permits,
     semaphore_totals_must_agree, semaphore_watchdog_keeps_permits, take_permits,
 };
+mod groups;
+pub use groups::{groups_keep_one_lock_per_key, multi_locks_take_all_or_none};
+mod guards;
+pub use guards::{acquisitions_say_how_and_refusals_say_who, guards_say_until_when_and_extend};
+mod max_hold;
+pub use max_hold::max_hold_ends_a_hold_before_its_lease;
 mod waiters;
 pub use waiters::{a_leaving_writer_lets_readers_in, cancelled_lock_leaves_nothing};
 
@@ -1025,4 +1031,9 @@ cases!(
     semaphore_serves_in_order_and_recovers_dead_permits,
     semaphore_totals_must_agree,
     semaphore_watchdog_keeps_permits,
+    guards_say_until_when_and_extend,
+    acquisitions_say_how_and_refusals_say_who,
+    max_hold_ends_a_hold_before_its_lease,
+    groups_keep_one_lock_per_key,
+    multi_locks_take_all_or_none,
 );

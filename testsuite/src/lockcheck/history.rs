@@ -155,6 +155,8 @@ words! {
         SessionExpired = "session_expired",
         /// The manager was closed while the hold was held.
         ManagerClosed = "manager_closed",
+        /// The hold reached its `max_hold` bound.
+        MaxHold = "max_hold",
         /// A reason this history does not know.
         Other = "other",
     }

@@ -1,0 +1,260 @@
+//! Several locks taken together, all or none (Redisson's `RedissonMultiLock`).
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use dlock_spi::{Error, LockName, LostReason, Result};
+
+use crate::guard::{wait_any_lost, LockGuard, LostSignal};
+use crate::hold::Hold;
+use crate::lock::{clone_error, DistributeLock};
+use crate::manager::DistributeLockManager;
+use crate::options::LockOptions;
+
+/// Several locks acquired as one: all or none, one guard, one lost signal for any
+/// member. From [`DistributeLockManager::multi_lock`].
+///
+/// Members are taken one at a time in the order of their full names, whatever
+/// order they were given in, so two multi-locks over overlapping names cannot
+/// deadlock each other; names given twice are taken once. When one member cannot
+/// be had (the wait ran out, an error), the members already taken are released
+/// before the call returns. Clones are the same owners and re-enter, as a lock
+/// handle's do.
+///
+/// ```
+/// # async fn demo() -> dlock_api::Result<()> {
+/// use std::time::Duration;
+/// use dlock_api::DistributeLockManager;
+///
+/// let manager = DistributeLockManager::connect("memory://").await?;
+/// let transfer = manager.multi_lock(["account:7", "account:3"]);
+/// if let Some(guard) = transfer.try_lock(Duration::from_secs(1)).await? {
+///     for member in guard.guards() {
+///         println!("{} token {}", member.name(), member.fencing_token());
+///     }
+///     guard.unlock().await?;
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct MultiLock {
+    members: Arc<[DistributeLock]>,
+}
+
+impl MultiLock {
+    pub(crate) fn new(manager: &DistributeLockManager, names: Vec<String>) -> Self {
+        let mut members: Vec<(String, DistributeLock)> = names
+            .into_iter()
+            .map(|name| {
+                let lock = manager.lock(&name);
+                let key = lock
+                    .name()
+                    .map(|full| full.as_str().to_owned())
+                    .unwrap_or(name);
+                (key, lock)
+            })
+            .collect();
+        members.sort_by(|(a, _), (b, _)| a.cmp(b));
+        members.dedup_by(|(a, _), (b, _)| a == b);
+        MultiLock {
+            members: members.into_iter().map(|(_, lock)| lock).collect(),
+        }
+    }
+
+    /// The members, in the order they are taken.
+    pub fn members(&self) -> &[DistributeLock] {
+        &self.members
+    }
+
+    /// Refuses an empty multi-lock and one with an invalid name, before any member
+    /// is taken.
+    fn validate(&self) -> Result<()> {
+        if self.members.is_empty() {
+            return Err(Error::invalid_argument(
+                "a multi-lock of no names; give at least one lock name",
+            ));
+        }
+        for member in self.members.iter() {
+            member.name().map_err(|e| clone_error(&e))?;
+        }
+        Ok(())
+    }
+
+    /// Tries to take every member within `wait` in all; `Ok(None)` (with nothing
+    /// held) when one of them stayed taken.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: dropped at any point, the members taken so far are released in
+    /// the background and no waiter is left behind.
+    pub async fn try_lock(&self, wait: Duration) -> Result<Option<MultiGuard>> {
+        self.try_lock_with(wait, &LockOptions::new()).await
+    }
+
+    /// Like [`try_lock`](Self::try_lock), with options applied to every member.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`try_lock`](Self::try_lock).
+    pub async fn try_lock_with(
+        &self,
+        wait: Duration,
+        options: &LockOptions,
+    ) -> Result<Option<MultiGuard>> {
+        self.validate()?;
+        let deadline = Instant::now() + wait;
+        let mut taken = Vec::with_capacity(self.members.len());
+        for member in self.members.iter() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match member.try_lock_with(left, options).await {
+                Ok(Some(guard)) => taken.push(guard),
+                Ok(None) => {
+                    release(taken).await;
+                    return Ok(None);
+                }
+                Err(err) => {
+                    release(taken).await;
+                    return Err(err);
+                }
+            }
+        }
+        Ok(Some(MultiGuard::new(taken)))
+    }
+
+    /// Waits until every member is taken, holding the earlier ones while it waits
+    /// for the next; fails with `Closed` when the manager closes.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`try_lock`](Self::try_lock).
+    pub async fn lock(&self) -> Result<MultiGuard> {
+        self.lock_with(&LockOptions::new()).await
+    }
+
+    /// Like [`lock`](Self::lock), with options applied to every member.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`try_lock`](Self::try_lock).
+    pub async fn lock_with(&self, options: &LockOptions) -> Result<MultiGuard> {
+        self.validate()?;
+        let mut taken = Vec::with_capacity(self.members.len());
+        for member in self.members.iter() {
+            match member.lock_with(options).await {
+                Ok(guard) => taken.push(guard),
+                Err(err) => {
+                    release(taken).await;
+                    return Err(err);
+                }
+            }
+        }
+        Ok(MultiGuard::new(taken))
+    }
+}
+
+/// Gives back members taken by an acquisition that could not finish, last first.
+/// Dropped part-way, the rest are released in the background by their guards.
+async fn release(taken: Vec<LockGuard>) {
+    for guard in taken.into_iter().rev() {
+        let name = guard.name().clone();
+        if let Err(err) = guard.unlock().await {
+            tracing::debug!(lock = %name, error = &err as &dyn std::error::Error, "dlock: giving back a multi-lock member");
+        }
+    }
+}
+
+impl fmt::Debug for MultiLock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.members.iter()).finish()
+    }
+}
+
+/// Holding every member of a [`MultiLock`]. Dropping it releases them all in the
+/// background.
+#[must_use = "dropping the guard releases the locks at once"]
+pub struct MultiGuard {
+    guards: Vec<LockGuard>,
+    holds: Arc<[Arc<Hold>]>,
+}
+
+impl MultiGuard {
+    fn new(guards: Vec<LockGuard>) -> Self {
+        let holds = guards.iter().map(|g| Arc::clone(g.hold())).collect();
+        MultiGuard { guards, holds }
+    }
+
+    /// Each member's guard (name, fencing token, …), in the order they were taken.
+    pub fn guards(&self) -> &[LockGuard] {
+        &self.guards
+    }
+
+    /// The members' names, in the order they were taken.
+    pub fn names(&self) -> impl Iterator<Item = &LockName> {
+        self.guards.iter().map(LockGuard::name)
+    }
+
+    /// Whether any member has been lost.
+    pub fn is_lost(&self) -> bool {
+        self.guards.iter().any(LockGuard::is_lost)
+    }
+
+    /// Why a member was lost (the first member's, in order, that was), if any was.
+    pub fn lost_reason(&self) -> Option<LostReason> {
+        self.guards.iter().find_map(LockGuard::lost_reason)
+    }
+
+    /// Completes when any member is lost (at once if one already is).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: it only waits.
+    pub async fn lost(&self) -> LostReason {
+        wait_any_lost(&self.holds).await
+    }
+
+    /// An owned signal of the loss of any member, for another task.
+    pub fn lost_signal(&self) -> LostSignal {
+        LostSignal::of(Arc::clone(&self.holds))
+    }
+
+    /// Until when every member is guaranteed: the earliest member's
+    /// [`valid_until`](LockGuard::valid_until); `None` if any member has none.
+    pub fn valid_until(&self) -> Option<Instant> {
+        self.guards
+            .iter()
+            .map(LockGuard::valid_until)
+            .try_fold(None::<Instant>, |min, until| {
+                until.map(|u| Some(min.map_or(u, |m| m.min(u))))
+            })
+            .flatten()
+    }
+
+    /// `Ok` when every member can be acted on now (see [`LockGuard::check`]).
+    pub fn check(&self) -> Result<()> {
+        self.guards.iter().try_for_each(LockGuard::check)
+    }
+
+    /// Releases every member, last taken first. All are released even if one
+    /// fails; the first error is returned (a lost member: `LockLost`).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: dropped part-way, the members not yet released are released
+    /// in the background.
+    pub async fn unlock(self) -> Result<()> {
+        let mut first = None;
+        for guard in self.guards.into_iter().rev() {
+            if let Err(err) = guard.unlock().await {
+                first.get_or_insert(err);
+            }
+        }
+        first.map_or(Ok(()), Err)
+    }
+}
+
+impl fmt::Debug for MultiGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.guards.iter()).finish()
+    }
+}
