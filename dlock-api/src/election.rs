@@ -457,6 +457,14 @@ impl Leadership {
         let value = value.into();
         let hold = self.guard.hold();
         let manager = self.guard.manager();
+        if value.len() > dlock_spi::MAX_CONTEXT_LEN {
+            return Err(Error::invalid_argument(format!(
+                "the leader value is {} bytes; store at most {} (who leads and where to reach them, not a payload)",
+                value.len(),
+                dlock_spi::MAX_CONTEXT_LEN
+            ))
+            .with_context("lock", &hold.name));
+        }
         if let Some(reason) = hold.lost_reason() {
             return Err(term_lost(&hold.name, reason));
         }

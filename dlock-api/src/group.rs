@@ -182,7 +182,8 @@ impl LockGroup {
     /// capacity (so a stream of new keys evicts in batches, not one per key).
     fn evict(&self, cache: &mut HashMap<Key, Cached>, now: Instant) {
         cache.retain(|_, c| !(c.unused() && now.duration_since(c.used) >= self.idle));
-        let target = self.capacity - self.capacity / 4;
+        // Below the capacity, so the new key fits (also for capacities under 4).
+        let target = (self.capacity - self.capacity / 4).min(self.capacity - 1);
         if cache.len() < self.capacity {
             return;
         }

@@ -90,8 +90,11 @@ impl LockGuard {
     /// [`ErrorKind::LockLost`] when the hold is lost or past its guaranteed instant
     /// (an expired hold is never revived); [`ErrorKind::Unsupported`] on
     /// session-bound backends (ZooKeeper), whose holds have no lease; a backend
-    /// error as it comes (the watchdog retries with the new lease until the loss
-    /// instant). A `max_hold` bound still ends the hold where it did.
+    /// error as it comes — the store may or may not have applied it: a renewed
+    /// hold's watchdog retries with the new lease until the loss instant, a fixed
+    /// one keeps its end, and from then on no renewal counts for longer than the
+    /// shorter of the two leases (a late answer cannot lengthen the guarantee). A
+    /// `max_hold` bound still ends the hold where it did.
     ///
     /// # Cancel safety
     ///

@@ -394,12 +394,13 @@ impl DistributeLockManager {
     /// releases not yet sent are left to expire on the server.
     pub async fn close(&self) {
         self.inner.closed.send_replace(true);
-        self.inner.watchdog.shutdown();
         let holds: Vec<Arc<Hold>> = self.inner.holds().values().cloned().collect();
-        // All lost before any release is awaited: no guard says "held" after close.
+        // All lost before any release is awaited (and before the watchdog drops
+        // waiting extends, so they hear why): no guard says "held" after close.
         for hold in &holds {
             hold.lose(&self.inner.chain, LostReason::ManagerClosed);
         }
+        self.inner.watchdog.shutdown();
         for hold in holds {
             if let Err(err) = self.inner.release(&hold).await {
                 tracing::warn!(lock = %hold.name, error = &err as &dyn std::error::Error, "dlock: release on close failed; the lease will expire on the server");

@@ -235,6 +235,12 @@ impl MultiGuard {
         self.guards.iter().try_for_each(LockGuard::check)
     }
 
+    /// The members' guards, to release (or keep) one by one; the multi-lock's
+    /// signal then no longer exists — watch each guard's.
+    pub fn into_guards(self) -> Vec<LockGuard> {
+        self.guards
+    }
+
     /// Releases every member, last taken first. All are released even if one
     /// fails; the first error is returned (a lost member: `LockLost`).
     ///

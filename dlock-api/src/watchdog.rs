@@ -55,6 +55,11 @@ struct Entry {
     /// before `.0` carried the longer lease, but the shorter one may reach the store
     /// after it, so its success cannot lift `lost_at` above the bound.
     floor: Option<(Instant, Instant)>,
+    /// The shortest lease of a renewal whose outcome stayed unknown (an error or a
+    /// timeout): it may still reach the store after any later renewal and cut the
+    /// store's expiry to its own lease from then, so every later success counts
+    /// at most this lease from its send time.
+    lingering: Option<Duration>,
 }
 
 impl Entry {
@@ -228,6 +233,7 @@ impl Watchdog {
             in_flight: false,
             pending: Vec::new(),
             floor: None,
+            lingering: None,
         };
         let due = entry.next_due(sent_at, sent_at);
         if watch.lease.is_some() {
@@ -289,8 +295,14 @@ impl Watchdog {
         let Some(entry) = state.entries.get_mut(&id) else {
             return;
         };
-        if entry.in_flight || entry.floor.is_some() || !entry.pending.is_empty() {
-            // The scheduler's own renewal settles it.
+        if entry.in_flight
+            || entry.floor.is_some()
+            || entry.lingering.is_some()
+            || !entry.pending.is_empty()
+            || Instant::now() >= entry.lost_at
+        {
+            // The scheduler's own renewal settles it; a hold past its loss instant
+            // is not revived.
             return;
         }
         let lost_at = sent + entry.lease - self.shared.margin(entry.lease);
@@ -341,6 +353,10 @@ impl Drop for Watchdog {
 
 struct Due {
     id: u64,
+    /// When it was taken off the queue: no later than the renewal is sent, so the
+    /// lease counted from it is conservative, and an extend made after it is
+    /// known not to be carried by it.
+    sent: Instant,
     hold: Arc<Hold>,
     lease: Duration,
     transition: Duration,
@@ -363,6 +379,9 @@ struct RenewOutcome {
 
 async fn run(shared: Arc<Shared>) {
     let mut in_flight: JoinSet<RenewOutcome> = JoinSet::new();
+    // Which hold each renewal task renews, so a task that panics (a handler's
+    // hook) still settles its hold: as lost, never stuck in flight.
+    let mut tasks: HashMap<tokio::task::Id, u64> = HashMap::new();
     loop {
         let now = Instant::now();
         let (due, next) = take_due(&shared, now);
@@ -386,10 +405,8 @@ async fn run(shared: Arc<Shared>) {
                 d.hold.token,
             )
             .with_transition(d.transition);
-            let lost_at = d.lost_at;
-            let (id, lease, waiters) = (d.id, d.lease, d.waiters);
-            in_flight.spawn(async move {
-                let sent = Instant::now();
+            let (id, sent, lost_at, lease, waiters) = (d.id, d.sent, d.lost_at, d.lease, d.waiters);
+            let task = in_flight.spawn(async move {
                 // A renewal that cannot finish before the loss instant is a loss.
                 let result = tokio::time::timeout_at(lost_at.into(), chain.renew(&req))
                     .await
@@ -402,14 +419,24 @@ async fn run(shared: Arc<Shared>) {
                     result,
                 }
             });
+            tasks.insert(task.id(), id);
         }
         let sleep_until = next;
         tokio::select! {
             _ = tokio::time::sleep_until(sleep_until.into()) => {}
             _ = shared.wake.notified() => {}
-            Some(joined) = in_flight.join_next(), if !in_flight.is_empty() => {
-                if let Ok(outcome) = joined {
-                    settle(&shared, outcome);
+            Some(joined) = in_flight.join_next_with_id(), if !in_flight.is_empty() => {
+                match joined {
+                    Ok((task, outcome)) => {
+                        tasks.remove(&task);
+                        settle(&shared, outcome);
+                    }
+                    Err(err) => {
+                        if let Some(id) = tasks.remove(&err.id()) {
+                            tracing::error!(error = %err, "dlock: a renewal task failed; its hold counts as lost");
+                            lose(&shared, id, LostReason::LeaseExpired);
+                        }
+                    }
                 }
             }
         }
@@ -431,10 +458,14 @@ fn take_due(shared: &Shared, now: Instant) -> (Vec<Due>, Instant) {
                 entry.in_flight = true;
                 due.push(Due {
                     id,
+                    sent: now,
                     hold: Arc::clone(&entry.hold),
                     lease: entry.lease,
                     transition: entry.transition,
-                    lost_at: entry.lost_at,
+                    // A renewal in flight at the cap ends there.
+                    lost_at: entry
+                        .cap
+                        .map_or(entry.lost_at, |cap| cap.min(entry.lost_at)),
                     cap: entry.cap,
                     renew: entry.renew,
                     waiters: std::mem::take(&mut entry.pending),
@@ -468,30 +499,44 @@ fn settle(shared: &Shared, outcome: RenewOutcome) {
         };
         entry.in_flight = false;
         let next = match result {
+            _ if entry.cap.is_some_and(|cap| now >= cap) => Err(LostReason::MaxHold),
             // An answer after the loss instant (lowered by an extend meanwhile) does
             // not revive the hold: its guards may have been told it is over.
             _ if now >= entry.lost_at => Err(LostReason::LeaseExpired),
             Some(Ok(RenewResult::Renewed { .. })) => {
                 shared.observe_round_trip(now.saturating_duration_since(sent));
-                let mut lost_at = sent + lease - shared.margin(lease);
+                let counted = entry.lingering.map_or(lease, |l| l.min(lease));
+                let mut lost_at = sent + counted - shared.margin(counted);
                 match entry.floor {
                     Some((set_at, bound)) if sent < set_at => lost_at = lost_at.min(bound),
                     _ => entry.floor = None,
                 }
-                entry.lost_at = lost_at;
-                entry.publish();
-                shared.suspend(&entry.hold, sent, lease, entry.transition);
-                for waiter in waiters {
-                    let _ = waiter.send(Ok(()));
+                if now >= lost_at {
+                    // Renewed, but the answer came too late to count.
+                    Err(LostReason::LeaseExpired)
+                } else {
+                    entry.lost_at = lost_at;
+                    entry.publish();
+                    shared.suspend(&entry.hold, sent, counted, entry.transition);
+                    for waiter in waiters {
+                        let _ = waiter.send(Ok(()));
+                    }
+                    Ok(entry.next_due(sent, now))
                 }
-                Ok(entry.next_due(sent, now))
             }
             Some(Ok(RenewResult::NotOwner)) => Err(LostReason::NotOwner),
-            Some(Err(err)) if now < entry.lost_at && !is_final(&err) => {
+            Some(Err(err)) if !is_final(&err) => {
+                // The store may yet apply it, after any later renewal.
+                entry.lingering = Some(entry.lingering.map_or(lease, |l| l.min(lease)));
                 for waiter in waiters {
                     let _ = waiter.send(Err(crate::lock::clone_error(&err)));
                 }
-                let retry = (now + retry_delay(entry.lease - entry.transition)).min(entry.lost_at);
+                // A renewed hold retries; one with a fixed lease keeps it.
+                let retry = if entry.renew {
+                    (now + retry_delay(entry.lease - entry.transition)).min(entry.lost_at)
+                } else {
+                    entry.lost_at
+                };
                 Ok(entry.cap.map_or(retry, |cap| retry.min(cap)))
             }
             Some(Err(_)) | None => Err(LostReason::LeaseExpired),

@@ -140,3 +140,21 @@ async fn the_observer_stream_yields_every_change_in_order() {
     assert_eq!(next(&mut changes).await, None);
     m.close().await;
 }
+
+/// A leader value is held to the same bound as any holder context: an oversized
+/// proclaim is refused before it reaches the store.
+#[tokio::test]
+async fn an_oversized_proclaim_is_refused() {
+    let m = DistributeLockManager::connect("memory://").await.unwrap();
+    let term = m
+        .election("big")
+        .try_campaign("a", Duration::ZERO)
+        .await
+        .unwrap()
+        .unwrap();
+    let big = vec![b'x'; dlock_api::spi::MAX_CONTEXT_LEN + 1];
+    let err = term.proclaim(big).await.expect_err("an oversized value");
+    assert_eq!(err.kind(), dlock_api::ErrorKind::InvalidArgument, "{err}");
+    term.resign().await.unwrap();
+    m.close().await;
+}

@@ -72,3 +72,149 @@ async fn a_group_stays_bounded_under_a_million_keys() {
     }
     m.close().await;
 }
+
+mod common;
+use common::Wrapped;
+use dlock_api::spi::{async_trait, AcquireChain, AcquireContext, AcquireResult, LockHandler};
+use dlock_api::spi::{ReleaseChain, ReleaseContext, ReleaseResult, RenewEvent, Result};
+use dlock_api::{LockOptions, LostReason};
+use std::sync::atomic::Ordering;
+
+/// A handler whose renewal hook panics (a bug in a user's plugin).
+struct PanicsOnRenew;
+
+#[async_trait]
+impl LockHandler for PanicsOnRenew {
+    async fn acquire(&self, ctx: &AcquireContext, next: AcquireChain<'_>) -> Result<AcquireResult> {
+        next.invoke(ctx).await
+    }
+    async fn release(&self, ctx: &ReleaseContext, next: ReleaseChain<'_>) -> Result<ReleaseResult> {
+        next.invoke(ctx).await
+    }
+    fn on_renew(&self, _event: &RenewEvent<'_>) {
+        panic!("a plugin's renewal hook failed (test)");
+    }
+}
+
+/// A renewal whose task panics settles its hold as lost — it is not left "in
+/// flight" for ever (never renewed, never lost), and an extend does not hang.
+#[tokio::test]
+async fn a_renewal_task_that_panics_loses_its_hold() {
+    let m = DistributeLockManager::builder(Wrapped::default())
+        .lease(Duration::from_millis(300))
+        .with_handler(PanicsOnRenew)
+        .build()
+        .unwrap();
+    let guard = m.lock("p").try_lock(Duration::ZERO).await.unwrap().unwrap();
+    let reason = tokio::time::timeout(Duration::from_secs(2), guard.lost())
+        .await
+        .expect("the hold whose renewal panicked was never lost");
+    assert_eq!(reason, LostReason::LeaseExpired);
+    let err = tokio::time::timeout(Duration::from_secs(2), guard.extend(Duration::from_secs(1)))
+        .await
+        .expect("extend hung")
+        .expect_err("extend of a lost hold");
+    assert_eq!(err.kind(), ErrorKind::LockLost);
+    drop(guard);
+    m.close().await;
+}
+
+/// An extend of a fixed-lease hold that fails leaves the hold its own end: it is
+/// not lost at the next retry instant.
+#[tokio::test]
+async fn a_failed_extend_of_a_fixed_lease_keeps_its_end() {
+    let backend = Wrapped::default();
+    let m = DistributeLockManager::builder(backend.clone())
+        .build()
+        .unwrap();
+    let guard = m
+        .lock("f")
+        .try_lock_with_lease(Duration::ZERO, Duration::from_millis(1500))
+        .await
+        .unwrap()
+        .unwrap();
+    backend.renew_fails.store(true, Ordering::SeqCst);
+    let err = guard
+        .extend(Duration::from_secs(3))
+        .await
+        .expect_err("the store refused");
+    assert_eq!(err.kind(), ErrorKind::Backend);
+    // The retry delay of a 1.5 s lease is 150 ms: waiting past it is the subject.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(!guard.is_lost(), "lost early: {:?}", guard.lost_reason());
+    guard.check().unwrap();
+    backend.renew_fails.store(false, Ordering::SeqCst);
+    guard.unlock().await.unwrap();
+    m.close().await;
+}
+
+/// A shortening extend whose outcome is unknown (an error) may still reach the
+/// store after a later, longer renewal: no later success may count for longer
+/// than the short lease.
+#[tokio::test]
+async fn an_unknown_shortening_bounds_every_later_renewal() {
+    let backend = Wrapped::default();
+    let m = DistributeLockManager::builder(backend.clone())
+        .lease(Duration::from_secs(3))
+        .build()
+        .unwrap();
+    let guard = m.lock("s").try_lock(Duration::ZERO).await.unwrap().unwrap();
+    let short = Duration::from_millis(600);
+    backend.renew_fails.store(true, Ordering::SeqCst);
+    guard.extend(short).await.expect_err("the store refused");
+    backend.renew_fails.store(false, Ordering::SeqCst);
+    guard.extend(Duration::from_secs(5)).await.unwrap();
+    let until = guard.valid_until().expect("held");
+    assert!(
+        until <= std::time::Instant::now() + short,
+        "a renewal after an unknown shortening counts {:?} ahead",
+        until - std::time::Instant::now()
+    );
+    guard.unlock().await.unwrap();
+    m.close().await;
+}
+
+/// A renewal in flight at the `max_hold` bound (here: one the store never
+/// answers) does not delay the bound: the hold is lost there, with its own reason.
+#[tokio::test]
+async fn a_renewal_in_flight_does_not_delay_the_bound() {
+    let backend = Wrapped::default();
+    let m = DistributeLockManager::builder(backend.clone())
+        .lease(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    backend.swallow_renewals.store(true, Ordering::SeqCst);
+    let max_hold = Duration::from_millis(500);
+    let guard = m
+        .lock("b")
+        .try_lock_with(Duration::ZERO, &LockOptions::new().max_hold(max_hold))
+        .await
+        .unwrap()
+        .unwrap();
+    let reason = tokio::time::timeout(Duration::from_secs(3), guard.lost())
+        .await
+        .expect("lost");
+    let held = guard.acquired_at().elapsed();
+    assert_eq!(reason, LostReason::MaxHold, "after {held:?}");
+    assert!(held < max_hold + Duration::from_millis(200), "{held:?}");
+    drop(guard);
+    m.close().await;
+}
+
+/// A group of capacity 1 keeps one unused handle, not two.
+#[tokio::test]
+async fn a_small_group_keeps_its_bound() {
+    let m = DistributeLockManager::connect("memory://").await.unwrap();
+    for capacity in 1..=4 {
+        let group = m.group("small").capacity(capacity);
+        for key in 0..10 {
+            let _ = group.lock(key);
+            assert!(
+                group.cached() <= capacity,
+                "capacity {capacity}: {} cached",
+                group.cached()
+            );
+        }
+    }
+    m.close().await;
+}

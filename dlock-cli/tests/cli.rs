@@ -915,3 +915,63 @@ async fn a_planted_password_shows_nowhere_a_user_looks() {
         );
     }
 }
+
+/// `dlock exec --context` stores its text with the hold (shown by `dlock status`),
+/// and `--max-hold` gives the lock back and stops the command at the bound (exit
+/// 76, saying why), leaving the lock free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exec_stores_its_context_and_keeps_to_max_hold() {
+    let url = sqlite_url();
+    let ns = namespace();
+    let holder = holder_on(&url, &ns).await;
+    let context = "job=nightly host=web-3";
+    let started = Instant::now();
+    let child = spawn_dlock(
+        &url,
+        &ns,
+        &[
+            "exec",
+            "ctx",
+            "--context",
+            context,
+            "--max-hold",
+            "2s",
+            "--",
+            "sleep",
+            "30",
+        ],
+    );
+    let held = testsuite_eventually(|| async {
+        holder
+            .inspect("ctx")
+            .await
+            .unwrap()
+            .is_some_and(|s| s.holders.iter().any(|h| h.context == context))
+    })
+    .await;
+    assert!(held, "dlock exec never held the lock with its context");
+    let out = dlock(&url, &ns, &["status", "ctx"]);
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains(&format!("context={context:?}")),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let status = finished(child).await;
+    let stderr = String::from_utf8_lossy(&status.stderr);
+    assert_eq!(status.status.code(), Some(76), "{stderr}");
+    assert!(stderr.contains("lock lost (max_hold)"), "{stderr}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "the command was not stopped at its max-hold"
+    );
+    let free = testsuite_eventually(|| async {
+        holder
+            .inspect("ctx")
+            .await
+            .unwrap()
+            .is_none_or(|s| s.holders.is_empty())
+    })
+    .await;
+    assert!(free, "the lock stayed held after max-hold");
+    holder.close().await;
+}

@@ -41,7 +41,8 @@
 //!    each grant its own token, shared ones included), whatever the timing; and, by
 //!    `ok` time, an exclusive grant whose token is not above every earlier grant's or
 //!    a shared grant whose token is not above every earlier exclusive grant's —
-//!    excused when the later grant's `ok` is unreliable.
+//!    excused when the later grant's `ok` is unreliable (its process was paused, or
+//!    it is a multi-lock member, whose `ok` is when the whole multi-lock returned).
 //! 4. **late-loss** — a hold lost while held (not by closing its manager, not
 //!    handed out lost) whose lost signal fired after its valid-until (excused if its
 //!    process was paused between the last proof and the signal), or a hold whose
@@ -759,10 +760,13 @@ pub fn check(label: &str, events: &[Event], rules: &Rules) -> Report {
         }
         h.end = end.max(h.ok);
         h.proofs.sort_unstable();
-        // A grant whose process was paused between invoke and `ok`: its `ok` time
-        // says little about when it was granted.
-        let invoked = invokes.get(&(h.proc_, h.att)).map_or(h.ok, |i| i.t);
-        h.ok_unreliable = rec.paused(invoked, h.ok);
+        // A grant whose process was paused between invoke and `ok`, or a multi-lock
+        // member (its `ok` is when the whole multi-lock returned): its `ok` time says
+        // little about when it was granted.
+        let invoke = invokes.get(&(h.proc_, h.att));
+        let invoked = invoke.map_or(h.ok, |i| i.t);
+        let multi = invoke.is_some_and(|i| i.op == Op::Multi);
+        h.ok_unreliable = multi || rec.paused(invoked, h.ok);
         h.pause_from_ok = rec.first_pause_from(h.ok);
         if h.lost_while_held().is_some() {
             totals.losses += 1;
@@ -1071,7 +1075,12 @@ pub fn check(label: &str, events: &[Event], rules: &Rules) -> Report {
         let mut waits: Vec<(&(u32, u64), &Invoke<'_>)> = invokes.iter().collect();
         waits.sort_by_key(|(k, i)| (i.t, **k));
         for (key, inv) in waits {
-            if inv.mode != Mode::Exclusive || inv.cancel || inv.op == Op::Reenter {
+            // A multi-lock member may be refused for another member's sake.
+            if inv.mode != Mode::Exclusive
+                || inv.cancel
+                || inv.op == Op::Reenter
+                || inv.op == Op::Multi
+            {
                 continue;
             }
             let Some(&(done, Some(why @ (Why::None | Why::Timeout)))) = results.get(key) else {

@@ -127,6 +127,9 @@ words! {
         Lock = "lock",
         /// `lock_with_lease(lease)` bounded by a timeout.
         LockLease = "lock-lease",
+        /// `try_lock(wait)` of a multi-lock, logged for each member (a member's
+        /// refusal may be another member's).
+        Multi = "multi",
         /// `try_lock(0)` on the handle of a hold it has (a reentry).
         Reenter = "reenter",
     }

@@ -47,6 +47,8 @@ pub const SHARED_HANDLE_NAME: &str = "x2";
 pub const FAIR_NAME: &str = "f0";
 /// The read-write lock's name (when the backend has shared locks).
 pub const RW_NAME: &str = "rw0";
+/// How often (%) a task takes two exclusive names with one multi-lock.
+const MULTI_PERCENT: u32 = 8;
 /// How long after its deadline a worker's tasks may take to finish.
 const TASK_GRACE: Duration = Duration::from_secs(20);
 /// Bound on one backend call the workload means to complete beyond its own wait
@@ -434,11 +436,17 @@ impl Task {
             if Instant::now() >= self.deadline {
                 break;
             }
+            let multi = sticky.is_none() && self.rng.u32(0..100) < MULTI_PERCENT;
             let target = match sticky.take() {
                 Some(t) => t,
                 None => self.choose(),
             };
-            let released_by_drop = self.attempt(&target).await?;
+            let released_by_drop = if multi {
+                self.multi_attempt().await?;
+                None
+            } else {
+                self.attempt(&target).await?
+            };
             // The ordinary loop: release, then lock again at once with the same handle.
             let again = match released_by_drop {
                 Some(true) => self.rng.u32(0..100) < 70,
@@ -607,7 +615,8 @@ impl Task {
                 .map(Held::Term);
             }
             match op {
-                Op::Try => tried(hung, handle.try_lock(wait)).await,
+                // `attempt` asks `try` of a single lock; a multi-lock is `multi_attempt`.
+                Op::Try | Op::Multi => tried(hung, handle.try_lock(wait)).await,
                 Op::Lease => tried(hung, handle.try_lock_with_lease(wait, lease)).await,
                 Op::Lock => waited(wait, handle.lock()).await,
                 Op::LockLease | Op::Reenter => waited(wait, handle.lock_with_lease(lease)).await,
@@ -784,6 +793,101 @@ impl Task {
             lock: target.lock.to_owned(),
             why,
         });
+    }
+
+    /// Takes two of the exclusive names, given in random order, with one
+    /// multi-lock (`try_lock(wait)`); logs an attempt per member, and for a grant
+    /// runs each member's critical section side by side — register ENTER and
+    /// fenced write per member, a hold watching any member's loss, EXIT — then
+    /// releases the members one by one.
+    async fn multi_attempt(&mut self) -> Result<(), String> {
+        let mut names = EXCLUSIVE_NAMES;
+        self.rng.shuffle(&mut names);
+        let given = [names[0], names[1]];
+        let multi = self.manager.multi_lock(given);
+        // Members are taken in name order (one namespace: the short names' order).
+        let mut sorted = given;
+        sorted.sort_unstable();
+        let id = format!("{}.m{:x}", self.client, self.rng.u64(..));
+        let targets: Vec<Target> = sorted
+            .iter()
+            .zip(multi.members())
+            .map(|(&lock, handle)| Target {
+                lock,
+                mode: Mode::Exclusive,
+                fair: false,
+                handle: handle.clone(),
+                election: None,
+                semaphore: None,
+                handle_id: format!("{id}.{lock}"),
+            })
+            .collect();
+        // Waits long enough to be granted on the busy exclusive names now and then.
+        let wait = Duration::from_millis(self.rng.u64(0..=1500));
+        let atts: Vec<u64> = targets.iter().map(|_| self.next_attempt()).collect();
+        for (target, &att) in targets.iter().zip(&atts) {
+            self.log.log(Kind::Invoke {
+                att,
+                lock: target.lock.to_owned(),
+                mode: Mode::Exclusive,
+                fair: false,
+                op: Op::Multi,
+                wait_ms: u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
+                cancel: false,
+            });
+        }
+        let guard = match tried(wait + CALL_BOUND, multi.try_lock(wait)).await {
+            Ok(guard) => guard,
+            Err(why) => {
+                for (target, &att) in targets.iter().zip(&atts) {
+                    self.log.log(Kind::Fail {
+                        att,
+                        lock: target.lock.to_owned(),
+                        why: why.clone(),
+                    });
+                }
+                return Ok(());
+            }
+        };
+        let t_ok = now_ns();
+        let lease_ms = u64::try_from(LEASE.as_millis()).unwrap_or(u64::MAX);
+        let held: Vec<Held> = guard.into_guards().into_iter().map(Held::Guard).collect();
+        let mut holds = Vec::with_capacity(held.len());
+        for ((target, h), &att) in targets.iter().zip(&held).zip(&atts) {
+            self.log_ok(target, h, att, t_ok, lease_ms);
+            let hold = self.hold_key(target, h);
+            let token = h.fencing_token();
+            self.register
+                .enter(target.lock, token, &hold)
+                .await
+                .map_err(|e| reg_err(&self.client, e))?;
+            self.fenced(target, h, &hold, token).await?;
+            holds.push((hold, token));
+        }
+        let hold_for = Duration::from_millis(match self.rng.u32(0..100) {
+            0..=79 => self.rng.u64(0..=20),
+            _ => self.rng.u64(50..=400),
+        });
+        if let [first, second] = held.as_slice() {
+            tokio::select! {
+                _ = first.lost() => {}
+                _ = second.lost() => {}
+                () = tokio::time::sleep(hold_for) => {}
+            }
+        }
+        for ((target, h), (hold, token)) in targets.iter().zip(&held).zip(&holds) {
+            if !h.is_lost() && self.rng.bool() {
+                self.fenced(target, h, hold, *token).await?;
+            }
+            self.register
+                .exit(target.lock, *token, hold)
+                .await
+                .map_err(|e| reg_err(&self.client, e))?;
+        }
+        for ((target, h), (hold, _)) in targets.iter().zip(held).zip(&holds) {
+            self.release(target, h, hold).await;
+        }
+        Ok(())
     }
 
     /// Releases one acquisition: `unlock`, `unlock` cancelled after 0–2 ms, or `drop`.
