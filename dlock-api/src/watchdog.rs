@@ -51,10 +51,14 @@ struct Entry {
     in_flight: bool,
     /// Extends asked for but not yet sent: the next renewal carries them, at once.
     pending: Vec<ExtendWaiter>,
-    /// A shortening extend's bound on `lost_at` (`.1`), set at `.0`: a renewal sent
-    /// before `.0` carried the longer lease, but the shorter one may reach the store
-    /// after it, so its success cannot lift `lost_at` above the bound.
-    floor: Option<(Instant, Instant)>,
+    /// How many extends the hold has had; a renewal records the count it was taken
+    /// off the queue with (both under the scheduler's lock), so it is known exactly
+    /// which extends it carries.
+    extends: u64,
+    /// A shortening extend's bound on `lost_at` (`.1`), set by extend number `.0`: a
+    /// renewal taken before it carried the longer lease, but the shorter one may
+    /// reach the store after it, so its success cannot lift `lost_at` above the bound.
+    floor: Option<(u64, Instant)>,
     /// The shortest lease of a renewal whose outcome stayed unknown (an error or a
     /// timeout): it may still reach the store after any later renewal and cut the
     /// store's expiry to its own lease from then, so every later success counts
@@ -63,6 +67,12 @@ struct Entry {
 }
 
 impl Entry {
+    /// The lease a successful renewal may count: the one asked for, or a shorter
+    /// one whose renewal's outcome stayed unknown (it may still reach the store).
+    fn counted(&self, lease: Duration) -> Duration {
+        self.lingering.map_or(lease, |l| l.min(lease))
+    }
+
     /// When the scheduler looks at this hold next, after a grant or a renewal sent at
     /// `sent`: a third into its own lease if renewed, else at the loss; never after
     /// the cap; at once when an extend waits.
@@ -70,7 +80,8 @@ impl Entry {
         let due = if !self.pending.is_empty() {
             now
         } else if self.renew {
-            (sent + (self.lease - self.transition) / 3).min(self.lost_at)
+            let own = self.counted(self.lease).saturating_sub(self.transition);
+            (sent + own / 3).min(self.lost_at)
         } else {
             self.lost_at
         };
@@ -232,6 +243,7 @@ impl Watchdog {
             cap,
             in_flight: false,
             pending: Vec::new(),
+            extends: 0,
             floor: None,
             lingering: None,
         };
@@ -266,12 +278,13 @@ impl Watchdog {
             return None;
         }
         let lease = lease.saturating_add(entry.transition);
+        entry.extends += 1;
         if lease < entry.lease {
             // The store may apply the shorter lease whatever happens to its answer:
             // from now on the hold is guaranteed only that long.
             let bound = now + lease - self.shared.margin(lease);
             let bound = entry.floor.map_or(bound, |(_, old)| old.min(bound));
-            entry.floor = Some((now, bound));
+            entry.floor = Some((entry.extends, bound));
             entry.lost_at = entry.lost_at.min(bound);
             entry.publish();
         }
@@ -354,9 +367,10 @@ impl Drop for Watchdog {
 struct Due {
     id: u64,
     /// When it was taken off the queue: no later than the renewal is sent, so the
-    /// lease counted from it is conservative, and an extend made after it is
-    /// known not to be carried by it.
+    /// lease counted from it is conservative.
     sent: Instant,
+    /// The hold's extend count when it was taken: the extends it carries.
+    extends: u64,
     hold: Arc<Hold>,
     lease: Duration,
     transition: Duration,
@@ -373,6 +387,8 @@ struct RenewOutcome {
     sent: Instant,
     /// The lease it asked for.
     lease: Duration,
+    /// The hold's extend count when it was taken.
+    extends: u64,
     waiters: Vec<ExtendWaiter>,
     result: Option<Result<RenewResult>>,
 }
@@ -405,7 +421,8 @@ async fn run(shared: Arc<Shared>) {
                 d.hold.token,
             )
             .with_transition(d.transition);
-            let (id, sent, lost_at, lease, waiters) = (d.id, d.sent, d.lost_at, d.lease, d.waiters);
+            let (id, sent, lost_at) = (d.id, d.sent, d.lost_at);
+            let (lease, extends, waiters) = (d.lease, d.extends, d.waiters);
             let task = in_flight.spawn(async move {
                 // A renewal that cannot finish before the loss instant is a loss.
                 let result = tokio::time::timeout_at(lost_at.into(), chain.renew(&req))
@@ -415,6 +432,7 @@ async fn run(shared: Arc<Shared>) {
                     id,
                     sent,
                     lease,
+                    extends,
                     waiters,
                     result,
                 }
@@ -459,6 +477,7 @@ fn take_due(shared: &Shared, now: Instant) -> (Vec<Due>, Instant) {
                 due.push(Due {
                     id,
                     sent: now,
+                    extends: entry.extends,
                     hold: Arc::clone(&entry.hold),
                     lease: entry.lease,
                     transition: entry.transition,
@@ -488,6 +507,7 @@ fn settle(shared: &Shared, outcome: RenewOutcome) {
         id,
         sent,
         lease,
+        extends,
         waiters,
         result,
     } = outcome;
@@ -505,10 +525,11 @@ fn settle(shared: &Shared, outcome: RenewOutcome) {
             _ if now >= entry.lost_at => Err(LostReason::LeaseExpired),
             Some(Ok(RenewResult::Renewed { .. })) => {
                 shared.observe_round_trip(now.saturating_duration_since(sent));
-                let counted = entry.lingering.map_or(lease, |l| l.min(lease));
+                let counted = entry.counted(lease);
                 let mut lost_at = sent + counted - shared.margin(counted);
                 match entry.floor {
-                    Some((set_at, bound)) if sent < set_at => lost_at = lost_at.min(bound),
+                    // Taken before the shortening extend: it did not carry it.
+                    Some((set_by, bound)) if extends < set_by => lost_at = lost_at.min(bound),
                     _ => entry.floor = None,
                 }
                 if now >= lost_at {
@@ -531,9 +552,11 @@ fn settle(shared: &Shared, outcome: RenewOutcome) {
                 for waiter in waiters {
                     let _ = waiter.send(Err(crate::lock::clone_error(&err)));
                 }
-                // A renewed hold retries; one with a fixed lease keeps it.
-                let retry = if entry.renew {
-                    (now + retry_delay(entry.lease - entry.transition)).min(entry.lost_at)
+                // A renewed hold retries, as does one with extends waiting; one with
+                // a fixed lease otherwise keeps its end.
+                let retry = if entry.renew || !entry.pending.is_empty() {
+                    let own = entry.counted(entry.lease).saturating_sub(entry.transition);
+                    (now + retry_delay(own)).min(entry.lost_at)
                 } else {
                     entry.lost_at
                 };

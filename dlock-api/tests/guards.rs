@@ -76,15 +76,17 @@ async fn a_group_stays_bounded_under_a_million_keys() {
 mod common;
 use common::Wrapped;
 use dlock_api::spi::{async_trait, AcquireChain, AcquireContext, AcquireResult, LockHandler};
-use dlock_api::spi::{ReleaseChain, ReleaseContext, ReleaseResult, RenewEvent, Result};
+use dlock_api::spi::{
+    LockRemoteResource, ReleaseChain, ReleaseContext, ReleaseResult, RenewEvent, Result,
+};
 use dlock_api::{LockOptions, LostReason};
 use std::sync::atomic::Ordering;
 
-/// A handler whose renewal hook panics (a bug in a user's plugin).
-struct PanicsOnRenew;
+/// A handler whose notification hooks panic (a bug in a user's plugin).
+struct PanickyHooks;
 
 #[async_trait]
-impl LockHandler for PanicsOnRenew {
+impl LockHandler for PanickyHooks {
     async fn acquire(&self, ctx: &AcquireContext, next: AcquireChain<'_>) -> Result<AcquireResult> {
         next.invoke(ctx).await
     }
@@ -94,17 +96,22 @@ impl LockHandler for PanicsOnRenew {
     fn on_renew(&self, _event: &RenewEvent<'_>) {
         panic!("a plugin's renewal hook failed (test)");
     }
+    fn on_lost(&self, _event: &dlock_api::spi::LostEvent<'_>) {
+        panic!("a plugin's loss hook failed (test)");
+    }
 }
 
-/// A renewal whose task panics settles its hold as lost — it is not left "in
-/// flight" for ever (never renewed, never lost), and an extend does not hang.
+/// A renewal whose task panics (a backend bug) settles its hold as lost — it is
+/// not left "in flight" for ever (never renewed, never lost), and an extend does
+/// not hang.
 #[tokio::test]
 async fn a_renewal_task_that_panics_loses_its_hold() {
-    let m = DistributeLockManager::builder(Wrapped::default())
+    let backend = Wrapped::default();
+    let m = DistributeLockManager::builder(backend.clone())
         .lease(Duration::from_millis(300))
-        .with_handler(PanicsOnRenew)
         .build()
         .unwrap();
+    backend.renew_panics.store(true, Ordering::SeqCst);
     let guard = m.lock("p").try_lock(Duration::ZERO).await.unwrap().unwrap();
     let reason = tokio::time::timeout(Duration::from_secs(2), guard.lost())
         .await
@@ -115,6 +122,107 @@ async fn a_renewal_task_that_panics_loses_its_hold() {
         .expect("extend hung")
         .expect_err("extend of a lost hold");
     assert_eq!(err.kind(), ErrorKind::LockLost);
+    drop(guard);
+    m.close().await;
+}
+
+/// Hooks that panic stop nothing: renewals go on (the hold stays held in the
+/// store for many leases) and a loss reported to a panicking `on_lost` does not
+/// stop the watchdog that renews the other holds.
+#[tokio::test]
+async fn panicking_hooks_stop_no_renewal() {
+    let backend = Wrapped::default();
+    let lease = Duration::from_millis(300);
+    let m = DistributeLockManager::builder(backend.clone())
+        .lease(lease)
+        .with_handler(PanickyHooks)
+        .build()
+        .unwrap();
+    let doomed = m.lock("a").try_lock(Duration::ZERO).await.unwrap().unwrap();
+    let kept = m.lock("b").try_lock(Duration::ZERO).await.unwrap().unwrap();
+    backend
+        .inner
+        .admin()
+        .unwrap()
+        .force_release(doomed.name())
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(2), doomed.lost())
+        .await
+        .expect("the stolen hold was lost");
+    // Several leases passing is the subject.
+    tokio::time::sleep(lease * 4).await;
+    assert!(!kept.is_lost(), "{:?}", kept.lost_reason());
+    let state = m.inspect("b").await.unwrap();
+    assert!(
+        state.is_some_and(|s| !s.holders.is_empty()),
+        "the store let the other hold go: the watchdog stopped renewing"
+    );
+    drop(doomed);
+    kept.unlock().await.unwrap();
+    m.close().await;
+}
+
+/// After a renewal whose outcome stayed unknown, later renewals are scheduled
+/// for the lease they may count, not the one asked: an extend to three times that
+/// lease does not lose the hold at the next loss instant.
+#[tokio::test]
+async fn renewals_after_an_unknown_outcome_come_in_time() {
+    let backend = Wrapped::default();
+    let lease = Duration::from_millis(600);
+    let m = DistributeLockManager::builder(backend.clone())
+        .lease(lease)
+        .build()
+        .unwrap();
+    let guard = m.lock("u").try_lock(Duration::ZERO).await.unwrap().unwrap();
+    backend.renew_fails.store(true, Ordering::SeqCst);
+    guard.extend(lease).await.expect_err("the store refused");
+    backend.renew_fails.store(false, Ordering::SeqCst);
+    guard.extend(lease * 3).await.unwrap();
+    // Two of the counted leases passing is the subject.
+    tokio::time::sleep(lease * 2).await;
+    assert!(!guard.is_lost(), "{:?}", guard.lost_reason());
+    guard.check().unwrap();
+    guard.unlock().await.unwrap();
+    m.close().await;
+}
+
+/// An extend of a fixed-lease hold queued behind one that fails is still sent
+/// (and succeeds), not left until the fixed end.
+#[tokio::test]
+async fn an_extend_queued_behind_a_failed_one_is_sent() {
+    let backend = Wrapped::default();
+    let m = DistributeLockManager::builder(backend.clone())
+        .build()
+        .unwrap();
+    let guard = std::sync::Arc::new(
+        m.lock("q")
+            .try_lock_with_lease(Duration::ZERO, Duration::from_secs(3))
+            .await
+            .unwrap()
+            .unwrap(),
+    );
+    backend.renew_fails.store(true, Ordering::SeqCst);
+    backend.renew_delay_ms.store(200, Ordering::SeqCst);
+    let first = tokio::spawn({
+        let guard = std::sync::Arc::clone(&guard);
+        async move { guard.extend(Duration::from_secs(4)).await }
+    });
+    // The first extend's renewal is in flight (failing, late) before the second.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    backend.renew_fails.store(false, Ordering::SeqCst);
+    let asked = std::time::Instant::now();
+    let second = tokio::time::timeout(Duration::from_secs(2), guard.extend(Duration::from_secs(5)))
+        .await
+        .expect("the queued extend waited for the fixed end");
+    second.unwrap();
+    assert!(
+        asked.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        asked.elapsed()
+    );
+    first.await.unwrap().expect_err("the first extend failed");
+    backend.renew_delay_ms.store(0, Ordering::SeqCst);
     drop(guard);
     m.close().await;
 }

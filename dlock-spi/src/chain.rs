@@ -31,6 +31,13 @@ use crate::request::{AcquireRequest, ReleaseRequest, RenewRequest};
 use crate::resource::LockRemoteResource;
 use crate::types::{Fairness, FencingToken, LockMode, LostReason, OwnerId};
 
+/// Runs a handler's notification hook (`name`, for the reader); a panic in it is
+/// not passed on — hooks only observe, and one that fails must not stop renewals
+/// or the other handlers. The process's panic hook has reported it already.
+fn hook(_name: &'static str, call: impl FnOnce()) {
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(call));
+}
+
 /// The longest lease the head accepts; longer ones are almost always a unit mistake.
 pub const MAX_LEASE: Duration = Duration::from_secs(30 * 24 * 3600);
 
@@ -241,12 +248,14 @@ pub trait LockHandler: Send + Sync + 'static {
         let _ = (ctx, err);
     }
 
-    /// Called after each watchdog renewal (successful or not).
+    /// Called after each watchdog renewal (successful or not). A panic here is
+    /// contained: the renewal and the other handlers go on.
     fn on_renew(&self, event: &RenewEvent<'_>) {
         let _ = event;
     }
 
     /// Called when a hold is lost (renewal refused, lease passed, session expired).
+    /// A panic here is contained: the other handlers still hear, the watchdog goes on.
     fn on_lost(&self, event: &LostEvent<'_>) {
         let _ = event;
     }
@@ -463,7 +472,7 @@ impl HandlerChain {
             elapsed: started.elapsed(),
         };
         for handler in self.handlers.iter() {
-            handler.on_renew(&event);
+            hook("on_renew", || handler.on_renew(&event));
         }
         result
     }
@@ -481,10 +490,12 @@ impl HandlerChain {
             .await
     }
 
-    /// Reports a lost hold to every handler's [`LockHandler::on_lost`].
+    /// Reports a lost hold to every handler's [`LockHandler::on_lost`]. A hook that
+    /// panics is logged and skipped: the others still hear, and the caller (the
+    /// manager's watchdog) goes on.
     pub fn notify_lost(&self, event: &LostEvent<'_>) {
         for handler in self.handlers.iter() {
-            handler.on_lost(event);
+            hook("on_lost", || handler.on_lost(event));
         }
     }
 

@@ -23,6 +23,10 @@ use tokio::sync::Notify;
 pub(crate) struct Wrapped {
     pub inner: InMemoryBackend,
     pub renew_fails: Arc<AtomicBool>,
+    /// Renewals panic (a bug in a backend).
+    pub renew_panics: Arc<AtomicBool>,
+    /// Renewals answer this many milliseconds late (after deciding to fail or not).
+    pub renew_delay_ms: Arc<std::sync::atomic::AtomicU64>,
     pub swallow_renewals: Arc<AtomicBool>,
     pub session_bound: bool,
     pub feeds: Arc<Mutex<Vec<tokio::sync::watch::Sender<HoldStatus>>>>,
@@ -77,7 +81,16 @@ impl LockRemoteResource for Wrapped {
         self.inner.release(req).await
     }
     async fn renew(&self, req: &RenewRequest) -> Result<RenewResult> {
-        if self.renew_fails.load(Ordering::SeqCst) {
+        assert!(
+            !self.renew_panics.load(Ordering::SeqCst),
+            "a backend's renewal panicked (test)"
+        );
+        let fails = self.renew_fails.load(Ordering::SeqCst);
+        let delay = self.renew_delay_ms.load(Ordering::SeqCst);
+        if delay > 0 {
+            tokio::time::sleep(std::time::Duration::from_millis(delay)).await;
+        }
+        if fails {
             return Err(Error::backend("connection refused (test)"));
         }
         if self.swallow_renewals.load(Ordering::SeqCst) {
