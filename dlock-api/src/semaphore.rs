@@ -11,6 +11,7 @@ use dlock_spi::{Fairness, LockMode, LockName, Result};
 use crate::guard::{hold_accessors, LockGuard};
 use crate::lock::{DistributeLock, HoldSpec};
 use crate::manager::DistributeLockManager;
+use crate::options::LockOptions;
 
 /// A distributed semaphore: at most [`permits`](Self::permits) permits are held at
 /// once across all clients. Waiters are served in arrival order (a request for many
@@ -95,7 +96,17 @@ impl Semaphore {
     /// waiter may go); dropped after the backend may have granted, the permits are
     /// given back in the background.
     pub async fn acquire(&self, n: u32) -> Result<SemaphorePermit> {
-        let guard = self.holder(n).lock().await?;
+        self.acquire_with(n, &LockOptions::new()).await
+    }
+
+    /// Like [`acquire`](Self::acquire), with this acquisition's own options (the
+    /// holder context `inspect` shows, a `max_hold` bound, a fixed lease).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`acquire`](Self::acquire).
+    pub async fn acquire_with(&self, n: u32, options: &LockOptions) -> Result<SemaphorePermit> {
+        let guard = self.holder(n).lock_with(options).await?;
         Ok(SemaphorePermit { guard, n })
     }
 
@@ -105,7 +116,21 @@ impl Semaphore {
     ///
     /// As [`acquire`](Self::acquire).
     pub async fn try_acquire(&self, n: u32, wait: Duration) -> Result<Option<SemaphorePermit>> {
-        let guard = self.holder(n).try_lock(wait).await?;
+        self.try_acquire_with(n, wait, &LockOptions::new()).await
+    }
+
+    /// Like [`try_acquire`](Self::try_acquire), with this acquisition's own options.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`acquire`](Self::acquire).
+    pub async fn try_acquire_with(
+        &self,
+        n: u32,
+        wait: Duration,
+        options: &LockOptions,
+    ) -> Result<Option<SemaphorePermit>> {
+        let guard = self.holder(n).try_lock_with(wait, options).await?;
         Ok(guard.map(|guard| SemaphorePermit { guard, n }))
     }
 

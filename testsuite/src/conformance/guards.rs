@@ -172,8 +172,8 @@ pub async fn guards_say_until_when_and_extend(backend: Arc<dyn TestBackend>) {
 /// A guard says how it was granted (new, reentered, took over an expired holder
 /// where the backend can tell); a refused `try_lock_or_holders` names the holder
 /// with the context its acquisition stored, its token and remaining lease; every
-/// acquisition stores its own context (readers side by side each theirs); an
-/// oversized context is refused.
+/// acquisition stores its own context (readers side by side each theirs, and
+/// semaphore permits); an oversized context is refused.
 pub async fn acquisitions_say_how_and_refusals_say_who(backend: Arc<dyn TestBackend>) {
     let env = Env::new(backend);
     let lease = Duration::from_millis(800);
@@ -288,6 +288,24 @@ pub async fn acquisitions_say_how_and_refusals_say_who(backend: Arc<dyn TestBack
         assert_eq!(seen, expected);
         r1.unlock().await.expect("unlock");
         r2.unlock().await.expect("unlock");
+    }
+
+    if caps.semaphore {
+        let pool = a.semaphore("pool", 3);
+        let permit = pool
+            .try_acquire_with(2, Duration::ZERO, &LockOptions::new().context("worker=7"))
+            .await
+            .expect("no error")
+            .expect("free permits");
+        let holders = a
+            .inspect("pool")
+            .await
+            .expect("inspect")
+            .expect("held")
+            .holders;
+        assert_eq!(holders.len(), 1, "{holders:?}");
+        assert_eq!(holders[0].context, "worker=7", "the permits' own context");
+        permit.release().await.expect("release");
     }
 
     let err = lock
