@@ -396,7 +396,7 @@ macro_rules! hold_accessors {
 pub(crate) use hold_accessors;
 
 /// `check()` of a hold: lost, past its guaranteed instant, or suspended.
-pub(crate) fn check_hold(hold: &Hold) -> Result<()> {
+fn check_hold(hold: &Hold) -> Result<()> {
     check_lost(hold)?;
     if hold.is_suspended() {
         return Err(Error::new(

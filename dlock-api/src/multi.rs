@@ -110,16 +110,16 @@ impl MultiLock {
             match member.try_lock_with(left, options).await {
                 Ok(Some(guard)) => taken.push(guard),
                 Ok(None) => {
-                    release(taken).await;
+                    give_back(taken).await;
                     return Ok(None);
                 }
                 Err(err) => {
-                    release(taken).await;
+                    give_back(taken).await;
                     return Err(err);
                 }
             }
         }
-        Ok(Some(MultiGuard::new(taken)))
+        Ok(Some(MultiGuard { guards: taken }))
     }
 
     /// Waits until every member is taken, holding the earlier ones while it waits
@@ -144,23 +144,24 @@ impl MultiLock {
             match member.lock_with(options).await {
                 Ok(guard) => taken.push(guard),
                 Err(err) => {
-                    release(taken).await;
+                    give_back(taken).await;
                     return Err(err);
                 }
             }
         }
-        Ok(MultiGuard::new(taken))
+        Ok(MultiGuard { guards: taken })
     }
 }
 
-/// Gives back members taken by an acquisition that could not finish, last first.
-/// Dropped part-way, the rest are released in the background by their guards.
-async fn release(taken: Vec<LockGuard>) {
-    for guard in taken.into_iter().rev() {
-        let name = guard.name().clone();
-        if let Err(err) = guard.unlock().await {
-            tracing::debug!(lock = %name, error = &err as &dyn std::error::Error, "dlock: giving back a multi-lock member");
-        }
+/// Gives back members taken by an acquisition that could not finish, as a
+/// guard's unlock does (last first; dropped part-way, the rest are released in the
+/// background). Its outcome is not the caller's: the acquisition failed already.
+async fn give_back(taken: Vec<LockGuard>) {
+    if let Err(err) = (MultiGuard { guards: taken }).unlock().await {
+        tracing::debug!(
+            error = &err as &dyn std::error::Error,
+            "dlock: giving back a multi-lock's members"
+        );
     }
 }
 
@@ -175,13 +176,12 @@ impl fmt::Debug for MultiLock {
 #[must_use = "dropping the guard releases the locks at once"]
 pub struct MultiGuard {
     guards: Vec<LockGuard>,
-    holds: Arc<[Arc<Hold>]>,
 }
 
 impl MultiGuard {
-    fn new(guards: Vec<LockGuard>) -> Self {
-        let holds = guards.iter().map(|g| Arc::clone(g.hold())).collect();
-        MultiGuard { guards, holds }
+    /// The members' holds.
+    fn holds(&self) -> Arc<[Arc<Hold>]> {
+        self.guards.iter().map(|g| Arc::clone(g.hold())).collect()
     }
 
     /// Each member's guard (name, fencing token, …), in the order they were taken.
@@ -210,23 +210,22 @@ impl MultiGuard {
     ///
     /// Cancel-safe: it only waits.
     pub async fn lost(&self) -> LostReason {
-        wait_any_lost(&self.holds).await
+        wait_any_lost(&self.holds()).await
     }
 
     /// An owned signal of the loss of any member, for another task.
     pub fn lost_signal(&self) -> LostSignal {
-        LostSignal::of(Arc::clone(&self.holds))
+        LostSignal::of(self.holds())
     }
 
     /// Until when every member is guaranteed: the earliest member's
     /// [`valid_until`](LockGuard::valid_until); `None` if any member has none.
     pub fn valid_until(&self) -> Option<Instant> {
+        // `None` orders first: any member without an instant makes it `None`.
         self.guards
             .iter()
             .map(LockGuard::valid_until)
-            .try_fold(None::<Instant>, |min, until| {
-                until.map(|u| Some(min.map_or(u, |m| m.min(u))))
-            })
+            .min()
             .flatten()
     }
 

@@ -364,32 +364,34 @@ impl Drop for Watchdog {
     }
 }
 
+/// A hold taken off the queue: renewed, or lost.
 struct Due {
-    id: u64,
-    /// When it was taken off the queue: no later than the renewal is sent, so the
-    /// lease counted from it is conservative.
-    sent: Instant,
-    /// The hold's extend count when it was taken: the extends it carries.
-    extends: u64,
+    renewal: Renewal,
     hold: Arc<Hold>,
-    lease: Duration,
     transition: Duration,
+    /// When the renewal must have answered (the loss instant, or the cap if sooner).
     lost_at: Instant,
     cap: Option<Instant>,
     renew: bool,
-    /// Extends this renewal carries.
+}
+
+/// One renewal as it was asked for — what its answer is judged by.
+struct Renewal {
+    id: u64,
+    /// When it was taken off the queue: no later than it is sent, so the lease
+    /// counted from it is conservative.
+    sent: Instant,
+    /// The lease it asks for.
+    lease: Duration,
+    /// The hold's extend count when it was taken: the extends it carries.
+    extends: u64,
+    /// Those extends' callers.
     waiters: Vec<ExtendWaiter>,
 }
 
 /// A renewal's answer: `None` when it could not finish before the loss instant.
 struct RenewOutcome {
-    id: u64,
-    sent: Instant,
-    /// The lease it asked for.
-    lease: Duration,
-    /// The hold's extend count when it was taken.
-    extends: u64,
-    waiters: Vec<ExtendWaiter>,
+    renewal: Renewal,
     result: Option<Result<RenewResult>>,
 }
 
@@ -402,13 +404,14 @@ async fn run(shared: Arc<Shared>) {
         let now = Instant::now();
         let (due, next) = take_due(&shared, now);
         for d in due {
+            let id = d.renewal.id;
             if d.cap.is_some_and(|cap| now >= cap) {
-                lose(&shared, d.id, LostReason::MaxHold);
+                lose(&shared, id, LostReason::MaxHold);
                 continue;
             }
             // An extend renews a hold the watchdog does not otherwise renew.
-            if now >= d.lost_at || (!d.renew && d.waiters.is_empty()) {
-                lose(&shared, d.id, LostReason::LeaseExpired);
+            if now >= d.lost_at || (!d.renew && d.renewal.waiters.is_empty()) {
+                lose(&shared, id, LostReason::LeaseExpired);
                 continue;
             }
             let chain = shared.chain.clone();
@@ -417,25 +420,17 @@ async fn run(shared: Arc<Shared>) {
                 d.hold.owner.clone(),
                 d.hold.grant,
                 d.hold.mode,
-                d.lease,
+                d.renewal.lease,
                 d.hold.token,
             )
             .with_transition(d.transition);
-            let (id, sent, lost_at) = (d.id, d.sent, d.lost_at);
-            let (lease, extends, waiters) = (d.lease, d.extends, d.waiters);
+            let (renewal, lost_at) = (d.renewal, d.lost_at);
             let task = in_flight.spawn(async move {
                 // A renewal that cannot finish before the loss instant is a loss.
                 let result = tokio::time::timeout_at(lost_at.into(), chain.renew(&req))
                     .await
                     .ok();
-                RenewOutcome {
-                    id,
-                    sent,
-                    lease,
-                    extends,
-                    waiters,
-                    result,
-                }
+                RenewOutcome { renewal, result }
             });
             tasks.insert(task.id(), id);
         }
@@ -475,11 +470,14 @@ fn take_due(shared: &Shared, now: Instant) -> (Vec<Due>, Instant) {
             if entry.due == at && !entry.in_flight {
                 entry.in_flight = true;
                 due.push(Due {
-                    id,
-                    sent: now,
-                    extends: entry.extends,
+                    renewal: Renewal {
+                        id,
+                        sent: now,
+                        lease: entry.lease,
+                        extends: entry.extends,
+                        waiters: std::mem::take(&mut entry.pending),
+                    },
                     hold: Arc::clone(&entry.hold),
-                    lease: entry.lease,
                     transition: entry.transition,
                     // A renewal in flight at the cap ends there.
                     lost_at: entry
@@ -487,7 +485,6 @@ fn take_due(shared: &Shared, now: Instant) -> (Vec<Due>, Instant) {
                         .map_or(entry.lost_at, |cap| cap.min(entry.lost_at)),
                     cap: entry.cap,
                     renew: entry.renew,
-                    waiters: std::mem::take(&mut entry.pending),
                 });
             }
         }
@@ -504,11 +501,14 @@ fn take_due(shared: &Shared, now: Instant) -> (Vec<Due>, Instant) {
 /// the extends it carried how it went (dropped unanswered when the hold is lost).
 fn settle(shared: &Shared, outcome: RenewOutcome) {
     let RenewOutcome {
-        id,
-        sent,
-        lease,
-        extends,
-        waiters,
+        renewal:
+            Renewal {
+                id,
+                sent,
+                lease,
+                extends,
+                waiters,
+            },
         result,
     } = outcome;
     let now = Instant::now();
