@@ -6,7 +6,8 @@ use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use crate::lock::{DistributeLock, ReadWriteLock};
+use crate::lock::DistributeLock;
+use crate::rwlock::ReadWriteLock;
 use crate::manager::DistributeLockManager;
 
 /// How many handles a group keeps by default.

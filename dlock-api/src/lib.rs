@@ -66,6 +66,7 @@ mod lock;
 mod manager;
 mod multi;
 mod options;
+mod rwlock;
 mod semaphore;
 #[cfg(feature = "tower")]
 pub mod tower;
@@ -108,10 +109,11 @@ pub use election::{
 };
 pub use group::{LockGroup, DEFAULT_GROUP_CAPACITY, DEFAULT_GROUP_IDLE};
 pub use guard::{Acquisition, LockGuard, LostSignal};
-pub use lock::{DistributeLock, ReadWriteLock, TryLock};
+pub use lock::{DistributeLock, TryLock};
 pub use manager::{DistributeLockManager, DistributeLockManagerBuilder};
 pub use multi::{MultiGuard, MultiLock};
 pub use options::LockOptions;
+pub use rwlock::{ReadWriteLock, UpgradeableReadGuard, UpgradeableReadLock, UPGRADEABLE_SUFFIX};
 pub use semaphore::{Semaphore, SemaphorePermit};
 
 pub use dlock_spi::{

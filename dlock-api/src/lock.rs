@@ -1,4 +1,4 @@
-//! Lock handles: exclusive locks, read-write locks and groups of locks.
+//! Lock handles: one name, one owner, one mode.
 
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -31,10 +31,45 @@ pub(crate) struct Handle {
     /// What every grant of the handle asks for besides name, owner and mode.
     spec: HoldSpec,
     /// The current hold of this handle (shared by its clones), if any.
-    current: Mutex<Option<Arc<Hold>>>,
+    current: Slot,
+    /// Where the handle sits in a read-write lock, if it is one's side.
+    side: Side,
     /// Serialises remote acquires of this handle's clones, so they re-enter instead
     /// of racing to the backend with the same owner.
     gate: tokio::sync::Mutex<()>,
+}
+
+/// A handle's current hold, shared with the other sides of its read-write lock.
+pub(crate) type Slot = Arc<Mutex<Option<Arc<Hold>>>>;
+
+/// Where a handle sits in a read-write lock: which of the owner's other holds its
+/// requests go beside.
+pub(crate) enum Side {
+    /// A lock of its own.
+    Alone,
+    /// The read side: beside the write side's hold (a writer reading).
+    Read {
+        /// The write side's current hold.
+        write: Slot,
+    },
+    /// The write side: beside the read side's hold while the upgradeable side is
+    /// held (an upgrade); refused beside a plain read hold (it would wait for
+    /// itself).
+    Write {
+        /// The read side (a downgrade takes it).
+        read: Arc<Handle>,
+        /// The upgradeable side's current hold.
+        upgrade: Slot,
+    },
+}
+
+/// The live hold in `slot`, if any.
+fn live(slot: &Slot) -> Option<Arc<Hold>> {
+    slot.lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .as_ref()
+        .filter(|h| h.lost_reason().is_none())
+        .cloned()
 }
 
 /// What a handle's grants carry beyond name, owner, mode and fairness: a lock's
@@ -72,6 +107,31 @@ impl Handle {
     pub(crate) fn current(&self) -> MutexGuard<'_, Option<Arc<Hold>>> {
         self.current.lock().unwrap_or_else(PoisonError::into_inner)
     }
+
+    pub(crate) fn side(&self) -> &Side {
+        &self.side
+    }
+
+    /// The grant of the owner's hold in the other mode that this handle's request
+    /// goes beside, if any; an error for a write beside a plain read hold.
+    fn alongside(&self, name: &LockName) -> Result<Option<GrantId>> {
+        match &self.side {
+            Side::Alone => Ok(None),
+            Side::Read { write } => Ok(live(write).map(|h| h.grant)),
+            Side::Write { read, upgrade } => {
+                let Some(reading) = live(&read.current) else {
+                    return Ok(None);
+                };
+                if live(upgrade).is_none() {
+                    return Err(Error::invalid_argument(
+                        "this read-write lock's owner holds its read side: a write beside a plain read would wait for itself (or for another reader doing the same); take upgradeable_read() and upgrade() it, or release the read side first",
+                    )
+                    .with_context("lock", name));
+                }
+                Ok(Some(reading.grant))
+            }
+        }
+    }
 }
 
 /// A distributed lock on one name, held by one owner.
@@ -100,6 +160,43 @@ impl DistributeLock {
         Self::with_spec(manager, name, mode, fairness, spec)
     }
 
+    /// A side of a read-write lock: a lock's handle with the given owner, slot and
+    /// side.
+    pub(crate) fn side_of(
+        manager: Arc<ManagerInner>,
+        name: Result<LockName>,
+        mode: LockMode,
+        fairness: Fairness,
+        owner: OwnerId,
+        current: Slot,
+        side: Side,
+    ) -> Self {
+        let spec = HoldSpec::lock(&manager.config);
+        DistributeLock {
+            handle: Arc::new(Handle {
+                manager,
+                name,
+                owner,
+                mode,
+                fairness,
+                spec,
+                current,
+                side,
+                gate: tokio::sync::Mutex::new(()),
+            }),
+        }
+    }
+
+    /// The handle of `handle` (another value of the same owner and hold).
+    pub(crate) fn of_handle(handle: Arc<Handle>) -> Self {
+        DistributeLock { handle }
+    }
+
+    /// The handle's shared state.
+    pub(crate) fn handle(&self) -> &Arc<Handle> {
+        &self.handle
+    }
+
     /// A handle whose grants carry `spec`.
     pub(crate) fn with_spec(
         manager: Arc<ManagerInner>,
@@ -117,7 +214,8 @@ impl DistributeLock {
                 mode,
                 fairness,
                 spec,
-                current: Mutex::new(None),
+                current: Arc::new(Mutex::new(None)),
+                side: Side::Alone,
                 gate: tokio::sync::Mutex::new(()),
             }),
         }
@@ -322,6 +420,7 @@ impl DistributeLock {
             ))
             .with_context("lock", &name));
         }
+        let alongside = self.handle.alongside(&name)?;
         let renew = lease.is_none() && manager.config.watchdog;
         let context = options.context.as_ref().unwrap_or(&spec.context);
         let transition = spec.transition;
@@ -341,7 +440,8 @@ impl DistributeLock {
                 .with_context(context.clone())
                 .with_purpose(spec.purpose)
                 .with_transition(transition)
-                .with_capacity(spec.capacity);
+                .with_capacity(spec.capacity)
+                .with_alongside(alongside);
             let mut ctx = AcquireContext::new(request, manager.chain.resource().backend_name());
             let sent_at = ctx.started;
             // Dropped while the backend may be granting, the grant is given back.
@@ -466,41 +566,5 @@ impl fmt::Debug for DistributeLock {
             .field("fairness", &self.handle.fairness)
             .field("held", &self.is_held())
             .finish()
-    }
-}
-
-/// A read-write lock: [`read`](Self::read) holders share the lock, a
-/// [`write`](Self::write) holder has it alone. Queued writers are not starved by a
-/// stream of readers.
-///
-/// The two sides are separate owners: a writer cannot take the read side while it
-/// holds the write side (no upgrade or downgrade).
-#[derive(Clone, Debug)]
-pub struct ReadWriteLock {
-    read: DistributeLock,
-    write: DistributeLock,
-}
-
-impl ReadWriteLock {
-    pub(crate) fn new(
-        manager: Arc<ManagerInner>,
-        name: Result<LockName>,
-        fairness: Fairness,
-    ) -> Self {
-        let read_name = name.as_ref().map(Clone::clone).map_err(clone_error);
-        ReadWriteLock {
-            read: DistributeLock::new(Arc::clone(&manager), read_name, LockMode::Shared, fairness),
-            write: DistributeLock::new(manager, name, LockMode::Exclusive, fairness),
-        }
-    }
-
-    /// The shared side.
-    pub fn read(&self) -> &DistributeLock {
-        &self.read
-    }
-
-    /// The exclusive side.
-    pub fn write(&self) -> &DistributeLock {
-        &self.write
     }
 }

@@ -17,7 +17,8 @@ use tokio::sync::watch;
 use crate::election::{Contender, Contention, Election};
 use crate::group::LockGroup;
 use crate::hold::Hold;
-use crate::lock::{DistributeLock, ReadWriteLock};
+use crate::lock::DistributeLock;
+use crate::rwlock::ReadWriteLock;
 use crate::semaphore::Semaphore;
 use crate::watchdog::Watchdog;
 

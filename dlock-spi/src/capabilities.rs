@@ -22,6 +22,11 @@ pub struct Capabilities {
     pub semaphore: bool,
     /// `LockMode::Shared` is supported (read-write locks).
     pub shared: bool,
+    /// An owner holding a lock in one mode may take it in the other beside that hold
+    /// ([`crate::AcquireRequest::alongside`]): a writer takes the read side (and may
+    /// then let the write side go: a downgrade), an upgradeable reader takes the
+    /// write side once the other readers are gone, ahead of queued writers.
+    pub cross_mode: bool,
     /// Waiters are woken by the backend when the lock frees (no polling), one at a time.
     pub push_wakeup: bool,
     /// Grants carry strictly increasing fencing tokens.

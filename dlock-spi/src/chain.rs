@@ -521,6 +521,20 @@ impl HandlerChain {
             ))
             .with_context("lock", &req.name));
         }
+        if req.alongside.is_some() {
+            if !caps.cross_mode {
+                return Err(Error::unsupported(format!(
+                    "the {backend} backend cannot let one owner hold a lock in both modes (a writer reading, a downgrade or an upgrade); use separate read and write acquisitions"
+                ))
+                .with_context("lock", &req.name));
+            }
+            if req.mode.permits().is_some() {
+                return Err(Error::invalid_argument(
+                    "a permit request cannot be made alongside another hold; only read and write requests can",
+                )
+                .with_context("lock", &req.name));
+            }
+        }
         if let LockMode::Permits(n) = req.mode {
             if !caps.semaphore {
                 return Err(Error::no_semaphores(backend).with_context("lock", &req.name));

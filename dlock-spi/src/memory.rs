@@ -116,8 +116,29 @@ impl Entry {
 
     /// Whether `mode` may be granted now to a requester at queue position `pos`
     /// (`waiters.len()` for a newcomer). Non-fair requesters may pass queued waiters,
-    /// but not one that has waited `STARVATION_AFTER` already.
-    fn grantable(&self, mode: LockMode, fairness: Fairness, pos: usize, now: Instant) -> bool {
+    /// but not one that has waited `STARVATION_AFTER` already. A request made
+    /// alongside the owner's live hold `beside` is judged against the other holders
+    /// only, whatever the queue.
+    fn grantable(
+        &self,
+        mode: LockMode,
+        fairness: Fairness,
+        pos: usize,
+        now: Instant,
+        beside: Option<usize>,
+    ) -> bool {
+        if let Some(own) = beside {
+            let mut others = self
+                .holders
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| *i != own)
+                .map(|(_, h)| h);
+            return match mode {
+                LockMode::Exclusive => others.next().is_none(),
+                _ => others.all(|h| h.mode == LockMode::Shared),
+            };
+        }
         let mut ahead = self.waiters.iter().take(pos);
         match mode {
             LockMode::Exclusive => {
@@ -339,7 +360,14 @@ impl InMemoryBackend {
             }
         }
         let pos = entry.position(slot.id);
-        if entry.grantable(req.mode, req.fairness, pos, now) {
+        // The owner's own hold in the other mode, if the request names a live one.
+        let beside = req.alongside.and_then(|grant| {
+            entry
+                .holders
+                .iter()
+                .position(|h| h.grant == grant && h.owner == req.owner && h.mode != req.mode)
+        });
+        if entry.grantable(req.mode, req.fairness, pos, now, beside) {
             if let Some(id) = slot.id.take() {
                 entry.remove_waiter(id);
             }
@@ -391,13 +419,20 @@ impl InMemoryBackend {
             None => {
                 state.next_waiter += 1;
                 let id = state.next_waiter;
-                entry.waiters.push_back(Waiter {
+                let waiter = Waiter {
                     id,
                     mode: req.mode,
                     since: now,
                     notify: Arc::new(Notify::new()),
                     woken: false,
-                });
+                };
+                // Beside its own hold, a request goes first: the waiters ahead may
+                // wait for that hold.
+                if beside.is_some() {
+                    entry.waiters.push_front(waiter);
+                } else {
+                    entry.waiters.push_back(waiter);
+                }
                 slot.id = Some(id);
                 id
             }
@@ -438,6 +473,7 @@ impl LockRemoteResource for InMemoryBackend {
             push_wakeup: true,
             fencing: true,
             takeover: true,
+            cross_mode: true,
             max_name_len: None,
         }
     }

@@ -48,6 +48,16 @@ pub struct AcquireRequest {
     /// that record the holder's own end, `lease − transition` (SQL's `ttl_at`), show
     /// it through [`crate::HolderInfo::remaining_ttl`]; the others need do nothing.
     pub transition: Duration,
+    /// The grant by which the same owner holds this lock now in the other mode (a
+    /// writer taking the read side, an upgradeable reader taking the write side),
+    /// or `None`. That hold never blocks this request: the request is judged against
+    /// the other owners' holds only, and it does not queue behind other waiters (it
+    /// goes first, or it could wait for a waiter that waits for it). A backend that
+    /// cannot judge so has [`crate::Capabilities::cross_mode`] off and never sees
+    /// one. If the named hold is gone, the request is judged as any other.
+    ///
+    /// Only [`LockMode::Exclusive`] and [`LockMode::Shared`] requests name one.
+    pub alongside: Option<GrantId>,
 }
 
 impl AcquireRequest {
@@ -66,7 +76,20 @@ impl AcquireRequest {
             purpose: HoldPurpose::Lock,
             capacity: 0,
             transition: Duration::ZERO,
+            alongside: None,
         }
+    }
+
+    /// Names the grant by which the same owner holds the lock in the other mode
+    /// (see [`Self::alongside`]).
+    pub fn with_alongside(mut self, grant: Option<GrantId>) -> Self {
+        self.alongside = grant;
+        self
+    }
+
+    /// The stored identity of the owner's hold named by [`Self::alongside`].
+    pub fn alongside_holder(&self) -> Option<HolderKey> {
+        self.alongside.map(|g| HolderKey::new(&self.owner, g))
     }
 
     /// Sets the semaphore's total permits (for [`LockMode::Permits`]).

@@ -1,0 +1,401 @@
+//! Read-write locks: one owner for the read, write and upgradeable sides.
+
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use dlock_spi::{Error, Fairness, FencingToken, LockMode, LockName, LostReason, Result};
+
+use crate::guard::{wait_any_lost, LockGuard, LostSignal};
+use crate::hold::Hold;
+use crate::lock::{clone_error, DistributeLock, Side, Slot};
+use crate::manager::ManagerInner;
+
+/// What the upgradeable side's lock name adds to the read-write lock's name. The
+/// upgradeable hold is an exclusive lock of its own on `<name>` + this suffix (so
+/// one upgradeable reader at a time), beside a read hold of `<name>`.
+pub const UPGRADEABLE_SUFFIX: &str = "::upgradeable";
+
+/// A read-write lock (ylock's, Java's `ReentrantReadWriteLock`, DistributedLock's
+/// upgradeable one): [`read`](Self::read) holders share the lock, a
+/// [`write`](Self::write) holder has it alone, and an
+/// [`upgradeable_read`](Self::upgradeable_read) holder reads beside the plain readers
+/// but can turn into the writer without letting another writer in between. Queued
+/// writers are not starved by a stream of readers.
+///
+/// **One owner for every side**, shared by the handle's clones:
+/// - reentrant in both modes (a side's guards share its hold, as a
+///   [`DistributeLock`]'s do);
+/// - a writer may take the read side (it is granted at once, beside the write
+///   hold), and so **downgrade** without releasing: take the read side, then let the
+///   write side go ([`LockGuard::downgrade`]) — no other writer gets in between;
+/// - a plain reader may *not* take the write side (two readers doing so would wait
+///   for each other forever): that is refused with
+///   [`ErrorKind::InvalidArgument`](dlock_spi::ErrorKind::InvalidArgument). Take the
+///   upgradeable side instead and [`upgrade`](UpgradeableReadGuard::upgrade) it.
+///
+/// For mutual exclusion between tasks of one process, give each task its own
+/// `ReadWriteLock` from
+/// [`DistributeLockManager::read_write_lock`](crate::DistributeLockManager::read_write_lock).
+///
+/// Backends need [`Capabilities::cross_mode`](dlock_spi::Capabilities::cross_mode)
+/// for a writer's read, a downgrade and an upgrade (all of dlock's have it); on one
+/// without, those are refused with `Unsupported`.
+///
+/// ```
+/// # async fn demo(manager: dlock_api::DistributeLockManager) -> dlock_api::spi::Result<()> {
+/// let doc = manager.read_write_lock("doc:7");
+/// let write = doc.write().lock().await?;
+/// // ... write, then keep reading without letting another writer in:
+/// let read = write.downgrade().await?;
+/// drop(read);
+///
+/// let mut maybe = doc.upgradeable_read().lock().await?;
+/// // ... read beside plain readers; decide to write:
+/// maybe.upgrade().await?;
+/// // ... write: nobody else has written since the read.
+/// maybe.unlock().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct ReadWriteLock {
+    read: DistributeLock,
+    write: DistributeLock,
+    upgradeable: UpgradeableReadLock,
+}
+
+impl ReadWriteLock {
+    pub(crate) fn new(
+        manager: Arc<ManagerInner>,
+        name: Result<LockName>,
+        fairness: Fairness,
+    ) -> Self {
+        let owner = manager.new_owner();
+        let read_slot: Slot = Arc::new(Mutex::new(None));
+        let write_slot: Slot = Arc::new(Mutex::new(None));
+        let upgrade_slot: Slot = Arc::new(Mutex::new(None));
+        let copy = |name: &Result<LockName>| name.as_ref().map(Clone::clone).map_err(clone_error);
+        let upgrade_name = name.as_ref().map_err(clone_error).and_then(|n| {
+            LockName::new(format!("{n}{UPGRADEABLE_SUFFIX}")).map_err(|e| {
+                Error::new(
+                    e.kind(),
+                    format!(
+                        "{} (the upgradeable side locks the name with {UPGRADEABLE_SUFFIX:?} appended; use a name at most {} bytes long)",
+                        e.message(),
+                        LockName::MAX_LEN - UPGRADEABLE_SUFFIX.len()
+                    ),
+                )
+            })
+        });
+        let read = DistributeLock::side_of(
+            Arc::clone(&manager),
+            copy(&name),
+            LockMode::Shared,
+            fairness,
+            owner.clone(),
+            Arc::clone(&read_slot),
+            Side::Read {
+                write: Arc::clone(&write_slot),
+            },
+        );
+        let write = DistributeLock::side_of(
+            Arc::clone(&manager),
+            name,
+            LockMode::Exclusive,
+            fairness,
+            owner.clone(),
+            write_slot,
+            Side::Write {
+                read: Arc::clone(read.handle()),
+                upgrade: Arc::clone(&upgrade_slot),
+            },
+        );
+        let upgrade = DistributeLock::side_of(
+            manager,
+            upgrade_name,
+            LockMode::Exclusive,
+            fairness,
+            owner,
+            upgrade_slot,
+            Side::Alone,
+        );
+        ReadWriteLock {
+            upgradeable: UpgradeableReadLock {
+                upgrade,
+                read: read.clone(),
+                write: write.clone(),
+            },
+            read,
+            write,
+        }
+    }
+
+    /// The shared side.
+    pub fn read(&self) -> &DistributeLock {
+        &self.read
+    }
+
+    /// The exclusive side. Taken while this owner holds the upgradeable side, it is
+    /// that hold's upgrade (see [`UpgradeableReadGuard::upgrade`]).
+    pub fn write(&self) -> &DistributeLock {
+        &self.write
+    }
+
+    /// The upgradeable side: a read that excludes writers and other upgradeable
+    /// readers, admits plain readers, and can be upgraded to the write side.
+    pub fn upgradeable_read(&self) -> &UpgradeableReadLock {
+        &self.upgradeable
+    }
+}
+
+impl fmt::Debug for ReadWriteLock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ReadWriteLock")
+            .field("read", &self.read)
+            .field("write", &self.write)
+            .field("upgradeable", &self.upgradeable.upgrade)
+            .finish()
+    }
+}
+
+/// A read-write lock's upgradeable side (see
+/// [`ReadWriteLock::upgradeable_read`]): DistributedLock's upgradeable read lock.
+///
+/// Held, it is two holds of its owner: the exclusive lock `<name>::upgradeable`
+/// (one upgradeable reader at a time) and a read hold of `<name>` (writers stay
+/// out, plain readers come and go). Its upgrade is a write hold of `<name>` beside
+/// that read hold: it waits for the other readers to leave, new readers stand back
+/// for it, and no writer can take the lock in between, as the read hold is kept
+/// throughout.
+#[derive(Clone)]
+pub struct UpgradeableReadLock {
+    upgrade: DistributeLock,
+    read: DistributeLock,
+    write: DistributeLock,
+}
+
+impl UpgradeableReadLock {
+    /// Waits until the upgradeable side is held.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: dropped while waiting, it leaves nothing held (a hold already
+    /// taken is given back) and no waiter behind.
+    pub async fn lock(&self) -> Result<UpgradeableReadGuard> {
+        self.check_supported()?;
+        let upgrade = self.upgrade.lock().await?;
+        let read = self.read.lock().await?;
+        Ok(self.guard(upgrade, read))
+    }
+
+    /// Tries to hold the upgradeable side within `wait` (zero: try once); `Ok(None)`
+    /// when another upgradeable reader or a writer kept it.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`lock`](Self::lock).
+    pub async fn try_lock(&self, wait: Duration) -> Result<Option<UpgradeableReadGuard>> {
+        self.check_supported()?;
+        let deadline = Instant::now() + wait;
+        let Some(upgrade) = self.upgrade.try_lock(wait).await? else {
+            return Ok(None);
+        };
+        let left = deadline.saturating_duration_since(Instant::now());
+        let Some(read) = self.read.try_lock(left).await? else {
+            return Ok(None);
+        };
+        Ok(Some(self.guard(upgrade, read)))
+    }
+
+    /// Whether this owner holds the upgradeable side.
+    pub fn is_held(&self) -> bool {
+        self.upgrade.is_held() && self.read.is_held()
+    }
+
+    fn check_supported(&self) -> Result<()> {
+        let manager = &self.upgrade.handle().manager;
+        if manager.capabilities.cross_mode {
+            return Ok(());
+        }
+        let name = self.read.name()?;
+        Err(Error::unsupported(format!(
+            "the {} backend cannot let one owner hold a lock in both modes, so a read cannot be upgraded; use the write side",
+            manager.chain.resource().backend_name()
+        ))
+        .with_context("lock", name))
+    }
+
+    fn guard(&self, upgrade: LockGuard, read: LockGuard) -> UpgradeableReadGuard {
+        UpgradeableReadGuard {
+            write: None,
+            read,
+            upgrade,
+            writer: self.write.clone(),
+        }
+    }
+}
+
+impl fmt::Debug for UpgradeableReadLock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("UpgradeableReadLock")
+            .field("upgrade", &self.upgrade)
+            .field("read", &self.read)
+            .finish()
+    }
+}
+
+/// Holding a read-write lock's upgradeable side, and after
+/// [`upgrade`](Self::upgrade) its write side too. Dropping it releases everything
+/// (the write side first); [`unlock`](Self::unlock) does so and reports.
+#[must_use = "dropping the guard releases the lock at once"]
+pub struct UpgradeableReadGuard {
+    // Dropped in this order: the write side before the read hold it stands beside.
+    write: Option<LockGuard>,
+    read: LockGuard,
+    upgrade: LockGuard,
+    writer: DistributeLock,
+}
+
+impl UpgradeableReadGuard {
+    /// Turns the hold into the write lock: waits until the other readers are gone
+    /// (new readers stand back meanwhile), keeping the read hold throughout, so no
+    /// writer gets in between. Does nothing if already upgraded.
+    ///
+    /// Errors: [`ErrorKind::LockLost`](dlock_spi::ErrorKind::LockLost) if the
+    /// upgradeable hold is lost; the backend's errors.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: dropped while waiting, the guard stays an upgradeable read and
+    /// leaves no waiter behind.
+    pub async fn upgrade(&mut self) -> Result<()> {
+        if self.write.is_some() {
+            return Ok(());
+        }
+        self.check()?;
+        self.write = Some(self.writer.lock().await?);
+        Ok(())
+    }
+
+    /// Like [`upgrade`](Self::upgrade), waiting at most `wait`; `Ok(false)` when
+    /// other readers stayed (the guard is still an upgradeable read).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`upgrade`](Self::upgrade).
+    pub async fn try_upgrade(&mut self, wait: Duration) -> Result<bool> {
+        if self.write.is_some() {
+            return Ok(true);
+        }
+        self.check()?;
+        self.write = self.writer.try_lock(wait).await?;
+        Ok(self.write.is_some())
+    }
+
+    /// Whether the guard holds the write side.
+    pub fn is_upgraded(&self) -> bool {
+        self.write.is_some()
+    }
+
+    /// Lets the write side go, keeping the upgradeable read (no writer gets in
+    /// between). Does nothing if not upgraded. Errors as [`LockGuard::unlock`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: the write side is let go either way (dropped, in the background).
+    pub async fn downgrade(&mut self) -> Result<()> {
+        match self.write.take() {
+            Some(write) => write.unlock().await,
+            None => Ok(()),
+        }
+    }
+
+    /// The lock's name.
+    pub fn name(&self) -> &LockName {
+        self.read.name()
+    }
+
+    /// The fencing token of the strongest hold: the write side's once upgraded,
+    /// else the read hold's.
+    pub fn fencing_token(&self) -> FencingToken {
+        self.write
+            .as_ref()
+            .unwrap_or(&self.read)
+            .fencing_token()
+    }
+
+    fn guards(&self) -> impl Iterator<Item = &LockGuard> {
+        self.write
+            .iter()
+            .chain([&self.read, &self.upgrade])
+    }
+
+    fn holds(&self) -> Arc<[Arc<Hold>]> {
+        self.guards().map(|g| Arc::clone(g.hold())).collect()
+    }
+
+    /// Until when every hold of the guard is guaranteed (the earliest of theirs; see
+    /// [`LockGuard::valid_until`]).
+    pub fn valid_until(&self) -> Option<Instant> {
+        self.guards().map(LockGuard::valid_until).min().flatten()
+    }
+
+    /// `Ok` when every hold can be acted on now (see [`LockGuard::check`]).
+    pub fn check(&self) -> Result<()> {
+        self.guards().try_for_each(LockGuard::check)
+    }
+
+    /// Whether any hold of the guard is lost.
+    pub fn is_lost(&self) -> bool {
+        self.guards().any(LockGuard::is_lost)
+    }
+
+    /// Completes when any hold of the guard is lost (at once if one is).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: it only waits.
+    pub async fn lost(&self) -> LostReason {
+        wait_any_lost(&self.holds()).await
+    }
+
+    /// An owned signal of the loss of any hold the guard has now, for another task.
+    pub fn lost_signal(&self) -> LostSignal {
+        LostSignal::of(self.holds())
+    }
+
+    /// Releases the write side (if upgraded), then the read hold, then the
+    /// upgradeable lock; the first error is returned (the others are released all
+    /// the same).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: what is not yet released is released in the background.
+    pub async fn unlock(self) -> Result<()> {
+        let UpgradeableReadGuard {
+            write,
+            read,
+            upgrade,
+            ..
+        } = self;
+        let mut first = Ok(());
+        for guard in write.into_iter().chain([read, upgrade]) {
+            let result = guard.unlock().await;
+            if first.is_ok() {
+                first = result;
+            }
+        }
+        first
+    }
+}
+
+impl fmt::Debug for UpgradeableReadGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("UpgradeableReadGuard")
+            .field("name", self.name())
+            .field("upgraded", &self.is_upgraded())
+            .field("token", &self.fencing_token())
+            .field("lost", &self.is_lost())
+            .finish()
+    }
+}

@@ -1,0 +1,237 @@
+//! Cases on a read-write lock's one owner: a writer reads beside its write hold and
+//! downgrades without letting a writer in; a plain reader may not write; an
+//! upgradeable reader admits plain readers, excludes writers and other upgradeable
+//! readers, and upgrades ahead of a queued writer.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use dlock_api::{Acquisition, DistributeLockManager, ReadWriteLock};
+use dlock_spi::{ErrorKind, LockMode};
+
+use super::{eventually, holders, take, waiters, Env};
+use crate::TestBackend;
+
+/// How long a queued rival may wait in these cases (they release long before).
+const RIVAL_WAIT: Duration = Duration::from_secs(30);
+
+/// Whether every holder of `name` is the owner of `rw` (and there is one).
+async fn only_ours(m: &DistributeLockManager, rw: &ReadWriteLock, name: &str) -> bool {
+    let found = holders(m, name).await;
+    !found.is_empty() && found.iter().all(|o| o == rw.read().owner())
+}
+
+/// True when the backend lets one owner hold both modes; otherwise checks that a
+/// writer's read is refused as unsupported.
+async fn cross_mode_or_refused(m: &DistributeLockManager) -> bool {
+    if m.capabilities().cross_mode || !m.capabilities().shared {
+        return m.capabilities().cross_mode;
+    }
+    let rw = m.read_write_lock("refused");
+    let _write = take(rw.write(), Duration::ZERO).await;
+    let err = rw
+        .read()
+        .try_lock(Duration::ZERO)
+        .await
+        .expect_err("a read beside the write is refused");
+    assert_eq!(err.kind(), ErrorKind::Unsupported, "{err}");
+    false
+}
+
+/// One owner for both sides: the write side re-enters, the read side is granted
+/// beside it (and re-enters), other owners stay out of both; a downgrade takes the
+/// read side and lets the write side go while a writer is queued — that writer
+/// stays out until the read is released; a plain reader asking for the write side is
+/// refused with `InvalidArgument`, touching nothing.
+pub async fn a_writer_reads_and_downgrades(backend: Arc<dyn TestBackend>) {
+    let env = Env::new(backend);
+    let (a, b) = env.two_managers().await;
+    if !cross_mode_or_refused(&a).await {
+        env.finish(&[&a, &b]).await;
+        return;
+    }
+    let rw = a.read_write_lock("doc");
+    let rival = b.read_write_lock("doc");
+    let w1 = take(rw.write(), Duration::ZERO).await;
+    let w2 = take(rw.write(), Duration::ZERO).await;
+    assert_eq!(w2.acquisition(), Acquisition::Reentered);
+    assert_eq!(w2.fencing_token(), w1.fencing_token());
+    let r1 = take(rw.read(), Duration::ZERO).await;
+    assert_eq!(r1.acquisition(), Acquisition::New, "a read beside the write");
+    assert_eq!(r1.mode(), LockMode::Shared);
+    let r2 = take(rw.read(), Duration::ZERO).await;
+    assert_eq!(r2.acquisition(), Acquisition::Reentered);
+    assert_eq!(r2.fencing_token(), r1.fencing_token());
+    for side in [rival.read(), rival.write()] {
+        assert!(
+            side.try_lock(Duration::ZERO)
+                .await
+                .expect("no error")
+                .is_none(),
+            "another owner took the {:?} side beside a writer",
+            side.mode()
+        );
+    }
+    assert!(only_ours(&a, &rw, "doc").await);
+    drop(r2);
+    r1.unlock().await.expect("unlock the read side");
+    drop(w2);
+
+    // A writer queues; the downgrade keeps it out.
+    let queued = rival.write().clone();
+    let writer = tokio::spawn(async move {
+        let guard = queued
+            .try_lock(RIVAL_WAIT)
+            .await
+            .expect("acquire")
+            .expect("the queued writer is granted once the read goes");
+        guard.unlock().await.expect("unlock");
+    });
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            waiters(&a, "doc").await >= 1
+        })
+        .await,
+        "the writer never queued"
+    );
+    let read = w1.downgrade().await.expect("downgrade");
+    assert_eq!(read.mode(), LockMode::Shared);
+    assert_eq!(read.acquisition(), Acquisition::New);
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            holders(&a, "doc").await.len() == 1
+        })
+        .await,
+        "the write side was not let go"
+    );
+    assert!(
+        only_ours(&a, &rw, "doc").await,
+        "a writer got in during the downgrade"
+    );
+    assert!(!writer.is_finished(), "the queued writer was granted");
+
+    // A plain reader may not write: refused, nothing touched.
+    let err = rw
+        .write()
+        .try_lock(Duration::ZERO)
+        .await
+        .expect_err("a write beside a plain read is refused");
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+    read.check().expect("the read hold is untouched");
+    assert!(only_ours(&a, &rw, "doc").await);
+    read.unlock().await.expect("unlock");
+    writer.await.expect("the writer");
+    env.finish(&[&a, &b]).await;
+}
+
+/// An upgradeable read admits plain readers, and keeps writers and other
+/// upgradeable readers out; it cannot upgrade while a reader reads; its upgrade
+/// waits for that reader, goes ahead of a writer queued before it (which stays out
+/// throughout), makes new readers stand back, and carries a newer fencing token;
+/// released, the queued writer gets the lock.
+pub async fn upgradeable_reads_upgrade_without_a_writer_between(backend: Arc<dyn TestBackend>) {
+    let env = Env::new(backend);
+    let (a, b) = env.two_managers().await;
+    let c = env.manager().await;
+    if !a.capabilities().cross_mode {
+        if a.capabilities().shared {
+            let err = a
+                .read_write_lock("doc")
+                .upgradeable_read()
+                .try_lock(Duration::ZERO)
+                .await
+                .expect_err("refused");
+            assert_eq!(err.kind(), ErrorKind::Unsupported, "{err}");
+        }
+        env.finish(&[&a, &b, &c]).await;
+        return;
+    }
+    let rw = a.read_write_lock("doc");
+    let mut up = rw
+        .upgradeable_read()
+        .try_lock(Duration::ZERO)
+        .await
+        .expect("no error")
+        .expect("the upgradeable side is free");
+    let reading = up.fencing_token();
+    let reader = b.read_write_lock("doc");
+    let read = take(reader.read(), Duration::ZERO).await;
+    let other = b.read_write_lock("doc");
+    assert!(
+        other
+            .upgradeable_read()
+            .try_lock(Duration::ZERO)
+            .await
+            .expect("no error")
+            .is_none(),
+        "two upgradeable readers at once"
+    );
+    assert!(
+        other
+            .write()
+            .try_lock(Duration::ZERO)
+            .await
+            .expect("no error")
+            .is_none(),
+        "a writer beside an upgradeable reader"
+    );
+    assert!(
+        !up.try_upgrade(Duration::ZERO).await.expect("no error"),
+        "upgraded while another reader reads"
+    );
+    assert!(!up.is_upgraded());
+
+    // A writer queues first; the upgrade then waits for the reader, ahead of it.
+    let queued = c.read_write_lock("doc").write().clone();
+    let writer = tokio::spawn(async move {
+        let guard = queued
+            .try_lock(RIVAL_WAIT)
+            .await
+            .expect("acquire")
+            .expect("the queued writer is granted once the upgraded hold goes");
+        guard.unlock().await.expect("unlock");
+    });
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            waiters(&a, "doc").await >= 1
+        })
+        .await,
+        "the writer never queued"
+    );
+    let (upgraded, ()) = tokio::join!(
+        tokio::time::timeout(RIVAL_WAIT, up.upgrade()),
+        async {
+            assert!(
+                eventually(Duration::from_secs(5), || async {
+                    waiters(&a, "doc").await >= 2
+                })
+                .await,
+                "the upgrade never waited"
+            );
+            read.unlock().await.expect("the reader leaves");
+        }
+    );
+    upgraded
+        .expect("the upgrade waited behind the queued writer (deadlock)")
+        .expect("upgrade");
+    assert!(up.is_upgraded());
+    assert!(up.fencing_token() > reading, "the write side's token is newer");
+    up.check().expect("every hold is live");
+    assert!(
+        only_ours(&a, &rw, "doc").await,
+        "someone else holds beside the upgraded hold"
+    );
+    assert!(!writer.is_finished(), "the queued writer got in");
+    assert!(
+        reader
+            .read()
+            .try_lock(Duration::ZERO)
+            .await
+            .expect("no error")
+            .is_none(),
+        "a reader beside the upgraded hold"
+    );
+    up.unlock().await.expect("unlock");
+    writer.await.expect("the writer");
+    env.finish(&[&a, &b, &c]).await;
+}
