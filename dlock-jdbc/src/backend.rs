@@ -468,6 +468,12 @@ impl JdbcBackend {
                 i64::try_from(self.inner.options.starvation_after.as_millis()).unwrap_or(i64::MAX)
             }
         };
+        // Beside the owner's read hold (an upgrade), its own statement.
+        let beside = req.alongside_holder();
+        let (statement, beside) = match &beside {
+            Some(reading) => (&s.acquire_exclusive_beside, reading.as_str()),
+            None => (&s.acquire_exclusive, ""),
+        };
         let params = [
             Param::Text(req.name.as_str()),
             Param::Text(holder.as_str()),
@@ -475,10 +481,11 @@ impl JdbcBackend {
             Param::Bytes(&req.context),
             Param::Int(starving_after),
             Param::Int(lease_ms(req.lease.saturating_sub(req.transition))),
+            Param::Text(beside),
         ];
         macro_rules! body {
             ($p:ident, $token:ident) => {
-                $token!(query!(&s.acquire_exclusive, &params), $p)
+                $token!(query!(statement, &params), $p)
             };
         }
         with_token_reader!(&self.inner.pool, body).map_err(self.err("acquire"))
@@ -489,12 +496,23 @@ impl JdbcBackend {
         let name = Param::Text(req.name.as_str());
         let lease = Param::Int(lease_ms(req.lease));
         let holder = req.holder();
+        // Beside the owner's write hold (a writer reading), its own statement.
+        let beside = req.alongside_holder();
+        let row = match &beside {
+            Some(writing) => (
+                &s.acquire_shared_row_beside,
+                vec![name, lease, Param::Text(holder.as_str()), Param::Text(writing.as_str())],
+            ),
+            None => (
+                &s.acquire_shared_row,
+                vec![name, lease, Param::Text(holder.as_str())],
+            ),
+        };
         macro_rules! body {
             ($p:ident, $token:ident) => {
                 async {
                     let mut tx = $p.begin().await?;
-                    let row = [name, lease, Param::Text(holder.as_str())];
-                    let granted = $token!(query!(&s.acquire_shared_row, &row), &mut *tx)?;
+                    let granted = $token!(query!(row.0, &row.1), &mut *tx)?;
                     match granted {
                         None => {
                             tx.rollback().await?;
@@ -663,6 +681,7 @@ impl LockRemoteResource for JdbcBackend {
         caps.renew = true;
         caps.reentrant = true;
         caps.shared = true;
+        caps.cross_mode = true;
         caps.fencing = true;
         caps.semaphore = true;
         caps.max_name_len = Some(crate::MAX_NAME_LEN);

@@ -177,6 +177,17 @@ const SHARED_GATE: &str = "NOT EXISTS (SELECT 1 FROM {waiters} w \
        AND NOT EXISTS (SELECT 1 FROM {waiters} me WHERE me.name = $1 AND me.waiter = $3 \
          AND (me.arrived < w.arrived OR (me.arrived = w.arrived AND me.waiter < w.waiter))))";
 
+/// Whether the only live reader of `$1` is the hold `$7` (so the readers' horizon
+/// may stand for an upgrade beside it), and no permits are held.
+fn only_reader(dialect: Dialect) -> String {
+    format!(
+        "(EXISTS (SELECT 1 FROM {{readers}} r WHERE r.name = $1 AND r.owner = $7 AND r.expires_at > NOW) \
+         AND NOT EXISTS (SELECT 1 FROM {{readers}} r WHERE r.name = $1 AND r.owner <> $7 AND r.expires_at > NOW) \
+         AND NOT {})",
+        permits::any_live(dialect)
+    )
+}
+
 /// Whether permit requester `$2` is first in the semaphore's queue: no live waiter
 /// other than `$2` arrived before it (a caller not queued arrived after everyone).
 /// Permits are served in arrival order whatever the fairness, so a request for many
@@ -204,6 +215,10 @@ pub(crate) struct Statements {
     /// waiter must have waited to go first (< 0: every waiter ahead goes first, fair
     /// mode), `$6` the holder's own lease ms (the lease less a transition window) → token (RETURNING, or LAST_INSERT_ID on MySQL; 0 = not granted).
     pub(crate) acquire_exclusive: Stmt,
+    /// As `acquire_exclusive`, beside the same owner's live read hold `$7` (an
+    /// upgrade): passes the queue, and is granted once every live reader is that
+    /// hold (and no permits are held).
+    pub(crate) acquire_exclusive_beside: Stmt,
     /// `$1` name, `$2` waiter → owner, remaining lease ms, shared remaining ms, live
     /// waiters queued ahead of `$2` (0 when it is not queued).
     pub(crate) contention: Stmt,
@@ -224,6 +239,9 @@ pub(crate) struct Statements {
     pub(crate) renew_exclusive_context: Stmt,
     /// `$1` name, `$2` lease ms, `$3` reader → token (0 / no row = not granted).
     pub(crate) acquire_shared_row: Stmt,
+    /// As `acquire_shared_row`, beside the same owner's live write hold `$4` (a
+    /// writer reading): granted whatever the queue.
+    pub(crate) acquire_shared_row_beside: Stmt,
     /// `$1` name, `$2` owner, `$3` token, `$4` lease ms, `$5` context → token.
     pub(crate) acquire_shared_reader: Stmt,
     /// `$1` name: creates a semaphore's row if it has none (its first use).
@@ -287,8 +305,8 @@ pub(crate) struct Statements {
 impl Statements {
     pub(crate) fn new(dialect: Dialect, prefix: &str) -> Self {
         let s = |t: &str| Stmt::new(dialect, t, prefix);
-        let acquire_exclusive = match dialect {
-            Dialect::MySql => s(
+        let acquire_exclusive_text = match dialect {
+            Dialect::MySql => {
                 // LAST_INSERT_ID(expr) carries the granted token (or 0) back in the OK
                 // packet: one round trip. @dlock_grant is computed by the first
                 // assignment, before any column it reads is changed.
@@ -304,9 +322,9 @@ impl Statements {
                    context = IF(@dlock_grant, VALUES(context), context), \
                    ttl_at = IF(@dlock_grant, NOW + $6, ttl_at), \
                    expires_at = IF(@dlock_grant, NOW + $3, expires_at), \
-                   owner = IF(@dlock_grant, VALUES(owner), owner)",
-            ),
-            Dialect::Sqlite | Dialect::Postgres => s(
+                   owner = IF(@dlock_grant, VALUES(owner), owner)"
+            }
+            Dialect::Sqlite | Dialect::Postgres => {
                 "INSERT INTO {locks} (name, owner, token, context, acquired_at, expires_at, shared_until, writer_wait_until, ttl_at) \
                  VALUES ($1, $2, CLOCK_US, $4, NOW, NOW + $3, 0, 0, NOW + $6) \
                  ON CONFLICT (name) DO UPDATE SET \
@@ -319,28 +337,47 @@ impl Statements {
                  WHERE (({locks}.owner = excluded.owner AND {locks}.expires_at > NOW) \
                      OR (({locks}.owner IS NULL OR {locks}.expires_at <= NOW) AND EXCLUSIVE_GATE)) \
                    AND {locks}.shared_until <= NOW \
-                 RETURNING token",
-            ),
+                 RETURNING token"
+            }
         };
-        let acquire_shared_row = match dialect {
-            Dialect::MySql => s(
+        let acquire_exclusive = s(acquire_exclusive_text);
+        // Beside the owner's live read hold `$7`: no queue gate, and the readers'
+        // horizon may stand if every live reader is that hold.
+        let acquire_exclusive_beside = s(&acquire_exclusive_text
+            .replace("EXCLUSIVE_GATE", "1 = 1")
+            .replace("{locks}.shared_until <= NOW", "({locks}.shared_until <= NOW OR ONLY_READER)")
+            .replace("AND shared_until <= NOW", "AND (shared_until <= NOW OR ONLY_READER)")
+            .replace("ONLY_READER", &only_reader(dialect)));
+        let acquire_shared_row_text = match dialect {
+            Dialect::MySql => {
                 "INSERT INTO {locks} (name, owner, token, context, acquired_at, expires_at, shared_until, writer_wait_until) \
                  VALUES ($1, NULL, LAST_INSERT_ID(CLOCK_US), NULL, 0, 0, NOW + $2, 0) \
                  ON DUPLICATE KEY UPDATE \
                    token = IF(@dlock_grant := ((owner IS NULL OR expires_at <= NOW) AND SHARED_GATE), \
                               LAST_INSERT_ID(GREATEST(token + 1, CLOCK_US)), token + LAST_INSERT_ID(0)), \
-                   shared_until = IF(@dlock_grant, GREATEST(shared_until, NOW + $2), shared_until)",
-            ),
-            Dialect::Sqlite | Dialect::Postgres => s(
+                   shared_until = IF(@dlock_grant, GREATEST(shared_until, NOW + $2), shared_until)"
+            }
+            Dialect::Sqlite | Dialect::Postgres => {
                 "INSERT INTO {locks} (name, owner, token, context, acquired_at, expires_at, shared_until, writer_wait_until) \
                  VALUES ($1, NULL, CLOCK_US, NULL, 0, 0, NOW + $2, 0) \
                  ON CONFLICT (name) DO UPDATE SET \
                    token = GREATEST({locks}.token + 1, excluded.token), \
                    shared_until = GREATEST({locks}.shared_until, excluded.shared_until) \
                  WHERE ({locks}.owner IS NULL OR {locks}.expires_at <= NOW) AND SHARED_GATE \
-                 RETURNING token",
-            ),
+                 RETURNING token"
+            }
         };
+        let acquire_shared_row = s(acquire_shared_row_text);
+        // Beside the owner's live write hold `$4`: granted whatever the queue.
+        let acquire_shared_row_beside = s(&acquire_shared_row_text
+            .replace(
+                "({locks}.owner IS NULL OR {locks}.expires_at <= NOW) AND SHARED_GATE",
+                "{locks}.owner = $4 AND {locks}.expires_at > NOW",
+            )
+            .replace(
+                "(owner IS NULL OR expires_at <= NOW) AND SHARED_GATE",
+                "owner = $4 AND expires_at > NOW",
+            ));
         let acquire_shared_reader = match dialect {
             Dialect::MySql => s(
                 "INSERT INTO {readers} (name, owner, token, context, acquired_at, expires_at) \
@@ -391,6 +428,7 @@ impl Statements {
             (dialect == Dialect::Postgres).then(|| s("SELECT pg_notify('{change_channel}', $1)"));
         Statements {
             acquire_exclusive,
+            acquire_exclusive_beside,
             grant_permits,
             ensure_row,
             release_permits,
@@ -438,6 +476,7 @@ impl Statements {
                  WHERE name = $1 AND owner = $2 AND expires_at > NOW",
             ),
             acquire_shared_row,
+            acquire_shared_row_beside,
             acquire_shared_reader,
             lock_row: s("UPDATE {locks} SET shared_until = shared_until + 0 WHERE name = $1"),
             release_reader: s(
