@@ -476,7 +476,10 @@ impl RedisBackend {
             (false, false) => Waiting::No,
             (true, false) => Waiting::Queue,
         };
-        if req.mode == LockMode::Exclusive && req.fairness == Fairness::NonFair {
+        if req.mode == LockMode::Exclusive
+            && req.fairness == Fairness::NonFair
+            && req.alongside.is_none()
+        {
             // The hot path: a lean script; a caller that will not wait declares only
             // the two keys it can touch and sends only its value and lease.
             let declared = if waiting == Waiting::No {
@@ -516,8 +519,14 @@ impl RedisBackend {
             } else {
                 "0"
             });
-        if let LockMode::Permits(n) = req.mode {
-            inv.arg(n).arg(req.capacity);
+        match (req.mode, req.alongside_holder()) {
+            (LockMode::Permits(n), _) => {
+                inv.arg(n).arg(req.capacity);
+            }
+            (_, Some(beside)) => {
+                inv.arg(beside.as_str());
+            }
+            (_, None) => {}
         }
         let answer = self.run_acquire(&inv).await?;
         if answer.total_differs {
@@ -655,6 +664,7 @@ impl LockRemoteResource for RedisBackend {
         caps.push_wakeup = self.inner.notices.is_some();
         caps.fencing = true;
         caps.semaphore = true;
+        caps.cross_mode = true;
         caps
     }
 

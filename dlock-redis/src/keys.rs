@@ -49,10 +49,17 @@ pub(crate) const ALL: [&str; 8] = [
 pub(crate) const ACQUIRE_EXCLUSIVE_KEYS: [&str; 5] =
     [EXCLUSIVE, FENCE, QUEUE, QUEUE_ALIVE, QUEUE_MODE];
 /// The exclusive-release script's keys.
-pub(crate) const RELEASE_EXCLUSIVE_KEYS: [&str; 5] =
-    [EXCLUSIVE, QUEUE, QUEUE_ALIVE, QUEUE_MODE, OBSERVERS];
+pub(crate) const RELEASE_EXCLUSIVE_KEYS: [&str; 7] = [
+    EXCLUSIVE,
+    QUEUE,
+    QUEUE_ALIVE,
+    QUEUE_MODE,
+    OBSERVERS,
+    READERS,
+    READER_DATA,
+];
 /// The exclusive-renewal script's keys.
-pub(crate) const RENEW_EXCLUSIVE_KEYS: [&str; 2] = [EXCLUSIVE, OBSERVERS];
+pub(crate) const RENEW_EXCLUSIVE_KEYS: [&str; 3] = [EXCLUSIVE, OBSERVERS, READERS];
 
 /// The keys of one lock: `<prefix>{<encoded name>}` plus a suffix each.
 #[derive(Debug, Clone)]

@@ -87,7 +87,14 @@ local function set_horizon(x, readers, data, top, ms)
   local ttl = top - ms + 1
   redis.call('PEXPIRE', readers, ttl)
   redis.call('PEXPIRE', data, ttl)
-  redis.call('SET', x, 'R', 'PX', ttl)
+  local cur = redis.call('GET', x)
+  if cur and cur ~= 'R' and string.sub(cur, 1, 1) ~= '@' then
+    -- A writer beside its owner's own readers (a writer reading, an upgrade): its
+    -- value stays, and lasts at least as long as they do.
+    redis.call('PEXPIRE', x, ttl, 'GT')
+  else
+    redis.call('SET', x, 'R', 'PX', ttl)
+  end
   return ttl
 end
 -- No reader left: the name is free (unless a writer's value is there).
@@ -104,6 +111,19 @@ local function reader_horizon(x, readers, data)
   if top[2] then return set_horizon(x, readers, data, tonumber(top[2]), now) end
   clear_horizon(x, readers, data)
   return 0
+end
+"#;
+const H_OVER_READERS: &str = r#"
+-- A writer's value beside its owner's own readers lasts at least as long as they
+-- do: when it lapsed first, a writer of another owner could take the name from
+-- under them.
+local function over_readers(x, readers)
+  local top = redis.call('ZRANGE', readers, -1, -1, 'WITHSCORES')
+  if top[2] then
+    clock()
+    local ttl = tonumber(top[2]) - now + 1
+    if ttl > 0 then redis.call('PEXPIRE', x, ttl, 'GT') end
+  end
 end
 "#;
 const H_PURGE_QUEUE: &str = r#"
@@ -125,13 +145,15 @@ const H_QUEUE: &str = r#"
 -- lock the head re-checks on every release, and those re-checks then rewrite (and
 -- replicate) no queue entry. Refreshes stay at most two thirds of the liveness
 -- apart, as queued waiters re-check every third.
-local function enqueue(queue, alive, modes, o, m, live, ch)
+-- A waiter beside its owner's own hold (`first`) goes to the head: the waiters
+-- ahead may wait for that hold.
+local function enqueue(queue, alive, modes, o, m, live, ch, first)
   clock()
   local entry = m .. ch
   local live_until = tonumber(redis.call('ZSCORE', alive, o))
   if live_until and live_until - now > live * 2 / 3
     and redis.call('HGET', modes, o) == entry then return end
-  redis.call('ZADD', queue, 'NX', string.format('%.0f', now_us), o)
+  redis.call('ZADD', queue, 'NX', first and '0' or string.format('%.0f', now_us), o)
   redis.call('ZADD', alive, now + live, o)
   redis.call('HSET', modes, o, entry)
   for _, k in ipairs({queue, alive, modes}) do redis.call('PEXPIRE', k, 2 * live) end
@@ -248,7 +270,7 @@ return {1, tok}
 "#;
 
 /// Exclusive release. KEYS: exclusive, queue, queue liveness, queue modes,
-/// observers. ARGV: owner part of the holder value, starvation µs, set-aside ms, and
+/// observers, readers, reader data. ARGV: owner part of the holder value, starvation µs, set-aside ms, and
 /// `1` for a leadership (its observers are told). Returns 1 if released, 0 if not
 /// the owner.
 /// With nobody waiting (the common case) it is `GET`, `DEL`, `EXISTS` and returns
@@ -257,16 +279,22 @@ const RELEASE_EXCLUSIVE: &str = r#"
 local v = redis.call('GET', KEYS[1])
 if not v or string.sub(v, 1, #ARGV[1]) ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1])
-if ARGV[4] ~= '1' and redis.call('EXISTS', KEYS[2]) == 0 then return 1 end
+if ARGV[4] ~= '1' and redis.call('EXISTS', KEYS[2], KEYS[6]) == 0 then return 1 end
 "#;
-/// The exclusive release's tail, after its helpers: someone waits. A head that has
-/// waited the starvation time gets the lock set aside for it.
+/// The exclusive release's tail, after its helpers: the owner's own readers stay
+/// (a downgrade: their horizon keeps writers out), or someone waits. A head that
+/// has waited the starvation time gets a free lock set aside for it.
 const RELEASE_EXCLUSIVE_NOTIFY: &str = r#"
+if redis.call('EXISTS', KEYS[6]) == 1 then
+  purge_readers(KEYS[6], KEYS[7])
+  reader_horizon(KEYS[1], KEYS[6], KEYS[7])
+end
 if ARGV[4] == '1' then announce(KEYS[5]) end
 purge_queue(KEYS[2], KEYS[3], KEYS[4])
 local head = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
 if head[1] then
-  if tonumber(head[2]) <= now_us - tonumber(ARGV[2]) then
+  clock()
+  if tonumber(head[2]) <= now_us - tonumber(ARGV[2]) and redis.call('EXISTS', KEYS[1]) == 0 then
     redis.call('SET', KEYS[1], '@' .. head[1], 'PX', ARGV[3])
   end
   local _, ch = queued_as(KEYS[4], head[1])
@@ -275,7 +303,7 @@ end
 return 1
 "#;
 
-/// Exclusive renewal. KEYS: exclusive, observers. ARGV: owner part of the holder
+/// Exclusive renewal. KEYS: exclusive, observers, readers. ARGV: owner part of the holder
 /// value, lease ms, and optionally a new holder value (same owner part, new context:
 /// a leader proclaiming). A plain renewal (the watchdog's) is `GET` and `PEXPIRE`
 /// and returns before the helpers of [`RENEW_EXCLUSIVE_PROCLAIM`] are created.
@@ -284,14 +312,17 @@ local v = redis.call('GET', KEYS[1])
 if not v or string.sub(v, 1, #ARGV[1]) ~= ARGV[1] then return 0 end
 if not ARGV[3] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return 1
+  if redis.call('EXISTS', KEYS[3]) == 0 then return 1 end
 end
 "#;
 /// The exclusive renewal's tail, after its helpers: a proclaimed value, stored with
 /// the renewed lease and announced to the observers.
 const RENEW_EXCLUSIVE_PROCLAIM: &str = r#"
-redis.call('SET', KEYS[1], ARGV[3], 'PX', ARGV[2])
-announce(KEYS[2])
+if ARGV[3] then
+  redis.call('SET', KEYS[1], ARGV[3], 'PX', ARGV[2])
+  announce(KEYS[2])
+end
+over_readers(KEYS[1], KEYS[3])
 return 1
 "#;
 
@@ -366,7 +397,9 @@ end
 /// queue modes, observers. ARGV: owner, mode (x|s|p), lease ms, holder value, fair
 /// (1|0), waiting (as [`ACQUIRE_EXCLUSIVE`]), liveness ms, notice channel, context,
 /// `1` for a leadership (a grant is announced to its observers), and for permits
-/// how many and the semaphore's total. Returns {1, token}, {0, ms left, queued,
+/// how many and the semaphore's total — for the other modes, optionally the holder
+/// key of the owner's own hold in the other mode that this request goes beside
+/// (a writer reading, an upgrade): it never blocks the request, which queues first. Returns {1, token}, {0, ms left, queued,
 /// waiters ahead}, or {-1, the semaphore's total} when the total asked for differs
 /// from the one of its holders.
 ///
@@ -380,6 +413,9 @@ local owner, mode, lease = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local fair = ARGV[5] == '1'
 -- A refused waiter queues (or stays queued) for its turn and to be named by a release.
 local queue = ARGV[6] ~= '0'
+
+-- The owner's own hold in the other mode that this request goes beside, if any.
+local beside = mode ~= 'p' and ARGV[11] ~= nil and ARGV[11] ~= '' and ARGV[11] or nil
 
 local v = redis.call('GET', KEYS[1])
 -- The lock set aside for this waiter is free for it (and for nobody else).
@@ -398,14 +434,24 @@ end
 if mode == 'x' then
   if holder(v) == owner then
     redis.call('PEXPIRE', KEYS[1], lease)
+    over_readers(KEYS[1], KEYS[2])
     return {1, holder_token(KEYS[4])}
   end
   if v == 'R' then
     -- Readers' horizon may outlast readers that left early: check the live ones.
     purge_readers(KEYS[2], KEYS[3])
-    if redis.call('ZCARD', KEYS[2]) == 0 then
+    local readers = redis.call('ZCARD', KEYS[2])
+    if readers == 0 then
       redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
       v = nil
+    elseif beside and readers == 1 and redis.call('ZSCORE', KEYS[2], beside) then
+      -- An upgrade: the owner's own read hold is the only one left. Ahead of the
+      -- queue; the writer's value replaces the horizon and outlasts that reader.
+      local t = next_token(KEYS[4])
+      redis.call('SET', KEYS[1], ARGV[4], 'PX', lease)
+      over_readers(KEYS[1], KEYS[2])
+      dequeue(KEYS[5], KEYS[6], KEYS[7], owner)
+      return {1, t}
     end
   end
   if not v then
@@ -470,9 +516,11 @@ elseif mode == 'p' then
     return {1, tok}
   end
 else
-  -- Free unless a writer holds it, it is set aside, or a semaphore's permits hold it.
-  local free = holder(v) == nil and not reserved_for_other(v, owner)
-    and redis.call('HEXISTS', KEYS[3], '#total') == 0
+  -- Free unless a writer holds it, it is set aside, or a semaphore's permits hold it;
+  -- beside the owner's own writer, granted whatever the queue (a writer reading).
+  local mine = beside ~= nil and holder(v) == beside
+  local free = mine or (holder(v) == nil and not reserved_for_other(v, owner)
+    and redis.call('HEXISTS', KEYS[3], '#total') == 0)
   local rank = false
   if redis.call('EXISTS', KEYS[5]) == 1 then
     purge_queue(KEYS[5], KEYS[6], KEYS[7])
@@ -480,7 +528,7 @@ else
   end
   -- Fair or not, new readers stand back for a writer queued before them.
   local count = rank or redis.call('ZCARD', KEYS[5])
-  if free and count > 0 and not set_aside then
+  if free and count > 0 and not set_aside and not mine then
     for _, o in ipairs(redis.call('ZRANGE', KEYS[5], 0, count - 1)) do
       if queued_as(KEYS[7], o) == 'x' then free = false break end
     end
@@ -505,7 +553,7 @@ end
 
 local queued, ahead = 0, 0
 if queue then
-  enqueue(KEYS[5], KEYS[6], KEYS[7], owner, mode, tonumber(ARGV[7]), ARGV[8])
+  enqueue(KEYS[5], KEYS[6], KEYS[7], owner, mode, tonumber(ARGV[7]), ARGV[8], beside ~= nil)
   queued = 1
   ahead = redis.call('ZRANK', KEYS[5], owner) or 0
 end
@@ -550,7 +598,10 @@ if not redis.call('ZSCORE', KEYS[2], ARGV[1]) then return 0 end
 local permits = redis.call('HGET', KEYS[3], 'p:' .. ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('HDEL', KEYS[3], ARGV[1], 'c:' .. ARGV[1], 'p:' .. ARGV[1])
-if reader_horizon(KEYS[1], KEYS[2], KEYS[3]) == 0 or permits then
+-- The head is told when the last reader leaves, when permits come back, and when
+-- one reader is left (the head may be its owner's upgrade, waiting beside it).
+if reader_horizon(KEYS[1], KEYS[2], KEYS[3]) == 0 or permits
+  or redis.call('ZCARD', KEYS[2]) == 1 then
   notify(KEYS[1], KEYS[5], KEYS[6], KEYS[7])
 end
 return 1
@@ -648,6 +699,7 @@ fn sources() -> [String; 10] {
         H_NEXT_TOKEN,
         H_PURGE_READERS,
         H_READER_HORIZON,
+        H_OVER_READERS,
         H_PURGE_QUEUE,
         H_QUEUE,
         H_NOTIFY,
@@ -669,12 +721,20 @@ fn sources() -> [String; 10] {
         ),
         lean(
             RELEASE_EXCLUSIVE,
-            &[H_CLOCK, H_PURGE_QUEUE, H_NOTIFY, H_ANNOUNCE],
+            &[
+                H_HORIZON,
+                H_CLOCK,
+                H_PURGE_READERS,
+                H_READER_HORIZON,
+                H_PURGE_QUEUE,
+                H_NOTIFY,
+                H_ANNOUNCE,
+            ],
             RELEASE_EXCLUSIVE_NOTIFY,
         ),
         lean(
             RENEW_EXCLUSIVE,
-            &[H_CLOCK, H_ANNOUNCE],
+            &[H_CLOCK, H_ANNOUNCE, H_OVER_READERS],
             RENEW_EXCLUSIVE_PROCLAIM,
         ),
         shared_lean(ACQUIRE_PERMITS_FAST, ACQUIRE),
@@ -731,6 +791,7 @@ mod tests {
             "reserved_for_other",
             "time_left",
             "announce",
+            "over_readers",
         ];
         for (n, src) in sources().iter().enumerate() {
             for h in helpers {

@@ -77,6 +77,53 @@ pub async fn a_writer_reads_and_downgrades(backend: Arc<dyn TestBackend>) {
     r1.unlock().await.expect("unlock the read side");
     drop(w2);
 
+    // Downgraded with nobody queued, the read keeps writers out.
+    let read = w1.downgrade().await.expect("downgrade");
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            holders(&a, "doc").await.len() == 1
+        })
+        .await,
+        "the write side was not let go"
+    );
+    assert!(
+        rival
+            .write()
+            .try_lock(Duration::ZERO)
+            .await
+            .expect("no error")
+            .is_none(),
+        "a writer took the lock from a downgraded reader"
+    );
+    read.unlock().await.expect("unlock");
+
+    // A write hold that lapses beside its owner's read leaves the read in force.
+    if a.capabilities().lease {
+        let lease = Duration::from_millis(600);
+        let lapsing = rw
+            .write()
+            .try_lock_with_lease(Duration::ZERO, lease)
+            .await
+            .expect("no error")
+            .expect("the write side is free");
+        let read = take(rw.read(), Duration::ZERO).await;
+        lapsing.lost().await;
+        assert!(
+            rival
+                .write()
+                .try_lock(lease + Duration::from_millis(400))
+                .await
+                .expect("no error")
+                .is_none(),
+            "a writer took the lock from a live read after its owner's write lapsed"
+        );
+        read.check().expect("the read hold is live");
+        drop(lapsing);
+        read.unlock().await.expect("unlock");
+    }
+
+    let w1 = take(rw.write(), Duration::ZERO).await;
+
     // A writer queues; the downgrade keeps it out.
     let queued = rival.write().clone();
     let writer = tokio::spawn(async move {
