@@ -41,6 +41,12 @@ impl NodeAcls {
         CreateMode::EphemeralSequential.with_acls(self.0)
     }
 
+    /// A contender placed at a sequence of dlock's choosing (a writer's read node,
+    /// at its write node's sequence).
+    fn placed(self) -> CreateOptions<'static> {
+        CreateMode::Ephemeral.with_acls(self.0)
+    }
+
     fn lock_node(self) -> CreateOptions<'static> {
         CreateMode::Container.with_acls(self.0)
     }
@@ -99,6 +105,29 @@ pub(crate) struct HeldNode {
     pub(crate) token: FencingToken,
     /// A semaphore grant's other lease nodes (one per permit beyond the first).
     pub(crate) extra: Vec<String>,
+}
+
+/// How a contender waits for its turn.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Turn<'a> {
+    /// Until when it may wait (`None`: look once).
+    pub(crate) deadline: Option<Instant>,
+    /// The sequence to place its node at (a writer's read), instead of ZooKeeper's
+    /// next one.
+    pub(crate) at: Option<i64>,
+    /// The owner's own node in the other mode it stands beside, which never blocks it.
+    pub(crate) beside: Option<&'a str>,
+}
+
+impl Turn<'_> {
+    /// A plain turn: queued last, by Curator's rules.
+    pub(crate) fn until(deadline: Option<Instant>) -> Self {
+        Turn {
+            deadline,
+            at: None,
+            beside: None,
+        }
+    }
 }
 
 /// Our contender node, while we wait: found in the queue, or gone.
@@ -249,7 +278,8 @@ impl Inner {
     /// the create and the listing go out back to back on the session, which the
     /// server serves in order. Creates the lock's node (a container) when missing,
     /// finds our node again after a connection loss, and keeps only the oldest when
-    /// the owner already had one (a retried or repeated acquire).
+    /// the owner already had one (a retried or repeated acquire). `at`: the sequence
+    /// to place the node at, instead of ZooKeeper's next one.
     async fn enqueue(
         &self,
         session: &Arc<Session>,
@@ -257,20 +287,36 @@ impl Inner {
         lock: &str,
         prefix: &str,
         data: &[u8],
+        at: Option<i64>,
     ) -> Result<Enqueued> {
         let client = &session.client;
-        let node_path = format!("{lock}/{prefix}");
+        let (node_path, options) = match at {
+            Some(sequence) => (
+                format!("{lock}/{prefix}{sequence:010}"),
+                self.acls.placed(),
+            ),
+            None => (format!("{lock}/{prefix}"), self.acls.contender()),
+        };
         for _ in 0..3 {
-            let create = client.create(&node_path, data, &self.acls.contender());
+            let create = client.create(&node_path, data, &options);
             let list = client.list_and_watch_children(lock);
             let (created, listed) = tokio::join!(create, list);
             let (node, token) = match created {
-                Ok((stat, sequence)) => (format!("{prefix}{sequence}"), token_of(stat.czxid)),
+                Ok((stat, sequence)) => {
+                    let node = match at {
+                        Some(placed) => format!("{prefix}{placed:010}"),
+                        None => format!("{prefix}{sequence}"),
+                    };
+                    (node, token_of(stat.czxid))
+                }
                 Err(ZkError::NoNode) => {
                     self.create_lock_node(session, lock).await?;
                     continue;
                 }
-                Err(ZkError::ConnectionLoss) => {
+                // A placed node made by an earlier try whose answer was lost.
+                Err(lost @ (ZkError::ConnectionLoss | ZkError::NodeExists))
+                    if at.is_some() || matches!(lost, ZkError::ConnectionLoss) =>
+                {
                     // The create may have happened: look for our node by its prefix.
                     let (children, watch) = client
                         .list_and_watch_children(lock)
@@ -493,6 +539,7 @@ impl LockRemoteResource for ZkBackend {
         caps.push_wakeup = true;
         caps.fencing = true;
         caps.semaphore = true;
+        caps.cross_mode = true;
         caps
     }
 
@@ -588,32 +635,57 @@ impl LockRemoteResource for ZkBackend {
             return Ok(None);
         }
         let holders = layout::holders(&queue);
+        // Readers hold: a writer queued behind them may be the upgrade of their
+        // owner (held beside its read). Queued writers are read too, and the one of
+        // the readers' owner, if any, is shown as a holder.
+        let writers: Vec<&Contender> = if holders.iter().all(|h| h.mode == LockMode::Shared) {
+            queue[holders.len()..]
+                .iter()
+                .filter(|c| c.mode == LockMode::Exclusive)
+                .collect()
+        } else {
+            Vec::new()
+        };
         // All requests go out before the first answer is awaited.
         let reads: Vec<_> = holders
             .iter()
+            .chain(writers.iter().copied())
             .map(|c| session.client.get_data(&format!("{lock}/{}", c.node)))
             .collect();
         let mut infos = Vec::with_capacity(holders.len());
-        for (contender, read) in holders.iter().zip(reads) {
+        let mut queued_writers = Vec::with_capacity(writers.len());
+        let all = holders.iter().chain(writers.iter().copied());
+        for (i, (contender, read)) in all.zip(reads).enumerate() {
             match read.await {
                 Ok((data, stat)) => {
                     let (owner, context) = parse_node_data(&contender.node, data);
-                    infos.push(HolderInfo::from_stored(
+                    let info = HolderInfo::from_stored(
                         &owner,
                         contender.mode,
                         token_of(stat.czxid),
                         context,
                         None,
-                    ));
+                    );
+                    if i >= holders.len() {
+                        queued_writers.push(info);
+                    } else {
+                        infos.push(info);
+                    }
                 }
                 Err(ZkError::NoNode) => {}
                 Err(err) => return Err(map_zk(err, "get")),
             }
         }
-        Ok(Some(LockState::new(
-            infos,
-            Some(queue.len() - holders.len()),
-        )))
+        let mut waiting = queue.len() - holders.len();
+        if let Some(first) = infos.first().map(|r| r.owner.clone()) {
+            if infos.iter().all(|r| r.owner == first) {
+                if let Some(upgrade) = queued_writers.into_iter().find(|w| w.owner == first) {
+                    infos.push(upgrade);
+                    waiting -= 1;
+                }
+            }
+        }
+        Ok(Some(LockState::new(infos, Some(waiting))))
     }
 
     fn admin(&self) -> Option<&dyn LockAdmin> {
@@ -652,8 +724,24 @@ impl ZkBackend {
         let prefix = layout::node_prefix(&holder, req.mode, inner.exclusive, req.purpose);
         let data = node_data(&holder, &req.context);
         let key = HeldKey::new(&req.name, holder, req.mode);
+        // Beside the owner's own node in the other mode: a read is placed at that
+        // (write) node's sequence, so it stays ahead of every writer queued behind
+        // the write — and keeps them out once the write goes (a downgrade).
+        let beside = match req.alongside_holder() {
+            Some(own) => self.own_node(session, &lock, &own).await?,
+            None => None,
+        };
+        let at = beside
+            .as_ref()
+            .filter(|_| req.mode == LockMode::Shared)
+            .map(|own| own.sequence);
+        let turn = Turn {
+            deadline: req.deadline,
+            at,
+            beside: beside.as_ref().map(|own| own.node.as_str()),
+        };
         let Some((mine, mut pending)) = self
-            .wait_turn(session, &key, &lock, &prefix, &data, req.deadline)
+            .wait_turn(session, &key, &lock, &prefix, &data, turn)
             .await?
         else {
             return Ok(AcquireResult::not_acquired(None, None));
@@ -671,10 +759,30 @@ impl ZkBackend {
         Ok(AcquireResult::acquired(mine.token, None).with_watch(watch))
     }
 
+    /// The owner's node named by `own` (its protection id, whatever its marker)
+    /// among the children of `lock`, if it is there.
+    async fn own_node(
+        &self,
+        session: &Session,
+        lock: &str,
+        own: &HolderKey,
+    ) -> Result<Option<Contender>> {
+        let prefix = layout::protected_prefix(own);
+        match session.client.list_children(lock).await {
+            Ok(children) => Ok(children
+                .iter()
+                .filter(|c| c.starts_with(&prefix))
+                .find_map(|c| Contender::parse(c))),
+            Err(ZkError::NoNode) => Ok(None),
+            Err(err) => Err(map_zk(err, "list")),
+        }
+    }
+
     /// Queues a contender node (`prefix`, `data`) under `lock` and waits until it
     /// stands first by Curator's rules ([`layout::standing`]): `Some` with the node
     /// (still armed to be deleted: the caller disarms it to keep it), or `None` once
-    /// `deadline` passes (the node deleted). Watches only the node just ahead.
+    /// the turn's deadline passes (the node deleted). Watches only the node just
+    /// ahead.
     pub(crate) async fn wait_turn(
         &self,
         session: &Arc<Session>,
@@ -682,10 +790,15 @@ impl ZkBackend {
         lock: &str,
         prefix: &str,
         data: &[u8],
-        deadline: Option<Instant>,
+        turn: Turn<'_>,
     ) -> Result<Option<(Enqueued, PendingNode)>> {
         let inner = &self.inner;
-        let mut mine = inner.enqueue(session, key, lock, prefix, data).await?;
+        let Turn {
+            deadline,
+            at,
+            beside,
+        } = turn;
+        let mut mine = inner.enqueue(session, key, lock, prefix, data, at).await?;
         let mut pending =
             PendingNode::new(&inner.sessions, session, format!("{lock}/{}", mine.node));
         let mut enqueues = 1;
@@ -698,13 +811,13 @@ impl ZkBackend {
                 if enqueues >= MAX_ENQUEUES || deadline_passed(deadline) {
                     return Ok(None);
                 }
-                mine = inner.enqueue(session, key, lock, prefix, data).await?;
+                mine = inner.enqueue(session, key, lock, prefix, data, at).await?;
                 pending =
                     PendingNode::new(&inner.sessions, session, format!("{lock}/{}", mine.node));
                 enqueues += 1;
                 continue;
             };
-            let ahead = match layout::standing(&queue, index) {
+            let ahead = match layout::standing(&queue, index, beside) {
                 Ok(ahead) => ahead.map(|c| format!("{lock}/{}", c.node)),
                 Err(()) => {
                     return Err(Error::new(

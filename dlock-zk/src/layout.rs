@@ -217,32 +217,62 @@ pub(crate) fn contenders(children: &[String]) -> Vec<Contender> {
 /// (Curator's rules): an exclusive contender holds when it is first and watches the
 /// one just before it; a shared contender holds when no exclusive contender is ahead
 /// of it and watches the first exclusive one.
-pub(crate) fn standing(queue: &[Contender], index: usize) -> Result<Option<&Contender>, ()> {
+///
+/// A contender `beside` its owner's own node in the other mode (dlock's cross-mode
+/// requests) is never blocked by that node: a shared one (a writer reading, placed
+/// at its write node's sequence) holds when no *other* exclusive contender is ahead;
+/// an exclusive one (an upgrade, queued after its owner's read node) waits only for
+/// the other owners' readers that hold — those with no other writer ahead of them
+/// (the writers queued behind the owner's read wait for it, and their readers for
+/// them).
+pub(crate) fn standing<'q>(
+    queue: &'q [Contender],
+    index: usize,
+    beside: Option<&str>,
+) -> Result<Option<&'q Contender>, ()> {
     let me = queue.get(index).ok_or(())?;
-    match me.mode {
+    let Some(own) = beside else {
+        return Ok(match me.mode {
+            LockMode::Exclusive | LockMode::Permits(_) => {
+                index.checked_sub(1).and_then(|i| queue.get(i))
+            }
+            LockMode::Shared => queue[..index]
+                .iter()
+                .find(|c| c.mode == LockMode::Exclusive),
+        });
+    };
+    let mut others = queue[..index].iter().filter(|c| c.node != own);
+    Ok(match me.mode {
+        LockMode::Shared => others.find(|c| c.mode == LockMode::Exclusive),
         LockMode::Exclusive | LockMode::Permits(_) => {
-            Ok(index.checked_sub(1).and_then(|i| queue.get(i)))
+            let mut writer_ahead = false;
+            others.find(|c| {
+                writer_ahead |= c.mode == LockMode::Exclusive;
+                !writer_ahead
+            })
         }
-        LockMode::Shared => Ok(queue[..index]
-            .iter()
-            .find(|c| c.mode == LockMode::Exclusive)),
-    }
+    })
 }
 
-/// The holders among `queue`: the first contender if exclusive, else the shared
-/// contenders before the first exclusive one.
+/// The holders among `queue`: the first contender if exclusive (with its owner's
+/// read node placed at the same sequence, if any), else the shared contenders
+/// before the first exclusive one.
 pub(crate) fn holders(queue: &[Contender]) -> &[Contender] {
-    match queue.first() {
-        None => &[],
-        Some(first) if first.mode == LockMode::Exclusive => &queue[..1],
-        Some(_) => {
-            let end = queue
-                .iter()
-                .position(|c| c.mode == LockMode::Exclusive)
-                .unwrap_or(queue.len());
-            &queue[..end]
-        }
+    let Some(first) = queue.first() else {
+        return &[];
+    };
+    let tied = queue
+        .iter()
+        .take_while(|c| c.sequence == first.sequence)
+        .count();
+    if queue[..tied].iter().any(|c| c.mode == LockMode::Exclusive) {
+        return &queue[..tied];
     }
+    let end = queue
+        .iter()
+        .position(|c| c.mode == LockMode::Exclusive)
+        .unwrap_or(queue.len());
+    &queue[..end]
 }
 
 #[cfg(test)]
@@ -361,10 +391,10 @@ mod tests {
         .ends_with("-latch-"));
         assert_eq!(q[2].mode, LockMode::Shared);
         assert_eq!(holders(&q).len(), 1);
-        assert_eq!(standing(&q, 0), Ok(None));
-        assert_eq!(standing(&q, 1).map(|w| w.map(|c| c.sequence)), Ok(Some(3)));
-        assert_eq!(standing(&q, 2).map(|w| w.map(|c| c.sequence)), Ok(Some(3)));
-        assert!(standing(&q, 9).is_err());
+        assert_eq!(standing(&q, 0, None), Ok(None));
+        assert_eq!(standing(&q, 1, None).map(|w| w.map(|c| c.sequence)), Ok(Some(3)));
+        assert_eq!(standing(&q, 2, None).map(|w| w.map(|c| c.sequence)), Ok(Some(3)));
+        assert!(standing(&q, 9, None).is_err());
     }
 
     #[test]
@@ -380,8 +410,36 @@ mod tests {
         .collect();
         let q = contenders(&children);
         assert_eq!(holders(&q).len(), 2);
-        assert_eq!(standing(&q, 1), Ok(None));
-        assert_eq!(standing(&q, 2).map(|w| w.map(|c| c.sequence)), Ok(Some(2)));
-        assert_eq!(standing(&q, 3).map(|w| w.map(|c| c.sequence)), Ok(Some(3)));
+        assert_eq!(standing(&q, 1, None), Ok(None));
+        assert_eq!(standing(&q, 2, None).map(|w| w.map(|c| c.sequence)), Ok(Some(2)));
+        assert_eq!(standing(&q, 3, None).map(|w| w.map(|c| c.sequence)), Ok(Some(3)));
+    }
+
+    #[test]
+    fn cross_mode_contenders_stand_beside_their_own_nodes() {
+        let q = |names: &[&str]| {
+            contenders(&names.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+        };
+        // A writer's read, placed at its write node's sequence: held at once, and
+        // shown with the write as the holders; a writer queued behind stays out.
+        let placed = q(&["w-__WRIT__05", "r-__READ__05", "x-__WRIT__07"]);
+        let read = placed.iter().position(|c| c.node == "r-__READ__05").unwrap_or(9);
+        assert_eq!(standing(&placed, read, Some("w-__WRIT__05")), Ok(None));
+        assert_eq!(holders(&placed).len(), 2);
+        // Downgraded (the write gone): the queued writer still waits for the read.
+        let downgraded = q(&["r-__READ__05", "x-__WRIT__07"]);
+        assert_eq!(holders(&downgraded).len(), 1);
+        assert_eq!(standing(&downgraded, 1, None).map(|w| w.map(|c| c.sequence)), Ok(Some(5)));
+        // An upgrade waits for another owner's holding reader, not for the writer
+        // queued behind its own read, nor for that writer's readers.
+        let upgrading = q(&["u-__READ__01", "o-__READ__02", "x-__WRIT__03", "p-__READ__04", "u-__WRIT__06"]);
+        assert_eq!(
+            standing(&upgrading, 4, Some("u-__READ__01")).map(|w| w.map(|c| c.sequence)),
+            Ok(Some(2))
+        );
+        let upgraded = q(&["u-__READ__01", "x-__WRIT__03", "p-__READ__04", "u-__WRIT__06"]);
+        assert_eq!(standing(&upgraded, 3, Some("u-__READ__01")), Ok(None));
+        // Without the beside node, the same upgrade would wait for the queued writer.
+        assert_eq!(standing(&upgraded, 3, None).map(|w| w.map(|c| c.sequence)), Ok(Some(4)));
     }
 }

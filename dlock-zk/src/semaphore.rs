@@ -357,7 +357,7 @@ impl ZkBackend {
                 &locks_dir(&lock),
                 &mutex_prefix,
                 &data,
-                req.deadline,
+                crate::backend::Turn::until(req.deadline),
             )
             .await?
         else {
