@@ -573,7 +573,11 @@ impl Drop for Restart {
 /// dlock's read-write lock configured with `exclusive=rw`, with Curator's
 /// `LeaderLatch` against dlock's election (one leader among both), and with Curator's
 /// `InterProcessSemaphoreV2` of 2 against dlock's semaphore of 2 (each holder claims
-/// one of 2 slot files: never more than 2 holders among both).
+/// one of 2 slot files: never more than 2 holders among both). Last, Curator's
+/// writers against dlock writers that downgrade to a read after each increment:
+/// while the downgraded read lasts, the counter does not move and no writer is
+/// inside (a Curator writer queued during the write must not get in at the
+/// downgrade).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dlock_and_java_curator_exclude_each_other() {
     let Some(url) = url_for("zk") else { return };
@@ -583,6 +587,7 @@ async fn dlock_and_java_curator_exclude_each_other() {
         ("rw", "?exclusive=rw"),
         ("latch", ""),
         ("semaphore", ""),
+        ("rw-downgrade", "?exclusive=rw"),
     ] {
         let dlock_url = format!("{url}{query}");
         let backend = ZkBackend::connect(&dlock_url).await.unwrap();
@@ -599,10 +604,10 @@ async fn dlock_and_java_curator_exclude_each_other() {
             .args(["counter", &hosts_of(&url), &path])
             .arg(&counter)
             .arg(JAVA_ITERATIONS.to_string())
-            .arg(if recipe == "semaphore" {
-                format!("semaphore-{PERMITS}")
-            } else {
-                recipe.to_owned()
+            .arg(match recipe {
+                "semaphore" => format!("semaphore-{PERMITS}"),
+                "rw-downgrade" => "rw".to_owned(),
+                _ => recipe.to_owned(),
             })
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -661,6 +666,19 @@ async fn dlock_and_java_curator_exclude_each_other() {
                             .expect("leading within 60 s");
                         overlaps += increment(&counter);
                         term.resign().await.unwrap();
+                        continue;
+                    }
+                    if recipe == "rw-downgrade" {
+                        let g = handle
+                            .write()
+                            .try_lock(Duration::from_secs(60))
+                            .await
+                            .unwrap()
+                            .expect("lock within 60 s");
+                        overlaps += increment(&counter);
+                        let read = g.downgrade().await.unwrap();
+                        overlaps += watch_still(&counter);
+                        read.unlock().await.unwrap();
                         continue;
                     }
                     let g = if recipe == "rw" {
@@ -744,6 +762,16 @@ fn claim_slots(counter: &Path, n: u32, total: u32) -> u32 {
 
 /// The counter step both sides run: claim the marker file exclusively (counting an
 /// overlap if someone else is inside), read, pause, write + 1, drop the marker.
+/// A reader's work: 1 if the counter moved, or a writer was inside, during 2 ms.
+fn watch_still(counter: &Path) -> u32 {
+    let marker = PathBuf::from(format!("{}.held", counter.display()));
+    let before = std::fs::read_to_string(counter).unwrap();
+    std::thread::sleep(Duration::from_millis(2));
+    let inside = marker.exists();
+    let after = std::fs::read_to_string(counter).unwrap();
+    u32::from(inside || before != after)
+}
+
 fn increment(counter: &Path) -> u32 {
     let marker = PathBuf::from(format!("{}.held", counter.display()));
     let claimed = std::fs::OpenOptions::new()
