@@ -38,6 +38,11 @@ pub(crate) struct Hold {
     /// channel: a hold costs no allocation for it, and dropping one wakes no one.
     lost: OnceLock<LostReason>,
     lost_notify: Notify,
+    /// For a write granted beside its owner's read (an upgrade): a guard of that
+    /// read, let go only once this hold is released — so the read outlasts the
+    /// write, and no writer queued behind the read gets in while the write lasts
+    /// (on ZooKeeper the read's node is what keeps them out).
+    kept: Mutex<Option<crate::guard::LockGuard>>,
 }
 
 impl Hold {
@@ -65,7 +70,22 @@ impl Hold {
             count: AtomicUsize::new(1),
             lost: OnceLock::new(),
             lost_notify: Notify::new(),
+            kept: Mutex::new(None),
         }
+    }
+
+    /// Keeps `guard` (of the hold this one was granted beside) until this hold is
+    /// released.
+    pub(crate) fn keep(&self, guard: crate::guard::LockGuard) {
+        *self.kept.lock().unwrap_or_else(PoisonError::into_inner) = Some(guard);
+    }
+
+    /// The guard kept by [`keep`](Self::keep), to let go once this hold is released.
+    pub(crate) fn take_kept(&self) -> Option<crate::guard::LockGuard> {
+        self.kept
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
     }
 
     /// Marks what the hold is for.

@@ -29,8 +29,10 @@
 //!   [`LockRemoteResource`], or by [`DistributeLockManager::connect`] from a URL.
 //! * [`DistributeLock`] — `try_lock(wait)`, `lock()`, explicit leases; reentrant per
 //!   handle; fair or not; per-acquisition [`LockOptions`] (lease, `max_hold`,
-//!   holder context). [`ReadWriteLock`], [`LockGroup`] (one lock per key, cached),
-//!   [`MultiLock`] (all or none).
+//!   holder context). [`ReadWriteLock`] (one owner for its read, write and
+//!   upgradeable sides: a writer reads and downgrades, an [`UpgradeableReadGuard`]
+//!   upgrades without a writer in between), [`LockGroup`] (one lock per key,
+//!   cached), [`MultiLock`] (all or none).
 //! * [`LockGuard`] — fencing token, lost signal, `unlock().await`, release on drop;
 //!   `valid_until()`, `check()`, `extend(lease)`, `acquisition()`.
 //! * [`Election`] — leader election (etcd's `campaign` / `leader` / `observe` /

@@ -501,6 +501,14 @@ impl DistributeLock {
                 sent_at: granted_at,
                 cap: max_hold.map(|d| granted_at + d),
             };
+            // An upgrade keeps its owner's read until it is released itself.
+            if let (Some(_), LockMode::Exclusive, Side::Write { read, .. }) =
+                (alongside, self.handle.mode, &self.handle.side)
+            {
+                if let Some(read) = DistributeLock::of_handle(Arc::clone(read)).reenter() {
+                    hold.keep(read);
+                }
+            }
             manager.track(&hold, watching, watch);
             if manager.is_closed() {
                 // `close` ran while the grant was in flight and may have missed it:

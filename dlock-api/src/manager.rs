@@ -186,6 +186,8 @@ impl ManagerInner {
         let ctx = hold.release_context(&self.chain);
         let result = self.chain.release(&ctx).await;
         self.holds().remove(&hold.id);
+        // The read an upgraded write kept goes now (its own release, if last).
+        drop(hold.take_kept());
         result
     }
 

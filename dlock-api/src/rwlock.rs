@@ -292,6 +292,22 @@ impl UpgradeableReadGuard {
         Ok(self.write.is_some())
     }
 
+    /// The read hold (of the lock's name).
+    pub fn read(&self) -> &LockGuard {
+        &self.read
+    }
+
+    /// The write hold, once upgraded.
+    pub fn write(&self) -> Option<&LockGuard> {
+        self.write.as_ref()
+    }
+
+    /// The hold of the upgradeable side's own lock (`<name>::upgradeable`), which
+    /// keeps other upgradeable readers out.
+    pub fn upgradeable(&self) -> &LockGuard {
+        &self.upgrade
+    }
+
     /// Whether the guard holds the write side.
     pub fn is_upgraded(&self) -> bool {
         self.write.is_some()

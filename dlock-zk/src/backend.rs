@@ -747,16 +747,45 @@ impl ZkBackend {
             return Ok(AcquireResult::not_acquired(None, None));
         };
         pending.disarm();
+        // A grant beside its owner's hold in the other mode carries that hold's
+        // token: it goes on with that tenure. Its own node's zxid is newer than those
+        // of the writers queued behind that hold, which are granted after it (a read
+        // placed at its write's sequence, a write upgraded ahead of them) and must
+        // have newer tokens.
+        let token = match (req.alongside_holder(), &beside) {
+            (Some(own), Some(node)) => {
+                let other = match req.mode {
+                    LockMode::Shared => LockMode::Exclusive,
+                    _ => LockMode::Shared,
+                };
+                let known = inner
+                    .held()
+                    .get(&HeldKey::new(&req.name, own, other))
+                    .map(|h| h.token);
+                match known {
+                    Some(token) => token,
+                    None => match session
+                        .client
+                        .check_stat(&format!("{lock}/{}", node.node))
+                        .await
+                    {
+                        Ok(Some(stat)) => token_of(stat.czxid),
+                        Ok(None) | Err(_) => mine.token,
+                    },
+                }
+            }
+            _ => mine.token,
+        };
         inner.held().insert(
             key.clone(),
             HeldNode {
                 path: format!("{lock}/{}", mine.node),
-                token: mine.token,
+                token,
                 extra: Vec::new(),
             },
         );
-        let watch = self.watch_hold(session, key, lock, mine.node, mine.token, mine.watch);
-        Ok(AcquireResult::acquired(mine.token, None).with_watch(watch))
+        let watch = self.watch_hold(session, key, lock, mine.node, token, mine.watch);
+        Ok(AcquireResult::acquired(token, None).with_watch(watch))
     }
 
     /// The owner's node named by `own` (its protection id, whatever its marker)

@@ -10,6 +10,25 @@
 //! <root>/<escaped election>/_c_<protection id>-latch-0000000045      leadership (LeaderLatch)
 //! ```
 //!
+//! A read-write lock's owner may hold both modes (dlock's cross-mode holds, which
+//! Curator does not make across processes):
+//!
+//! ```text
+//! …/_c_<id of the write>-__WRIT__0000000050     a writer ...
+//! …/_c_<id of its read>-__READ__0000000050      ... and its read, placed (not
+//!                                               sequential) at the write's sequence
+//! …/_c_<id>-__WRIT__0000000057                  an upgrade: queued as any writer,
+//!                                               held beside its owner's read node
+//! <root>/<escaped name>::upgradeable/_c_<id>-lock-0000000003   the upgradeable hold
+//! ```
+//!
+//! The placed read node sorts ahead of every writer queued behind the write (it
+//! takes the write's sequence), so when the write goes — a downgrade — no writer,
+//! Curator's or dlock's, gets in while the read lasts. An upgrade's write node waits
+//! only for the other owners' readers that hold; writers queued behind its owner's
+//! read wait for that read, by Curator's rules and dlock's. The upgradeable hold is
+//! an ordinary exclusive lock on the name with `::upgradeable` appended.
+//!
 //! The lock's node is a container (the server removes it once it is empty); the
 //! contender nodes are ephemeral and sequential. The protection id is derived from the
 //! owner, so an owner finds its node again after a connection loss (no orphans) and a

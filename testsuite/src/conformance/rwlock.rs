@@ -174,8 +174,9 @@ pub async fn a_writer_reads_and_downgrades(backend: Arc<dyn TestBackend>) {
 /// An upgradeable read admits plain readers, and keeps writers and other
 /// upgradeable readers out; it cannot upgrade while a reader reads; its upgrade
 /// waits for that reader, goes ahead of a writer queued before it (which stays out
-/// throughout), makes new readers stand back, and carries a newer fencing token;
-/// released, the queued writer gets the lock.
+/// throughout), makes new readers stand back, and carries a token no older than its
+/// read's; a write guard re-entering the upgrade keeps the read it stands beside
+/// when the upgradeable guard goes; released, the queued writer gets the lock.
 pub async fn upgradeable_reads_upgrade_without_a_writer_between(backend: Arc<dyn TestBackend>) {
     let env = Env::new(backend);
     let (a, b) = env.two_managers().await;
@@ -262,7 +263,11 @@ pub async fn upgradeable_reads_upgrade_without_a_writer_between(backend: Arc<dyn
         .expect("the upgrade waited behind the queued writer (deadlock)")
         .expect("upgrade");
     assert!(up.is_upgraded());
-    assert!(up.fencing_token() > reading, "the write side's token is newer");
+    // Newer, or (ZooKeeper) the read's: the upgrade goes on with its read's tenure.
+    assert!(
+        up.fencing_token() >= reading,
+        "the write side's token is older than the read's"
+    );
     up.check().expect("every hold is live");
     assert!(
         only_ours(&a, &rw, "doc").await,
@@ -278,7 +283,27 @@ pub async fn upgradeable_reads_upgrade_without_a_writer_between(backend: Arc<dyn
             .is_none(),
         "a reader beside the upgraded hold"
     );
+
+    // A write guard taken beside the upgrade (it re-enters the upgraded hold)
+    // outlasts the upgradeable guard: the read it was granted beside stays with it,
+    // so the queued writer stays out (on ZooKeeper the read's node keeps it out).
+    let kept = take(rw.write(), Duration::ZERO).await;
+    assert_eq!(kept.acquisition(), Acquisition::Reentered);
     up.unlock().await.expect("unlock");
+    let state = a.inspect("doc").await.expect("inspect").expect("held");
+    assert!(
+        state
+            .holders
+            .iter()
+            .any(|h| h.mode == LockMode::Shared && h.owner == *rw.read().owner()),
+        "the read an upgraded write stands beside was let go before the write: {state:?}"
+    );
+    assert!(
+        only_ours(&a, &rw, "doc").await,
+        "someone else holds beside the kept write"
+    );
+    assert!(!writer.is_finished(), "the queued writer got in");
+    kept.unlock().await.expect("unlock");
     writer.await.expect("the writer");
     env.finish(&[&a, &b, &c]).await;
 }

@@ -17,8 +17,9 @@
 //!   watchdog's), or the session timeout on ZooKeeper, where holds live as long as
 //!   the session. **valid-until(t)** = the last proof before `t` + the life: the
 //!   earliest instant the store may let the hold go, as known at `t`.
-//! * Holds **conflict** when they are of the same lock, different holds, and not
-//!   both shared.
+//! * Holds **conflict** when they are of the same lock, different holds of
+//!   different owners (one owner's read and write sides do not: a writer reading, a
+//!   downgrade, an upgrade), and not both shared.
 //! * A process is **paused** during `[a, b]` if a SIGSTOP..SIGCONT window of it
 //!   intersects `[a, b]`; **faulted** likewise for its proxy fault windows and for
 //!   every server-side fault window (restart, promotion: `down`..`up`). A grant's
@@ -34,13 +35,18 @@
 //!    `A.ok` it is excused (A could not be told), otherwise A was not told in time
 //!    and that is A's late loss (rule 4).
 //! 2. **stale-write** — the register accepted a write of hold A at `t` after a
-//!    conflicting hold B with a greater token had been granted (`B.ok < t`). Excused
+//!    conflicting hold B of another owner with a greater token had been granted
+//!    after A (`A.ok ≤ B.ok < t`, or from A's send time when A's `ok` is
+//!    unreliable: a grant before A's leaves A's writes current). Excused
 //!    only if A's process was paused between `A.ok` and `t` and B's grant came after
 //!    A's valid-until. Each write counts at most once.
-//! 3. **token-order** — per lock: two holds with the same token (every backend gives
-//!    each grant its own token, shared ones included), whatever the timing; and, by
-//!    `ok` time, an exclusive grant whose token is not above every earlier grant's or
-//!    a shared grant whose token is not above every earlier exclusive grant's —
+//! 3. **token-order** — per lock: two holds of different owners with the same token
+//!    (every backend gives each grant its own token, shared ones included; a read
+//!    beside its owner's write may go on with the write's token), whatever the
+//!    timing; and, by `ok` time, an exclusive grant whose token is not above every
+//!    earlier grant's of other owners, or a shared grant (or an upgrade, which goes
+//!    on with its owner's read) whose token is not above every earlier exclusive
+//!    grant's of other owners —
 //!    excused when the later grant's `ok` is unreliable (its process was paused, or
 //!    it is a multi-lock member, whose `ok` is when the whole multi-lock returned).
 //! 4. **late-loss** — a hold lost while held (not by closing its manager, not
@@ -400,6 +406,8 @@ struct Invoke<'a> {
 #[derive(Debug, Clone)]
 struct Hold<'a> {
     key: &'a str,
+    /// Whose hold it is (one owner's holds never conflict).
+    owner: &'a str,
     lock: &'a str,
     mode: Mode,
     token: u64,
@@ -432,6 +440,11 @@ struct Hold<'a> {
 }
 
 impl Hold<'_> {
+    /// Whether this hold and `other` exclude each other.
+    fn conflicts(&self, other: &Hold<'_>) -> bool {
+        self.owner != other.owner && self.mode.conflicts(other.mode)
+    }
+
     fn released_at(&self) -> Option<u64> {
         (self.releases >= self.guards)
             .then_some(self.last_release)
@@ -470,6 +483,38 @@ impl Hold<'_> {
     fn renewed_within(&self, a: u64, b: u64) -> bool {
         let i = self.proofs.partition_point(|&p| p < a);
         self.proofs.get(i).is_some_and(|&p| p < b)
+    }
+}
+
+/// The highest token seen, and the highest among the other owners' (so the
+/// highest of any owner but a given one is at hand).
+#[derive(Default)]
+struct TopByOwner<'a> {
+    best: Option<(u64, &'a str)>,
+    /// The highest token of an owner other than `best`'s.
+    second: u64,
+}
+
+impl<'a> TopByOwner<'a> {
+    fn update(&mut self, token: u64, owner: &'a str) {
+        match &mut self.best {
+            None => self.best = Some((token, owner)),
+            Some((top, o)) if *o == owner => *top = (*top).max(token),
+            Some((top, o)) if token > *top => {
+                self.second = *top;
+                (*top, *o) = (token, owner);
+            }
+            Some(_) => self.second = self.second.max(token),
+        }
+    }
+
+    /// The highest token of any owner but `owner` (0 for none).
+    fn floor(&self, owner: &str) -> u64 {
+        match self.best {
+            Some((_, o)) if o == owner => self.second,
+            Some((top, _)) => top,
+            None => 0,
+        }
     }
 }
 
@@ -555,6 +600,7 @@ pub fn check(label: &str, events: &[Event], rules: &Rules) -> Report {
                 mode,
                 token,
                 hold,
+                owner,
                 lease_ms,
                 sent,
                 lost,
@@ -574,6 +620,7 @@ pub fn check(label: &str, events: &[Event], rules: &Rules) -> Report {
                         grant_of.entry((p, lock, *token)).or_default().push(i);
                         holds.push(Hold {
                             key: hold,
+                            owner,
                             lock,
                             mode: *mode,
                             token: *token,
@@ -760,12 +807,12 @@ pub fn check(label: &str, events: &[Event], rules: &Rules) -> Report {
         }
         h.end = end.max(h.ok);
         h.proofs.sort_unstable();
-        // A grant whose process was paused between invoke and `ok`, or a multi-lock
-        // member (its `ok` is when the whole multi-lock returned): its `ok` time says
-        // little about when it was granted.
+        // A grant whose process was paused between invoke and `ok`, or a member of
+        // a multi-lock or an upgradeable read (its `ok` is when the whole returned):
+        // its `ok` time says little about when it was granted.
         let invoke = invokes.get(&(h.proc_, h.att));
         let invoked = invoke.map_or(h.ok, |i| i.t);
-        let multi = invoke.is_some_and(|i| i.op == Op::Multi);
+        let multi = invoke.is_some_and(|i| matches!(i.op, Op::Multi | Op::Upgradeable));
         h.ok_unreliable = multi || rec.paused(invoked, h.ok);
         h.pause_from_ok = rec.first_pause_from(h.ok);
         if h.lost_while_held().is_some() {
@@ -811,7 +858,7 @@ pub fn check(label: &str, events: &[Event], rules: &Rules) -> Report {
             let mut sharing: Vec<&str> = Vec::new();
             for &ai in &active {
                 let a = &holds[ai];
-                if !a.mode.conflicts(b.mode) {
+                if !a.conflicts(b) {
                     if let (Some(n), Some(_)) = (a.mode.permits(), b.mode.permits()) {
                         let earlier_grant = b.ok_unreliable && b.token < a.token;
                         let held =
@@ -887,10 +934,19 @@ pub fn check(label: &str, events: &[Event], rules: &Rules) -> Report {
         let list = &by_lock[lock];
         let granted_before = list.partition_point(|&i| holds[i].ok < t);
         let first_above = max_token[lock][..granted_before].partition_point(|&m| m <= a.token);
-        if first_above == granted_before {
+        // The first such grant of another owner (one owner's own later grant — its
+        // read beside its write — does not make its writes stale), made after A's
+        // (a grant before A's leaves A's writes current: ZooKeeper's upgrade goes on
+        // with its read's token, below those of the readers beside that read). A's
+        // `ok` when it is reliable, else the send time of its granting attempt.
+        let after = if a.ok_unreliable { a.sent } else { a.ok };
+        let Some(b) = list[first_above..granted_before]
+            .iter()
+            .map(|&i| &holds[i])
+            .find(|b| b.token > a.token && b.owner != a.owner && b.ok >= after)
+        else {
             continue;
-        }
-        let b = &holds[list[first_above]];
+        };
         if a.pause_from_ok <= t && b.ok >= a.valid_until(b.ok) {
             stale.excused += 1;
             continue;
@@ -909,43 +965,58 @@ pub fn check(label: &str, events: &[Event], rules: &Rules) -> Report {
     }
 
     // 3. token order: tokens are unique per grant on every backend (shared grants
-    // included), whatever the timing; the order is judged on `ok` times.
+    // included), whatever the timing — but for one owner's read beside its write,
+    // which may go on with the write's token (ZooKeeper's placed read); the order is
+    // judged on `ok` times, against the other owners' grants.
     for lock in &locks {
-        let mut max_all = 0u64;
-        let mut max_exclusive = 0u64;
-        let mut seen: HashMap<u64, &str> = HashMap::new();
+        let mut top_all = TopByOwner::default();
+        let mut top_exclusive = TopByOwner::default();
+        let mut seen: HashMap<u64, (&str, &str)> = HashMap::new();
         for &i in &by_lock[lock] {
             let h = &holds[i];
-            if let Some(other) = seen.insert(h.token, h.key) {
-                token_order.violation(lock, || {
-                    format!(
-                        "{lock}: {} and {other} were both granted token {}",
-                        h.key, h.token
-                    )
-                });
-            } else {
-                let floor = match h.mode {
-                    Mode::Exclusive => max_all,
-                    Mode::Shared | Mode::Permit1 | Mode::Permit2 => max_exclusive,
-                };
-                if h.token <= floor {
-                    if h.ok_unreliable {
-                        token_order.excused += 1;
-                    } else {
-                        token_order.violation(lock, || {
-                            format!(
-                                "{lock}: {} granted token {} at {}, not above the earlier token {floor}",
-                                h.key,
-                                h.token,
-                                at(h.ok, t0)
-                            )
-                        });
+            match seen.get(&h.token) {
+                Some(&(other, owner)) if owner != h.owner => {
+                    token_order.violation(lock, || {
+                        format!(
+                            "{lock}: {} and {other} were both granted token {}",
+                            h.key, h.token
+                        )
+                    });
+                }
+                Some(_) => {}
+                None => {
+                    seen.insert(h.token, (h.key, h.owner));
+                    // An upgrade goes on with its owner's read (ZooKeeper gives it
+                    // the read's token): readers beside that read may hold newer
+                    // ones; it is judged as a read is, against earlier writers.
+                    let upgrade = invokes
+                        .get(&(h.proc_, h.att))
+                        .is_some_and(|i| i.op == Op::Upgrade);
+                    let floor = match h.mode {
+                        Mode::Exclusive if !upgrade => top_all.floor(h.owner),
+                        Mode::Exclusive | Mode::Shared | Mode::Permit1 | Mode::Permit2 => {
+                            top_exclusive.floor(h.owner)
+                        }
+                    };
+                    if h.token <= floor {
+                        if h.ok_unreliable {
+                            token_order.excused += 1;
+                        } else {
+                            token_order.violation(lock, || {
+                                format!(
+                                    "{lock}: {} granted token {} at {}, not above the earlier token {floor}",
+                                    h.key,
+                                    h.token,
+                                    at(h.ok, t0)
+                                )
+                            });
+                        }
                     }
                 }
             }
-            max_all = max_all.max(h.token);
+            top_all.update(h.token, h.owner);
             if h.mode == Mode::Exclusive {
-                max_exclusive = max_exclusive.max(h.token);
+                top_exclusive.update(h.token, h.owner);
             }
         }
     }
@@ -962,7 +1033,7 @@ pub fn check(label: &str, events: &[Event], rules: &Rules) -> Report {
                 let next = list[pos + 1..]
                     .iter()
                     .map(|&i| &holds[i])
-                    .find(|b| b.ok > a.ok && a.mode.conflicts(b.mode));
+                    .find(|b| b.ok > a.ok && a.conflicts(b));
                 if let Some(b) = next {
                     margins.push(b.ok as f64 / 1e6 - l as f64 / 1e6);
                 }
@@ -1075,11 +1146,11 @@ pub fn check(label: &str, events: &[Event], rules: &Rules) -> Report {
         let mut waits: Vec<(&(u32, u64), &Invoke<'_>)> = invokes.iter().collect();
         waits.sort_by_key(|(k, i)| (i.t, **k));
         for (key, inv) in waits {
-            // A multi-lock member may be refused for another member's sake.
+            // A multi-lock's or an upgradeable read's member may be refused for
+            // another member's sake.
             if inv.mode != Mode::Exclusive
                 || inv.cancel
-                || inv.op == Op::Reenter
-                || inv.op == Op::Multi
+                || matches!(inv.op, Op::Reenter | Op::Multi | Op::Upgradeable)
             {
                 continue;
             }

@@ -25,7 +25,7 @@ use super::check::{check, Report, Rules};
 use super::history::{now_ns, read_file, Event, EventLog, Kind, COORDINATOR};
 use super::nemesis::{self, Choice, Servers, WorkerCommand};
 use super::register::Register;
-use super::workload::{keep_trying, lock_names, run_worker, WorkerSpec, EXIT_GRACE, LEASE};
+use super::workload::{keep_trying, run_worker, state_names, WorkerSpec, EXIT_GRACE, LEASE};
 
 /// Bound on opening the backend (one round trip included).
 const CONNECT_BOUND: Duration = Duration::from_secs(20);
@@ -420,7 +420,7 @@ async fn leak_check(
         .build()
         .map_err(|e| format!("leak check: {e}"))?;
     let mut described = 0;
-    for name in lock_names(manager.capabilities()) {
+    for name in state_names(manager.capabilities()) {
         let state = match tokio::time::timeout(INSPECT_BOUND, manager.inspect(name)).await {
             Ok(Ok(state)) if is_clean(state.as_ref()) => continue,
             Ok(Ok(state)) => format!("{state:?}"),

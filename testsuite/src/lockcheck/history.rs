@@ -132,6 +132,13 @@ words! {
         Multi = "multi",
         /// `try_lock(0)` on the handle of a hold it has (a reentry).
         Reenter = "reenter",
+        /// `downgrade()` of a read-write lock's write guard: its read side.
+        Downgrade = "downgrade",
+        /// `try_lock(wait)` of a read-write lock's upgradeable side, logged for each
+        /// of its two holds (its own lock's, and the read of the lock).
+        Upgradeable = "upgradeable",
+        /// `try_upgrade(wait)` of an upgradeable read: the write side beside it.
+        Upgrade = "upgrade",
     }
 }
 
@@ -234,6 +241,9 @@ pub enum Kind {
         /// The hold (a grant and its reentrant guards share it): handle id `@` the
         /// hold's acquire time.
         hold: String,
+        /// Whose hold it is: holds of one owner never conflict (a read-write lock's
+        /// read and write sides).
+        owner: String,
         /// The lease the hold was asked with (ms).
         lease_ms: u64,
         /// When the granting attempt was sent (CLOCK_MONOTONIC ns): the store counts
@@ -393,6 +403,7 @@ impl Event {
                 mode,
                 token,
                 hold,
+                owner,
                 lease_ms,
                 sent,
                 lost,
@@ -402,6 +413,7 @@ impl Event {
                 kv("mode", mode.as_str());
                 kv("token", &token.to_string());
                 kv("hold", hold);
+                kv("owner", owner);
                 kv("lease", &lease_ms.to_string());
                 kv("sent", &sent.to_string());
                 kv("lost", b(*lost));
@@ -535,6 +547,7 @@ impl Event {
                 mode: Mode::parse(field("mode")?).ok_or_else(|| bad("mode"))?,
                 token: n("token")?,
                 hold: s("hold")?,
+                owner: s("owner")?,
                 lease_ms: n("lease")?,
                 sent: n("sent")?,
                 lost: flag("lost")?,
@@ -706,6 +719,7 @@ mod tests {
                 mode: Mode::Shared,
                 token: 9,
                 hold: "p2.m0.t1.x0@77".into(),
+                owner: "p2.m0.t1.x0".into(),
                 lease_ms: 2000,
                 sent: 4,
                 lost: false,

@@ -49,6 +49,17 @@ pub const FAIR_NAME: &str = "f0";
 pub const RW_NAME: &str = "rw0";
 /// How often (%) a task takes two exclusive names with one multi-lock.
 const MULTI_PERCENT: u32 = 8;
+/// The lock of the read-write lock's upgradeable side (`RW_NAME` and
+/// `dlock_api::UPGRADEABLE_SUFFIX`).
+pub const RW_UPGRADEABLE_NAME: &str = "rw0::upgradeable";
+/// How often (%) a task takes the read-write lock's upgradeable side (on backends
+/// with cross-mode holds).
+const UPGRADEABLE_PERCENT: u32 = 6;
+/// How often (%) an upgradeable read tries to upgrade.
+const UPGRADE_PERCENT: u32 = 60;
+/// How often (%) a write of the read-write lock ends by a downgrade to a read (on
+/// backends with cross-mode holds).
+const DOWNGRADE_PERCENT: u32 = 30;
 /// How long after its deadline a worker's tasks may take to finish.
 const TASK_GRACE: Duration = Duration::from_secs(20);
 /// Bound on one backend call the workload means to complete beyond its own wait
@@ -137,6 +148,16 @@ pub fn lock_names(caps: Capabilities) -> Vec<&'static str> {
     names
 }
 
+/// Every lock name whose state a run on a backend with `caps` may leave: those it
+/// locks, and the upgradeable side's own lock.
+pub fn state_names(caps: Capabilities) -> Vec<&'static str> {
+    let mut names = lock_names(caps);
+    if caps.shared && caps.cross_mode {
+        names.push(RW_UPGRADEABLE_NAME);
+    }
+    names
+}
+
 /// What one worker (process or in-process virtual process) does.
 #[derive(Debug, Clone)]
 pub struct WorkerSpec {
@@ -197,6 +218,7 @@ pub async fn run_worker(
                 shared: shared.clone(),
                 names: names.clone(),
                 leases: caps.lease,
+                cross_mode: caps.cross_mode,
                 manager: manager.clone(),
                 own: HashMap::new(),
                 rw: None,
@@ -362,6 +384,10 @@ struct Target {
     /// Set for the semaphore: permits are taken through it (`handle` unused).
     semaphore: Option<Semaphore>,
     handle_id: String,
+    /// Whose holds its grants are (a read-write lock's sides share one).
+    owner: String,
+    /// A read-write lock's write side: its read side, which a downgrade takes.
+    read_side: Option<DistributeLock>,
 }
 
 /// A granted hold: a lock guard, a term of leadership or semaphore permits.
@@ -418,6 +444,8 @@ struct Task {
     /// Whether the backend takes explicit leases (ZooKeeper ties holds to the
     /// session and refuses them: no such op is sent there).
     leases: bool,
+    /// Whether the backend lets one owner hold both modes (downgrades, upgrades).
+    cross_mode: bool,
     manager: DistributeLockManager,
     own: HashMap<&'static str, DistributeLock>,
     rw: Option<ReadWriteLock>,
@@ -435,6 +463,14 @@ impl Task {
         for _ in 0..MAX_ITERATIONS {
             if Instant::now() >= self.deadline {
                 break;
+            }
+            if sticky.is_none()
+                && self.cross_mode
+                && self.names.contains(&RW_NAME)
+                && self.rng.u32(0..100) < UPGRADEABLE_PERCENT
+            {
+                self.upgradeable_attempt().await?;
+                continue;
             }
             let multi = sticky.is_none() && self.rng.u32(0..100) < MULTI_PERCENT;
             let target = match sticky.take() {
@@ -473,19 +509,10 @@ impl Task {
                 .get_or_insert_with(|| manager.read_write_lock(RW_NAME))
                 .clone();
             let read = self.rng.u32(0..100) < 60;
-            let (handle, side, mode) = if read {
-                (rw.read().clone(), "r", Mode::Shared)
+            return if read {
+                self.rw_side(&rw, Mode::Shared)
             } else {
-                (rw.write().clone(), "w", Mode::Exclusive)
-            };
-            return Target {
-                lock,
-                mode,
-                fair: false,
-                handle,
-                election: None,
-                semaphore: None,
-                handle_id: format!("{}.{lock}.{side}", self.client),
+                self.rw_side(&rw, Mode::Exclusive)
             };
         }
         if lock == SHARED_HANDLE_NAME && self.rng.bool() {
@@ -497,6 +524,8 @@ impl Task {
                 election: None,
                 semaphore: None,
                 handle_id: self.shared_id.clone(),
+                owner: self.shared_id.clone(),
+                read_side: None,
             };
         }
         if lock == SEMAPHORE_NAME {
@@ -506,6 +535,8 @@ impl Task {
             } else {
                 Mode::Permit2
             };
+            // Every acquisition is a new holder.
+            let handle_id = format!("{}.{lock}.p{:x}", self.client, self.rng.u64(..));
             return Target {
                 lock,
                 mode,
@@ -513,12 +544,15 @@ impl Task {
                 handle: self.shared.clone(),
                 election: None,
                 semaphore: Some(semaphore),
-                // Every acquisition is a new holder.
-                handle_id: format!("{}.{lock}.p{:x}", self.client, self.rng.u64(..)),
+                owner: handle_id.clone(),
+                handle_id,
+                read_side: None,
             };
         }
         if lock == ELECTION_NAME {
             let election = self.manager.election(ELECTION_NAME);
+            // Every campaign is a new candidate (owner).
+            let handle_id = format!("{}.{lock}.c{:x}", self.client, self.rng.u64(..));
             return Target {
                 lock,
                 mode: Mode::Exclusive,
@@ -526,8 +560,9 @@ impl Task {
                 handle: self.shared.clone(),
                 election: Some(election),
                 semaphore: None,
-                // Every campaign is a new candidate (owner).
-                handle_id: format!("{}.{lock}.c{:x}", self.client, self.rng.u64(..)),
+                owner: handle_id.clone(),
+                handle_id,
+                read_side: None,
             };
         }
         let fair = lock == FAIR_NAME;
@@ -543,6 +578,7 @@ impl Task {
                 }
             })
             .clone();
+        let handle_id = format!("{}.{lock}", self.client);
         Target {
             lock,
             mode: Mode::Exclusive,
@@ -550,7 +586,29 @@ impl Task {
             handle,
             election: None,
             semaphore: None,
-            handle_id: format!("{}.{lock}", self.client),
+            owner: handle_id.clone(),
+            handle_id,
+            read_side: None,
+        }
+    }
+
+    /// A side of the task's read-write lock: its read side (`Shared`) or its write
+    /// side (which downgrades to the read side where the backend can), one owner.
+    fn rw_side(&self, rw: &ReadWriteLock, mode: Mode) -> Target {
+        let (handle, side) = match mode {
+            Mode::Exclusive => (rw.write().clone(), "w"),
+            _ => (rw.read().clone(), "r"),
+        };
+        Target {
+            lock: RW_NAME,
+            mode,
+            fair: false,
+            handle,
+            election: None,
+            semaphore: None,
+            handle_id: format!("{}.{RW_NAME}.{side}", self.client),
+            owner: format!("{}.{RW_NAME}", self.client),
+            read_side: (mode == Mode::Exclusive && self.cross_mode).then(|| rw.read().clone()),
         }
     }
 
@@ -559,7 +617,11 @@ impl Task {
     }
 
     fn hold_key(&self, target: &Target, held: &Held) -> String {
-        let at = held.acquired_at().saturating_duration_since(self.base);
+        self.hold_key_at(target, held.acquired_at())
+    }
+
+    fn hold_key_at(&self, target: &Target, acquired_at: Instant) -> String {
+        let at = acquired_at.saturating_duration_since(self.base);
         format!("{}@{}", target.handle_id, at.as_nanos())
     }
 
@@ -615,8 +677,11 @@ impl Task {
                 .map(Held::Term);
             }
             match op {
-                // `attempt` asks `try` of a single lock; a multi-lock is `multi_attempt`.
-                Op::Try | Op::Multi => tried(hung, handle.try_lock(wait)).await,
+                // `attempt` asks `try` of a single lock; a multi-lock is
+                // `multi_attempt`, the read-write lock's other ways their own.
+                Op::Try | Op::Multi | Op::Downgrade | Op::Upgradeable | Op::Upgrade => {
+                    tried(hung, handle.try_lock(wait)).await
+                }
                 Op::Lease => tried(hung, handle.try_lock_with_lease(wait, lease)).await,
                 Op::Lock => waited(wait, handle.lock()).await,
                 Op::LockLease | Op::Reenter => waited(wait, handle.lock_with_lease(lease)).await,
@@ -661,11 +726,32 @@ impl Task {
                 mode: target.mode,
                 token: held.fencing_token(),
                 hold: self.hold_key(target, held),
+                owner: target.owner.clone(),
                 lease_ms,
                 sent: instant_ns(held.acquired_at()),
                 lost: held.is_lost(),
             },
         );
+    }
+
+    /// `log_ok` of one hold of a composite guard (an upgradeable read's).
+    fn log_guard_ok(&self, target: &Target, guard: &LockGuard, att: u64, t_ok: u64) -> String {
+        let hold = self.hold_key_at(target, guard.acquired_at());
+        self.log.log_at(
+            t_ok,
+            Kind::Ok {
+                att,
+                lock: target.lock.to_owned(),
+                mode: target.mode,
+                token: guard.fencing_token().get(),
+                hold: hold.clone(),
+                owner: target.owner.clone(),
+                lease_ms: u64::try_from(LEASE.as_millis()).unwrap_or(u64::MAX),
+                sent: instant_ns(guard.acquired_at()),
+                lost: guard.is_lost(),
+            },
+        );
+        hold
     }
 
     /// Holds `guard`: register ENTER, fenced writes (reads for shared holds), a random
@@ -734,7 +820,68 @@ impl Task {
             .exit(lock, token, &hold)
             .await
             .map_err(|e| reg_err(&self.client, e))?;
+        if let (Some(read_side), Held::Guard(write)) = (&target.read_side, &guard) {
+            if !write.is_lost() && self.rng.u32(0..100) < DOWNGRADE_PERCENT {
+                let read_side = read_side.clone();
+                let Held::Guard(write) = guard else {
+                    unreachable!("matched above")
+                };
+                return Box::pin(self.downgrade(target, read_side, write, &hold)).await;
+            }
+        }
         Ok(self.release(target, guard, &hold).await)
+    }
+
+    /// Ends a write hold of the read-write lock by `downgrade()`: its read side is
+    /// taken beside it and the write guard let go (logged as dropped once the call
+    /// returns); the read then has a critical section of its own. Returns true if
+    /// the read was released by a drop.
+    async fn downgrade(
+        &mut self,
+        target: &Target,
+        read_side: DistributeLock,
+        write: LockGuard,
+        hold: &str,
+    ) -> Result<bool, String> {
+        let att = self.next_attempt();
+        self.log.log(Kind::Invoke {
+            att,
+            lock: target.lock.to_owned(),
+            mode: Mode::Shared,
+            fair: false,
+            op: Op::Downgrade,
+            wait_ms: 0,
+            cancel: false,
+        });
+        let result = tokio::time::timeout(CALL_BOUND, write.downgrade()).await;
+        // The write guard is gone, whatever the answer (dropped by the call or with it).
+        self.log.log(Kind::Release {
+            hold: hold.to_owned(),
+            lock: target.lock.to_owned(),
+            how: How::Drop,
+        });
+        let why = match result {
+            Ok(Ok(read)) => {
+                let t_ok = now_ns();
+                let mut read_target = target.clone();
+                read_target.mode = Mode::Shared;
+                read_target.handle = read_side;
+                read_target.handle_id = format!("{}.{RW_NAME}.r", self.client);
+                read_target.read_side = None;
+                let lease_ms = u64::try_from(LEASE.as_millis()).unwrap_or(u64::MAX);
+                return self
+                    .critical_section(&read_target, Held::Guard(read), att, t_ok, lease_ms, false)
+                    .await;
+            }
+            Ok(Err(e)) => Why::Error(e.kind().as_str().to_owned()),
+            Err(_) => Why::Hung,
+        };
+        self.log.log(Kind::Fail {
+            att,
+            lock: target.lock.to_owned(),
+            why,
+        });
+        Ok(false)
     }
 
     /// A fenced write (exclusive holds) or read (shared holds), unless already lost.
@@ -820,6 +967,8 @@ impl Task {
                 election: None,
                 semaphore: None,
                 handle_id: format!("{id}.{lock}"),
+                owner: format!("{id}.{lock}"),
+                read_side: None,
             })
             .collect();
         // Waits long enough to be granted on the busy exclusive names now and then.
@@ -886,6 +1035,171 @@ impl Task {
         }
         for ((target, h), (hold, _)) in targets.iter().zip(held).zip(&holds) {
             self.release(target, h, hold).await;
+        }
+        Ok(())
+    }
+
+    /// Takes the read-write lock's upgradeable side (`try_lock(wait)`), logged as its
+    /// two holds (its own lock's, exclusive, and a read of the lock); for a grant,
+    /// a critical section of both (register ENTER, a read and a write of the own
+    /// lock), then — 60 % — `try_upgrade(wait)`, and for an upgrade the write's
+    /// own critical section (ENTER, fenced writes, EXIT) ended by a `downgrade()`
+    /// back to the upgradeable read; then EXIT and the release of both holds (by
+    /// `unlock` or a drop).
+    async fn upgradeable_attempt(&mut self) -> Result<(), String> {
+        let manager = &self.manager;
+        let rw = self
+            .rw
+            .get_or_insert_with(|| manager.read_write_lock(RW_NAME))
+            .clone();
+        let mut own = self.rw_side(&rw, Mode::Exclusive);
+        own.lock = RW_UPGRADEABLE_NAME;
+        own.handle_id = format!("{}.{RW_NAME}.u", self.client);
+        own.read_side = None;
+        let read = self.rw_side(&rw, Mode::Shared);
+        let mut write = self.rw_side(&rw, Mode::Exclusive);
+        write.read_side = None;
+        let wait = Duration::from_millis(self.rng.u64(0..=1000));
+        let members = [own, read];
+        let atts: Vec<u64> = members.iter().map(|_| self.next_attempt()).collect();
+        for (target, &att) in members.iter().zip(&atts) {
+            self.log.log(Kind::Invoke {
+                att,
+                lock: target.lock.to_owned(),
+                mode: target.mode,
+                fair: false,
+                op: Op::Upgradeable,
+                wait_ms: u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
+                cancel: false,
+            });
+        }
+        let mut guard = match tried(wait + CALL_BOUND, rw.upgradeable_read().try_lock(wait)).await
+        {
+            Ok(guard) => guard,
+            Err(why) => {
+                for (target, &att) in members.iter().zip(&atts) {
+                    self.log.log(Kind::Fail {
+                        att,
+                        lock: target.lock.to_owned(),
+                        why: why.clone(),
+                    });
+                }
+                return Ok(());
+            }
+        };
+        let t_ok = now_ns();
+        let [own, read] = &members;
+        let own_hold = self.log_guard_ok(own, guard.upgradeable(), atts[0], t_ok);
+        let read_hold = self.log_guard_ok(read, guard.read(), atts[1], t_ok);
+        let own_token = guard.upgradeable().fencing_token().get();
+        let read_token = guard.read().fencing_token().get();
+        let reg = |e| reg_err(&self.client, e);
+        self.register.enter(own.lock, own_token, &own_hold).await.map_err(reg)?;
+        self.register.enter(read.lock, read_token, &read_hold).await.map_err(reg)?;
+        if !guard.is_lost() {
+            self.register.read(read.lock, read_token, &read_hold).await.map_err(reg)?;
+            self.register.write(own.lock, own_token, &own_hold).await.map_err(reg)?;
+        }
+        let hold_for = Duration::from_millis(self.rng.u64(0..=20));
+        tokio::select! {
+            _ = guard.lost() => {}
+            () = tokio::time::sleep(hold_for) => {}
+        }
+
+        if !guard.is_lost() && self.rng.u32(0..100) < UPGRADE_PERCENT {
+            let wait = Duration::from_millis(self.rng.u64(0..=800));
+            let att = self.next_attempt();
+            self.log.log(Kind::Invoke {
+                att,
+                lock: write.lock.to_owned(),
+                mode: Mode::Exclusive,
+                fair: false,
+                op: Op::Upgrade,
+                wait_ms: u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
+                cancel: false,
+            });
+            let upgraded = tried(
+                wait + CALL_BOUND,
+                async { guard.try_upgrade(wait).await.map(|up| up.then_some(())) },
+            )
+            .await;
+            let t_ok = now_ns();
+            match (upgraded, guard.write()) {
+                (Ok(()), Some(w)) => {
+                    let hold = self.log_guard_ok(&write, w, att, t_ok);
+                    let token = w.fencing_token().get();
+                    let reg = |e| reg_err(&self.client, e);
+                    self.register.enter(write.lock, token, &hold).await.map_err(reg)?;
+                    if !w.is_lost() {
+                        self.register.write(write.lock, token, &hold).await.map_err(reg)?;
+                    }
+                    let hold_for = Duration::from_millis(self.rng.u64(0..=20));
+                    tokio::select! {
+                        _ = guard.lost() => {}
+                        () = tokio::time::sleep(hold_for) => {}
+                    }
+                    if guard.write().is_some_and(|w| !w.is_lost()) {
+                        self.register.write(write.lock, token, &hold).await.map_err(reg)?;
+                    }
+                    self.register.exit(write.lock, token, &hold).await.map_err(reg)?;
+                    self.log.log(Kind::Release {
+                        hold: hold.clone(),
+                        lock: write.lock.to_owned(),
+                        how: How::Unlock,
+                    });
+                    let outcome = match tokio::time::timeout(CALL_BOUND, guard.downgrade()).await {
+                        Ok(Ok(())) => Outcome::Ok,
+                        Ok(Err(e)) => Outcome::Error(e.kind().as_str().to_owned()),
+                        Err(_) => Outcome::Cancelled,
+                    };
+                    self.log.log(Kind::Released {
+                        hold,
+                        lock: write.lock.to_owned(),
+                        outcome,
+                    });
+                }
+                (result, _) => {
+                    let why = match result {
+                        Err(why) => why,
+                        // Answered "upgraded" without a write hold: not possible.
+                        Ok(()) => Why::Error("unexpected".to_owned()),
+                    };
+                    self.log.log(Kind::Fail {
+                        att,
+                        lock: write.lock.to_owned(),
+                        why,
+                    });
+                }
+            }
+        }
+
+        let reg = |e| reg_err(&self.client, e);
+        self.register.exit(read.lock, read_token, &read_hold).await.map_err(reg)?;
+        self.register.exit(own.lock, own_token, &own_hold).await.map_err(reg)?;
+        let drop_it = self.rng.u32(0..100) < 40;
+        let how = if drop_it { How::Drop } else { How::Unlock };
+        for (target, hold) in [(read, &read_hold), (own, &own_hold)] {
+            self.log.log(Kind::Release {
+                hold: hold.clone(),
+                lock: target.lock.to_owned(),
+                how,
+            });
+        }
+        if drop_it {
+            drop(guard);
+            return Ok(());
+        }
+        let outcome = match tokio::time::timeout(CALL_BOUND, guard.unlock()).await {
+            Ok(Ok(())) => Outcome::Ok,
+            Ok(Err(e)) => Outcome::Error(e.kind().as_str().to_owned()),
+            Err(_) => Outcome::Cancelled,
+        };
+        for (target, hold) in [(read, read_hold), (own, own_hold)] {
+            self.log.log(Kind::Released {
+                hold,
+                lock: target.lock.to_owned(),
+                outcome: outcome.clone(),
+            });
         }
         Ok(())
     }
