@@ -7,8 +7,8 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::lock::DistributeLock;
-use crate::rwlock::ReadWriteLock;
 use crate::manager::DistributeLockManager;
+use crate::rwlock::ReadWriteLock;
 
 /// How many handles a group keeps by default.
 pub const DEFAULT_GROUP_CAPACITY: usize = 10_000;

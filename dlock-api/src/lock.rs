@@ -63,6 +63,13 @@ pub(crate) enum Side {
     },
 }
 
+/// Where a handle stands: its owner, its hold's slot and its side.
+pub(crate) struct Place {
+    pub(crate) owner: OwnerId,
+    pub(crate) current: Slot,
+    pub(crate) side: Side,
+}
+
 /// The live hold in `slot`, if any.
 fn live(slot: &Slot) -> Option<Arc<Hold>> {
     slot.lock()
@@ -160,18 +167,32 @@ impl DistributeLock {
         Self::with_spec(manager, name, mode, fairness, spec)
     }
 
-    /// A side of a read-write lock: a lock's handle with the given owner, slot and
-    /// side.
+    /// A side of a read-write lock: a lock's handle at `place` (its owner, slot
+    /// and side).
     pub(crate) fn side_of(
         manager: Arc<ManagerInner>,
         name: Result<LockName>,
         mode: LockMode,
         fairness: Fairness,
-        owner: OwnerId,
-        current: Slot,
-        side: Side,
+        place: Place,
     ) -> Self {
         let spec = HoldSpec::lock(&manager.config);
+        Self::assemble(manager, name, mode, fairness, spec, place)
+    }
+
+    fn assemble(
+        manager: Arc<ManagerInner>,
+        name: Result<LockName>,
+        mode: LockMode,
+        fairness: Fairness,
+        spec: HoldSpec,
+        place: Place,
+    ) -> Self {
+        let Place {
+            owner,
+            current,
+            side,
+        } = place;
         DistributeLock {
             handle: Arc::new(Handle {
                 manager,
@@ -205,20 +226,12 @@ impl DistributeLock {
         fairness: Fairness,
         spec: HoldSpec,
     ) -> Self {
-        let owner = manager.new_owner();
-        DistributeLock {
-            handle: Arc::new(Handle {
-                manager,
-                name,
-                owner,
-                mode,
-                fairness,
-                spec,
-                current: Arc::new(Mutex::new(None)),
-                side: Side::Alone,
-                gate: tokio::sync::Mutex::new(()),
-            }),
-        }
+        let place = Place {
+            owner: manager.new_owner(),
+            current: Arc::new(Mutex::new(None)),
+            side: Side::Alone,
+        };
+        Self::assemble(manager, name, mode, fairness, spec, place)
     }
 
     /// The full (namespaced) lock name, or the validation error.

@@ -8,7 +8,7 @@ use dlock_spi::{Error, Fairness, FencingToken, LockMode, LockName, LostReason, R
 
 use crate::guard::{wait_any_lost, LockGuard, LostSignal};
 use crate::hold::Hold;
-use crate::lock::{clone_error, DistributeLock, Side, Slot};
+use crate::lock::{clone_error, DistributeLock, Place, Side, Slot};
 use crate::manager::ManagerInner;
 
 /// What the upgradeable side's lock name adds to the read-write lock's name. The
@@ -74,7 +74,7 @@ impl ReadWriteLock {
         let read_slot: Slot = Arc::new(Mutex::new(None));
         let write_slot: Slot = Arc::new(Mutex::new(None));
         let upgrade_slot: Slot = Arc::new(Mutex::new(None));
-        let copy = |name: &Result<LockName>| name.as_ref().map(Clone::clone).map_err(clone_error);
+        let copy = |name: &Result<LockName>| name.as_ref().cloned().map_err(clone_error);
         let upgrade_name = name.as_ref().map_err(clone_error).and_then(|n| {
             LockName::new(format!("{n}{UPGRADEABLE_SUFFIX}")).map_err(|e| {
                 Error::new(
@@ -92,10 +92,12 @@ impl ReadWriteLock {
             copy(&name),
             LockMode::Shared,
             fairness,
-            owner.clone(),
-            Arc::clone(&read_slot),
-            Side::Read {
-                write: Arc::clone(&write_slot),
+            Place {
+                owner: owner.clone(),
+                current: Arc::clone(&read_slot),
+                side: Side::Read {
+                    write: Arc::clone(&write_slot),
+                },
             },
         );
         let write = DistributeLock::side_of(
@@ -103,11 +105,13 @@ impl ReadWriteLock {
             name,
             LockMode::Exclusive,
             fairness,
-            owner.clone(),
-            write_slot,
-            Side::Write {
-                read: Arc::clone(read.handle()),
-                upgrade: Arc::clone(&upgrade_slot),
+            Place {
+                owner: owner.clone(),
+                current: write_slot,
+                side: Side::Write {
+                    read: Arc::clone(read.handle()),
+                    upgrade: Arc::clone(&upgrade_slot),
+                },
             },
         );
         let upgrade = DistributeLock::side_of(
@@ -115,9 +119,11 @@ impl ReadWriteLock {
             upgrade_name,
             LockMode::Exclusive,
             fairness,
-            owner,
-            upgrade_slot,
-            Side::Alone,
+            Place {
+                owner,
+                current: upgrade_slot,
+                side: Side::Alone,
+            },
         );
         ReadWriteLock {
             upgradeable: UpgradeableReadLock {
@@ -334,16 +340,11 @@ impl UpgradeableReadGuard {
     /// The fencing token of the strongest hold: the write side's once upgraded,
     /// else the read hold's.
     pub fn fencing_token(&self) -> FencingToken {
-        self.write
-            .as_ref()
-            .unwrap_or(&self.read)
-            .fencing_token()
+        self.write.as_ref().unwrap_or(&self.read).fencing_token()
     }
 
     fn guards(&self) -> impl Iterator<Item = &LockGuard> {
-        self.write
-            .iter()
-            .chain([&self.read, &self.upgrade])
+        self.write.iter().chain([&self.read, &self.upgrade])
     }
 
     fn holds(&self) -> Arc<[Arc<Hold>]> {

@@ -501,7 +501,12 @@ impl JdbcBackend {
         let row = match &beside {
             Some(writing) => (
                 &s.acquire_shared_row_beside,
-                vec![name, lease, Param::Text(holder.as_str()), Param::Text(writing.as_str())],
+                vec![
+                    name,
+                    lease,
+                    Param::Text(holder.as_str()),
+                    Param::Text(writing.as_str()),
+                ],
             ),
             None => (
                 &s.acquire_shared_row,

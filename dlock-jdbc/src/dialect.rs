@@ -345,8 +345,14 @@ impl Statements {
         // horizon may stand if every live reader is that hold.
         let acquire_exclusive_beside = s(&acquire_exclusive_text
             .replace("EXCLUSIVE_GATE", "1 = 1")
-            .replace("{locks}.shared_until <= NOW", "({locks}.shared_until <= NOW OR ONLY_READER)")
-            .replace("AND shared_until <= NOW", "AND (shared_until <= NOW OR ONLY_READER)")
+            .replace(
+                "{locks}.shared_until <= NOW",
+                "({locks}.shared_until <= NOW OR ONLY_READER)",
+            )
+            .replace(
+                "AND shared_until <= NOW",
+                "AND (shared_until <= NOW OR ONLY_READER)",
+            )
             .replace("ONLY_READER", &only_reader(dialect)));
         let acquire_shared_row_text = match dialect {
             Dialect::MySql => {

@@ -291,10 +291,7 @@ impl Inner {
     ) -> Result<Enqueued> {
         let client = &session.client;
         let (node_path, options) = match at {
-            Some(sequence) => (
-                format!("{lock}/{prefix}{sequence:010}"),
-                self.acls.placed(),
-            ),
+            Some(sequence) => (format!("{lock}/{prefix}{sequence:010}"), self.acls.placed()),
             None => (format!("{lock}/{prefix}"), self.acls.contender()),
         };
         for _ in 0..3 {

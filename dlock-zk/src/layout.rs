@@ -411,8 +411,14 @@ mod tests {
         assert_eq!(q[2].mode, LockMode::Shared);
         assert_eq!(holders(&q).len(), 1);
         assert_eq!(standing(&q, 0, None), Ok(None));
-        assert_eq!(standing(&q, 1, None).map(|w| w.map(|c| c.sequence)), Ok(Some(3)));
-        assert_eq!(standing(&q, 2, None).map(|w| w.map(|c| c.sequence)), Ok(Some(3)));
+        assert_eq!(
+            standing(&q, 1, None).map(|w| w.map(|c| c.sequence)),
+            Ok(Some(3))
+        );
+        assert_eq!(
+            standing(&q, 2, None).map(|w| w.map(|c| c.sequence)),
+            Ok(Some(3))
+        );
         assert!(standing(&q, 9, None).is_err());
     }
 
@@ -430,35 +436,60 @@ mod tests {
         let q = contenders(&children);
         assert_eq!(holders(&q).len(), 2);
         assert_eq!(standing(&q, 1, None), Ok(None));
-        assert_eq!(standing(&q, 2, None).map(|w| w.map(|c| c.sequence)), Ok(Some(2)));
-        assert_eq!(standing(&q, 3, None).map(|w| w.map(|c| c.sequence)), Ok(Some(3)));
+        assert_eq!(
+            standing(&q, 2, None).map(|w| w.map(|c| c.sequence)),
+            Ok(Some(2))
+        );
+        assert_eq!(
+            standing(&q, 3, None).map(|w| w.map(|c| c.sequence)),
+            Ok(Some(3))
+        );
     }
 
     #[test]
     fn cross_mode_contenders_stand_beside_their_own_nodes() {
-        let q = |names: &[&str]| {
-            contenders(&names.iter().map(|s| s.to_string()).collect::<Vec<_>>())
-        };
+        let q =
+            |names: &[&str]| contenders(&names.iter().map(|s| s.to_string()).collect::<Vec<_>>());
         // A writer's read, placed at its write node's sequence: held at once, and
         // shown with the write as the holders; a writer queued behind stays out.
         let placed = q(&["w-__WRIT__05", "r-__READ__05", "x-__WRIT__07"]);
-        let read = placed.iter().position(|c| c.node == "r-__READ__05").unwrap_or(9);
+        let read = placed
+            .iter()
+            .position(|c| c.node == "r-__READ__05")
+            .unwrap_or(9);
         assert_eq!(standing(&placed, read, Some("w-__WRIT__05")), Ok(None));
         assert_eq!(holders(&placed).len(), 2);
         // Downgraded (the write gone): the queued writer still waits for the read.
         let downgraded = q(&["r-__READ__05", "x-__WRIT__07"]);
         assert_eq!(holders(&downgraded).len(), 1);
-        assert_eq!(standing(&downgraded, 1, None).map(|w| w.map(|c| c.sequence)), Ok(Some(5)));
+        assert_eq!(
+            standing(&downgraded, 1, None).map(|w| w.map(|c| c.sequence)),
+            Ok(Some(5))
+        );
         // An upgrade waits for another owner's holding reader, not for the writer
         // queued behind its own read, nor for that writer's readers.
-        let upgrading = q(&["u-__READ__01", "o-__READ__02", "x-__WRIT__03", "p-__READ__04", "u-__WRIT__06"]);
+        let upgrading = q(&[
+            "u-__READ__01",
+            "o-__READ__02",
+            "x-__WRIT__03",
+            "p-__READ__04",
+            "u-__WRIT__06",
+        ]);
         assert_eq!(
             standing(&upgrading, 4, Some("u-__READ__01")).map(|w| w.map(|c| c.sequence)),
             Ok(Some(2))
         );
-        let upgraded = q(&["u-__READ__01", "x-__WRIT__03", "p-__READ__04", "u-__WRIT__06"]);
+        let upgraded = q(&[
+            "u-__READ__01",
+            "x-__WRIT__03",
+            "p-__READ__04",
+            "u-__WRIT__06",
+        ]);
         assert_eq!(standing(&upgraded, 3, Some("u-__READ__01")), Ok(None));
         // Without the beside node, the same upgrade would wait for the queued writer.
-        assert_eq!(standing(&upgraded, 3, None).map(|w| w.map(|c| c.sequence)), Ok(Some(4)));
+        assert_eq!(
+            standing(&upgraded, 3, None).map(|w| w.map(|c| c.sequence)),
+            Ok(Some(4))
+        );
     }
 }

@@ -42,7 +42,9 @@ pub use guards::{acquisitions_say_how_and_refusals_say_who, guards_say_until_whe
 mod max_hold;
 pub use max_hold::max_hold_ends_a_hold_before_its_lease;
 mod rwlock;
-pub use rwlock::{a_writer_reads_and_downgrades, upgradeable_reads_upgrade_without_a_writer_between};
+pub use rwlock::{
+    a_writer_reads_and_downgrades, upgradeable_reads_upgrade_without_a_writer_between,
+};
 mod waiters;
 pub use waiters::{a_leaving_writer_lets_readers_in, cancelled_lock_leaves_nothing};
 

@@ -21,6 +21,31 @@ async fn only_ours(m: &DistributeLockManager, rw: &ReadWriteLock, name: &str) ->
     !found.is_empty() && found.iter().all(|o| o == rw.read().owner())
 }
 
+/// A task whose `writer` waits for "doc" (up to `RIVAL_WAIT`) and must be granted
+/// in the end; returns once `m` sees it queued.
+async fn queue_writer(
+    m: &DistributeLockManager,
+    writer: &dlock_api::DistributeLock,
+) -> tokio::task::JoinHandle<()> {
+    let queued = writer.clone();
+    let task = tokio::spawn(async move {
+        let guard = queued
+            .try_lock(RIVAL_WAIT)
+            .await
+            .expect("acquire")
+            .expect("the queued writer is granted once the holds it waits for go");
+        guard.unlock().await.expect("unlock");
+    });
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            waiters(m, "doc").await >= 1
+        })
+        .await,
+        "the writer never queued"
+    );
+    task
+}
+
 /// True when the backend lets one owner hold both modes; otherwise checks that a
 /// writer's read is refused as unsupported.
 async fn cross_mode_or_refused(m: &DistributeLockManager) -> bool {
@@ -57,7 +82,11 @@ pub async fn a_writer_reads_and_downgrades(backend: Arc<dyn TestBackend>) {
     assert_eq!(w2.acquisition(), Acquisition::Reentered);
     assert_eq!(w2.fencing_token(), w1.fencing_token());
     let r1 = take(rw.read(), Duration::ZERO).await;
-    assert_eq!(r1.acquisition(), Acquisition::New, "a read beside the write");
+    assert_eq!(
+        r1.acquisition(),
+        Acquisition::New,
+        "a read beside the write"
+    );
     assert_eq!(r1.mode(), LockMode::Shared);
     let r2 = take(rw.read(), Duration::ZERO).await;
     assert_eq!(r2.acquisition(), Acquisition::Reentered);
@@ -125,22 +154,7 @@ pub async fn a_writer_reads_and_downgrades(backend: Arc<dyn TestBackend>) {
     let w1 = take(rw.write(), Duration::ZERO).await;
 
     // A writer queues; the downgrade keeps it out.
-    let queued = rival.write().clone();
-    let writer = tokio::spawn(async move {
-        let guard = queued
-            .try_lock(RIVAL_WAIT)
-            .await
-            .expect("acquire")
-            .expect("the queued writer is granted once the read goes");
-        guard.unlock().await.expect("unlock");
-    });
-    assert!(
-        eventually(Duration::from_secs(5), || async {
-            waiters(&a, "doc").await >= 1
-        })
-        .await,
-        "the writer never queued"
-    );
+    let writer = queue_writer(&a, rival.write()).await;
     let read = w1.downgrade().await.expect("downgrade");
     assert_eq!(read.mode(), LockMode::Shared);
     assert_eq!(read.acquisition(), Acquisition::New);
@@ -230,35 +244,17 @@ pub async fn upgradeable_reads_upgrade_without_a_writer_between(backend: Arc<dyn
     assert!(!up.is_upgraded());
 
     // A writer queues first; the upgrade then waits for the reader, ahead of it.
-    let queued = c.read_write_lock("doc").write().clone();
-    let writer = tokio::spawn(async move {
-        let guard = queued
-            .try_lock(RIVAL_WAIT)
-            .await
-            .expect("acquire")
-            .expect("the queued writer is granted once the upgraded hold goes");
-        guard.unlock().await.expect("unlock");
+    let writer = queue_writer(&a, c.read_write_lock("doc").write()).await;
+    let (upgraded, ()) = tokio::join!(tokio::time::timeout(RIVAL_WAIT, up.upgrade()), async {
+        assert!(
+            eventually(Duration::from_secs(5), || async {
+                waiters(&a, "doc").await >= 2
+            })
+            .await,
+            "the upgrade never waited"
+        );
+        read.unlock().await.expect("the reader leaves");
     });
-    assert!(
-        eventually(Duration::from_secs(5), || async {
-            waiters(&a, "doc").await >= 1
-        })
-        .await,
-        "the writer never queued"
-    );
-    let (upgraded, ()) = tokio::join!(
-        tokio::time::timeout(RIVAL_WAIT, up.upgrade()),
-        async {
-            assert!(
-                eventually(Duration::from_secs(5), || async {
-                    waiters(&a, "doc").await >= 2
-                })
-                .await,
-                "the upgrade never waited"
-            );
-            read.unlock().await.expect("the reader leaves");
-        }
-    );
     upgraded
         .expect("the upgrade waited behind the queued writer (deadlock)")
         .expect("upgrade");

@@ -974,44 +974,43 @@ pub fn check(label: &str, events: &[Event], rules: &Rules) -> Report {
         let mut seen: HashMap<u64, (&str, &str)> = HashMap::new();
         for &i in &by_lock[lock] {
             let h = &holds[i];
-            match seen.get(&h.token) {
-                Some(&(other, owner)) if owner != h.owner => {
+            if let Some(&(other, owner)) = seen.get(&h.token) {
+                if owner != h.owner {
                     token_order.violation(lock, || {
                         format!(
                             "{lock}: {} and {other} were both granted token {}",
                             h.key, h.token
                         )
                     });
+                    continue;
                 }
-                Some(_) => {}
-                None => {
-                    seen.insert(h.token, (h.key, h.owner));
-                    // An upgrade goes on with its owner's read (ZooKeeper gives it
-                    // the read's token): readers beside that read may hold newer
-                    // ones; it is judged as a read is, against earlier writers.
-                    let upgrade = invokes
-                        .get(&(h.proc_, h.att))
-                        .is_some_and(|i| i.op == Op::Upgrade);
-                    let floor = match h.mode {
-                        Mode::Exclusive if !upgrade => top_all.floor(h.owner),
-                        Mode::Exclusive | Mode::Shared | Mode::Permit1 | Mode::Permit2 => {
-                            top_exclusive.floor(h.owner)
-                        }
-                    };
-                    if h.token <= floor {
-                        if h.ok_unreliable {
-                            token_order.excused += 1;
-                        } else {
-                            token_order.violation(lock, || {
-                                format!(
-                                    "{lock}: {} granted token {} at {}, not above the earlier token {floor}",
-                                    h.key,
-                                    h.token,
-                                    at(h.ok, t0)
-                                )
-                            });
-                        }
-                    }
+            } else {
+                seen.insert(h.token, (h.key, h.owner));
+            }
+            // An upgrade goes on with its owner's read (ZooKeeper gives it the
+            // read's token): readers beside that read may hold newer ones; it is
+            // judged as a read is, against earlier writers.
+            let upgrade = invokes
+                .get(&(h.proc_, h.att))
+                .is_some_and(|i| i.op == Op::Upgrade);
+            let floor = match h.mode {
+                Mode::Exclusive if !upgrade => top_all.floor(h.owner),
+                Mode::Exclusive | Mode::Shared | Mode::Permit1 | Mode::Permit2 => {
+                    top_exclusive.floor(h.owner)
+                }
+            };
+            if h.token <= floor {
+                if h.ok_unreliable {
+                    token_order.excused += 1;
+                } else {
+                    token_order.violation(lock, || {
+                        format!(
+                            "{lock}: {} granted token {} at {}, not above the earlier token {floor}",
+                            h.key,
+                            h.token,
+                            at(h.ok, t0)
+                        )
+                    });
                 }
             }
             top_all.update(h.token, h.owner);

@@ -21,7 +21,7 @@ use tokio::task::JoinSet;
 
 use crate::TestBackend;
 
-use super::history::{instant_ns, now_ns, EventLog, How, Kind, Mode, Op, Outcome, Why};
+use super::history::{instant_ns, now_ns, EventLog, How, Kind, Mode, Op, Outcome, RegOp, Why};
 use super::register::RegisterClient;
 
 /// The lease of locks taken without an explicit one (renewed by the watchdog every
@@ -973,28 +973,11 @@ impl Task {
             .collect();
         // Waits long enough to be granted on the busy exclusive names now and then.
         let wait = Duration::from_millis(self.rng.u64(0..=1500));
-        let atts: Vec<u64> = targets.iter().map(|_| self.next_attempt()).collect();
-        for (target, &att) in targets.iter().zip(&atts) {
-            self.log.log(Kind::Invoke {
-                att,
-                lock: target.lock.to_owned(),
-                mode: Mode::Exclusive,
-                fair: false,
-                op: Op::Multi,
-                wait_ms: u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
-                cancel: false,
-            });
-        }
+        let atts = self.invoke_members(&targets, Op::Multi, wait);
         let guard = match tried(wait + CALL_BOUND, multi.try_lock(wait)).await {
             Ok(guard) => guard,
             Err(why) => {
-                for (target, &att) in targets.iter().zip(&atts) {
-                    self.log.log(Kind::Fail {
-                        att,
-                        lock: target.lock.to_owned(),
-                        why: why.clone(),
-                    });
-                }
+                self.fail_members(&targets, &atts, &why);
                 return Ok(());
             }
         };
@@ -1061,29 +1044,11 @@ impl Task {
         write.read_side = None;
         let wait = Duration::from_millis(self.rng.u64(0..=1000));
         let members = [own, read];
-        let atts: Vec<u64> = members.iter().map(|_| self.next_attempt()).collect();
-        for (target, &att) in members.iter().zip(&atts) {
-            self.log.log(Kind::Invoke {
-                att,
-                lock: target.lock.to_owned(),
-                mode: target.mode,
-                fair: false,
-                op: Op::Upgradeable,
-                wait_ms: u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
-                cancel: false,
-            });
-        }
-        let mut guard = match tried(wait + CALL_BOUND, rw.upgradeable_read().try_lock(wait)).await
-        {
+        let atts = self.invoke_members(&members, Op::Upgradeable, wait);
+        let mut guard = match tried(wait + CALL_BOUND, rw.upgradeable_read().try_lock(wait)).await {
             Ok(guard) => guard,
             Err(why) => {
-                for (target, &att) in members.iter().zip(&atts) {
-                    self.log.log(Kind::Fail {
-                        att,
-                        lock: target.lock.to_owned(),
-                        why: why.clone(),
-                    });
-                }
+                self.fail_members(&members, &atts, &why);
                 return Ok(());
             }
         };
@@ -1093,12 +1058,15 @@ impl Task {
         let read_hold = self.log_guard_ok(read, guard.read(), atts[1], t_ok);
         let own_token = guard.upgradeable().fencing_token().get();
         let read_token = guard.read().fencing_token().get();
-        let reg = |e| reg_err(&self.client, e);
-        self.register.enter(own.lock, own_token, &own_hold).await.map_err(reg)?;
-        self.register.enter(read.lock, read_token, &read_hold).await.map_err(reg)?;
+        self.reg(RegOp::Enter, own.lock, own_token, &own_hold)
+            .await?;
+        self.reg(RegOp::Enter, read.lock, read_token, &read_hold)
+            .await?;
         if !guard.is_lost() {
-            self.register.read(read.lock, read_token, &read_hold).await.map_err(reg)?;
-            self.register.write(own.lock, own_token, &own_hold).await.map_err(reg)?;
+            self.reg(RegOp::Read, read.lock, read_token, &read_hold)
+                .await?;
+            self.reg(RegOp::Write, own.lock, own_token, &own_hold)
+                .await?;
         }
         let hold_for = Duration::from_millis(self.rng.u64(0..=20));
         tokio::select! {
@@ -1118,20 +1086,18 @@ impl Task {
                 wait_ms: u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
                 cancel: false,
             });
-            let upgraded = tried(
-                wait + CALL_BOUND,
-                async { guard.try_upgrade(wait).await.map(|up| up.then_some(())) },
-            )
+            let upgraded = tried(wait + CALL_BOUND, async {
+                guard.try_upgrade(wait).await.map(|up| up.then_some(()))
+            })
             .await;
             let t_ok = now_ns();
             match (upgraded, guard.write()) {
                 (Ok(()), Some(w)) => {
                     let hold = self.log_guard_ok(&write, w, att, t_ok);
                     let token = w.fencing_token().get();
-                    let reg = |e| reg_err(&self.client, e);
-                    self.register.enter(write.lock, token, &hold).await.map_err(reg)?;
+                    self.reg(RegOp::Enter, write.lock, token, &hold).await?;
                     if !w.is_lost() {
-                        self.register.write(write.lock, token, &hold).await.map_err(reg)?;
+                        self.reg(RegOp::Write, write.lock, token, &hold).await?;
                     }
                     let hold_for = Duration::from_millis(self.rng.u64(0..=20));
                     tokio::select! {
@@ -1139,9 +1105,9 @@ impl Task {
                         () = tokio::time::sleep(hold_for) => {}
                     }
                     if guard.write().is_some_and(|w| !w.is_lost()) {
-                        self.register.write(write.lock, token, &hold).await.map_err(reg)?;
+                        self.reg(RegOp::Write, write.lock, token, &hold).await?;
                     }
-                    self.register.exit(write.lock, token, &hold).await.map_err(reg)?;
+                    self.reg(RegOp::Exit, write.lock, token, &hold).await?;
                     self.log.log(Kind::Release {
                         hold: hold.clone(),
                         lock: write.lock.to_owned(),
@@ -1172,10 +1138,10 @@ impl Task {
                 }
             }
         }
-
-        let reg = |e| reg_err(&self.client, e);
-        self.register.exit(read.lock, read_token, &read_hold).await.map_err(reg)?;
-        self.register.exit(own.lock, own_token, &own_hold).await.map_err(reg)?;
+        self.reg(RegOp::Exit, read.lock, read_token, &read_hold)
+            .await?;
+        self.reg(RegOp::Exit, own.lock, own_token, &own_hold)
+            .await?;
         let drop_it = self.rng.u32(0..100) < 40;
         let how = if drop_it { How::Drop } else { How::Unlock };
         for (target, hold) in [(read, &read_hold), (own, &own_hold)] {
@@ -1202,6 +1168,47 @@ impl Task {
             });
         }
         Ok(())
+    }
+
+    /// Logs an invoke of `op` for each member of a composite acquire (a multi-lock,
+    /// an upgradeable read), waiting `wait`; returns their attempt numbers.
+    fn invoke_members(&self, members: &[Target], op: Op, wait: Duration) -> Vec<u64> {
+        let atts: Vec<u64> = members.iter().map(|_| self.next_attempt()).collect();
+        for (target, &att) in members.iter().zip(&atts) {
+            self.log.log(Kind::Invoke {
+                att,
+                lock: target.lock.to_owned(),
+                mode: target.mode,
+                fair: target.fair,
+                op,
+                wait_ms: u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
+                cancel: false,
+            });
+        }
+        atts
+    }
+
+    /// Logs the refusal of a composite acquire for each member.
+    fn fail_members(&self, members: &[Target], atts: &[u64], why: &Why) {
+        for (target, &att) in members.iter().zip(atts) {
+            self.log.log(Kind::Fail {
+                att,
+                lock: target.lock.to_owned(),
+                why: why.clone(),
+            });
+        }
+    }
+
+    /// One register request of a critical section (a read's answer is not needed).
+    async fn reg(&mut self, op: RegOp, lock: &str, token: u64, hold: &str) -> Result<(), String> {
+        let register = &mut self.register;
+        match op {
+            RegOp::Enter => register.enter(lock, token, hold).await,
+            RegOp::Exit => register.exit(lock, token, hold).await,
+            RegOp::Write => register.write(lock, token, hold).await.map(drop),
+            RegOp::Read => register.read(lock, token, hold).await.map(drop),
+        }
+        .map_err(|e| reg_err(&self.client, e))
     }
 
     /// Releases one acquisition: `unlock`, `unlock` cancelled after 0–2 ms, or `drop`.
