@@ -464,20 +464,19 @@ impl Task {
             if Instant::now() >= self.deadline {
                 break;
             }
-            if sticky.is_none()
+            let upgradeable = sticky.is_none()
                 && self.cross_mode
                 && self.names.contains(&RW_NAME)
-                && self.rng.u32(0..100) < UPGRADEABLE_PERCENT
-            {
-                self.upgradeable_attempt().await?;
-                continue;
-            }
+                && self.rng.u32(0..100) < UPGRADEABLE_PERCENT;
             let multi = sticky.is_none() && self.rng.u32(0..100) < MULTI_PERCENT;
             let target = match sticky.take() {
                 Some(t) => t,
                 None => self.choose(),
             };
-            let released_by_drop = if multi {
+            let released_by_drop = if upgradeable {
+                self.upgradeable_attempt().await?;
+                None
+            } else if multi {
                 self.multi_attempt().await?;
                 None
             } else {
