@@ -483,12 +483,34 @@ impl JdbcBackend {
             Param::Int(lease_ms(req.lease.saturating_sub(req.transition))),
             Param::Text(beside),
         ];
+        if beside.is_empty() {
+            macro_rules! body {
+                ($p:ident, $token:ident) => {
+                    $token!(query!(statement, &params), $p)
+                };
+            }
+            return with_token_reader!(&self.inner.pool, body).map_err(self.err("acquire"));
+        }
+        // An upgrade judges the readers table: it takes the lock's row first, in a
+        // transaction, so its statement reads the readers as they are once the row
+        // is free (a reader's grant holds the row until it commits; a statement
+        // that waited for the row would read the readers as they were before).
+        let name = [Param::Text(req.name.as_str())];
         macro_rules! body {
             ($p:ident, $token:ident) => {
-                $token!(query!(statement, &params), $p)
+                async {
+                    let mut tx = $p.begin().await?;
+                    query!(&s.lock_row, &name).execute(&mut *tx).await?;
+                    let token = $token!(query!(statement, &params), &mut *tx)?;
+                    tx.commit().await?;
+                    Ok::<_, sqlx::Error>(token)
+                }
+                .await
             };
         }
-        with_token_reader!(&self.inner.pool, body).map_err(self.err("acquire"))
+        let result: std::result::Result<Option<i64>, sqlx::Error> =
+            with_token_reader!(&self.inner.pool, body);
+        result.map_err(self.err("acquire"))
     }
 
     async fn try_shared(&self, req: &AcquireRequest) -> Result<Option<i64>> {

@@ -749,7 +749,10 @@ impl ZkBackend {
         // of the writers queued behind that hold, which are granted after it (a read
         // placed at its write's sequence, a write upgraded ahead of them) and must
         // have newer tokens.
-        let token = match (req.alongside_holder(), &beside) {
+        // (Only if that hold's node was still there when this one was granted: else
+        // it was granted by the plain rules, and its own zxid is its token.)
+        let stood_beside = |own: &&Contender| mine.children.iter().any(|c| *c == own.node);
+        let token = match (req.alongside_holder(), beside.as_ref().filter(stood_beside)) {
             (Some(own), Some(node)) => {
                 let other = match req.mode {
                     LockMode::Shared => LockMode::Exclusive,
@@ -827,6 +830,20 @@ impl ZkBackend {
         let mut mine = inner.enqueue(session, key, lock, prefix, data, at).await?;
         let mut pending =
             PendingNode::new(&inner.sessions, session, format!("{lock}/{}", mine.node));
+        // A read placed beside a write that was gone by the time it was made (the
+        // writers queued behind that write may hold now) must not stand there: it
+        // queues at the back, as any other.
+        let gone = beside.is_some_and(|own| !mine.children.iter().any(|c| c == own));
+        let (at, beside) = if at.is_some() && gone {
+            pending.delete().await;
+            mine = inner
+                .enqueue(session, key, lock, prefix, data, None)
+                .await?;
+            pending = PendingNode::new(&inner.sessions, session, format!("{lock}/{}", mine.node));
+            (None, None)
+        } else {
+            (at, beside)
+        };
         let mut enqueues = 1;
         loop {
             inner.attempts.fetch_add(1, Ordering::Relaxed);

@@ -250,6 +250,9 @@ pub(crate) fn standing<'q>(
     beside: Option<&str>,
 ) -> Result<Option<&'q Contender>, ()> {
     let me = queue.get(index).ok_or(())?;
+    // The owner's node must be there to stand beside: gone (released, its session
+    // ended), the contender stands by the plain rules.
+    let beside = beside.filter(|own| queue.iter().any(|c| c.node == *own));
     let Some(own) = beside else {
         return Ok(match me.mode {
             LockMode::Exclusive | LockMode::Permits(_) => {
@@ -489,6 +492,13 @@ mod tests {
         // Without the beside node, the same upgrade would wait for the queued writer.
         assert_eq!(
             standing(&upgraded, 3, None).map(|w| w.map(|c| c.sequence)),
+            Ok(Some(4))
+        );
+        // The owner's read gone, the writer queued behind it holds: an upgrade
+        // naming that read waits by the plain rules.
+        let read_gone = q(&["x-__WRIT__03", "p-__READ__04", "u-__WRIT__06"]);
+        assert_eq!(
+            standing(&read_gone, 2, Some("u-__READ__01")).map(|w| w.map(|c| c.sequence)),
             Ok(Some(4))
         );
     }

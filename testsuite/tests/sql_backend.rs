@@ -773,3 +773,96 @@ async fn sql_over_tls_verifies_the_server_certificate() {
         eprintln!("neither mysql nor postgres is selected; nothing to check here");
     }
 }
+
+/// An upgrade (a write beside the owner's own read) is judged on the readers as
+/// they are once the lock's row is free, not as they were when its statement
+/// began: a reader whose transaction held the row and committed while the upgrade
+/// waited for it keeps the upgrade out (PostgreSQL and MySQL read other tables
+/// from the statement's snapshot).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgrade_sees_a_reader_that_committed_while_it_waited() {
+    use dlock_spi::{AcquireRequest, GrantId, LockMode, LockName, LockRemoteResource, OwnerId};
+    for (label, url) in sql_backends() {
+        if label == "sqlite" {
+            continue; // one writer at a time: no statement waits on a row there
+        }
+        let backend = JdbcBackend::connect(&url).await.unwrap();
+        let name = LockName::new(format!("upgrade-snapshot-{:x}", fastrand::u64(..))).unwrap();
+        let owner = OwnerId::new("upgrader");
+        let read = AcquireRequest::new(name.clone(), owner.clone(), GrantId::new(1))
+            .with_mode(LockMode::Shared);
+        assert!(backend.try_acquire(&read).await.unwrap().is_acquired());
+
+        // Another client's reader takes the row (as a shared grant's transaction does).
+        let (now, row_lock, wait_seen, intruder, horizon) = if label == "postgres" {
+            (
+                "(EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::BIGINT",
+                "UPDATE dlock_locks SET shared_until = shared_until WHERE name = $1",
+                "SELECT COUNT(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%dlock_locks%'",
+                "INSERT INTO dlock_readers (name, owner, token, context, acquired_at, expires_at) VALUES ($1, 'intruder#1', 1, NULL, NOW_MS, NOW_MS + 60000)",
+                "UPDATE dlock_locks SET shared_until = NOW_MS + 60000 WHERE name = $1",
+            )
+        } else {
+            (
+                "CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED)",
+                "UPDATE dlock_locks SET shared_until = shared_until WHERE name = ?",
+                "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE command <> 'Sleep' AND (info LIKE 'INSERT INTO dlock_locks%' OR info LIKE 'UPDATE dlock_locks SET shared_until = shared_until + 0%')",
+                "INSERT INTO dlock_readers (name, owner, token, context, acquired_at, expires_at) VALUES (?, 'intruder#1', 1, NULL, NOW_MS, NOW_MS + 60000)",
+                "UPDATE dlock_locks SET shared_until = NOW_MS + 60000 WHERE name = ?",
+            )
+        };
+        let sql = |s: &str| sqlx::AssertSqlSafe(s.replace("NOW_MS", now));
+        macro_rules! intrude {
+            ($conn:ty) => {{
+                let mut reader = <$conn>::connect(&url).await.unwrap();
+                let mut watcher = <$conn>::connect(&url).await.unwrap();
+                let mut tx = reader.begin().await.unwrap();
+                sqlx::query(sql(row_lock))
+                    .bind(name.as_str())
+                    .execute(&mut *tx)
+                    .await
+                    .unwrap();
+                let upgrade = AcquireRequest::new(name.clone(), owner.clone(), GrantId::new(2))
+                    .with_alongside(Some(GrantId::new(1)))
+                    .with_deadline(Some(
+                        std::time::Instant::now() + Duration::from_millis(1500),
+                    ));
+                let upgrader = backend.clone();
+                let upgrading = tokio::spawn(async move { upgrader.try_acquire(&upgrade).await });
+                // No signal to wait on: the server's view, polled (bounded).
+                let mut waiting = false;
+                for _ in 0..500 {
+                    let n: i64 = sqlx::query_scalar(sql(wait_seen))
+                        .fetch_one(&mut watcher)
+                        .await
+                        .unwrap();
+                    if n > 0 {
+                        waiting = true;
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                assert!(waiting, "{label}: the upgrade never waited for the row");
+                for statement in [intruder, horizon] {
+                    sqlx::query(sql(statement))
+                        .bind(name.as_str())
+                        .execute(&mut *tx)
+                        .await
+                        .unwrap();
+                }
+                tx.commit().await.unwrap();
+                let answer = upgrading.await.unwrap().unwrap();
+                assert!(
+                    !answer.is_acquired(),
+                    "{label}: the upgrade was granted beside another client's live reader"
+                );
+            }};
+        }
+        if label == "postgres" {
+            intrude!(sqlx::PgConnection);
+        } else {
+            intrude!(sqlx::MySqlConnection);
+        }
+        backend.close().await;
+    }
+}
