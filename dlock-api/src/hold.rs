@@ -1,7 +1,7 @@
 //! One remote acquisition, shared by the reentrant guards of a handle.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 use std::time::Instant;
 
 use dlock_spi::{
@@ -43,6 +43,12 @@ pub(crate) struct Hold {
     /// write, and no writer queued behind the read gets in while the write lasts
     /// (on ZooKeeper the read's node is what keeps them out).
     kept: Mutex<Option<crate::guard::LockGuard>>,
+    /// The holds that keep this one (upgraded writes beside this read): lost
+    /// before this one is, so none is left standing when this one goes.
+    keepers: Mutex<Vec<Weak<Hold>>>,
+    /// The hold this one keeps (the read beside this upgraded write), for its
+    /// guaranteed instant, which bounds this one's.
+    stands_on: OnceLock<Weak<Hold>>,
 }
 
 impl Hold {
@@ -71,12 +77,21 @@ impl Hold {
             lost: OnceLock::new(),
             lost_notify: Notify::new(),
             kept: Mutex::new(None),
+            keepers: Mutex::new(Vec::new()),
+            stands_on: OnceLock::new(),
         }
     }
 
     /// Keeps `guard` (of the hold this one was granted beside) until this hold is
-    /// released.
-    pub(crate) fn keep(&self, guard: crate::guard::LockGuard) {
+    /// released; this hold is guaranteed no longer than that one, and lost first
+    /// when that one is lost.
+    pub(crate) fn keep(self: &Arc<Self>, guard: crate::guard::LockGuard) {
+        let kept = guard.hold();
+        kept.keepers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(Arc::downgrade(self));
+        let _ = self.stands_on.set(Arc::downgrade(kept));
         *self.kept.lock().unwrap_or_else(PoisonError::into_inner) = Some(guard);
     }
 
@@ -99,6 +114,15 @@ impl Hold {
     /// wakes the guards' lost signals, logs, and tells the chain's handlers
     /// ([`dlock_spi::LockHandler::on_lost`]). Once only; true the first time.
     pub(crate) fn lose(&self, chain: &HandlerChain, reason: LostReason) -> bool {
+        if self.lost.get().is_some() {
+            return false;
+        }
+        // The holds standing on this one go first.
+        let keepers =
+            std::mem::take(&mut *self.keepers.lock().unwrap_or_else(PoisonError::into_inner));
+        for keeper in keepers.iter().filter_map(Weak::upgrade) {
+            keeper.lose(chain, reason);
+        }
         if self.lost.set(reason).is_err() {
             return false;
         }
@@ -153,10 +177,18 @@ impl Hold {
         if self.lost_reason().is_some() {
             return None;
         }
-        *self
+        let own = *self
             .valid_until
             .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+            .unwrap_or_else(PoisonError::into_inner);
+        // No later than the hold this one stands on.
+        match self.stands_on.get().and_then(Weak::upgrade) {
+            Some(kept) => match (own, kept.valid_until()) {
+                (Some(own), Some(kept)) => Some(own.min(kept)),
+                (own, _) => own,
+            },
+            None => own,
+        }
     }
 
     /// The release of this hold's grant, as the chain takes it.

@@ -326,3 +326,35 @@ async fn a_small_group_keeps_its_bound() {
     }
     m.close().await;
 }
+
+/// An upgraded write stands on its owner's read (on ZooKeeper the read's node is
+/// what keeps the writers queued behind it out): it is guaranteed no longer than
+/// that read, and lost with it — here at the read's `max_hold` bound, which comes
+/// first, as the read was taken first — never left standing while the read is
+/// given back.
+#[tokio::test]
+async fn an_upgrade_is_lost_with_the_read_it_stands_beside() {
+    use dlock_api::spi::{InMemoryBackend, LostReason};
+    let m = DistributeLockManager::builder(InMemoryBackend::new())
+        .max_hold(Duration::from_millis(400))
+        .build()
+        .unwrap();
+    let rw = m.read_write_lock("doc");
+    let mut up = rw.upgradeable_read().lock().await.unwrap();
+    // The subject is time passing: the upgrade's own bound ends later.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    up.upgrade().await.unwrap();
+    let read_until = up.read().valid_until().unwrap();
+    let write_until = up.write().unwrap().valid_until().unwrap();
+    assert!(
+        write_until <= read_until,
+        "the write is guaranteed past the read it stands beside"
+    );
+    assert_eq!(up.read().lost().await, LostReason::MaxHold);
+    assert!(
+        up.write().unwrap().is_lost(),
+        "the write outlived the read it stands beside"
+    );
+    drop(up);
+    m.close().await;
+}

@@ -374,15 +374,18 @@ impl Statements {
             }
         };
         let acquire_shared_row = s(acquire_shared_row_text);
-        // Beside the owner's live write hold `$4`: granted whatever the queue.
+        // Beside the owner's live write hold `$4`: granted whatever the queue (that
+        // hold gone, judged as any other).
         let acquire_shared_row_beside = s(&acquire_shared_row_text
             .replace(
                 "({locks}.owner IS NULL OR {locks}.expires_at <= NOW) AND SHARED_GATE",
-                "{locks}.owner = $4 AND {locks}.expires_at > NOW",
+                "(({locks}.owner = $4 AND {locks}.expires_at > NOW) \
+                   OR (({locks}.owner IS NULL OR {locks}.expires_at <= NOW) AND SHARED_GATE))",
             )
             .replace(
                 "(owner IS NULL OR expires_at <= NOW) AND SHARED_GATE",
-                "owner = $4 AND expires_at > NOW",
+                "((owner = $4 AND expires_at > NOW) \
+                   OR ((owner IS NULL OR expires_at <= NOW) AND SHARED_GATE))",
             ));
         let acquire_shared_reader = match dialect {
             Dialect::MySql => s(

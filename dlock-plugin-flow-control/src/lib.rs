@@ -263,7 +263,9 @@ impl CoalescingHandler {
 impl LockHandler for CoalescingHandler {
     async fn acquire(&self, ctx: &AcquireContext, next: AcquireChain<'_>) -> Result<AcquireResult> {
         let req = &ctx.request;
-        if req.mode != LockMode::Exclusive {
+        // An upgrade (a write beside the owner's own read) goes straight on: the
+        // local writers wait for that read, so it must not wait for them.
+        if req.mode != LockMode::Exclusive || req.alongside.is_some() {
             return next.invoke(ctx).await;
         }
         let gate = self.gate(&req.name);

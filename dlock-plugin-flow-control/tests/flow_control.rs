@@ -196,3 +196,70 @@ async fn coalescing_lets_one_acquirer_per_lock_reach_the_backend() {
         "local queues were not cleaned up"
     );
 }
+
+/// An upgrade (a write beside the owner's own read) does not queue behind this
+/// process's other writers: they wait for that read, so the upgrade waiting for
+/// them would never end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn coalescing_lets_an_upgrade_past_local_writers() {
+    use dlock_spi::GrantId;
+    let backend = InMemoryBackend::new();
+    let c = Arc::new(chain(&backend, Arc::new(CoalescingHandler::default())));
+    let read = req("doc", "upgrader", None).with_mode(LockMode::Shared);
+    let mut ctx = AcquireContext::new(read, "memory");
+    assert!(c.acquire(&mut ctx).await.unwrap().is_acquired());
+    // Another owner of this process waits to write: it holds the local turn.
+    let writer = Arc::clone(&c);
+    let waiting = tokio::spawn(async move {
+        let mut ctx =
+            AcquireContext::new(req("doc", "writer", Some(Duration::from_secs(5))), "memory");
+        writer.acquire(&mut ctx).await.unwrap().is_acquired()
+    });
+    let probe = backend.clone();
+    let queued = async {
+        let name = LockName::new("doc").unwrap();
+        loop {
+            let waiters = probe.inspect(&name).await.unwrap().and_then(|s| s.waiters);
+            if waiters.unwrap_or(0) > 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(5), queued)
+        .await
+        .expect("the writer queued");
+    let upgrade = AcquireRequest::new(
+        LockName::new("doc").unwrap(),
+        OwnerId::new("upgrader"),
+        GrantId::new(2),
+    )
+    .with_lease(Duration::from_secs(5))
+    .with_alongside(Some(GrantId::new(1)))
+    .with_deadline(Some(Instant::now() + Duration::from_secs(2)));
+    let mut ctx = AcquireContext::new(upgrade, "memory");
+    assert!(
+        c.acquire(&mut ctx).await.unwrap().is_acquired(),
+        "the upgrade waited behind a local writer that waits for its read"
+    );
+    let release = |owner: &str, grant: u64, mode| {
+        ReleaseContext::new(
+            ReleaseRequest::new(
+                LockName::new("doc").unwrap(),
+                OwnerId::new(owner),
+                GrantId::new(grant),
+                mode,
+                dlock_spi::FencingToken::new(0),
+            ),
+            "memory",
+            None,
+        )
+    };
+    c.release(&release("upgrader", 2, LockMode::Exclusive))
+        .await
+        .unwrap();
+    c.release(&release("upgrader", 1, LockMode::Shared))
+        .await
+        .unwrap();
+    assert!(waiting.await.unwrap(), "the writer is granted in the end");
+}

@@ -91,7 +91,7 @@ local function set_horizon(x, readers, data, top, ms)
   if cur and cur ~= 'R' and string.sub(cur, 1, 1) ~= '@' then
     -- A writer beside its owner's own readers (a writer reading, an upgrade): its
     -- value stays, and lasts at least as long as they do.
-    redis.call('PEXPIRE', x, ttl, 'GT')
+    if redis.call('PTTL', x) < ttl then redis.call('PEXPIRE', x, ttl) end
   else
     redis.call('SET', x, 'R', 'PX', ttl)
   end
@@ -122,7 +122,7 @@ local function over_readers(x, readers)
   if top[2] then
     clock()
     local ttl = tonumber(top[2]) - now + 1
-    if ttl > 0 then redis.call('PEXPIRE', x, ttl, 'GT') end
+    if ttl > 0 and redis.call('PTTL', x) < ttl then redis.call('PEXPIRE', x, ttl) end
   end
 end
 "#;

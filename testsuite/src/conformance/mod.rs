@@ -43,7 +43,8 @@ mod max_hold;
 pub use max_hold::max_hold_ends_a_hold_before_its_lease;
 mod rwlock;
 pub use rwlock::{
-    a_writer_reads_and_downgrades, upgradeable_reads_upgrade_without_a_writer_between,
+    a_request_beside_a_missing_hold_is_judged_as_any_other, a_writer_reads_and_downgrades,
+    upgradeable_reads_upgrade_without_a_writer_between,
 };
 mod waiters;
 pub use waiters::{a_leaving_writer_lets_readers_in, cancelled_lock_leaves_nothing};
@@ -1042,4 +1043,5 @@ cases!(
     multi_locks_take_all_or_none,
     a_writer_reads_and_downgrades,
     upgradeable_reads_upgrade_without_a_writer_between,
+    a_request_beside_a_missing_hold_is_judged_as_any_other,
 );

@@ -303,3 +303,55 @@ pub async fn upgradeable_reads_upgrade_without_a_writer_between(backend: Arc<dyn
     writer.await.expect("the writer");
     env.finish(&[&a, &b, &c]).await;
 }
+
+/// A request naming an own hold in the other mode that is not there (released, or
+/// never made) is judged as any other, on every backend: a read beside a missing
+/// write is granted on a free lock, and a write beside a missing read is refused
+/// while another owner reads.
+pub async fn a_request_beside_a_missing_hold_is_judged_as_any_other(backend: Arc<dyn TestBackend>) {
+    use dlock_spi::{AcquireRequest, GrantId, OwnerId};
+    let env = Env::new(backend);
+    let m = env.manager().await;
+    if !m.capabilities().cross_mode {
+        env.finish(&[&m]).await;
+        return;
+    }
+    let resource = env
+        .backend()
+        .client()
+        .await
+        .unwrap_or_else(|e| panic!("a client: {e}"));
+    let name = env.full("doc");
+    // The lock has been used (and is free): stores that keep a row or a key per
+    // lock have one.
+    let before = AcquireRequest::new(name.clone(), OwnerId::new("earlier"), GrantId::new(7));
+    assert!(resource
+        .try_acquire(&before)
+        .await
+        .expect("no error")
+        .is_acquired());
+    resource
+        .release(&before.release_of_grant())
+        .await
+        .expect("release");
+    let reader = OwnerId::new("reader-beside-nothing");
+    let read = AcquireRequest::new(name.clone(), reader.clone(), GrantId::new(1))
+        .with_mode(LockMode::Shared)
+        .with_alongside(Some(GrantId::new(99)));
+    let granted = resource.try_acquire(&read).await.expect("no error");
+    assert!(
+        granted.is_acquired(),
+        "a read beside a write that is not there was refused on a free lock"
+    );
+    let writer = OwnerId::new("writer-beside-nothing");
+    let write = AcquireRequest::new(name.clone(), writer, GrantId::new(2))
+        .with_alongside(Some(GrantId::new(98)));
+    let refused = resource.try_acquire(&write).await.expect("no error");
+    assert!(
+        !refused.is_acquired(),
+        "a write beside a read that is not there was granted beside another owner's read"
+    );
+    let release = read.release_of_grant();
+    resource.release(&release).await.expect("release");
+    env.finish(&[&m]).await;
+}
