@@ -131,7 +131,7 @@ impl Handle {
                 };
                 if live(upgrade).is_none() {
                     return Err(Error::invalid_argument(
-                        "this read-write lock's owner holds its read side: a write beside a plain read would wait for itself (or for another reader doing the same); take upgradeable_read() and upgrade() it, or release the read side first",
+                        "this read-write lock's owner holds its read side: a write beside a plain read would wait for itself (or for another reader doing the same); release the read side first (then write, or take upgradeable_read() and upgrade() it)",
                     )
                     .with_context("lock", name));
                 }

@@ -29,10 +29,11 @@ pub const UPGRADEABLE_SUFFIX: &str = "::upgradeable";
 /// - a writer may take the read side (it is granted at once, beside the write
 ///   hold), and so **downgrade** without releasing: take the read side, then let the
 ///   write side go ([`LockGuard::downgrade`]) — no other writer gets in between;
-/// - a plain reader may *not* take the write side (two readers doing so would wait
-///   for each other forever): that is refused with
-///   [`ErrorKind::InvalidArgument`](dlock_spi::ErrorKind::InvalidArgument). Take the
-///   upgradeable side instead and [`upgrade`](UpgradeableReadGuard::upgrade) it.
+/// - a plain reader may *not* take the write side, nor the upgradeable side (two
+///   readers doing so would wait for each other forever): both are refused with
+///   [`ErrorKind::InvalidArgument`](dlock_spi::ErrorKind::InvalidArgument). Release
+///   the read, then take the upgradeable side and
+///   [`upgrade`](UpgradeableReadGuard::upgrade) it.
 ///
 /// For mutual exclusion between tasks of one process, give each task its own
 /// `ReadWriteLock` from
@@ -188,7 +189,7 @@ impl UpgradeableReadLock {
     /// Cancel-safe: dropped while waiting, it leaves nothing held (a hold already
     /// taken is given back) and no waiter behind.
     pub async fn lock(&self) -> Result<UpgradeableReadGuard> {
-        self.check_supported()?;
+        self.check_usable()?;
         let upgrade = self.upgrade.lock().await?;
         let read = self.read.lock().await?;
         Ok(self.guard(upgrade, read))
@@ -201,7 +202,7 @@ impl UpgradeableReadLock {
     ///
     /// As [`lock`](Self::lock).
     pub async fn try_lock(&self, wait: Duration) -> Result<Option<UpgradeableReadGuard>> {
-        self.check_supported()?;
+        self.check_usable()?;
         let deadline = Instant::now() + wait;
         let Some(upgrade) = self.upgrade.try_lock(wait).await? else {
             return Ok(None);
@@ -218,17 +219,26 @@ impl UpgradeableReadLock {
         self.upgrade.is_held() && self.read.is_held()
     }
 
-    fn check_supported(&self) -> Result<()> {
+    /// An error when the backend cannot upgrade, or when this owner holds a plain
+    /// read: waiting for the upgradeable side while reading could wait forever for
+    /// another upgradeable reader, whose upgrade waits for that read.
+    fn check_usable(&self) -> Result<()> {
         let manager = &self.upgrade.handle().manager;
-        if manager.capabilities.cross_mode {
-            return Ok(());
-        }
         let name = self.read.name()?;
-        Err(Error::unsupported(format!(
-            "the {} backend cannot let one owner hold a lock in both modes, so a read cannot be upgraded; use the write side",
-            manager.chain.resource().backend_name()
-        ))
-        .with_context("lock", name))
+        if !manager.capabilities.cross_mode {
+            return Err(Error::unsupported(format!(
+                "the {} backend cannot let one owner hold a lock in both modes, so a read cannot be upgraded; use the write side",
+                manager.chain.resource().backend_name()
+            ))
+            .with_context("lock", name));
+        }
+        if self.read.is_held() && !self.upgrade.is_held() {
+            return Err(Error::invalid_argument(
+                "this read-write lock's owner holds a plain read: taking the upgradeable side beside it could wait forever for another upgradeable reader whose upgrade waits for this read; release the read first",
+            )
+            .with_context("lock", name));
+        }
+        Ok(())
     }
 
     fn guard(&self, upgrade: LockGuard, read: LockGuard) -> UpgradeableReadGuard {

@@ -66,8 +66,8 @@ async fn cross_mode_or_refused(m: &DistributeLockManager) -> bool {
 /// One owner for both sides: the write side re-enters, the read side is granted
 /// beside it (and re-enters), other owners stay out of both; a downgrade takes the
 /// read side and lets the write side go while a writer is queued — that writer
-/// stays out until the read is released; a plain reader asking for the write side is
-/// refused with `InvalidArgument`, touching nothing.
+/// stays out until the read is released; a plain reader asking for the write side
+/// or the upgradeable side is refused with `InvalidArgument`, touching nothing.
 pub async fn a_writer_reads_and_downgrades(backend: Arc<dyn TestBackend>) {
     let env = Env::new(backend);
     let (a, b) = env.two_managers().await;
@@ -177,6 +177,13 @@ pub async fn a_writer_reads_and_downgrades(backend: Arc<dyn TestBackend>) {
         .try_lock(Duration::ZERO)
         .await
         .expect_err("a write beside a plain read is refused");
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+    // Nor the upgradeable side (two readers doing so would wait for each other).
+    let err = rw
+        .upgradeable_read()
+        .try_lock(Duration::ZERO)
+        .await
+        .expect_err("an upgradeable read beside a plain read is refused");
     assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
     read.check().expect("the read hold is untouched");
     assert!(only_ours(&a, &rw, "doc").await);
