@@ -73,7 +73,7 @@ impl Cached {
     fn unused(&self) -> bool {
         match &self.handle {
             Handle::Lock(lock) => lock.is_unshared(),
-            Handle::ReadWrite(rw) => rw.read().is_unshared() && rw.write().is_unshared(),
+            Handle::ReadWrite(rw) => rw.is_unshared(),
         }
     }
 }

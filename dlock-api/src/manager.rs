@@ -172,6 +172,8 @@ impl ManagerInner {
     ) {
         let Some(rt) = tokio::runtime::Handle::try_current().ok().or(runtime) else {
             tracing::warn!(lock = %hold.name, "dlock: hold released outside a tokio runtime; the lease will expire on the server");
+            // The read an upgrade kept goes too (it refers back to the manager).
+            drop(hold.take_kept());
             return;
         };
         rt.spawn(async move {

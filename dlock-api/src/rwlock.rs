@@ -63,6 +63,9 @@ pub struct ReadWriteLock {
     read: DistributeLock,
     write: DistributeLock,
     upgradeable: UpgradeableReadLock,
+    /// How many references the read, write and upgradeable sides' handles have
+    /// from one value of this lock alone (the sides refer to each other).
+    baseline: [usize; 3],
 }
 
 impl ReadWriteLock {
@@ -126,7 +129,7 @@ impl ReadWriteLock {
                 side: Side::Alone,
             },
         );
-        ReadWriteLock {
+        let mut rw = ReadWriteLock {
             upgradeable: UpgradeableReadLock {
                 upgrade,
                 read: read.clone(),
@@ -134,7 +137,24 @@ impl ReadWriteLock {
             },
             read,
             write,
-        }
+            baseline: [0; 3],
+        };
+        rw.baseline = rw.references();
+        rw
+    }
+
+    fn references(&self) -> [usize; 3] {
+        [
+            Arc::strong_count(self.read.handle()),
+            Arc::strong_count(self.write.handle()),
+            Arc::strong_count(self.upgradeable.upgrade.handle()),
+        ]
+    }
+
+    /// Whether nothing but this value refers to the lock: no clone, no guard (of any
+    /// side), no hold kept by an upgrade.
+    pub(crate) fn is_unshared(&self) -> bool {
+        self.references() == self.baseline
     }
 
     /// The shared side.

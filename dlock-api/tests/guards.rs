@@ -358,3 +358,35 @@ async fn an_upgrade_is_lost_with_the_read_it_stands_beside() {
     drop(up);
     m.close().await;
 }
+
+/// A keyed group's read-write locks are evicted as its locks are: a stream of keys
+/// keeps the cache at its capacity (plus the handles in use), and a held one is kept.
+#[tokio::test]
+async fn a_keyed_group_evicts_unused_read_write_locks() {
+    let m = DistributeLockManager::connect("memory://").await.unwrap();
+    let docs = m.group("doc").capacity(4);
+    let held = docs.read_write_lock(0);
+    let reading = held.read().lock().await.unwrap();
+    drop(held);
+    for key in 1..100 {
+        let rw = docs.read_write_lock(key);
+        let guard = rw.write().lock().await.unwrap();
+        guard.unlock().await.unwrap();
+        assert!(
+            docs.cached() <= 5,
+            "{} read-write locks cached",
+            docs.cached()
+        );
+    }
+    let again = docs.read_write_lock(0);
+    let inner = again
+        .read()
+        .try_lock(Duration::ZERO)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(inner.acquisition(), dlock_api::Acquisition::Reentered);
+    drop(inner);
+    drop(reading);
+    m.close().await;
+}
