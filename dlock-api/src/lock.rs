@@ -34,6 +34,9 @@ pub(crate) struct Handle {
     current: Slot,
     /// Where the handle sits in a read-write lock, if it is one's side.
     side: Side,
+    /// A read-write lock's sides: told of every grant of a side, so a request of
+    /// another side that waits can go beside it.
+    family: Option<Arc<tokio::sync::watch::Sender<u64>>>,
     /// Serialises remote acquires of this handle's clones, so they re-enter instead
     /// of racing to the backend with the same owner.
     gate: tokio::sync::Mutex<()>,
@@ -68,6 +71,17 @@ pub(crate) struct Place {
     pub(crate) owner: OwnerId,
     pub(crate) current: Slot,
     pub(crate) side: Side,
+    /// Shared by a read-write lock's sides (see [`Handle`]).
+    pub(crate) family: Option<Arc<tokio::sync::watch::Sender<u64>>>,
+}
+
+/// Completes when a side of the family was granted since the receiver last looked;
+/// never without a family (or once it is gone).
+async fn side_granted(changes: Option<&mut tokio::sync::watch::Receiver<u64>>) -> Option<()> {
+    match changes {
+        Some(rx) => rx.changed().await.ok(),
+        None => std::future::pending().await,
+    }
 }
 
 /// The live hold in `slot`, if any.
@@ -192,6 +206,7 @@ impl DistributeLock {
             owner,
             current,
             side,
+            family,
         } = place;
         DistributeLock {
             handle: Arc::new(Handle {
@@ -203,6 +218,7 @@ impl DistributeLock {
                 spec,
                 current,
                 side,
+                family,
                 gate: tokio::sync::Mutex::new(()),
             }),
         }
@@ -230,6 +246,7 @@ impl DistributeLock {
             owner: manager.new_owner(),
             current: Arc::new(Mutex::new(None)),
             side: Side::Alone,
+            family: None,
         };
         Self::assemble(manager, name, mode, fairness, spec, place)
     }
@@ -433,7 +450,6 @@ impl DistributeLock {
             ))
             .with_context("lock", &name));
         }
-        let alongside = self.handle.alongside(&name)?;
         let renew = lease.is_none() && manager.config.watchdog;
         let context = options.context.as_ref().unwrap_or(&spec.context);
         let transition = spec.transition;
@@ -445,6 +461,10 @@ impl DistributeLock {
             // A new grant for every attempt: a late release of an earlier grant of
             // this handle (a dropped guard's) cannot touch it.
             let grant = GrantId::new(manager.next_id());
+            // Heard before the owner's other holds are read: a grant of another side
+            // after this read is not missed.
+            let mut changes = self.handle.family.as_ref().map(|f| f.subscribe());
+            let alongside = self.handle.alongside(&name)?;
             let request = AcquireRequest::new(name.clone(), self.handle.owner.clone(), grant)
                 .with_mode(self.handle.mode)
                 .with_lease(lease)
@@ -462,7 +482,27 @@ impl DistributeLock {
                 manager,
                 release: Some(ctx.request.release_of_grant()),
             };
-            let result = manager.chain.acquire(&mut ctx).await;
+            let result = {
+                let acquire = manager.chain.acquire(&mut ctx);
+                tokio::pin!(acquire);
+                loop {
+                    tokio::select! {
+                        result = &mut acquire => break Some(result),
+                        // Another side of the owner was granted meanwhile: a request
+                        // queued behind that hold (made before it was granted) asks
+                        // again beside it, or it would wait for its own owner.
+                        Some(()) = side_granted(changes.as_mut()) => {
+                            if self.handle.alongside(&name).ok().flatten() != alongside {
+                                break None;
+                            }
+                        }
+                    }
+                }
+            };
+            // Asked again: the request in flight is given back by `in_flight`.
+            let Some(result) = result else {
+                continue;
+            };
             // An error leaves the outcome unknown (the store may have granted, and the
             // answer been lost): `in_flight` gives the grant back when dropped.
             if result.is_ok() {
@@ -531,6 +571,9 @@ impl DistributeLock {
                 return Err(manager.closed_error());
             }
             *self.handle.current() = Some(Arc::clone(&hold));
+            if let Some(family) = &self.handle.family {
+                family.send_modify(|n| *n = n.wrapping_add(1));
+            }
             let acquisition = if took_over {
                 Acquisition::TookOver
             } else {

@@ -78,6 +78,7 @@ impl ReadWriteLock {
         let read_slot: Slot = Arc::new(Mutex::new(None));
         let write_slot: Slot = Arc::new(Mutex::new(None));
         let upgrade_slot: Slot = Arc::new(Mutex::new(None));
+        let family = Arc::new(tokio::sync::watch::Sender::new(0u64));
         let copy = |name: &Result<LockName>| name.as_ref().cloned().map_err(clone_error);
         let upgrade_name = name.as_ref().map_err(clone_error).and_then(|n| {
             LockName::new(format!("{n}{UPGRADEABLE_SUFFIX}")).map_err(|e| {
@@ -102,6 +103,7 @@ impl ReadWriteLock {
                 side: Side::Read {
                     write: Arc::clone(&write_slot),
                 },
+                family: Some(Arc::clone(&family)),
             },
         );
         let write = DistributeLock::side_of(
@@ -116,6 +118,7 @@ impl ReadWriteLock {
                     read: Arc::clone(read.handle()),
                     upgrade: Arc::clone(&upgrade_slot),
                 },
+                family: Some(Arc::clone(&family)),
             },
         );
         let upgrade = DistributeLock::side_of(
@@ -127,6 +130,7 @@ impl ReadWriteLock {
                 owner,
                 current: upgrade_slot,
                 side: Side::Alone,
+                family: Some(family),
             },
         );
         let mut rw = ReadWriteLock {

@@ -390,3 +390,55 @@ async fn a_keyed_group_evicts_unused_read_write_locks() {
     drop(reading);
     m.close().await;
 }
+
+/// Clones of one read-write lock are one owner: a clone's read that queued behind
+/// the owner's own write, before that write was granted, goes beside it once it is
+/// (it would wait for its own owner's write otherwise, and the write's downgrade,
+/// behind that read, for ever).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clones_queued_read_goes_beside_its_owners_granted_write() {
+    let m = DistributeLockManager::connect("memory://").await.unwrap();
+    let rw = m.read_write_lock("doc");
+    let rival = m.read_write_lock("doc");
+    let rival_read = rival.read().lock().await.unwrap();
+    let waiters = |m: DistributeLockManager| async move {
+        m.inspect("doc")
+            .await
+            .unwrap()
+            .and_then(|s| s.waiters)
+            .unwrap_or(0)
+    };
+    let writer = rw.clone();
+    let writing = tokio::spawn(async move {
+        let write = writer.write().lock().await.unwrap();
+        write.downgrade().await.unwrap()
+    });
+    let mut queued = false;
+    for _ in 0..500 {
+        if waiters(m.clone()).await >= 1 {
+            queued = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(queued, "the write never queued");
+    let reader = rw.clone();
+    let reading = tokio::spawn(async move { reader.read().lock().await.unwrap() });
+    let mut queued = false;
+    for _ in 0..500 {
+        if waiters(m.clone()).await >= 2 {
+            queued = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(queued, "the clone's read never queued");
+    rival_read.unlock().await.unwrap();
+    let both = tokio::time::timeout(Duration::from_secs(5), async {
+        (writing.await.unwrap(), reading.await.unwrap())
+    })
+    .await
+    .expect("the clone's read waited for its own owner's write (deadlock)");
+    drop(both);
+    m.close().await;
+}

@@ -751,7 +751,7 @@ impl ZkBackend {
         // have newer tokens.
         // (Only if that hold's node was still there when this one was granted: else
         // it was granted by the plain rules, and its own zxid is its token.)
-        let stood_beside = |own: &&Contender| mine.children.iter().any(|c| *c == own.node);
+        let stood_beside = |own: &&Contender| mine.children.contains(&own.node);
         let token = match (req.alongside_holder(), beside.as_ref().filter(stood_beside)) {
             (Some(own), Some(node)) => {
                 let other = match req.mode {
