@@ -85,14 +85,19 @@ impl Hold {
     /// Keeps `guard` (of the hold this one was granted beside) until this hold is
     /// released; this hold is guaranteed no longer than that one, and lost first
     /// when that one is lost.
-    pub(crate) fn keep(self: &Arc<Self>, guard: crate::guard::LockGuard) {
-        let kept = guard.hold();
-        kept.keepers
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push(Arc::downgrade(self));
-        let _ = self.stands_on.set(Arc::downgrade(kept));
+    pub(crate) fn keep(self: &Arc<Self>, guard: crate::guard::LockGuard, chain: &HandlerChain) {
+        let kept = Arc::clone(guard.hold());
+        {
+            let mut keepers = kept.keepers.lock().unwrap_or_else(PoisonError::into_inner);
+            keepers.retain(|k| k.strong_count() > 0);
+            keepers.push(Arc::downgrade(self));
+        }
+        let _ = self.stands_on.set(Arc::downgrade(&kept));
         *self.kept.lock().unwrap_or_else(PoisonError::into_inner) = Some(guard);
+        // Lost already (before the push was seen): so is this one.
+        if let Some(reason) = kept.lost_reason() {
+            self.lose(chain, reason);
+        }
     }
 
     /// The guard kept by [`keep`](Self::keep), to let go once this hold is released.
@@ -114,17 +119,15 @@ impl Hold {
     /// wakes the guards' lost signals, logs, and tells the chain's handlers
     /// ([`dlock_spi::LockHandler::on_lost`]). Once only; true the first time.
     pub(crate) fn lose(&self, chain: &HandlerChain, reason: LostReason) -> bool {
-        if self.lost.get().is_some() {
+        if self.lost.set(reason).is_err() {
             return false;
         }
-        // The holds standing on this one go first.
+        // The holds standing on this one are lost with it, before its caller gives
+        // it back. (Set first, taken second: a `keep` in between sees the loss.)
         let keepers =
             std::mem::take(&mut *self.keepers.lock().unwrap_or_else(PoisonError::into_inner));
         for keeper in keepers.iter().filter_map(Weak::upgrade) {
             keeper.lose(chain, reason);
-        }
-        if self.lost.set(reason).is_err() {
-            return false;
         }
         self.lost_notify.notify_waiters();
         tracing::warn!(
@@ -183,6 +186,8 @@ impl Hold {
             .unwrap_or_else(PoisonError::into_inner);
         // No later than the hold this one stands on.
         match self.stands_on.get().and_then(Weak::upgrade) {
+            // The hold this one stands on lost: nothing is guaranteed.
+            Some(kept) if kept.lost_reason().is_some() => None,
             Some(kept) => match (own, kept.valid_until()) {
                 (Some(own), Some(kept)) => Some(own.min(kept)),
                 (own, _) => own,

@@ -492,8 +492,11 @@ impl DistributeLock {
                         // queued behind that hold (made before it was granted) asks
                         // again beside it, or it would wait for its own owner.
                         Some(()) = side_granted(changes.as_mut()) => {
-                            if self.handle.alongside(&name).ok().flatten() != alongside {
-                                break None;
+                            // (A refusal now — a write beside a plain read — is
+                            // given by asking again.)
+                            match self.handle.alongside(&name) {
+                                Ok(now) if now == alongside => {}
+                                _ => break None,
                             }
                         }
                     }
@@ -538,7 +541,7 @@ impl DistributeLock {
             let hold = Arc::new(
                 Hold::new(
                     manager.next_id(),
-                    name,
+                    name.clone(),
                     self.handle.owner.clone(),
                     grant,
                     self.handle.mode,
@@ -554,12 +557,21 @@ impl DistributeLock {
                 sent_at: granted_at,
                 cap: max_hold.map(|d| granted_at + d),
             };
-            // An upgrade keeps its owner's read until it is released itself.
+            // An upgrade keeps its owner's read until it is released itself. That
+            // read gone meanwhile, the grant stands on nothing (on ZooKeeper the
+            // writers queued behind the read may hold): give it back, ask again.
             if let (Some(_), LockMode::Exclusive, Side::Write { read, .. }) =
                 (alongside, self.handle.mode, &self.handle.side)
             {
-                if let Some(read) = DistributeLock::of_handle(Arc::clone(read)).reenter() {
-                    hold.keep(read);
+                match DistributeLock::of_handle(Arc::clone(read)).reenter() {
+                    Some(read) => hold.keep(read, &manager.chain),
+                    None => {
+                        manager.abandon(ctx.request.release_of_grant());
+                        if deadline.is_some_and(|d| Instant::now() < d) {
+                            continue;
+                        }
+                        return Ok(None);
+                    }
                 }
             }
             manager.track(&hold, watching, watch);

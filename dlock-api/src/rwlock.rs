@@ -40,8 +40,10 @@ pub const UPGRADEABLE_SUFFIX: &str = "::upgradeable";
 /// [`DistributeLockManager::read_write_lock`](crate::DistributeLockManager::read_write_lock).
 ///
 /// Backends need [`Capabilities::cross_mode`](dlock_spi::Capabilities::cross_mode)
-/// for a writer's read, a downgrade and an upgrade (all of dlock's have it); on one
-/// without, those are refused with `Unsupported`.
+/// for a writer's read and a downgrade (all of dlock's have it), and
+/// [`Capabilities::upgrade`](dlock_spi::Capabilities::upgrade) for the upgradeable
+/// side (memory, SQL, Redis; not ZooKeeper); without, those are refused with
+/// `Unsupported`.
 ///
 /// ```
 /// # async fn demo(manager: dlock_api::DistributeLockManager) -> dlock_api::spi::Result<()> {
@@ -249,9 +251,9 @@ impl UpgradeableReadLock {
     fn check_usable(&self) -> Result<()> {
         let manager = &self.upgrade.handle().manager;
         let name = self.read.name()?;
-        if !manager.capabilities.cross_mode {
+        if !manager.capabilities.upgrade {
             return Err(Error::unsupported(format!(
-                "the {} backend cannot let one owner hold a lock in both modes, so a read cannot be upgraded; use the write side",
+                "the {} backend cannot upgrade a read in place; release the read, then take the write side",
                 manager.chain.resource().backend_name()
             ))
             .with_context("lock", name));

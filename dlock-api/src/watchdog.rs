@@ -405,6 +405,12 @@ async fn run(shared: Arc<Shared>) {
         let (due, next) = take_due(&shared, now);
         for d in due {
             let id = d.renewal.id;
+            // Lost from outside the watchdog (an upgrade whose read was lost): not
+            // renewed, given back.
+            if d.hold.lost_reason().is_some() {
+                give_back(&shared, id);
+                continue;
+            }
             if d.cap.is_some_and(|cap| now >= cap) {
                 lose(&shared, id, LostReason::MaxHold);
                 continue;
@@ -588,25 +594,40 @@ fn is_final(err: &Error) -> bool {
 }
 
 fn lose(shared: &Shared, id: u64, reason: LostReason) {
-    let entry = {
-        let mut state = shared.lock();
-        let entry = state.entries.remove(&id);
-        if let Some(e) = &entry {
-            state.queue.remove(&(e.due, id));
-        }
-        entry
+    let Some(entry) = take_entry(shared, id) else {
+        return;
     };
-    let Some(entry) = entry else { return };
     if entry.hold.lose(&shared.chain, reason) && reason == LostReason::MaxHold {
         // Bounded: give it back rather than let the store keep it for the rest of
         // its lease (or, session-bound, for as long as the session lives). The
         // guard's own release later answers `NotOwner`, harmlessly.
-        let chain = shared.chain.clone();
-        tokio::spawn(async move {
-            let ctx = entry.hold.release_context(&chain);
-            if let Err(err) = chain.release(&ctx).await {
-                tracing::warn!(lock = %entry.hold.name, error = &err as &dyn std::error::Error, "dlock: giving back a hold at its max_hold failed; it ends with its lease or session");
-            }
-        });
+        release_in_background(shared, entry.hold);
     }
+}
+
+/// Stops watching a hold lost from outside the watchdog and gives it back (the
+/// store would keep it, renewed, until its guard goes).
+fn give_back(shared: &Shared, id: u64) {
+    if let Some(entry) = take_entry(shared, id) {
+        release_in_background(shared, entry.hold);
+    }
+}
+
+fn take_entry(shared: &Shared, id: u64) -> Option<Entry> {
+    let mut state = shared.lock();
+    let entry = state.entries.remove(&id);
+    if let Some(e) = &entry {
+        state.queue.remove(&(e.due, id));
+    }
+    entry
+}
+
+fn release_in_background(shared: &Shared, hold: Arc<Hold>) {
+    let chain = shared.chain.clone();
+    tokio::spawn(async move {
+        let ctx = hold.release_context(&chain);
+        if let Err(err) = chain.release(&ctx).await {
+            tracing::warn!(lock = %hold.name, error = &err as &dyn std::error::Error, "dlock: giving back a lost hold failed; it ends with its lease or session");
+        }
+    });
 }

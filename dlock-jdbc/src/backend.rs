@@ -709,6 +709,7 @@ impl LockRemoteResource for JdbcBackend {
         caps.reentrant = true;
         caps.shared = true;
         caps.cross_mode = true;
+        caps.upgrade = true;
         caps.fencing = true;
         caps.semaphore = true;
         caps.max_name_len = Some(crate::MAX_NAME_LEN);

@@ -665,6 +665,7 @@ impl LockRemoteResource for RedisBackend {
         caps.fencing = true;
         caps.semaphore = true;
         caps.cross_mode = true;
+        caps.upgrade = true;
         caps
     }
 

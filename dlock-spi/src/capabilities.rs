@@ -27,6 +27,12 @@ pub struct Capabilities {
     /// then let the write side go: a downgrade), an upgradeable reader takes the
     /// write side once the other readers are gone, ahead of queued writers.
     pub cross_mode: bool,
+    /// With `cross_mode`: a write beside the owner's own read (an upgrade) is
+    /// granted once the other owners' readers are gone, ahead of queued writers, and
+    /// no other reader becomes a holder while it lasts. ZooKeeper cannot (a Curator
+    /// reader queued behind another writer holds as soon as that writer leaves, and
+    /// no third party can tell a holding Curator reader from a waiting one).
+    pub upgrade: bool,
     /// Waiters are woken by the backend when the lock frees (no polling), one at a time.
     pub push_wakeup: bool,
     /// Grants carry strictly increasing fencing tokens.

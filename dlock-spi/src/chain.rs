@@ -528,6 +528,12 @@ impl HandlerChain {
                 ))
                 .with_context("lock", &req.name));
             }
+            if req.mode == LockMode::Exclusive && !caps.upgrade {
+                return Err(Error::unsupported(format!(
+                    "the {backend} backend cannot upgrade a read in place (a write beside the owner's own read); release the read, then take the write side"
+                ))
+                .with_context("lock", &req.name));
+            }
             if req.mode.permits().is_some() {
                 return Err(Error::invalid_argument(
                     "a permit request cannot be made alongside another hold; only read and write requests can",

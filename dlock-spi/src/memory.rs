@@ -474,6 +474,7 @@ impl LockRemoteResource for InMemoryBackend {
             fencing: true,
             takeover: true,
             cross_mode: true,
+            upgrade: true,
             max_name_len: None,
         }
     }

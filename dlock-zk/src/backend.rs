@@ -537,6 +537,9 @@ impl LockRemoteResource for ZkBackend {
         caps.fencing = true;
         caps.semaphore = true;
         caps.cross_mode = true;
+        // No upgrade: see `Capabilities::upgrade` (and the lock-history checker's
+        // overlap on zk-ensemble that showed it).
+        caps.upgrade = false;
         caps
     }
 
@@ -834,15 +837,15 @@ impl ZkBackend {
         // writers queued behind that write may hold now) must not stand there: it
         // queues at the back, as any other.
         let gone = beside.is_some_and(|own| !mine.children.iter().any(|c| c == own));
-        let (at, beside) = if at.is_some() && gone {
+        let mut beside = if at.is_some() && gone {
             pending.delete().await;
             mine = inner
                 .enqueue(session, key, lock, prefix, data, None)
                 .await?;
             pending = PendingNode::new(&inner.sessions, session, format!("{lock}/{}", mine.node));
-            (None, None)
+            None
         } else {
-            (at, beside)
+            beside
         };
         let mut enqueues = 1;
         loop {
@@ -854,7 +857,12 @@ impl ZkBackend {
                 if enqueues >= MAX_ENQUEUES || deadline_passed(deadline) {
                     return Ok(None);
                 }
-                mine = inner.enqueue(session, key, lock, prefix, data, at).await?;
+                // Queued again at the back, by the plain rules (the hold it stood
+                // beside may be gone by now too).
+                beside = None;
+                mine = inner
+                    .enqueue(session, key, lock, prefix, data, None)
+                    .await?;
                 pending =
                     PendingNode::new(&inner.sessions, session, format!("{lock}/{}", mine.node));
                 enqueues += 1;

@@ -10,24 +10,22 @@
 //! <root>/<escaped election>/_c_<protection id>-latch-0000000045      leadership (LeaderLatch)
 //! ```
 //!
-//! A read-write lock's owner may hold both modes (dlock's cross-mode holds, which
-//! Curator does not make across processes):
+//! A read-write lock's writer may also take the read side (dlock's cross-mode
+//! holds, which Curator does not make across processes):
 //!
 //! ```text
 //! …/_c_<id of the write>-__WRIT__0000000050     a writer ...
 //! …/_c_<id of its read>-__READ__0000000050      ... and its read, placed (not
 //!                                               sequential) at the write's sequence
-//! …/_c_<id>-__WRIT__0000000057                  an upgrade: queued as any writer,
-//!                                               held beside its owner's read node
-//! <root>/<escaped name>::upgradeable/_c_<id>-lock-0000000003   the upgradeable hold
 //! ```
 //!
 //! The placed read node sorts ahead of every writer queued behind the write (it
 //! takes the write's sequence), so when the write goes — a downgrade — no writer,
-//! Curator's or dlock's, gets in while the read lasts. An upgrade's write node waits
-//! only for the other owners' readers that hold; writers queued behind its owner's
-//! read wait for that read, by Curator's rules and dlock's. The upgradeable hold is
-//! an ordinary exclusive lock on the name with `::upgradeable` appended.
+//! Curator's or dlock's, gets in while the read lasts. It is placed only while the
+//! write node is there (else it queues at the back, as any read), and carries the
+//! write's token. There is no upgradeable read on ZooKeeper (`Unsupported`): a
+//! write queued beside its owner's read cannot keep out the Curator readers queued
+//! behind another writer, which hold as soon as that writer leaves.
 //!
 //! The lock's node is a container (the server removes it once it is empty); the
 //! contender nodes are ephemeral and sequential. The protection id is derived from the
@@ -237,42 +235,31 @@ pub(crate) fn contenders(children: &[String]) -> Vec<Contender> {
 /// one just before it; a shared contender holds when no exclusive contender is ahead
 /// of it and watches the first exclusive one.
 ///
-/// A contender `beside` its owner's own node in the other mode (dlock's cross-mode
-/// requests) is never blocked by that node: a shared one (a writer reading, placed
-/// at its write node's sequence) holds when no *other* exclusive contender is ahead;
-/// an exclusive one (an upgrade, queued after its owner's read node) waits only for
-/// the other owners' readers that hold — those with no other writer ahead of them
-/// (the writers queued behind the owner's read wait for it, and their readers for
-/// them).
+/// A shared contender `beside` its owner's own write node (a writer reading, placed
+/// at that node's sequence) is never blocked by that node: it holds when no *other*
+/// exclusive contender is ahead — while that node is in the queue (gone, the plain
+/// rules apply). There is no upgrade on ZooKeeper (see `Capabilities::upgrade`): a
+/// write at the back of the queue beside its owner's read would let the readers
+/// queued behind another writer hold as soon as that writer left.
 pub(crate) fn standing<'q>(
     queue: &'q [Contender],
     index: usize,
     beside: Option<&str>,
 ) -> Result<Option<&'q Contender>, ()> {
     let me = queue.get(index).ok_or(())?;
-    // The owner's node must be there to stand beside: gone (released, its session
-    // ended), the contender stands by the plain rules.
-    let beside = beside.filter(|own| queue.iter().any(|c| c.node == *own));
-    let Some(own) = beside else {
-        return Ok(match me.mode {
-            LockMode::Exclusive | LockMode::Permits(_) => {
-                index.checked_sub(1).and_then(|i| queue.get(i))
-            }
-            LockMode::Shared => queue[..index]
-                .iter()
-                .find(|c| c.mode == LockMode::Exclusive),
-        });
-    };
-    let mut others = queue[..index].iter().filter(|c| c.node != own);
-    Ok(match me.mode {
-        LockMode::Shared => others.find(|c| c.mode == LockMode::Exclusive),
-        LockMode::Exclusive | LockMode::Permits(_) => {
-            let mut writer_ahead = false;
-            others.find(|c| {
-                writer_ahead |= c.mode == LockMode::Exclusive;
-                !writer_ahead
-            })
+    let beside = beside
+        .filter(|_| me.mode == LockMode::Shared)
+        .filter(|own| queue.iter().any(|c| c.node == *own));
+    Ok(match (me.mode, beside) {
+        (LockMode::Exclusive | LockMode::Permits(_), _) => {
+            index.checked_sub(1).and_then(|i| queue.get(i))
         }
+        (LockMode::Shared, None) => queue[..index]
+            .iter()
+            .find(|c| c.mode == LockMode::Exclusive),
+        (LockMode::Shared, Some(own)) => queue[..index]
+            .iter()
+            .find(|c| c.node != own && c.mode == LockMode::Exclusive),
     })
 }
 
@@ -450,7 +437,7 @@ mod tests {
     }
 
     #[test]
-    fn cross_mode_contenders_stand_beside_their_own_nodes() {
+    fn a_writers_read_stands_beside_its_write_node() {
         let q =
             |names: &[&str]| contenders(&names.iter().map(|s| s.to_string()).collect::<Vec<_>>());
         // A writer's read, placed at its write node's sequence: held at once, and
@@ -469,37 +456,18 @@ mod tests {
             standing(&downgraded, 1, None).map(|w| w.map(|c| c.sequence)),
             Ok(Some(5))
         );
-        // An upgrade waits for another owner's holding reader, not for the writer
-        // queued behind its own read, nor for that writer's readers.
-        let upgrading = q(&[
-            "u-__READ__01",
-            "o-__READ__02",
-            "x-__WRIT__03",
-            "p-__READ__04",
-            "u-__WRIT__06",
-        ]);
+        // Beside a node that is not there, the plain rules: another writer ahead
+        // keeps it out.
+        let gone = q(&["x-__WRIT__03", "r-__READ__04"]);
         assert_eq!(
-            standing(&upgrading, 4, Some("u-__READ__01")).map(|w| w.map(|c| c.sequence)),
-            Ok(Some(2))
+            standing(&gone, 1, Some("w-__WRIT__02")).map(|w| w.map(|c| c.sequence)),
+            Ok(Some(3))
         );
-        let upgraded = q(&[
-            "u-__READ__01",
-            "x-__WRIT__03",
-            "p-__READ__04",
-            "u-__WRIT__06",
-        ]);
-        assert_eq!(standing(&upgraded, 3, Some("u-__READ__01")), Ok(None));
-        // Without the beside node, the same upgrade would wait for the queued writer.
+        // A write never stands beside anything.
+        let write = q(&["r-__READ__01", "x-__WRIT__03", "u-__WRIT__06"]);
         assert_eq!(
-            standing(&upgraded, 3, None).map(|w| w.map(|c| c.sequence)),
-            Ok(Some(4))
-        );
-        // The owner's read gone, the writer queued behind it holds: an upgrade
-        // naming that read waits by the plain rules.
-        let read_gone = q(&["x-__WRIT__03", "p-__READ__04", "u-__WRIT__06"]);
-        assert_eq!(
-            standing(&read_gone, 2, Some("u-__READ__01")).map(|w| w.map(|c| c.sequence)),
-            Ok(Some(4))
+            standing(&write, 2, Some("r-__READ__01")).map(|w| w.map(|c| c.sequence)),
+            Ok(Some(3))
         );
     }
 }

@@ -152,7 +152,7 @@ pub fn lock_names(caps: Capabilities) -> Vec<&'static str> {
 /// locks, and the upgradeable side's own lock.
 pub fn state_names(caps: Capabilities) -> Vec<&'static str> {
     let mut names = lock_names(caps);
-    if caps.shared && caps.cross_mode {
+    if caps.shared && caps.upgrade {
         names.push(RW_UPGRADEABLE_NAME);
     }
     names
@@ -219,6 +219,7 @@ pub async fn run_worker(
                 names: names.clone(),
                 leases: caps.lease,
                 cross_mode: caps.cross_mode,
+                upgrades: caps.upgrade,
                 manager: manager.clone(),
                 own: HashMap::new(),
                 rw: None,
@@ -444,8 +445,10 @@ struct Task {
     /// Whether the backend takes explicit leases (ZooKeeper ties holds to the
     /// session and refuses them: no such op is sent there).
     leases: bool,
-    /// Whether the backend lets one owner hold both modes (downgrades, upgrades).
+    /// Whether the backend lets one owner hold both modes (downgrades).
     cross_mode: bool,
+    /// Whether it upgrades a read in place (upgradeable reads).
+    upgrades: bool,
     manager: DistributeLockManager,
     own: HashMap<&'static str, DistributeLock>,
     rw: Option<ReadWriteLock>,
@@ -465,7 +468,7 @@ impl Task {
                 break;
             }
             let upgradeable = sticky.is_none()
-                && self.cross_mode
+                && self.upgrades
                 && self.names.contains(&RW_NAME)
                 && self.rng.u32(0..100) < UPGRADEABLE_PERCENT;
             let multi = sticky.is_none() && self.rng.u32(0..100) < MULTI_PERCENT;
