@@ -7,7 +7,7 @@ use clap::Args;
 
 use crate::exit::Failure;
 use crate::parse_duration;
-use crate::supervise::{not_acquired, run_holding, RunArgs};
+use crate::supervise::{not_acquired, run_holding, HoldArgs, RunArgs};
 
 #[derive(Args, Debug)]
 pub(crate) struct SemArgs {
@@ -23,6 +23,8 @@ pub(crate) struct SemArgs {
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     wait: Duration,
     #[command(flatten)]
+    hold: HoldArgs,
+    #[command(flatten)]
     run: RunArgs,
 }
 
@@ -33,7 +35,9 @@ pub(crate) async fn run(
 ) -> Result<ExitCode, Failure> {
     let manager = crate::connect(backend, namespace, Some(args.run.lease)).await?;
     let semaphore = manager.semaphore(&args.name, args.permits);
-    let acquired = semaphore.try_acquire(args.take, args.wait).await;
+    let acquired = semaphore
+        .try_acquire_with(args.take, args.wait, &args.hold.options())
+        .await;
     let Some(permit) = acquired.map_err(Failure::from)? else {
         manager.close().await;
         return Err(not_acquired(&args.name, "permits", args.wait));

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Args;
-use dlock_api::{DistributeLockManager, FencingToken, LostSignal};
+use dlock_api::{DistributeLockManager, FencingToken, LockOptions, LostSignal};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use tokio::process::{Child, Command};
@@ -24,6 +24,32 @@ pub(crate) struct RunArgs {
     /// The command and its arguments, after `--`.
     #[arg(last = true, required = true)]
     pub(crate) command: Vec<String>,
+}
+
+/// What a hold-and-run command stores with its hold and how long it may keep it.
+#[derive(Args, Debug)]
+pub(crate) struct HoldArgs {
+    /// What to store with the hold, shown by `dlock status` (default: `pid=PID`).
+    #[arg(long, value_name = "TEXT")]
+    context: Option<String>,
+    /// The longest the command may hold: then the hold is given back and the
+    /// command stopped, as when the hold is lost (exit 76).
+    #[arg(long, value_parser = parse_duration)]
+    max_hold: Option<Duration>,
+}
+
+impl HoldArgs {
+    /// The acquisition's options.
+    pub(crate) fn options(&self) -> LockOptions {
+        let mut options = LockOptions::new();
+        if let Some(context) = &self.context {
+            options = options.context(context.clone());
+        }
+        if let Some(max_hold) = self.max_hold {
+            options = options.max_hold(max_hold);
+        }
+        options
+    }
 }
 
 /// The failure of a hold not taken within `wait` (exit 75).

@@ -975,3 +975,65 @@ async fn exec_stores_its_context_and_keeps_to_max_hold() {
     assert!(free, "the lock stayed held after max-hold");
     holder.close().await;
 }
+
+/// `dlock sem` stores its `--context` with its permits (shown by `dlock status`) and
+/// keeps to `--max-hold`: the permits are given back and the command stopped (exit
+/// 76) at the bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sem_stores_its_context_and_keeps_to_max_hold() {
+    let url = sqlite_url();
+    let ns = namespace();
+    let holder = holder_on(&url, &ns).await;
+    let context = "job=report host=web-4";
+    let started = Instant::now();
+    let child = spawn_dlock(
+        &url,
+        &ns,
+        &[
+            "sem",
+            "slots",
+            "--permits",
+            "2",
+            "--context",
+            context,
+            "--max-hold",
+            "2s",
+            "--",
+            "sleep",
+            "30",
+        ],
+    );
+    let held = testsuite_eventually(|| async {
+        holder
+            .inspect("slots")
+            .await
+            .unwrap()
+            .is_some_and(|s| s.holders.iter().any(|h| h.context == context))
+    })
+    .await;
+    assert!(held, "dlock sem never held permits with its context");
+    let out = dlock(&url, &ns, &["status", "slots"]);
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains(&format!("context={context:?}")),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let status = finished(child).await;
+    let stderr = String::from_utf8_lossy(&status.stderr);
+    assert_eq!(status.status.code(), Some(76), "{stderr}");
+    assert!(stderr.contains("max_hold"), "{stderr}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "the command was not stopped at its max-hold"
+    );
+    let free = testsuite_eventually(|| async {
+        holder
+            .inspect("slots")
+            .await
+            .unwrap()
+            .is_none_or(|s| s.holders.is_empty())
+    })
+    .await;
+    assert!(free, "the permits stayed held after max-hold");
+    holder.close().await;
+}
