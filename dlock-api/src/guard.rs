@@ -423,6 +423,55 @@ macro_rules! hold_accessors {
 }
 pub(crate) use hold_accessors;
 
+/// The accessors of a guard made of several holds (a multi-lock's members, an
+/// upgradeable read's holds), over `self.parts()` (an iterator of their
+/// [`LockGuard`]s); `$each` names one of them in the docs ("member").
+macro_rules! parts_accessors {
+    ($each:literal) => {
+        /// Their holds.
+        fn holds(&self) -> std::sync::Arc<[std::sync::Arc<crate::hold::Hold>]> {
+            self.parts()
+                .map(|g| std::sync::Arc::clone(g.hold()))
+                .collect()
+        }
+
+        #[doc = concat!("Whether any ", $each, " has been lost.")]
+        pub fn is_lost(&self) -> bool {
+            self.parts().any(crate::LockGuard::is_lost)
+        }
+
+        #[doc = concat!("Completes when any ", $each, " is lost (at once if one already is).")]
+        ///
+        /// # Cancel safety
+        ///
+        /// Cancel-safe: it only waits.
+        pub async fn lost(&self) -> dlock_spi::LostReason {
+            crate::guard::wait_any_lost(&self.holds()).await
+        }
+
+        #[doc = concat!("An owned signal of the loss of any ", $each, ", for another task.")]
+        pub fn lost_signal(&self) -> crate::LostSignal {
+            crate::LostSignal::of(self.holds())
+        }
+
+        #[doc = concat!("Until when every ", $each, " is guaranteed: the earliest one's ")]
+        /// [`valid_until`](crate::LockGuard::valid_until); `None` if any has none.
+        pub fn valid_until(&self) -> Option<std::time::Instant> {
+            // `None` orders first: any without an instant makes it `None`.
+            self.parts()
+                .map(crate::LockGuard::valid_until)
+                .min()
+                .flatten()
+        }
+
+        #[doc = concat!("`Ok` when every ", $each, " can be acted on now (see [`LockGuard::check`](crate::LockGuard::check)).")]
+        pub fn check(&self) -> dlock_spi::Result<()> {
+            self.parts().try_for_each(crate::LockGuard::check)
+        }
+    };
+}
+pub(crate) use parts_accessors;
+
 /// `check()` of a hold: lost, past its guaranteed instant, or suspended.
 fn check_hold(hold: &Hold) -> Result<()> {
     check_lost(hold)?;

@@ -44,11 +44,8 @@ pub(crate) struct Hold {
     /// (on ZooKeeper the read's node is what keeps them out).
     kept: Mutex<Option<crate::guard::LockGuard>>,
     /// The holds that keep this one (upgraded writes beside this read): lost
-    /// before this one is, so none is left standing when this one goes.
+    /// with this one, so none is left standing when this one goes.
     keepers: Mutex<Vec<Weak<Hold>>>,
-    /// The hold this one keeps (the read beside this upgraded write), for its
-    /// guaranteed instant, which bounds this one's.
-    stands_on: OnceLock<Weak<Hold>>,
 }
 
 impl Hold {
@@ -78,7 +75,6 @@ impl Hold {
             lost_notify: Notify::new(),
             kept: Mutex::new(None),
             keepers: Mutex::new(Vec::new()),
-            stands_on: OnceLock::new(),
         }
     }
 
@@ -92,7 +88,6 @@ impl Hold {
             keepers.retain(|k| k.strong_count() > 0);
             keepers.push(Arc::downgrade(self));
         }
-        let _ = self.stands_on.set(Arc::downgrade(&kept));
         *self.kept.lock().unwrap_or_else(PoisonError::into_inner) = Some(guard);
         // Lost already (before the push was seen): so is this one.
         if let Some(reason) = kept.lost_reason() {
@@ -184,12 +179,12 @@ impl Hold {
             .valid_until
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        // No later than the hold this one stands on.
-        match self.stands_on.get().and_then(Weak::upgrade) {
-            // The hold this one stands on lost: nothing is guaranteed.
-            Some(kept) if kept.lost_reason().is_some() => None,
-            Some(kept) => match (own, kept.valid_until()) {
-                (Some(own), Some(kept)) => Some(own.min(kept)),
+        // No later than the read an upgrade keeps (nothing once that read is lost).
+        let kept = self.kept.lock().unwrap_or_else(PoisonError::into_inner);
+        match kept.as_ref().map(|read| read.hold()) {
+            Some(read) if read.lost_reason().is_some() => None,
+            Some(read) => match (own, read.valid_until()) {
+                (Some(own), Some(read)) => Some(own.min(read)),
                 (own, _) => own,
             },
             None => own,

@@ -181,20 +181,8 @@ impl DistributeLock {
         Self::with_spec(manager, name, mode, fairness, spec)
     }
 
-    /// A side of a read-write lock: a lock's handle at `place` (its owner, slot
-    /// and side).
-    pub(crate) fn side_of(
-        manager: Arc<ManagerInner>,
-        name: Result<LockName>,
-        mode: LockMode,
-        fairness: Fairness,
-        place: Place,
-    ) -> Self {
-        let spec = HoldSpec::lock(&manager.config);
-        Self::assemble(manager, name, mode, fairness, spec, place)
-    }
-
-    fn assemble(
+    /// A handle at `place` (its owner, slot and side) whose grants carry `spec`.
+    pub(crate) fn with_place(
         manager: Arc<ManagerInner>,
         name: Result<LockName>,
         mode: LockMode,
@@ -248,7 +236,7 @@ impl DistributeLock {
             side: Side::Alone,
             family: None,
         };
-        Self::assemble(manager, name, mode, fairness, spec, place)
+        Self::with_place(manager, name, mode, fairness, spec, place)
     }
 
     /// The full (namespaced) lock name, or the validation error.
@@ -278,10 +266,7 @@ impl DistributeLock {
 
     /// Whether this handle (or a clone) currently holds the lock and has not lost it.
     pub fn is_held(&self) -> bool {
-        self.handle
-            .current()
-            .as_ref()
-            .is_some_and(|h| h.lost_reason().is_none())
+        live(&self.handle.current).is_some()
     }
 
     /// Tries to take the lock, waiting up to `wait` (zero: try once). The lock is

@@ -6,8 +6,7 @@ use std::time::{Duration, Instant};
 
 use dlock_spi::{Error, LockName, LostReason, Result};
 
-use crate::guard::{wait_any_lost, LockGuard, LostSignal};
-use crate::hold::Hold;
+use crate::guard::{parts_accessors, LockGuard};
 use crate::lock::{clone_error, DistributeLock};
 use crate::manager::DistributeLockManager;
 use crate::options::LockOptions;
@@ -179,9 +178,10 @@ pub struct MultiGuard {
 }
 
 impl MultiGuard {
-    /// The members' holds.
-    fn holds(&self) -> Arc<[Arc<Hold>]> {
-        self.guards.iter().map(|g| Arc::clone(g.hold())).collect()
+    parts_accessors!("member");
+
+    fn parts(&self) -> impl Iterator<Item = &LockGuard> {
+        self.guards.iter()
     }
 
     /// Each member's guard (name, fencing token, …), in the order they were taken.
@@ -194,44 +194,9 @@ impl MultiGuard {
         self.guards.iter().map(LockGuard::name)
     }
 
-    /// Whether any member has been lost.
-    pub fn is_lost(&self) -> bool {
-        self.guards.iter().any(LockGuard::is_lost)
-    }
-
     /// Why a member was lost (the first member's, in order, that was), if any was.
     pub fn lost_reason(&self) -> Option<LostReason> {
         self.guards.iter().find_map(LockGuard::lost_reason)
-    }
-
-    /// Completes when any member is lost (at once if one already is).
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: it only waits.
-    pub async fn lost(&self) -> LostReason {
-        wait_any_lost(&self.holds()).await
-    }
-
-    /// An owned signal of the loss of any member, for another task.
-    pub fn lost_signal(&self) -> LostSignal {
-        LostSignal::of(self.holds())
-    }
-
-    /// Until when every member is guaranteed: the earliest member's
-    /// [`valid_until`](LockGuard::valid_until); `None` if any member has none.
-    pub fn valid_until(&self) -> Option<Instant> {
-        // `None` orders first: any member without an instant makes it `None`.
-        self.guards
-            .iter()
-            .map(LockGuard::valid_until)
-            .min()
-            .flatten()
-    }
-
-    /// `Ok` when every member can be acted on now (see [`LockGuard::check`]).
-    pub fn check(&self) -> Result<()> {
-        self.guards.iter().try_for_each(LockGuard::check)
     }
 
     /// The members' guards, to release (or keep) one by one; the multi-lock's

@@ -4,11 +4,10 @@ use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use dlock_spi::{Error, Fairness, FencingToken, LockMode, LockName, LostReason, Result};
+use dlock_spi::{Error, Fairness, FencingToken, LockMode, LockName, Result};
 
-use crate::guard::{wait_any_lost, LockGuard, LostSignal};
-use crate::hold::Hold;
-use crate::lock::{clone_error, DistributeLock, Place, Side, Slot};
+use crate::guard::{parts_accessors, LockGuard};
+use crate::lock::{clone_error, DistributeLock, HoldSpec, Place, Side, Slot};
 use crate::manager::ManagerInner;
 
 /// What the upgradeable side's lock name adds to the read-write lock's name. The
@@ -77,11 +76,10 @@ impl ReadWriteLock {
         fairness: Fairness,
     ) -> Self {
         let owner = manager.new_owner();
-        let read_slot: Slot = Arc::new(Mutex::new(None));
         let write_slot: Slot = Arc::new(Mutex::new(None));
         let upgrade_slot: Slot = Arc::new(Mutex::new(None));
         let family = Arc::new(tokio::sync::watch::Sender::new(0u64));
-        let copy = |name: &Result<LockName>| name.as_ref().cloned().map_err(clone_error);
+        let spec = HoldSpec::lock(&manager.config);
         let upgrade_name = name.as_ref().map_err(clone_error).and_then(|n| {
             LockName::new(format!("{n}{UPGRADEABLE_SUFFIX}")).map_err(|e| {
                 Error::new(
@@ -94,25 +92,27 @@ impl ReadWriteLock {
                 )
             })
         });
-        let read = DistributeLock::side_of(
+        let read = DistributeLock::with_place(
             Arc::clone(&manager),
-            copy(&name),
+            name.as_ref().cloned().map_err(clone_error),
             LockMode::Shared,
             fairness,
+            spec.clone(),
             Place {
                 owner: owner.clone(),
-                current: Arc::clone(&read_slot),
+                current: Arc::new(Mutex::new(None)),
                 side: Side::Read {
                     write: Arc::clone(&write_slot),
                 },
                 family: Some(Arc::clone(&family)),
             },
         );
-        let write = DistributeLock::side_of(
+        let write = DistributeLock::with_place(
             Arc::clone(&manager),
             name,
             LockMode::Exclusive,
             fairness,
+            spec.clone(),
             Place {
                 owner: owner.clone(),
                 current: write_slot,
@@ -123,11 +123,12 @@ impl ReadWriteLock {
                 family: Some(Arc::clone(&family)),
             },
         );
-        let upgrade = DistributeLock::side_of(
+        let upgrade = DistributeLock::with_place(
             manager,
             upgrade_name,
             LockMode::Exclusive,
             fairness,
+            spec,
             Place {
                 owner,
                 current: upgrade_slot,
@@ -379,42 +380,10 @@ impl UpgradeableReadGuard {
         self.write.as_ref().unwrap_or(&self.read).fencing_token()
     }
 
-    fn guards(&self) -> impl Iterator<Item = &LockGuard> {
+    parts_accessors!("hold of the guard");
+
+    fn parts(&self) -> impl Iterator<Item = &LockGuard> {
         self.write.iter().chain([&self.read, &self.upgrade])
-    }
-
-    fn holds(&self) -> Arc<[Arc<Hold>]> {
-        self.guards().map(|g| Arc::clone(g.hold())).collect()
-    }
-
-    /// Until when every hold of the guard is guaranteed (the earliest of theirs; see
-    /// [`LockGuard::valid_until`]).
-    pub fn valid_until(&self) -> Option<Instant> {
-        self.guards().map(LockGuard::valid_until).min().flatten()
-    }
-
-    /// `Ok` when every hold can be acted on now (see [`LockGuard::check`]).
-    pub fn check(&self) -> Result<()> {
-        self.guards().try_for_each(LockGuard::check)
-    }
-
-    /// Whether any hold of the guard is lost.
-    pub fn is_lost(&self) -> bool {
-        self.guards().any(LockGuard::is_lost)
-    }
-
-    /// Completes when any hold of the guard is lost (at once if one is).
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: it only waits.
-    pub async fn lost(&self) -> LostReason {
-        wait_any_lost(&self.holds()).await
-    }
-
-    /// An owned signal of the loss of any hold the guard has now, for another task.
-    pub fn lost_signal(&self) -> LostSignal {
-        LostSignal::of(self.holds())
     }
 
     /// Releases the write side (if upgraded), then the read hold, then the

@@ -231,12 +231,8 @@ async fn failing_renewals_fire_lost_a_margin_before_the_lease_passes() {
 
 #[tokio::test]
 async fn a_retryable_renew_failure_is_survived() {
-    let backend = Wrapped::default();
     let lease = Duration::from_millis(600);
-    let m = DistributeLockManager::builder(backend.clone())
-        .lease(lease)
-        .build()
-        .unwrap();
+    let (backend, m) = common::wrapped_manager(lease);
     let g = m.lock("blip").lock().await.unwrap();
     backend.renew_fails.store(true, Ordering::SeqCst);
     tokio::time::sleep(lease / 3 + Duration::from_millis(60)).await; // one failed renewal

@@ -106,11 +106,7 @@ impl LockHandler for PanickyHooks {
 /// not hang.
 #[tokio::test]
 async fn a_renewal_task_that_panics_loses_its_hold() {
-    let backend = Wrapped::default();
-    let m = DistributeLockManager::builder(backend.clone())
-        .lease(Duration::from_millis(300))
-        .build()
-        .unwrap();
+    let (backend, m) = common::wrapped_manager(Duration::from_millis(300));
     backend.renew_panics.store(true, Ordering::SeqCst);
     let guard = m.lock("p").try_lock(Duration::ZERO).await.unwrap().unwrap();
     let reason = tokio::time::timeout(Duration::from_secs(2), guard.lost())
@@ -168,12 +164,8 @@ async fn panicking_hooks_stop_no_renewal() {
 /// lease does not lose the hold at the next loss instant.
 #[tokio::test]
 async fn renewals_after_an_unknown_outcome_come_in_time() {
-    let backend = Wrapped::default();
     let lease = Duration::from_millis(600);
-    let m = DistributeLockManager::builder(backend.clone())
-        .lease(lease)
-        .build()
-        .unwrap();
+    let (backend, m) = common::wrapped_manager(lease);
     let guard = m.lock("u").try_lock(Duration::ZERO).await.unwrap().unwrap();
     backend.renew_fails.store(true, Ordering::SeqCst);
     guard.extend(lease).await.expect_err("the store refused");
@@ -261,11 +253,7 @@ async fn a_failed_extend_of_a_fixed_lease_keeps_its_end() {
 /// than the short lease.
 #[tokio::test]
 async fn an_unknown_shortening_bounds_every_later_renewal() {
-    let backend = Wrapped::default();
-    let m = DistributeLockManager::builder(backend.clone())
-        .lease(Duration::from_secs(3))
-        .build()
-        .unwrap();
+    let (backend, m) = common::wrapped_manager(Duration::from_secs(3));
     let guard = m.lock("s").try_lock(Duration::ZERO).await.unwrap().unwrap();
     let short = Duration::from_millis(600);
     backend.renew_fails.store(true, Ordering::SeqCst);
@@ -286,11 +274,7 @@ async fn an_unknown_shortening_bounds_every_later_renewal() {
 /// answers) does not delay the bound: the hold is lost there, with its own reason.
 #[tokio::test]
 async fn a_renewal_in_flight_does_not_delay_the_bound() {
-    let backend = Wrapped::default();
-    let m = DistributeLockManager::builder(backend.clone())
-        .lease(Duration::from_secs(1))
-        .build()
-        .unwrap();
+    let (backend, m) = common::wrapped_manager(Duration::from_secs(1));
     backend.swallow_renewals.store(true, Ordering::SeqCst);
     let max_hold = Duration::from_millis(500);
     let guard = m
@@ -401,38 +385,15 @@ async fn a_clones_queued_read_goes_beside_its_owners_granted_write() {
     let rw = m.read_write_lock("doc");
     let rival = m.read_write_lock("doc");
     let rival_read = rival.read().lock().await.unwrap();
-    let waiters = |m: DistributeLockManager| async move {
-        m.inspect("doc")
-            .await
-            .unwrap()
-            .and_then(|s| s.waiters)
-            .unwrap_or(0)
-    };
     let writer = rw.clone();
     let writing = tokio::spawn(async move {
         let write = writer.write().lock().await.unwrap();
         write.downgrade().await.unwrap()
     });
-    let mut queued = false;
-    for _ in 0..500 {
-        if waiters(m.clone()).await >= 1 {
-            queued = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    assert!(queued, "the write never queued");
+    assert!(queued(&m, "doc", 1).await, "the write never queued");
     let reader = rw.clone();
     let reading = tokio::spawn(async move { reader.read().lock().await.unwrap() });
-    let mut queued = false;
-    for _ in 0..500 {
-        if waiters(m.clone()).await >= 2 {
-            queued = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    assert!(queued, "the clone's read never queued");
+    assert!(queued(&m, "doc", 2).await, "the clone's read never queued");
     rival_read.unlock().await.unwrap();
     let both = tokio::time::timeout(Duration::from_secs(5), async {
         (writing.await.unwrap(), reading.await.unwrap())
@@ -441,4 +402,16 @@ async fn a_clones_queued_read_goes_beside_its_owners_granted_write() {
     .expect("the clone's read waited for its own owner's write (deadlock)");
     drop(both);
     m.close().await;
+}
+
+/// Whether `name` gets `n` waiters within 2.5 s (polled: no signal says so).
+async fn queued(m: &DistributeLockManager, name: &str, n: usize) -> bool {
+    for _ in 0..500 {
+        let waiting = m.inspect(name).await.unwrap().and_then(|s| s.waiters);
+        if waiting.unwrap_or(0) >= n {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    false
 }

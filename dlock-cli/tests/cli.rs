@@ -921,36 +921,46 @@ async fn a_planted_password_shows_nowhere_a_user_looks() {
 /// 76, saying why), leaving the lock free.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exec_stores_its_context_and_keeps_to_max_hold() {
+    holds_with_context_until_max_hold(&["exec", "ctx"], "ctx", "lock lost (max_hold)").await;
+}
+
+/// `dlock sem` does the same with its permits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sem_stores_its_context_and_keeps_to_max_hold() {
+    holds_with_context_until_max_hold(&["sem", "slots", "--permits", "2"], "slots", "max_hold")
+        .await;
+}
+
+/// Runs `dlock <command> --context … --max-hold 2s -- sleep 30` on `name`: the hold
+/// shows the context (to `inspect` and `dlock status`), the command is stopped at
+/// the bound with exit 76 and `says` on stderr, within 10 s, and the name is free.
+async fn holds_with_context_until_max_hold(command: &[&str], name: &str, says: &str) {
     let url = sqlite_url();
     let ns = namespace();
     let holder = holder_on(&url, &ns).await;
     let context = "job=nightly host=web-3";
     let started = Instant::now();
-    let child = spawn_dlock(
-        &url,
-        &ns,
-        &[
-            "exec",
-            "ctx",
-            "--context",
-            context,
-            "--max-hold",
-            "2s",
-            "--",
-            "sleep",
-            "30",
-        ],
-    );
+    let mut args = command.to_vec();
+    args.extend([
+        "--context",
+        context,
+        "--max-hold",
+        "2s",
+        "--",
+        "sleep",
+        "30",
+    ]);
+    let child = spawn_dlock(&url, &ns, &args);
     let held = testsuite_eventually(|| async {
         holder
-            .inspect("ctx")
+            .inspect(name)
             .await
             .unwrap()
             .is_some_and(|s| s.holders.iter().any(|h| h.context == context))
     })
     .await;
-    assert!(held, "dlock exec never held the lock with its context");
-    let out = dlock(&url, &ns, &["status", "ctx"]);
+    assert!(held, "dlock {command:?} never held {name} with its context");
+    let out = dlock(&url, &ns, &["status", name]);
     assert!(
         String::from_utf8_lossy(&out.stdout).contains(&format!("context={context:?}")),
         "{}",
@@ -959,81 +969,19 @@ async fn exec_stores_its_context_and_keeps_to_max_hold() {
     let status = finished(child).await;
     let stderr = String::from_utf8_lossy(&status.stderr);
     assert_eq!(status.status.code(), Some(76), "{stderr}");
-    assert!(stderr.contains("lock lost (max_hold)"), "{stderr}");
+    assert!(stderr.contains(says), "{stderr}");
     assert!(
         started.elapsed() < Duration::from_secs(10),
         "the command was not stopped at its max-hold"
     );
     let free = testsuite_eventually(|| async {
         holder
-            .inspect("ctx")
+            .inspect(name)
             .await
             .unwrap()
             .is_none_or(|s| s.holders.is_empty())
     })
     .await;
-    assert!(free, "the lock stayed held after max-hold");
-    holder.close().await;
-}
-
-/// `dlock sem` stores its `--context` with its permits (shown by `dlock status`) and
-/// keeps to `--max-hold`: the permits are given back and the command stopped (exit
-/// 76) at the bound.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sem_stores_its_context_and_keeps_to_max_hold() {
-    let url = sqlite_url();
-    let ns = namespace();
-    let holder = holder_on(&url, &ns).await;
-    let context = "job=report host=web-4";
-    let started = Instant::now();
-    let child = spawn_dlock(
-        &url,
-        &ns,
-        &[
-            "sem",
-            "slots",
-            "--permits",
-            "2",
-            "--context",
-            context,
-            "--max-hold",
-            "2s",
-            "--",
-            "sleep",
-            "30",
-        ],
-    );
-    let held = testsuite_eventually(|| async {
-        holder
-            .inspect("slots")
-            .await
-            .unwrap()
-            .is_some_and(|s| s.holders.iter().any(|h| h.context == context))
-    })
-    .await;
-    assert!(held, "dlock sem never held permits with its context");
-    let out = dlock(&url, &ns, &["status", "slots"]);
-    assert!(
-        String::from_utf8_lossy(&out.stdout).contains(&format!("context={context:?}")),
-        "{}",
-        String::from_utf8_lossy(&out.stdout)
-    );
-    let status = finished(child).await;
-    let stderr = String::from_utf8_lossy(&status.stderr);
-    assert_eq!(status.status.code(), Some(76), "{stderr}");
-    assert!(stderr.contains("max_hold"), "{stderr}");
-    assert!(
-        started.elapsed() < Duration::from_secs(10),
-        "the command was not stopped at its max-hold"
-    );
-    let free = testsuite_eventually(|| async {
-        holder
-            .inspect("slots")
-            .await
-            .unwrap()
-            .is_none_or(|s| s.holders.is_empty())
-    })
-    .await;
-    assert!(free, "the permits stayed held after max-hold");
+    assert!(free, "{name} stayed held after max-hold");
     holder.close().await;
 }

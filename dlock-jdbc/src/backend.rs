@@ -468,12 +468,9 @@ impl JdbcBackend {
                 i64::try_from(self.inner.options.starvation_after.as_millis()).unwrap_or(i64::MAX)
             }
         };
-        // Beside the owner's read hold (an upgrade), its own statement.
+        // Beside the owner's read hold (an upgrade), its own statement (`$7`: that
+        // hold; the plain statement binds up to `$6`).
         let beside = req.alongside_holder();
-        let (statement, beside) = match &beside {
-            Some(reading) => (&s.acquire_exclusive_beside, reading.as_str()),
-            None => (&s.acquire_exclusive, ""),
-        };
         let params = [
             Param::Text(req.name.as_str()),
             Param::Text(holder.as_str()),
@@ -481,12 +478,12 @@ impl JdbcBackend {
             Param::Bytes(&req.context),
             Param::Int(starving_after),
             Param::Int(lease_ms(req.lease.saturating_sub(req.transition))),
-            Param::Text(beside),
+            Param::Text(beside.as_ref().map_or("", |b| b.as_str())),
         ];
-        if beside.is_empty() {
+        if beside.is_none() {
             macro_rules! body {
                 ($p:ident, $token:ident) => {
-                    $token!(query!(statement, &params), $p)
+                    $token!(query!(&s.acquire_exclusive, &params), $p)
                 };
             }
             return with_token_reader!(&self.inner.pool, body).map_err(self.err("acquire"));
@@ -501,7 +498,7 @@ impl JdbcBackend {
                 async {
                     let mut tx = $p.begin().await?;
                     query!(&s.lock_row, &name).execute(&mut *tx).await?;
-                    let token = $token!(query!(statement, &params), &mut *tx)?;
+                    let token = $token!(query!(&s.acquire_exclusive_beside, &params), &mut *tx)?;
                     tx.commit().await?;
                     Ok::<_, sqlx::Error>(token)
                 }
@@ -518,28 +515,24 @@ impl JdbcBackend {
         let name = Param::Text(req.name.as_str());
         let lease = Param::Int(lease_ms(req.lease));
         let holder = req.holder();
-        // Beside the owner's write hold (a writer reading), its own statement.
+        // Beside the owner's write hold (a writer reading), its own statement (`$4`:
+        // that hold; the plain statement binds up to `$3`).
         let beside = req.alongside_holder();
-        let row = match &beside {
-            Some(writing) => (
-                &s.acquire_shared_row_beside,
-                vec![
-                    name,
-                    lease,
-                    Param::Text(holder.as_str()),
-                    Param::Text(writing.as_str()),
-                ],
-            ),
-            None => (
-                &s.acquire_shared_row,
-                vec![name, lease, Param::Text(holder.as_str())],
-            ),
+        let statement = match beside {
+            Some(_) => &s.acquire_shared_row_beside,
+            None => &s.acquire_shared_row,
         };
+        let row = [
+            name,
+            lease,
+            Param::Text(holder.as_str()),
+            Param::Text(beside.as_ref().map_or("", |b| b.as_str())),
+        ];
         macro_rules! body {
             ($p:ident, $token:ident) => {
                 async {
                     let mut tx = $p.begin().await?;
-                    let granted = $token!(query!(row.0, &row.1), &mut *tx)?;
+                    let granted = $token!(query!(statement, &row), &mut *tx)?;
                     match granted {
                         None => {
                             tx.rollback().await?;

@@ -59,7 +59,7 @@ pub(crate) const RELEASE_EXCLUSIVE_KEYS: [&str; 7] = [
     READER_DATA,
 ];
 /// The exclusive-renewal script's keys.
-pub(crate) const RENEW_EXCLUSIVE_KEYS: [&str; 3] = [EXCLUSIVE, OBSERVERS, READERS];
+pub(crate) const RENEW_EXCLUSIVE_KEYS: [&str; 4] = [EXCLUSIVE, OBSERVERS, READERS, READER_DATA];
 
 /// The keys of one lock: `<prefix>{<encoded name>}` plus a suffix each.
 #[derive(Debug, Clone)]

@@ -113,19 +113,6 @@ local function reader_horizon(x, readers, data)
   return 0
 end
 "#;
-const H_OVER_READERS: &str = r#"
--- A writer's value beside its owner's own readers lasts at least as long as they
--- do: when it lapsed first, a writer of another owner could take the name from
--- under them.
-local function over_readers(x, readers)
-  local top = redis.call('ZRANGE', readers, -1, -1, 'WITHSCORES')
-  if top[2] then
-    clock()
-    local ttl = tonumber(top[2]) - now + 1
-    if ttl > 0 and redis.call('PTTL', x) < ttl then redis.call('PEXPIRE', x, ttl) end
-  end
-end
-"#;
 const H_PURGE_QUEUE: &str = r#"
 local function purge_queue(queue, alive, modes)
   clock()
@@ -303,7 +290,7 @@ end
 return 1
 "#;
 
-/// Exclusive renewal. KEYS: exclusive, observers, readers. ARGV: owner part of the holder
+/// Exclusive renewal. KEYS: exclusive, observers, readers, reader data. ARGV: owner part of the holder
 /// value, lease ms, and optionally a new holder value (same owner part, new context:
 /// a leader proclaiming). A plain renewal (the watchdog's) is `GET` and `PEXPIRE`
 /// and returns before the helpers of [`RENEW_EXCLUSIVE_PROCLAIM`] are created.
@@ -316,13 +303,17 @@ if not ARGV[3] then
 end
 "#;
 /// The exclusive renewal's tail, after its helpers: a proclaimed value, stored with
-/// the renewed lease and announced to the observers.
+/// the renewed lease and announced to the observers; the owner's own readers beside
+/// the writer keep it at least as long as they last (their horizon).
 const RENEW_EXCLUSIVE_PROCLAIM: &str = r#"
 if ARGV[3] then
   redis.call('SET', KEYS[1], ARGV[3], 'PX', ARGV[2])
   announce(KEYS[2])
 end
-over_readers(KEYS[1], KEYS[3])
+if redis.call('EXISTS', KEYS[3]) == 1 then
+  purge_readers(KEYS[3], KEYS[4])
+  reader_horizon(KEYS[1], KEYS[3], KEYS[4])
+end
 return 1
 "#;
 
@@ -434,7 +425,11 @@ end
 if mode == 'x' then
   if holder(v) == owner then
     redis.call('PEXPIRE', KEYS[1], lease)
-    over_readers(KEYS[1], KEYS[2])
+    -- The owner's own readers beside it keep it as long as they last.
+    if redis.call('EXISTS', KEYS[2]) == 1 then
+      purge_readers(KEYS[2], KEYS[3])
+      reader_horizon(KEYS[1], KEYS[2], KEYS[3])
+    end
     return {1, holder_token(KEYS[4])}
   end
   if v == 'R' then
@@ -449,7 +444,7 @@ if mode == 'x' then
       -- queue; the writer's value replaces the horizon and outlasts that reader.
       local t = next_token(KEYS[4])
       redis.call('SET', KEYS[1], ARGV[4], 'PX', lease)
-      over_readers(KEYS[1], KEYS[2])
+      reader_horizon(KEYS[1], KEYS[2], KEYS[3])
       dequeue(KEYS[5], KEYS[6], KEYS[7], owner)
       return {1, t}
     end
@@ -699,7 +694,6 @@ fn sources() -> [String; 10] {
         H_NEXT_TOKEN,
         H_PURGE_READERS,
         H_READER_HORIZON,
-        H_OVER_READERS,
         H_PURGE_QUEUE,
         H_QUEUE,
         H_NOTIFY,
@@ -734,7 +728,13 @@ fn sources() -> [String; 10] {
         ),
         lean(
             RENEW_EXCLUSIVE,
-            &[H_CLOCK, H_ANNOUNCE, H_OVER_READERS],
+            &[
+                H_HORIZON,
+                H_CLOCK,
+                H_PURGE_READERS,
+                H_READER_HORIZON,
+                H_ANNOUNCE,
+            ],
             RENEW_EXCLUSIVE_PROCLAIM,
         ),
         shared_lean(ACQUIRE_PERMITS_FAST, ACQUIRE),
@@ -791,7 +791,6 @@ mod tests {
             "reserved_for_other",
             "time_left",
             "announce",
-            "over_readers",
         ];
         for (n, src) in sources().iter().enumerate() {
             for h in helpers {

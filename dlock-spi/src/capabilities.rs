@@ -22,10 +22,9 @@ pub struct Capabilities {
     pub semaphore: bool,
     /// `LockMode::Shared` is supported (read-write locks).
     pub shared: bool,
-    /// An owner holding a lock in one mode may take it in the other beside that hold
-    /// ([`crate::AcquireRequest::alongside`]): a writer takes the read side (and may
-    /// then let the write side go: a downgrade), an upgradeable reader takes the
-    /// write side once the other readers are gone, ahead of queued writers.
+    /// An owner holding a lock's write side may take its read side beside that hold
+    /// ([`crate::AcquireRequest::alongside`]), and then let the write side go (a
+    /// downgrade) without another writer getting in.
     pub cross_mode: bool,
     /// With `cross_mode`: a write beside the owner's own read (an upgrade) is
     /// granted once the other owners' readers are gone, ahead of queued writers, and

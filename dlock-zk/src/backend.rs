@@ -112,11 +112,10 @@ pub(crate) struct HeldNode {
 pub(crate) struct Turn<'a> {
     /// Until when it may wait (`None`: look once).
     pub(crate) deadline: Option<Instant>,
-    /// The sequence to place its node at (a writer's read), instead of ZooKeeper's
-    /// next one.
-    pub(crate) at: Option<i64>,
-    /// The owner's own node in the other mode it stands beside, which never blocks it.
-    pub(crate) beside: Option<&'a str>,
+    /// For a writer's read: its owner's write node, which it is placed beside (at
+    /// that node's sequence, instead of ZooKeeper's next one) and which never
+    /// blocks it.
+    pub(crate) beside: Option<&'a Contender>,
 }
 
 impl Turn<'_> {
@@ -124,7 +123,6 @@ impl Turn<'_> {
     pub(crate) fn until(deadline: Option<Instant>) -> Self {
         Turn {
             deadline,
-            at: None,
             beside: None,
         }
     }
@@ -635,57 +633,32 @@ impl LockRemoteResource for ZkBackend {
             return Ok(None);
         }
         let holders = layout::holders(&queue);
-        // Readers hold: a writer queued behind them may be the upgrade of their
-        // owner (held beside its read). Queued writers are read too, and the one of
-        // the readers' owner, if any, is shown as a holder.
-        let writers: Vec<&Contender> = if holders.iter().all(|h| h.mode == LockMode::Shared) {
-            queue[holders.len()..]
-                .iter()
-                .filter(|c| c.mode == LockMode::Exclusive)
-                .collect()
-        } else {
-            Vec::new()
-        };
         // All requests go out before the first answer is awaited.
         let reads: Vec<_> = holders
             .iter()
-            .chain(writers.iter().copied())
             .map(|c| session.client.get_data(&format!("{lock}/{}", c.node)))
             .collect();
         let mut infos = Vec::with_capacity(holders.len());
-        let mut queued_writers = Vec::with_capacity(writers.len());
-        let all = holders.iter().chain(writers.iter().copied());
-        for (i, (contender, read)) in all.zip(reads).enumerate() {
+        for (contender, read) in holders.iter().zip(reads) {
             match read.await {
                 Ok((data, stat)) => {
                     let (owner, context) = parse_node_data(&contender.node, data);
-                    let info = HolderInfo::from_stored(
+                    infos.push(HolderInfo::from_stored(
                         &owner,
                         contender.mode,
                         token_of(stat.czxid),
                         context,
                         None,
-                    );
-                    if i >= holders.len() {
-                        queued_writers.push(info);
-                    } else {
-                        infos.push(info);
-                    }
+                    ));
                 }
                 Err(ZkError::NoNode) => {}
                 Err(err) => return Err(map_zk(err, "get")),
             }
         }
-        let mut waiting = queue.len() - holders.len();
-        if let Some(first) = infos.first().map(|r| r.owner.clone()) {
-            if infos.iter().all(|r| r.owner == first) {
-                if let Some(upgrade) = queued_writers.into_iter().find(|w| w.owner == first) {
-                    infos.push(upgrade);
-                    waiting -= 1;
-                }
-            }
-        }
-        Ok(Some(LockState::new(infos, Some(waiting))))
+        Ok(Some(LockState::new(
+            infos,
+            Some(queue.len() - holders.len()),
+        )))
     }
 
     fn admin(&self) -> Option<&dyn LockAdmin> {
@@ -724,21 +697,19 @@ impl ZkBackend {
         let prefix = layout::node_prefix(&holder, req.mode, inner.exclusive, req.purpose);
         let data = node_data(&holder, &req.context);
         let key = HeldKey::new(&req.name, holder, req.mode);
-        // Beside the owner's own node in the other mode: a read is placed at that
-        // (write) node's sequence, so it stays ahead of every writer queued behind
-        // the write — and keeps them out once the write goes (a downgrade).
+        // A read beside the owner's own write node is placed at that node's
+        // sequence, so it stays ahead of every writer queued behind the write — and
+        // keeps them out once the write goes (a downgrade). (No write goes beside a
+        // read here: ZooKeeper has no upgrade.)
         let beside = match req.alongside_holder() {
-            Some(own) => self.own_node(session, &lock, &own).await?,
-            None => None,
+            Some(own) if req.mode == LockMode::Shared => {
+                self.own_node(session, &lock, &own).await?
+            }
+            _ => None,
         };
-        let at = beside
-            .as_ref()
-            .filter(|_| req.mode == LockMode::Shared)
-            .map(|own| own.sequence);
         let turn = Turn {
             deadline: req.deadline,
-            at,
-            beside: beside.as_ref().map(|own| own.node.as_str()),
+            beside: beside.as_ref(),
         };
         let Some((mine, mut pending)) = self
             .wait_turn(session, &key, &lock, &prefix, &data, turn)
@@ -747,23 +718,18 @@ impl ZkBackend {
             return Ok(AcquireResult::not_acquired(None, None));
         };
         pending.disarm();
-        // A grant beside its owner's hold in the other mode carries that hold's
-        // token: it goes on with that tenure. Its own node's zxid is newer than those
-        // of the writers queued behind that hold, which are granted after it (a read
-        // placed at its write's sequence, a write upgraded ahead of them) and must
-        // have newer tokens.
-        // (Only if that hold's node was still there when this one was granted: else
-        // it was granted by the plain rules, and its own zxid is its token.)
+        // A read placed beside its owner's write carries the write's token: it goes
+        // on with that tenure. Its own node's zxid is newer than those of the writers
+        // queued behind the write, which are granted after it and must have newer
+        // tokens. (Only if the write's node was still there when the read was
+        // granted: else it was granted by the plain rules, and its own zxid is its
+        // token.)
         let stood_beside = |own: &&Contender| mine.children.contains(&own.node);
         let token = match (req.alongside_holder(), beside.as_ref().filter(stood_beside)) {
             (Some(own), Some(node)) => {
-                let other = match req.mode {
-                    LockMode::Shared => LockMode::Exclusive,
-                    _ => LockMode::Shared,
-                };
                 let known = inner
                     .held()
-                    .get(&HeldKey::new(&req.name, own, other))
+                    .get(&HeldKey::new(&req.name, own, LockMode::Exclusive))
                     .map(|h| h.token);
                 match known {
                     Some(token) => token,
@@ -825,28 +791,23 @@ impl ZkBackend {
         turn: Turn<'_>,
     ) -> Result<Option<(Enqueued, PendingNode)>> {
         let inner = &self.inner;
-        let Turn {
-            deadline,
-            at,
-            beside,
-        } = turn;
+        let Turn { deadline, beside } = turn;
+        let at = beside.map(|own| own.sequence);
         let mut mine = inner.enqueue(session, key, lock, prefix, data, at).await?;
         let mut pending =
             PendingNode::new(&inner.sessions, session, format!("{lock}/{}", mine.node));
         // A read placed beside a write that was gone by the time it was made (the
         // writers queued behind that write may hold now) must not stand there: it
         // queues at the back, as any other.
-        let gone = beside.is_some_and(|own| !mine.children.iter().any(|c| c == own));
-        let mut beside = if at.is_some() && gone {
+        let mut beside = beside.map(|own| own.node.as_str());
+        if beside.is_some_and(|own| !mine.children.iter().any(|c| c == own)) {
             pending.delete().await;
             mine = inner
                 .enqueue(session, key, lock, prefix, data, None)
                 .await?;
             pending = PendingNode::new(&inner.sessions, session, format!("{lock}/{}", mine.node));
-            None
-        } else {
-            beside
-        };
+            beside = None;
+        }
         let mut enqueues = 1;
         loop {
             inner.attempts.fetch_add(1, Ordering::Relaxed);

@@ -139,3 +139,15 @@ impl LockHandler for ObserverHandler {
         self.0.lost.lock().unwrap().push(event.reason);
     }
 }
+
+/// A [`Wrapped`] backend and a manager on it with `lease` (and defaults otherwise).
+pub(crate) fn wrapped_manager(
+    lease: std::time::Duration,
+) -> (Wrapped, dlock_api::DistributeLockManager) {
+    let backend = Wrapped::default();
+    let manager = dlock_api::DistributeLockManager::builder(backend.clone())
+        .lease(lease)
+        .build()
+        .unwrap();
+    (backend, manager)
+}

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlock_api::{Acquisition, DistributeLockManager, ReadWriteLock};
+use dlock_api::{Acquisition, DistributeLock, DistributeLockManager, LockGuard, ReadWriteLock};
 use dlock_spi::{ErrorKind, LockMode};
 
 use super::{eventually, holders, take, waiters, Env};
@@ -25,7 +25,7 @@ async fn only_ours(m: &DistributeLockManager, rw: &ReadWriteLock, name: &str) ->
 /// in the end; returns once `m` sees it queued.
 async fn queue_writer(
     m: &DistributeLockManager,
-    writer: &dlock_api::DistributeLock,
+    writer: &DistributeLock,
 ) -> tokio::task::JoinHandle<()> {
     let queued = writer.clone();
     let task = tokio::spawn(async move {
@@ -44,6 +44,28 @@ async fn queue_writer(
         "the writer never queued"
     );
     task
+}
+
+/// Downgrades `write` (of "doc"), and waits (bounded) until `m` sees the write
+/// side let go: one hold left.
+async fn downgrade(m: &DistributeLockManager, write: LockGuard) -> LockGuard {
+    let read = write.downgrade().await.expect("downgrade");
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            holders(m, "doc").await.len() == 1
+        })
+        .await,
+        "the write side was not let go"
+    );
+    read
+}
+
+/// Whether `lock`, tried once, is refused (an error fails the case).
+async fn refused(lock: &DistributeLock) -> bool {
+    lock.try_lock(Duration::ZERO)
+        .await
+        .expect("no error")
+        .is_none()
 }
 
 /// True when the backend lets one owner hold both modes; otherwise checks that a
@@ -93,10 +115,7 @@ pub async fn a_writer_reads_and_downgrades(backend: Arc<dyn TestBackend>) {
     assert_eq!(r2.fencing_token(), r1.fencing_token());
     for side in [rival.read(), rival.write()] {
         assert!(
-            side.try_lock(Duration::ZERO)
-                .await
-                .expect("no error")
-                .is_none(),
+            refused(side).await,
             "another owner took the {:?} side beside a writer",
             side.mode()
         );
@@ -107,21 +126,9 @@ pub async fn a_writer_reads_and_downgrades(backend: Arc<dyn TestBackend>) {
     drop(w2);
 
     // Downgraded with nobody queued, the read keeps writers out.
-    let read = w1.downgrade().await.expect("downgrade");
+    let read = downgrade(&a, w1).await;
     assert!(
-        eventually(Duration::from_secs(5), || async {
-            holders(&a, "doc").await.len() == 1
-        })
-        .await,
-        "the write side was not let go"
-    );
-    assert!(
-        rival
-            .write()
-            .try_lock(Duration::ZERO)
-            .await
-            .expect("no error")
-            .is_none(),
+        refused(rival.write()).await,
         "a writer took the lock from a downgraded reader"
     );
     read.unlock().await.expect("unlock");
@@ -155,16 +162,9 @@ pub async fn a_writer_reads_and_downgrades(backend: Arc<dyn TestBackend>) {
 
     // A writer queues; the downgrade keeps it out.
     let writer = queue_writer(&a, rival.write()).await;
-    let read = w1.downgrade().await.expect("downgrade");
+    let read = downgrade(&a, w1).await;
     assert_eq!(read.mode(), LockMode::Shared);
     assert_eq!(read.acquisition(), Acquisition::New);
-    assert!(
-        eventually(Duration::from_secs(5), || async {
-            holders(&a, "doc").await.len() == 1
-        })
-        .await,
-        "the write side was not let go"
-    );
     assert!(
         only_ours(&a, &rw, "doc").await,
         "a writer got in during the downgrade"
@@ -241,12 +241,7 @@ pub async fn upgradeable_reads_upgrade_without_a_writer_between(backend: Arc<dyn
         "two upgradeable readers at once"
     );
     assert!(
-        other
-            .write()
-            .try_lock(Duration::ZERO)
-            .await
-            .expect("no error")
-            .is_none(),
+        refused(other.write()).await,
         "a writer beside an upgradeable reader"
     );
     assert!(
@@ -283,12 +278,7 @@ pub async fn upgradeable_reads_upgrade_without_a_writer_between(backend: Arc<dyn
     );
     assert!(!writer.is_finished(), "the queued writer got in");
     assert!(
-        reader
-            .read()
-            .try_lock(Duration::ZERO)
-            .await
-            .expect("no error")
-            .is_none(),
+        refused(reader.read()).await,
         "a reader beside the upgraded hold"
     );
 

@@ -365,6 +365,18 @@ async fn waited<T>(
     )
 }
 
+/// How a release call within `bound` ended (`Cancelled`: dropped at the bound).
+async fn outcome(
+    bound: Duration,
+    call: impl std::future::Future<Output = dlock_api::Result<()>>,
+) -> Outcome {
+    match tokio::time::timeout(bound, call).await {
+        Ok(Ok(())) => Outcome::Ok,
+        Ok(Err(e)) => Outcome::Error(e.kind().as_str().to_owned()),
+        Err(_) => Outcome::Cancelled,
+    }
+}
+
 fn answer<T>(result: dlock_api::Result<Option<T>>) -> Result<T, Why> {
     match result {
         Ok(Some(held)) => Ok(held),
@@ -387,8 +399,8 @@ struct Target {
     handle_id: String,
     /// Whose holds its grants are (a read-write lock's sides share one).
     owner: String,
-    /// A read-write lock's write side: its read side, which a downgrade takes.
-    read_side: Option<DistributeLock>,
+    /// A read-write lock's write side that may end by a downgrade.
+    downgrades: bool,
 }
 
 /// A granted hold: a lock guard, a term of leadership or semaphore permits.
@@ -527,7 +539,7 @@ impl Task {
                 semaphore: None,
                 handle_id: self.shared_id.clone(),
                 owner: self.shared_id.clone(),
-                read_side: None,
+                downgrades: false,
             };
         }
         if lock == SEMAPHORE_NAME {
@@ -548,7 +560,7 @@ impl Task {
                 semaphore: Some(semaphore),
                 owner: handle_id.clone(),
                 handle_id,
-                read_side: None,
+                downgrades: false,
             };
         }
         if lock == ELECTION_NAME {
@@ -564,7 +576,7 @@ impl Task {
                 semaphore: None,
                 owner: handle_id.clone(),
                 handle_id,
-                read_side: None,
+                downgrades: false,
             };
         }
         let fair = lock == FAIR_NAME;
@@ -590,7 +602,7 @@ impl Task {
             semaphore: None,
             owner: handle_id.clone(),
             handle_id,
-            read_side: None,
+            downgrades: false,
         }
     }
 
@@ -610,7 +622,7 @@ impl Task {
             semaphore: None,
             handle_id: format!("{}.{RW_NAME}.{side}", self.client),
             owner: format!("{}.{RW_NAME}", self.client),
-            read_side: (mode == Mode::Exclusive && self.cross_mode).then(|| rw.read().clone()),
+            downgrades: mode == Mode::Exclusive && self.cross_mode,
         }
     }
 
@@ -648,16 +660,7 @@ impl Task {
         let lease = Duration::from_millis(lease_ms);
         let cancel_after =
             (self.rng.u32(0..100) < 12).then(|| Duration::from_millis(self.rng.u64(0..=50)));
-        let att = self.next_attempt();
-        self.log.log(Kind::Invoke {
-            att,
-            lock: target.lock.to_owned(),
-            mode: target.mode,
-            fair: target.fair,
-            op,
-            wait_ms: u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
-            cancel: cancel_after.is_some(),
-        });
+        let att = self.invoke(target, op, wait, cancel_after.is_some());
         let handle = &target.handle;
         let value = format!("{}#{att}", target.handle_id);
         let acquire = async {
@@ -822,68 +825,53 @@ impl Task {
             .exit(lock, token, &hold)
             .await
             .map_err(|e| reg_err(&self.client, e))?;
-        if let (Some(read_side), Held::Guard(write)) = (&target.read_side, &guard) {
-            if !write.is_lost() && self.rng.u32(0..100) < DOWNGRADE_PERCENT {
-                let read_side = read_side.clone();
-                let Held::Guard(write) = guard else {
-                    unreachable!("matched above")
-                };
-                return Box::pin(self.downgrade(target, read_side, write, &hold)).await;
+        let downgrade = self.rw.clone().filter(|_| {
+            target.downgrades && !guard.is_lost() && self.rng.u32(0..100) < DOWNGRADE_PERCENT
+        });
+        match (downgrade, guard) {
+            (Some(rw), Held::Guard(write)) => {
+                Box::pin(self.downgrade(target, &rw, write, &hold)).await
             }
+            (_, guard) => Ok(self.release(target, guard, &hold).await),
         }
-        Ok(self.release(target, guard, &hold).await)
     }
 
-    /// Ends a write hold of the read-write lock by `downgrade()`: its read side is
+    /// Ends a write hold of `rw` by `downgrade()`: its read side is
     /// taken beside it and the write guard let go (logged as dropped once the call
     /// returns); the read then has a critical section of its own. Returns true if
     /// the read was released by a drop.
     async fn downgrade(
         &mut self,
         target: &Target,
-        read_side: DistributeLock,
+        rw: &ReadWriteLock,
         write: LockGuard,
         hold: &str,
     ) -> Result<bool, String> {
-        let att = self.next_attempt();
-        self.log.log(Kind::Invoke {
-            att,
-            lock: target.lock.to_owned(),
-            mode: Mode::Shared,
-            fair: false,
-            op: Op::Downgrade,
-            wait_ms: 0,
-            cancel: false,
-        });
-        let result = tokio::time::timeout(CALL_BOUND, write.downgrade()).await;
+        let read = self.rw_side(rw, Mode::Shared);
+        let att = self.invoke(&read, Op::Downgrade, Duration::ZERO, false);
+        let result = tried(CALL_BOUND, async { write.downgrade().await.map(Some) }).await;
         // The write guard is gone, whatever the answer (dropped by the call or with it).
         self.log.log(Kind::Release {
             hold: hold.to_owned(),
             lock: target.lock.to_owned(),
             how: How::Drop,
         });
-        let why = match result {
-            Ok(Ok(read)) => {
+        match result {
+            Ok(guard) => {
                 let t_ok = now_ns();
-                let mut read_target = target.clone();
-                read_target.mode = Mode::Shared;
-                read_target.handle = read_side;
-                read_target.handle_id = format!("{}.{RW_NAME}.r", self.client);
-                read_target.read_side = None;
                 let lease_ms = u64::try_from(LEASE.as_millis()).unwrap_or(u64::MAX);
-                return self
-                    .critical_section(&read_target, Held::Guard(read), att, t_ok, lease_ms, false)
-                    .await;
+                self.critical_section(&read, Held::Guard(guard), att, t_ok, lease_ms, false)
+                    .await
             }
-            Ok(Err(e)) => Why::Error(e.kind().as_str().to_owned()),
-            Err(_) => Why::Hung,
-        };
-        self.log.log(Kind::Fail {
-            att,
-            lock: target.lock.to_owned(),
-            why,
-        });
-        Ok(false)
+            Err(why) => {
+                self.log.log(Kind::Fail {
+                    att,
+                    lock: target.lock.to_owned(),
+                    why,
+                });
+                Ok(false)
+            }
+        }
     }
 
     /// A fenced write (exclusive holds) or read (shared holds), unless already lost.
@@ -914,16 +902,7 @@ impl Task {
     /// Acquires again on the same handle while holding (a reentry: same hold, same
     /// token) and releases that acquisition.
     async fn reenter(&mut self, target: &Target, lease_ms: u64) {
-        let att = self.next_attempt();
-        self.log.log(Kind::Invoke {
-            att,
-            lock: target.lock.to_owned(),
-            mode: target.mode,
-            fair: target.fair,
-            op: Op::Reenter,
-            wait_ms: 0,
-            cancel: false,
-        });
+        let att = self.invoke(target, Op::Reenter, Duration::ZERO, false);
         let reentry = tokio::time::timeout(CALL_BOUND, target.handle.try_lock(Duration::ZERO));
         let why = match reentry.await {
             Ok(Ok(Some(inner))) => {
@@ -970,7 +949,7 @@ impl Task {
                 semaphore: None,
                 handle_id: format!("{id}.{lock}"),
                 owner: format!("{id}.{lock}"),
-                read_side: None,
+                downgrades: false,
             })
             .collect();
         // Waits long enough to be granted on the busy exclusive names now and then.
@@ -1040,10 +1019,8 @@ impl Task {
         let mut own = self.rw_side(&rw, Mode::Exclusive);
         own.lock = RW_UPGRADEABLE_NAME;
         own.handle_id = format!("{}.{RW_NAME}.u", self.client);
-        own.read_side = None;
         let read = self.rw_side(&rw, Mode::Shared);
-        let mut write = self.rw_side(&rw, Mode::Exclusive);
-        write.read_side = None;
+        let write = self.rw_side(&rw, Mode::Exclusive);
         let wait = Duration::from_millis(self.rng.u64(0..=1000));
         let members = [own, read];
         let atts = self.invoke_members(&members, Op::Upgradeable, wait);
@@ -1078,16 +1055,7 @@ impl Task {
 
         if !guard.is_lost() && self.rng.u32(0..100) < UPGRADE_PERCENT {
             let wait = Duration::from_millis(self.rng.u64(0..=800));
-            let att = self.next_attempt();
-            self.log.log(Kind::Invoke {
-                att,
-                lock: write.lock.to_owned(),
-                mode: Mode::Exclusive,
-                fair: false,
-                op: Op::Upgrade,
-                wait_ms: u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
-                cancel: false,
-            });
+            let att = self.invoke(&write, Op::Upgrade, wait, false);
             let upgraded = tried(wait + CALL_BOUND, async {
                 guard.try_upgrade(wait).await.map(|up| up.then_some(()))
             })
@@ -1115,11 +1083,7 @@ impl Task {
                         lock: write.lock.to_owned(),
                         how: How::Unlock,
                     });
-                    let outcome = match tokio::time::timeout(CALL_BOUND, guard.downgrade()).await {
-                        Ok(Ok(())) => Outcome::Ok,
-                        Ok(Err(e)) => Outcome::Error(e.kind().as_str().to_owned()),
-                        Err(_) => Outcome::Cancelled,
-                    };
+                    let outcome = outcome(CALL_BOUND, guard.downgrade()).await;
                     self.log.log(Kind::Released {
                         hold,
                         lock: write.lock.to_owned(),
@@ -1157,11 +1121,7 @@ impl Task {
             drop(guard);
             return Ok(());
         }
-        let outcome = match tokio::time::timeout(CALL_BOUND, guard.unlock()).await {
-            Ok(Ok(())) => Outcome::Ok,
-            Ok(Err(e)) => Outcome::Error(e.kind().as_str().to_owned()),
-            Err(_) => Outcome::Cancelled,
-        };
+        let outcome = outcome(CALL_BOUND, guard.unlock()).await;
         for (target, hold) in [(read, read_hold), (own, own_hold)] {
             self.log.log(Kind::Released {
                 hold,
@@ -1175,19 +1135,26 @@ impl Task {
     /// Logs an invoke of `op` for each member of a composite acquire (a multi-lock,
     /// an upgradeable read), waiting `wait`; returns their attempt numbers.
     fn invoke_members(&self, members: &[Target], op: Op, wait: Duration) -> Vec<u64> {
-        let atts: Vec<u64> = members.iter().map(|_| self.next_attempt()).collect();
-        for (target, &att) in members.iter().zip(&atts) {
-            self.log.log(Kind::Invoke {
-                att,
-                lock: target.lock.to_owned(),
-                mode: target.mode,
-                fair: target.fair,
-                op,
-                wait_ms: u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
-                cancel: false,
-            });
-        }
-        atts
+        members
+            .iter()
+            .map(|target| self.invoke(target, op, wait, false))
+            .collect()
+    }
+
+    /// Logs an invoke of `op` on `target`, waiting `wait` (`cancel`: wrapped in a
+    /// short timeout); returns its attempt number.
+    fn invoke(&self, target: &Target, op: Op, wait: Duration, cancel: bool) -> u64 {
+        let att = self.next_attempt();
+        self.log.log(Kind::Invoke {
+            att,
+            lock: target.lock.to_owned(),
+            mode: target.mode,
+            fair: target.fair,
+            op,
+            wait_ms: u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
+            cancel,
+        });
+        att
     }
 
     /// Logs the refusal of a composite acquire for each member.
@@ -1234,11 +1201,7 @@ impl Task {
             How::Unlock => CALL_BOUND,
             How::UnlockCancel => Duration::from_millis(self.rng.u64(0..=2)),
         };
-        let outcome = match tokio::time::timeout(bound, guard.release()).await {
-            Ok(Ok(())) => Outcome::Ok,
-            Ok(Err(e)) => Outcome::Error(e.kind().as_str().to_owned()),
-            Err(_) => Outcome::Cancelled,
-        };
+        let outcome = outcome(bound, guard.release()).await;
         self.log.log(Kind::Released {
             hold: hold.to_owned(),
             lock: target.lock.to_owned(),
