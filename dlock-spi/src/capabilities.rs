@@ -28,9 +28,8 @@ pub struct Capabilities {
     pub cross_mode: bool,
     /// With `cross_mode`: a write beside the owner's own read (an upgrade) is
     /// granted once the other owners' readers are gone, ahead of queued writers, and
-    /// no other reader becomes a holder while it lasts. ZooKeeper cannot (a Curator
-    /// reader queued behind another writer holds as soon as that writer leaves, and
-    /// no third party can tell a holding Curator reader from a waiting one).
+    /// no other reader becomes a holder while it lasts. A backend without it gets
+    /// `Unsupported` from the chain's head for such a request.
     pub upgrade: bool,
     /// Waiters are woken by the backend when the lock frees (no polling), one at a time.
     pub push_wakeup: bool,

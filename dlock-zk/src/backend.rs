@@ -77,7 +77,7 @@ pub(crate) struct Inner {
     /// Nodes this backend holds, by owner: for release, renew and reentry.
     held: Mutex<HashMap<HeldKey, HeldNode>>,
     /// Looks at a lock's queue (one per acquire, one per wake-up).
-    attempts: AtomicU64,
+    pub(crate) attempts: AtomicU64,
     /// Dropped with the backend: stops the session supervisor.
     _shutdown: watch::Sender<()>,
 }
@@ -135,6 +135,39 @@ pub(crate) struct Enqueued {
     pub(crate) children: Vec<String>,
     /// The child watch set by the latest listing: the holder's steal detector.
     pub(crate) watch: OneshotWatcher,
+    /// Whether `children` is the queue exactly as it was when our node was created
+    /// (no child came or went in between).
+    pub(crate) at_creation: bool,
+}
+
+/// A contender node to be made: on which session, for which grant, under which
+/// lock node, with which name prefix and data.
+#[derive(Clone, Copy)]
+pub(crate) struct Contending<'a> {
+    pub(crate) session: &'a Arc<Session>,
+    pub(crate) key: &'a HeldKey,
+    pub(crate) lock: &'a str,
+    pub(crate) prefix: &'a str,
+    pub(crate) data: &'a [u8],
+}
+
+impl Contending<'_> {
+    /// The node `node` of this contender, armed to be deleted unless disarmed.
+    pub(crate) fn pending(&self, sessions: &Arc<Sessions>, node: &str) -> PendingNode {
+        PendingNode::new(sessions, self.session, format!("{}/{node}", self.lock))
+    }
+}
+
+/// Where a new contender node goes in a lock's queue.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Place<'a> {
+    /// At the back: ZooKeeper's next sequence.
+    Next,
+    /// At this key, not sequential (a writer's read, at its write node's key).
+    At(&'a str),
+    /// Right after the node with this key: the key followed by ZooKeeper's next
+    /// sequence (an upgrade's write node).
+    After(&'a str),
 }
 
 impl ZkBackend {
@@ -276,33 +309,42 @@ impl Inner {
     /// the create and the listing go out back to back on the session, which the
     /// server serves in order. Creates the lock's node (a container) when missing,
     /// finds our node again after a connection loss, and keeps only the oldest when
-    /// the owner already had one (a retried or repeated acquire). `at`: the sequence
-    /// to place the node at, instead of ZooKeeper's next one.
-    async fn enqueue(
-        &self,
-        session: &Arc<Session>,
-        key: &HeldKey,
-        lock: &str,
-        prefix: &str,
-        data: &[u8],
-        at: Option<i64>,
-    ) -> Result<Enqueued> {
+    /// the owner already had one (a retried or repeated acquire). `place`: where the
+    /// node goes in the queue.
+    pub(crate) async fn enqueue(&self, who: Contending<'_>, place: Place<'_>) -> Result<Enqueued> {
+        let Contending {
+            session,
+            key,
+            lock,
+            prefix,
+            data,
+        } = who;
         let client = &session.client;
-        let (node_path, options) = match at {
-            Some(sequence) => (format!("{lock}/{prefix}{sequence:010}"), self.acls.placed()),
-            None => (format!("{lock}/{prefix}"), self.acls.contender()),
+        let (name, options) = match place {
+            Place::Next => (prefix.to_owned(), self.acls.contender()),
+            Place::At(key) => (format!("{prefix}{key}"), self.acls.placed()),
+            Place::After(key) => (format!("{prefix}{key}"), self.acls.contender()),
         };
+        let sequential = !matches!(place, Place::At(_));
+        // The grant's nodes to look for after a connection loss: an upgrade's own
+        // (those at another anchor are being deleted), any of the grant's otherwise.
+        let prefix = match place {
+            Place::After(_) => name.as_str(),
+            Place::Next | Place::At(_) => prefix,
+        };
+        let node_path = format!("{lock}/{name}");
         for _ in 0..3 {
             let create = client.create(&node_path, data, &options);
-            let list = client.list_and_watch_children(lock);
+            let list = client.get_and_watch_children(lock);
             let (created, listed) = tokio::join!(create, list);
-            let (node, token) = match created {
+            let (node, token, czxid) = match created {
                 Ok((stat, sequence)) => {
-                    let node = match at {
-                        Some(placed) => format!("{prefix}{placed:010}"),
-                        None => format!("{prefix}{sequence}"),
+                    let node = if sequential {
+                        format!("{name}{sequence}")
+                    } else {
+                        name.clone()
                     };
-                    (node, token_of(stat.czxid))
+                    (node, token_of(stat.czxid), stat.czxid)
                 }
                 Err(ZkError::NoNode) => {
                     self.create_lock_node(session, lock).await?;
@@ -310,7 +352,7 @@ impl Inner {
                 }
                 // A placed node made by an earlier try whose answer was lost.
                 Err(lost @ (ZkError::ConnectionLoss | ZkError::NodeExists))
-                    if at.is_some() || matches!(lost, ZkError::ConnectionLoss) =>
+                    if !sequential || matches!(lost, ZkError::ConnectionLoss) =>
                 {
                     // The create may have happened: look for our node by its prefix.
                     let (children, watch) = client
@@ -327,6 +369,7 @@ impl Inner {
                                 token,
                                 children,
                                 watch,
+                                at_creation: false,
                             })
                         }
                         None => continue,
@@ -334,7 +377,7 @@ impl Inner {
                 }
                 Err(err) => return Err(map_zk(err, "create")),
             };
-            let (children, watch) = match listed {
+            let (children, parent, watch) = match listed {
                 Ok(listed) => listed,
                 Err(err) => {
                     self.sessions
@@ -342,6 +385,9 @@ impl Inner {
                     return Err(map_zk(err, "list"));
                 }
             };
+            // Nothing changed among the children between our create and the listing.
+            let at_creation = parent.pzxid == czxid;
+            let created = node.clone();
             let (node, token) = self
                 .adopt(session, key, lock, prefix, &children, Some((node, token)))
                 .await?
@@ -352,6 +398,7 @@ impl Inner {
                     )
                 })?;
             return Ok(Enqueued {
+                at_creation: at_creation && node == created,
                 node,
                 token,
                 children,
@@ -384,7 +431,7 @@ impl Inner {
             .filter(|c| c.starts_with(prefix))
             .filter_map(|c| Contender::parse(c))
             .collect();
-        mine.sort_by_key(|c| c.sequence);
+        mine.sort_by(|a, b| a.key.cmp(&b.key));
         // The common case: the node just created is the grant's only one.
         if let ([only], Some((node, _))) = (mine.as_slice(), &created) {
             if only.node == *node {
@@ -465,7 +512,7 @@ impl Inner {
             Ok(children) => Ok(children
                 .into_iter()
                 .filter(|c| c.starts_with(prefix))
-                .min_by_key(|c| Contender::parse(c).map(|c| c.sequence))
+                .min_by_key(|c| Contender::parse(c).map(|c| c.key))
                 .map(|c| format!("{lock}/{c}"))),
             Err(ZkError::NoNode) => Ok(None),
             Err(err) => Err(map_zk(err, "list")),
@@ -535,9 +582,7 @@ impl LockRemoteResource for ZkBackend {
         caps.fencing = true;
         caps.semaphore = true;
         caps.cross_mode = true;
-        // No upgrade: see `Capabilities::upgrade` (and the lock-history checker's
-        // overlap on zk-ensemble that showed it).
-        caps.upgrade = false;
+        caps.upgrade = true;
         caps
     }
 
@@ -696,40 +741,59 @@ impl ZkBackend {
         let holder = req.holder();
         let prefix = layout::node_prefix(&holder, req.mode, inner.exclusive, req.purpose);
         let data = node_data(&holder, &req.context);
+        let mine = layout::protected_prefix(&holder);
         let key = HeldKey::new(&req.name, holder, req.mode);
-        // A read beside the owner's own write node is placed at that node's
-        // sequence, so it stays ahead of every writer queued behind the write — and
-        // keeps them out once the write goes (a downgrade). (No write goes beside a
-        // read here: ZooKeeper has no upgrade.)
-        let beside = match req.alongside_holder() {
-            Some(own) if req.mode == LockMode::Shared => {
-                self.own_node(session, &lock, &own).await?
+        // A read beside the owner's own write node is placed at that node's key, so
+        // it stays ahead of every writer queued behind the write — and keeps them
+        // out once the write goes (a downgrade). A write beside the owner's read is
+        // an upgrade (the `upgrade` module).
+        let own = match req.alongside_holder() {
+            Some(own) => self.own_node(session, &lock, &own).await?,
+            None => None,
+        };
+        let (beside, upgrading) = match req.mode {
+            LockMode::Shared => (own, None),
+            _ => (None, own.filter(|read| read.mode == LockMode::Shared)),
+        };
+        let who = Contending {
+            session,
+            key: &key,
+            lock: &lock,
+            prefix: &prefix,
+            data: &data,
+        };
+        let waited = match &upgrading {
+            Some(read) => self.wait_upgrade(who, read, &mine, req.deadline).await?,
+            None => {
+                let turn = Turn {
+                    deadline: req.deadline,
+                    beside: beside.as_ref(),
+                };
+                self.wait_turn(who, turn).await?
             }
-            _ => None,
         };
-        let turn = Turn {
-            deadline: req.deadline,
-            beside: beside.as_ref(),
-        };
-        let Some((mine, mut pending)) = self
-            .wait_turn(session, &key, &lock, &prefix, &data, turn)
-            .await?
-        else {
+        let Some((mine, mut pending)) = waited else {
             return Ok(AcquireResult::not_acquired(None, None));
         };
         pending.disarm();
         // A read placed beside its owner's write carries the write's token: it goes
         // on with that tenure. Its own node's zxid is newer than those of the writers
         // queued behind the write, which are granted after it and must have newer
-        // tokens. (Only if the write's node was still there when the read was
-        // granted: else it was granted by the plain rules, and its own zxid is its
-        // token.)
-        let stood_beside = |own: &&Contender| mine.children.contains(&own.node);
-        let token = match (req.alongside_holder(), beside.as_ref().filter(stood_beside)) {
-            (Some(own), Some(node)) => {
+        // tokens. An upgrade carries its read's token for the same reason: the
+        // writers queued behind that read are granted after the upgrade. (Only if
+        // the other node was still there at the grant: else it was granted by the
+        // plain rules, and its own zxid is its token.)
+        let stood_on = match (&upgrading, &beside) {
+            (Some(read), _) => Some((read, LockMode::Shared)),
+            (None, Some(write)) => Some((write, LockMode::Exclusive)),
+            (None, None) => None,
+        }
+        .filter(|(own, _)| mine.children.contains(&own.node));
+        let token = match (req.alongside_holder(), stood_on) {
+            (Some(own), Some((node, mode))) => {
                 let known = inner
                     .held()
-                    .get(&HeldKey::new(&req.name, own, LockMode::Exclusive))
+                    .get(&HeldKey::new(&req.name, own, mode))
                     .map(|h| h.token);
                 match known {
                     Some(token) => token,
@@ -783,29 +847,23 @@ impl ZkBackend {
     /// ahead.
     pub(crate) async fn wait_turn(
         &self,
-        session: &Arc<Session>,
-        key: &HeldKey,
-        lock: &str,
-        prefix: &str,
-        data: &[u8],
+        who: Contending<'_>,
         turn: Turn<'_>,
     ) -> Result<Option<(Enqueued, PendingNode)>> {
         let inner = &self.inner;
+        let (session, lock) = (who.session, who.lock);
         let Turn { deadline, beside } = turn;
-        let at = beside.map(|own| own.sequence);
-        let mut mine = inner.enqueue(session, key, lock, prefix, data, at).await?;
-        let mut pending =
-            PendingNode::new(&inner.sessions, session, format!("{lock}/{}", mine.node));
+        let place = beside.map_or(Place::Next, |own| Place::At(&own.key));
+        let mut mine = inner.enqueue(who, place).await?;
+        let mut pending = who.pending(&inner.sessions, &mine.node);
         // A read placed beside a write that was gone by the time it was made (the
         // writers queued behind that write may hold now) must not stand there: it
         // queues at the back, as any other.
         let mut beside = beside.map(|own| own.node.as_str());
         if beside.is_some_and(|own| !mine.children.iter().any(|c| c == own)) {
             pending.delete().await;
-            mine = inner
-                .enqueue(session, key, lock, prefix, data, None)
-                .await?;
-            pending = PendingNode::new(&inner.sessions, session, format!("{lock}/{}", mine.node));
+            mine = inner.enqueue(who, Place::Next).await?;
+            pending = who.pending(&inner.sessions, &mine.node);
             beside = None;
         }
         let mut enqueues = 1;
@@ -821,11 +879,8 @@ impl ZkBackend {
                 // Queued again at the back, by the plain rules (the hold it stood
                 // beside may be gone by now too).
                 beside = None;
-                mine = inner
-                    .enqueue(session, key, lock, prefix, data, None)
-                    .await?;
-                pending =
-                    PendingNode::new(&inner.sessions, session, format!("{lock}/{}", mine.node));
+                mine = inner.enqueue(who, Place::Next).await?;
+                pending = who.pending(&inner.sessions, &mine.node);
                 enqueues += 1;
                 continue;
             };
@@ -841,44 +896,79 @@ impl ZkBackend {
             let Some(ahead) = ahead else {
                 return Ok(Some((mine, pending)));
             };
-            let deadline = match deadline {
-                Some(deadline) if deadline > Instant::now() => deadline,
-                _ => {
-                    pending.delete().await;
-                    return Ok(None);
+            if !self
+                .wait_behind(session, lock, &ahead, deadline, &mut mine, &mut pending)
+                .await?
+            {
+                return Ok(None);
+            }
+        }
+    }
+
+    /// Waits for the node at `ahead` to go (or change), then lists the lock's queue
+    /// again into `mine`; `false`, with our node deleted, when the deadline passed
+    /// first.
+    pub(crate) async fn wait_behind(
+        &self,
+        session: &Arc<Session>,
+        lock: &str,
+        ahead: &str,
+        deadline: Option<Instant>,
+        mine: &mut Enqueued,
+        pending: &mut PendingNode,
+    ) -> Result<bool> {
+        match self.wait_and_relist(session, lock, ahead, deadline).await? {
+            Some((children, watch)) => {
+                mine.children = children;
+                if let Some(watch) = watch {
+                    mine.watch = watch;
                 }
+                Ok(true)
+            }
+            None => {
+                pending.delete().await;
+                Ok(false)
+            }
+        }
+    }
+
+    /// Waits for the node at `ahead` to go (or change), then lists the lock's queue
+    /// again, with a watch on its children (empty, without a watch, when the lock's
+    /// node is gone); `None` when the deadline passed first.
+    pub(crate) async fn wait_and_relist(
+        &self,
+        session: &Arc<Session>,
+        lock: &str,
+        ahead: &str,
+        deadline: Option<Instant>,
+    ) -> Result<Option<(Vec<String>, Option<OneshotWatcher>)>> {
+        let sessions = &self.inner.sessions;
+        let deadline = match deadline {
+            Some(deadline) if deadline > Instant::now() => deadline,
+            _ => return Ok(None),
+        };
+        match session.client.check_and_watch_stat(ahead).await {
+            Ok((None, _)) => {}
+            Ok((Some(_), watcher)) => {
+                tokio::select! {
+                    _ = watcher.changed() => {}
+                    () = tokio::time::sleep_until(deadline.into()) => return Ok(None),
+                }
+            }
+            // A blip: our node survives it with the session; wait and look again.
+            Err(ZkError::ConnectionLoss) if sessions.reconnected(session, deadline).await => {}
+            Err(err) => return Err(map_zk(err, "watch")),
+        }
+        loop {
+            return match session.client.list_and_watch_children(lock).await {
+                Ok((children, watch)) => Ok(Some((children, Some(watch)))),
+                // The lock node is gone, and our node with it.
+                Err(ZkError::NoNode) => Ok(Some((Vec::new(), None))),
+                Err(ZkError::ConnectionLoss) if sessions.reconnected(session, deadline).await => {
+                    continue
+                }
+                Err(err) => Err(map_zk(err, "list")),
             };
-            // Wait for the one node ahead of us to go (or change), then look again.
-            match session.client.check_and_watch_stat(&ahead).await {
-                Ok((None, _)) => {}
-                Ok((Some(_), watcher)) => {
-                    tokio::select! {
-                        _ = watcher.changed() => {}
-                        () = tokio::time::sleep_until(deadline.into()) => {
-                            pending.delete().await;
-                            return Ok(None);
-                        }
-                    }
-                }
-                // A blip: our node survives it with the session; wait and look again.
-                Err(ZkError::ConnectionLoss)
-                    if inner.sessions.reconnected(session, deadline).await => {}
-                Err(err) => return Err(map_zk(err, "watch")),
-            }
-            loop {
-                match session.client.list_and_watch_children(lock).await {
-                    Ok((children, watch)) => (mine.children, mine.watch) = (children, watch),
-                    // The lock node is gone, and our node with it: queue again above.
-                    Err(ZkError::NoNode) => mine.children.clear(),
-                    Err(ZkError::ConnectionLoss)
-                        if inner.sessions.reconnected(session, deadline).await =>
-                    {
-                        continue
-                    }
-                    Err(err) => return Err(map_zk(err, "list")),
-                }
-                break;
-            }
         }
     }
 }

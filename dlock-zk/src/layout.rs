@@ -23,9 +23,25 @@
 //! takes the write's sequence), so when the write goes — a downgrade — no writer,
 //! Curator's or dlock's, gets in while the read lasts. It is placed only while the
 //! write node is there (else it queues at the back, as any read), and carries the
-//! write's token. There is no upgradeable read on ZooKeeper (`Unsupported`): a
-//! write queued beside its owner's read cannot keep out the Curator readers queued
-//! behind another writer, which hold as soon as that writer leaves.
+//! write's token.
+//!
+//! An upgradeable read is two holds: an exclusive lock on the name with
+//! `::upgradeable` appended (one upgradeable reader at a time) and a read node of
+//! the lock. Its upgrade is a write node named after a reader's key, so that it
+//! sorts right behind that reader (Curator compares these digits as strings):
+//!
+//! ```text
+//! <root>/<escaped name>::upgradeable/_c_<id>-lock-0000000003   the upgradeable hold
+//! …/_c_<id of its read>-__READ__0000000042                     its read
+//! …/_c_<id>-__READ__0000000044                                 a reader beside it
+//! …/_c_<id of the upgrade>-__WRIT__00000000440000000047        the upgrade: the last
+//!                                                               reader's key, then
+//!                                                               its own sequence
+//! …/_c_<id>-__WRIT__0000000045                                 a writer queued before
+//!                                                               the upgrade: still out
+//! ```
+//!
+//! (The `upgrade` module tells how the place is chosen and why it is safe.)
 //!
 //! The lock's node is a container (the server removes it once it is empty); the
 //! contender nodes are ephemeral and sequential. The protection id is derived from the
@@ -46,6 +62,8 @@ pub(crate) const WRITE_MARKER: &str = "__WRIT__";
 pub(crate) const READ_MARKER: &str = "__READ__";
 /// `LeaderLatch`'s participant name: leadership terms.
 pub(crate) const LATCH_MARKER: &str = "latch-";
+/// The digits ZooKeeper appends to a sequential node's name.
+pub(crate) const SEQUENCE_DIGITS: usize = 10;
 
 /// Which Curator recipe dlock's exclusive holds look like to Curator clients.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -188,8 +206,10 @@ pub(crate) fn protected_prefix(holder: &HolderKey) -> String {
 pub(crate) struct Contender {
     /// The child's name (not the full path).
     pub(crate) node: String,
-    /// ZooKeeper's sequence number: the queue order.
-    pub(crate) sequence: i64,
+    /// The digits after the marker, compared as strings (as Curator sorts): the
+    /// queue order. Ten digits (ZooKeeper's sequence) for a plain contender; an
+    /// upgrade's write node has its anchor's digits followed by its own sequence.
+    pub(crate) key: String,
     /// Shared (`__READ__`) or exclusive (anything else: `lock-`, `__WRIT__`, `latch-`).
     pub(crate) mode: LockMode,
 }
@@ -206,7 +226,6 @@ impl Contender {
         if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
             return None;
         }
-        let sequence = digits.parse().ok()?;
         let mode = if marker == READ_MARKER {
             LockMode::Shared
         } else {
@@ -214,19 +233,35 @@ impl Contender {
         };
         Some(Contender {
             node: node.to_owned(),
-            sequence,
+            key: digits.to_owned(),
             mode,
         })
     }
+
+    /// ZooKeeper's sequence number of the node's creation: its last ten digits (the
+    /// whole key for a plain contender). For a node dlock placed at another node's
+    /// key (a writer's read), that node's.
+    pub(crate) fn created(&self) -> i64 {
+        let tail = self.key.len().saturating_sub(SEQUENCE_DIGITS);
+        self.key[tail..].parse().unwrap_or(i64::MAX)
+    }
+
+    /// Whether this is an upgrade's write node: its key is another node's key with
+    /// its own sequence after it.
+    pub(crate) fn is_anchored(&self) -> bool {
+        self.key.len() > SEQUENCE_DIGITS
+    }
 }
 
-/// A lock's contenders in queue order.
+/// A lock's contenders in queue order: by key, compared as strings, as Curator's
+/// `InterProcessReadWriteLock` sorts them (so a key that extends another sorts
+/// right after it).
 pub(crate) fn contenders(children: &[String]) -> Vec<Contender> {
     let mut all: Vec<Contender> = children
         .iter()
         .filter_map(|c| Contender::parse(c))
         .collect();
-    all.sort_by_key(|c| c.sequence);
+    all.sort_by(|a, b| a.key.cmp(&b.key));
     all
 }
 
@@ -238,9 +273,8 @@ pub(crate) fn contenders(children: &[String]) -> Vec<Contender> {
 /// A shared contender `beside` its owner's own write node (a writer reading, placed
 /// at that node's sequence) is never blocked by that node: it holds when no *other*
 /// exclusive contender is ahead — while that node is in the queue (gone, the plain
-/// rules apply). There is no upgrade on ZooKeeper (see `Capabilities::upgrade`): a
-/// write at the back of the queue beside its owner's read would let the readers
-/// queued behind another writer hold as soon as that writer left.
+/// rules apply). A write beside its owner's read (an upgrade) is judged by the
+/// `upgrade` module, not here.
 pub(crate) fn standing<'q>(
     queue: &'q [Contender],
     index: usize,
@@ -264,24 +298,30 @@ pub(crate) fn standing<'q>(
 }
 
 /// The holders among `queue`: the first contender if exclusive (with its owner's
-/// read node placed at the same sequence, if any), else the shared contenders
-/// before the first exclusive one.
+/// read node placed at the same key, if any), else the shared contenders before the
+/// first exclusive one — and that one too when it is an upgrade standing right
+/// behind its owner's read, the only reader left ahead of it (the upgrade holds
+/// then; see the `upgrade` module).
 pub(crate) fn holders(queue: &[Contender]) -> &[Contender] {
     let Some(first) = queue.first() else {
         return &[];
     };
-    let tied = queue
-        .iter()
-        .take_while(|c| c.sequence == first.sequence)
-        .count();
-    if queue[..tied].iter().any(|c| c.mode == LockMode::Exclusive) {
-        return &queue[..tied];
+    let with_key =
+        |from: usize, key: &str| queue[from..].iter().take_while(|c| c.key == key).count();
+    let front = with_key(0, &first.key);
+    if queue[..front].iter().any(|c| c.mode == LockMode::Exclusive) {
+        return &queue[..front];
     }
     let end = queue
         .iter()
         .position(|c| c.mode == LockMode::Exclusive)
         .unwrap_or(queue.len());
-    &queue[..end]
+    match queue.get(end) {
+        Some(upgrade) if end == 1 && upgrade.is_anchored() => {
+            &queue[..end + with_key(end, &upgrade.key)]
+        }
+        _ => &queue[..end],
+    }
 }
 
 #[cfg(test)]
@@ -388,7 +428,7 @@ mod tests {
         .map(|s| s.to_string())
         .collect();
         let q = contenders(&children);
-        let seqs: Vec<i64> = q.iter().map(|c| c.sequence).collect();
+        let seqs: Vec<i64> = q.iter().map(|c| c.created()).collect();
         assert_eq!(seqs, [3, 5, 7, 9]);
         assert_eq!(q[3].mode, LockMode::Exclusive);
         assert!(node_prefix(
@@ -402,11 +442,11 @@ mod tests {
         assert_eq!(holders(&q).len(), 1);
         assert_eq!(standing(&q, 0, None), Ok(None));
         assert_eq!(
-            standing(&q, 1, None).map(|w| w.map(|c| c.sequence)),
+            standing(&q, 1, None).map(|w| w.map(|c| c.created())),
             Ok(Some(3))
         );
         assert_eq!(
-            standing(&q, 2, None).map(|w| w.map(|c| c.sequence)),
+            standing(&q, 2, None).map(|w| w.map(|c| c.created())),
             Ok(Some(3))
         );
         assert!(standing(&q, 9, None).is_err());
@@ -427,11 +467,11 @@ mod tests {
         assert_eq!(holders(&q).len(), 2);
         assert_eq!(standing(&q, 1, None), Ok(None));
         assert_eq!(
-            standing(&q, 2, None).map(|w| w.map(|c| c.sequence)),
+            standing(&q, 2, None).map(|w| w.map(|c| c.created())),
             Ok(Some(2))
         );
         assert_eq!(
-            standing(&q, 3, None).map(|w| w.map(|c| c.sequence)),
+            standing(&q, 3, None).map(|w| w.map(|c| c.created())),
             Ok(Some(3))
         );
     }
@@ -453,20 +493,20 @@ mod tests {
         let downgraded = q(&["r-__READ__05", "x-__WRIT__07"]);
         assert_eq!(holders(&downgraded).len(), 1);
         assert_eq!(
-            standing(&downgraded, 1, None).map(|w| w.map(|c| c.sequence)),
+            standing(&downgraded, 1, None).map(|w| w.map(|c| c.created())),
             Ok(Some(5))
         );
         // Beside a node that is not there, the plain rules: another writer ahead
         // keeps it out.
         let gone = q(&["x-__WRIT__03", "r-__READ__04"]);
         assert_eq!(
-            standing(&gone, 1, Some("w-__WRIT__02")).map(|w| w.map(|c| c.sequence)),
+            standing(&gone, 1, Some("w-__WRIT__02")).map(|w| w.map(|c| c.created())),
             Ok(Some(3))
         );
         // A write never stands beside anything.
         let write = q(&["r-__READ__01", "x-__WRIT__03", "u-__WRIT__06"]);
         assert_eq!(
-            standing(&write, 2, Some("r-__READ__01")).map(|w| w.map(|c| c.sequence)),
+            standing(&write, 2, Some("r-__READ__01")).map(|w| w.map(|c| c.created())),
             Ok(Some(3))
         );
     }

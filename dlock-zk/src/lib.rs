@@ -22,6 +22,12 @@
 //! * **Fair by construction**: the lowest sequence holds; each waiter watches only the
 //!   node just before it (no herd); a reader holds when no writer is ahead of it and
 //!   watches the first writer ahead. Non-fair requests get the same order.
+//! * **Read-write locks with one owner**, Curator-compatible: a writer's read node
+//!   is placed at its write node's sequence (a downgrade lets no queued writer in);
+//!   an upgradeable read's upgrade is a write node named so that it sorts right
+//!   behind the readers that may hold (`…-__WRIT__<their last key><sequence>`),
+//!   judged on the queue as it was when it was made — Curator's readers queued
+//!   behind a writer stay out even when that writer gives up.
 //! * **One round trip to acquire** when the lock is free: the create and the listing
 //!   of the children are sent back to back on the session, which ZooKeeper serves in
 //!   order, so the listing already contains the new node.
@@ -57,6 +63,7 @@ mod follow;
 mod layout;
 mod semaphore;
 mod session;
+mod upgrade;
 
 use std::time::Duration;
 

@@ -350,15 +350,16 @@ impl ZkBackend {
         // The mutex: the recipe's own InterProcessMutex node.
         let mutex_key = HeldKey::new(&req.name, holder.clone(), LockMode::Exclusive);
         let mutex_prefix = format!("{protected}{}", layout::MUTEX_MARKER);
+        let mutex_dir = locks_dir(&lock);
+        let mutex_node = crate::backend::Contending {
+            session,
+            key: &mutex_key,
+            lock: &mutex_dir,
+            prefix: &mutex_prefix,
+            data: &data,
+        };
         let Some((_, mut mutex)) = self
-            .wait_turn(
-                session,
-                &mutex_key,
-                &locks_dir(&lock),
-                &mutex_prefix,
-                &data,
-                crate::backend::Turn::until(req.deadline),
-            )
+            .wait_turn(mutex_node, crate::backend::Turn::until(req.deadline))
             .await?
         else {
             return Ok(AcquireResult::not_acquired(None, None));

@@ -11,6 +11,13 @@
 //       COUNTER_FILE.slot<i> instead (an overlap when all N are taken: more than N
 //       holders). Prints "ready" once connected and "curator acquired=N overlaps=M"
 //       at the end.
+//   upgrade-witness  CONNECT LOCK_PATH MARKER_FILE WRITER_WAIT_MS
+//       Beside dlock's upgradeable read: queues a writer of InterProcessReadWriteLock
+//       that gives up after WRITER_WAIT_MS, and once its node is there a reader
+//       behind it. Prints "queued" once both nodes are there, "writer gave-up" (or
+//       "writer acquired") when the writer's acquire returns, and "reader acquired
+//       overlap=N" when the reader holds: N is 1 if MARKER_FILE (made by dlock while
+//       it holds the write side) exists then, else 0.
 //   latch-candidate  CONNECT LATCH_PATH SESSION_MS
 //       Failover benchmark: one LeaderLatch participant on a client with a session
 //       timeout of SESSION_MS. Prints "campaigning" once its node exists, "leading"
@@ -60,6 +67,8 @@ public final class CuratorWorker {
                 System.out.println("ready");
                 System.out.flush();
                 counter(client, args[2], Paths.get(args[3]), Integer.parseInt(args[4]), args[5]);
+            } else if (args[0].equals("upgrade-witness")) {
+                upgradeWitness(client, args[2], Paths.get(args[3]), Long.parseLong(args[4]));
             } else if (args[0].equals("latch-candidate")) {
                 latchCandidate(client, args[2]);
             } else if (args[0].equals("serve")) {
@@ -167,6 +176,66 @@ public final class CuratorWorker {
         }
         Files.delete(claimed);
         return 0;
+    }
+
+    /** How many of the lock's children carry `marker`. */
+    static long nodes(CuratorFramework client, String path, String marker) throws Exception {
+        return client.getChildren().forPath(path).stream().filter(c -> c.contains(marker)).count();
+    }
+
+    /** Waits (5 ms steps, at most 30 s) until `count` children carry `marker`. */
+    static void awaitNodes(CuratorFramework client, String path, String marker, long count) throws Exception {
+        long end = System.nanoTime() + 30_000_000_000L;
+        while (nodes(client, path, marker) < count) {
+            if (System.nanoTime() > end) {
+                throw new IllegalStateException("no " + count + " " + marker + " nodes under " + path);
+            }
+            Thread.sleep(5);
+        }
+    }
+
+    /** A writer that gives up, and a reader queued behind it (see the usage). */
+    static void upgradeWitness(CuratorFramework client, String path, Path marker, long writerWaitMs)
+            throws Exception {
+        long readers = nodes(client, path, "__READ__");
+        InterProcessReadWriteLock forWriter = new InterProcessReadWriteLock(client, path);
+        InterProcessReadWriteLock forReader = new InterProcessReadWriteLock(client, path);
+        Thread writer = new Thread(() -> {
+            try {
+                boolean got = forWriter.writeLock().acquire(writerWaitMs, TimeUnit.MILLISECONDS);
+                if (got) {
+                    forWriter.writeLock().release();
+                }
+                System.out.println(got ? "writer acquired" : "writer gave-up");
+                System.out.flush();
+            } catch (Exception e) {
+                e.printStackTrace();
+                System.exit(70);
+            }
+        });
+        writer.start();
+        awaitNodes(client, path, "__WRIT__", 1);
+        Thread reader = new Thread(() -> {
+            try {
+                if (!forReader.readLock().acquire(60, TimeUnit.SECONDS)) {
+                    System.err.println("curator: no read within 60 s");
+                    System.exit(75);
+                }
+                int overlap = Files.exists(marker) ? 1 : 0;
+                forReader.readLock().release();
+                System.out.println("reader acquired overlap=" + overlap);
+                System.out.flush();
+            } catch (Exception e) {
+                e.printStackTrace();
+                System.exit(70);
+            }
+        });
+        reader.start();
+        awaitNodes(client, path, "__READ__", readers + 1);
+        System.out.println("queued");
+        System.out.flush();
+        writer.join();
+        reader.join();
     }
 
     /** One LeaderLatch participant that leads until the process is killed. */

@@ -737,6 +737,93 @@ async fn dlock_and_java_curator_exclude_each_other() {
     }
 }
 
+/// An upgrade beside Curator's readers and writers (the lock-history checker's
+/// overlap that once kept ZooKeeper from upgrading): dlock holds an upgradeable
+/// read; a Curator writer queues behind it, with a wait that runs out, and a
+/// Curator reader behind that writer. The upgrade holds at once (neither holds),
+/// and when the writer gives up the reader must still stay out while the write
+/// side is held: it finds dlock's marker file if it gets in. Released, the reader
+/// gets the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_curator_reader_whose_writer_leaves_stays_out_of_an_upgrade() {
+    let Some(url) = url_for("zk") else { return };
+    let url = format!("{url}?exclusive=rw");
+    let m = manager(&url).await;
+    let backend = ZkBackend::connect(&url).await.unwrap();
+    let lock = name("curator-upgrade");
+    let path = backend.lock_path(&LockName::new(lock.as_str()).unwrap());
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join("upgraded");
+    let rw = m.read_write_lock(&lock);
+    let mut up = rw.upgradeable_read().lock().await.unwrap();
+
+    const WRITER_WAIT: Duration = Duration::from_secs(3);
+    let mut java = curator::worker().unwrap_or_else(|e| panic!("{e}"));
+    let mut child = java
+        .args(["upgrade-witness", &hosts_of(&url), &path])
+        .arg(&marker)
+        .arg(WRITER_WAIT.as_millis().to_string())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("run java");
+    let stdout = child.stdout.take().unwrap();
+    let (lines_tx, mut lines) = tokio::sync::mpsc::unbounded_channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let _ = lines_tx.send(line.unwrap_or_default());
+        }
+    });
+    assert_eq!(
+        next_line(&mut lines, Duration::from_secs(60)).await,
+        "queued"
+    );
+
+    // Neither queued Curator node holds: the upgrade is granted well before the
+    // writer gives up.
+    let asked = Instant::now();
+    assert!(
+        up.try_upgrade(WRITER_WAIT / 2).await.unwrap(),
+        "the upgrade waited for the queued writer or its reader"
+    );
+    assert!(asked.elapsed() < WRITER_WAIT);
+    std::fs::write(&marker, "held").unwrap();
+    assert_eq!(
+        next_line(&mut lines, WRITER_WAIT * 3).await,
+        "writer gave-up"
+    );
+    // The reader behind the writer looks again as the writer's node goes (a watch
+    // event, milliseconds): a second is far more than it needs to get in.
+    let early = next_line(&mut lines, Duration::from_secs(1)).await;
+    assert_eq!(early, "", "the Curator reader got in beside the upgrade");
+    up.check()
+        .expect("the upgraded hold stayed live throughout");
+    std::fs::remove_file(&marker).unwrap();
+    up.unlock().await.unwrap();
+    assert_eq!(
+        next_line(&mut lines, Duration::from_secs(30)).await,
+        "reader acquired overlap=0"
+    );
+    let status = tokio::task::spawn_blocking(move || child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success());
+    m.close().await;
+}
+
+/// The Java worker's next line within `within` (empty if none came).
+async fn next_line(
+    lines: &mut tokio::sync::mpsc::UnboundedReceiver<String>,
+    within: Duration,
+) -> String {
+    tokio::time::timeout(within, lines.recv())
+        .await
+        .ok()
+        .flatten()
+        .unwrap_or_default()
+}
+
 /// The semaphore's step (as the Java worker's): claim `n` of the `total` slot files
 /// with exclusive creates (1 when fewer are free: more permits held than the total),
 /// pause, drop them.
