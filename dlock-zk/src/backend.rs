@@ -326,12 +326,6 @@ impl Inner {
             Place::After(key) => (format!("{prefix}{key}"), self.acls.contender()),
         };
         let sequential = !matches!(place, Place::At(_));
-        // The grant's nodes to look for after a connection loss: an upgrade's own
-        // (those at another anchor are being deleted), any of the grant's otherwise.
-        let prefix = match place {
-            Place::After(_) => name.as_str(),
-            Place::Next | Place::At(_) => prefix,
-        };
         let node_path = format!("{lock}/{name}");
         for _ in 0..3 {
             let create = client.create(&node_path, data, &options);

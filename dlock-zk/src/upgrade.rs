@@ -27,21 +27,35 @@
 //! 4. The upgrade holds once those readers are gone; its owner's read stays
 //!    throughout, so writers queued behind that read keep waiting.
 //!
-//! An upgrade whose read is gone is a write as any other, queued at the back.
+//! Before each placement every node of the upgrade's grant still there (an earlier
+//! placement whose delete failed) is deleted, and awaited: such a node would stand
+//! in the way of every reader behind it. An upgrade whose read is gone is a write
+//! as any other, queued at the back.
+//!
+//! Its fencing token is its read's: the writers queued behind that read, granted
+//! after the upgrade, have newer ones (readers granted beside the read before the
+//! upgrade may have newer ones too: an upgrade goes on with its read's tenure, as a
+//! downgrade's read goes on with its write's).
 
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Instant;
 
 use dlock_spi::{Error, ErrorKind, LockMode, Result};
 use zookeeper_client::Error as ZkError;
 
-use crate::backend::{deadline_passed, Contending, Enqueued, PendingNode, Place, Turn, ZkBackend};
+use crate::backend::{
+    deadline_passed, delete_children, Contending, Enqueued, PendingNode, Place, Turn, ZkBackend,
+};
 use crate::error::map_zk;
 use crate::layout::{self, Contender};
+use crate::session::Session;
 
 /// How often an upgrade places its write node again because the queue changed
-/// while it was made, before giving up with a retryable error.
-const MAX_PLACEMENTS: usize = 32;
+/// while it was made (a reader came in the round trip before the create, or a
+/// writer left), before giving up with a retryable error — if its deadline has not
+/// ended it first.
+const MAX_PLACEMENTS: usize = 256;
 
 /// What an upgrade does on a listing of the lock's queue, before its write node is
 /// made.
@@ -128,25 +142,21 @@ impl ZkBackend {
     ) -> Result<Option<(Enqueued, PendingNode)>> {
         let inner = &self.inner;
         let (session, lock) = (who.session, who.lock);
-        let mut children = match session.client.list_children(lock).await {
-            Ok(children) => children,
-            Err(ZkError::NoNode) => Vec::new(),
-            Err(err) => return Err(map_zk(err, "list")),
-        };
         let mut placements = 0;
         loop {
+            let children = self.queue_without(session, lock, own).await?;
             inner.attempts.fetch_add(1, Ordering::Relaxed);
             let queue = layout::contenders(&children);
             let anchor = match plan(&queue, &read.node, own) {
                 Plan::ReadGone => return self.wait_turn(who, Turn::until(deadline)).await,
                 Plan::WaitFor(writer) => {
                     let writer = format!("{lock}/{}", writer.node);
-                    match self
+                    if self
                         .wait_and_relist(session, lock, &writer, deadline)
                         .await?
+                        .is_none()
                     {
-                        Some((listed, _)) => children = listed,
-                        None => return Ok(None),
+                        return Ok(None);
                     }
                     continue;
                 }
@@ -169,24 +179,21 @@ impl ZkBackend {
                 None
             };
             let Some(readers) = judged else {
+                // Placed again on a fresh listing (the next round clears this node
+                // if its delete failed).
                 pending.delete().await;
                 if deadline_passed(deadline) {
                     return Ok(None);
                 }
-                children = std::mem::take(&mut mine.children);
                 continue;
             };
             loop {
                 inner.attempts.fetch_add(1, Ordering::Relaxed);
-                if !mine.children.contains(&read.node) {
-                    // The read went (lost with its session, or deleted by hand).
+                if !mine.children.contains(&read.node) || !mine.children.contains(&mine.node) {
+                    // The read went (lost with its session, or deleted by hand: the
+                    // next round queues as a plain writer), or our node did (deleted
+                    // by hand: the next round places it again).
                     pending.delete().await;
-                    return self.wait_turn(who, Turn::until(deadline)).await;
-                }
-                if !mine.children.contains(&mine.node) {
-                    // Our node went (deleted by hand): take a place again.
-                    pending.disarm();
-                    children = std::mem::take(&mut mine.children);
                     break;
                 }
                 let Some(reader) = readers.iter().find(|r| mine.children.contains(r)) else {
@@ -201,6 +208,32 @@ impl ZkBackend {
                 }
             }
         }
+    }
+
+    /// The lock's children, once none is a node of the grant `own` any more: one
+    /// left by an earlier placement (its delete failed, or its create's answer was
+    /// lost) would stand in every later reader's way, the upgrade's own next
+    /// placement's included. Deleted here and awaited; an error if that fails.
+    async fn queue_without(
+        &self,
+        session: &Arc<Session>,
+        lock: &str,
+        own: &str,
+    ) -> Result<Vec<String>> {
+        let list = || async {
+            match session.client.list_children(lock).await {
+                Ok(children) => Ok(children),
+                Err(ZkError::NoNode) => Ok(Vec::new()),
+                Err(err) => Err(map_zk(err, "list")),
+            }
+        };
+        let children = list().await?;
+        if !children.iter().any(|c| c.starts_with(own)) {
+            return Ok(children);
+        }
+        let leftovers = children.iter().filter(|c| c.starts_with(own));
+        delete_children(session, lock, leftovers.map(String::as_str)).await?;
+        list().await
     }
 }
 

@@ -72,6 +72,18 @@ async fn contender_node(
     .unwrap()
 }
 
+/// Makes the lock's node (a container), as dlock would, if it is not there.
+async fn lock_node(raw: &Client, path: &str) {
+    let _ = raw
+        .create(
+            path,
+            &[],
+            &zookeeper_client::CreateMode::Container
+                .with_acls(zookeeper_client::Acls::anyone_all()),
+        )
+        .await;
+}
+
 /// A backend, a manager over it, and a raw client to look at the tree.
 async fn setup(url: &str) -> (ZkBackend, DistributeLockManager, Client) {
     let backend = ZkBackend::connect(url).await.unwrap();
@@ -137,14 +149,7 @@ async fn another_sessions_node_is_not_adopted_and_a_retry_is_idempotent() {
     // The other session's node: ephemeral sequential, with the grant's prefix, made
     // by a session that stays open.
     let raw = raw_client(&url).await;
-    let _ = raw
-        .create(
-            &path,
-            &[],
-            &zookeeper_client::CreateMode::Container
-                .with_acls(zookeeper_client::Acls::anyone_all()),
-        )
-        .await;
+    lock_node(&raw, &path).await;
     let prefix = backend.node_prefix(&HolderKey::new(&owner, grant), LockMode::Exclusive);
     let (stat, _) = contender_node(&raw, &format!("{path}/{prefix}")).await;
     let req = AcquireRequest::new(lock.clone(), owner.clone(), grant)
@@ -182,6 +187,59 @@ async fn another_sessions_node_is_not_adopted_and_a_retry_is_idempotent() {
         .await
         .map(|c| c.is_empty())
         .unwrap_or(true));
+}
+
+/// An upgrade first clears the nodes of its grant left by an earlier placement (a
+/// delete that failed, a create whose answer was lost): such a node, a write node
+/// to every reader, would keep all later readers out for the rest of its session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgrade_clears_its_grants_leftover_nodes() {
+    let Some(url) = url_for("zk") else { return };
+    let backend = ZkBackend::connect(&url).await.unwrap();
+    let lock = LockName::new(name("leftover")).unwrap();
+    let path = backend.lock_path(&lock);
+    let owner = OwnerId::new(format!("test:{:x}", fastrand::u64(..)));
+    let (read, write) = (dlock_spi::GrantId::new(1), dlock_spi::GrantId::new(2));
+    let soon = || Some(Instant::now() + Duration::from_secs(5));
+    // A node came and went first, so the read's key is above 0000000000.
+    let raw = raw_client(&url).await;
+    lock_node(&raw, &path).await;
+    let (_, gone) = contender_node(&raw, &format!("{path}/gone-")).await;
+    raw.delete(&format!("{path}/gone-{gone}"), None)
+        .await
+        .unwrap();
+    let shared = AcquireRequest::new(lock.clone(), owner.clone(), read)
+        .with_mode(LockMode::Shared)
+        .with_deadline(soon());
+    let read_token = backend.try_acquire(&shared).await.unwrap().token();
+    assert!(read_token.is_some(), "the read is granted");
+    // The leftover: a node of the upgrade's grant at another anchor, ahead of the
+    // read, on a session that stays open.
+    let prefix = backend.node_prefix(&HolderKey::new(&owner, write), LockMode::Exclusive);
+    contender_node(&raw, &format!("{path}/{prefix}0000000000")).await;
+    let upgrade = AcquireRequest::new(lock.clone(), owner.clone(), write)
+        .with_alongside(Some(read))
+        .with_deadline(soon());
+    let upgraded = backend.try_acquire(&upgrade).await.unwrap();
+    let upgrade_token = upgraded.token().expect("the upgrade is granted");
+    for (grant, mode, token) in [
+        (write, LockMode::Exclusive, upgrade_token),
+        (read, LockMode::Shared, read_token.unwrap()),
+    ] {
+        let release =
+            dlock_spi::ReleaseRequest::new(lock.clone(), owner.clone(), grant, mode, token);
+        backend.release(&release).await.unwrap();
+    }
+    // Nothing of the owner is left: another reader gets the lock at once.
+    let other = AcquireRequest::new(lock.clone(), OwnerId::new("other"), read)
+        .with_mode(LockMode::Shared)
+        .with_deadline(None);
+    let got = backend.try_acquire(&other).await.unwrap();
+    assert!(
+        got.token().is_some(),
+        "a reader is kept out after the upgrade: {:?}",
+        raw.list_children(&path).await
+    );
 }
 
 /// A semaphore's uncontended grant skips the recipe's mutex, but never passes an
