@@ -97,6 +97,11 @@ impl HeldKey {
             mode,
         }
     }
+
+    /// The grant this node is for.
+    pub(crate) fn holder(&self) -> &HolderKey {
+        &self.holder
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -735,19 +740,20 @@ impl ZkBackend {
         let holder = req.holder();
         let prefix = layout::node_prefix(&holder, req.mode, inner.exclusive, req.purpose);
         let data = node_data(&holder, &req.context);
-        let mine = layout::protected_prefix(&holder);
         let key = HeldKey::new(&req.name, holder, req.mode);
         // A read beside the owner's own write node is placed at that node's key, so
         // it stays ahead of every writer queued behind the write — and keeps them
         // out once the write goes (a downgrade). A write beside the owner's read is
-        // an upgrade (the `upgrade` module).
-        let own = match req.alongside_holder() {
-            Some(own) => self.own_node(session, &lock, &own).await?,
-            None => None,
-        };
-        let (beside, upgrading) = match req.mode {
-            LockMode::Shared => (own, None),
-            _ => (None, own.filter(|read| read.mode == LockMode::Shared)),
+        // an upgrade (the `upgrade` module), which finds that read in its own
+        // listings.
+        let other = req.alongside_holder();
+        let upgrading = other
+            .as_ref()
+            .filter(|_| req.mode != LockMode::Shared)
+            .map(layout::protected_prefix);
+        let beside = match &other {
+            Some(own) if req.mode == LockMode::Shared => self.own_node(session, &lock, own).await?,
+            _ => None,
         };
         let who = Contending {
             session,
@@ -757,7 +763,7 @@ impl ZkBackend {
             data: &data,
         };
         let waited = match &upgrading {
-            Some(read) => self.wait_upgrade(who, read, &mine, req.deadline).await?,
+            Some(read) => self.wait_upgrade(who, read, req.deadline).await?,
             None => {
                 let turn = Turn {
                     deadline: req.deadline,
@@ -778,12 +784,18 @@ impl ZkBackend {
         // the other node was still there at the grant: else it was granted by the
         // plain rules, and its own zxid is its token.)
         let stood_on = match (&upgrading, &beside) {
-            (Some(read), _) => Some((read, LockMode::Shared)),
-            (None, Some(write)) => Some((write, LockMode::Exclusive)),
+            (Some(read), _) => mine
+                .children
+                .iter()
+                .find(|c| c.starts_with(read.as_str()))
+                .map(|node| (node.as_str(), LockMode::Shared)),
+            (None, Some(write)) => mine
+                .children
+                .contains(&write.node)
+                .then_some((write.node.as_str(), LockMode::Exclusive)),
             (None, None) => None,
-        }
-        .filter(|(own, _)| mine.children.contains(&own.node));
-        let token = match (req.alongside_holder(), stood_on) {
+        };
+        let token = match (other, stood_on) {
             (Some(own), Some((node, mode))) => {
                 let known = inner
                     .held()
@@ -791,11 +803,7 @@ impl ZkBackend {
                     .map(|h| h.token);
                 match known {
                     Some(token) => token,
-                    None => match session
-                        .client
-                        .check_stat(&format!("{lock}/{}", node.node))
-                        .await
-                    {
+                    None => match session.client.check_stat(&format!("{lock}/{node}")).await {
                         Ok(Some(stat)) => token_of(stat.czxid),
                         Ok(None) | Err(_) => mine.token,
                     },
@@ -911,58 +919,51 @@ impl ZkBackend {
         mine: &mut Enqueued,
         pending: &mut PendingNode,
     ) -> Result<bool> {
-        match self.wait_and_relist(session, lock, ahead, deadline).await? {
-            Some((children, watch)) => {
-                mine.children = children;
-                if let Some(watch) = watch {
-                    mine.watch = watch;
+        let Some(deadline) = live_deadline(deadline) else {
+            pending.delete().await;
+            return Ok(false);
+        };
+        if !self.await_change(session, ahead, deadline).await? {
+            pending.delete().await;
+            return Ok(false);
+        }
+        loop {
+            match session.client.list_and_watch_children(lock).await {
+                Ok((children, watch)) => (mine.children, mine.watch) = (children, watch),
+                // The lock node is gone, and our node with it.
+                Err(ZkError::NoNode) => mine.children.clear(),
+                Err(ZkError::ConnectionLoss)
+                    if self.inner.sessions.reconnected(session, deadline).await =>
+                {
+                    continue
                 }
-                Ok(true)
+                Err(err) => return Err(map_zk(err, "list")),
             }
-            None => {
-                pending.delete().await;
-                Ok(false)
-            }
+            return Ok(true);
         }
     }
 
-    /// Waits for the node at `ahead` to go (or change), then lists the lock's queue
-    /// again, with a watch on its children (empty, without a watch, when the lock's
-    /// node is gone); `None` when the deadline passed first.
-    pub(crate) async fn wait_and_relist(
+    /// Waits until the node at `ahead` goes (or changes); `false` when `deadline`
+    /// comes first.
+    pub(crate) async fn await_change(
         &self,
         session: &Arc<Session>,
-        lock: &str,
         ahead: &str,
-        deadline: Option<Instant>,
-    ) -> Result<Option<(Vec<String>, Option<OneshotWatcher>)>> {
-        let sessions = &self.inner.sessions;
-        let deadline = match deadline {
-            Some(deadline) if deadline > Instant::now() => deadline,
-            _ => return Ok(None),
-        };
+        deadline: Instant,
+    ) -> Result<bool> {
         match session.client.check_and_watch_stat(ahead).await {
-            Ok((None, _)) => {}
-            Ok((Some(_), watcher)) => {
-                tokio::select! {
-                    _ = watcher.changed() => {}
-                    () = tokio::time::sleep_until(deadline.into()) => return Ok(None),
-                }
+            Ok((None, _)) => Ok(true),
+            Ok((Some(_), watcher)) => Ok(tokio::select! {
+                _ = watcher.changed() => true,
+                () = tokio::time::sleep_until(deadline.into()) => false,
+            }),
+            // A blip: our node survives it with the session; look again.
+            Err(ZkError::ConnectionLoss)
+                if self.inner.sessions.reconnected(session, deadline).await =>
+            {
+                Ok(true)
             }
-            // A blip: our node survives it with the session; wait and look again.
-            Err(ZkError::ConnectionLoss) if sessions.reconnected(session, deadline).await => {}
-            Err(err) => return Err(map_zk(err, "watch")),
-        }
-        loop {
-            return match session.client.list_and_watch_children(lock).await {
-                Ok((children, watch)) => Ok(Some((children, Some(watch)))),
-                // The lock node is gone, and our node with it.
-                Err(ZkError::NoNode) => Ok(Some((Vec::new(), None))),
-                Err(ZkError::ConnectionLoss) if sessions.reconnected(session, deadline).await => {
-                    continue
-                }
-                Err(err) => Err(map_zk(err, "list")),
-            };
+            Err(err) => Err(map_zk(err, "watch")),
         }
     }
 }
@@ -1211,7 +1212,12 @@ pub(crate) async fn delete_children<'a>(
 }
 
 pub(crate) fn deadline_passed(deadline: Option<Instant>) -> bool {
-    deadline.is_none_or(|d| d <= Instant::now())
+    live_deadline(deadline).is_none()
+}
+
+/// The deadline, if it has not passed (`None`: look once, no waiting).
+pub(crate) fn live_deadline(deadline: Option<Instant>) -> Option<Instant> {
+    deadline.filter(|d| *d > Instant::now())
 }
 
 pub(crate) fn token_of(czxid: i64) -> FencingToken {

@@ -329,6 +329,11 @@ mod tests {
     use super::*;
     use dlock_spi::GrantId;
 
+    /// The sequence of the node the contender at `index` waits for (`standing`).
+    fn ahead(queue: &[Contender], index: usize, beside: Option<&str>) -> Result<Option<i64>, ()> {
+        standing(queue, index, beside).map(|w| w.map(Contender::created))
+    }
+
     fn name(s: &str) -> LockName {
         LockName::new(s).unwrap_or_else(|e| panic!("{e}"))
     }
@@ -441,14 +446,8 @@ mod tests {
         assert_eq!(q[2].mode, LockMode::Shared);
         assert_eq!(holders(&q).len(), 1);
         assert_eq!(standing(&q, 0, None), Ok(None));
-        assert_eq!(
-            standing(&q, 1, None).map(|w| w.map(|c| c.created())),
-            Ok(Some(3))
-        );
-        assert_eq!(
-            standing(&q, 2, None).map(|w| w.map(|c| c.created())),
-            Ok(Some(3))
-        );
+        assert_eq!(ahead(&q, 1, None), Ok(Some(3)));
+        assert_eq!(ahead(&q, 2, None), Ok(Some(3)));
         assert!(standing(&q, 9, None).is_err());
     }
 
@@ -466,14 +465,8 @@ mod tests {
         let q = contenders(&children);
         assert_eq!(holders(&q).len(), 2);
         assert_eq!(standing(&q, 1, None), Ok(None));
-        assert_eq!(
-            standing(&q, 2, None).map(|w| w.map(|c| c.created())),
-            Ok(Some(2))
-        );
-        assert_eq!(
-            standing(&q, 3, None).map(|w| w.map(|c| c.created())),
-            Ok(Some(3))
-        );
+        assert_eq!(ahead(&q, 2, None), Ok(Some(2)));
+        assert_eq!(ahead(&q, 3, None), Ok(Some(3)));
     }
 
     #[test]
@@ -492,22 +485,13 @@ mod tests {
         // Downgraded (the write gone): the queued writer still waits for the read.
         let downgraded = q(&["r-__READ__05", "x-__WRIT__07"]);
         assert_eq!(holders(&downgraded).len(), 1);
-        assert_eq!(
-            standing(&downgraded, 1, None).map(|w| w.map(|c| c.created())),
-            Ok(Some(5))
-        );
+        assert_eq!(ahead(&downgraded, 1, None), Ok(Some(5)));
         // Beside a node that is not there, the plain rules: another writer ahead
         // keeps it out.
         let gone = q(&["x-__WRIT__03", "r-__READ__04"]);
-        assert_eq!(
-            standing(&gone, 1, Some("w-__WRIT__02")).map(|w| w.map(|c| c.created())),
-            Ok(Some(3))
-        );
+        assert_eq!(ahead(&gone, 1, Some("w-__WRIT__02")), Ok(Some(3)));
         // A write never stands beside anything.
         let write = q(&["r-__READ__01", "x-__WRIT__03", "u-__WRIT__06"]);
-        assert_eq!(
-            standing(&write, 2, Some("r-__READ__01")).map(|w| w.map(|c| c.created())),
-            Ok(Some(3))
-        );
+        assert_eq!(ahead(&write, 2, Some("r-__READ__01")), Ok(Some(3)));
     }
 }

@@ -45,7 +45,8 @@ use dlock_spi::{Error, ErrorKind, LockMode, Result};
 use zookeeper_client::Error as ZkError;
 
 use crate::backend::{
-    deadline_passed, delete_children, Contending, Enqueued, PendingNode, Place, Turn, ZkBackend,
+    deadline_passed, delete_children, live_deadline, Contending, Enqueued, PendingNode, Place,
+    Turn, ZkBackend,
 };
 use crate::error::map_zk;
 use crate::layout::{self, Contender};
@@ -61,8 +62,9 @@ const MAX_PLACEMENTS: usize = 256;
 /// made.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Plan<'q> {
-    /// Make the write node right behind the node with this key.
-    After(&'q str),
+    /// Make the write node right behind the node with key `anchor`; `read` is the
+    /// owner's read node.
+    After { anchor: &'q str, read: &'q str },
     /// A write node stands ahead of the owner's read (it cannot hold the read,
     /// then): wait for it to go, and look again.
     WaitFor(&'q Contender),
@@ -70,45 +72,46 @@ pub(crate) enum Plan<'q> {
     ReadGone,
 }
 
-/// Where the write node of an upgrade beside `read` goes in `queue` (`own`: the
-/// upgrade grant's protected prefix; its nodes from earlier placements, on their
-/// way out, are not counted).
-pub(crate) fn plan<'q>(queue: &'q [Contender], read: &str, own: &str) -> Plan<'q> {
-    let Some(at) = queue.iter().position(|c| c.node == read) else {
+/// Where the write node of an upgrade beside the read node of the grant whose
+/// protected prefix is `read` goes in `queue` (which holds no node of the
+/// upgrade's own grant: see `queue_without`).
+pub(crate) fn plan<'q>(queue: &'q [Contender], read: &str) -> Plan<'q> {
+    let Some(at) = queue
+        .iter()
+        .position(|c| c.mode == LockMode::Shared && c.node.starts_with(read))
+    else {
         return Plan::ReadGone;
     };
-    let first_writer = queue
-        .iter()
-        .position(|c| c.mode != LockMode::Shared && !c.node.starts_with(own))
-        .unwrap_or(queue.len());
-    if first_writer < at
-        || queue
-            .get(first_writer)
-            .is_some_and(|w| w.key <= queue[at].key)
-    {
-        return Plan::WaitFor(&queue[first_writer]);
+    let first_writer = queue.iter().position(|c| c.mode != LockMode::Shared);
+    if let Some(writer) = first_writer.map(|w| &queue[w]) {
+        if writer.key <= queue[at].key {
+            return Plan::WaitFor(writer);
+        }
     }
-    let anchor = queue[..first_writer]
+    let anchor = queue[..first_writer.unwrap_or(queue.len())]
         .iter()
         .rfind(|c| c.mode == LockMode::Shared)
         .unwrap_or(&queue[at]);
-    Plan::After(&anchor.key)
+    Plan::After {
+        anchor: &anchor.key,
+        read: &queue[at].node,
+    }
 }
 
-/// Judges `queue` as it was when the upgrade's write node `me` was made: the
-/// readers that may hold (to wait for), or `None` when the node must be placed
-/// again (a writer ahead of it, or a reader that may hold behind it).
+/// Judges `queue` as it was when the upgrade's write node `me` was made, beside
+/// the owner's `read` node: the readers that may hold (to wait for), or `None` when
+/// the node must be placed again (a writer ahead of it, or a reader that may hold
+/// behind it).
 pub(crate) fn readers_to_wait_for(
     queue: &[Contender],
     me: &str,
     read: &str,
-    own: &str,
 ) -> Option<Vec<String>> {
     let me = queue.iter().find(|c| c.node == me)?;
     let made = me.created();
     let writers: Vec<&Contender> = queue
         .iter()
-        .filter(|c| c.mode != LockMode::Shared && c.node != me.node && !c.node.starts_with(own))
+        .filter(|c| c.mode != LockMode::Shared && c.node != me.node)
         .collect();
     if writers.iter().any(|w| w.key < me.key) {
         return None;
@@ -130,37 +133,37 @@ pub(crate) fn readers_to_wait_for(
 }
 
 impl ZkBackend {
-    /// Waits until an upgrade beside the owner's `read` node holds: `Some` with its
-    /// write node (still armed to be deleted), `None` once the deadline passes (the
-    /// node deleted). `own`: the upgrade grant's protected prefix.
+    /// Waits until an upgrade beside the owner's read (the node of the grant whose
+    /// protected prefix is `read`) holds: `Some` with its write node (still armed to
+    /// be deleted), `None` once the deadline passes (the node deleted).
     pub(crate) async fn wait_upgrade(
         &self,
         who: Contending<'_>,
-        read: &Contender,
-        own: &str,
+        read: &str,
         deadline: Option<Instant>,
     ) -> Result<Option<(Enqueued, PendingNode)>> {
         let inner = &self.inner;
         let (session, lock) = (who.session, who.lock);
+        let own = layout::protected_prefix(who.key.holder());
         let mut placements = 0;
         loop {
-            let children = self.queue_without(session, lock, own).await?;
+            let children = self.queue_without(session, lock, &own).await?;
             inner.attempts.fetch_add(1, Ordering::Relaxed);
             let queue = layout::contenders(&children);
-            let anchor = match plan(&queue, &read.node, own) {
+            let (anchor, read) = match plan(&queue, read) {
                 Plan::ReadGone => return self.wait_turn(who, Turn::until(deadline)).await,
                 Plan::WaitFor(writer) => {
                     let writer = format!("{lock}/{}", writer.node);
-                    if self
-                        .wait_and_relist(session, lock, &writer, deadline)
-                        .await?
-                        .is_none()
-                    {
+                    let changed = match live_deadline(deadline) {
+                        Some(until) => self.await_change(session, &writer, until).await?,
+                        None => false,
+                    };
+                    if !changed {
                         return Ok(None);
                     }
                     continue;
                 }
-                Plan::After(anchor) => anchor.to_owned(),
+                Plan::After { anchor, read } => (anchor.to_owned(), read.to_owned()),
             };
             placements += 1;
             if placements > MAX_PLACEMENTS {
@@ -174,7 +177,7 @@ impl ZkBackend {
             let mut pending = who.pending(&inner.sessions, &mine.node);
             let judged = if mine.at_creation {
                 let queue = layout::contenders(&mine.children);
-                readers_to_wait_for(&queue, &mine.node, &read.node, own)
+                readers_to_wait_for(&queue, &mine.node, &read)
             } else {
                 None
             };
@@ -189,7 +192,7 @@ impl ZkBackend {
             };
             loop {
                 inner.attempts.fetch_add(1, Ordering::Relaxed);
-                if !mine.children.contains(&read.node) || !mine.children.contains(&mine.node) {
+                if !mine.children.contains(&read) || !mine.children.contains(&mine.node) {
                     // The read went (lost with its session, or deleted by hand: the
                     // next round queues as a plain writer), or our node did (deleted
                     // by hand: the next round places it again).
@@ -247,6 +250,10 @@ mod tests {
 
     #[test]
     fn the_write_node_goes_behind_the_readers_before_the_first_writer() {
+        let behind = |anchor| Plan::After {
+            anchor,
+            read: "u-__READ__0000000002",
+        };
         let q = queue(&[
             "o-__READ__0000000001",
             "u-__READ__0000000002",
@@ -254,33 +261,24 @@ mod tests {
             "w-__WRIT__0000000004",
             "s-__READ__0000000005",
         ]);
-        assert_eq!(
-            plan(&q, "u-__READ__0000000002", "me-"),
-            Plan::After("0000000003")
-        );
+        assert_eq!(plan(&q, "u-"), behind("0000000003"));
         // No writer: behind the last reader.
         let q = queue(&["u-__READ__0000000002", "p-__READ__0000000003"]);
-        assert_eq!(
-            plan(&q, "u-__READ__0000000002", "me-"),
-            Plan::After("0000000003")
-        );
+        assert_eq!(plan(&q, "u-"), behind("0000000003"));
         // A writer ahead of the read: wait for it.
         let q = queue(&["w-__WRIT__0000000001", "u-__READ__0000000002"]);
-        assert!(
-            matches!(plan(&q, "u-__READ__0000000002", "me-"), Plan::WaitFor(w) if w.node == "w-__WRIT__0000000001")
-        );
+        assert!(matches!(plan(&q, "u-"), Plan::WaitFor(w) if w.node == "w-__WRIT__0000000001"));
         // The read gone.
-        assert_eq!(plan(&q, "u-__READ__0000000009", "me-"), Plan::ReadGone);
-        // The upgrade's own node from an earlier placement does not count.
+        assert_eq!(plan(&q, "x-"), Plan::ReadGone);
+        // A node the upgrade's grant left from an earlier placement counts as any
+        // writer here (the listing `plan` sees is cleared of them first:
+        // `queue_without`).
         let q = queue(&[
             "u-__READ__0000000002",
             "me-__WRIT__00000000020000000004",
             "p-__READ__0000000005",
         ]);
-        assert_eq!(
-            plan(&q, "u-__READ__0000000002", "me-"),
-            Plan::After("0000000005")
-        );
+        assert_eq!(plan(&q, "u-"), behind("0000000002"));
     }
 
     #[test]
@@ -307,7 +305,7 @@ mod tests {
 
     /// The readers an upgrade (`me`, beside `u`'s read) waits for, judged on `q`.
     fn judge(q: &[Contender], me: &str) -> Option<Vec<String>> {
-        readers_to_wait_for(q, me, "u-__READ__0000000002", "me-")
+        readers_to_wait_for(q, me, "u-__READ__0000000002")
     }
 
     #[test]

@@ -180,6 +180,14 @@ pub async fn take(lock: &dlock_api::DistributeLock, wait: Duration) -> LockGuard
         .unwrap_or_else(|| panic!("lock {:?} not acquired within {wait:?}", lock.name().ok()))
 }
 
+/// The error a try-once acquire of `lock` gets, failing the test if it gets none.
+pub(crate) async fn refusal(lock: &dlock_api::DistributeLock, why: &str) -> dlock_api::Error {
+    match lock.try_lock(Duration::ZERO).await {
+        Err(err) => err,
+        Ok(got) => panic!("{why}: expected an error, got {got:?}"),
+    }
+}
+
 /// Mutual exclusion: 8 tasks on 2 clients × 25 iterations of a non-atomic
 /// read–sleep–write under one lock. The counter equals the successful sections and
 /// the "inside" flag, set by compare-and-swap, is never found already set.
@@ -701,12 +709,7 @@ pub async fn shared_mode(backend: Arc<dyn TestBackend>) {
     let env = Env::new(backend);
     let m = env.manager().await;
     if !m.capabilities().shared {
-        let err = m
-            .read_write_lock("rw")
-            .read()
-            .try_lock(Duration::ZERO)
-            .await
-            .expect_err("refused");
+        let err = refusal(m.read_write_lock("rw").read(), "refused").await;
         assert_eq!(err.kind(), ErrorKind::Unsupported);
         env.finish(&[&m]).await;
         return;

@@ -9,7 +9,7 @@ use std::time::Duration;
 use dlock_api::{Acquisition, DistributeLock, DistributeLockManager, LockGuard, ReadWriteLock};
 use dlock_spi::{ErrorKind, LockMode};
 
-use super::{eventually, holders, take, waiters, Env};
+use super::{eventually, holders, refusal, take, waiters, Env};
 use crate::TestBackend;
 
 /// How long a queued rival may wait in these cases (they release long before).
@@ -76,11 +76,7 @@ async fn cross_mode_or_refused(m: &DistributeLockManager) -> bool {
     }
     let rw = m.read_write_lock("refused");
     let _write = take(rw.write(), Duration::ZERO).await;
-    let err = rw
-        .read()
-        .try_lock(Duration::ZERO)
-        .await
-        .expect_err("a read beside the write is refused");
+    let err = refusal(rw.read(), "a read beside the write is refused").await;
     assert_eq!(err.kind(), ErrorKind::Unsupported, "{err}");
     false
 }
@@ -172,11 +168,7 @@ pub async fn a_writer_reads_and_downgrades(backend: Arc<dyn TestBackend>) {
     assert!(!writer.is_finished(), "the queued writer was granted");
 
     // A plain reader may not write: refused, nothing touched.
-    let err = rw
-        .write()
-        .try_lock(Duration::ZERO)
-        .await
-        .expect_err("a write beside a plain read is refused");
+    let err = refusal(rw.write(), "a write beside a plain read is refused").await;
     assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
     // Nor the upgradeable side (two readers doing so would wait for each other).
     let err = rw

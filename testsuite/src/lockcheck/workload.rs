@@ -27,12 +27,14 @@ use super::register::RegisterClient;
 /// The lease of locks taken without an explicit one (renewed by the watchdog every
 /// lease/3). Short, so expiry paths are exercised within short runs.
 pub const LEASE: Duration = Duration::from_secs(2);
+/// [`LEASE`] in milliseconds, as the log records leases.
+const LEASE_MS: u64 = LEASE.as_millis() as u64;
 /// Explicit leases are drawn from this range (ms).
 pub const EXPLICIT_LEASE_MS: std::ops::RangeInclusive<u64> = 1000..=3000;
 /// The longest lease any hold of a run has (ms).
 pub const MAX_LEASE_MS: u64 = {
     let explicit = *EXPLICIT_LEASE_MS.end();
-    let watchdog = LEASE.as_millis() as u64;
+    let watchdog = LEASE_MS;
     if explicit > watchdog {
         explicit
     } else {
@@ -421,6 +423,41 @@ macro_rules! each_hold {
     };
 }
 
+/// What the log records of a granted hold, whichever kind.
+trait Granted {
+    fn token(&self) -> u64;
+    fn granted_at(&self) -> Instant;
+    fn was_lost(&self) -> bool;
+}
+
+impl Granted for Held {
+    fn token(&self) -> u64 {
+        self.fencing_token()
+    }
+
+    fn granted_at(&self) -> Instant {
+        self.acquired_at()
+    }
+
+    fn was_lost(&self) -> bool {
+        self.is_lost()
+    }
+}
+
+impl Granted for LockGuard {
+    fn token(&self) -> u64 {
+        self.fencing_token().get()
+    }
+
+    fn granted_at(&self) -> Instant {
+        self.acquired_at()
+    }
+
+    fn was_lost(&self) -> bool {
+        self.is_lost()
+    }
+}
+
 impl Held {
     fn fencing_token(&self) -> u64 {
         each_hold!(self, h => h.fencing_token().get())
@@ -630,10 +667,6 @@ impl Task {
         self.attempts.fetch_add(1, Ordering::Relaxed)
     }
 
-    fn hold_key(&self, target: &Target, held: &Held) -> String {
-        self.hold_key_at(target, held.acquired_at())
-    }
-
     fn hold_key_at(&self, target: &Target, acquired_at: Instant) -> String {
         let at = acquired_at.saturating_duration_since(self.base);
         format!("{}@{}", target.handle_id, at.as_nanos())
@@ -702,11 +735,7 @@ impl Task {
         match got {
             Ok(guard) => {
                 let t_ok = now_ns();
-                let lease_ms = if explicit {
-                    lease_ms
-                } else {
-                    u64::try_from(LEASE.as_millis()).unwrap_or(u64::MAX)
-                };
+                let lease_ms = if explicit { lease_ms } else { LEASE_MS };
                 self.critical_section(target, guard, att, t_ok, lease_ms, explicit)
                     .await
                     .map(Some)
@@ -722,38 +751,29 @@ impl Task {
         }
     }
 
-    fn log_ok(&self, target: &Target, held: &Held, att: u64, t_ok: u64, lease_ms: u64) {
+    /// Logs the grant of `held` (any hold, or one hold of a composite guard);
+    /// returns its hold key.
+    fn log_ok(
+        &self,
+        target: &Target,
+        held: &impl Granted,
+        att: u64,
+        t_ok: u64,
+        lease_ms: u64,
+    ) -> String {
+        let hold = self.hold_key_at(target, held.granted_at());
         self.log.log_at(
             t_ok,
             Kind::Ok {
                 att,
                 lock: target.lock.to_owned(),
                 mode: target.mode,
-                token: held.fencing_token(),
-                hold: self.hold_key(target, held),
-                owner: target.owner.clone(),
-                lease_ms,
-                sent: instant_ns(held.acquired_at()),
-                lost: held.is_lost(),
-            },
-        );
-    }
-
-    /// `log_ok` of one hold of a composite guard (an upgradeable read's).
-    fn log_guard_ok(&self, target: &Target, guard: &LockGuard, att: u64, t_ok: u64) -> String {
-        let hold = self.hold_key_at(target, guard.acquired_at());
-        self.log.log_at(
-            t_ok,
-            Kind::Ok {
-                att,
-                lock: target.lock.to_owned(),
-                mode: target.mode,
-                token: guard.fencing_token().get(),
+                token: held.token(),
                 hold: hold.clone(),
                 owner: target.owner.clone(),
-                lease_ms: u64::try_from(LEASE.as_millis()).unwrap_or(u64::MAX),
-                sent: instant_ns(guard.acquired_at()),
-                lost: guard.is_lost(),
+                lease_ms,
+                sent: instant_ns(held.granted_at()),
+                lost: held.was_lost(),
             },
         );
         hold
@@ -771,8 +791,7 @@ impl Task {
         lease_ms: u64,
         explicit: bool,
     ) -> Result<bool, String> {
-        self.log_ok(target, &guard, att, t_ok, lease_ms);
-        let hold = self.hold_key(target, &guard);
+        let hold = self.log_ok(target, &guard, att, t_ok, lease_ms);
         let token = guard.fencing_token();
         let lock = target.lock;
 
@@ -859,8 +878,7 @@ impl Task {
         match result {
             Ok(guard) => {
                 let t_ok = now_ns();
-                let lease_ms = u64::try_from(LEASE.as_millis()).unwrap_or(u64::MAX);
-                self.critical_section(&read, Held::Guard(guard), att, t_ok, lease_ms, false)
+                self.critical_section(&read, Held::Guard(guard), att, t_ok, LEASE_MS, false)
                     .await
             }
             Err(why) => {
@@ -907,8 +925,7 @@ impl Task {
         let why = match reentry.await {
             Ok(Ok(Some(inner))) => {
                 let inner = Held::Guard(inner);
-                self.log_ok(target, &inner, att, now_ns(), lease_ms);
-                let hold = self.hold_key(target, &inner);
+                let hold = self.log_ok(target, &inner, att, now_ns(), lease_ms);
                 self.release(target, inner, &hold).await;
                 return;
             }
@@ -963,12 +980,10 @@ impl Task {
             }
         };
         let t_ok = now_ns();
-        let lease_ms = u64::try_from(LEASE.as_millis()).unwrap_or(u64::MAX);
         let held: Vec<Held> = guard.into_guards().into_iter().map(Held::Guard).collect();
         let mut holds = Vec::with_capacity(held.len());
         for ((target, h), &att) in targets.iter().zip(&held).zip(&atts) {
-            self.log_ok(target, h, att, t_ok, lease_ms);
-            let hold = self.hold_key(target, h);
+            let hold = self.log_ok(target, h, att, t_ok, LEASE_MS);
             let token = h.fencing_token();
             self.register
                 .enter(target.lock, token, &hold)
@@ -1033,8 +1048,8 @@ impl Task {
         };
         let t_ok = now_ns();
         let [own, read] = &members;
-        let own_hold = self.log_guard_ok(own, guard.upgradeable(), atts[0], t_ok);
-        let read_hold = self.log_guard_ok(read, guard.read(), atts[1], t_ok);
+        let own_hold = self.log_ok(own, guard.upgradeable(), atts[0], t_ok, LEASE_MS);
+        let read_hold = self.log_ok(read, guard.read(), atts[1], t_ok, LEASE_MS);
         let own_token = guard.upgradeable().fencing_token().get();
         let read_token = guard.read().fencing_token().get();
         self.reg(RegOp::Enter, own.lock, own_token, &own_hold)
@@ -1063,7 +1078,7 @@ impl Task {
             let t_ok = now_ns();
             match (upgraded, guard.write()) {
                 (Ok(()), Some(w)) => {
-                    let hold = self.log_guard_ok(&write, w, att, t_ok);
+                    let hold = self.log_ok(&write, w, att, t_ok, LEASE_MS);
                     let token = w.fencing_token().get();
                     self.reg(RegOp::Enter, write.lock, token, &hold).await?;
                     if !w.is_lost() {
