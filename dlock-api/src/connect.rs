@@ -22,6 +22,8 @@ pub const SUPPORTED: &[&str] = &[
     "rediss+cluster://",
     #[cfg(feature = "zk")]
     "zk://",
+    #[cfg(feature = "etcd")]
+    "etcd://",
 ];
 
 /// Opens the backend a URL names.
@@ -35,6 +37,7 @@ pub const SUPPORTED: &[&str] = &[
 /// | `redis://…`, `rediss://…` | Redis via `dlock-redis` | `redis` |
 /// | `redis+cluster://h1:p1,h2:p2,…`, `rediss+cluster://…` | Redis Cluster via `dlock-redis` (`rediss`: TLS, feature `redis-tls`) | `redis` |
 /// | `zk://h1:p1,h2:p2/root`, `zookeeper://…` | ZooKeeper via `dlock-zk` | `zk` |
+/// | `etcd://h1:p1,h2:p2/prefix` | etcd via `dlock-etcd` (needs `protoc` to build) | `etcd` |
 ///
 /// Unknown schemes, and schemes whose feature is not enabled, fail with
 /// [`ErrorKind::Config`] naming what to do. Passwords in the URL never appear in errors.
@@ -60,10 +63,12 @@ pub async fn open_backend(url: &str) -> Result<Arc<dyn LockRemoteResource>> {
         "redis" | "rediss" | "redis+cluster" | "rediss+cluster" => Ok(Arc::new(dlock_redis::RedisBackend::connect(url).await?)),
         #[cfg(feature = "zk")]
         "zk" | "zookeeper" => Ok(Arc::new(dlock_zk::ZkBackend::connect(url).await?)),
+        #[cfg(feature = "etcd")]
+        "etcd" => Ok(Arc::new(dlock_etcd::EtcdBackend::connect(url).await?)),
         other => Err(Error::new(
             ErrorKind::Config,
             format!(
-                "unsupported backend scheme {other:?} in {:?}; this build supports {} (enable dlock-api's sqlite, mysql, postgres, redis or zk features for more)",
+                "unsupported backend scheme {other:?} in {:?}; this build supports {} (enable dlock-api's sqlite, mysql, postgres, redis, zk or etcd features for more)",
                 redact_url(url),
                 SUPPORTED.join(", ")
             ),

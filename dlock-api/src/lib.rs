@@ -88,6 +88,9 @@ pub use dlock_redis as redis;
 /// The ZooKeeper backend (feature `zk`).
 #[cfg(feature = "zk")]
 pub use dlock_zk as zk;
+/// The etcd backend (feature `etcd`; building it needs `protoc`).
+#[cfg(feature = "etcd")]
+pub use dlock_etcd as etcd;
 
 /// The logging handler (feature `logging`).
 #[cfg(feature = "logging")]

@@ -38,6 +38,13 @@ pub struct Capabilities {
     /// A grant says whether it replaced a holder whose lease ran out without a
     /// release (`AcquireResult::Acquired::took_over`).
     pub takeover: bool,
+    /// The shortest lease the store holds, when it cannot hold any lease as short
+    /// as asked: a shorter one is held this long, and longer ones are rounded up
+    /// in steps no longer than this (etcd: whole seconds, at least its minimum
+    /// TTL). The manager still counts the lease asked for, so the holder's view
+    /// stays conservative; only others wait longer after a holder vanishes.
+    /// `None`: leases are held as asked (to the millisecond).
+    pub min_lease: Option<std::time::Duration>,
     /// The longest name the backend stores, when shorter than `LockName::MAX_LEN`.
     pub max_name_len: Option<usize>,
 }

@@ -475,6 +475,7 @@ impl LockRemoteResource for InMemoryBackend {
             takeover: true,
             cross_mode: true,
             upgrade: true,
+            min_lease: None,
             max_name_len: None,
         }
     }

@@ -459,6 +459,82 @@ ensure_zookeeper_ensemble() {
   log "ZooKeeper ensemble ready"
 }
 
+ETCD_RUN_DIR="${TMPDIR:-/tmp}/dlock-etcd"
+
+# etcd_serving PORT: does the member on PORT answer as part of a healthy cluster?
+etcd_serving() {
+  ETCDCTL_API=3 etcdctl --endpoints="http://127.0.0.1:$1" --command-timeout=2s endpoint health >/dev/null 2>&1
+}
+
+# etcd_port MEMBER (0, 1, 2): the member's client port.
+etcd_port() { echo $((2379 + 10000 * $1)); }
+
+# etcd_leader: prints the member (0, 1, 2) that leads the cluster now.
+etcd_leader() {
+  local i
+  for i in 0 1 2; do
+    if ETCDCTL_API=3 etcdctl --endpoints="http://127.0.0.1:$(etcd_port "$i")" --command-timeout=2s \
+      endpoint status -w simple 2>/dev/null | awk -F', ' '{ exit !($5 == "true") }'; then
+      echo "$i"
+      return 0
+    fi
+  done
+  return 1
+}
+
+# stop_etcd MEMBER: stops the member (SIGTERM, then SIGKILL), bounded.
+stop_etcd() {
+  local dir="$ETCD_RUN_DIR/$1" pid
+  [ -f "$dir/etcd.pid" ] || return 0
+  pid=$(cat "$dir/etcd.pid")
+  kill "$pid" 2>/dev/null || return 0
+  local deadline=$((SECONDS + 20))
+  while kill -0 "$pid" 2>/dev/null; do
+    if [ "$SECONDS" -ge "$deadline" ]; then kill -9 "$pid" 2>/dev/null || true; break; fi
+    sleep 0.2
+  done
+  rm -f "$dir/etcd.pid"
+}
+
+# ensure_etcd: a 3-member etcd cluster (Debian's etcd-server) on 127.0.0.1, client
+# ports 2379, 12379, 22379 (peers one above), each member started from its own
+# start.sh so scripts/server-fault can restart it with its data.
+ensure_etcd() {
+  export DLOCK_ETCD_URL="${DLOCK_ETCD_URL:-etcd://127.0.0.1:2379,127.0.0.1:12379,127.0.0.1:22379/dlock-test}"
+  # protoc: etcd-client compiles etcd's protocol at build time.
+  command -v protoc >/dev/null 2>&1 || apt_install protobuf-compiler
+  command -v etcd >/dev/null 2>&1 || apt_install etcd-server
+  command -v etcdctl >/dev/null 2>&1 || apt_install etcd-client
+  if etcd_serving 2379 && etcd_serving 12379 && etcd_serving 22379; then
+    log "etcd cluster already running on 127.0.0.1:2379,12379,22379"
+    return
+  fi
+  log "starting a 3-member etcd cluster on 127.0.0.1:2379,12379,22379"
+  local i cluster=""
+  for i in 0 1 2; do
+    stop_etcd "$i"
+    cluster+="${cluster:+,}e$i=http://127.0.0.1:$(($(etcd_port $i) + 1))"
+  done
+  for i in 0 1 2; do
+    local dir="$ETCD_RUN_DIR/$i" port
+    port=$(etcd_port $i)
+    rm -rf "$dir" && mkdir -p "$dir"
+    cat >"$dir/start.sh" <<START
+#!/bin/sh
+cd "$dir"
+setsid etcd --name e$i --data-dir "$dir/data" \\
+  --listen-client-urls http://127.0.0.1:$port --advertise-client-urls http://127.0.0.1:$port \\
+  --listen-peer-urls http://127.0.0.1:$((port + 1)) --initial-advertise-peer-urls http://127.0.0.1:$((port + 1)) \\
+  --initial-cluster $cluster --initial-cluster-state new --initial-cluster-token dlock-test \\
+  --heartbeat-interval 50 --election-timeout 500 >>"$dir/etcd.log" 2>&1 </dev/null &
+echo \$! >"$dir/etcd.pid"
+START
+    sh "$dir/start.sh"
+  done
+  for i in 0 1 2; do wait_for 60 "etcd member $i" etcd_serving "$(etcd_port $i)"; done
+  log "etcd cluster ready"
+}
+
 # ensure_backend LABEL: make the backend behind a DLOCK_TEST_BACKENDS label usable.
 ensure_backend() {
   case "$1" in
@@ -474,6 +550,7 @@ ensure_backend() {
     redis-cluster-tls) ensure_redis_cluster_tls ;;
     zk) ensure_zookeeper ;;
     zk-ensemble) ensure_zookeeper_ensemble ;;
+    etcd) ensure_etcd ;;
     *) fail "unknown backend '$1' in DLOCK_TEST_BACKENDS (known: $ALL_BACKENDS)" ;;
   esac
 }

@@ -10,6 +10,7 @@ use dlock_redis::{RedisBackend, RedisOptions};
 use dlock_spi::{
     Error, ErrorKind, InMemoryBackend, LockAdmin, LockName, LockRemoteResource, Result,
 };
+use dlock_etcd::EtcdBackend;
 use dlock_zk::ZkBackend;
 
 use crate::lockcheck::broken::{BrokenBackend, Flaw};
@@ -30,6 +31,7 @@ pub const KNOWN: &[&str] = &[
     "redis-cluster-tls",
     "zk",
     "zk-ensemble",
+    "etcd",
 ];
 
 /// A test server's URL. For SQLite it names a file in a fresh temporary directory
@@ -141,6 +143,10 @@ pub fn url_of(label: &str) -> Option<TestUrl> {
         "zk" => Some("zk://127.0.0.1:2181/dlock-test".to_owned()),
         "zk-ensemble" => {
             Some("zk://127.0.0.1:2191,127.0.0.1:2192,127.0.0.1:2193/dlock-test".to_owned())
+        }
+        // The 3-member cluster scripts/test starts.
+        "etcd" => {
+            Some("etcd://127.0.0.1:2379,127.0.0.1:12379,127.0.0.1:22379/dlock-test".to_owned())
         }
         _ => None,
     };
@@ -278,6 +284,7 @@ pub async fn open_at(label: &str, url: TestUrl) -> Result<Arc<dyn TestBackend>> 
             Arc::new(RedisTestBackend::open(label, url).await?)
         }
         "zk" | "zk-ensemble" => Arc::new(ZkTestBackend::open(label, url).await?),
+        "etcd" => Arc::new(EtcdTestBackend::open(label, url).await?),
         other => {
             return Err(Error::new(
                 ErrorKind::Config,
@@ -378,6 +385,16 @@ impl ServerClient for ZkBackend {
     }
 }
 
+#[async_trait]
+impl ServerClient for EtcdBackend {
+    async fn open(_label: &str, url: &str) -> Result<Self> {
+        EtcdBackend::connect(url).await
+    }
+    fn attempts(&self) -> u64 {
+        self.acquire_attempts()
+    }
+}
+
 /// A backend behind a server (or a SQLite file): one admin client for the hooks, and a
 /// new client per `client()` call. It keeps its [`TestUrl`], and with it a SQLite
 /// file, until dropped.
@@ -394,6 +411,8 @@ pub type SqlTestBackend = ServerTestBackend<JdbcBackend>;
 pub type RedisTestBackend = ServerTestBackend<RedisBackend>;
 /// The ZooKeeper backends' test backend.
 pub type ZkTestBackend = ServerTestBackend<ZkBackend>;
+/// The etcd backend's test backend.
+pub type EtcdTestBackend = ServerTestBackend<EtcdBackend>;
 
 impl<C: ServerClient> ServerTestBackend<C> {
     /// Connects once — and makes one round trip — so an unreachable server fails here.

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use dlock_api::{Acquisition, LockOptions, TryLock};
 use dlock_spi::{ErrorKind, MAX_CONTEXT_LEN};
 
-use super::{take, Env};
+use super::{store_lease, take, Env};
 use crate::TestBackend;
 
 /// How far a store's remaining lease may round up (whole milliseconds, read
@@ -94,9 +94,9 @@ pub async fn guards_say_until_when_and_extend(backend: Arc<dyn TestBackend>) {
         // Time passing (several renewals) is the subject here.
         tokio::time::sleep(short / 2).await;
         let left = remaining_lease(&a, "extend").await;
-        // Stores count in whole milliseconds of their own clock.
+        // Stores count in whole milliseconds of their own clock (or their steps).
         assert!(
-            left <= short + ROUNDING,
+            left <= store_lease(&a.capabilities(), short) + ROUNDING,
             "the store holds for {left:?} after the lease was shortened to {short:?}"
         );
         guard.check().expect("a renewed hold can be acted on");
@@ -210,7 +210,7 @@ pub async fn acquisitions_say_how_and_refusals_say_who(backend: Arc<dyn TestBack
                 let left = h
                     .remaining_lease
                     .expect("a lease-based holder's remaining lease");
-                assert!(left <= lease, "{left:?}");
+                assert!(left <= store_lease(&caps, lease), "{left:?}");
             } else {
                 assert_eq!(h.remaining_lease, None);
             }

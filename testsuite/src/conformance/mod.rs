@@ -1048,3 +1048,14 @@ cases!(
     upgradeable_reads_upgrade_without_a_writer_between,
     a_request_beside_a_missing_hold_is_judged_as_any_other,
 );
+
+/// The longest a store may hold a lease asked for `lease`: as asked, or — where
+/// it cannot hold leases that short ([`dlock_spi::Capabilities::min_lease`]) — its
+/// minimum, or the lease rounded up in its steps.
+pub(crate) fn store_lease(caps: &dlock_spi::Capabilities, lease: Duration) -> Duration {
+    match caps.min_lease {
+        None => lease,
+        Some(step) if lease <= step => step,
+        Some(step) => lease + step,
+    }
+}

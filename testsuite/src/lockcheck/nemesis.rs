@@ -317,6 +317,8 @@ impl Servers {
             (None, "redis-cluster" | "redis-cluster-tls" | "zk-ensemble") => {
                 Some(rng.u32(0..3).to_string())
             }
+            // etcd: the member that leads at the time (a leader kill).
+            (None, "etcd") => Some("leader".to_owned()),
             _ => None,
         };
         (down, member)

@@ -1,0 +1,51 @@
+//! The one place etcd client errors become dlock errors.
+
+use dlock_spi::{Error, ErrorKind};
+use etcd_client::Error as EtcdError;
+use tonic::Code;
+
+/// Classifies an etcd client error; the chain's error context adds lock and backend.
+pub(crate) fn map_etcd(err: EtcdError, op: &'static str) -> Error {
+    let (kind, retryable, hint) = match &err {
+        EtcdError::InvalidArgs(_) | EtcdError::InvalidUri(_) | EtcdError::EndpointError(_) => (
+            ErrorKind::Config,
+            false,
+            "etcd refused the client's settings; check the etcd:// URL",
+        ),
+        EtcdError::GRpcStatus(status) => match status.code() {
+            Code::Unauthenticated | Code::PermissionDenied => (
+                ErrorKind::Config,
+                false,
+                "etcd refused access; check the credentials and the key prefix's role",
+            ),
+            Code::InvalidArgument | Code::OutOfRange | Code::FailedPrecondition => (
+                ErrorKind::Backend,
+                false,
+                "etcd rejected the request; check that the server is etcd 3.4 or newer",
+            ),
+            _ => (
+                ErrorKind::Backend,
+                true,
+                "etcd did not answer (no leader, member down or unreachable) — retry",
+            ),
+        },
+        _ => (
+            ErrorKind::Backend,
+            true,
+            "cannot reach etcd; the client reconnects by itself — retry",
+        ),
+    };
+    Error::new(kind, hint)
+        .set_retryable(retryable)
+        .with_context("op", op)
+        .with_source(err)
+}
+
+/// A request that got no answer within the backend's request timeout.
+pub(crate) fn timed_out(op: &'static str) -> Error {
+    Error::new(
+        ErrorKind::Timeout,
+        "etcd did not answer within the request timeout (set timeout= in the URL) — retry",
+    )
+    .with_context("op", op)
+}

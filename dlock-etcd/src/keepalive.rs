@@ -1,0 +1,202 @@
+//! One lease keep-alive stream per backend, shared by every hold and waiter.
+//!
+//! etcd's `LeaseKeepAlive` is a bidirectional stream that accepts any lease id in
+//! each message and answers each with the lease's remaining TTL (0: the lease is
+//! gone). `etcd-client`'s keeper is tied to one lease, so each hold would need a
+//! stream of its own; this module speaks the RPC itself on the client's channel and
+//! sends every lease's refresh on one stream, matching answers to callers by lease
+//! id (etcd answers a stream's messages in order).
+
+use std::collections::{HashMap, VecDeque};
+use std::time::Duration;
+
+use dlock_spi::{Error, ErrorKind, Result};
+use tokio::sync::{mpsc, oneshot};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::codegen::http::uri::PathAndQuery;
+use tonic::transport::Channel;
+
+use crate::error::timed_out;
+
+/// etcd's `LeaseKeepAliveRequest`.
+#[derive(Clone, PartialEq, prost::Message)]
+struct KeepAliveRequest {
+    #[prost(int64, tag = "1")]
+    id: i64,
+}
+
+/// etcd's `LeaseKeepAliveResponse` (its header is not read).
+#[derive(Clone, PartialEq, prost::Message)]
+struct KeepAliveResponse {
+    #[prost(int64, tag = "2")]
+    id: i64,
+    #[prost(int64, tag = "3")]
+    ttl: i64,
+}
+
+const PATH: &str = "/etcdserverpb.Lease/LeaseKeepAlive";
+
+enum Command {
+    /// Refresh this lease; answer its TTL in seconds (0: gone).
+    Refresh(i64, oneshot::Sender<Result<i64>>),
+    /// A caller gave up waiting: the stream may be dead; open a new one next time.
+    Reset,
+}
+
+/// The handle every lease refresh goes through; cheap to clone.
+#[derive(Clone)]
+pub(crate) struct KeepAlives {
+    commands: mpsc::UnboundedSender<Command>,
+    timeout: Duration,
+}
+
+impl KeepAlives {
+    /// Starts the stream's task on `channel` (it opens the stream on first use and
+    /// again after a failure; it ends when the last handle is dropped).
+    pub(crate) fn start(channel: Channel, timeout: Duration) -> Self {
+        let (commands, rx) = mpsc::unbounded_channel();
+        tokio::spawn(run(channel, rx));
+        KeepAlives { commands, timeout }
+    }
+
+    /// Refreshes `lease` to its full TTL; answers the TTL it now has in seconds, 0
+    /// when the lease is gone (expired or revoked).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: a dropped call leaves at most one refresh on the stream, which
+    /// only keeps the lease alive as a completed call would have.
+    pub(crate) async fn refresh(&self, lease: i64) -> Result<i64> {
+        let (tx, rx) = oneshot::channel();
+        self.commands
+            .send(Command::Refresh(lease, tx))
+            .map_err(|_| closed())?;
+        match tokio::time::timeout(self.timeout, rx).await {
+            Ok(Ok(answer)) => answer,
+            Ok(Err(_)) => Err(closed()),
+            Err(_) => {
+                let _ = self.commands.send(Command::Reset);
+                Err(timed_out("keep alive"))
+            }
+        }
+    }
+}
+
+fn closed() -> Error {
+    Error::new(ErrorKind::Closed, "the etcd backend was closed").set_retryable(false)
+}
+
+fn stream_failed(what: impl std::fmt::Display) -> Error {
+    Error::new(
+        ErrorKind::Backend,
+        format!("etcd's lease keep-alive stream failed ({what}); the next refresh opens a new one — retry"),
+    )
+}
+
+struct Stream {
+    requests: mpsc::Sender<KeepAliveRequest>,
+    answers: tonic::Streaming<KeepAliveResponse>,
+}
+
+/// Opens a stream whose first message refreshes `first` (the server answers the
+/// stream's headers only with its first answer, so the first request goes before).
+async fn open(channel: &Channel, first: i64) -> Result<Stream> {
+    let mut grpc = tonic::client::Grpc::new(channel.clone());
+    grpc.ready().await.map_err(stream_failed)?;
+    let (requests, rx) = mpsc::channel(1024);
+    requests
+        .send(KeepAliveRequest { id: first })
+        .await
+        .map_err(stream_failed)?;
+    let mut request = tonic::Request::new(ReceiverStream::new(rx));
+    // Like etcd's own clients: refuse to talk to a member cut off from its leader.
+    request
+        .metadata_mut()
+        .insert("hasleader", tonic::metadata::MetadataValue::from_static("true"));
+    let codec = tonic_prost::ProstCodec::<KeepAliveRequest, KeepAliveResponse>::default();
+    let answers = grpc
+        .streaming(request, PathAndQuery::from_static(PATH), codec)
+        .await
+        .map_err(stream_failed)?
+        .into_inner();
+    Ok(Stream { requests, answers })
+}
+
+/// The stream's next answer; never resolves while no stream is open.
+async fn next_answer(
+    stream: &mut Option<Stream>,
+) -> std::result::Result<Option<KeepAliveResponse>, tonic::Status> {
+    match stream {
+        Some(s) => s.answers.message().await,
+        None => std::future::pending().await,
+    }
+}
+
+type Waiting = HashMap<i64, VecDeque<oneshot::Sender<Result<i64>>>>;
+
+fn fail_all(waiting: &mut Waiting, why: &str) {
+    for (_, callers) in waiting.drain() {
+        for caller in callers {
+            let _ = caller.send(Err(stream_failed(why)));
+        }
+    }
+}
+
+async fn run(channel: Channel, mut commands: mpsc::UnboundedReceiver<Command>) {
+    let mut stream: Option<Stream> = None;
+    let mut waiting = Waiting::new();
+    loop {
+        tokio::select! {
+            command = commands.recv() => match command {
+                None => return,
+                Some(Command::Reset) => {
+                    stream = None;
+                    fail_all(&mut waiting, "no answer in time");
+                }
+                Some(Command::Refresh(lease, caller)) => {
+                    let Some(s) = stream.as_ref() else {
+                        match open(&channel, lease).await {
+                            Ok(s) => {
+                                stream = Some(s);
+                                waiting.entry(lease).or_default().push_back(caller);
+                            }
+                            Err(err) => {
+                                let _ = caller.send(Err(err));
+                            }
+                        }
+                        continue;
+                    };
+                    if s.requests.send(KeepAliveRequest { id: lease }).await.is_err() {
+                        stream = None;
+                        fail_all(&mut waiting, "closed");
+                        let _ = caller.send(Err(stream_failed("closed")));
+                        continue;
+                    }
+                    waiting.entry(lease).or_default().push_back(caller);
+                }
+            },
+            answer = next_answer(&mut stream) => {
+                match answer {
+                    Ok(Some(KeepAliveResponse { id, ttl })) => {
+                        if let Some(callers) = waiting.get_mut(&id) {
+                            if let Some(caller) = callers.pop_front() {
+                                let _ = caller.send(Ok(ttl));
+                            }
+                            if callers.is_empty() {
+                                waiting.remove(&id);
+                            }
+                        }
+                    }
+                    Ok(None) => {
+                        stream = None;
+                        fail_all(&mut waiting, "ended by the server");
+                    }
+                    Err(status) => {
+                        stream = None;
+                        fail_all(&mut waiting, status.message());
+                    }
+                }
+            }
+        }
+    }
+}
