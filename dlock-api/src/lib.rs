@@ -85,12 +85,12 @@ pub use dlock_jdbc as jdbc;
 #[cfg(feature = "redis")]
 pub use dlock_redis as redis;
 
-/// The ZooKeeper backend (feature `zk`).
-#[cfg(feature = "zk")]
-pub use dlock_zk as zk;
 /// The etcd backend (feature `etcd`; building it needs `protoc`).
 #[cfg(feature = "etcd")]
 pub use dlock_etcd as etcd;
+/// The ZooKeeper backend (feature `zk`).
+#[cfg(feature = "zk")]
+pub use dlock_zk as zk;
 
 /// The logging handler (feature `logging`).
 #[cfg(feature = "logging")]

@@ -9,8 +9,8 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use dlock_spi::{
     AcquireRequest, AcquireResult, Capabilities, Error, ErrorKind, FencingToken, HolderInfo,
-    LockAdmin, LockEvents, LockName, LockRemoteResource, LockState, ReleaseRequest,
-    ReleaseResult, RenewRequest, RenewResult, Result,
+    LockAdmin, LockEvents, LockName, LockRemoteResource, LockState, ReleaseRequest, ReleaseResult,
+    RenewRequest, RenewResult, Result,
 };
 use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, DeleteOptions, EventType, GetOptions, KeyValue,
@@ -575,7 +575,10 @@ impl LockAdmin for EtcdBackend {
         let mut kv = self.inner.client.kv_client();
         let all = DeleteOptions::new().with_prefix().with_prev_key();
         let answer = self
-            .call("force_release", kv.delete(self.inner.keys.lock(name), Some(all)))
+            .call(
+                "force_release",
+                kv.delete(self.inner.keys.lock(name), Some(all)),
+            )
             .await?;
         let mut removed = answer.prev_kvs().to_vec();
         removed.sort_by_key(KeyValue::create_revision);

@@ -110,9 +110,10 @@ async fn open(channel: &Channel, first: i64) -> Result<Stream> {
         .map_err(stream_failed)?;
     let mut request = tonic::Request::new(ReceiverStream::new(rx));
     // Like etcd's own clients: refuse to talk to a member cut off from its leader.
-    request
-        .metadata_mut()
-        .insert("hasleader", tonic::metadata::MetadataValue::from_static("true"));
+    request.metadata_mut().insert(
+        "hasleader",
+        tonic::metadata::MetadataValue::from_static("true"),
+    );
     let codec = tonic_prost::ProstCodec::<KeepAliveRequest, KeepAliveResponse>::default();
     let answers = grpc
         .streaming(request, PathAndQuery::from_static(PATH), codec)

@@ -148,7 +148,11 @@ fn parse_url(url: &str, mut options: EtcdOptions) -> Result<EtcdUrl> {
         let duration = || {
             parse_duration(value)
                 .filter(|d| !d.is_zero())
-                .ok_or_else(|| bad(format!("{key}={value:?} is not a duration like 5s or 2500ms")))
+                .ok_or_else(|| {
+                    bad(format!(
+                        "{key}={value:?} is not a duration like 5s or 2500ms"
+                    ))
+                })
         };
         match key {
             "timeout" => options.timeout = duration()?,
@@ -186,9 +190,7 @@ mod tests {
             "etcd://127.0.0.1:2379,localhost/apps/x/?timeout=2s",
             EtcdOptions::default(),
         );
-        let Ok(u) = u else {
-            panic!("{u:?}")
-        };
+        let Ok(u) = u else { panic!("{u:?}") };
         assert_eq!(u.hosts, ["127.0.0.1:2379", "localhost:2379"]);
         assert_eq!(u.options.prefix, "apps/x");
         assert_eq!(u.options.timeout, Duration::from_secs(2));
@@ -200,10 +202,17 @@ mod tests {
             ("etcd://a?color=red", "unknown option"),
             ("etcd://u:secret@a", "credentials"),
         ] {
-            let err = parse_url(url, EtcdOptions::default()).err().map(|e| e.to_string());
+            let err = parse_url(url, EtcdOptions::default())
+                .err()
+                .map(|e| e.to_string());
             let err = err.unwrap_or_default();
             assert!(err.contains(says), "{url}: {err}");
             assert!(!err.contains("secret"), "{url}: {err}");
         }
     }
 }
+
+/// The README's examples, compiled as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

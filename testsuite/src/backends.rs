@@ -5,12 +5,12 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use std::sync::Mutex;
 
+use dlock_etcd::EtcdBackend;
 use dlock_jdbc::JdbcBackend;
 use dlock_redis::{RedisBackend, RedisOptions};
 use dlock_spi::{
     Error, ErrorKind, InMemoryBackend, LockAdmin, LockName, LockRemoteResource, Result,
 };
-use dlock_etcd::EtcdBackend;
 use dlock_zk::ZkBackend;
 
 use crate::lockcheck::broken::{BrokenBackend, Flaw};

@@ -146,6 +146,13 @@ impl Rules {
             rules.session_ns = Some(session);
             rules.hidden_hold_ns = session;
         }
+        if label == "etcd" {
+            // etcd holds a lease for whole seconds, and a new leader gives every
+            // lease its full TTL again: a hold or a waiter's key nobody reports may
+            // stay that much longer.
+            rules.hidden_hold_ns += 2_000_000_000;
+            rules.waiter_lapse_ns = rules.hidden_hold_ns;
+        }
         if label.starts_with("redis") {
             let liveness = dlock_redis::RedisOptions::default().waiter_liveness;
             rules.waiter_lapse_ns = nanos(liveness * 2);
