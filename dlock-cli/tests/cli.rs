@@ -751,6 +751,10 @@ async fn sem_runs_the_command_holding_permits() {
     for (label, url) in sql_urls() {
         let ns = namespace();
         let holder = holder_on(&url, &ns).await;
+        if !holder.capabilities().semaphore {
+            println!("{label}: no semaphores on this backend (the chain refuses them)");
+            continue;
+        }
         let held = holder
             .semaphore("pool", 3)
             .try_acquire(2, Duration::ZERO)

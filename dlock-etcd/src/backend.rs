@@ -131,9 +131,11 @@ impl EtcdBackend {
                 })?
                 .connect_timeout(options.connect_timeout)
                 .tcp_nodelay(true)
+                // etcd refuses pings more often than every 5 s (GOAWAY
+                // too_many_pings) and pings without a call in flight.
                 .http2_keep_alive_interval(options.keep_alive)
-                .keep_alive_timeout(options.keep_alive)
-                .keep_alive_while_idle(true);
+                .keep_alive_timeout(Duration::from_secs(5))
+                .keep_alive_while_idle(false);
             endpoints.push(endpoint);
         }
         let channel = Channel::balance_list(endpoints.into_iter());
@@ -227,7 +229,17 @@ impl EtcdBackend {
                 ),
                 TxnOp::get(self.ahead_range(&req.name, side), Some(first)),
             ])
-            .or_else([TxnOp::get(key, None)]);
+            // A retry of this grant finds its key from an earlier attempt and moves
+            // it onto this attempt's lease (same key, same create revision): a
+            // revocation of the earlier lease still in flight cannot remove it.
+            .or_else([
+                TxnOp::put(
+                    key,
+                    req.context.to_vec(),
+                    Some(PutOptions::new().with_lease(granted.id()).with_prev_key()),
+                ),
+                TxnOp::get(key, None),
+            ]);
         let mut kv = self.inner.client.kv_client();
         let answer = self.call("acquire", kv.txn(txn)).await?;
         let revision = answer.header().map_or(0, |h| h.revision());
@@ -247,22 +259,23 @@ impl EtcdBackend {
             };
             return Ok(Some((placed, holds)));
         }
-        // A retry of this grant: its key from an earlier attempt, on that attempt's
-        // lease (the new one goes with `guard`).
-        drop(guard);
+        // A retry of this grant: its key now lives by the new lease; the earlier one
+        // carries nothing any more.
+        let earlier = responses.iter().find_map(|r| match r {
+            TxnOpResponse::Put(put) => put.prev_key().map(KeyValue::lease),
+            _ => None,
+        });
+        if let Some(earlier) = earlier.filter(|l| *l != 0) {
+            drop(self.guard(earlier));
+        }
         let Some(existing) = first_kv(&responses) else {
             return Ok(None);
         };
-        let sent = Instant::now();
-        let ttl = self.inner.keep_alives.refresh(existing.lease()).await?;
-        if ttl <= 0 {
-            return Ok(None); // expired meanwhile: the key goes with it
-        }
         let placed = Placed {
             revision: existing.create_revision(),
-            guard: self.guard(existing.lease()),
+            guard,
             refreshed: sent,
-            ttl: Duration::from_secs(u64::try_from(ttl).unwrap_or(0)),
+            ttl,
         };
         Ok(Some((placed, false)))
     }
@@ -313,8 +326,8 @@ impl EtcdBackend {
             let mut watch = self
                 .call("acquire", watches.watch(before.key(), Some(only_deletes)))
                 .await?;
+            let mut refresh_at = placed.refreshed + placed.ttl / 3;
             loop {
-                let refresh_at = placed.refreshed + placed.ttl / 3;
                 tokio::select! {
                     message = watch.message() => match message {
                         Ok(Some(m)) if m.canceled() || m.events().iter().any(|e| e.event_type() == EventType::Delete) => break,
@@ -329,13 +342,17 @@ impl EtcdBackend {
                     _ = tokio::time::sleep_until(refresh_at.into()) => {
                         let sent = Instant::now();
                         match self.inner.keep_alives.refresh(placed.guard.lease).await {
-                            Ok(ttl) if ttl > 0 => placed.refreshed = sent,
+                            Ok(ttl) if ttl > 0 => {
+                                placed.refreshed = sent;
+                                refresh_at = sent + placed.ttl / 3;
+                            }
                             Ok(_) => return Ok(Turn::Gone),
-                            // Tried again at the next turn of the loop; a lease that
-                            // runs out meanwhile shows as the key gone.
+                            // Tried again soon; only a refresh that succeeded moves
+                            // `refreshed` (the grant's lease is counted from it). A
+                            // lease that runs out meanwhile shows as the key gone.
                             Err(err) => {
                                 tracing::debug!(error = %err, "dlock-etcd: a waiter's lease refresh failed");
-                                placed.refreshed = placed.refreshed.max(sent - placed.ttl / 3 + Duration::from_millis(500));
+                                refresh_at = Instant::now() + Duration::from_millis(250);
                             }
                         }
                     }
@@ -435,11 +452,16 @@ impl LockRemoteResource for EtcdBackend {
                     return Ok(AcquireResult::acquired(token, Some(lease_until)));
                 }
                 Turn::TimedOut => {
-                    // Withdraw: revoking the lease removes the key.
+                    // Withdraw: revoking the lease removes the key (and if this is
+                    // cancelled or fails, the guard revokes it in the background).
                     let mut leases = self.inner.client.lease_client();
-                    let lease = placed.guard.lease;
-                    placed.guard.disarm();
-                    let _ = self.call("acquire", leases.revoke(lease)).await;
+                    if self
+                        .call("acquire", leases.revoke(placed.guard.lease))
+                        .await
+                        .is_ok()
+                    {
+                        placed.guard.disarm();
+                    }
                     return Ok(AcquireResult::not_acquired(None, None));
                 }
                 Turn::Gone => {
@@ -491,6 +513,10 @@ impl LockRemoteResource for EtcdBackend {
             return Ok(RenewResult::NotOwner);
         };
         let (lease, revision) = (held.lease(), held.create_revision());
+        if u64::try_from(revision).ok() != Some(req.token.get()) {
+            // The grant's key made again (not by this hold): not this hold.
+            return Ok(RenewResult::NotOwner);
+        }
         let sent = Instant::now();
         let ttl = self.inner.keep_alives.refresh(lease).await?;
         if ttl <= 0 {
@@ -502,9 +528,11 @@ impl LockRemoteResource for EtcdBackend {
             let mut moved_to = None;
             let options = if ttl != wanted {
                 // An extend to another lease: the key moves to a lease of that TTL.
+                // The new lease is not revoked if the answer is lost (the move may
+                // have been applied); unused, it expires by itself.
                 let mut leases = self.inner.client.lease_client();
                 let granted = self.call("renew", leases.grant(wanted, None)).await?;
-                moved_to = Some(self.guard(granted.id()));
+                moved_to = Some(granted.id());
                 PutOptions::new().with_lease(granted.id())
             } else {
                 PutOptions::new().with_ignore_lease()
@@ -519,10 +547,12 @@ impl LockRemoteResource for EtcdBackend {
                 .and_then([TxnOp::put(key, value, Some(options))]);
             let answer = self.call("renew", kv.txn(txn)).await?;
             if !answer.succeeded() {
-                return Ok(RenewResult::NotOwner); // `moved_to` revokes the new lease
+                if let Some(unused) = moved_to {
+                    drop(self.guard(unused));
+                }
+                return Ok(RenewResult::NotOwner);
             }
-            if let Some(new) = moved_to {
-                new.disarm();
+            if moved_to.is_some() {
                 drop(self.guard(lease)); // the old lease carries nothing now
             }
         }

@@ -18,7 +18,12 @@ pub(crate) fn map_etcd(err: EtcdError, op: &'static str) -> Error {
                 false,
                 "etcd refused access; check the credentials and the key prefix's role",
             ),
-            Code::InvalidArgument | Code::OutOfRange | Code::FailedPrecondition => (
+            Code::InvalidArgument | Code::OutOfRange => (
+                ErrorKind::InvalidArgument,
+                false,
+                "etcd refused the request as too large or malformed; keep contexts small (etcd's request limit is 1.5 MiB by default)",
+            ),
+            Code::FailedPrecondition => (
                 ErrorKind::Backend,
                 false,
                 "etcd rejected the request; check that the server is etcd 3.4 or newer",

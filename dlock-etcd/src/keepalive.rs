@@ -8,15 +8,13 @@
 //! id (etcd answers a stream's messages in order).
 
 use std::collections::{HashMap, VecDeque};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use dlock_spi::{Error, ErrorKind, Result};
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::codegen::http::uri::PathAndQuery;
 use tonic::transport::Channel;
-
-use crate::error::timed_out;
 
 /// etcd's `LeaseKeepAliveRequest`.
 #[derive(Clone, PartialEq, prost::Message)]
@@ -36,31 +34,28 @@ struct KeepAliveResponse {
 
 const PATH: &str = "/etcdserverpb.Lease/LeaseKeepAlive";
 
-enum Command {
-    /// Refresh this lease; answer its TTL in seconds (0: gone).
-    Refresh(i64, oneshot::Sender<Result<i64>>),
-    /// A caller gave up waiting: the stream may be dead; open a new one next time.
-    Reset,
-}
+/// Refresh this lease; answer its TTL in seconds (0: gone).
+struct Refresh(i64, oneshot::Sender<Result<i64>>);
 
 /// The handle every lease refresh goes through; cheap to clone.
 #[derive(Clone)]
 pub(crate) struct KeepAlives {
-    commands: mpsc::UnboundedSender<Command>,
-    timeout: Duration,
+    commands: mpsc::UnboundedSender<Refresh>,
 }
 
 impl KeepAlives {
     /// Starts the stream's task on `channel` (it opens the stream on first use and
-    /// again after a failure; it ends when the last handle is dropped).
+    /// again after a failure, or when an answer is `timeout` late; it ends when the
+    /// last handle is dropped).
     pub(crate) fn start(channel: Channel, timeout: Duration) -> Self {
         let (commands, rx) = mpsc::unbounded_channel();
-        tokio::spawn(run(channel, rx));
-        KeepAlives { commands, timeout }
+        tokio::spawn(run(channel, rx, timeout));
+        KeepAlives { commands }
     }
 
     /// Refreshes `lease` to its full TTL; answers the TTL it now has in seconds, 0
-    /// when the lease is gone (expired or revoked).
+    /// when the lease is gone (expired or revoked). Fails when the stream fails or
+    /// its answer is later than the request timeout.
     ///
     /// # Cancel safety
     ///
@@ -69,16 +64,9 @@ impl KeepAlives {
     pub(crate) async fn refresh(&self, lease: i64) -> Result<i64> {
         let (tx, rx) = oneshot::channel();
         self.commands
-            .send(Command::Refresh(lease, tx))
+            .send(Refresh(lease, tx))
             .map_err(|_| closed())?;
-        match tokio::time::timeout(self.timeout, rx).await {
-            Ok(Ok(answer)) => answer,
-            Ok(Err(_)) => Err(closed()),
-            Err(_) => {
-                let _ = self.commands.send(Command::Reset);
-                Err(timed_out("keep alive"))
-            }
-        }
+        rx.await.map_err(|_| closed())?
     }
 }
 
@@ -133,33 +121,41 @@ async fn next_answer(
     }
 }
 
-type Waiting = HashMap<i64, VecDeque<oneshot::Sender<Result<i64>>>>;
+/// Callers waiting for an answer, per lease, oldest first, with their send time.
+type Waiting = HashMap<i64, VecDeque<(Instant, oneshot::Sender<Result<i64>>)>>;
 
 fn fail_all(waiting: &mut Waiting, why: &str) {
     for (_, callers) in waiting.drain() {
-        for caller in callers {
+        for (_, caller) in callers {
             let _ = caller.send(Err(stream_failed(why)));
         }
     }
 }
 
-async fn run(channel: Channel, mut commands: mpsc::UnboundedReceiver<Command>) {
+async fn run(channel: Channel, mut commands: mpsc::UnboundedReceiver<Refresh>, timeout: Duration) {
     let mut stream: Option<Stream> = None;
     let mut waiting = Waiting::new();
     loop {
+        // The oldest unanswered refresh bounds how long the stream may stay silent.
+        let overdue = waiting
+            .values()
+            .filter_map(|callers| callers.front().map(|(sent, _)| *sent + timeout))
+            .min();
         tokio::select! {
             command = commands.recv() => match command {
                 None => return,
-                Some(Command::Reset) => {
-                    stream = None;
-                    fail_all(&mut waiting, "no answer in time");
-                }
-                Some(Command::Refresh(lease, caller)) => {
+                // Its caller gave up already: nothing to send.
+                Some(Refresh(_, caller)) if caller.is_closed() => {}
+                Some(Refresh(lease, caller)) => {
+                    let sent = Instant::now();
                     let Some(s) = stream.as_ref() else {
-                        match open(&channel, lease).await {
+                        let opened = tokio::time::timeout(timeout, open(&channel, lease))
+                            .await
+                            .unwrap_or_else(|_| Err(stream_failed("no connection in time")));
+                        match opened {
                             Ok(s) => {
                                 stream = Some(s);
-                                waiting.entry(lease).or_default().push_back(caller);
+                                waiting.entry(lease).or_default().push_back((sent, caller));
                             }
                             Err(err) => {
                                 let _ = caller.send(Err(err));
@@ -173,14 +169,18 @@ async fn run(channel: Channel, mut commands: mpsc::UnboundedReceiver<Command>) {
                         let _ = caller.send(Err(stream_failed("closed")));
                         continue;
                     }
-                    waiting.entry(lease).or_default().push_back(caller);
+                    waiting.entry(lease).or_default().push_back((sent, caller));
                 }
             },
+            _ = sleep_until_some(overdue) => {
+                stream = None;
+                fail_all(&mut waiting, "no answer in time");
+            }
             answer = next_answer(&mut stream) => {
                 match answer {
                     Ok(Some(KeepAliveResponse { id, ttl })) => {
                         if let Some(callers) = waiting.get_mut(&id) {
-                            if let Some(caller) = callers.pop_front() {
+                            if let Some((_, caller)) = callers.pop_front() {
                                 let _ = caller.send(Ok(ttl));
                             }
                             if callers.is_empty() {
@@ -199,5 +199,13 @@ async fn run(channel: Channel, mut commands: mpsc::UnboundedReceiver<Command>) {
                 }
             }
         }
+    }
+}
+
+/// Sleeps until `at`; never resolves for `None`.
+async fn sleep_until_some(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at.into()).await,
+        None => std::future::pending().await,
     }
 }

@@ -1,7 +1,7 @@
 //! Where a lock's contenders live in etcd's key space.
 //!
-//! `<prefix>/<name>\0w/<holder key>` for a writer (an exclusive contender) and
-//! `<prefix>/<name>\0r/<holder key>` for a reader. Lock names contain no control
+//! `<prefix>\0<name>\0w/<holder key>` for a writer (an exclusive contender) and
+//! `<prefix>\0<name>\0r/<holder key>` for a reader. Lock names contain no control
 //! characters, so the NUL ends the name: no name's keys fall in another name's
 //! range, whatever `/` or other characters the names hold. The holder key is the
 //! grant's [`HolderKey`]: a retried acquire finds its own key, and a release or
@@ -47,7 +47,8 @@ impl Side {
 /// The key layout under one prefix.
 #[derive(Debug, Clone)]
 pub(crate) struct Keys {
-    /// `<prefix>/`.
+    /// `<prefix>\0`: prefixes hold no control characters, so no prefix's keys
+    /// fall under another's (`a` and `a/b` included).
     root: String,
 }
 
@@ -55,7 +56,7 @@ impl Keys {
     /// The layout under `prefix` (no trailing `/`).
     pub(crate) fn new(prefix: &str) -> Self {
         Keys {
-            root: format!("{}/", prefix.trim_end_matches('/')),
+            root: format!("{}\0", prefix.trim_end_matches('/')),
         }
     }
 
@@ -121,6 +122,13 @@ mod tests {
             assert!(!keys
                 .contender(&lock, Side::Read, &holder)
                 .starts_with(&keys.writers(&lock)));
+        }
+        let nested = Keys::new("dlock/x");
+        if let Ok(foo) = LockName::new("foo") {
+            if let Ok(xfoo) = LockName::new("x/foo") {
+                assert!(!nested.lock(&foo).starts_with(&keys.lock(&xfoo)));
+                assert!(!keys.lock(&xfoo).starts_with(&nested.lock(&foo)));
+            }
         }
         let a = LockName::new("a").ok();
         let aw = LockName::new("a/w").ok();

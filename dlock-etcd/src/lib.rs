@@ -13,9 +13,10 @@
 //! ## How it works
 //!
 //! * **One key per contender** under the lock's range:
-//!   `<prefix>/<name>\0w/<owner>#<grant>` for a writer (an exclusive hold),
-//!   `…\0r/…` for a reader. Names hold no control characters, so the NUL ends the
-//!   name and no name reaches another lock's keys.
+//!   `<prefix>\0<name>\0w/<owner>#<grant>` for a writer (an exclusive hold),
+//!   `…\0r/…` for a reader. Names and prefixes hold no control characters, so
+//!   each NUL ends one and no name reaches another lock's keys, nor one prefix
+//!   another's.
 //! * **Ordered by create revision**, etcd's cluster-wide counter: a writer holds when
 //!   no key of the lock was created before its own, a reader when no writer was.
 //!   Each waiter watches only the deletion of the last such key before it (no herd)
@@ -64,8 +65,10 @@ pub struct EtcdOptions {
     pub timeout: Duration,
     /// How long connecting to a member may take. Default 3 s.
     pub connect_timeout: Duration,
-    /// HTTP/2 keep-alive ping interval (and how long a ping may go unanswered)
-    /// that finds a dead connection. Default 2 s.
+    /// HTTP/2 keep-alive ping interval, while a call is in flight, that finds a
+    /// dead connection (a ping unanswered for 5 s closes it). Default 10 s; etcd
+    /// closes connections that ping more often than its `--grpc-keepalive-min-time`
+    /// (5 s by default).
     pub keep_alive: Duration,
 }
 
@@ -75,7 +78,7 @@ impl Default for EtcdOptions {
             prefix: "dlock".to_owned(),
             timeout: Duration::from_secs(5),
             connect_timeout: Duration::from_secs(3),
-            keep_alive: Duration::from_secs(2),
+            keep_alive: Duration::from_secs(10),
         }
     }
 }
@@ -142,6 +145,11 @@ fn parse_url(url: &str, mut options: EtcdOptions) -> Result<EtcdUrl> {
     let prefix = prefix.trim_end_matches('/');
     if !prefix.is_empty() {
         options.prefix = prefix.to_owned();
+    }
+    if options.prefix.is_empty() || options.prefix.chars().any(char::is_control) {
+        return Err(bad(
+            "the prefix must be non-empty, without control characters".into(),
+        ));
     }
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
