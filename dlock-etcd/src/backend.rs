@@ -441,6 +441,9 @@ impl LockRemoteResource for EtcdBackend {
             };
             let turn = if holds {
                 Turn::Granted
+            } else if req.deadline.is_none_or(|d| Instant::now() >= d) {
+                // Trying once: the placing look already saw someone ahead.
+                Turn::TimedOut
             } else {
                 self.wait_turn(req, &key, side, &mut placed).await?
             };
@@ -465,7 +468,6 @@ impl LockRemoteResource for EtcdBackend {
                     return Ok(AcquireResult::not_acquired(None, None));
                 }
                 Turn::Gone => {
-                    drop(placed);
                     if req.deadline.is_none_or(|d| Instant::now() >= d) {
                         return Ok(AcquireResult::not_acquired(None, None));
                     }

@@ -124,7 +124,10 @@ async fn next_answer(
 /// Callers waiting for an answer, per lease, oldest first, with their send time.
 type Waiting = HashMap<i64, VecDeque<(Instant, oneshot::Sender<Result<i64>>)>>;
 
-fn fail_all(waiting: &mut Waiting, why: &str) {
+/// Drops the stream (if any) and fails every caller waiting on it. No caller waits
+/// while no stream is open.
+fn close(stream: &mut Option<Stream>, waiting: &mut Waiting, why: &str) {
+    *stream = None;
     for (_, callers) in waiting.drain() {
         for (_, caller) in callers {
             let _ = caller.send(Err(stream_failed(why)));
@@ -148,56 +151,42 @@ async fn run(channel: Channel, mut commands: mpsc::UnboundedReceiver<Refresh>, t
                 Some(Refresh(_, caller)) if caller.is_closed() => {}
                 Some(Refresh(lease, caller)) => {
                     let sent = Instant::now();
-                    let Some(s) = stream.as_ref() else {
-                        let opened = tokio::time::timeout(timeout, open(&channel, lease))
+                    let delivered = if let Some(s) = &stream {
+                        s.requests
+                            .send(KeepAliveRequest { id: lease })
                             .await
-                            .unwrap_or_else(|_| Err(stream_failed("no connection in time")));
-                        match opened {
-                            Ok(s) => {
-                                stream = Some(s);
-                                waiting.entry(lease).or_default().push_back((sent, caller));
-                            }
-                            Err(err) => {
-                                let _ = caller.send(Err(err));
-                            }
-                        }
-                        continue;
+                            .map_err(|_| stream_failed("closed"))
+                    } else {
+                        // A new stream carries the refresh as its first message.
+                        tokio::time::timeout(timeout, open(&channel, lease))
+                            .await
+                            .unwrap_or_else(|_| Err(stream_failed("no connection in time")))
+                            .map(|opened| stream = Some(opened))
                     };
-                    if s.requests.send(KeepAliveRequest { id: lease }).await.is_err() {
-                        stream = None;
-                        fail_all(&mut waiting, "closed");
-                        let _ = caller.send(Err(stream_failed("closed")));
-                        continue;
+                    match delivered {
+                        Ok(()) => waiting.entry(lease).or_default().push_back((sent, caller)),
+                        Err(err) => {
+                            close(&mut stream, &mut waiting, "closed");
+                            let _ = caller.send(Err(err));
+                        }
                     }
-                    waiting.entry(lease).or_default().push_back((sent, caller));
                 }
             },
-            _ = sleep_until_some(overdue) => {
-                stream = None;
-                fail_all(&mut waiting, "no answer in time");
-            }
-            answer = next_answer(&mut stream) => {
-                match answer {
-                    Ok(Some(KeepAliveResponse { id, ttl })) => {
-                        if let Some(callers) = waiting.get_mut(&id) {
-                            if let Some((_, caller)) = callers.pop_front() {
-                                let _ = caller.send(Ok(ttl));
-                            }
-                            if callers.is_empty() {
-                                waiting.remove(&id);
-                            }
+            _ = sleep_until_some(overdue) => close(&mut stream, &mut waiting, "no answer in time"),
+            answer = next_answer(&mut stream) => match answer {
+                Ok(Some(KeepAliveResponse { id, ttl })) => {
+                    if let Some(callers) = waiting.get_mut(&id) {
+                        if let Some((_, caller)) = callers.pop_front() {
+                            let _ = caller.send(Ok(ttl));
+                        }
+                        if callers.is_empty() {
+                            waiting.remove(&id);
                         }
                     }
-                    Ok(None) => {
-                        stream = None;
-                        fail_all(&mut waiting, "ended by the server");
-                    }
-                    Err(status) => {
-                        stream = None;
-                        fail_all(&mut waiting, status.message());
-                    }
                 }
-            }
+                Ok(None) => close(&mut stream, &mut waiting, "ended by the server"),
+                Err(status) => close(&mut stream, &mut waiting, status.message()),
+            },
         }
     }
 }

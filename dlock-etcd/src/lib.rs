@@ -51,7 +51,7 @@ mod keys;
 
 use std::time::Duration;
 
-use dlock_spi::{redact_url, Error, ErrorKind, Result};
+use dlock_spi::{parse_url_duration, redact_url, Error, ErrorKind, Result};
 
 pub use backend::EtcdBackend;
 
@@ -154,7 +154,7 @@ fn parse_url(url: &str, mut options: EtcdOptions) -> Result<EtcdUrl> {
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
         let duration = || {
-            parse_duration(value)
+            parse_url_duration(value)
                 .filter(|d| !d.is_zero())
                 .ok_or_else(|| {
                     bad(format!(
@@ -173,19 +173,6 @@ fn parse_url(url: &str, mut options: EtcdOptions) -> Result<EtcdUrl> {
         }
     }
     Ok(EtcdUrl { hosts, options })
-}
-
-/// `10s`, `2500ms`, `1m`, or a bare number of milliseconds.
-fn parse_duration(s: &str) -> Option<Duration> {
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (number, unit) = s.split_at(split);
-    let n: u64 = number.parse().ok()?;
-    match unit {
-        "" | "ms" => Some(Duration::from_millis(n)),
-        "s" => Some(Duration::from_secs(n)),
-        "m" => n.checked_mul(60).map(Duration::from_secs),
-        _ => None,
-    }
 }
 
 #[cfg(test)]

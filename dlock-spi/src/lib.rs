@@ -43,6 +43,7 @@ mod resource;
 #[cfg(feature = "serde")]
 mod serde_impls;
 mod types;
+mod url_option;
 
 pub use backoff::{Backoff, BackoffKind, Jitter};
 pub use capabilities::Capabilities;
@@ -63,6 +64,7 @@ pub use resource::{LockAdmin, LockRemoteResource};
 pub use types::{
     Fairness, FencingToken, GrantId, HoldPurpose, HolderKey, LockMode, LostReason, OwnerId,
 };
+pub use url_option::parse_url_duration;
 
 /// Re-exported so implementors use the same `async_trait` and `bytes` as the traits.
 pub use async_trait::async_trait;

@@ -67,7 +67,7 @@ mod upgrade;
 
 use std::time::Duration;
 
-use dlock_spi::{redact_url, Error, ErrorKind, Result};
+use dlock_spi::{parse_url_duration, redact_url, Error, ErrorKind, Result};
 
 pub use backend::ZkBackend;
 pub use layout::ExclusiveNode;
@@ -189,7 +189,7 @@ fn parse_url(url: &str, mut options: ZkOptions) -> Result<ZkUrl> {
         let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
         match key {
             "session_timeout" => {
-                options.session_timeout = parse_duration(value)
+                options.session_timeout = parse_url_duration(value)
                     .filter(|d| !d.is_zero())
                     .ok_or_else(|| {
                         bad(format!(
@@ -216,19 +216,6 @@ fn parse_url(url: &str, mut options: ZkOptions) -> Result<ZkUrl> {
         hosts: hosts.to_owned(),
         options,
     })
-}
-
-/// `10s`, `2500ms`, `1m`, or a bare number of milliseconds.
-fn parse_duration(s: &str) -> Option<Duration> {
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (number, unit) = s.split_at(split);
-    let n: u64 = number.parse().ok()?;
-    match unit {
-        "" | "ms" => Some(Duration::from_millis(n)),
-        "s" => Some(Duration::from_secs(n)),
-        "m" => n.checked_mul(60).map(Duration::from_secs),
-        _ => None,
-    }
 }
 
 #[cfg(test)]

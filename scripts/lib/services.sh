@@ -219,17 +219,23 @@ start_redis() {
   wait_for 30 "Redis on port $port" redis-cli -h 127.0.0.1 -p "$port" ping
 }
 
+# stop_pid PIDFILE NAME WHAT: stops the process PIDFILE names if it is still NAME
+# (its command line says so: the pid may have been reused), bounded.
+stop_pid() {
+  local pid
+  pid=$(cat "$1" 2>/dev/null) || return 0
+  if grep -qa "$2" "/proc/$pid/cmdline" 2>/dev/null; then
+    kill "$pid" 2>/dev/null || true
+    wait_for 30 "$3 (pid $pid) to stop" sh -c "! kill -0 $pid 2>/dev/null"
+  fi
+}
+
 # stop_redis_at PORT: stops the server on PORT: a plain one by SHUTDOWN, one this
 # script started also by its pid file (a TLS-only server does not answer a plain
 # redis-cli, and after the certificates were remade not a TLS one either).
 stop_redis_at() {
   redis-cli -h 127.0.0.1 -p "$1" shutdown nosave >/dev/null 2>&1 || true
-  local pid
-  pid=$(cat "${TMPDIR:-/tmp}/dlock-redis-$1/redis.pid" 2>/dev/null) || return 0
-  if grep -qa redis-server "/proc/$pid/cmdline" 2>/dev/null; then
-    kill "$pid" 2>/dev/null || true
-    wait_for 30 "Redis on port $1 to stop" sh -c "! kill -0 $pid 2>/dev/null"
-  fi
+  stop_pid "${TMPDIR:-/tmp}/dlock-redis-$1/redis.pid" redis-server "Redis on port $1"
 }
 
 # cluster_ok CLI PORT: the cluster the node on PORT belongs to is serving.
@@ -394,14 +400,7 @@ EOF
 }
 
 # stop_zk DIR: stops the server started from DIR, if its pid is still that server.
-stop_zk() {
-  local pid
-  pid=$(cat "$1/pid" 2>/dev/null) || return 0
-  if grep -qa QuorumPeerMain "/proc/$pid/cmdline" 2>/dev/null; then
-    kill "$pid" 2>/dev/null || true
-    wait_for 30 "ZooKeeper (pid $pid) to stop" sh -c "! kill -0 $pid"
-  fi
-}
+stop_zk() { stop_pid "$1/pid" QuorumPeerMain ZooKeeper; }
 
 # write_zk_cfg DIR CLIENT_PORT [SERVER LINES…]
 write_zk_cfg() {
@@ -482,19 +481,8 @@ etcd_leader() {
   return 1
 }
 
-# stop_etcd MEMBER: stops the member (SIGTERM, then SIGKILL), bounded.
-stop_etcd() {
-  local dir="$ETCD_RUN_DIR/$1" pid
-  [ -f "$dir/etcd.pid" ] || return 0
-  pid=$(cat "$dir/etcd.pid")
-  kill "$pid" 2>/dev/null || return 0
-  local deadline=$((SECONDS + 20))
-  while kill -0 "$pid" 2>/dev/null; do
-    if [ "$SECONDS" -ge "$deadline" ]; then kill -9 "$pid" 2>/dev/null || true; break; fi
-    sleep 0.2
-  done
-  rm -f "$dir/etcd.pid"
-}
+# stop_etcd MEMBER: stops the member, bounded.
+stop_etcd() { stop_pid "$ETCD_RUN_DIR/$1/etcd.pid" etcd "etcd member $1"; }
 
 # ensure_etcd: a 3-member etcd cluster (Debian's etcd-server) on 127.0.0.1, client
 # ports 2379, 12379, 22379 (peers one above), each member started from its own

@@ -350,15 +350,22 @@ pub trait ServerClient: LockRemoteResource + LockAdmin + Clone {
     fn attempts(&self) -> u64;
 }
 
-#[async_trait]
-impl ServerClient for JdbcBackend {
-    async fn open(_label: &str, url: &str) -> Result<Self> {
-        JdbcBackend::connect(url).await
-    }
-    fn attempts(&self) -> u64 {
-        self.acquire_attempts()
-    }
+/// The clients whose label adds nothing to the URL: `connect(url)`.
+macro_rules! url_clients {
+    ($($client:ty),+) => {$(
+        #[async_trait]
+        impl ServerClient for $client {
+            async fn open(_label: &str, url: &str) -> Result<Self> {
+                <$client>::connect(url).await
+            }
+            fn attempts(&self) -> u64 {
+                self.acquire_attempts()
+            }
+        }
+    )+};
 }
+
+url_clients!(JdbcBackend, ZkBackend, EtcdBackend);
 
 #[async_trait]
 impl ServerClient for RedisBackend {
@@ -369,26 +376,6 @@ impl ServerClient for RedisBackend {
             RedisOptions::default()
         };
         RedisBackend::connect_with(url, options).await
-    }
-    fn attempts(&self) -> u64 {
-        self.acquire_attempts()
-    }
-}
-
-#[async_trait]
-impl ServerClient for ZkBackend {
-    async fn open(_label: &str, url: &str) -> Result<Self> {
-        ZkBackend::connect(url).await
-    }
-    fn attempts(&self) -> u64 {
-        self.acquire_attempts()
-    }
-}
-
-#[async_trait]
-impl ServerClient for EtcdBackend {
-    async fn open(_label: &str, url: &str) -> Result<Self> {
-        EtcdBackend::connect(url).await
     }
     fn attempts(&self) -> u64 {
         self.acquire_attempts()
