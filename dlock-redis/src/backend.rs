@@ -20,8 +20,9 @@ use crate::keys::{
     scan_pattern, HolderValue, LockKeys, OwnerPart, ScriptCall, ACQUIRE_EXCLUSIVE_KEYS, ALL,
     EXCLUSIVE, OBSERVERS, RELEASE_EXCLUSIVE_KEYS, RENEW_EXCLUSIVE_KEYS,
 };
-use crate::notices::{address, Notices};
+use crate::notices::{address, Endpoint, Notices};
 use crate::scripts::Scripts;
+use crate::sentinel::{parse_sentinel_url, split_sentinel_url, SentinelMaster};
 use crate::RedisOptions;
 
 /// How often a parked non-fair waiter re-checks even without a notice: a safety net
@@ -32,6 +33,8 @@ const SAFETY_RECHECK: Duration = Duration::from_secs(5);
 enum Conn {
     Single(ConnectionManager),
     Cluster(ClusterConnection),
+    /// The master Sentinel names, followed through failovers.
+    Sentinel(Arc<SentinelMaster>),
 }
 
 impl Conn {
@@ -44,6 +47,10 @@ impl Conn {
                 match self {
                     Conn::Single(c) => load.load_async(&mut c.clone()).await?,
                     Conn::Cluster(c) => load.load_async(&mut c.clone()).await?,
+                    Conn::Sentinel(m) => {
+                        m.load(&load).await?;
+                        String::new()
+                    }
                 };
                 self.query(&call.cmd).await
             }
@@ -55,6 +62,16 @@ impl Conn {
         match self {
             Conn::Single(c) => cmd.query_async(&mut c.clone()).await,
             Conn::Cluster(c) => cmd.query_async(&mut c.clone()).await,
+            Conn::Sentinel(m) => m.query(cmd).await,
+        }
+    }
+
+    /// Which master connection commands go to now (Sentinel; 0 otherwise): a
+    /// `WAIT` counts only for writes sent on the connection it runs on.
+    fn epoch(&self) -> u64 {
+        match self {
+            Conn::Sentinel(m) => m.epoch(),
+            _ => 0,
         }
     }
 }
@@ -64,7 +81,8 @@ struct Inner {
     scripts: Scripts,
     options: RedisOptions,
     notices: Option<Arc<Notices>>,
-    /// One client per node given in the URL, for SCAN (live-lock counting).
+    /// One client per node given in the URL, for SCAN (live-lock counting); empty
+    /// behind Sentinel (the master is scanned).
     nodes: Vec<redis::Client>,
     attempts: AtomicU64,
 }
@@ -200,8 +218,17 @@ fn ms(d: Duration) -> u64 {
 impl RedisBackend {
     /// Connects with default options. URLs: `redis://[user:pass@]host:port[/db]`,
     /// `rediss://…[?tls_ca=<pem>&tls_cert=<pem>&tls_key=<pem>]` (TLS, feature `tls`),
-    /// `redis+cluster://[user:pass@]host1:port,host2:port,…`, or
-    /// `rediss+cluster://…` (a Cluster over TLS; the same TLS parameters).
+    /// `redis+cluster://[user:pass@]host1:port,host2:port,…`,
+    /// `rediss+cluster://…` (a Cluster over TLS; the same TLS parameters),
+    /// `redis+sentinel://[user:pass@]s1:26379,s2:26379,…/<master>[/<db>]` (the
+    /// master Sentinel names, followed through failovers; the credentials are the
+    /// data nodes', the sentinels' own are `sentinel_user`/`sentinel_password`
+    /// parameters or [`RedisOptions::sentinel_auth`]), or `rediss+sentinel://…`
+    /// (TLS to sentinels and data nodes; the same TLS parameters).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: dropped before it returns, the connections it opened close.
     pub async fn connect(url: &str) -> Result<Self> {
         Self::connect_with(url, RedisOptions::default()).await
     }
@@ -229,6 +256,14 @@ impl RedisBackend {
                 .await
                 .map_err(|e| unreachable(shown, e))?;
             (Conn::Cluster(conn), nodes)
+        } else if let Some((rest, scheme)) = split_sentinel_url(url) {
+            let sentinel = parse_sentinel_url(rest, scheme, shown)?;
+            let master = SentinelMaster::new(sentinel, shown, &options)?;
+            master
+                .connection()
+                .await
+                .map_err(|e| unreachable(shown, e))?;
+            (Conn::Sentinel(master), Vec::new())
         } else if url.starts_with("redis://") || url.starts_with("rediss://") {
             let client = crate::tls::client(url, shown, &options)?;
             let conn = connection_manager(&client, &options)
@@ -239,7 +274,7 @@ impl RedisBackend {
             return Err(Error::new(
                 ErrorKind::Config,
                 format!(
-                    "{:?} is not a Redis URL; use redis://host:6379, rediss://host:6380 (TLS), redis+cluster://host1:7000,host2:7001 or rediss+cluster://… (Cluster over TLS)",
+                    "{:?} is not a Redis URL; use redis://host:6379, rediss://host:6380 (TLS), redis+cluster://host1:7000,host2:7001, rediss+cluster://… (Cluster over TLS), redis+sentinel://s1:26379,s2:26379/<master> or rediss+sentinel://… (Sentinel, over TLS)",
                     redact_url(shown)
                 ),
             ));
@@ -367,15 +402,25 @@ impl RedisBackend {
         options: RedisOptions,
         shown: &str,
     ) -> Result<Self> {
+        if options.sentinel_auth.is_some() && !matches!(conn, Conn::Sentinel(_)) {
+            return Err(Error::new(
+                ErrorKind::Config,
+                "RedisOptions::sentinel_auth is for Sentinel URLs (redis+sentinel://…); remove it, or connect through the sentinels",
+            ));
+        }
         if options.key_prefix.contains(['{', '}']) {
             return Err(Error::new(
                 ErrorKind::Config,
                 "the key prefix may not contain '{' or '}' (they delimit the Cluster hash tag)",
             ));
         }
-        let notices = match (&options.polling, nodes.first()) {
-            (None, Some(node)) => {
-                let start = Notices::start(node.clone(), &options.key_prefix);
+        let endpoint = match (&conn, nodes.first()) {
+            (Conn::Sentinel(m), _) => Some(Endpoint::Sentinel(Arc::clone(m))),
+            (_, node) => node.map(|n| Endpoint::Node(Box::new(n.clone()))),
+        };
+        let notices = match (&options.polling, endpoint) {
+            (None, Some(endpoint)) => {
+                let start = Notices::start(endpoint, &options.key_prefix);
                 let notices = bounded(options.connect_timeout, start).await.map_err(|e| {
                     let message = format!(
                         "cannot open the release-notice (pub/sub) connection to {}: {e}; if pub/sub is not allowed, use RedisOptions::polling",
@@ -535,29 +580,52 @@ impl RedisBackend {
         Ok(answer)
     }
 
-    /// `WAIT` for replicas after an acquire; releases and fails if too few answer.
-    async fn check_replicas(&self, req: &AcquireRequest) -> Result<()> {
-        let (Some((want, timeout)), Conn::Single(conn)) =
-            (self.inner.options.replica_ack, &self.inner.conn)
-        else {
+    /// `WAIT` for replicas after a write (an acquire or a renewal) sent at `epoch`
+    /// (the Sentinel connection it went on: a wait on another connection, to another
+    /// master, says nothing about it). `None` when enough replicas acknowledged it
+    /// (or none were asked for), else why not and whether a retry may help.
+    async fn unacknowledged(&self, epoch: u64, op: &'static str) -> Result<Option<(String, bool)>> {
+        let Some((want, timeout)) = self.inner.options.replica_ack else {
+            return Ok(None);
+        };
+        let wait = redis::cmd("WAIT").arg(want).arg(ms(timeout)).clone();
+        let acked: i64 = match &self.inner.conn {
+            Conn::Single(conn) => wait.query_async(&mut conn.clone()).await,
+            Conn::Sentinel(m) => match m.connection().await {
+                Ok((now, mut conn)) if now == epoch => wait.query_async(&mut conn).await,
+                Ok(_) => Ok(-1),
+                Err(e) => Err(e),
+            },
+            Conn::Cluster(_) => return Ok(None),
+        }
+        .map_err(|e| map_redis(e, op))?;
+        Ok(if acked < 0 {
+            Some((
+                "the Redis master changed (Sentinel failover) before replicas acknowledged it"
+                    .to_owned(),
+                true,
+            ))
+        } else if acked < i64::from(want) {
+            Some((
+                format!("only {acked} of {want} replicas acknowledged it within {timeout:?}"),
+                false,
+            ))
+        } else {
+            None
+        })
+    }
+
+    /// After an acquire: releases and fails if too few replicas acknowledged it.
+    async fn check_replicas(&self, req: &AcquireRequest, epoch: u64) -> Result<()> {
+        let Some((why, retry)) = self.unacknowledged(epoch, "acquire").await? else {
             return Ok(());
         };
-        let acked: i64 = redis::cmd("WAIT")
-            .arg(want)
-            .arg(ms(timeout))
-            .query_async(&mut conn.clone())
-            .await
-            .map_err(|e| map_redis(e, "acquire"))?;
-        if acked >= i64::from(want) {
-            return Ok(());
-        }
         let _ = self.release(&req.release_of_grant()).await;
         Err(Error::new(
             ErrorKind::Backend,
-            format!(
-                "only {acked} of {want} replicas acknowledged the lock within {timeout:?}; it was released — check replication, or lower replica_ack"
-            ),
+            format!("{why}; the lock was released — check replication, or lower replica_ack"),
         )
+        .set_retryable(retry)
         .with_context("lock", &req.name))
     }
 }
@@ -701,6 +769,7 @@ impl LockRemoteResource for RedisBackend {
                     armed: true,
                 });
             }
+            let epoch = self.inner.conn.epoch();
             let answer = self
                 .attempt(req, holder.as_str(), &keys, waiting, queued)
                 .await?;
@@ -709,7 +778,7 @@ impl LockRemoteResource for RedisBackend {
                     slot.armed = false;
                 }
                 let token = u64::try_from(answer.value).unwrap_or(0);
-                self.check_replicas(req).await?;
+                self.check_replicas(req, epoch).await?;
                 return Ok(AcquireResult::acquired(
                     FencingToken::new(token),
                     Some(now + req.lease),
@@ -820,7 +889,20 @@ impl LockRemoteResource for RedisBackend {
             }
             (None, _) => {}
         }
+        let epoch = self.inner.conn.epoch();
         Ok(if self.run_flag(&inv, "renew").await? {
+            // A renewal the replicas did not take would be undone by a failover: the
+            // lease stands as last acknowledged.
+            if let Some((why, retry)) = self.unacknowledged(epoch, "renew").await? {
+                return Err(Error::new(
+                    ErrorKind::Backend,
+                    format!(
+                        "{why}; the renewal does not count — the lease stands as last acknowledged"
+                    ),
+                )
+                .set_retryable(retry)
+                .with_context("lock", &req.name));
+            }
             RenewResult::renewed(Some(sent + req.lease))
         } else {
             RenewResult::NotOwner
@@ -957,7 +1039,12 @@ impl LockAdmin for RedisBackend {
     async fn live_locks(&self, prefix: &str) -> Result<usize> {
         let pattern = scan_pattern(&self.inner.options.key_prefix, prefix);
         let mut names = HashSet::new();
-        for node in &self.inner.nodes {
+        let mut nodes = self.inner.nodes.clone();
+        if let Conn::Sentinel(m) = &self.inner.conn {
+            let (_, master) = m.client().await.map_err(|e| map_redis(e, "live_locks"))?;
+            nodes.push(master);
+        }
+        for node in &nodes {
             let mut conn = node
                 .get_multiplexed_async_connection_with_config(
                     &redis::AsyncConnectionConfig::new()
@@ -1016,6 +1103,7 @@ impl std::fmt::Debug for RedisBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisBackend")
             .field("cluster", &matches!(self.inner.conn, Conn::Cluster(_)))
+            .field("sentinel", &matches!(self.inner.conn, Conn::Sentinel(_)))
             .field("key_prefix", &self.inner.options.key_prefix)
             .field("push_wakeup", &self.inner.notices.is_some())
             .finish()

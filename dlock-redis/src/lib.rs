@@ -1,13 +1,15 @@
 //! # dlock-redis — Redis backend for dlock
 //!
 //! A [`LockRemoteResource`](dlock_spi::LockRemoteResource) on the `redis` crate, for a
-//! single server (or a Sentinel-managed primary behind one address) and Redis Cluster.
+//! single server, a master behind Redis Sentinel, and Redis Cluster.
 //!
 //! ```no_run
 //! # async fn demo() -> dlock_spi::Result<()> {
 //! let single = dlock_redis::RedisBackend::connect("redis://127.0.0.1:6379").await?;
 //! let cluster = dlock_redis::RedisBackend::connect(
 //!     "redis+cluster://127.0.0.1:7000,127.0.0.1:7001,127.0.0.1:7002").await?;
+//! let sentinel = dlock_redis::RedisBackend::connect(
+//!     "redis+sentinel://127.0.0.1:26379,127.0.0.1:26380,127.0.0.1:26381/mymaster").await?;
 //! # Ok(()) }
 //! ```
 //!
@@ -63,9 +65,21 @@
 //!   (`rustls::crypto::ring::default_provider().install_default()`, or aws-lc-rs').
 //!   dlock installs none; connecting without one is a [`dlock_spi::ErrorKind::Config`]
 //!   error that says so.
-//! * **Replica acknowledgement** ([`RedisOptions::replica_ack`], single node): after an
-//!   acquire, `WAIT n timeout`; with fewer acknowledgements the lock is released and the
-//!   acquire fails.
+//! * **Sentinel** (`redis+sentinel://s1:26379,s2:26379/<master>[/<db>]`,
+//!   `rediss+sentinel://` over TLS): the master is looked up through the sentinels and
+//!   confirmed with `ROLE`; a lost connection, a `READONLY`/`MASTERDOWN` answer or a
+//!   sentinel's `+switch-master` announcement makes the backend look it up again, and
+//!   the release-notice connection subscribes on the new master (queued waiters
+//!   re-check when it does, and re-queue there if the failover lost their entry).
+//!   Redis replicates asynchronously: a failover can lose grants and renewals the
+//!   promoted replica had not received, and for about the failover's length clients
+//!   may still write to the old master — use `replica_ack` (SAFETY.md has the
+//!   figures for both).
+//! * **Replica acknowledgement** ([`RedisOptions::replica_ack`], single node or
+//!   Sentinel): after an acquire or a renewal, `WAIT n timeout`. An acquire with fewer
+//!   acknowledgements is released and fails; a renewal fails (the lease stands as last
+//!   acknowledged). Behind Sentinel the wait counts only on the connection the write
+//!   went out on: if the master changed in between, the call fails, retryably.
 #![deny(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
@@ -74,6 +88,7 @@ mod error;
 mod keys;
 mod notices;
 mod scripts;
+mod sentinel;
 mod tls;
 
 use std::time::Duration;
@@ -81,6 +96,7 @@ use std::time::Duration;
 use dlock_spi::Backoff;
 
 pub use backend::RedisBackend;
+pub use sentinel::SentinelAuth;
 pub use tls::TlsIdentity;
 
 /// Settings of a [`RedisBackend`].
@@ -92,8 +108,9 @@ pub struct RedisOptions {
     /// `None` (default): waiters are woken by pub/sub release notices. `Some`: they
     /// poll with this backoff instead (for deployments that forbid pub/sub).
     pub polling: Option<Backoff>,
-    /// After each acquire, require this many replicas to acknowledge within the
-    /// timeout (`WAIT`); otherwise release and fail. Single node only.
+    /// After each acquire and renewal, require this many replicas to acknowledge
+    /// within the timeout (`WAIT`); otherwise an acquire is released and fails, a
+    /// renewal fails. Single node or Sentinel (not Cluster).
     pub replica_ack: Option<(u32, Duration)>,
     /// How long a queued waiter stays in the queue without re-checking (it re-checks
     /// every third of this): a crashed waiter is skipped at most this long after it
@@ -113,6 +130,11 @@ pub struct RedisOptions {
     /// TLS URLs only: the client certificate and key to present. The URL parameters
     /// `tls_cert=<file>&tls_key=<file>` do the same.
     pub tls_identity: Option<TlsIdentity>,
+    /// Sentinel URLs only: the sentinels' own user (`None`: the default user) and
+    /// password, when they require one. The URL parameters `sentinel_user` and
+    /// `sentinel_password` do the same; these win. The URL's `user:pass@` are the
+    /// master's and replicas' credentials.
+    pub sentinel_auth: Option<SentinelAuth>,
 }
 
 impl Default for RedisOptions {
@@ -126,6 +148,7 @@ impl Default for RedisOptions {
             connect_timeout: Duration::from_secs(5),
             tls_root_certificate: None,
             tls_identity: None,
+            sentinel_auth: None,
         }
     }
 }
@@ -174,7 +197,14 @@ impl RedisOptions {
         self
     }
 
-    /// Requires `replicas` acknowledgements within `timeout` after each acquire.
+    /// Sentinel URLs: authenticates to the sentinels as `user` (`None`: the default
+    /// user) with `password`.
+    pub fn sentinel_auth(mut self, user: Option<String>, password: impl Into<String>) -> Self {
+        self.sentinel_auth = Some(SentinelAuth::new(user, password));
+        self
+    }
+
+    /// Requires `replicas` acknowledgements within `timeout` after each acquire and renewal.
     pub fn replica_ack(mut self, replicas: u32, timeout: Duration) -> Self {
         self.replica_ack = Some((replicas, timeout));
         self

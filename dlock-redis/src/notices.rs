@@ -15,7 +15,8 @@
 //! misses no notice; a notice that arrives before the waiter waits is kept by its
 //! `Notify`. If the connection drops, it is re-established and re-subscribed, and
 //! every waiter re-checks (notices may have been missed); while it is down, waiters
-//! poll.
+//! poll. Behind Sentinel it follows the master: when the backend's connection moves
+//! to a new master (a new epoch), the notice connection subscribes there instead.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -25,6 +26,39 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
+
+use crate::sentinel::SentinelMaster;
+
+/// Where the notice connection subscribes.
+#[derive(Clone)]
+pub(crate) enum Endpoint {
+    /// One node (a single server, or any node of a Cluster: it broadcasts `PUBLISH`).
+    Node(Box<redis::Client>),
+    /// Whichever server Sentinel names master now.
+    Sentinel(Arc<SentinelMaster>),
+}
+
+impl Endpoint {
+    /// A client for the node to subscribe on, and the Sentinel epoch it belongs to.
+    async fn client(&self) -> redis::RedisResult<(u64, redis::Client)> {
+        match self {
+            Endpoint::Node(c) => Ok((0, redis::Client::clone(c))),
+            Endpoint::Sentinel(m) => m.client().await,
+        }
+    }
+
+    /// Resolves once the master has moved away from `epoch` (never for one node).
+    async fn moved_from(&self, epoch: u64) {
+        match self {
+            Endpoint::Node(_) => std::future::pending().await,
+            Endpoint::Sentinel(m) => {
+                let mut epochs = m.epochs();
+                // An error: the follower is gone; the backend is being dropped.
+                let _ = epochs.wait_for(|e| *e != epoch && *e != 0).await;
+            }
+        }
+    }
+}
 
 struct Waiter {
     id: u64,
@@ -57,15 +91,13 @@ impl Notices {
     /// Connects the notice connection to `client` (a node of the deployment),
     /// subscribes to a new channel of this backend's own, `<prefix>notices:<random>`,
     /// and starts dispatching.
-    pub(crate) async fn start(
-        client: redis::Client,
-        prefix: &str,
-    ) -> redis::RedisResult<Arc<Self>> {
+    pub(crate) async fn start(endpoint: Endpoint, prefix: &str) -> redis::RedisResult<Arc<Self>> {
         let channel = format!(
             "{prefix}notices:{:016x}{:016x}",
             fastrand::u64(..),
             fastrand::u64(..)
         );
+        let (epoch, client) = endpoint.client().await?;
         let mut first = client.get_async_pubsub().await?;
         first.subscribe(&channel).await?;
         let notices = Arc::new(Notices {
@@ -75,7 +107,11 @@ impl Notices {
             connected: AtomicBool::new(true),
             task: Mutex::new(None),
         });
-        let task = tokio::spawn(run(Arc::downgrade(&notices), client, Some(first)));
+        let task = tokio::spawn(run(
+            Arc::downgrade(&notices),
+            endpoint,
+            Some((epoch, first)),
+        ));
         *notices.task.lock().unwrap_or_else(PoisonError::into_inner) = Some(task);
         Ok(notices)
     }
@@ -170,16 +206,23 @@ impl Drop for Registration {
     }
 }
 
-async fn run(notices: Weak<Notices>, client: redis::Client, mut first: Option<redis::aio::PubSub>) {
+async fn run(
+    notices: Weak<Notices>,
+    endpoint: Endpoint,
+    mut first: Option<(u64, redis::aio::PubSub)>,
+) {
     loop {
-        let pubsub = match first.take() {
+        let (epoch, pubsub) = match first.take() {
             Some(p) => p,
             None => {
                 let Some(channel) = notices.upgrade().map(|n| n.channel.clone()) else {
                     return;
                 };
-                let connected = match client.get_async_pubsub().await {
-                    Ok(mut p) => p.subscribe(&channel).await.map(|()| p),
+                let connected = match endpoint.client().await {
+                    Ok((epoch, client)) => match client.get_async_pubsub().await {
+                        Ok(mut p) => p.subscribe(&channel).await.map(|()| (epoch, p)),
+                        Err(e) => Err(e),
+                    },
                     Err(e) => Err(e),
                 };
                 match connected {
@@ -198,7 +241,12 @@ async fn run(notices: Weak<Notices>, client: redis::Client, mut first: Option<re
                 }
             }
         };
-        dispatch(&notices, pubsub).await;
+        tokio::select! {
+            () = dispatch(&notices, pubsub) => {}
+            () = endpoint.moved_from(epoch) => {
+                tracing::debug!("dlock-redis: the master moved; subscribing to release notices there");
+            }
+        }
         let Some(n) = notices.upgrade() else { return };
         n.connected.store(false, Ordering::Release);
         // Waiters switch to polling until the connection is back.

@@ -25,6 +25,15 @@ apt_install() {
     || fail "could not install $*"
 }
 
+# ensure_protoc: protoc and the well-known .proto files it imports (google/protobuf/
+# descriptor.proto: libprotobuf-dev, only recommended by protobuf-compiler, which
+# apt_install does not install): dlock-etcd's etcd-client compiles etcd's protocol
+# at build time.
+ensure_protoc() {
+  command -v protoc >/dev/null 2>&1 && [ -f /usr/include/google/protobuf/descriptor.proto ] \
+    || apt_install protobuf-compiler libprotobuf-dev
+}
+
 # tcp_open HOST PORT: is something listening?
 tcp_open() { (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null; }
 
@@ -489,8 +498,7 @@ stop_etcd() { stop_pid "$ETCD_RUN_DIR/$1/etcd.pid" etcd "etcd member $1"; }
 # start.sh so scripts/server-fault can restart it with its data.
 ensure_etcd() {
   export DLOCK_ETCD_URL="${DLOCK_ETCD_URL:-etcd://127.0.0.1:2379,127.0.0.1:12379,127.0.0.1:22379/dlock-test}"
-  # protoc: etcd-client compiles etcd's protocol at build time.
-  command -v protoc >/dev/null 2>&1 || apt_install protobuf-compiler
+  ensure_protoc
   command -v etcd >/dev/null 2>&1 || apt_install etcd-server
   command -v etcdctl >/dev/null 2>&1 || apt_install etcd-client
   if etcd_serving 2379 && etcd_serving 12379 && etcd_serving 22379; then
@@ -523,6 +531,125 @@ START
   log "etcd cluster ready"
 }
 
+# A Redis Sentinel deployment on 127.0.0.1: a master and two replicas on 6400–6402
+# and three sentinels on 26400–26402 (Debian's redis-sentinel) monitoring it as
+# dlock-master, quorum 2, a master down after 1 s. Each server runs from a config
+# file of its own that Sentinel rewrites (CONFIG REWRITE), so a restarted node comes
+# back in the role the last failover gave it, as a deployed one does. No persistence.
+SENTINEL_RUN_DIR="${TMPDIR:-/tmp}/dlock-sentinel"
+SENTINEL_MASTER_NAME=dlock-master
+SENTINEL_DATA_PORTS="6400 6401 6402"
+SENTINEL_PORTS="26400 26401 26402"
+
+# sentinel_master_port: the port of the master the first answering sentinel names.
+sentinel_master_port() {
+  local p
+  for p in $SENTINEL_PORTS; do
+    if redis-cli -h 127.0.0.1 -p "$p" sentinel get-master-addr-by-name "$SENTINEL_MASTER_NAME" 2>/dev/null \
+      | sed -n 2p | grep -E '^[0-9]+$'; then
+      return 0
+    fi
+  done
+  return 1
+}
+
+# sentinel_ok: every sentinel sees the master, its 2 replicas and the 2 other
+# sentinels, and the master they name is master with 2 replicas linked — a failover
+# can happen now.
+sentinel_ok() {
+  local master p
+  master=$(sentinel_master_port) || return 1
+  redis-cli -h 127.0.0.1 -p "$master" info replication 2>/dev/null | tr -d '\r' \
+    | grep -qx 'connected_slaves:2' || return 1
+  redis-cli -h 127.0.0.1 -p "$master" role 2>/dev/null | head -1 | grep -qx master || return 1
+  for p in $SENTINEL_PORTS; do
+    local info
+    info=$(redis-cli -h 127.0.0.1 -p "$p" sentinel master "$SENTINEL_MASTER_NAME" 2>/dev/null | tr -d '\r' | paste -sd' ')
+    [[ " $info " == *" port $master "* ]] || return 1
+    [[ " $info " == *" num-slaves 2 "* ]] || return 1
+    [[ " $info " == *" num-other-sentinels 2 "* ]] || return 1
+    [[ " $info " == *" flags master "* ]] || return 1
+  done
+}
+
+# sentinel_dir PORT: the directory of the deployment's server on PORT.
+sentinel_dir() { echo "$SENTINEL_RUN_DIR/$1"; }
+
+# stop_sentinel_node PORT: stops the server or sentinel on PORT (bounded).
+stop_sentinel_node() {
+  local dir
+  dir=$(sentinel_dir "$1")
+  redis-cli -h 127.0.0.1 -p "$1" shutdown nosave >/dev/null 2>&1 || true
+  stop_pid "$dir/redis.pid" redis "Redis on port $1"
+}
+
+# write_sentinel_node PORT KIND [MASTER_PORT]: the config and start.sh of a data node
+# (KIND server) or a sentinel (KIND sentinel).
+write_sentinel_node() {
+  local port=$1 kind=$2 master=${3:-} dir
+  dir=$(sentinel_dir "$port")
+  rm -rf "$dir" && mkdir -p "$dir"
+  {
+    echo "port $port"
+    echo "bind 127.0.0.1"
+    echo "daemonize yes"
+    echo "dir $dir"
+    echo "pidfile $dir/redis.pid"
+    echo "logfile $dir/redis.log"
+    if [ "$kind" = sentinel ]; then
+      echo "sentinel monitor $SENTINEL_MASTER_NAME 127.0.0.1 $master 2"
+      echo "sentinel down-after-milliseconds $SENTINEL_MASTER_NAME 1000"
+      echo "sentinel failover-timeout $SENTINEL_MASTER_NAME 10000"
+      echo "sentinel parallel-syncs $SENTINEL_MASTER_NAME 2"
+    else
+      echo 'save ""'
+      echo "appendonly no"
+      # A replica that must resync in full (the old master after a failover) gets
+      # the data at once, not after the default 5 s wait for more replicas.
+      echo "repl-diskless-sync-delay 0"
+      [ -n "$master" ] && echo "replicaof 127.0.0.1 $master"
+    fi
+  } >"$dir/$kind.conf"
+  {
+    echo "#!/bin/sh"
+    echo "# Starts this node of the Sentinel deployment (written by scripts/lib/services.sh)."
+    if [ "$kind" = sentinel ]; then
+      echo "exec redis-sentinel $dir/sentinel.conf"
+    else
+      echo "exec redis-server $dir/server.conf"
+    fi
+  } >"$dir/start.sh"
+}
+
+ensure_redis_sentinel() {
+  export DLOCK_REDIS_SENTINEL_URL="${DLOCK_REDIS_SENTINEL_URL:-redis+sentinel://127.0.0.1:26400,127.0.0.1:26401,127.0.0.1:26402/$SENTINEL_MASTER_NAME}"
+  export DLOCK_REDIS_SENTINEL_ACK_URL="${DLOCK_REDIS_SENTINEL_ACK_URL:-$DLOCK_REDIS_SENTINEL_URL}"
+  ensure_redis_server_binary
+  command -v redis-sentinel >/dev/null 2>&1 || apt_install redis-sentinel
+  if sentinel_ok; then
+    log "Redis Sentinel deployment already running (master on $(sentinel_master_port))"
+    return
+  fi
+  log "starting Redis Sentinel: master 6400, replicas 6401 6402, sentinels 26400-26402 on 127.0.0.1"
+  local p first=""
+  for p in $SENTINEL_PORTS $SENTINEL_DATA_PORTS; do stop_sentinel_node "$p"; done
+  for p in $SENTINEL_DATA_PORTS; do
+    if [ -z "$first" ]; then
+      first=$p
+      write_sentinel_node "$p" server
+    else
+      write_sentinel_node "$p" server "$first"
+    fi
+    sh "$(sentinel_dir "$p")/start.sh" || fail "Redis on port $p did not start (see $(sentinel_dir "$p")/redis.log)"
+  done
+  for p in $SENTINEL_PORTS; do
+    write_sentinel_node "$p" sentinel "$first"
+    sh "$(sentinel_dir "$p")/start.sh" || fail "the sentinel on port $p did not start (see $(sentinel_dir "$p")/redis.log)"
+  done
+  wait_for 60 "the Sentinel deployment (master, 2 replicas, 3 sentinels agreeing)" sentinel_ok
+  log "Redis Sentinel ready (master $SENTINEL_MASTER_NAME on 127.0.0.1:$first)"
+}
+
 # ensure_backend LABEL: make the backend behind a DLOCK_TEST_BACKENDS label usable.
 ensure_backend() {
   case "$1" in
@@ -539,6 +666,7 @@ ensure_backend() {
     zk) ensure_zookeeper ;;
     zk-ensemble) ensure_zookeeper_ensemble ;;
     etcd) ensure_etcd ;;
+    redis-sentinel | redis-sentinel-ack) ensure_redis_sentinel ;;
     *) fail "unknown backend '$1' in DLOCK_TEST_BACKENDS (known: $ALL_BACKENDS)" ;;
   esac
 }

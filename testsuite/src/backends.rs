@@ -1,6 +1,7 @@
 //! The test backends the runner can open, by label.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use std::sync::Mutex;
@@ -16,6 +17,9 @@ use dlock_zk::ZkBackend;
 use crate::lockcheck::broken::{BrokenBackend, Flaw};
 use crate::TestBackend;
 
+/// Replicas of the Sentinel deployment's master (scripts/lib/services.sh).
+pub const SENTINEL_REPLICAS: u32 = 2;
+
 /// Every label the conformance runner understands (`DLOCK_TEST_BACKENDS`).
 pub const KNOWN: &[&str] = &[
     "memory",
@@ -29,6 +33,8 @@ pub const KNOWN: &[&str] = &[
     "redis-cluster",
     "redis-tls",
     "redis-cluster-tls",
+    "redis-sentinel",
+    "redis-sentinel-ack",
     "zk",
     "zk-ensemble",
     "etcd",
@@ -135,6 +141,11 @@ pub fn url_of(label: &str) -> Option<TestUrl> {
         // The TLS-only server scripts/test starts, with the CA and client certificate
         // it made (DLOCK_REDIS_TLS_DIR).
         "redis-tls" => Some(format!("rediss://127.0.0.1:6390/?{}", redis_tls_params())),
+        // The deployment scripts/lib/services.sh starts: 3 sentinels, a master and 2 replicas.
+        "redis-sentinel" | "redis-sentinel-ack" => Some(
+            "redis+sentinel://127.0.0.1:26400,127.0.0.1:26401,127.0.0.1:26402/dlock-master"
+                .to_owned(),
+        ),
         // The TLS-only Cluster on the same certificates.
         "redis-cluster-tls" => Some(format!(
             "rediss+cluster://127.0.0.1:7100,127.0.0.1:7101,127.0.0.1:7102/?{}",
@@ -280,7 +291,8 @@ pub async fn open_at(label: &str, url: TestUrl) -> Result<Arc<dyn TestBackend>> 
         "sqlite" | "mysql" | "postgres" | "mysql-tls" | "postgres-tls" => {
             Arc::new(SqlTestBackend::open(label, url).await?)
         }
-        "redis" | "redis-polling" | "redis-cluster" | "redis-tls" | "redis-cluster-tls" => {
+        "redis" | "redis-polling" | "redis-cluster" | "redis-tls" | "redis-cluster-tls"
+        | "redis-sentinel" | "redis-sentinel-ack" => {
             Arc::new(RedisTestBackend::open(label, url).await?)
         }
         "zk" | "zk-ensemble" => Arc::new(ZkTestBackend::open(label, url).await?),
@@ -370,10 +382,14 @@ url_clients!(JdbcBackend, ZkBackend, EtcdBackend);
 #[async_trait]
 impl ServerClient for RedisBackend {
     async fn open(label: &str, url: &str) -> Result<Self> {
-        let options = if label == "redis-polling" {
-            RedisOptions::default().polling(dlock_spi::Backoff::default())
-        } else {
-            RedisOptions::default()
+        let options = match label {
+            "redis-polling" => RedisOptions::default().polling(dlock_spi::Backoff::default()),
+            // A replica acknowledges each acquire and renewal: with the master, a
+            // majority of the deployment's three copies has it.
+            "redis-sentinel-ack" => {
+                RedisOptions::default().replica_ack(1, Duration::from_millis(500))
+            }
+            _ => RedisOptions::default(),
         };
         RedisBackend::connect_with(url, options).await
     }

@@ -924,6 +924,15 @@ async fn memory_has_no_violations_and_kept_histories_check_again() {
 /// Runs the `lockcheck` binary once (3 processes), bounded, and says what is wrong
 /// with the run, if anything: it must exit 0 with a summary of `label`, grants,
 /// injected faults and no violation.
+/// Whether `label` under `nemesis` is a deployment dlock documents as unsafe: Redis
+/// Sentinel without replica acknowledgement loses the writes its promoted replica
+/// had not received (and clients may write to the old master until it is demoted),
+/// so a failover can grant a held lock again. Those runs are measured (SAFETY.md),
+/// not judged: they must still run, grant and inject the fault.
+fn unsafe_by_design(label: &str, nemesis: &str) -> bool {
+    label == "redis-sentinel" && matches!(nemesis, "failover" | "restart")
+}
+
 async fn bounded_run(label: &str, seconds: u64, nemesis: &str, seed: u64) -> Option<String> {
     let limit = Duration::from_secs(seconds + 60);
     let started = Instant::now();
@@ -970,7 +979,7 @@ async fn bounded_run(label: &str, seconds: u64, nemesis: &str, seed: u64) -> Opt
         Some(s) if s.faults == 0 || injected == 0 => {
             format!("the {nemesis} nemesis injected nothing")
         }
-        Some(s) if s.violations > 0 => "violations".to_owned(),
+        Some(s) if s.violations > 0 && !unsafe_by_design(label, nemesis) => "violations".to_owned(),
         Some(_) => return None,
     };
     Some(format!(
@@ -1011,6 +1020,7 @@ async fn server_side_nemeses_find_no_violation() {
             (Nemesis::Restart, 12),
             (Nemesis::Promote, 8),
             (Nemesis::Expire, 15),
+            (Nemesis::Failover, 10),
         ] {
             if let Some(why) = kind.not_applicable(&label) {
                 println!("{label} {}: not applicable ({why})", kind.name());

@@ -41,7 +41,7 @@ impl std::str::FromStr for Choice {
                 .find(|n| n.name() == other)
                 .map(|n| Choice::One(*n))
                 .ok_or_else(|| {
-                    format!("unknown nemesis {other:?}; use none, proxy, stop, kill, restart, promote, expire or all")
+                    format!("unknown nemesis {other:?}; use none, proxy, stop, kill, restart, promote, failover, expire or all")
                 }),
         }
     }
@@ -93,17 +93,22 @@ pub enum Nemesis {
     /// ZooKeeper: a worker's session expires on the server — its connections
     /// black-holed for longer than the session timeout it asked for, then reset.
     Expire,
+    /// Redis Sentinel: a forced failover (`SENTINEL FAILOVER`): a replica is
+    /// promoted at once, the old master reconfigured as its replica (its clients
+    /// disconnected); the workers follow through the sentinels.
+    Failover,
 }
 
 impl Nemesis {
     /// Every kind, in rotation order.
-    pub const ALL: [Nemesis; 6] = [
+    pub const ALL: [Nemesis; 7] = [
         Nemesis::Proxy,
         Nemesis::Stop,
         Nemesis::Kill,
         Nemesis::Restart,
         Nemesis::Promote,
         Nemesis::Expire,
+        Nemesis::Failover,
     ];
 
     /// The `--nemesis` word.
@@ -115,6 +120,7 @@ impl Nemesis {
             Nemesis::Restart => "restart",
             Nemesis::Promote => "promote",
             Nemesis::Expire => "expire",
+            Nemesis::Failover => "failover",
         }
     }
 
@@ -128,7 +134,9 @@ impl Nemesis {
         if in_process(label) {
             let why = match self {
                 Nemesis::Proxy | Nemesis::Expire => "in-process backend, no connection to fault",
-                Nemesis::Restart | Nemesis::Promote => "in-process backend, no server",
+                Nemesis::Restart | Nemesis::Promote | Nemesis::Failover => {
+                    "in-process backend, no server"
+                }
                 Nemesis::Stop | Nemesis::Kill => "its workers are tasks of one process",
             };
             return Some(why.to_owned());
@@ -138,6 +146,9 @@ impl Nemesis {
                 "sqlite" => Some("a local file, no connection to fault"),
                 "redis-cluster" | "redis-cluster-tls" => {
                     Some("cluster redirects name the nodes' own addresses and bypass a proxy")
+                }
+                "redis-sentinel" | "redis-sentinel-ack" => {
+                    Some("the sentinels name the servers' own addresses, which bypass a proxy")
                 }
                 _ => None,
             },
@@ -156,6 +167,8 @@ impl Nemesis {
             Nemesis::Expire => {
                 (!label.starts_with("zk")).then_some("holds live by lease, not by a session")
             }
+            Nemesis::Failover => (!label.starts_with("redis-sentinel"))
+                .then_some("no Sentinel deployment (only redis-sentinel and redis-sentinel-ack)"),
         }
         .map(str::to_owned)
     }
@@ -212,8 +225,9 @@ const RESTART_LEEWAY: Duration = Duration::from_secs(5);
 /// every hold it forgets has expired (plus a second for clocks and timers).
 const STATELESS_DOWN: Duration = Duration::from_millis(MAX_LEASE_MS + 1000);
 
-/// Runs `scripts/server-fault ARGS…`, bounded; its failure fails the run.
-async fn server_fault(args: &[String]) -> Result<(), String> {
+/// Runs `scripts/server-fault ARGS…` (the servers scripts/test starts), bounded;
+/// `Err` says what failed.
+pub async fn server_fault(args: &[String]) -> Result<(), String> {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/server-fault");
     let run = tokio::process::Command::new(&script)
         .args(args)
@@ -317,8 +331,10 @@ impl Servers {
             (None, "redis-cluster" | "redis-cluster-tls" | "zk-ensemble") => {
                 Some(rng.u32(0..3).to_string())
             }
-            // etcd: the member that leads at the time (a leader kill).
+            // etcd: the member that leads at the time (a leader kill); Sentinel: the
+            // master the sentinels name (a master kill, and their failover).
             (None, "etcd") => Some("leader".to_owned()),
+            (None, "redis-sentinel" | "redis-sentinel-ack") => Some("master".to_owned()),
             _ => None,
         };
         (down, member)
@@ -415,17 +431,7 @@ pub(crate) async fn run(
                     down.as_millis().to_string(),
                 ];
                 args.extend(member);
-                log_at(
-                    log,
-                    now_ns(),
-                    COORDINATOR,
-                    Kind::Down {
-                        what: args.join(" "),
-                    },
-                );
-                let restarted = server_fault(&args).await;
-                log_at(log, now_ns(), COORDINATOR, Kind::Up);
-                restarted?;
+                logged_server_fault(log, &args).await?;
                 true
             }
             Nemesis::Promote => {
@@ -468,12 +474,34 @@ pub(crate) async fn run(
                 promoted?;
                 true
             }
+            Nemesis::Failover => {
+                if Instant::now() + RESTART_LEEWAY >= until {
+                    continue;
+                }
+                logged_server_fault(log, &["failover".to_owned(), servers.label.clone()]).await?;
+                true
+            }
         };
         if done {
             injected[slot].1 += 1;
         }
     }
     Ok(injected)
+}
+
+/// [`server_fault`], logged as `down` (with its arguments) and `up` on the coordinator.
+async fn logged_server_fault(log: &EventLog, args: &[String]) -> Result<(), String> {
+    log_at(
+        log,
+        now_ns(),
+        COORDINATOR,
+        Kind::Down {
+            what: args.join(" "),
+        },
+    );
+    let done = server_fault(args).await;
+    log_at(log, now_ns(), COORDINATOR, Kind::Up);
+    done
 }
 
 /// Applies `fault` to `target`'s proxies for `window`, then heals them. A black
@@ -534,7 +562,7 @@ mod tests {
 
     #[test]
     fn choices_parse() {
-        assert_eq!("all".parse::<Choice>().unwrap().kinds().len(), 6);
+        assert_eq!("all".parse::<Choice>().unwrap().kinds().len(), 7);
         assert_eq!(
             "promote".parse::<Choice>().unwrap().kinds(),
             [Nemesis::Promote]

@@ -383,8 +383,21 @@ fn answer<T>(result: dlock_api::Result<Option<T>>) -> Result<T, Why> {
     match result {
         Ok(Some(held)) => Ok(held),
         Ok(None) => Err(Why::None),
-        Err(e) => Err(Why::Error(e.kind().as_str().to_owned())),
+        Err(e) => Err(failed_with(&e)),
     }
+}
+
+/// How many failed calls a worker describes on its stderr (kept with the history).
+const DESCRIBED_ERRORS: u64 = 20;
+
+/// A failed call's `Why`; the first [`DESCRIBED_ERRORS`] are also described on
+/// stderr, for the one reading a kept history (the history keeps only the kind).
+fn failed_with(e: &dlock_api::Error) -> Why {
+    static DESCRIBED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    if DESCRIBED.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < DESCRIBED_ERRORS {
+        eprintln!("lockcheck worker: a call failed: {e}");
+    }
+    Why::Error(e.kind().as_str().to_owned())
 }
 
 /// What a task locks next.
@@ -930,7 +943,7 @@ impl Task {
                 return;
             }
             Ok(Ok(None)) => Why::None,
-            Ok(Err(e)) => Why::Error(e.kind().as_str().to_owned()),
+            Ok(Err(e)) => failed_with(&e),
             Err(_) => Why::Hung,
         };
         self.log.log(Kind::Fail {

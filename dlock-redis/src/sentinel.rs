@@ -1,0 +1,559 @@
+//! Redis Sentinel: the backend follows a named master through failovers.
+//!
+//! `redis+sentinel://[user:pass@]s1:26379,s2:26379,s3:26379/<master>[/<db>]`
+//! (`rediss+sentinel://` over TLS, to the sentinels and the data nodes alike). The
+//! URL's credentials are the data nodes'; the sentinels' own, if they require any,
+//! are the parameters `sentinel_user` and `sentinel_password` (or
+//! [`RedisOptions::sentinel_auth`](crate::RedisOptions::sentinel_auth)).
+//!
+//! As Redis' client guidelines for Sentinel ask: the master's address comes from
+//! the first sentinel that answers `SENTINEL get-master-addr-by-name` (the one that
+//! answered last is asked first), and a connection to it is used only once `ROLE`
+//! there says `master`. The connection is dropped, and the master looked up again,
+//!
+//! * when a command on it fails with a lost connection or `READONLY`/`MASTERDOWN`
+//!   (a demoted master: Sentinel also closes every client connection of a master
+//!   it reconfigures as a replica), and
+//! * when a sentinel announces `+switch-master` for this master (one subscription,
+//!   to one sentinel at a time): a client cut off from the sentinels' majority
+//!   while it still reaches the old master learns of the failover this way.
+//!
+//! Each new connection has a new *epoch*; the release-notice connection follows the
+//! epochs (it subscribes again on the new master), and a `replica_ack` wait counts
+//! only for an acquire that ran on the connection it waits on.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::time::Duration;
+
+use dlock_spi::{redact_url, Error, ErrorKind, Result};
+use futures_util::StreamExt;
+use redis::aio::MultiplexedConnection;
+use redis::{FromRedisValue, RedisResult, Value};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::RedisOptions;
+
+/// The sentinels' own credentials ([`RedisOptions::sentinel_auth`]); its `Debug`
+/// shows no password.
+#[derive(Clone)]
+pub struct SentinelAuth {
+    user: Option<String>,
+    password: String,
+}
+
+impl SentinelAuth {
+    /// `user` (`None`: the default user) with `password`.
+    pub fn new(user: Option<String>, password: impl Into<String>) -> Self {
+        SentinelAuth {
+            user,
+            password: password.into(),
+        }
+    }
+}
+
+impl std::fmt::Debug for SentinelAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SentinelAuth")
+            .field("user", &self.user)
+            .field("password", &"<redacted>")
+            .finish()
+    }
+}
+
+/// Where the sentinels are and what they are asked for, from a Sentinel URL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct SentinelUrl {
+    /// `redis` or `rediss` (TLS to sentinels and data nodes).
+    pub(crate) scheme: &'static str,
+    /// `host:port` of each sentinel.
+    pub(crate) sentinels: Vec<String>,
+    /// The master's name, as the sentinels monitor it.
+    pub(crate) master: String,
+    /// The data nodes' `user:pass` (URL-encoded as written), if any.
+    pub(crate) userinfo: Option<String>,
+    /// The database number on the data nodes.
+    pub(crate) db: i64,
+    /// The sentinels' own credentials (`sentinel_user`, `sentinel_password`).
+    pub(crate) sentinel_user: Option<String>,
+    pub(crate) sentinel_password: Option<String>,
+}
+
+/// A Sentinel URL's part after the scheme and the scheme of its nodes, if `url` is one.
+pub(crate) fn split_sentinel_url(url: &str) -> Option<(&str, &'static str)> {
+    if let Some(rest) = url.strip_prefix("rediss+sentinel://") {
+        return Some((rest, "rediss"));
+    }
+    url.strip_prefix("redis+sentinel://")
+        .map(|rest| (rest, "redis"))
+}
+
+fn bad_url(shown: &str, what: &str) -> Error {
+    Error::new(
+        ErrorKind::Config,
+        format!(
+            "{:?} {what}; write redis+sentinel://[user:pass@]host1:26379,host2:26379/<master name>[/<db>] (rediss+sentinel:// for TLS)",
+            redact_url(shown)
+        ),
+    )
+}
+
+/// Parses the part of a Sentinel URL after its scheme (`rest`); `shown` is the URL as
+/// the user wrote it (for messages, without its password).
+pub(crate) fn parse_sentinel_url(
+    rest: &str,
+    scheme: &'static str,
+    shown: &str,
+) -> Result<SentinelUrl> {
+    let (rest, query) = match rest.split_once('?') {
+        Some((rest, query)) => (rest, Some(query)),
+        None => (rest, None),
+    };
+    let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
+    let (userinfo, hosts) = match authority.rfind('@') {
+        Some(at) => (Some(authority[..at].to_owned()), &authority[at + 1..]),
+        None => (None, authority),
+    };
+    let sentinels: Vec<String> = hosts
+        .split(',')
+        .filter(|h| !h.is_empty())
+        .map(|h| {
+            if h.contains(':') {
+                h.to_owned()
+            } else {
+                format!("{h}:26379")
+            }
+        })
+        .collect();
+    if sentinels.is_empty() {
+        return Err(bad_url(shown, "names no sentinel"));
+    }
+    let mut parts = path.split('/').filter(|p| !p.is_empty());
+    let master = parts
+        .next()
+        .map(str::to_owned)
+        .ok_or_else(|| bad_url(shown, "names no master (the path)"))?;
+    let db = match parts.next() {
+        Some(db) => db
+            .parse()
+            .map_err(|_| bad_url(shown, &format!("has database {db:?}, not a number")))?,
+        None => 0,
+    };
+    if parts.next().is_some() {
+        return Err(bad_url(shown, "has a path of more than <master>/<db>"));
+    }
+    let (mut sentinel_user, mut sentinel_password) = (None, None);
+    for (name, value) in url::form_urlencoded::parse(query.unwrap_or("").as_bytes()) {
+        match name.as_ref() {
+            "sentinel_user" => sentinel_user = Some(value.into_owned()),
+            "sentinel_password" => sentinel_password = Some(value.into_owned()),
+            other => {
+                return Err(bad_url(
+                    shown,
+                    &format!(
+                        "has the parameter {other:?}; a Sentinel URL takes sentinel_user, sentinel_password and (TLS) tls_ca, tls_cert, tls_key"
+                    ),
+                ))
+            }
+        }
+    }
+    Ok(SentinelUrl {
+        scheme,
+        sentinels,
+        master,
+        userinfo,
+        db,
+        sentinel_user,
+        sentinel_password,
+    })
+}
+
+/// The connection to the master as now known.
+struct Current {
+    epoch: u64,
+    client: redis::Client,
+    conn: MultiplexedConnection,
+}
+
+/// The master of one Sentinel-monitored group, followed through failovers.
+pub(crate) struct SentinelMaster {
+    url: SentinelUrl,
+    shown: String,
+    options: RedisOptions,
+    sentinels: Vec<redis::Client>,
+    /// The sentinel that answered last (asked first next time).
+    preferred: AtomicUsize,
+    current: Mutex<Option<Current>>,
+    /// One lookup at a time.
+    looking_up: tokio::sync::Mutex<()>,
+    /// The epoch of the newest connection (0: none yet).
+    epoch: watch::Sender<u64>,
+    watcher: Mutex<Option<JoinHandle<()>>>,
+}
+
+/// Whether `e` says the connection no longer reaches the master.
+fn lost_master(e: &redis::RedisError) -> bool {
+    e.is_io_error()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || e.is_timeout()
+        || matches!(
+            e.kind(),
+            redis::ErrorKind::Server(
+                redis::ServerErrorKind::ReadOnly | redis::ServerErrorKind::MasterDown
+            )
+        )
+}
+
+fn failed(message: String) -> redis::RedisError {
+    redis::RedisError::from(std::io::Error::new(
+        std::io::ErrorKind::NotConnected,
+        message,
+    ))
+}
+
+impl SentinelMaster {
+    /// Builds the follower (no connection yet) and starts watching for
+    /// `+switch-master`; [`SentinelMaster::connection`] looks the master up.
+    pub(crate) fn new(url: SentinelUrl, shown: &str, options: &RedisOptions) -> Result<Arc<Self>> {
+        let (user, password) = match &options.sentinel_auth {
+            Some(auth) => (auth.user.clone(), Some(auth.password.clone())),
+            None => (url.sentinel_user.clone(), url.sentinel_password.clone()),
+        };
+        let userinfo = match (user, password) {
+            (user, Some(p)) => format!("{}:{}@", encode(user.as_deref().unwrap_or("")), encode(&p)),
+            (Some(u), None) => format!("{}@", encode(&u)),
+            (None, None) => String::new(),
+        };
+        let sentinels = url
+            .sentinels
+            .iter()
+            .map(|h| crate::tls::client(&format!("{}://{userinfo}{h}", url.scheme), shown, options))
+            .collect::<Result<Vec<_>>>()?;
+        let master = Arc::new(SentinelMaster {
+            url,
+            shown: shown.to_owned(),
+            options: options.clone(),
+            sentinels,
+            preferred: AtomicUsize::new(0),
+            current: Mutex::new(None),
+            looking_up: tokio::sync::Mutex::new(()),
+            epoch: watch::channel(0).0,
+            watcher: Mutex::new(None),
+        });
+        let task = tokio::spawn(watch_switches(Arc::downgrade(&master)));
+        *master
+            .watcher
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(task);
+        Ok(master)
+    }
+
+    fn current(&self) -> std::sync::MutexGuard<'_, Option<Current>> {
+        self.current.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The epoch of the connection in use (0 before the first).
+    pub(crate) fn epoch(&self) -> u64 {
+        *self.epoch.borrow()
+    }
+
+    /// Epoch changes, for the release-notice connection.
+    pub(crate) fn epochs(&self) -> watch::Receiver<u64> {
+        self.epoch.subscribe()
+    }
+
+    /// The connection to the master and its epoch; looks the master up if there is
+    /// none (bounded by the connect timeout per sentinel asked).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: dropped mid-lookup, nothing is kept and the next call looks again.
+    pub(crate) async fn connection(&self) -> RedisResult<(u64, MultiplexedConnection)> {
+        if let Some(c) = self.current().as_ref() {
+            return Ok((c.epoch, c.conn.clone()));
+        }
+        let _one = self.looking_up.lock().await;
+        if let Some(c) = self.current().as_ref() {
+            return Ok((c.epoch, c.conn.clone()));
+        }
+        let (client, conn) = self.look_up().await?;
+        let epoch = self.epoch() + 1;
+        *self.current() = Some(Current {
+            epoch,
+            client,
+            conn: conn.clone(),
+        });
+        self.epoch.send_replace(epoch);
+        Ok((epoch, conn))
+    }
+
+    /// A client for the master (for pub/sub and scans), and the epoch it belongs to.
+    pub(crate) async fn client(&self) -> RedisResult<(u64, redis::Client)> {
+        self.connection().await?;
+        self.current()
+            .as_ref()
+            .map(|c| (c.epoch, c.client.clone()))
+            .ok_or_else(|| failed("the Redis master was lost again while connecting".into()))
+    }
+
+    /// Drops the connection of `epoch` if it is still the one in use.
+    pub(crate) fn forget(&self, epoch: u64) {
+        let mut current = self.current();
+        if current.as_ref().is_some_and(|c| c.epoch == epoch) {
+            *current = None;
+        }
+    }
+
+    /// Runs `cmd` on the master. A lost connection or a demoted master drops the
+    /// connection (the next call looks the master up); `READONLY` (the command wrote
+    /// nothing) is retried once on the master found then.
+    pub(crate) async fn query<T: FromRedisValue>(&self, cmd: &redis::Cmd) -> RedisResult<T> {
+        let mut retried = false;
+        loop {
+            let (epoch, mut conn) = self.connection().await?;
+            match cmd.query_async(&mut conn).await {
+                Err(e) if lost_master(&e) => {
+                    self.forget(epoch);
+                    let readonly = matches!(
+                        e.kind(),
+                        redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly)
+                    );
+                    if readonly && !retried {
+                        retried = true;
+                        continue;
+                    }
+                    return Err(e);
+                }
+                result => return result,
+            }
+        }
+    }
+
+    /// Loads `script` on the master.
+    pub(crate) async fn load(&self, script: &redis::ScriptInvocation<'_>) -> RedisResult<()> {
+        let (epoch, mut conn) = self.connection().await?;
+        let loaded = script.load_async(&mut conn).await.map(drop);
+        if let Err(e) = &loaded {
+            if lost_master(e) {
+                self.forget(epoch);
+            }
+        }
+        loaded
+    }
+
+    /// Asks the sentinels, the one that answered last first, for the master; the
+    /// first address whose server says it is master wins.
+    async fn look_up(&self) -> RedisResult<(redis::Client, MultiplexedConnection)> {
+        let n = self.sentinels.len();
+        let first = self.preferred.load(Ordering::Relaxed) % n.max(1);
+        let mut errors = Vec::new();
+        for i in 0..n {
+            let at = (first + i) % n;
+            match self.ask(&self.sentinels[at]).await {
+                Ok(found) => {
+                    self.preferred.store(at, Ordering::Relaxed);
+                    return Ok(found);
+                }
+                Err(e) => errors.push(format!("{}: {e}", self.url.sentinels[at])),
+            }
+        }
+        Err(failed(format!(
+            "no sentinel named a reachable master {:?}: {}",
+            self.url.master,
+            errors.join("; ")
+        )))
+    }
+
+    async fn ask(
+        &self,
+        sentinel: &redis::Client,
+    ) -> RedisResult<(redis::Client, MultiplexedConnection)> {
+        let limit = self.options.connect_timeout;
+        let mut s = bounded(
+            limit,
+            sentinel.get_multiplexed_async_connection_with_config(&config(limit)),
+        )
+        .await?;
+        let addr: Option<(String, u16)> = bounded(
+            limit,
+            redis::cmd("SENTINEL")
+                .arg("get-master-addr-by-name")
+                .arg(&self.url.master)
+                .query_async(&mut s),
+        )
+        .await?;
+        let Some((host, port)) = addr else {
+            return Err(failed(format!(
+                "it monitors no master named {:?}",
+                self.url.master
+            )));
+        };
+        let host = if host.contains(':') {
+            format!("[{host}]")
+        } else {
+            host
+        };
+        let userinfo = self
+            .url
+            .userinfo
+            .as_deref()
+            .map(|u| format!("{u}@"))
+            .unwrap_or_default();
+        let data = format!(
+            "{}://{userinfo}{host}:{port}/{}",
+            self.url.scheme, self.url.db
+        );
+        let client = crate::tls::client(&data, &self.shown, &self.options)
+            .map_err(|e| failed(e.to_string()))?;
+        let mut conn = bounded(
+            limit,
+            client.get_multiplexed_async_connection_with_config(&config(limit)),
+        )
+        .await?;
+        let role: Vec<Value> = bounded(limit, redis::cmd("ROLE").query_async(&mut conn)).await?;
+        match role.first() {
+            Some(Value::BulkString(r)) if r == b"master" => Ok((client, conn)),
+            Some(Value::SimpleString(r)) if r == "master" => Ok((client, conn)),
+            _ => Err(failed(format!(
+                "it names {host}:{port}, which is not a master (yet)"
+            ))),
+        }
+    }
+}
+
+impl Drop for SentinelMaster {
+    fn drop(&mut self) {
+        if let Some(task) = self
+            .watcher
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+        {
+            task.abort();
+        }
+    }
+}
+
+/// Percent-encodes a credential for a URL's userinfo.
+fn encode(s: &str) -> String {
+    url::form_urlencoded::byte_serialize(s.as_bytes())
+        .collect::<String>()
+        .replace('+', "%20")
+}
+
+/// dlock's connection settings: bounded connect, no reply timeout (a script that ran
+/// but answered late must not be reported as failed; the chain bounds every call).
+fn config(connect: Duration) -> redis::AsyncConnectionConfig {
+    redis::AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(connect))
+        .set_response_timeout(None)
+}
+
+/// `fut`, failing with a timeout error after `limit`.
+async fn bounded<T>(
+    limit: Duration,
+    fut: impl std::future::Future<Output = RedisResult<T>>,
+) -> RedisResult<T> {
+    tokio::time::timeout(limit, fut).await.unwrap_or_else(|_| {
+        Err(redis::RedisError::from(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("no answer within {limit:?}"),
+        )))
+    })
+}
+
+/// How long the switch watcher waits before trying the next sentinel.
+const WATCH_RETRY: Duration = Duration::from_millis(500);
+
+/// Subscribes to `+switch-master` on one sentinel at a time (the next one when a
+/// connection fails); an announcement for this master drops the connection to the
+/// old one and looks the new one up at once, so the release notices follow too.
+async fn watch_switches(master: Weak<SentinelMaster>) {
+    for round in 0usize.. {
+        let (sentinel, name) = match master.upgrade() {
+            Some(m) => {
+                let at = (m.preferred.load(Ordering::Relaxed) + round) % m.sentinels.len().max(1);
+                match m.sentinels.get(at) {
+                    Some(s) => (s.clone(), m.url.master.clone()),
+                    None => return,
+                }
+            }
+            None => return,
+        };
+        let limit = master
+            .upgrade()
+            .map_or(Duration::from_secs(5), |m| m.options.connect_timeout);
+        let subscribed = async {
+            let mut p = bounded(limit, sentinel.get_async_pubsub()).await?;
+            bounded(limit, p.subscribe("+switch-master")).await?;
+            RedisResult::Ok(p)
+        };
+        match subscribed.await {
+            Ok(mut p) => {
+                let mut stream = p.on_message();
+                while let Some(msg) = stream.next().await {
+                    let payload = String::from_utf8_lossy(msg.get_payload_bytes()).into_owned();
+                    if payload.split(' ').next() != Some(name.as_str()) {
+                        continue;
+                    }
+                    let Some(m) = master.upgrade() else { return };
+                    tracing::info!(master = %name, switch = %payload, "dlock-redis: Sentinel switched the master; following it");
+                    let epoch = m.epoch();
+                    m.forget(epoch);
+                    if let Err(e) = m.connection().await {
+                        tracing::debug!(error = %e, "dlock-redis: the new master is not reachable yet; the next command looks again");
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "dlock-redis: cannot watch a sentinel for master switches; trying the next");
+            }
+        }
+        tokio::time::sleep(WATCH_RETRY).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(url: &str) -> Result<SentinelUrl> {
+        let (rest, scheme) = split_sentinel_url(url).ok_or_else(|| bad_url(url, "x"))?;
+        parse_sentinel_url(rest, scheme, url)
+    }
+
+    #[test]
+    fn sentinel_urls_name_sentinels_master_db_and_credentials() {
+        let u =
+            parse("redis+sentinel://u:p%40ss@h1:26379,h2/mymaster/3?sentinel_password=s3").unwrap();
+        assert_eq!(u.scheme, "redis");
+        assert_eq!(u.sentinels, vec!["h1:26379", "h2:26379"]);
+        assert_eq!(u.master, "mymaster");
+        assert_eq!(u.db, 3);
+        assert_eq!(u.userinfo.as_deref(), Some("u:p%40ss"));
+        assert_eq!(u.sentinel_password.as_deref(), Some("s3"));
+        assert_eq!(u.sentinel_user, None);
+        let t = parse("rediss+sentinel://127.0.0.1:26379/m").unwrap();
+        assert_eq!((t.scheme, t.db, t.userinfo), ("rediss", 0, None));
+    }
+
+    #[test]
+    fn bad_sentinel_urls_say_what_is_wrong_without_the_password() {
+        for (url, says) in [
+            ("redis+sentinel://u:secret@/m", "names no sentinel"),
+            ("redis+sentinel://u:secret@h1:26379", "names no master"),
+            ("redis+sentinel://u:secret@h1:26379/", "names no master"),
+            ("redis+sentinel://u:secret@h1/m/x", "not a number"),
+            ("redis+sentinel://u:secret@h1/m/1/2", "more than"),
+            ("redis+sentinel://u:secret@h1/m?bogus=1", "\"bogus\""),
+        ] {
+            let e = parse(url).unwrap_err();
+            let text = e.to_string();
+            assert_eq!(e.kind(), ErrorKind::Config, "{url}");
+            assert!(text.contains(says), "{url}: {text}");
+            assert!(!text.contains("secret"), "{url}: {text}");
+        }
+    }
+}

@@ -1,0 +1,254 @@
+//! What the Redis backend promises behind Sentinel, when `redis-sentinel` is in
+//! `DLOCK_TEST_BACKENDS`: it follows the master through a forced failover (commands,
+//! release notices and queued waiters), and with `replica_ack` a renewal counts only
+//! once the replicas have it. On the deployment scripts/lib/services.sh starts (a
+//! master, two replicas, three sentinels); the failover comes from
+//! `scripts/server-fault failover`.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use dlock_api::{DistributeLockManager, ErrorKind};
+use dlock_redis::{RedisBackend, RedisOptions};
+use testsuite::backends::{server_url, SENTINEL_REPLICAS};
+use testsuite::conformance::{eventually, take};
+use testsuite::runner::selected;
+
+/// The tests here fail the deployment over or stop its servers: one at a time.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+fn sentinel_url() -> Option<String> {
+    let url = selected()
+        .iter()
+        .any(|l| l == "redis-sentinel")
+        .then(|| server_url("redis-sentinel").unwrap().to_string());
+    if url.is_none() {
+        eprintln!("redis-sentinel is not selected in DLOCK_TEST_BACKENDS; nothing to check here");
+    }
+    url
+}
+
+fn name(tag: &str) -> String {
+    format!("sentinel-{tag}-{:x}", fastrand::u64(..))
+}
+
+async fn cli(port: u16, args: &[&str]) -> String {
+    let out = tokio::process::Command::new("redis-cli")
+        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .expect("run redis-cli");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The master's port, as the first sentinel names it.
+async fn master_port() -> u16 {
+    let reply = cli(
+        26400,
+        &["sentinel", "get-master-addr-by-name", "dlock-master"],
+    )
+    .await;
+    reply
+        .lines()
+        .nth(1)
+        .and_then(|p| p.trim().parse().ok())
+        .unwrap_or_else(|| panic!("the sentinel names no master: {reply:?}"))
+}
+
+/// Waits (bounded) until the master the sentinels name has both replicas online:
+/// after a failover the old master rejoins only once a sentinel reconfigures it
+/// (seconds later), and the next test needs every replica.
+async fn deployment_whole() {
+    assert!(
+        eventually(Duration::from_secs(60), || async {
+            let info = cli(master_port().await, &["info", "replication"]).await;
+            info.matches("state=online").count() == SENTINEL_REPLICAS as usize
+        })
+        .await,
+        "the Sentinel deployment did not get both replicas back within 60 s"
+    );
+}
+
+/// Runs `scripts/server-fault ARGS…` (bounded) and checks it succeeded.
+async fn server_fault(args: &[&str]) {
+    let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+    if let Err(e) = testsuite::lockcheck::nemesis::server_fault(&args).await {
+        panic!("{e}");
+    }
+}
+
+/// A forced failover moves everything to the new master: the holder's watchdog
+/// renews there, the release notices are subscribed there (a waiter queued before
+/// the failover is woken by the holder's release after it), and new locks are
+/// granted there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_moves_commands_notices_and_waiters_to_the_new_master() {
+    let Some(url) = sentinel_url() else { return };
+    let _serial = SERIAL.lock().await;
+    let a = RedisBackend::connect(&url).await.unwrap();
+    let b = RedisBackend::connect(&url).await.unwrap();
+    // Longer than a forced failover's window (about 2 s here) in which the clients
+    // still write to the old master, which no longer replicates to the promoted one:
+    // a renewal made then is lost with it, and the hold lives on what the promoted
+    // replica had.
+    let lease = Duration::from_secs(10);
+    let ma = DistributeLockManager::builder(a.clone())
+        .lease(lease)
+        .build()
+        .unwrap();
+    let mb = DistributeLockManager::builder(b.clone()).build().unwrap();
+    let lock = name("moved");
+    let holder = take(&ma.lock(&lock), Duration::ZERO).await;
+    // The waiter queues (its re-checks are a second apart: the default 3 s
+    // liveness / 3) before the failover.
+    let waiting = {
+        let handle = mb.lock(&lock);
+        tokio::spawn(async move { handle.try_lock(Duration::from_secs(30)).await })
+    };
+    let old = master_port().await;
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            cli(old, &["zcard", &format!("dlock:{{{lock}}}:q")])
+                .await
+                .trim()
+                == "1"
+        })
+        .await,
+        "the waiter did not queue on the master"
+    );
+
+    server_fault(&["failover", "redis-sentinel"]).await;
+    let new = master_port().await;
+    assert_ne!(old, new, "the failover named the same master");
+
+    // Both clients' notice connections subscribe on the new master.
+    for backend in [&a, &b] {
+        let channel = backend.notice_channel().to_owned();
+        assert!(
+            eventually(Duration::from_secs(10), || async {
+                cli(new, &["pubsub", "channels", &channel]).await.trim() == channel
+            })
+            .await,
+            "the release notices of a client are not subscribed on the new master {new}"
+        );
+    }
+    // The holder's watchdog renews it on the new master: a third of the lease
+    // after the switch, the store's lease there is fresher than that.
+    let switched = Instant::now();
+    assert!(
+        eventually(lease / 2, || async {
+            let pttl: i64 = cli(new, &["pttl", &format!("dlock:{{{lock}}}:x")])
+                .await
+                .trim()
+                .parse()
+                .unwrap_or(-2);
+            let since = u64::try_from(switched.elapsed().as_millis()).unwrap_or(u64::MAX);
+            // Renewed since the switch: more left than a lease that was not.
+            since > 200
+                && pttl > 0
+                && (pttl as u64) > (lease.as_millis() as u64).saturating_sub(since) + 100
+        })
+        .await,
+        "the watchdog did not renew the hold on the new master"
+    );
+    assert!(!holder.is_lost(), "the hold was lost through the failover");
+
+    // The waiter is woken by the release's notice, well before its next re-check.
+    let released = Instant::now();
+    holder.unlock().await.unwrap();
+    let guard = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("the queued waiter never got the lock")
+        .unwrap()
+        .unwrap()
+        .expect("the queued waiter was refused");
+    let woke = released.elapsed();
+    assert!(
+        woke < Duration::from_millis(500),
+        "the waiter was not woken by a release notice ({woke:?})"
+    );
+    guard.unlock().await.unwrap();
+
+    // New locks are granted on the new master.
+    let other = name("after");
+    let g = take(&ma.lock(&other), Duration::ZERO).await;
+    assert_eq!(
+        cli(new, &["exists", &format!("dlock:{{{other}}}:x")])
+            .await
+            .trim(),
+        "1"
+    );
+    g.unlock().await.unwrap();
+    ma.close().await;
+    mb.close().await;
+    deployment_whole().await;
+}
+
+/// With `replica_ack`, a renewal the replicas did not take does not count (a
+/// failover would undo it): `extend` fails while a replica is frozen, and works
+/// again once it is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_counts_only_once_the_replicas_have_it() {
+    let Some(url) = sentinel_url() else { return };
+    let _serial = SERIAL.lock().await;
+    deployment_whole().await;
+    let backend = RedisBackend::connect_with(
+        &url,
+        RedisOptions::default().replica_ack(SENTINEL_REPLICAS, Duration::from_millis(200)),
+    )
+    .await
+    .unwrap();
+    let m = DistributeLockManager::builder(backend)
+        .lease(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let lock = name("ack");
+    let guard = take(&m.lock(&lock), Duration::ZERO).await;
+    guard.extend(Duration::from_secs(10)).await.unwrap();
+
+    // Freeze one replica (SIGSTOP, well under the sentinels' 1 s down-after).
+    let master = master_port().await;
+    let replica = [6400u16, 6401, 6402]
+        .into_iter()
+        .find(|p| *p != master)
+        .unwrap();
+    let pidfile = std::env::temp_dir()
+        .join("dlock-sentinel")
+        .join(replica.to_string())
+        .join("redis.pid");
+    let pid = std::fs::read_to_string(&pidfile)
+        .unwrap_or_else(|e| panic!("{}: {e}", pidfile.display()))
+        .trim()
+        .to_owned();
+    let signal = |sig: &'static str| {
+        let pid = pid.clone();
+        async move {
+            let ok = tokio::process::Command::new("kill")
+                .args([sig, &pid])
+                .status()
+                .await
+                .unwrap()
+                .success();
+            assert!(ok, "kill {sig} {pid}");
+        }
+    };
+    signal("-STOP").await;
+    let frozen = guard.extend(Duration::from_secs(10)).await;
+    signal("-CONT").await;
+    let err = frozen.expect_err("a renewal one replica never saw counted");
+    assert_eq!(err.kind(), ErrorKind::Backend, "{err}");
+    assert!(err.to_string().contains("replicas acknowledged"), "{err}");
+
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            guard.extend(Duration::from_secs(10)).await.is_ok()
+        })
+        .await,
+        "renewals did not work again once the replica was back"
+    );
+    guard.unlock().await.unwrap();
+    m.close().await;
+}
