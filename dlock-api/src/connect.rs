@@ -20,6 +20,14 @@ pub const SUPPORTED: &[&str] = &[
     "redis+cluster://",
     #[cfg(feature = "redis")]
     "rediss+cluster://",
+    #[cfg(feature = "redis")]
+    "redis+sentinel://",
+    #[cfg(feature = "redis")]
+    "rediss+sentinel://",
+    #[cfg(feature = "redis")]
+    "redlock://",
+    #[cfg(feature = "redis")]
+    "redlocks://",
     #[cfg(feature = "zk")]
     "zk://",
     #[cfg(feature = "etcd")]
@@ -36,6 +44,8 @@ pub const SUPPORTED: &[&str] = &[
 /// | `postgres://…`, `postgresql://…` | PostgreSQL via `dlock-jdbc` | `postgres` |
 /// | `redis://…`, `rediss://…` | Redis via `dlock-redis` | `redis` |
 /// | `redis+cluster://h1:p1,h2:p2,…`, `rediss+cluster://…` | Redis Cluster via `dlock-redis` (`rediss`: TLS, feature `redis-tls`) | `redis` |
+/// | `redis+sentinel://s1:p1,s2:p2/<master>`, `rediss+sentinel://…` | the master Redis Sentinel names, via `dlock-redis` | `redis` |
+/// | `redlock://h1:p1,h2:p2,h3:p3`, `redlocks://…` | Redlock over independent Redis masters, via `dlock-redis` | `redis` |
 /// | `zk://h1:p1,h2:p2/root`, `zookeeper://…` | ZooKeeper via `dlock-zk` | `zk` |
 /// | `etcd://h1:p1,h2:p2/prefix` | etcd via `dlock-etcd` (needs `protoc` to build) | `etcd` |
 ///
@@ -60,7 +70,11 @@ pub async fn open_backend(url: &str) -> Result<Arc<dyn LockRemoteResource>> {
         #[cfg(feature = "postgres")]
         "postgres" | "postgresql" => Ok(Arc::new(dlock_jdbc::JdbcBackend::connect(url).await?)),
         #[cfg(feature = "redis")]
-        "redis" | "rediss" | "redis+cluster" | "rediss+cluster" => Ok(Arc::new(dlock_redis::RedisBackend::connect(url).await?)),
+        "redis" | "rediss" | "redis+cluster" | "rediss+cluster" | "redis+sentinel" | "rediss+sentinel" => {
+            Ok(Arc::new(dlock_redis::RedisBackend::connect(url).await?))
+        }
+        #[cfg(feature = "redis")]
+        "redlock" | "redlocks" => Ok(Arc::new(dlock_redis::RedlockBackend::connect(url).await?)),
         #[cfg(feature = "zk")]
         "zk" | "zookeeper" => Ok(Arc::new(dlock_zk::ZkBackend::connect(url).await?)),
         #[cfg(feature = "etcd")]

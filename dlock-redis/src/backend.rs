@@ -482,7 +482,20 @@ impl RedisBackend {
         self.inner.attempts.load(Ordering::Relaxed)
     }
 
-    fn keys(&self, name: &LockName) -> LockKeys {
+    /// Runs a script call on this backend's connection; `op` names it in errors.
+    pub(crate) async fn invoke_script<T: FromRedisValue>(
+        &self,
+        call: &ScriptCall<'_>,
+        op: &'static str,
+    ) -> Result<T> {
+        self.inner
+            .conn
+            .invoke(call)
+            .await
+            .map_err(|e| map_redis(e, op))
+    }
+
+    pub(crate) fn keys(&self, name: &LockName) -> LockKeys {
         LockKeys::new(&self.inner.options.key_prefix, name)
     }
 

@@ -33,6 +33,9 @@ pub(crate) const QUEUE_MODE: &str = ":qm";
 /// Observers of an election (change feeds): sorted set "<observer id> <notice
 /// channel>" → liveness deadline (server ms); expires when no observer refreshes it.
 pub(crate) const OBSERVERS: &str = ":o";
+/// Redlock's waiters (sorted set by liveness deadline): shown by `inspect`, never
+/// served from (Redlock does not queue).
+pub(crate) const REDLOCK_WAITERS: &str = ":w";
 
 /// The general scripts' keys, in order (KEYS[1..8]).
 pub(crate) const ALL: [&str; 8] = [

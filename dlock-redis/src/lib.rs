@@ -75,6 +75,9 @@
 //!   promoted replica had not received, and for about the failover's length clients
 //!   may still write to the old master — use `replica_ack` (SAFETY.md has the
 //!   figures for both).
+//! * **Redlock** ([`RedlockBackend`], `redlock://h1:6379,h2:6379,h3:6379`): one lock
+//!   over independent masters, held while a majority holds it; fencing tokens
+//!   written back to a quorum so they increase (see the type's module docs).
 //! * **Replica acknowledgement** ([`RedisOptions::replica_ack`], single node or
 //!   Sentinel): after an acquire or a renewal, `WAIT n timeout`. An acquire with fewer
 //!   acknowledgements is released and fails; a renewal fails (the lease stands as last
@@ -87,6 +90,7 @@ mod backend;
 mod error;
 mod keys;
 mod notices;
+mod redlock;
 mod scripts;
 mod sentinel;
 mod tls;
@@ -96,6 +100,7 @@ use std::time::Duration;
 use dlock_spi::Backoff;
 
 pub use backend::RedisBackend;
+pub use redlock::RedlockBackend;
 pub use sentinel::SentinelAuth;
 pub use tls::TlsIdentity;
 

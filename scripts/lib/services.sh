@@ -650,6 +650,22 @@ ensure_redis_sentinel() {
   log "Redis Sentinel ready (master $SENTINEL_MASTER_NAME on 127.0.0.1:$first)"
 }
 
+# ensure_redlock: three independent Redis masters on 127.0.0.1:6410–6412 for Redlock
+# (no replication between them), each from its own start.sh (scripts/server-fault
+# restarts or freezes one).
+ensure_redlock() {
+  export DLOCK_REDLOCK_URL="${DLOCK_REDLOCK_URL:-redlock://127.0.0.1:6410,127.0.0.1:6411,127.0.0.1:6412}"
+  ensure_redis_server_binary
+  local p
+  for p in 6410 6411 6412; do
+    if ! redis-cli -h 127.0.0.1 -p "$p" ping >/dev/null 2>&1; then
+      log "starting a Redlock node on 127.0.0.1:$p"
+      start_redis "$p"
+    fi
+  done
+  log "Redlock nodes ready at 127.0.0.1:6410, 6411, 6412"
+}
+
 # ensure_backend LABEL: make the backend behind a DLOCK_TEST_BACKENDS label usable.
 ensure_backend() {
   case "$1" in
@@ -667,6 +683,7 @@ ensure_backend() {
     zk-ensemble) ensure_zookeeper_ensemble ;;
     etcd) ensure_etcd ;;
     redis-sentinel | redis-sentinel-ack) ensure_redis_sentinel ;;
+    redlock) ensure_redlock ;;
     *) fail "unknown backend '$1' in DLOCK_TEST_BACKENDS (known: $ALL_BACKENDS)" ;;
   esac
 }

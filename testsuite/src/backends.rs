@@ -8,7 +8,7 @@ use std::sync::Mutex;
 
 use dlock_etcd::EtcdBackend;
 use dlock_jdbc::JdbcBackend;
-use dlock_redis::{RedisBackend, RedisOptions};
+use dlock_redis::{RedisBackend, RedisOptions, RedlockBackend};
 use dlock_spi::{
     Error, ErrorKind, InMemoryBackend, LockAdmin, LockName, LockRemoteResource, Result,
 };
@@ -35,6 +35,7 @@ pub const KNOWN: &[&str] = &[
     "redis-cluster-tls",
     "redis-sentinel",
     "redis-sentinel-ack",
+    "redlock",
     "zk",
     "zk-ensemble",
     "etcd",
@@ -142,6 +143,8 @@ pub fn url_of(label: &str) -> Option<TestUrl> {
         // it made (DLOCK_REDIS_TLS_DIR).
         "redis-tls" => Some(format!("rediss://127.0.0.1:6390/?{}", redis_tls_params())),
         // The deployment scripts/lib/services.sh starts: 3 sentinels, a master and 2 replicas.
+        // Three independent masters (scripts/lib/services.sh).
+        "redlock" => Some("redlock://127.0.0.1:6410,127.0.0.1:6411,127.0.0.1:6412".to_owned()),
         "redis-sentinel" | "redis-sentinel-ack" => Some(
             "redis+sentinel://127.0.0.1:26400,127.0.0.1:26401,127.0.0.1:26402/dlock-master"
                 .to_owned(),
@@ -295,6 +298,7 @@ pub async fn open_at(label: &str, url: TestUrl) -> Result<Arc<dyn TestBackend>> 
         | "redis-sentinel" | "redis-sentinel-ack" => {
             Arc::new(RedisTestBackend::open(label, url).await?)
         }
+        "redlock" => Arc::new(RedlockTestBackend::open(label, url).await?),
         "zk" | "zk-ensemble" => Arc::new(ZkTestBackend::open(label, url).await?),
         "etcd" => Arc::new(EtcdTestBackend::open(label, url).await?),
         other => {
@@ -377,7 +381,7 @@ macro_rules! url_clients {
     )+};
 }
 
-url_clients!(JdbcBackend, ZkBackend, EtcdBackend);
+url_clients!(JdbcBackend, ZkBackend, EtcdBackend, RedlockBackend);
 
 #[async_trait]
 impl ServerClient for RedisBackend {
@@ -412,6 +416,8 @@ pub struct ServerTestBackend<C> {
 pub type SqlTestBackend = ServerTestBackend<JdbcBackend>;
 /// The Redis backends' test backend.
 pub type RedisTestBackend = ServerTestBackend<RedisBackend>;
+/// The Redlock backend's test backend.
+pub type RedlockTestBackend = ServerTestBackend<RedlockBackend>;
 /// The ZooKeeper backends' test backend.
 pub type ZkTestBackend = ServerTestBackend<ZkBackend>;
 /// The etcd backend's test backend.

@@ -1021,6 +1021,7 @@ async fn server_side_nemeses_find_no_violation() {
             (Nemesis::Promote, 8),
             (Nemesis::Expire, 15),
             (Nemesis::Failover, 10),
+            (Nemesis::Freeze, 10),
         ] {
             if let Some(why) = kind.not_applicable(&label) {
                 println!("{label} {}: not applicable ({why})", kind.name());

@@ -153,7 +153,8 @@ impl Rules {
             rules.hidden_hold_ns += 2_000_000_000;
             rules.waiter_lapse_ns = rules.hidden_hold_ns;
         }
-        if label.starts_with("redis") {
+        // Redlock shows its waiters for the same liveness.
+        if label.starts_with("redis") || label == "redlock" {
             let liveness = dlock_redis::RedisOptions::default().waiter_liveness;
             rules.waiter_lapse_ns = nanos(liveness * 2);
         }

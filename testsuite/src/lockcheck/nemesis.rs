@@ -41,7 +41,7 @@ impl std::str::FromStr for Choice {
                 .find(|n| n.name() == other)
                 .map(|n| Choice::One(*n))
                 .ok_or_else(|| {
-                    format!("unknown nemesis {other:?}; use none, proxy, stop, kill, restart, promote, failover, expire or all")
+                    format!("unknown nemesis {other:?}; use none, proxy, stop, kill, restart, promote, failover, freeze, expire or all")
                 }),
         }
     }
@@ -97,11 +97,14 @@ pub enum Nemesis {
     /// promoted at once, the old master reconfigured as its replica (its clients
     /// disconnected); the workers follow through the sentinels.
     Failover,
+    /// Redlock: one node hangs (SIGSTOP for 0.5–2× the lease, then SIGCONT), its
+    /// connections open: calls to it time out while the others answer.
+    Freeze,
 }
 
 impl Nemesis {
     /// Every kind, in rotation order.
-    pub const ALL: [Nemesis; 7] = [
+    pub const ALL: [Nemesis; 8] = [
         Nemesis::Proxy,
         Nemesis::Stop,
         Nemesis::Kill,
@@ -109,6 +112,7 @@ impl Nemesis {
         Nemesis::Promote,
         Nemesis::Expire,
         Nemesis::Failover,
+        Nemesis::Freeze,
     ];
 
     /// The `--nemesis` word.
@@ -121,6 +125,7 @@ impl Nemesis {
             Nemesis::Promote => "promote",
             Nemesis::Expire => "expire",
             Nemesis::Failover => "failover",
+            Nemesis::Freeze => "freeze",
         }
     }
 
@@ -134,7 +139,7 @@ impl Nemesis {
         if in_process(label) {
             let why = match self {
                 Nemesis::Proxy | Nemesis::Expire => "in-process backend, no connection to fault",
-                Nemesis::Restart | Nemesis::Promote | Nemesis::Failover => {
+                Nemesis::Restart | Nemesis::Promote | Nemesis::Failover | Nemesis::Freeze => {
                     "in-process backend, no server"
                 }
                 Nemesis::Stop | Nemesis::Kill => "its workers are tasks of one process",
@@ -169,6 +174,8 @@ impl Nemesis {
             }
             Nemesis::Failover => (!label.starts_with("redis-sentinel"))
                 .then_some("no Sentinel deployment (only redis-sentinel and redis-sentinel-ack)"),
+            Nemesis::Freeze => (label != "redlock")
+                .then_some("scripts/server-fault freezes Redlock's nodes only"),
         }
         .map(str::to_owned)
     }
@@ -321,7 +328,7 @@ impl Servers {
     /// How long to keep the server down, and which node (`scripts/server-fault
     /// restart` arguments after the label).
     fn restart_plan(&self, rng: &mut fastrand::Rng) -> (Duration, Option<String>) {
-        let down = if self.label.starts_with("redis") {
+        let down = if self.label.starts_with("redis") || self.label == "redlock" {
             STATELESS_DOWN
         } else {
             Duration::from_millis(rng.u64(200..=1500))
@@ -335,6 +342,7 @@ impl Servers {
             // master the sentinels name (a master kill, and their failover).
             (None, "etcd") => Some("leader".to_owned()),
             (None, "redis-sentinel" | "redis-sentinel-ack") => Some("master".to_owned()),
+            (None, "redlock") => Some(rng.u32(0..3).to_string()),
             _ => None,
         };
         (down, member)
@@ -481,6 +489,21 @@ pub(crate) async fn run(
                 logged_server_fault(log, &["failover".to_owned(), servers.label.clone()]).await?;
                 true
             }
+            Nemesis::Freeze => {
+                let lease_ms = u64::try_from(lease.as_millis()).unwrap_or(u64::MAX);
+                let frozen = Duration::from_millis(rng.u64(lease_ms / 2..=lease_ms * 2));
+                if Instant::now() + frozen + RESTART_LEEWAY >= until {
+                    continue;
+                }
+                let args = [
+                    "freeze".to_owned(),
+                    servers.label.clone(),
+                    frozen.as_millis().to_string(),
+                    rng.u32(0..3).to_string(),
+                ];
+                logged_server_fault(log, &args).await?;
+                true
+            }
         };
         if done {
             injected[slot].1 += 1;
@@ -562,7 +585,7 @@ mod tests {
 
     #[test]
     fn choices_parse() {
-        assert_eq!("all".parse::<Choice>().unwrap().kinds().len(), 7);
+        assert_eq!("all".parse::<Choice>().unwrap().kinds().len(), 8);
         assert_eq!(
             "promote".parse::<Choice>().unwrap().kinds(),
             [Nemesis::Promote]
