@@ -206,6 +206,9 @@ impl Drop for Registration {
     }
 }
 
+/// How long one attempt to connect the notice connection again may take.
+const RECONNECT_BOUND: Duration = Duration::from_secs(5);
+
 async fn run(
     notices: Weak<Notices>,
     endpoint: Endpoint,
@@ -218,13 +221,21 @@ async fn run(
                 let Some(channel) = notices.upgrade().map(|n| n.channel.clone()) else {
                     return;
                 };
-                let connected = match endpoint.client().await {
-                    Ok((epoch, client)) => match client.get_async_pubsub().await {
-                        Ok(mut p) => p.subscribe(&channel).await.map(|()| (epoch, p)),
-                        Err(e) => Err(e),
-                    },
-                    Err(e) => Err(e),
+                // Bounded: a server that does not answer is tried again (behind
+                // Sentinel, wherever the master is by then).
+                let connect = async {
+                    let (epoch, client) = endpoint.client().await?;
+                    let mut p = client.get_async_pubsub().await?;
+                    p.subscribe(&channel).await.map(|()| (epoch, p))
                 };
+                let connected = tokio::time::timeout(RECONNECT_BOUND, connect)
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(redis::RedisError::from(std::io::Error::new(
+                            std::io::ErrorKind::TimedOut,
+                            format!("no release-notice connection within {RECONNECT_BOUND:?}"),
+                        )))
+                    });
                 match connected {
                     Ok(p) => {
                         let Some(n) = notices.upgrade() else { return };

@@ -14,8 +14,8 @@
 //!   random backoff until their deadline. Nothing queues: Redlock is not fair.
 //! * **Fencing token**: each node's grant takes `max(counter + 1, node clock µs)`;
 //!   the hold's token is the largest of the granting quorum's, and before the grant
-//!   is returned it is written back as a floor of the counter on every node, of which
-//!   a quorum must confirm. The next conflicting grant needs a quorum too, which
+//!   is returned it is written back as a floor of the counter on every node where
+//!   the grant still holds, of which a quorum must confirm. The next conflicting grant needs a quorum too, which
 //!   shares a node with that one, so its token is larger: **strictly increasing as
 //!   long as no node forgets its counter** (a node restarted without persistence
 //!   forgets it; its clock part still orders grants made after the restart if the
@@ -46,13 +46,30 @@ use dlock_spi::{
 use futures_util::future::join_all;
 use tokio::sync::OnceCell;
 
-use crate::keys::{FENCE, REDLOCK_WAITERS};
+use crate::keys::{EXCLUSIVE, FENCE, READERS, REDLOCK_WAITERS};
 use crate::{RedisBackend, RedisOptions};
 
-/// Raises a lock's fencing counter to at least `ARGV[1]`. KEYS: the fence. Returns 1.
+/// Raises a lock's fencing counter to at least `ARGV[1]`, only where the grant
+/// still holds: its owner part `ARGV[2]` (`<length>|<holder>`) on the exclusive
+/// key (`ARGV[4]` = `x`), or the live reader `ARGV[3]` (`s`). KEYS: fence, exclusive,
+/// readers. Returns 1 if raised, 0 if the grant does not hold here.
+///
+/// Only such nodes count: a later conflicting grant on one of them comes after this
+/// hold ends there, so after the raise.
 static RAISE_FENCE: LazyLock<redis::Script> = LazyLock::new(|| {
     redis::Script::new(
         r#"
+local held
+if ARGV[4] == 'x' then
+  local v = redis.call('GET', KEYS[2])
+  held = v and string.sub(v, 1, #ARGV[2]) == ARGV[2]
+else
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local until_ms = redis.call('ZSCORE', KEYS[3], ARGV[3])
+  held = until_ms and tonumber(until_ms) > now
+end
+if not held then return 0 end
 local c = tonumber(redis.call('GET', KEYS[1])) or 0
 if c < tonumber(ARGV[1]) then redis.call('SET', KEYS[1], ARGV[1]) end
 return 1
@@ -322,10 +339,13 @@ impl RedlockBackend {
         join_all(self.inner.nodes.iter().map(|n| {
             let call = &call;
             async move {
-                let backend = self.node(n, self.inner.node_timeout).await?;
-                tokio::time::timeout(limit, call(backend))
-                    .await
-                    .unwrap_or_else(|_| Err(node_error(format!("no answer within {limit:?}"))))
+                // Connecting (a node that was down) counts within the bound too.
+                tokio::time::timeout(limit, async {
+                    let backend = self.node(n, limit).await?;
+                    call(backend).await
+                })
+                .await
+                .unwrap_or_else(|_| Err(node_error(format!("no answer within {limit:?}"))))
             }
         }))
         .await
@@ -367,11 +387,15 @@ impl RedlockBackend {
         let failed = answers.iter().filter(|a| a.is_err()).count();
         if tokens.len() >= self.inner.quorum && Instant::now() < until {
             let token = tokens.iter().copied().max().unwrap_or(0);
+            let holder = req.holder();
+            let exclusive = req.mode == LockMode::Exclusive;
             let raised = self
-                .on_all(limit, |b| b.raise_fence(&req.name, token))
+                .on_all(limit, |b| {
+                    b.raise_fence(&req.name, token, holder.as_str(), exclusive)
+                })
                 .await
                 .iter()
-                .filter(|r| r.is_ok())
+                .filter(|r| matches!(r, Ok(true)))
                 .count();
             if raised >= self.inner.quorum && Instant::now() < until {
                 return Ok(Some((token, until)));
@@ -646,12 +670,25 @@ impl RedisBackend {
         self.invoke_script(&call, "inspect").await
     }
 
-    /// Raises the fencing counter of `name` to at least `token` (Redlock's write-back).
-    pub(crate) async fn raise_fence(&self, name: &LockName, token: u64) -> Result<()> {
+    /// Raises the fencing counter of `name` to at least `token` if `holder` (an
+    /// exclusive or a shared grant) still holds it here (Redlock's write-back);
+    /// whether it did.
+    pub(crate) async fn raise_fence(
+        &self,
+        name: &LockName,
+        token: u64,
+        holder: &str,
+        exclusive: bool,
+    ) -> Result<bool> {
         let keys = self.keys(name);
-        let mut call = keys.invocation(&RAISE_FENCE, &[FENCE]);
-        call.arg(token.to_string());
-        self.invoke_script::<i64>(&call, "acquire").await.map(drop)
+        let mut call = keys.invocation(&RAISE_FENCE, &[FENCE, EXCLUSIVE, READERS]);
+        call.arg(token.to_string())
+            .arg(format!("{}|{holder}", holder.len()))
+            .arg(holder)
+            .arg(if exclusive { "x" } else { "s" });
+        self.invoke_script::<i64>(&call, "acquire")
+            .await
+            .map(|raised| raised == 1)
     }
 }
 

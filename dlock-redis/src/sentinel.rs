@@ -62,8 +62,9 @@ impl std::fmt::Debug for SentinelAuth {
     }
 }
 
-/// Where the sentinels are and what they are asked for, from a Sentinel URL.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Where the sentinels are and what they are asked for, from a Sentinel URL. Its
+/// `Debug` shows no credentials.
+#[derive(Clone, PartialEq, Eq)]
 pub(crate) struct SentinelUrl {
     /// `redis` or `rediss` (TLS to sentinels and data nodes).
     pub(crate) scheme: &'static str,
@@ -78,6 +79,19 @@ pub(crate) struct SentinelUrl {
     /// The sentinels' own credentials (`sentinel_user`, `sentinel_password`).
     pub(crate) sentinel_user: Option<String>,
     pub(crate) sentinel_password: Option<String>,
+}
+
+impl std::fmt::Debug for SentinelUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SentinelUrl")
+            .field("scheme", &self.scheme)
+            .field("sentinels", &self.sentinels)
+            .field("master", &self.master)
+            .field("db", &self.db)
+            .field("credentials", &self.userinfo.is_some())
+            .field("sentinel_user", &self.sentinel_user)
+            .finish_non_exhaustive()
+    }
 }
 
 /// A Sentinel URL's part after the scheme and the scheme of its nodes, if `url` is one.
@@ -306,6 +320,49 @@ impl SentinelMaster {
         }
     }
 
+    /// Follows a `+switch-master` announcement to `host:port` (confirmed with
+    /// `ROLE`), rather than asking the sentinels again (one cut off from the
+    /// majority could still name the old master). Falls back to a lookup.
+    async fn follow(&self, host: String, port: u16) {
+        let _one = self.looking_up.lock().await;
+        *self.current() = None;
+        let found = match self.connect_master(host, port).await {
+            Ok(found) => Ok(found),
+            Err(_) => self.look_up().await,
+        };
+        match found {
+            Ok((client, conn)) => {
+                let epoch = self.epoch() + 1;
+                *self.current() = Some(Current {
+                    epoch,
+                    client,
+                    conn,
+                });
+                self.epoch.send_replace(epoch);
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "dlock-redis: the new master is not reachable yet; the next command looks again");
+            }
+        }
+    }
+
+    /// Checks that the master connection in use answers (`PING` within the
+    /// connect timeout); forgets it if not, so the next command looks the master up
+    /// rather than waiting on a dead one.
+    async fn check_alive(&self) {
+        let Some((epoch, mut conn)) = self.current().as_ref().map(|c| (c.epoch, c.conn.clone()))
+        else {
+            return;
+        };
+        let limit = self.options.connect_timeout;
+        let pong: RedisResult<String> =
+            bounded(limit, redis::cmd("PING").query_async(&mut conn)).await;
+        if let Err(e) = pong {
+            tracing::debug!(error = %e, "dlock-redis: the Redis master does not answer; looking it up again");
+            self.forget(epoch);
+        }
+    }
+
     /// Runs `cmd` on the master. A lost connection or a demoted master drops the
     /// connection (the next call looks the master up); `READONLY` (the command wrote
     /// nothing) is retried once on the master found then.
@@ -390,6 +447,16 @@ impl SentinelMaster {
                 self.url.master
             )));
         };
+        self.connect_master(host, port).await
+    }
+
+    /// A connection to `host:port`, once `ROLE` there says `master`.
+    async fn connect_master(
+        &self,
+        host: String,
+        port: u16,
+    ) -> RedisResult<(redis::Client, MultiplexedConnection)> {
+        let limit = self.options.connect_timeout;
         let host = if host.contains(':') {
             format!("[{host}]")
         } else {
@@ -466,10 +533,16 @@ async fn bounded<T>(
 
 /// How long the switch watcher waits before trying the next sentinel.
 const WATCH_RETRY: Duration = Duration::from_millis(500);
+/// How often the watcher checks that the master connection answers.
+const HEALTH_EVERY: Duration = Duration::from_secs(1);
+/// How long the watcher keeps one subscription before subscribing again (a
+/// sentinel that died silently leaves it deaf at most this long).
+const RESUBSCRIBE_EVERY: Duration = Duration::from_secs(30);
 
 /// Subscribes to `+switch-master` on one sentinel at a time (the next one when a
-/// connection fails); an announcement for this master drops the connection to the
-/// old one and looks the new one up at once, so the release notices follow too.
+/// connection fails, and again every [`RESUBSCRIBE_EVERY`]); an announcement for
+/// this master moves the connection to the announced one at once, so the release
+/// notices follow too. Every [`HEALTH_EVERY`] it checks that the master answers.
 async fn watch_switches(master: Weak<SentinelMaster>) {
     for round in 0usize.. {
         let (sentinel, name) = match master.upgrade() {
@@ -493,17 +566,36 @@ async fn watch_switches(master: Weak<SentinelMaster>) {
         match subscribed.await {
             Ok(mut p) => {
                 let mut stream = p.on_message();
-                while let Some(msg) = stream.next().await {
+                let resubscribe = tokio::time::sleep(RESUBSCRIBE_EVERY);
+                tokio::pin!(resubscribe);
+                let mut health = tokio::time::interval(HEALTH_EVERY);
+                loop {
+                    let msg = tokio::select! {
+                        msg = stream.next() => match msg {
+                            Some(msg) => msg,
+                            None => break,
+                        },
+                        _ = health.tick() => {
+                            let Some(m) = master.upgrade() else { return };
+                            m.check_alive().await;
+                            continue;
+                        }
+                        () = &mut resubscribe => break,
+                    };
                     let payload = String::from_utf8_lossy(msg.get_payload_bytes()).into_owned();
-                    if payload.split(' ').next() != Some(name.as_str()) {
+                    // `<name> <old ip> <old port> <new ip> <new port>`
+                    let parts: Vec<&str> = payload.split(' ').collect();
+                    if parts.first() != Some(&name.as_str()) {
                         continue;
                     }
                     let Some(m) = master.upgrade() else { return };
                     tracing::info!(master = %name, switch = %payload, "dlock-redis: Sentinel switched the master; following it");
-                    let epoch = m.epoch();
-                    m.forget(epoch);
-                    if let Err(e) = m.connection().await {
-                        tracing::debug!(error = %e, "dlock-redis: the new master is not reachable yet; the next command looks again");
+                    match (parts.get(3), parts.get(4).and_then(|p| p.parse().ok())) {
+                        (Some(host), Some(port)) => m.follow((*host).to_owned(), port).await,
+                        _ => {
+                            let epoch = m.epoch();
+                            m.forget(epoch);
+                        }
                     }
                 }
             }
