@@ -537,15 +537,43 @@ START
 # file of its own that Sentinel rewrites (CONFIG REWRITE), so a restarted node comes
 # back in the role the last failover gave it, as a deployed one does. No persistence.
 SENTINEL_RUN_DIR="${TMPDIR:-/tmp}/dlock-sentinel"
-SENTINEL_MASTER_NAME=dlock-master
-SENTINEL_DATA_PORTS="6400 6401 6402"
-SENTINEL_PORTS="26400 26401 26402"
+
+# use_sentinel_variant plain|tls: which deployment the sentinel_* functions act on:
+# the plain one (above), or one like it where every connection — clients,
+# replication, sentinels — is TLS with the redis-tls certificates (client
+# certificate required): master dlock-tls-master, servers on 6500–6502, sentinels on
+# 26500–26502.
+use_sentinel_variant() {
+  case "$1" in
+    plain)
+      SENTINEL_TLS="" SENTINEL_MASTER_NAME=dlock-master
+      SENTINEL_DATA_PORTS="6400 6401 6402" SENTINEL_PORTS="26400 26401 26402"
+      SENTINEL_CLI=redis-cli
+      ;;
+    tls)
+      SENTINEL_TLS=1 SENTINEL_MASTER_NAME=dlock-tls-master
+      SENTINEL_DATA_PORTS="6500 6501 6502" SENTINEL_PORTS="26500 26501 26502"
+      SENTINEL_CLI=redis_tls_cli
+      ;;
+    *) fail "unknown Sentinel deployment '$1' (plain or tls)" ;;
+  esac
+}
+use_sentinel_variant plain
+
+# sentinel_variant_of LABEL: the deployment behind a Sentinel label.
+sentinel_variant_of() {
+  case "$1" in
+    redis-sentinel | redis-sentinel-ack) echo plain ;;
+    redis-sentinel-tls) echo tls ;;
+    *) fail "'$1' is not a Sentinel label (redis-sentinel, redis-sentinel-ack, redis-sentinel-tls)" ;;
+  esac
+}
 
 # sentinel_master_port: the port of the master the first answering sentinel names.
 sentinel_master_port() {
   local p
   for p in $SENTINEL_PORTS; do
-    if redis-cli -h 127.0.0.1 -p "$p" sentinel get-master-addr-by-name "$SENTINEL_MASTER_NAME" 2>/dev/null \
+    if "$SENTINEL_CLI" -h 127.0.0.1 -p "$p" sentinel get-master-addr-by-name "$SENTINEL_MASTER_NAME" 2>/dev/null \
       | sed -n 2p | grep -E '^[0-9]+$'; then
       return 0
     fi
@@ -559,12 +587,12 @@ sentinel_master_port() {
 sentinel_ok() {
   local master p
   master=$(sentinel_master_port) || return 1
-  redis-cli -h 127.0.0.1 -p "$master" info replication 2>/dev/null | tr -d '\r' \
+  "$SENTINEL_CLI" -h 127.0.0.1 -p "$master" info replication 2>/dev/null | tr -d '\r' \
     | grep -qx 'connected_slaves:2' || return 1
-  redis-cli -h 127.0.0.1 -p "$master" role 2>/dev/null | head -1 | grep -qx master || return 1
+  "$SENTINEL_CLI" -h 127.0.0.1 -p "$master" role 2>/dev/null | head -1 | grep -qx master || return 1
   for p in $SENTINEL_PORTS; do
     local info
-    info=$(redis-cli -h 127.0.0.1 -p "$p" sentinel master "$SENTINEL_MASTER_NAME" 2>/dev/null | tr -d '\r' | paste -sd' ')
+    info=$("$SENTINEL_CLI" -h 127.0.0.1 -p "$p" sentinel master "$SENTINEL_MASTER_NAME" 2>/dev/null | tr -d '\r' | paste -sd' ')
     [[ " $info " == *" port $master "* ]] || return 1
     [[ " $info " == *" num-slaves 2 "* ]] || return 1
     [[ " $info " == *" num-other-sentinels 2 "* ]] || return 1
@@ -579,7 +607,7 @@ sentinel_dir() { echo "$SENTINEL_RUN_DIR/$1"; }
 stop_sentinel_node() {
   local dir
   dir=$(sentinel_dir "$1")
-  redis-cli -h 127.0.0.1 -p "$1" shutdown nosave >/dev/null 2>&1 || true
+  "$SENTINEL_CLI" -h 127.0.0.1 -p "$1" shutdown nosave >/dev/null 2>&1 || true
   stop_pid "$dir/redis.pid" redis "Redis on port $1"
 }
 
@@ -590,7 +618,17 @@ write_sentinel_node() {
   dir=$(sentinel_dir "$port")
   rm -rf "$dir" && mkdir -p "$dir"
   {
-    echo "port $port"
+    if [ -n "$SENTINEL_TLS" ]; then
+      echo "port 0"
+      echo "tls-port $port"
+      echo "tls-cert-file $REDIS_TLS_DIR/server.crt"
+      echo "tls-key-file $REDIS_TLS_DIR/server.key"
+      echo "tls-ca-cert-file $REDIS_TLS_DIR/ca.crt"
+      echo "tls-auth-clients yes"
+      echo "tls-replication yes"
+    else
+      echo "port $port"
+    fi
     echo "bind 127.0.0.1"
     echo "daemonize yes"
     echo "dir $dir"
@@ -621,16 +659,32 @@ write_sentinel_node() {
   } >"$dir/start.sh"
 }
 
+# ensure_redis_sentinel_tls: the TLS deployment (use_sentinel_variant tls).
+ensure_redis_sentinel_tls() {
+  ensure_redis_tls
+  use_sentinel_variant tls
+  start_sentinel_deployment
+  use_sentinel_variant plain
+}
+
 ensure_redis_sentinel() {
+  use_sentinel_variant plain
   export DLOCK_REDIS_SENTINEL_URL="${DLOCK_REDIS_SENTINEL_URL:-redis+sentinel://127.0.0.1:26400,127.0.0.1:26401,127.0.0.1:26402/$SENTINEL_MASTER_NAME}"
   export DLOCK_REDIS_SENTINEL_ACK_URL="${DLOCK_REDIS_SENTINEL_ACK_URL:-$DLOCK_REDIS_SENTINEL_URL}"
+  ensure_redis_server_binary
+  start_sentinel_deployment
+}
+
+# start_sentinel_deployment: the deployment use_sentinel_variant chose, reused if it
+# serves, else started afresh.
+start_sentinel_deployment() {
   ensure_redis_server_binary
   command -v redis-sentinel >/dev/null 2>&1 || apt_install redis-sentinel
   if sentinel_ok; then
     log "Redis Sentinel deployment already running (master on $(sentinel_master_port))"
     return
   fi
-  log "starting Redis Sentinel: master 6400, replicas 6401 6402, sentinels 26400-26402 on 127.0.0.1"
+  log "starting Redis Sentinel${SENTINEL_TLS:+ over TLS}: servers $SENTINEL_DATA_PORTS, sentinels $SENTINEL_PORTS on 127.0.0.1"
   local p first=""
   for p in $SENTINEL_PORTS $SENTINEL_DATA_PORTS; do stop_sentinel_node "$p"; done
   for p in $SENTINEL_DATA_PORTS; do
@@ -683,6 +737,7 @@ ensure_backend() {
     zk-ensemble) ensure_zookeeper_ensemble ;;
     etcd) ensure_etcd ;;
     redis-sentinel | redis-sentinel-ack) ensure_redis_sentinel ;;
+    redis-sentinel-tls) ensure_redis_sentinel_tls ;;
     redlock) ensure_redlock ;;
     *) fail "unknown backend '$1' in DLOCK_TEST_BACKENDS (known: $ALL_BACKENDS)" ;;
   esac

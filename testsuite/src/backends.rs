@@ -35,6 +35,7 @@ pub const KNOWN: &[&str] = &[
     "redis-cluster-tls",
     "redis-sentinel",
     "redis-sentinel-ack",
+    "redis-sentinel-tls",
     "redlock",
     "zk",
     "zk-ensemble",
@@ -149,6 +150,12 @@ pub fn url_of(label: &str) -> Option<TestUrl> {
             "redis+sentinel://127.0.0.1:26400,127.0.0.1:26401,127.0.0.1:26402/dlock-master"
                 .to_owned(),
         ),
+        // The same over TLS (sentinels, replication, clients), on the redis-tls
+        // certificates.
+        "redis-sentinel-tls" => Some(format!(
+            "rediss+sentinel://127.0.0.1:26500,127.0.0.1:26501,127.0.0.1:26502/dlock-tls-master?{}",
+            redis_tls_params()
+        )),
         // The TLS-only Cluster on the same certificates.
         "redis-cluster-tls" => Some(format!(
             "rediss+cluster://127.0.0.1:7100,127.0.0.1:7101,127.0.0.1:7102/?{}",
@@ -295,7 +302,7 @@ pub async fn open_at(label: &str, url: TestUrl) -> Result<Arc<dyn TestBackend>> 
             Arc::new(SqlTestBackend::open(label, url).await?)
         }
         "redis" | "redis-polling" | "redis-cluster" | "redis-tls" | "redis-cluster-tls"
-        | "redis-sentinel" | "redis-sentinel-ack" => {
+        | "redis-sentinel" | "redis-sentinel-ack" | "redis-sentinel-tls" => {
             Arc::new(RedisTestBackend::open(label, url).await?)
         }
         "redlock" => Arc::new(RedlockTestBackend::open(label, url).await?),

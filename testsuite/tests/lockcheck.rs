@@ -930,7 +930,8 @@ async fn memory_has_no_violations_and_kept_histories_check_again() {
 /// so a failover can grant a held lock again. Those runs are measured (SAFETY.md),
 /// not judged: they must still run, grant and inject the fault.
 fn unsafe_by_design(label: &str, nemesis: &str) -> bool {
-    label == "redis-sentinel" && matches!(nemesis, "failover" | "restart")
+    matches!(label, "redis-sentinel" | "redis-sentinel-tls")
+        && matches!(nemesis, "failover" | "restart")
 }
 
 async fn bounded_run(label: &str, seconds: u64, nemesis: &str, seed: u64) -> Option<String> {

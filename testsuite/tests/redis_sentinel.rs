@@ -187,6 +187,42 @@ async fn a_failover_moves_commands_notices_and_waiters_to_the_new_master() {
     deployment_whole().await;
 }
 
+/// Over TLS (sentinels, replication and clients, client certificates required;
+/// `redis-sentinel-tls`): the backend finds the master through the sentinels, and
+/// after a forced failover its hold is renewed and new locks granted on the new one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_deployment_is_followed_through_a_failover() {
+    if !selected().iter().any(|l| l == "redis-sentinel-tls") {
+        eprintln!(
+            "redis-sentinel-tls is not selected in DLOCK_TEST_BACKENDS; nothing to check here"
+        );
+        return;
+    }
+    let url = server_url("redis-sentinel-tls").unwrap().to_string();
+    let _serial = SERIAL.lock().await;
+    let m = DistributeLockManager::builder(RedisBackend::connect(&url).await.unwrap())
+        .lease(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let lock = name("tls");
+    let held = take(&m.lock(&lock), Duration::ZERO).await;
+    server_fault(&["failover", "redis-sentinel-tls"]).await;
+    // Renewed on the new master (the old one, demoted, refuses writes), and new
+    // locks are granted there.
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            held.extend(Duration::from_secs(10)).await.is_ok()
+        })
+        .await,
+        "the hold could not be renewed after the failover"
+    );
+    assert!(!held.is_lost(), "the hold was lost through the failover");
+    let other = take(&m.lock(&name("tls-after")), Duration::from_secs(5)).await;
+    other.unlock().await.unwrap();
+    held.unlock().await.unwrap();
+    m.close().await;
+}
+
 /// With `replica_ack`, a renewal the replicas did not take does not count (a
 /// failover would undo it): `extend` fails while a replica is frozen, and works
 /// again once it is back.

@@ -152,7 +152,7 @@ impl Nemesis {
                 "redis-cluster" | "redis-cluster-tls" => {
                     Some("cluster redirects name the nodes' own addresses and bypass a proxy")
                 }
-                "redis-sentinel" | "redis-sentinel-ack" => {
+                "redis-sentinel" | "redis-sentinel-ack" | "redis-sentinel-tls" => {
                     Some("the sentinels name the servers' own addresses, which bypass a proxy")
                 }
                 _ => None,
@@ -173,7 +173,7 @@ impl Nemesis {
                 (!label.starts_with("zk")).then_some("holds live by lease, not by a session")
             }
             Nemesis::Failover => (!label.starts_with("redis-sentinel"))
-                .then_some("no Sentinel deployment (only redis-sentinel and redis-sentinel-ack)"),
+                .then_some("no Sentinel deployment (only the redis-sentinel labels)"),
             Nemesis::Freeze => (label != "redlock")
                 .then_some("scripts/server-fault freezes Redlock's nodes only"),
         }
@@ -341,7 +341,9 @@ impl Servers {
             // etcd: the member that leads at the time (a leader kill); Sentinel: the
             // master the sentinels name (a master kill, and their failover).
             (None, "etcd") => Some("leader".to_owned()),
-            (None, "redis-sentinel" | "redis-sentinel-ack") => Some("master".to_owned()),
+            (None, "redis-sentinel" | "redis-sentinel-ack" | "redis-sentinel-tls") => {
+                Some("master".to_owned())
+            }
             (None, "redlock") => Some(rng.u32(0..3).to_string()),
             _ => None,
         };
