@@ -319,6 +319,11 @@ fn lease_ms(lease: Duration) -> i64 {
     i64::try_from(ms).unwrap_or(i64::MAX - 1).max(1) + 1
 }
 
+/// The tick [`lease_ms`] adds: a store-side margin, not part of the holder's lease —
+/// `inspect` reports a holder's remaining lease without it (else a hold inspected in
+/// its first millisecond shows more than the lease it asked for).
+const STORE_TICK: Duration = Duration::from_millis(1);
+
 fn remaining(ms_left: i64) -> Option<Duration> {
     u64::try_from(ms_left)
         .ok()
@@ -975,8 +980,14 @@ impl JdbcBackend {
                 // on a row granted before the column existed.
                 let ttl = ttl_left.map(|ms| remaining(ms).unwrap_or(Duration::ZERO));
                 holders.push(
-                    holder(owner, LockMode::Exclusive, token, context, left)
-                        .with_remaining_ttl(ttl),
+                    holder(
+                        owner,
+                        LockMode::Exclusive,
+                        token,
+                        context,
+                        left.saturating_sub(STORE_TICK),
+                    )
+                    .with_remaining_ttl(ttl),
                 );
             }
         }
@@ -986,7 +997,13 @@ impl JdbcBackend {
                     Ok(0) | Err(_) => LockMode::Shared,
                     Ok(n) => LockMode::Permits(n),
                 };
-                holders.push(holder(owner, mode, token, context, left));
+                holders.push(holder(
+                    owner,
+                    mode,
+                    token,
+                    context,
+                    left.saturating_sub(STORE_TICK),
+                ));
             }
         }
         if holders.is_empty() && waiters == 0 {

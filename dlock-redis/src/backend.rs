@@ -47,10 +47,7 @@ impl Conn {
                 match self {
                     Conn::Single(c) => load.load_async(&mut c.clone()).await?,
                     Conn::Cluster(c) => load.load_async(&mut c.clone()).await?,
-                    Conn::Sentinel(m) => {
-                        m.load(&load).await?;
-                        String::new()
-                    }
+                    Conn::Sentinel(m) => m.load(&load).await?,
                 };
                 self.query(&call.cmd).await
             }
@@ -669,16 +666,25 @@ fn owner_call<'s>(
 }
 
 /// `fut`, failing with a timeout error after `limit`.
-async fn bounded<T>(
+pub(crate) async fn bounded<T>(
     limit: Duration,
     fut: impl std::future::Future<Output = redis::RedisResult<T>>,
 ) -> redis::RedisResult<T> {
     tokio::time::timeout(limit, fut).await.unwrap_or_else(|_| {
         Err(redis::RedisError::from(std::io::Error::new(
             std::io::ErrorKind::TimedOut,
-            format!("no connection within {limit:?}"),
+            format!("no answer within {limit:?}"),
         )))
     })
+}
+
+/// dlock's settings for a multiplexed connection: connecting bounded by `connect`,
+/// no reply timeout (a script that ran but answered late must not be reported as
+/// failed; the chain bounds every call).
+pub(crate) fn connection_config(connect: Duration) -> redis::AsyncConnectionConfig {
+    redis::AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(connect))
+        .set_response_timeout(None)
 }
 
 /// How messages name a client the application gave (it has no URL to show).
@@ -1059,11 +1065,9 @@ impl LockAdmin for RedisBackend {
         }
         for node in &nodes {
             let mut conn = node
-                .get_multiplexed_async_connection_with_config(
-                    &redis::AsyncConnectionConfig::new()
-                        .set_connection_timeout(Some(self.inner.options.connect_timeout))
-                        .set_response_timeout(None),
-                )
+                .get_multiplexed_async_connection_with_config(&connection_config(
+                    self.inner.options.connect_timeout,
+                ))
                 .await
                 .map_err(|e| map_redis(e, "live_locks"))?;
             let mut cursor = 0u64;

@@ -228,14 +228,7 @@ async fn run(
                     let mut p = client.get_async_pubsub().await?;
                     p.subscribe(&channel).await.map(|()| (epoch, p))
                 };
-                let connected = tokio::time::timeout(RECONNECT_BOUND, connect)
-                    .await
-                    .unwrap_or_else(|_| {
-                        Err(redis::RedisError::from(std::io::Error::new(
-                            std::io::ErrorKind::TimedOut,
-                            format!("no release-notice connection within {RECONNECT_BOUND:?}"),
-                        )))
-                    });
+                let connected = crate::backend::bounded(RECONNECT_BOUND, connect).await;
                 match connected {
                     Ok(p) => {
                         let Some(n) = notices.upgrade() else { return };

@@ -278,24 +278,16 @@ impl RedlockBackend {
             }),
         };
         let first = backend.inner.options.connect_timeout;
-        let connected = join_all(backend.inner.nodes.iter().map(|n| backend.node(n, first))).await;
-        let errors: Vec<String> = connected
-            .iter()
-            .zip(&backend.inner.nodes)
-            .filter_map(|(r, n)| {
-                r.as_ref()
-                    .err()
-                    .map(|e| format!("{}: {e}", redact_url(&n.url)))
-            })
-            .collect();
-        if backend.inner.nodes.len() - errors.len() < quorum {
+        let connected = backend.on_all(first, |_| async { Ok(()) }).await;
+        let answered = connected.iter().filter(|c| c.is_ok()).count();
+        if answered < quorum {
             return Err(Error::new(
                 ErrorKind::Backend,
                 format!(
                     "fewer than a quorum ({quorum} of {}) of the Redlock nodes of {} answer: {}",
                     backend.inner.nodes.len(),
                     backend.inner.shown,
-                    errors.join("; ")
+                    backend.failing_nodes(&connected)
                 ),
             )
             .set_retryable(true)
@@ -315,17 +307,11 @@ impl RedlockBackend {
         self.inner.attempts.load(Ordering::Relaxed)
     }
 
-    /// The node's backend, connecting it if it is not yet (within `limit`).
-    async fn node<'a>(&self, node: &'a Node, limit: Duration) -> Result<&'a RedisBackend> {
+    /// The node's backend, connecting it if it is not yet (callers bound it: see
+    /// [`RedlockBackend::on_all`]).
+    async fn node<'a>(&self, node: &'a Node) -> Result<&'a RedisBackend> {
         node.backend
-            .get_or_try_init(|| async {
-                tokio::time::timeout(
-                    limit,
-                    RedisBackend::connect_with(&node.url, self.inner.options.clone()),
-                )
-                .await
-                .unwrap_or_else(|_| Err(node_error(format!("no connection within {limit:?}"))))
-            })
+            .get_or_try_init(|| RedisBackend::connect_with(&node.url, self.inner.options.clone()))
             .await
     }
 
@@ -341,7 +327,7 @@ impl RedlockBackend {
             async move {
                 // Connecting (a node that was down) counts within the bound too.
                 tokio::time::timeout(limit, async {
-                    let backend = self.node(n, limit).await?;
+                    let backend = self.node(n).await?;
                     call(backend).await
                 })
                 .await
@@ -349,6 +335,45 @@ impl RedlockBackend {
             }
         }))
         .await
+    }
+
+    /// What each node whose answer in `answers` (node order) is an error said.
+    fn failing_nodes<T>(&self, answers: &[Result<T>]) -> String {
+        answers
+            .iter()
+            .zip(&self.inner.nodes)
+            .filter_map(|(a, n)| {
+                a.as_ref()
+                    .err()
+                    .map(|e| format!("{}: {e}", redact_url(&n.url)))
+            })
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
+
+    /// The error for a call that `got` of the nodes answered as needed, short of a
+    /// quorum: what each failing node said, so the reader knows which to check.
+    fn short_of_quorum<T>(
+        &self,
+        answers: &[Result<T>],
+        got: usize,
+        what: &str,
+        op: &'static str,
+        name: &LockName,
+    ) -> Error {
+        let failing = self.failing_nodes(answers);
+        let detail = if failing.is_empty() {
+            String::new()
+        } else {
+            format!("; {failing}")
+        };
+        node_error(format!(
+            "only {got} of {} Redlock nodes {what} (a quorum is {}){detail}",
+            self.inner.nodes.len(),
+            self.inner.quorum
+        ))
+        .with_context("op", op)
+        .with_context("lock", name)
     }
 
     /// The per-node bound for a hold of `lease`: the node timeout, and at most a
@@ -406,24 +431,8 @@ impl RedlockBackend {
         let release = req.release_of_grant();
         let _ = self.on_all(limit, |b| b.release(&release)).await;
         if failed > self.inner.nodes.len() - self.inner.quorum {
-            let why = answers
-                .iter()
-                .zip(&self.inner.nodes)
-                .filter_map(|(a, n)| {
-                    a.as_ref()
-                        .err()
-                        .map(|e| format!("{}: {e}", redact_url(&n.url)))
-                })
-                .collect::<Vec<_>>()
-                .join("; ");
-            return Err(node_error(format!(
-                "only {} of {} Redlock nodes answered (a quorum is {}): {why}",
-                self.inner.nodes.len() - failed,
-                self.inner.nodes.len(),
-                self.inner.quorum
-            ))
-            .with_context("op", "acquire")
-            .with_context("lock", &req.name));
+            let answered = self.inner.nodes.len() - failed;
+            return Err(self.short_of_quorum(&answers, answered, "answered", "acquire", &req.name));
         }
         Ok(None)
     }
@@ -465,9 +474,16 @@ impl LockRemoteResource for RedlockBackend {
             member: me.member(),
             armed: false,
         };
+        // The waiters the last registration saw (it answers with them): a waiting
+        // round reads them from there, not in a round trip of its own; only waiters
+        // that came after this one can be missing, and none of them goes before it.
+        let mut known: Option<Vec<Waiter>> = None;
         for round in 0u32.. {
             // Stand back for the waiters that go first (they are shown on the nodes).
-            let waiters = self.waiters(&req.name, None).await;
+            let waiters = match known.take() {
+                Some(seen) => seen,
+                None => self.waiters(&req.name, None).await,
+            };
             let now_ms = Waiter::new(false, "").since_ms;
             let ahead = waiters.iter().any(|w| w.goes_before(&me, now_ms));
             let granted = if ahead {
@@ -490,7 +506,7 @@ impl LockRemoteResource for RedlockBackend {
             // Shown as waiting while it waits (for inspect, and for the callers that
             // must stand back for it); removed when it stops.
             shown.armed = true;
-            self.waiters(&req.name, Some((&shown.member, true))).await;
+            known = Some(self.waiters(&req.name, Some((&shown.member, true))).await);
             tokio::time::sleep(delay).await;
         }
         Ok(AcquireResult::not_acquired(None, None))
@@ -510,13 +526,13 @@ impl LockRemoteResource for RedlockBackend {
         if answered >= self.inner.quorum {
             return Ok(ReleaseResult::NotOwner);
         }
-        Err(node_error(format!(
-            "only {answered} of {} Redlock nodes answered the release (a quorum is {})",
-            self.inner.nodes.len(),
-            self.inner.quorum
+        Err(self.short_of_quorum(
+            &answers,
+            answered,
+            "answered the release",
+            "release",
+            &req.name,
         ))
-        .with_context("op", "release")
-        .with_context("lock", &req.name))
     }
 
     async fn renew(&self, req: &RenewRequest) -> Result<RenewResult> {
@@ -537,13 +553,7 @@ impl LockRemoteResource for RedlockBackend {
         if gone > self.inner.nodes.len() - self.inner.quorum {
             return Ok(RenewResult::NotOwner);
         }
-        Err(node_error(format!(
-            "only {renewed} of {} Redlock nodes renewed in time (a quorum is {})",
-            self.inner.nodes.len(),
-            self.inner.quorum
-        ))
-        .with_context("op", "renew")
-        .with_context("lock", &req.name))
+        Err(self.short_of_quorum(&answers, renewed, "renewed in time", "renew", &req.name))
     }
 
     async fn inspect(&self, name: &LockName) -> Result<Option<LockState>> {
@@ -552,13 +562,7 @@ impl LockRemoteResource for RedlockBackend {
             .await;
         let answered = answers.iter().filter(|a| a.is_ok()).count();
         if answered < self.inner.quorum {
-            return Err(node_error(format!(
-                "only {answered} of {} Redlock nodes answered (a quorum is {})",
-                self.inner.nodes.len(),
-                self.inner.quorum
-            ))
-            .with_context("op", "inspect")
-            .with_context("lock", name));
+            return Err(self.short_of_quorum(&answers, answered, "answered", "inspect", name));
         }
         let waiting = self.waiters(name, None).await.len();
         // A holder is one a quorum of the nodes shows.

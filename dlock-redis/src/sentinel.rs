@@ -33,6 +33,7 @@ use redis::{FromRedisValue, RedisResult, Value};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use crate::backend::{bounded, connection_config};
 use crate::RedisOptions;
 
 /// The sentinels' own credentials ([`RedisOptions::sentinel_auth`]); its `Debug`
@@ -293,14 +294,20 @@ impl SentinelMaster {
             return Ok((c.epoch, c.conn.clone()));
         }
         let (client, conn) = self.look_up().await?;
+        Ok((self.install(client, conn.clone()), conn))
+    }
+
+    /// Makes `conn` (to `client`'s server) the connection in use, under a new
+    /// epoch, and announces the epoch. Called with `looking_up` held.
+    fn install(&self, client: redis::Client, conn: MultiplexedConnection) -> u64 {
         let epoch = self.epoch() + 1;
         *self.current() = Some(Current {
             epoch,
             client,
-            conn: conn.clone(),
+            conn,
         });
         self.epoch.send_replace(epoch);
-        Ok((epoch, conn))
+        epoch
     }
 
     /// A client for the master (for pub/sub and scans), and the epoch it belongs to.
@@ -332,13 +339,7 @@ impl SentinelMaster {
         };
         match found {
             Ok((client, conn)) => {
-                let epoch = self.epoch() + 1;
-                *self.current() = Some(Current {
-                    epoch,
-                    client,
-                    conn,
-                });
-                self.epoch.send_replace(epoch);
+                self.install(client, conn);
             }
             Err(e) => {
                 tracing::debug!(error = %e, "dlock-redis: the new master is not reachable yet; the next command looks again");
@@ -389,9 +390,9 @@ impl SentinelMaster {
     }
 
     /// Loads `script` on the master.
-    pub(crate) async fn load(&self, script: &redis::ScriptInvocation<'_>) -> RedisResult<()> {
+    pub(crate) async fn load(&self, script: &redis::ScriptInvocation<'_>) -> RedisResult<String> {
         let (epoch, mut conn) = self.connection().await?;
-        let loaded = script.load_async(&mut conn).await.map(drop);
+        let loaded = script.load_async(&mut conn).await;
         if let Err(e) = &loaded {
             if lost_master(e) {
                 self.forget(epoch);
@@ -430,7 +431,7 @@ impl SentinelMaster {
         let limit = self.options.connect_timeout;
         let mut s = bounded(
             limit,
-            sentinel.get_multiplexed_async_connection_with_config(&config(limit)),
+            sentinel.get_multiplexed_async_connection_with_config(&connection_config(limit)),
         )
         .await?;
         let addr: Option<(String, u16)> = bounded(
@@ -476,7 +477,7 @@ impl SentinelMaster {
             .map_err(|e| failed(e.to_string()))?;
         let mut conn = bounded(
             limit,
-            client.get_multiplexed_async_connection_with_config(&config(limit)),
+            client.get_multiplexed_async_connection_with_config(&connection_config(limit)),
         )
         .await?;
         let role: Vec<Value> = bounded(limit, redis::cmd("ROLE").query_async(&mut conn)).await?;
@@ -508,27 +509,6 @@ fn encode(s: &str) -> String {
     url::form_urlencoded::byte_serialize(s.as_bytes())
         .collect::<String>()
         .replace('+', "%20")
-}
-
-/// dlock's connection settings: bounded connect, no reply timeout (a script that ran
-/// but answered late must not be reported as failed; the chain bounds every call).
-fn config(connect: Duration) -> redis::AsyncConnectionConfig {
-    redis::AsyncConnectionConfig::new()
-        .set_connection_timeout(Some(connect))
-        .set_response_timeout(None)
-}
-
-/// `fut`, failing with a timeout error after `limit`.
-async fn bounded<T>(
-    limit: Duration,
-    fut: impl std::future::Future<Output = RedisResult<T>>,
-) -> RedisResult<T> {
-    tokio::time::timeout(limit, fut).await.unwrap_or_else(|_| {
-        Err(redis::RedisError::from(std::io::Error::new(
-            std::io::ErrorKind::TimedOut,
-            format!("no answer within {limit:?}"),
-        )))
-    })
 }
 
 /// How long the switch watcher waits before trying the next sentinel.
