@@ -507,13 +507,21 @@ impl DistributeLock {
                 AcquireResult::NotAcquired { .. } => return Ok(None),
             };
             // The lease runs from the granting attempt's send time, which the backend
-            // reports; a wait before it does not count.
-            let granted_at = lease_until
-                .and_then(|until| until.checked_sub(lease))
-                .map_or(sent_at, |at| at.clamp(sent_at, Instant::now()));
+            // reports as the lease's end; a wait before it does not count. A grant a
+            // release handed over has a provisional lease that may end sooner than
+            // `lease` after this call began: it counts as granted `lease` before its
+            // end (so the watchdog's first renewal, which extends it, is due at once).
+            let counted_from = lease_until.map(|until| until.checked_sub(lease));
+            let granted_at = match counted_from {
+                Some(Some(at)) => at.min(Instant::now()),
+                _ => sent_at,
+            };
             // With a transition window, a grant must arrive within the holder's own
-            // lease: one that arrives suspended is of no use either.
-            if manager.arrived_lost(granted_at, lease.saturating_sub(transition)) {
+            // lease: one that arrives suspended is of no use either. (A lease end too
+            // close to this clock's origin to count a lease back from counts as lost.)
+            if counted_from == Some(None)
+                || manager.arrived_lost(granted_at, lease.saturating_sub(transition))
+            {
                 // The answer came too late to be of use (a stalled connection): the
                 // store may let the grant go any moment. Give it back and, while the
                 // wait lasts, ask again.

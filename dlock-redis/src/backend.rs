@@ -20,7 +20,7 @@ use crate::keys::{
     scan_pattern, HolderValue, LockKeys, OwnerPart, ScriptCall, ACQUIRE_EXCLUSIVE_KEYS, ALL,
     EXCLUSIVE, OBSERVERS, RELEASE_EXCLUSIVE_KEYS, RENEW_EXCLUSIVE_KEYS,
 };
-use crate::notices::{address, Endpoint, Notices};
+use crate::notices::{address, Endpoint, Notices, Registration};
 use crate::scripts::Scripts;
 use crate::sentinel::{parse_sentinel_url, split_sentinel_url, SentinelMaster};
 use crate::RedisOptions;
@@ -28,6 +28,9 @@ use crate::RedisOptions;
 /// How often a parked non-fair waiter re-checks even without a notice: a safety net
 /// for notices lost in transit, not the way waiters normally wake.
 const SAFETY_RECHECK: Duration = Duration::from_secs(5);
+/// A handed-over lock whose provisional lease has less than this left is confirmed
+/// by asking again (which extends the lease) rather than taken as it is.
+const HANDOVER_MIN_LEFT: Duration = Duration::from_millis(50);
 
 #[derive(Clone)]
 enum Conn {
@@ -123,6 +126,8 @@ struct Answer {
     queued: bool,
     /// Refused: live waiters queued ahead of this one.
     ahead: i64,
+    /// Refused: the lock's fencing counter when the refusal was decided.
+    fence: u64,
 }
 
 /// Removes a waiter's queue entry if its acquire is dropped mid-wait.
@@ -446,7 +451,8 @@ impl RedisBackend {
         self.inner.notices.as_ref().is_some_and(|n| n.connected())
     }
 
-    /// Runs an acquire script: `{1, token}` when granted, `{0, ms left, queued}` when not.
+    /// Runs an acquire script: `{1, token}` when granted, `{0, ms left, queued, ahead,
+    /// fencing counter}` when not.
     async fn run_acquire(&self, inv: &ScriptCall<'_>) -> Result<Answer> {
         let reply: Vec<i64> = self
             .inner
@@ -460,6 +466,10 @@ impl RedisBackend {
             value: reply.get(1).copied().unwrap_or(0),
             queued: reply.get(2) == Some(&1),
             ahead: reply.get(3).copied().unwrap_or(0),
+            fence: reply
+                .get(4)
+                .and_then(|f| u64::try_from(*f).ok())
+                .unwrap_or(0),
         })
     }
 
@@ -588,6 +598,35 @@ impl RedisBackend {
             return Err(Error::semaphore_total_differs(answer.value, req.capacity));
         }
         Ok(answer)
+    }
+
+    /// A grant a release handed over to this waiter (told by its notice), held from
+    /// the notice on. The last refused attempt — sent at `sent` on connection `epoch`,
+    /// refused while the lock's counter stood at `fence` — orders it: a hand-over
+    /// whose token is above `fence` came after that attempt ran (tokens only grow),
+    /// so its provisional lease runs from no earlier than `sent`; one whose token is
+    /// not came before, and had lapsed by then (else the attempt would have found the
+    /// lock its own), so it is stale. `None` — the waiter
+    /// asks again, which confirms a handed-over lock as its own — when no hand-over
+    /// came, when replicas must acknowledge grants (the wait is for this client's
+    /// own writes: the re-check writes the lease), when the Sentinel master changed
+    /// since, or when too little of the provisional lease is left to be of use.
+    fn handed_over(
+        &self,
+        registration: &Registration,
+        sent: Instant,
+        epoch: u64,
+        fence: u64,
+    ) -> Option<AcquireResult> {
+        let handover = registration.take_handover()?;
+        if handover.token <= fence {
+            return None;
+        }
+        let until = sent + handover.lease;
+        let usable = self.inner.options.replica_ack.is_none()
+            && epoch == self.inner.conn.epoch()
+            && until > Instant::now() + HANDOVER_MIN_LEFT;
+        usable.then(|| AcquireResult::acquired(FencingToken::new(handover.token), Some(until)))
     }
 
     /// `WAIT` for replicas after a write (an acquire or a renewal) sent at `epoch`
@@ -828,7 +867,8 @@ impl LockRemoteResource for RedisBackend {
             }
             // A polling waiter that moves up to the head of the queue, or next but
             // one, polls from the shortest delay again: it takes the lock soon after
-            // it frees (and within the time a release sets the lock aside for it).
+            // it frees (and well within the provisional lease of a lock a release
+            // hands over to it: its re-check confirms the lock as its own).
             if queued && answer.ahead < 2 && answer.ahead < last_ahead {
                 round = 0;
             }
@@ -841,6 +881,12 @@ impl LockRemoteResource for RedisBackend {
                     tokio::select! {
                         _ = r.notified() => {}
                         _ = tokio::time::sleep_until(wake_at.into()) => {}
+                    }
+                    if let Some(granted) = self.handed_over(r, now, epoch, answer.fence) {
+                        if let Some(slot) = slot.as_mut() {
+                            slot.armed = false;
+                        }
+                        return Ok(granted);
                     }
                 }
                 (_, polling) => {
@@ -866,16 +912,11 @@ impl LockRemoteResource for RedisBackend {
             &scripts.release_shared,
         );
         if req.mode == LockMode::Exclusive {
-            // A queue head that has waited this long gets the lock set aside for it,
-            // for as long as it takes a queued waiter to re-check.
-            let o = &self.inner.options;
-            inv.arg(u64::try_from(o.starvation_after.as_micros()).unwrap_or(u64::MAX))
-                .arg(ms(o.waiter_liveness / 3))
-                .arg(if req.purpose == HoldPurpose::Leadership {
-                    "1"
-                } else {
-                    "0"
-                });
+            inv.arg(if req.purpose == HoldPurpose::Leadership {
+                "1"
+            } else {
+                "0"
+            });
         }
         Ok(if self.run_flag(&inv, "release").await? {
             ReleaseResult::Released
@@ -1097,7 +1138,7 @@ impl LockAdmin for RedisBackend {
                                 .await
                                 .map_err(|e| map_redis(e, "live_locks"))?;
                             // The exclusive key exists only while held (by a writer or
-                            // readers) or set aside for a starving waiter.
+                            // readers, or a waiter it was handed over to).
                             v.is_some()
                         }
                         _ => false,

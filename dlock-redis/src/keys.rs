@@ -26,8 +26,9 @@ pub(crate) const READER_DATA: &str = ":rd";
 pub(crate) const QUEUE: &str = ":q";
 /// Queue liveness: sorted set owner → liveness deadline (server ms).
 pub(crate) const QUEUE_ALIVE: &str = ":ql";
-/// Queued waiters' modes and notice channels: hash owner → "x" | "s" | "p", followed by
-/// the channel of the waiter's backend (empty when it polls).
+/// Queued waiters' modes, notice channels and holder values: hash owner → "x" | "s" |
+/// "p", followed by the channel of the waiter's backend (empty when it polls), a
+/// newline and the holder value a release hands the lock over with (writers only).
 pub(crate) const QUEUE_MODE: &str = ":qm";
 
 /// Observers of an election (change feeds): sorted set "<observer id> <notice
@@ -51,8 +52,8 @@ pub(crate) const ALL: [&str; 8] = [
 /// The non-fair exclusive acquire script's keys.
 pub(crate) const ACQUIRE_EXCLUSIVE_KEYS: [&str; 5] =
     [EXCLUSIVE, FENCE, QUEUE, QUEUE_ALIVE, QUEUE_MODE];
-/// The exclusive-release script's keys.
-pub(crate) const RELEASE_EXCLUSIVE_KEYS: [&str; 7] = [
+/// The exclusive-release script's keys (the fence for a hand-over's token).
+pub(crate) const RELEASE_EXCLUSIVE_KEYS: [&str; 8] = [
     EXCLUSIVE,
     QUEUE,
     QUEUE_ALIVE,
@@ -60,6 +61,7 @@ pub(crate) const RELEASE_EXCLUSIVE_KEYS: [&str; 7] = [
     OBSERVERS,
     READERS,
     READER_DATA,
+    FENCE,
 ];
 /// The exclusive-renewal script's keys.
 pub(crate) const RENEW_EXCLUSIVE_KEYS: [&str; 4] = [EXCLUSIVE, OBSERVERS, READERS, READER_DATA];

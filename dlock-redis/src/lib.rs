@@ -39,16 +39,23 @@
 //! * **Waiting without polling storms**: one pub/sub connection per backend,
 //!   subscribed once to the backend's own channel, carries release notices. A waiter
 //!   that must wait queues on the server (a sorted set ordered by the server clock,
-//!   with a liveness deadline per waiter that its re-checks refresh, and the channel
-//!   of its backend); a release names the queue's live head in one message on that
-//!   head's channel and exactly that waiter wakes — one message and one waiter in
-//!   all however many clients wait, so no herd, and none when nobody waits. Dead
-//!   waiters are skipped once their liveness lapses. Fair mode: only the head may
-//!   take the lock. Non-fair: whoever asks first takes a free lock (newcomers barge),
-//!   but waiters are still woken in arrival order, and once the head has waited
-//!   [`RedisOptions::starvation_after`] a release sets the lock aside for it (for a
-//!   third of the liveness, within which it re-checks): no waiter starves. A waiter
-//!   that gives up or is dropped leaves the queue at once.
+//!   with a liveness deadline per waiter that its re-checks refresh, the channel of
+//!   its backend and, for a writer, the holder value it would hold with); a release
+//!   deals with the queue's live head in one message on that head's channel and
+//!   exactly that waiter wakes — one message and one waiter in all however many
+//!   clients wait, so no herd, and none when nobody waits. **Hand-over**: when the
+//!   head is a writer, the release grants it the lock in the same script (a
+//!   provisional lease of the head's remaining liveness, the next fencing token, both
+//!   in the notice), and the head holds from the notice on — no attempt of its own —
+//!   while the manager's first renewal extends the lease; a head that died meanwhile
+//!   costs at most its liveness. Dead waiters are skipped once their liveness lapses.
+//!   Fair mode: only the head may take a free lock. Non-fair: whoever asks first
+//!   takes a free lock (newcomers barge), but a release with a writer queued hands
+//!   the lock to it, so no queued waiter is passed by a newcomer and none starves. A
+//!   waiter that gives up or is dropped leaves the queue at once (giving back a lock
+//!   handed to it that it never took up). A polling waiter (no notices) is handed
+//!   the lock only once it has waited 20 ms — it takes it up at its next poll — so
+//!   polling non-fair waiters are passed for at most that long.
 //!   Every waiter also re-checks when the holder's lease runs out, so a crashed
 //!   holder is noticed without a message. [`RedisOptions::polling`] replaces pub/sub
 //!   with backoff polling; polling waiters queue the same way.
@@ -121,10 +128,6 @@ pub struct RedisOptions {
     /// every third of this): a crashed waiter is skipped at most this long after it
     /// died. Default 3 s.
     pub waiter_liveness: Duration,
-    /// Non-fair mode: how long a queued waiter may be passed by callers that came
-    /// after it (barging, for throughput). A release then sets the lock aside for
-    /// it, so no waiter starves. Default 20 ms.
-    pub starvation_after: Duration,
     /// How long connecting may take (each connection: commands, notices) before
     /// `connect` fails. Default 5 s.
     pub connect_timeout: Duration,
@@ -149,7 +152,6 @@ impl Default for RedisOptions {
             polling: None,
             replica_ack: None,
             waiter_liveness: Duration::from_secs(3),
-            starvation_after: Duration::from_millis(20),
             connect_timeout: Duration::from_secs(5),
             tls_root_certificate: None,
             tls_identity: None,
@@ -174,13 +176,6 @@ impl RedisOptions {
     /// Sets how long a queued waiter stays queued without re-checking.
     pub fn waiter_liveness(mut self, liveness: Duration) -> Self {
         self.waiter_liveness = liveness;
-        self
-    }
-
-    /// Sets how long a queued waiter may be passed in non-fair mode before a
-    /// release sets the lock aside for it.
-    pub fn starvation_after(mut self, after: Duration) -> Self {
-        self.starvation_after = after;
         self
     }
 

@@ -9,7 +9,10 @@
 //!
 //! The message is the lock's exclusive key and the waiter's owner, separated by a
 //! newline (a key ends in `:x` and holds exactly one `{`, so the pair is unambiguous);
-//! it is the key under which the waiter registered here, looked up as it comes.
+//! it is the key under which the waiter registered here, looked up as it comes. When
+//! the release handed the lock over to the waiter, a third line follows: the grant's
+//! fencing token and its provisional lease in ms, `<token> <ms>` — the waiter holds
+//! from then on ([`Registration::take_handover`]).
 //!
 //! The channel is subscribed before `start` returns, so a waiter registered after it
 //! misses no notice; a notice that arrives before the waiter waits is kept by its
@@ -60,9 +63,37 @@ impl Endpoint {
     }
 }
 
+/// A lock a release handed over to a waiter (see [`crate::scripts`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Handover {
+    /// The grant's fencing token.
+    pub(crate) token: u64,
+    /// The provisional lease the server gave the grant, from the hand-over on.
+    pub(crate) lease: Duration,
+}
+
+impl Handover {
+    /// The third line of a hand-over notice, `<token> <lease ms>`.
+    fn parse(line: &[u8]) -> Option<Self> {
+        let line = std::str::from_utf8(line).ok()?;
+        let (token, ms) = line.split_once(' ')?;
+        Some(Handover {
+            token: token.parse().ok()?,
+            lease: Duration::from_millis(ms.parse().ok()?),
+        })
+    }
+}
+
+/// What a notice leaves for its waiter.
+#[derive(Default)]
+struct Mailbox {
+    notify: Notify,
+    handover: Mutex<Option<Handover>>,
+}
+
 struct Waiter {
     id: u64,
-    notify: Arc<Notify>,
+    mailbox: Arc<Mailbox>,
 }
 
 pub(crate) struct Notices {
@@ -129,33 +160,53 @@ impl Notices {
     /// Registers a waiter under `address`; notices for it are kept from now on.
     pub(crate) fn register(self: &Arc<Self>, address: Vec<u8>) -> Registration {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let notify = Arc::new(Notify::new());
+        let mailbox = Arc::new(Mailbox::default());
         self.waiters()
             .entry(address.clone())
             .or_default()
             .push(Waiter {
                 id,
-                notify: Arc::clone(&notify),
+                mailbox: Arc::clone(&mailbox),
             });
         Registration {
             notices: Arc::clone(self),
             address,
             id,
-            notify,
+            mailbox,
         }
     }
 
-    fn wake(&self, address: &[u8]) {
-        if let Some(ws) = self.waiters().get(address) {
+    /// Delivers one message: a plain notice is a waiter's address; a hand-over
+    /// notice is the address, a newline and the grant's `<token> <ms>`.
+    fn wake(&self, message: &[u8]) {
+        let waiters = self.waiters();
+        if let Some(ws) = waiters.get(message) {
             for w in ws {
-                w.notify.notify_one();
+                w.mailbox.notify.notify_one();
             }
+            return;
+        }
+        let Some(nl) = message.iter().rposition(|b| *b == b'\n') else {
+            return;
+        };
+        let (Some(ws), Some(handover)) = (
+            waiters.get(&message[..nl]),
+            Handover::parse(&message[nl + 1..]),
+        ) else {
+            return;
+        };
+        for w in ws {
+            *w.mailbox
+                .handover
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner) = Some(handover);
+            w.mailbox.notify.notify_one();
         }
     }
 
     fn wake_all(&self) {
         for w in self.waiters().values().flatten() {
-            w.notify.notify_one();
+            w.mailbox.notify.notify_one();
         }
     }
 }
@@ -178,7 +229,7 @@ pub(crate) struct Registration {
     notices: Arc<Notices>,
     address: Vec<u8>,
     id: u64,
-    notify: Arc<Notify>,
+    mailbox: Arc<Mailbox>,
 }
 
 impl Registration {
@@ -190,7 +241,17 @@ impl Registration {
     /// Waits for a notice naming this waiter. A notice that arrived since the last
     /// wait completes it at once.
     pub(crate) async fn notified(&self) {
-        self.notify.notified().await;
+        self.mailbox.notify.notified().await;
+    }
+
+    /// The lock a release handed over to this waiter, if a notice said so (taken:
+    /// a second call answers `None`).
+    pub(crate) fn take_handover(&self) -> Option<Handover> {
+        self.mailbox
+            .handover
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
     }
 }
 

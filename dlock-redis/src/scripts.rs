@@ -14,14 +14,17 @@
 //!
 //! Waiters — fair or not, told or polling — queue (a sorted set by the server's
 //! clock, with a liveness deadline each that their re-checks refresh), so a release
-//! names one waiter, the queue's live head, and sends nothing when the queue is
-//! empty. Fair mode also makes everyone else wait for that head; non-fair mode lets
-//! whoever asks first take a free lock (barging), but the waiters among themselves
-//! are still served in order, and once the head has waited `starvation_after` an
-//! exclusive release sets the lock aside for it (value `@<head>`, for a third of the
-//! waiters' liveness — the head re-checks within that): nobody can barge past it, and
-//! the newcomers' fast path stays one `SET NX`. In both modes new readers stand back
-//! for a writer queued before them.
+//! deals with one waiter, the queue's live head, and with nobody when the queue is
+//! empty. **A release hands the lock over**: when the head is a writer and the lock
+//! is free, the release grants it to the head in the same script (its holder value,
+//! stored with its queue entry, a provisional lease of the head's remaining liveness,
+//! the next fencing token) and tells it the token; the head holds from that notice
+//! on, and its first renewal extends the lease. A head that died meanwhile holds the
+//! lock for at most its liveness. A reader (or permit) head is only told. Fair mode
+//! also makes everyone else wait for the head; non-fair mode lets whoever asks first
+//! take a free lock (barging) — with writers queued, a release leaves it free only
+//! for a reader head. In both modes new readers stand back for a writer queued before
+//! them.
 
 /// Helper fragments for the general scripts; each includes only the ones it uses
 /// (Lua re-creates every local function on each call).
@@ -88,7 +91,7 @@ local function set_horizon(x, readers, data, top, ms)
   redis.call('PEXPIRE', readers, ttl)
   redis.call('PEXPIRE', data, ttl)
   local cur = redis.call('GET', x)
-  if cur and cur ~= 'R' and string.sub(cur, 1, 1) ~= '@' then
+  if cur and cur ~= 'R' then
     -- A writer beside its owner's own readers (a writer reading, an upgrade): its
     -- value stays, and lasts at least as long as they do.
     if redis.call('PTTL', x) < ttl then redis.call('PEXPIRE', x, ttl) end
@@ -125,18 +128,18 @@ local function purge_queue(queue, alive, modes)
 end
 "#;
 const H_QUEUE: &str = r#"
--- Queues owner o (mode m) for a release notice on channel ch (its backend's; empty
--- when it polls), keeping the place of an earlier arrival, and refreshes its
--- liveness; the queue itself lapses if no waiter refreshes it (all crashed). A
--- waiter refreshed less than a third of its liveness ago is left as it is: on a hot
--- lock the head re-checks on every release, and those re-checks then rewrite (and
--- replicate) no queue entry. Refreshes stay at most two thirds of the liveness
--- apart, as queued waiters re-check every third.
+-- Queues owner o (mode m, holder value v for a writer, '' otherwise) for a release
+-- notice on channel ch (its backend's; empty when it polls), keeping the place of an
+-- earlier arrival, and refreshes its liveness; the queue itself lapses if no waiter
+-- refreshes it (all crashed). A waiter refreshed less than a third of its liveness
+-- ago is left as it is: on a hot lock the head re-checks on every release, and those
+-- re-checks then rewrite (and replicate) no queue entry. Refreshes stay at most two
+-- thirds of the liveness apart, as queued waiters re-check every third.
 -- A waiter beside its owner's own hold (`first`) goes to the head: the waiters
 -- ahead may wait for that hold.
-local function enqueue(queue, alive, modes, o, m, live, ch, first)
+local function enqueue(queue, alive, modes, o, m, live, ch, first, v)
   clock()
-  local entry = m .. ch
+  local entry = m .. ch .. '\n' .. v
   local live_until = tonumber(redis.call('ZSCORE', alive, o))
   if live_until and live_until - now > live * 2 / 3
     and redis.call('HGET', modes, o) == entry then return end
@@ -152,26 +155,51 @@ local function dequeue(queue, alive, modes, o)
 end
 "#;
 const H_NOTIFY: &str = r#"
--- The mode ('x', 's' or 'p') of queued waiter o and the notice channel of its backend
--- ('' when it polls); nil and '' when o is not queued.
+-- The mode ('x', 's' or 'p') of queued waiter o, the notice channel of its backend
+-- ('' when it polls) and its holder value ('' for a reader); nil, '' and '' when o
+-- is not queued.
 local function queued_as(modes, o)
   local entry = redis.call('HGET', modes, o)
-  if not entry then return nil, '' end
-  return string.sub(entry, 1, 1), string.sub(entry, 2)
+  if not entry then return nil, '', '' end
+  local nl = string.find(entry, '\n', 2, true)
+  if not nl then return string.sub(entry, 1, 1), string.sub(entry, 2), '' end
+  return string.sub(entry, 1, 1), string.sub(entry, 2, nl - 1), string.sub(entry, nl + 1)
 end
 -- Tells queued waiter o, whose backend listens on channel ch, that the lock whose
 -- exclusive key is x may be free: one message ("<x>\n<o>"), none if o polls.
 local function tell(x, o, ch)
   if ch ~= '' then redis.call('PUBLISH', ch, x .. '\n' .. o) end
 end
--- Tells the live head of the queue, if any.
-local function notify(x, queue, alive, modes)
+-- Deals with the live head of the queue, if any, now that the lock (exclusive key x,
+-- fencing counter fence) may be free: a writer head gets a free lock handed over —
+-- its holder value, for its remaining liveness (it holds from the notice; its first
+-- renewal extends the lease), the next token — and is told "<x>\n<o>\n<token>
+-- <lease ms>"; any other head is told the lock may be free. A polling head (no
+-- channel) takes a handed-over lock up only at its next poll, so it is handed the
+-- lock only once it has waited 20 ms (the non-fair starvation bound); until then
+-- the lock stays free for whoever asks. Returns true when it handed the lock over.
+local function notify(x, fence, queue, alive, modes)
   purge_queue(queue, alive, modes)
-  local head = redis.call('ZRANGE', queue, 0, 0)
-  if head[1] then
-    local _, ch = queued_as(modes, head[1])
-    tell(x, head[1], ch)
+  local head = redis.call('ZRANGE', queue, 0, 0, 'WITHSCORES')
+  local o = head[1]
+  if not o then return false end
+  local m, ch, v = queued_as(modes, o)
+  if m == 'x' and v ~= '' and (ch ~= '' or tonumber(head[2]) <= now_us - 20000)
+    and redis.call('EXISTS', x) == 0 then
+    local live_until = tonumber(redis.call('ZSCORE', alive, o))
+    if live_until then
+      local left = live_until - now
+      redis.call('SET', x, v, 'PX', left)
+      local tok = next_token(fence)
+      dequeue(queue, alive, modes, o)
+      if ch ~= '' then
+        redis.call('PUBLISH', ch, x .. '\n' .. o .. '\n' .. string.format('%.0f', tok) .. ' ' .. left)
+      end
+      return true
+    end
   end
+  tell(x, o, ch)
+  return false
 end
 "#;
 const H_ANNOUNCE: &str = r#"
@@ -185,12 +213,6 @@ local function announce(o)
     local sp = string.find(m, ' ', 1, true)
     if sp then redis.call('PUBLISH', string.sub(m, sp + 1), o .. '\n' .. string.sub(m, 1, sp - 1)) end
   end
-end
-"#;
-const H_RESERVED: &str = r#"
--- Whether value v of the exclusive key sets the lock aside for someone other than o.
-local function reserved_for_other(v, o)
-  return v ~= nil and v ~= false and string.sub(v, 1, 1) == '@' and v ~= '@' .. o
 end
 "#;
 const H_TIME_LEFT: &str = r#"
@@ -207,7 +229,9 @@ end
 /// value (`<owner length>|<owner><context>`), lease ms, and — unless waiting is 0,
 /// when they are not sent — waiting (1 queue if refused, 3 already queued), liveness
 /// ms, notice channel (empty when polling). Returns {1, token} or {0, ms left,
-/// queued, waiters ahead}.
+/// queued, waiters ahead, the fencing counter} (a waiter told of a hand-over with a
+/// token no greater than the counter its last refusal saw knows that hand-over
+/// lapsed before that refusal).
 ///
 /// A free lock is granted in four server calls (`SET NX PX`, then `TIME`, `GET` and
 /// `SET` for the token), and returns before the helpers of [`ACQUIRE_EXCLUSIVE_TAIL`]
@@ -226,7 +250,9 @@ if redis.call('SET', x, ARGV[1], 'NX', 'PX', ARGV[2]) then
   if waiting ~= '3' then return {1, tok} end
 end
 "#;
-/// The non-fair exclusive acquire's tail, after its helpers: a queued waiter's grant, the lock set aside for this waiter, reentry, or a refusal.
+/// The non-fair exclusive acquire's tail, after its helpers: a queued waiter's grant,
+/// reentry (which also confirms a lock a release handed over to this waiter), or a
+/// refusal.
 const ACQUIRE_EXCLUSIVE_TAIL: &str = r#"
 local olen = string.match(ARGV[1], '^(%d+)|')
 -- n: the length of the owner part, "<olen>|<owner>".
@@ -234,20 +260,17 @@ local n = #olen + 1 + tonumber(olen)
 local owner = string.sub(ARGV[1], #olen + 2, n)
 if not tok then
   local v = redis.call('GET', x)
-  if v == '@' .. owner then
-    -- A release set the lock aside for this (starving) waiter.
-    redis.call('SET', x, ARGV[1], 'PX', ARGV[2])
-    tok = next_token(fence)
-  elseif not v or string.sub(v, 1, n) ~= string.sub(ARGV[1], 1, n) then
+  if not v or string.sub(v, 1, n) ~= string.sub(ARGV[1], 1, n) then
     local queued, ahead = 0, 0
     if waiting ~= '0' then
-      enqueue(KEYS[3], KEYS[4], KEYS[5], owner, 'x', tonumber(ARGV[4]), ARGV[5])
+      enqueue(KEYS[3], KEYS[4], KEYS[5], owner, 'x', tonumber(ARGV[4]), ARGV[5], false, ARGV[1])
       queued = 1
       ahead = redis.call('ZRANK', KEYS[3], owner) or 0
     end
-    return {0, time_left(x), queued, ahead}
+    return {0, time_left(x), queued, ahead, tonumber(redis.call('GET', fence)) or 0}
   else
-    -- The current owner asking again is idempotent (same token).
+    -- The current owner asking again is idempotent (same token); so is a waiter's
+    -- re-check after a release handed it the lock (the lease is extended).
     redis.call('PEXPIRE', x, ARGV[2])
     tok = holder_token(fence)
   end
@@ -257,7 +280,7 @@ return {1, tok}
 "#;
 
 /// Exclusive release. KEYS: exclusive, queue, queue liveness, queue modes,
-/// observers, readers, reader data. ARGV: owner part of the holder value, starvation µs, set-aside ms, and
+/// observers, readers, reader data, fence. ARGV: owner part of the holder value, and
 /// `1` for a leadership (its observers are told). Returns 1 if released, 0 if not
 /// the owner.
 /// With nobody waiting (the common case) it is `GET`, `DEL`, `EXISTS` and returns
@@ -266,27 +289,19 @@ const RELEASE_EXCLUSIVE: &str = r#"
 local v = redis.call('GET', KEYS[1])
 if not v or string.sub(v, 1, #ARGV[1]) ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1])
-if ARGV[4] ~= '1' and redis.call('EXISTS', KEYS[2], KEYS[6]) == 0 then return 1 end
+if ARGV[2] ~= '1' and redis.call('EXISTS', KEYS[2], KEYS[6]) == 0 then return 1 end
 "#;
 /// The exclusive release's tail, after its helpers: the owner's own readers stay
-/// (a downgrade: their horizon keeps writers out), or someone waits. A head that
-/// has waited the starvation time gets a free lock set aside for it.
+/// (a downgrade: their horizon keeps writers out), or someone waits: a writer at the
+/// head is handed the lock, anyone else is told (see `notify`). A leadership's
+/// observers hear of it after the hand-over, so they see the new leader.
 const RELEASE_EXCLUSIVE_NOTIFY: &str = r#"
 if redis.call('EXISTS', KEYS[6]) == 1 then
   purge_readers(KEYS[6], KEYS[7])
   reader_horizon(KEYS[1], KEYS[6], KEYS[7])
 end
-if ARGV[4] == '1' then announce(KEYS[5]) end
-purge_queue(KEYS[2], KEYS[3], KEYS[4])
-local head = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
-if head[1] then
-  clock()
-  if tonumber(head[2]) <= now_us - tonumber(ARGV[2]) and redis.call('EXISTS', KEYS[1]) == 0 then
-    redis.call('SET', KEYS[1], '@' .. head[1], 'PX', ARGV[3])
-  end
-  local _, ch = queued_as(KEYS[4], head[1])
-  tell(KEYS[1], head[1], ch)
-end
+notify(KEYS[1], KEYS[8], KEYS[2], KEYS[3], KEYS[4])
+if ARGV[2] == '1' then announce(KEYS[5]) end
 return 1
 "#;
 
@@ -391,7 +406,7 @@ end
 /// how many and the semaphore's total — for the other modes, optionally the holder
 /// key of the owner's own hold in the other mode that this request goes beside
 /// (a writer reading, an upgrade): it never blocks the request, which queues first. Returns {1, token}, {0, ms left, queued,
-/// waiters ahead}, or {-1, the semaphore's total} when the total asked for differs
+/// waiters ahead, the fencing counter}, or {-1, the semaphore's total} when the total asked for differs
 /// from the one of its holders.
 ///
 /// Permit holders are readers (same sorted set and data hash, so the exclusive key
@@ -409,9 +424,6 @@ local queue = ARGV[6] ~= '0'
 local beside = mode ~= 'p' and ARGV[11] ~= nil and ARGV[11] ~= '' and ARGV[11] or nil
 
 local v = redis.call('GET', KEYS[1])
--- The lock set aside for this waiter is free for it (and for nobody else).
-local set_aside = v == '@' .. owner
-if set_aside then v = nil end
 if mode ~= 'x' then
   -- A reader or permit holder asking again (a retried grant) keeps its grant.
   clock()
@@ -457,7 +469,7 @@ if mode == 'x' then
       rank = redis.call('ZRANK', KEYS[5], owner)
       ok = rank == 0 or (rank == false and redis.call('ZCARD', KEYS[5]) == 0)
     end
-    if ok or set_aside then
+    if ok then
       local t = next_token(KEYS[4])
       redis.call('SET', KEYS[1], ARGV[4], 'PX', lease)
       if rank then dequeue(KEYS[5], KEYS[6], KEYS[7], owner) end
@@ -467,7 +479,7 @@ if mode == 'x' then
   end
 elseif mode == 'p' then
   local n, total = tonumber(ARGV[11]), tonumber(ARGV[12])
-  local room = holder(v) == nil and not reserved_for_other(v, owner)
+  local room = holder(v) == nil
   local used = 0
   local holders = redis.call('ZRANGE', KEYS[2], 0, -1)
   if #holders > 0 then
@@ -511,11 +523,10 @@ elseif mode == 'p' then
     return {1, tok}
   end
 else
-  -- Free unless a writer holds it, it is set aside, or a semaphore's permits hold it;
+  -- Free unless a writer holds it or a semaphore's permits hold it;
   -- beside the owner's own writer, granted whatever the queue (a writer reading).
   local mine = beside ~= nil and holder(v) == beside
-  local free = mine or (holder(v) == nil and not reserved_for_other(v, owner)
-    and redis.call('HEXISTS', KEYS[3], '#total') == 0)
+  local free = mine or (holder(v) == nil and redis.call('HEXISTS', KEYS[3], '#total') == 0)
   local rank = false
   if redis.call('EXISTS', KEYS[5]) == 1 then
     purge_queue(KEYS[5], KEYS[6], KEYS[7])
@@ -523,7 +534,7 @@ else
   end
   -- Fair or not, new readers stand back for a writer queued before them.
   local count = rank or redis.call('ZCARD', KEYS[5])
-  if free and count > 0 and not set_aside and not mine then
+  if free and count > 0 and not mine then
     for _, o in ipairs(redis.call('ZRANGE', KEYS[5], 0, count - 1)) do
       if queued_as(KEYS[7], o) == 'x' then free = false break end
     end
@@ -548,11 +559,12 @@ end
 
 local queued, ahead = 0, 0
 if queue then
-  enqueue(KEYS[5], KEYS[6], KEYS[7], owner, mode, tonumber(ARGV[7]), ARGV[8], beside ~= nil)
+  enqueue(KEYS[5], KEYS[6], KEYS[7], owner, mode, tonumber(ARGV[7]), ARGV[8], beside ~= nil,
+    mode == 'x' and ARGV[4] or '')
   queued = 1
   ahead = redis.call('ZRANK', KEYS[5], owner) or 0
 end
-return {0, time_left(KEYS[1]), queued, ahead}
+return {0, time_left(KEYS[1]), queued, ahead, tonumber(redis.call('GET', KEYS[4])) or 0}
 "#;
 
 /// The shared release's fast path, ahead of [`RELEASE_SHARED`]'s helpers: with
@@ -597,7 +609,7 @@ redis.call('HDEL', KEYS[3], ARGV[1], 'c:' .. ARGV[1], 'p:' .. ARGV[1])
 -- one reader is left (the head may be its owner's upgrade, waiting beside it).
 if reader_horizon(KEYS[1], KEYS[2], KEYS[3]) == 0 or permits
   or redis.call('ZCARD', KEYS[2]) == 1 then
-  notify(KEYS[1], KEYS[5], KEYS[6], KEYS[7])
+  notify(KEYS[1], KEYS[4], KEYS[5], KEYS[6], KEYS[7])
 end
 return 1
 "#;
@@ -613,18 +625,23 @@ return 1
 "#;
 
 /// Leaves the queue (a waiter that gave up or was cancelled). KEYS: as ACQUIRE.
-/// ARGV: owner. A lock set aside for it is freed; if it was the head and the lock is
-/// free or held by readers, the new head is told (a reader behind a writer that
-/// left may join the readers).
+/// ARGV: owner. A lock a release handed over to it (which it never took up: it is
+/// leaving) is freed; if it was the head or held the lock so, and the lock is free or
+/// held by readers, the new head is dealt with (handed the lock, or told: a reader
+/// behind a writer that left may join the readers), and an election's observers
+/// hear of a change of holder.
 const LEAVE: &str = r#"
 local was_head = redis.call('ZRANK', KEYS[5], ARGV[1]) == 0
 dequeue(KEYS[5], KEYS[6], KEYS[7], ARGV[1])
 local v = redis.call('GET', KEYS[1])
-if v == '@' .. ARGV[1] then
+local handed = holder(v) == ARGV[1]
+if handed then
   redis.call('DEL', KEYS[1])
   v = nil
 end
-if was_head and (not v or v == 'R') then notify(KEYS[1], KEYS[5], KEYS[6], KEYS[7]) end
+if (was_head or handed) and (not v or v == 'R') then
+  if notify(KEYS[1], KEYS[4], KEYS[5], KEYS[6], KEYS[7]) or handed then announce(KEYS[8]) end
+end
 return 1
 "#;
 
@@ -651,13 +668,13 @@ end
 return out
 "#;
 
-/// Removes every hold and a lock set aside (not the fence); returns the number of
-/// holds removed. KEYS: as ACQUIRE.
+/// Removes every hold (not the fence) and deals with the queue's head as a release
+/// does; returns the number of holds removed. KEYS: as ACQUIRE.
 const FORCE_RELEASE: &str = r#"
 purge_readers(KEYS[2], KEYS[3])
 local n = (holder(redis.call('GET', KEYS[1])) and 1 or 0) + redis.call('ZCARD', KEYS[2])
 redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
-notify(KEYS[1], KEYS[5], KEYS[6], KEYS[7])
+notify(KEYS[1], KEYS[4], KEYS[5], KEYS[6], KEYS[7])
 announce(KEYS[8])
 return n
 "#;
@@ -697,7 +714,6 @@ fn sources() -> [String; 10] {
         H_PURGE_QUEUE,
         H_QUEUE,
         H_NOTIFY,
-        H_RESERVED,
         H_TIME_LEFT,
         H_ANNOUNCE,
     ];
@@ -718,9 +734,11 @@ fn sources() -> [String; 10] {
             &[
                 H_HORIZON,
                 H_CLOCK,
+                H_NEXT_TOKEN,
                 H_PURGE_READERS,
                 H_READER_HORIZON,
                 H_PURGE_QUEUE,
+                H_QUEUE,
                 H_NOTIFY,
                 H_ANNOUNCE,
             ],
@@ -788,7 +806,6 @@ mod tests {
             "notify",
             "queued_as",
             "tell",
-            "reserved_for_other",
             "time_left",
             "announce",
         ];

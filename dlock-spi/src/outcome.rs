@@ -18,7 +18,10 @@ pub enum AcquireResult {
         /// When the lease ends, as a conservative estimate on this process's monotonic
         /// clock: the send time of the request that was granted + the lease (the store
         /// started the lease no earlier). The manager counts the hold's lease — and
-        /// so its lost signal — from it, not from the start of a long wait. `None`
+        /// so its lost signal — from it, not from the start of a long wait. It may
+        /// be sooner than the lease after the call began: a grant the store made on
+        /// the waiter's behalf (a release handing the lock over) with a shorter,
+        /// provisional lease; the manager then renews the hold at once. `None`
         /// when the hold is tied to a session rather than a lease.
         lease_until: Option<Instant>,
         /// How the hold stands, pushed by session-bound backends (ZooKeeper); `None`

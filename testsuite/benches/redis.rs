@@ -40,6 +40,9 @@ use testsuite::bench::{
     api_contestant, backend_selected, cycles, interleaved, is_bench, spi_contestant, Contestant,
 };
 
+/// Connections of the pooled floor (a control).
+const FLOOR_POOL: usize = 4;
+
 const RELEASE_LUA: &str =
     "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end";
 
@@ -161,6 +164,23 @@ async fn uncontended(cfg: &Cfg, tasks: usize) -> Vec<(&'static str, f64)> {
         }
     };
 
+    // A control: the floor on a few multiplexed connections (task i on connection
+    // i mod n) — what a pool of connections would give over one.
+    let pooled_floor = {
+        let mut conns = Vec::new();
+        for _ in 0..FLOOR_POOL {
+            conns.push(floor_conn(&cfg.url).await);
+        }
+        let t = tag.clone();
+        move |i: usize, end: Instant| {
+            let state = (conns[i % conns.len()].clone(), format!("{t}:pfloor:{i}"));
+            cycles(state, end, |(mut conn, key)| async move {
+                assert!(floor_cycle(&mut conn, &key, "owner").await);
+                (conn, key)
+            })
+        }
+    };
+
     let scripted_floor = {
         let conn = floor_conn(&cfg.url).await;
         let script = Arc::new(redis::Script::new(SCRIPTED_SET_LUA));
@@ -231,6 +251,7 @@ async fn uncontended(cfg: &Cfg, tasks: usize) -> Vec<(&'static str, f64)> {
 
     let contestants = vec![
         Contestant::tasks("floor (SET NX PX + EVAL)", tasks, floor),
+        Contestant::tasks("floor on 4 connections (control)", tasks, pooled_floor),
         Contestant::tasks(
             "floor with a scripted acquire (EVALSHA SET NX PX + EVAL)",
             tasks,
@@ -381,6 +402,25 @@ async fn contended(cfg: &Cfg) -> Vec<Contended> {
             }),
         ));
     }
+
+    // The ceiling (a control): an in-process FIFO mutex with the same hold — no
+    // network, no store; what any lock can reach with this hold on this machine.
+    let mutex = Arc::new(tokio::sync::Mutex::new(()));
+    imps.push((
+        "ceiling: in-process tokio Mutex, same hold (control)",
+        Box::new(move |_| {
+            let mutex = Arc::clone(&mutex);
+            Box::new(move || {
+                let mutex = Arc::clone(&mutex);
+                Box::pin(async move {
+                    let g = mutex.lock().await;
+                    tokio::time::sleep(HOLD).await;
+                    drop(g);
+                    true
+                })
+            })
+        }),
+    ));
 
     let name = Arc::new(format!("{tag}:rslock"));
     let managers: Vec<_> = (0..CLIENTS)

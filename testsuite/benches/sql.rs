@@ -1,19 +1,37 @@
-//! One task, uncontended: acquire+release cycles per second on each SQL backend,
-//! through dlock's user API and through the SPI, against the floor — a raw
-//! single-statement set-if-absent and a single-statement owner-guarded delete on the
-//! same connection pool — in the same run, interleaved in rounds.
+//! SQL backends, one run: dlock against two floors and the peer `distributed-lock`
+//! (XuHaoJun's `distributed-lock-postgres` / `-mysql`, advisory-lock based), in
+//! interleaved rounds (see `testsuite::bench::interleaved`).
+//!
+//! Scenarios:
+//! * **one task, uncontended** (acquire+release cycles/s): the *lease floor* — the
+//!   least a lease lock needs, one set-if-absent statement with a database-clock
+//!   expiry and one owner-guarded delete; the *advisory floor* (PostgreSQL
+//!   `pg_try_advisory_lock`/`pg_advisory_unlock`, MySQL `GET_LOCK(name, 0)`/
+//!   `RELEASE_LOCK` on one dedicated connection: no lease, no fencing token — the
+//!   lock lives and dies with the session); dlock's SPI and user API; the peer.
+//! * **8 processes on one lock** (each holds 1 ms, waits ≤ 5 s): separate OS
+//!   processes (this binary, re-run as a child), each with its own connections;
+//!   cycles/s, per-process min and max, longest single wait, timeouts.
 //!
 //! Run: `cargo bench -p testsuite --bench sql` (backends from DLOCK_TEST_BACKENDS,
-//! default sqlite,mysql,postgres; seconds per measurement from DLOCK_BENCH_SECS).
-//! Under `cargo test` it runs a short smoke pass instead.
+//! default sqlite,mysql,postgres; DLOCK_BENCH_SECS per implementation and scenario,
+//! default 6, split into rounds; DLOCK_BENCH_ONLY=one,contended picks scenarios,
+//! DLOCK_BENCH_IMPL=floor,dlock implementations). Under `cargo test` it runs a short
+//! smoke pass.
 #![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
 
+use std::cell::RefCell;
+use std::io::{BufRead, Write};
+use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use distributed_lock_core::{DistributedLock, LockHandle, LockProvider};
 use dlock_api::DistributeLockManager;
 use dlock_jdbc::{sqlx, JdbcBackend, SqlPool};
-use dlock_spi::{AcquireRequest, LockName, LockRemoteResource, OwnerId};
+use dlock_spi::LockRemoteResource;
+use testsuite::bench::{api_contestant, cycles, interleaved, spi_contestant, Contestant};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 
 /// The SQL labels among `labels`, each with the suite's URL (SQLite: a temporary
 /// file, removed when its URL is dropped).
@@ -26,14 +44,14 @@ fn urls(labels: &str) -> Vec<(String, testsuite::backends::TestUrl)> {
         .collect()
 }
 
-/// The floor: the minimum a lease lock needs, one statement each way.
-struct Floor {
+/// The lease floor: the minimum a lease lock needs, one statement each way.
+struct LeaseFloor {
     pool: SqlPool,
     acquire: &'static str,
     release: &'static str,
 }
 
-impl Floor {
+impl LeaseFloor {
     async fn new(pool: SqlPool) -> Self {
         let (create, acquire, release) = match &pool {
             SqlPool::Sqlite(_) => (
@@ -59,7 +77,7 @@ impl Floor {
             SqlPool::Postgres(p) => drop(sqlx::query(create).execute(p).await.unwrap()),
             _ => {}
         }
-        Floor {
+        LeaseFloor {
             pool,
             acquire,
             release,
@@ -98,23 +116,361 @@ impl Floor {
     }
 }
 
-/// Runs `cycle` for `secs`, returning cycles per second.
-async fn measure<F, Fut>(secs: Duration, mut cycle: F) -> (u64, Duration)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = ()>,
-{
-    let start = Instant::now();
-    let mut n = 0u64;
-    while start.elapsed() < secs {
-        cycle().await;
-        n += 1;
-    }
-    (n, start.elapsed())
+/// A dedicated connection of the advisory floor (session-level advisory locks).
+enum AdvisoryConn {
+    Postgres(sqlx::pool::PoolConnection<sqlx::Postgres>),
+    MySql(sqlx::pool::PoolConnection<sqlx::MySql>),
 }
 
-#[tokio::main(flavor = "current_thread")]
-async fn main() {
+/// One advisory-floor cycle on lock `key`/`name`: take it without waiting, give it back.
+async fn advisory_cycle(mut conn: AdvisoryConn, key: i64, name: &str) -> AdvisoryConn {
+    match &mut conn {
+        AdvisoryConn::Postgres(c) => {
+            let (got,): (bool,) = sqlx::query_as("SELECT pg_try_advisory_lock($1)")
+                .bind(key)
+                .fetch_one(&mut **c)
+                .await
+                .unwrap();
+            assert!(got, "advisory floor: the lock was taken");
+            let (gone,): (bool,) = sqlx::query_as("SELECT pg_advisory_unlock($1)")
+                .bind(key)
+                .fetch_one(&mut **c)
+                .await
+                .unwrap();
+            assert!(gone);
+        }
+        AdvisoryConn::MySql(c) => {
+            let (got,): (Option<i64>,) = sqlx::query_as("SELECT GET_LOCK(?, 0)")
+                .bind(name)
+                .fetch_one(&mut **c)
+                .await
+                .unwrap();
+            assert_eq!(got, Some(1), "advisory floor: the lock was taken");
+            let (gone,): (Option<i64>,) = sqlx::query_as("SELECT RELEASE_LOCK(?)")
+                .bind(name)
+                .fetch_one(&mut **c)
+                .await
+                .unwrap();
+            assert_eq!(gone, Some(1));
+        }
+    }
+    conn
+}
+
+/// The peer on `label`'s server, when it has one (PostgreSQL, MySQL).
+enum Peer {
+    Postgres(distributed_lock_postgres::PostgresLockProvider),
+    MySql(distributed_lock_mysql::MySqlLockProvider),
+}
+
+impl Peer {
+    async fn connect(label: &str, url: &str) -> Option<Peer> {
+        Some(match label {
+            "postgres" => Peer::Postgres(
+                distributed_lock_postgres::PostgresLockProvider::new(url)
+                    .await
+                    .unwrap(),
+            ),
+            "mysql" => Peer::MySql(
+                distributed_lock_mysql::MySqlLockProvider::new(url)
+                    .await
+                    .unwrap(),
+            ),
+            _ => return None,
+        })
+    }
+
+    /// Acquires `name` (waiting up to `wait`, or not at all), holds `hold`, releases;
+    /// false when it was not granted.
+    async fn cycle(&self, name: &str, wait: Option<Duration>, hold: Duration) -> bool {
+        macro_rules! run {
+            ($p:expr) => {{
+                let lock = $p.create_lock(name);
+                let handle = match wait {
+                    None => lock.try_acquire().await.unwrap(),
+                    Some(w) => lock.acquire(Some(w)).await.ok(),
+                };
+                match handle {
+                    Some(h) => {
+                        if !hold.is_zero() {
+                            tokio::time::sleep(hold).await;
+                        }
+                        h.release().await.unwrap();
+                        true
+                    }
+                    None => false,
+                }
+            }};
+        }
+        match self {
+            Peer::Postgres(p) => run!(p),
+            Peer::MySql(p) => run!(p),
+        }
+    }
+}
+
+const PEER: &str = "distributed-lock 0.2 (advisory locks)";
+
+/// One task, uncontended, every implementation in interleaved rounds.
+async fn uncontended(
+    label: &str,
+    url: &str,
+    secs: Duration,
+    rounds: u32,
+) -> Vec<(&'static str, f64)> {
+    let backend = JdbcBackend::connect(url)
+        .await
+        .unwrap_or_else(|e| panic!("{label}: {e}"));
+    let tag = format!("bench{:x}", fastrand::u32(..));
+    let floor = Arc::new(LeaseFloor::new(backend.sqlx_pool().clone()).await);
+    let mut contestants = vec![Contestant::tasks("lease floor (1+1 statements)", 1, {
+        let t = tag.clone();
+        move |_, end| {
+            let (floor, name) = (Arc::clone(&floor), format!("{t}:floor"));
+            cycles((floor, name), end, |(floor, name)| async move {
+                floor.cycle(&name, "owner").await;
+                (floor, name)
+            })
+        }
+    })];
+    // The advisory floor's connection, taken from the backend's own pool for the run.
+    let advisory = match backend.sqlx_pool() {
+        SqlPool::Postgres(p) => Some(AdvisoryConn::Postgres(p.acquire().await.unwrap())),
+        SqlPool::MySql(p) => Some(AdvisoryConn::MySql(p.acquire().await.unwrap())),
+        _ => None,
+    };
+    if let Some(conn) = advisory {
+        let conn = Rc::new(RefCell::new(Some(conn)));
+        let name = format!("{tag}:advisory");
+        let key = i64::from(fastrand::u32(..));
+        contestants.push(Contestant::new(
+            "advisory floor (try-lock + unlock, one session)",
+            Box::new(move |d| {
+                let (conn, name) = (Rc::clone(&conn), name.clone());
+                Box::pin(async move {
+                    let start = Instant::now();
+                    let c = conn.borrow_mut().take().expect("one round at a time");
+                    let mut c = Some(c);
+                    let mut n = 0u64;
+                    while start.elapsed() < d {
+                        c = Some(advisory_cycle(c.take().expect("conn"), key, &name).await);
+                        n += 1;
+                    }
+                    *conn.borrow_mut() = c;
+                    (n, start.elapsed())
+                })
+            }),
+        ));
+    }
+    let resource: Arc<dyn LockRemoteResource> = Arc::new(backend.clone());
+    contestants.push(spi_contestant(1, resource, {
+        let t = tag.clone();
+        move |_| format!("{t}:spi")
+    }));
+    let manager = DistributeLockManager::builder(backend.clone())
+        .build()
+        .unwrap();
+    contestants.push(api_contestant(1, manager.clone(), {
+        let t = tag.clone();
+        move |_| format!("{t}:api")
+    }));
+    if let Some(peer) = Peer::connect(label, url).await {
+        let peer = Arc::new(peer);
+        let name = format!("{tag}peer");
+        contestants.push(Contestant::tasks(PEER, 1, move |_, end| {
+            let (peer, name) = (Arc::clone(&peer), name.clone());
+            cycles((peer, name), end, |(peer, name)| async move {
+                assert!(peer.cycle(&name, None, Duration::ZERO).await, "uncontended");
+                (peer, name)
+            })
+        }));
+    }
+    let rows = interleaved(contestants, rounds, secs / rounds).await;
+    manager.close().await;
+    backend.close().await;
+    rows
+}
+
+const PROCESSES: usize = 8;
+const MAX_WAIT: Duration = Duration::from_secs(5);
+const HOLD: Duration = Duration::from_millis(1);
+/// Rounds per implementation in the contended scenario.
+const CONTENDED_ROUNDS: u32 = 4;
+/// Set in a child process: `<implementation>|<label>|<url>|<lock>|<ms to run>`.
+const CHILD: &str = "DLOCK_SQL_BENCH_CHILD";
+
+/// The contended implementations (the peer only where it exists).
+fn contended_impls(label: &str) -> Vec<&'static str> {
+    let mut v = vec!["dlock non-fair", "dlock fair"];
+    if matches!(label, "postgres" | "mysql") {
+        v.push(PEER);
+    }
+    v
+}
+
+/// A child process: connects, says `ready`, waits for `go`, cycles the lock for
+/// the given time and prints `<cycles in time> <cycles> <longest wait µs> <timeouts>`.
+fn child(spec: &str) {
+    let parts: Vec<&str> = spec.splitn(5, '|').collect();
+    let [imp, label, url, lock, ms] = parts[..] else {
+        panic!("bad {CHILD}: {spec}")
+    };
+    let run_for = Duration::from_millis(ms.parse().unwrap());
+    let rt = testsuite::bench::runtime();
+    rt.block_on(async {
+        enum Side {
+            Dlock(DistributeLockManager, dlock_api::DistributeLock),
+            Peer(Peer),
+        }
+        let side = if imp == PEER {
+            Side::Peer(
+                Peer::connect(label, url)
+                    .await
+                    .expect("a peer on this backend"),
+            )
+        } else {
+            let backend = JdbcBackend::connect(url).await.unwrap();
+            let m = DistributeLockManager::builder(backend).build().unwrap();
+            let l = if imp == "dlock fair" {
+                m.fair_lock(lock)
+            } else {
+                m.lock(lock)
+            };
+            Side::Dlock(m, l)
+        };
+        println!("ready");
+        std::io::stdout().flush().unwrap();
+        let mut line = String::new();
+        std::io::stdin().lock().read_line(&mut line).unwrap();
+        let end = Instant::now() + run_for;
+        let (mut n, mut in_time, mut longest, mut timeouts) = (0u64, 0u64, Duration::ZERO, 0u64);
+        while Instant::now() < end {
+            let t = Instant::now();
+            let ok = match &side {
+                Side::Dlock(_, l) => match l.try_lock(MAX_WAIT).await.unwrap() {
+                    Some(g) => {
+                        tokio::time::sleep(HOLD).await;
+                        g.unlock().await.unwrap();
+                        true
+                    }
+                    None => false,
+                },
+                Side::Peer(p) => p.cycle(lock, Some(MAX_WAIT), HOLD).await,
+            };
+            if ok {
+                n += 1;
+                in_time += u64::from(Instant::now() <= end);
+                longest = longest.max(t.elapsed().saturating_sub(HOLD));
+            } else {
+                timeouts += 1;
+            }
+        }
+        println!("{in_time} {n} {} {timeouts}", longest.as_micros());
+        if let Side::Dlock(m, _) = side {
+            m.close().await;
+        }
+    });
+}
+
+/// One process's totals over all rounds.
+#[derive(Default, Clone, Copy)]
+struct Proc {
+    cycles: u64,
+    longest_wait: Duration,
+    timeouts: u64,
+}
+
+/// One round of `imp`: `PROCESSES` children on `lock` for `d`; adds to `totals` and
+/// returns the cycles that ended in time.
+async fn contended_round(
+    spec: String,
+    d: Duration,
+    totals: &RefCell<Vec<Proc>>,
+) -> (u64, Duration) {
+    let exe = std::env::current_exe().unwrap();
+    let mut children = Vec::new();
+    for _ in 0..PROCESSES {
+        let mut c = tokio::process::Command::new(&exe)
+            .env(CHILD, format!("{spec}|{}", d.as_millis()))
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let out = tokio::io::BufReader::new(c.stdout.take().unwrap()).lines();
+        let stdin = c.stdin.take().unwrap();
+        children.push((c, stdin, out));
+    }
+    let mut ready = children;
+    for (_, _, out) in ready.iter_mut() {
+        assert_eq!(out.next_line().await.unwrap().as_deref(), Some("ready"));
+    }
+    let start = Instant::now();
+    for (_, stdin, _) in ready.iter_mut() {
+        stdin.write_all(b"go\n").await.unwrap();
+        stdin.flush().await.unwrap();
+    }
+    let mut in_time = 0;
+    for (i, (mut c, _, mut out)) in ready.into_iter().enumerate() {
+        let line = out.next_line().await.unwrap().expect("a child's result");
+        let v: Vec<u64> = line.split(' ').map(|x| x.parse().unwrap()).collect();
+        in_time += v[0];
+        {
+            let p = &mut totals.borrow_mut()[i];
+            p.cycles += v[1];
+            p.longest_wait = p.longest_wait.max(Duration::from_micros(v[2]));
+            p.timeouts += v[3];
+        }
+        assert!(c.wait().await.unwrap().success());
+    }
+    // The rate is over the round's own time (from `go`), not the start-up.
+    (in_time, d.max(start.elapsed().min(d)))
+}
+
+/// Every contended implementation on `label`, interleaved; prints the table rows.
+async fn contended(label: &str, url: &str, secs: Duration, rounds: u32) {
+    let tag = format!("bench{:x}", fastrand::u32(..));
+    let mut totals = Vec::new();
+    let mut contestants = Vec::new();
+    for imp in contended_impls(label) {
+        let mine = Rc::new(RefCell::new(vec![Proc::default(); PROCESSES]));
+        totals.push((imp, Rc::clone(&mine)));
+        let spec = format!("{imp}|{label}|{url}|{tag}c{}", imp.len());
+        contestants.push(Contestant::new(
+            imp,
+            Box::new(move |d| {
+                let (spec, mine) = (spec.clone(), Rc::clone(&mine));
+                Box::pin(async move { contended_round(spec, d, &mine).await })
+            }),
+        ));
+    }
+    let rates = interleaved(contestants, rounds, secs / rounds).await;
+    for (name, rate) in rates {
+        let Some((_, mine)) = totals.iter().find(|(n, _)| *n == name) else {
+            continue;
+        };
+        let p = mine.borrow();
+        let min = p.iter().map(|c| c.cycles).min().unwrap_or(0);
+        let max = p.iter().map(|c| c.cycles).max().unwrap_or(0);
+        println!(
+            "| {label} | {name} | {rate:.0} | {min} | {max} | {:.2} | {:.0} ms | {} |",
+            max as f64 / min.max(1) as f64,
+            p.iter()
+                .map(|c| c.longest_wait)
+                .max()
+                .unwrap_or_default()
+                .as_secs_f64()
+                * 1000.0,
+            p.iter().map(|c| c.timeouts).sum::<u64>(),
+        );
+    }
+}
+
+fn main() {
+    if let Ok(spec) = std::env::var(CHILD) {
+        child(&spec);
+        return;
+    }
     let bench = testsuite::bench::is_bench();
     let labels =
         std::env::var("DLOCK_TEST_BACKENDS").unwrap_or_else(|_| "sqlite,mysql,postgres".into());
@@ -123,62 +479,40 @@ async fn main() {
             std::env::var("DLOCK_BENCH_SECS")
                 .ok()
                 .and_then(|s| s.parse().ok())
-                .unwrap_or(2.0),
+                .unwrap_or(6.0),
         )
     } else {
-        Duration::from_millis(100) // smoke pass under `cargo test`
+        Duration::from_millis(200) // smoke pass under `cargo test`
     };
-    let rounds = if bench { 3 } else { 1 };
-    println!("| backend | floor (raw 1+1 statements) | dlock SPI | dlock API (manager, guard, watchdog) | API / floor |");
-    println!("|---|---|---|---|---|");
-    for (label, url) in urls(&labels) {
-        let backend = JdbcBackend::connect(&url)
-            .await
-            .unwrap_or_else(|e| panic!("{label}: {e}"));
-        let floor = Floor::new(backend.sqlx_pool().clone()).await;
-        let resource: Arc<dyn LockRemoteResource> = Arc::new(backend.clone());
-        let manager = DistributeLockManager::builder(backend.clone())
-            .build()
-            .unwrap();
-        let tag = format!("bench{:x}", std::process::id());
-        let lock = manager.lock(&format!("{tag}:api"));
-        let spi_name = LockName::new(format!("{tag}:spi")).unwrap();
-        let owner = OwnerId::new(format!("{tag}-owner"));
-        let acquire =
-            AcquireRequest::new(spi_name.clone(), owner.clone(), dlock_spi::GrantId::new(1));
-        let floor_name = format!("{tag}:floor");
-
-        // Warm the pool and the statement caches.
-        for _ in 0..20 {
-            floor.cycle(&floor_name, "w").await;
+    let (rounds, contended_rounds) = if bench {
+        (12, CONTENDED_ROUNDS)
+    } else {
+        (1, 1)
+    };
+    let only = std::env::var("DLOCK_BENCH_ONLY").unwrap_or_default();
+    let want = |s: &str| only.is_empty() || only.split(',').any(|o| o == s);
+    let targets = urls(&labels);
+    let rt = testsuite::bench::runtime();
+    rt.block_on(async {
+        if want("one") {
+            println!("\n**One task, uncontended** (acquire+release cycles/s, median of {rounds} interleaved rounds)\n");
+            println!("| backend | implementation | cycles/s | × lease floor |\n|---|---|---|---|");
+            for (label, url) in &targets {
+                let rows = uncontended(label, &url.to_string(), secs, rounds).await;
+                let floor = rows.first().map_or(1.0, |r| r.1);
+                for (name, r) in rows {
+                    println!("| {label} | {name} | {r:.0} | {:.2} |", r / floor);
+                }
+            }
         }
-        let (mut f, mut s, mut a) = (
-            (0, Duration::ZERO),
-            (0, Duration::ZERO),
-            (0, Duration::ZERO),
-        );
-        for _ in 0..rounds {
-            let r = measure(secs, || floor.cycle(&floor_name, "owner")).await;
-            f = (f.0 + r.0, f.1 + r.1);
-            let r = measure(secs, || testsuite::bench::spi_cycle(&*resource, &acquire)).await;
-            s = (s.0 + r.0, s.1 + r.1);
-            let r = measure(secs, || async {
-                testsuite::bench::api_cycle(&lock).await;
-            })
-            .await;
-            a = (a.0 + r.0, a.1 + r.1);
+        if want("contended") {
+            println!("\n**{PROCESSES} processes on one lock** (hold {HOLD:?}, wait ≤ {MAX_WAIT:?}; cycles/s of the median of {contended_rounds} rounds, the rest over all rounds)\n");
+            println!("| backend | implementation | cycles/s | per-process min | max | max/min | longest wait | timeouts |\n|---|---|---|---|---|---|---|---|");
+            for (label, url) in &targets {
+                contended(label, &url.to_string(), secs, contended_rounds).await;
+            }
         }
-        let rate = |(n, t): (u64, Duration)| n as f64 / t.as_secs_f64();
-        println!(
-            "| {label} | {:.0}/s | {:.0}/s | {:.0}/s | **{:.2}×** |",
-            rate(f),
-            rate(s),
-            rate(a),
-            rate(a) / rate(f)
-        );
-        manager.close().await;
-        backend.close().await;
-        // (A SQLite file of the suite's goes with its URL, here.)
-        drop(url);
-    }
+    });
+    // (A SQLite file of the suite's goes with its URL, here.)
+    drop(targets);
 }

@@ -334,9 +334,10 @@ async fn notice_listener(
 }
 
 /// Publishes `probe` where the listener hears it and returns what the listener heard
-/// before it (everything published earlier arrives earlier). A notice names the
-/// waiting *grant* (`<owner>#<grant>`); the grant part is cut off, since a test sees
-/// only the waiter's owner.
+/// before it (everything published earlier arrives earlier; other tests' probes are
+/// passed over). A notice names the waiting *grant* (`<owner>#<grant>`); the grant
+/// part is cut off, since a test sees only the waiter's owner, and a hand-over's
+/// third line (`<token> <lease ms>`) shows as [`HANDED_OVER`].
 async fn until_probe(
     publisher: &mut redis::aio::MultiplexedConnection,
     heard: &mut tokio::sync::mpsc::UnboundedReceiver<(String, String)>,
@@ -354,10 +355,21 @@ async fn until_probe(
         if msg.1 == probe {
             return before;
         }
+        if msg.1.starts_with("probe") {
+            continue;
+        }
         let message = match msg.1.split_once('\n') {
-            Some((key, waiter)) => {
+            Some((key, rest)) => {
+                let (waiter, handed) = match rest.split_once('\n') {
+                    Some((waiter, grant)) => {
+                        let (token, ms) = grant.split_once(' ').expect("<token> <ms>");
+                        assert!(token.parse::<u64>().is_ok() && ms.parse::<u64>().is_ok());
+                        (waiter, HANDED_OVER)
+                    }
+                    None => (rest, ""),
+                };
                 let (owner, _grant) = dlock_api::spi::HolderKey::parse(waiter);
-                format!("{key}\n{owner}")
+                format!("{key}\n{owner}{handed}")
             }
             None => msg.1,
         };
@@ -376,6 +388,15 @@ fn notice_for(backend: &RedisBackend, lock: &str, owner: &str) -> (String, Strin
         backend.notice_channel().to_owned(),
         notice_for_lock(lock) + owner,
     )
+}
+
+/// How [`until_probe`] shows a hand-over notice: after the waiter's owner.
+const HANDED_OVER: &str = " (handed over)";
+
+/// The notice that hands `lock` over to `owner`, as [`until_probe`] shows it.
+fn handover_for(backend: &RedisBackend, lock: &str, owner: &str) -> (String, String) {
+    let (channel, notice) = notice_for(backend, lock, owner);
+    (channel, notice + HANDED_OVER)
 }
 
 /// Releases publish a notice only while someone waits: uncontended cycles send none,
@@ -414,8 +435,8 @@ async fn release_notices_go_out_only_while_someone_waits() {
     );
     assert_eq!(
         until_probe(&mut publisher, &mut heard, "probe-2").await,
-        vec![notice_for(&waiter_side, &lock, &owner)],
-        "the release should name the parked waiter, once, on its backend's channel"
+        vec![handover_for(&waiter_side, &lock, &owner)],
+        "the release should hand the lock to the parked waiter, once, on its backend's channel"
     );
     m.close().await;
     m2.close().await;
@@ -466,10 +487,12 @@ async fn one_subscription_per_client_whatever_it_waits_for() {
     m.close().await;
 }
 
-/// Non-fair waiters in separate processes queue on the server: each release names
-/// one waiter, the longest waiting, with one message on that waiter's own channel
-/// (not one per waiting client), so they get the lock in arrival order and no waiter
-/// makes an attempt it was not woken for (no herd).
+/// Non-fair waiters in separate processes queue on the server: each release hands
+/// the lock to one waiter, the longest waiting, with one message on that waiter's own
+/// channel (not one per waiting client), so they get the lock in arrival order, no
+/// waiter makes an attempt it was not woken for (no herd), and none makes one after
+/// it was told (the message carries the grant: one attempt each, the one that
+/// queued).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn non_fair_waiters_are_woken_one_at_a_time_in_arrival_order() {
     let Some(url) = redis_url() else { return };
@@ -491,7 +514,7 @@ async fn non_fair_waiters_are_woken_one_at_a_time_in_arrival_order() {
     let mut expected = Vec::new();
     for i in 1..4 {
         let waiter = managers[i].lock(&lock);
-        expected.push(notice_for(&sides[i], &lock, waiter.owner().as_str()));
+        expected.push(handover_for(&sides[i], &lock, waiter.owner().as_str()));
         let tx = order_tx.clone();
         tasks.push(tokio::spawn(async move {
             let g = take(&waiter, Duration::from_secs(20)).await;
@@ -518,8 +541,8 @@ async fn non_fair_waiters_are_woken_one_at_a_time_in_arrival_order() {
     let attempts: Vec<u64> = sides[1..].iter().map(|b| b.acquire_attempts()).collect();
     assert_eq!(
         attempts,
-        vec![2, 2, 2],
-        "a waiter attempted without being named (one failed attempt, one granted each)"
+        vec![1, 1, 1],
+        "a waiter attempted again (one attempt each, which queued; the release handed the lock over)"
     );
     assert_eq!(
         until_probe(&mut publisher, &mut heard, "probe").await,
@@ -527,6 +550,238 @@ async fn non_fair_waiters_are_woken_one_at_a_time_in_arrival_order() {
         "each release should send one message, to the next waiter's client only"
     );
     for m in managers {
+        m.close().await;
+    }
+}
+
+/// The holder of `lock` as `inspect` shows it: (owner, remaining lease).
+async fn holder_of(m: &DistributeLockManager, lock: &str) -> Option<(String, Duration)> {
+    let state = m.inspect(lock).await.unwrap()?;
+    let h = state.holders.first()?;
+    Some((h.owner.as_str().to_owned(), h.remaining_lease?))
+}
+
+/// Polls `fut` until `parked` holds (it is queued and waiting), then returns it,
+/// not yet done.
+async fn park<F: std::future::Future + Unpin>(fut: &mut F, parked: impl Fn() -> bool) {
+    let until = Instant::now() + Duration::from_secs(5);
+    while !parked() {
+        assert!(Instant::now() < until, "the waiter did not park");
+        assert!(
+            tokio::time::timeout(Duration::from_millis(20), &mut *fut)
+                .await
+                .is_err(),
+            "the waiter got the lock while it was held"
+        );
+    }
+}
+
+/// A release hands the lock to the queued writer in the same script: right after
+/// the release the waiter is the holder (with a provisional lease no longer than its
+/// liveness), it holds from the notice on without an attempt of its own, its token
+/// is the next one, and the manager's first renewal extends the lease to the full one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_hands_the_lock_to_the_queued_writer() {
+    let Some(url) = redis_url() else { return };
+    for fair in [false, true] {
+        let lock = name("hand-over");
+        let (_, m1) = dlock_client(&url, RedisOptions::default()).await;
+        // Re-checks 1 s apart: within the test only the notice wakes the waiter.
+        let (waiter_side, m2) = dlock_client(&url, RedisOptions::default()).await;
+        let pick = |m: &DistributeLockManager| {
+            if fair {
+                m.fair_lock(&lock)
+            } else {
+                m.lock(&lock)
+            }
+        };
+        let a = take(&pick(&m1), Duration::ZERO).await;
+        let waiter = pick(&m2);
+        let mut b = Box::pin(waiter.try_lock(Duration::from_secs(20)));
+        park(&mut b, || waiter_side.acquire_attempts() == 1).await;
+        let a_token = a.fencing_token();
+        a.unlock().await.unwrap();
+        let (owner, left) = holder_of(&m1, &lock)
+            .await
+            .expect("held right after the release");
+        assert_eq!(
+            owner,
+            waiter.owner().as_str(),
+            "the release did not hand the lock over (fair: {fair})"
+        );
+        assert!(
+            left <= RedisOptions::default().waiter_liveness,
+            "provisional lease {left:?}"
+        );
+        let g = b.await.unwrap().expect("handed over");
+        assert_eq!(
+            waiter_side.acquire_attempts(),
+            1,
+            "the waiter asked again after it was told (fair: {fair})"
+        );
+        assert!(g.fencing_token() > a_token);
+        assert!(
+            eventually(Duration::from_secs(5), || async {
+                holder_of(&m1, &lock)
+                    .await
+                    .is_some_and(|(_, left)| left > Duration::from_secs(10))
+            })
+            .await,
+            "the provisional lease was never extended to the full lease"
+        );
+        assert!(!g.is_lost());
+        g.unlock().await.unwrap();
+        assert!(
+            m1.inspect(&lock).await.unwrap().is_none(),
+            "state left behind"
+        );
+        m1.close().await;
+        m2.close().await;
+    }
+}
+
+/// A waiter dropped after a release handed it the lock, before it heard of it, gives
+/// the lock back as it leaves the queue, and the next waiter gets it at once — not
+/// when the provisional lease (its 30 s liveness) runs out. The waiter is the backend's
+/// own acquire (the SPI), so the backend's leaving does it, not the manager's giving
+/// back of a grant whose acquire was dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_dropped_after_a_hand_over_gives_the_lock_back() {
+    let Some(url) = redis_url() else { return };
+    let lock = name("hand-over-drop");
+    let (_, m1) = dlock_client(&url, RedisOptions::default()).await;
+    let long = RedisOptions::default().waiter_liveness(Duration::from_secs(30));
+    let (b_side, m2) = dlock_client(&url, long.clone()).await;
+    let (c_side, m3) = dlock_client(&url, long).await;
+    let a = take(&m1.lock(&lock), Duration::ZERO).await;
+    let b_req = AcquireRequest::new(
+        LockName::new(lock.as_str()).unwrap(),
+        OwnerId::new("dropped-waiter"),
+        dlock_api::spi::GrantId::new(1),
+    )
+    .with_deadline(Some(Instant::now() + Duration::from_secs(20)));
+    let mut b = Box::pin(b_side.try_acquire(&b_req));
+    park(&mut b, || b_side.acquire_attempts() == 1).await;
+    let c = take_in_background(m3.lock(&lock));
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            c_side.acquire_attempts() == 1
+        })
+        .await
+    );
+    a.unlock().await.unwrap();
+    assert_eq!(
+        holder_of(&m1, &lock).await.map(|h| h.0),
+        Some("dropped-waiter".to_owned()),
+        "handed over to the first waiter"
+    );
+    let dropped = Instant::now();
+    drop(b);
+    let got = tokio::time::timeout(Duration::from_secs(5), c)
+        .await
+        .expect("the lock handed to the dropped waiter was not given back")
+        .unwrap();
+    assert!(got.duration_since(dropped) < Duration::from_secs(2));
+    assert!(
+        eventually(Duration::from_secs(2), || async {
+            m1.inspect(&lock).await.unwrap().is_none()
+        })
+        .await,
+        "state left behind"
+    );
+    for m in [m1, m2, m3] {
+        m.close().await;
+    }
+}
+
+/// A hand-over notice whose token is no greater than the fencing counter the
+/// waiter's last refusal saw is stale (that hand-over lapsed before the refusal) and
+/// is not taken: the waiter asks again and, the lock being held, keeps waiting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_hand_over_notice_is_not_taken() {
+    let Some(url) = redis_url() else { return };
+    let lock = name("hand-over-stale");
+    let mut raw = raw_connection(&url).await;
+    let (_, m1) = dlock_client(&url, RedisOptions::default()).await;
+    let (b_side, m2) = dlock_client(&url, RedisOptions::default()).await;
+    let a = take(&m1.lock(&lock), Duration::ZERO).await;
+    let b_lock = m2.lock(&lock);
+    let mut b = Box::pin(b_lock.try_lock(Duration::from_secs(20)));
+    park(&mut b, || b_side.acquire_attempts() == 1).await;
+    let (waiter, _) = queue_head(raw.clone(), &format!("dlock:{{{lock}}}:ql"))
+        .await
+        .expect("queued");
+    // A hand-over of the lock at the token the refusal saw (the holder's).
+    let (channel, notice) = notice_for(&b_side, &lock, &waiter);
+    let _: i64 = redis::cmd("PUBLISH")
+        .arg(channel)
+        .arg(format!("{notice}\n{} 30000", a.fencing_token().get()))
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    // (The waiter runs only while the test polls it.)
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), &mut b)
+            .await
+            .is_err(),
+        "the waiter took a stale hand-over while the lock was held"
+    );
+    assert_eq!(b_side.acquire_attempts(), 2, "the waiter did not ask again");
+    a.unlock().await.unwrap();
+    let g = tokio::time::timeout(Duration::from_secs(5), b)
+        .await
+        .expect("granted after the release")
+        .unwrap()
+        .expect("granted");
+    g.unlock().await.unwrap();
+    m1.close().await;
+    m2.close().await;
+}
+
+/// A waiter that died queued (it never re-checks, never leaves) is handed the lock by
+/// the release all the same; it holds it for at most its liveness, after which the
+/// next waiter gets it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_head_holds_a_handed_over_lock_at_most_its_liveness() {
+    let Some(url) = redis_url() else { return };
+    let lock = name("hand-over-dead");
+    let (_, m1) = dlock_client(&url, RedisOptions::default()).await;
+    let liveness = Duration::from_millis(900);
+    let (b_side, m2) = dlock_client(&url, RedisOptions::default().waiter_liveness(liveness)).await;
+    let (c_side, m3) = dlock_client(&url, RedisOptions::default()).await;
+    let a = take(&m1.lock(&lock), Duration::ZERO).await;
+    let b_lock = m2.lock(&lock);
+    let mut b = Box::pin(b_lock.try_lock(Duration::from_secs(20)));
+    park(&mut b, || b_side.acquire_attempts() == 1).await;
+    let c = take_in_background(m3.lock(&lock));
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            c_side.acquire_attempts() == 1
+        })
+        .await
+    );
+    // The waiter dies: its future is never polled or dropped again.
+    std::mem::forget(b);
+    let released = Instant::now();
+    a.unlock().await.unwrap();
+    let (owner, left) = holder_of(&m1, &lock).await.expect("handed over");
+    assert_eq!(owner, b_lock.owner().as_str());
+    assert!(
+        left <= liveness,
+        "provisional lease {left:?} > liveness {liveness:?}"
+    );
+    let got = tokio::time::timeout(Duration::from_secs(5), c)
+        .await
+        .expect("the next waiter never got the lock")
+        .unwrap();
+    let waited = got.duration_since(released);
+    // At most the dead head's liveness, plus the next waiter's re-check interval
+    // (a third of its 3 s liveness) and slack.
+    assert!(
+        waited < liveness + Duration::from_millis(1500),
+        "waited {waited:?}"
+    );
+    for m in [m1, m2, m3] {
         m.close().await;
     }
 }
