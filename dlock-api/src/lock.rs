@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use dlock_spi::{
     AcquireContext, AcquireRequest, AcquireResult, Error, Fairness, GrantId, HoldPurpose,
-    HolderInfo, LockMode, LockName, OwnerId, ReleaseRequest, Result,
+    HolderInfo, LockMode, LockName, OwnerId, ReleaseRequest, RenewRequest, RenewResult, Result,
 };
 
 use crate::guard::{Acquisition, LockGuard};
@@ -509,13 +509,47 @@ impl DistributeLock {
             // The lease runs from the granting attempt's send time, which the backend
             // reports as the lease's end; a wait before it does not count. A grant a
             // release handed over has a provisional lease that may end sooner than
-            // `lease` after this call began: it counts as granted `lease` before its
-            // end (so the watchdog's first renewal, which extends it, is due at once).
+            // `lease` after this call began: the watchdog counts it as granted
+            // `lease` before its end (so its first renewal, which extends it, is due
+            // at once); the hold itself dates from the call.
             let counted_from = lease_until.map(|until| until.checked_sub(lease));
-            let granted_at = match counted_from {
+            let mut granted_at = match counted_from {
                 Some(Some(at)) => at.min(Instant::now()),
                 _ => sent_at,
             };
+            let provisional = granted_at < sent_at;
+            // A provisional lease the watchdog would not extend at once as a plain
+            // renewal — a fixed lease (no renewals), a `max_hold` cap, a transition
+            // window — or one with less left than the loss margin is extended here,
+            // before the guard exists.
+            if provisional
+                && (!renew
+                    || max_hold.is_some()
+                    || !transition.is_zero()
+                    || manager.arrived_lost(granted_at, lease))
+            {
+                let confirm_sent = Instant::now();
+                let confirm = RenewRequest::new(
+                    name.clone(),
+                    self.handle.owner.clone(),
+                    grant,
+                    self.handle.mode,
+                    lease,
+                    token,
+                )
+                .with_transition(transition);
+                match manager.chain.renew(&confirm).await {
+                    Ok(RenewResult::Renewed { .. }) => granted_at = confirm_sent,
+                    _ => {
+                        manager.abandon(ctx.request.release_of_grant());
+                        if deadline.is_some_and(|d| Instant::now() < d) {
+                            continue;
+                        }
+                        return Ok(None);
+                    }
+                }
+            }
+            let acquired_at = granted_at.clamp(sent_at, Instant::now());
             // With a transition window, a grant must arrive within the holder's own
             // lease: one that arrives suspended is of no use either. (A lease end too
             // close to this clock's origin to count a lease back from counts as lost.)
@@ -539,7 +573,7 @@ impl DistributeLock {
                     grant,
                     self.handle.mode,
                     token,
-                    granted_at,
+                    acquired_at,
                 )
                 .for_purpose(spec.purpose),
             );
@@ -548,7 +582,7 @@ impl DistributeLock {
                 transition,
                 renew,
                 sent_at: granted_at,
-                cap: max_hold.map(|d| granted_at + d),
+                cap: max_hold.map(|d| acquired_at + d),
             };
             // An upgrade keeps its owner's read until it is released itself. That
             // read gone meanwhile, the grant stands on nothing (on ZooKeeper the

@@ -149,7 +149,7 @@ impl Drop for QueueSlot {
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(async move {
                 if let Err(e) = backend.leave_queue(&keys, &owner).await {
-                    tracing::debug!(error = %e, "dlock-redis: leaving the fair queue failed; the entry lapses with its liveness");
+                    tracing::debug!(error = %e, "dlock-redis: leaving the queue failed; the entry (and a lock handed over to it) lapses with its liveness");
                 }
             });
         }
@@ -410,10 +410,10 @@ impl RedisBackend {
                 "RedisOptions::sentinel_auth is for Sentinel URLs (redis+sentinel://…); remove it, or connect through the sentinels",
             ));
         }
-        if options.key_prefix.contains(['{', '}']) {
+        if options.key_prefix.contains(['{', '}', '\n']) {
             return Err(Error::new(
                 ErrorKind::Config,
-                "the key prefix may not contain '{' or '}' (they delimit the Cluster hash tag)",
+                "the key prefix may not contain '{' or '}' (they delimit the Cluster hash tag) or a newline (it separates the parts of a release notice)",
             ));
         }
         let endpoint = match (&conn, nodes.first()) {
@@ -610,7 +610,8 @@ impl RedisBackend {
     /// asks again, which confirms a handed-over lock as its own — when no hand-over
     /// came, when replicas must acknowledge grants (the wait is for this client's
     /// own writes: the re-check writes the lease), when the Sentinel master changed
-    /// since, or when too little of the provisional lease is left to be of use.
+    /// since or the notice came from another master, or when too little of the
+    /// provisional lease is left to be of use.
     fn handed_over(
         &self,
         registration: &Registration,
@@ -625,6 +626,7 @@ impl RedisBackend {
         let until = sent + handover.lease;
         let usable = self.inner.options.replica_ack.is_none()
             && epoch == self.inner.conn.epoch()
+            && handover.epoch == epoch
             && until > Instant::now() + HANDOVER_MIN_LEFT;
         usable.then(|| AcquireResult::acquired(FencingToken::new(handover.token), Some(until)))
     }

@@ -13,7 +13,8 @@ use dlock_spi::LockName;
 use redis::{RedisWrite, ToRedisArgs};
 
 /// Exclusive holder (expires with the lease), "R" while readers hold, or
-/// "@<waiter>" while a release has set the lock aside for a starving queued waiter.
+/// "@<waiter>" while a release has set a free lock aside for a reader or permit waiter
+/// that has waited 20 ms at the head of the queue.
 pub(crate) const EXCLUSIVE: &str = ":x";
 /// Fencing counter: never expires; a grant sets it to max(counter + 1, clock µs).
 pub(crate) const FENCE: &str = ":f";

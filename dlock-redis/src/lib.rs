@@ -50,8 +50,9 @@
 //!   while the manager's first renewal extends the lease; a head that died meanwhile
 //!   costs at most its liveness. Dead waiters are skipped once their liveness lapses.
 //!   Fair mode: only the head may take a free lock. Non-fair: whoever asks first
-//!   takes a free lock (newcomers barge), but a release with a writer queued hands
-//!   the lock to it, so no queued waiter is passed by a newcomer and none starves. A
+//!   takes a free lock (newcomers barge), but a release with a writer at the head of
+//!   the queue hands the lock to it, and one with a reader or permit head that has
+//!   waited 20 ms sets the free lock aside for it, so no queued waiter starves. A
 //!   waiter that gives up or is dropped leaves the queue at once (giving back a lock
 //!   handed to it that it never took up). A polling waiter (no notices) is handed
 //!   the lock only once it has waited 20 ms — it takes it up at its next poll — so

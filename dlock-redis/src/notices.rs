@@ -70,16 +70,20 @@ pub(crate) struct Handover {
     pub(crate) token: u64,
     /// The provisional lease the server gave the grant, from the hand-over on.
     pub(crate) lease: Duration,
+    /// The Sentinel epoch of the master the notice came from (0 for one node): a
+    /// hand-over counts only from the master the waiter's attempts went to.
+    pub(crate) epoch: u64,
 }
 
 impl Handover {
     /// The third line of a hand-over notice, `<token> <lease ms>`.
-    fn parse(line: &[u8]) -> Option<Self> {
+    fn parse(line: &[u8], epoch: u64) -> Option<Self> {
         let line = std::str::from_utf8(line).ok()?;
         let (token, ms) = line.split_once(' ')?;
         Some(Handover {
             token: token.parse().ok()?,
             lease: Duration::from_millis(ms.parse().ok()?),
+            epoch,
         })
     }
 }
@@ -177,8 +181,9 @@ impl Notices {
     }
 
     /// Delivers one message: a plain notice is a waiter's address; a hand-over
-    /// notice is the address, a newline and the grant's `<token> <ms>`.
-    fn wake(&self, message: &[u8]) {
+    /// notice is the address, a newline and the grant's `<token> <ms>`; `epoch` is
+    /// the Sentinel epoch of the master it came from.
+    fn wake(&self, message: &[u8], epoch: u64) {
         let waiters = self.waiters();
         if let Some(ws) = waiters.get(message) {
             for w in ws {
@@ -191,7 +196,7 @@ impl Notices {
         };
         let (Some(ws), Some(handover)) = (
             waiters.get(&message[..nl]),
-            Handover::parse(&message[nl + 1..]),
+            Handover::parse(&message[nl + 1..], epoch),
         ) else {
             return;
         };
@@ -307,7 +312,7 @@ async fn run(
             }
         };
         tokio::select! {
-            () = dispatch(&notices, pubsub) => {}
+            () = dispatch(&notices, pubsub, epoch) => {}
             () = endpoint.moved_from(epoch) => {
                 tracing::debug!("dlock-redis: the master moved; subscribing to release notices there");
             }
@@ -323,10 +328,10 @@ async fn run(
 }
 
 /// Delivers notices until the connection ends.
-async fn dispatch(notices: &Weak<Notices>, mut pubsub: redis::aio::PubSub) {
+async fn dispatch(notices: &Weak<Notices>, mut pubsub: redis::aio::PubSub, epoch: u64) {
     let mut stream = pubsub.on_message();
     while let Some(msg) = stream.next().await {
         let Some(n) = notices.upgrade() else { return };
-        n.wake(msg.get_payload_bytes());
+        n.wake(msg.get_payload_bytes(), epoch);
     }
 }

@@ -91,7 +91,7 @@ local function set_horizon(x, readers, data, top, ms)
   redis.call('PEXPIRE', readers, ttl)
   redis.call('PEXPIRE', data, ttl)
   local cur = redis.call('GET', x)
-  if cur and cur ~= 'R' then
+  if cur and cur ~= 'R' and string.sub(cur, 1, 1) ~= '@' then
     -- A writer beside its owner's own readers (a writer reading, an upgrade): its
     -- value stays, and lasts at least as long as they do.
     if redis.call('PTTL', x) < ttl then redis.call('PEXPIRE', x, ttl) end
@@ -177,17 +177,26 @@ end
 -- <lease ms>"; any other head is told the lock may be free. A polling head (no
 -- channel) takes a handed-over lock up only at its next poll, so it is handed the
 -- lock only once it has waited 20 ms (the non-fair starvation bound); until then
--- the lock stays free for whoever asks. Returns true when it handed the lock over.
+-- the lock stays free for whoever asks. A reader or permit head that has waited
+-- 20 ms gets a free lock set aside for it (value "@<head>", for its remaining
+-- liveness) — nobody else may take it — and is told. Returns true when it handed
+-- the lock over.
 local function notify(x, fence, queue, alive, modes)
   purge_queue(queue, alive, modes)
   local head = redis.call('ZRANGE', queue, 0, 0, 'WITHSCORES')
   local o = head[1]
   if not o then return false end
   local m, ch, v = queued_as(modes, o)
-  if m == 'x' and v ~= '' and (ch ~= '' or tonumber(head[2]) <= now_us - 20000)
+  local waited = tonumber(head[2]) <= now_us - 20000
+  local writer = m == 'x' and v ~= ''
+  if (writer and (ch ~= '' or waited) or (not writer and waited))
     and redis.call('EXISTS', x) == 0 then
     local live_until = tonumber(redis.call('ZSCORE', alive, o))
-    if live_until then
+    if live_until and not writer then
+      -- A reader or permit head is not handed a grant; a free lock is set aside
+      -- for it instead (nobody else may take it until it re-checks or leaves).
+      redis.call('SET', x, '@' .. o, 'PX', live_until - now)
+    elseif live_until then
       local left = live_until - now
       redis.call('SET', x, v, 'PX', left)
       local tok = next_token(fence)
@@ -213,6 +222,12 @@ local function announce(o)
     local sp = string.find(m, ' ', 1, true)
     if sp then redis.call('PUBLISH', string.sub(m, sp + 1), o .. '\n' .. string.sub(m, 1, sp - 1)) end
   end
+end
+"#;
+const H_RESERVED: &str = r#"
+-- Whether value v of the exclusive key sets the lock aside for someone other than o.
+local function reserved_for_other(v, o)
+  return v ~= nil and v ~= false and string.sub(v, 1, 1) == '@' and v ~= '@' .. o
 end
 "#;
 const H_TIME_LEFT: &str = r#"
@@ -424,6 +439,10 @@ local queue = ARGV[6] ~= '0'
 local beside = mode ~= 'p' and ARGV[11] ~= nil and ARGV[11] ~= '' and ARGV[11] or nil
 
 local v = redis.call('GET', KEYS[1])
+-- A free lock a release set aside for this (reader or permit) waiter is free for it
+-- and for nobody else.
+local set_aside = v == '@' .. owner
+if set_aside then v = nil end
 if mode ~= 'x' then
   -- A reader or permit holder asking again (a retried grant) keeps its grant.
   clock()
@@ -469,7 +488,7 @@ if mode == 'x' then
       rank = redis.call('ZRANK', KEYS[5], owner)
       ok = rank == 0 or (rank == false and redis.call('ZCARD', KEYS[5]) == 0)
     end
-    if ok then
+    if ok or set_aside then
       local t = next_token(KEYS[4])
       redis.call('SET', KEYS[1], ARGV[4], 'PX', lease)
       if rank then dequeue(KEYS[5], KEYS[6], KEYS[7], owner) end
@@ -479,7 +498,7 @@ if mode == 'x' then
   end
 elseif mode == 'p' then
   local n, total = tonumber(ARGV[11]), tonumber(ARGV[12])
-  local room = holder(v) == nil
+  local room = holder(v) == nil and not reserved_for_other(v, owner)
   local used = 0
   local holders = redis.call('ZRANGE', KEYS[2], 0, -1)
   if #holders > 0 then
@@ -523,10 +542,11 @@ elseif mode == 'p' then
     return {1, tok}
   end
 else
-  -- Free unless a writer holds it or a semaphore's permits hold it;
+  -- Free unless a writer holds it, it is set aside, or a semaphore's permits hold it;
   -- beside the owner's own writer, granted whatever the queue (a writer reading).
   local mine = beside ~= nil and holder(v) == beside
-  local free = mine or (holder(v) == nil and redis.call('HEXISTS', KEYS[3], '#total') == 0)
+  local free = mine or (holder(v) == nil and not reserved_for_other(v, owner)
+    and redis.call('HEXISTS', KEYS[3], '#total') == 0)
   local rank = false
   if redis.call('EXISTS', KEYS[5]) == 1 then
     purge_queue(KEYS[5], KEYS[6], KEYS[7])
@@ -534,7 +554,7 @@ else
   end
   -- Fair or not, new readers stand back for a writer queued before them.
   local count = rank or redis.call('ZCARD', KEYS[5])
-  if free and count > 0 and not mine then
+  if free and count > 0 and not set_aside and not mine then
     for _, o in ipairs(redis.call('ZRANGE', KEYS[5], 0, count - 1)) do
       if queued_as(KEYS[7], o) == 'x' then free = false break end
     end
@@ -635,7 +655,7 @@ local was_head = redis.call('ZRANK', KEYS[5], ARGV[1]) == 0
 dequeue(KEYS[5], KEYS[6], KEYS[7], ARGV[1])
 local v = redis.call('GET', KEYS[1])
 local handed = holder(v) == ARGV[1]
-if handed then
+if handed or v == '@' .. ARGV[1] then
   redis.call('DEL', KEYS[1])
   v = nil
 end
@@ -714,6 +734,7 @@ fn sources() -> [String; 10] {
         H_PURGE_QUEUE,
         H_QUEUE,
         H_NOTIFY,
+        H_RESERVED,
         H_TIME_LEFT,
         H_ANNOUNCE,
     ];
@@ -806,6 +827,7 @@ mod tests {
             "notify",
             "queued_as",
             "tell",
+            "reserved_for_other",
             "time_left",
             "announce",
         ];

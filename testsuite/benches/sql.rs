@@ -8,7 +8,9 @@
 //!   expiry and one owner-guarded delete; the *advisory floor* (PostgreSQL
 //!   `pg_try_advisory_lock`/`pg_advisory_unlock`, MySQL `GET_LOCK(name, 0)`/
 //!   `RELEASE_LOCK` on one dedicated connection: no lease, no fencing token — the
-//!   lock lives and dies with the session); dlock's SPI and user API; the peer.
+//!   lock lives and dies with the session); on PostgreSQL the lease floor on a session
+//!   with asynchronous commit (a control: the floor without waiting for the WAL
+//!   flush); dlock's SPI and user API; the peer.
 //! * **8 processes on one lock** (each holds 1 ms, waits ≤ 5 s): separate OS
 //!   processes (this binary, re-run as a child), each with its own connections;
 //!   cycles/s, per-process min and max, longest single wait, timeouts.
@@ -42,6 +44,31 @@ fn urls(labels: &str) -> Vec<(String, testsuite::backends::TestUrl)> {
         .filter(|l| matches!(*l, "sqlite" | "mysql" | "postgres"))
         .filter_map(|l| Some((l.to_owned(), testsuite::backends::server_url(l)?)))
         .collect()
+}
+
+/// One lease-floor cycle of `floor`'s statements on executor `$e`: set-if-absent
+/// (must insert), then the owner-guarded delete (must delete).
+macro_rules! floor_cycle {
+    ($floor:expr, $e:expr, $name:expr, $owner:expr) => {{
+        let got = sqlx::query($floor.acquire)
+            .bind($name)
+            .bind($owner)
+            .execute($e)
+            .await
+            .unwrap();
+        assert_eq!(
+            got.rows_affected(),
+            1,
+            "floor acquire failed: the row exists"
+        );
+        let gone = sqlx::query($floor.release)
+            .bind($name)
+            .bind($owner)
+            .execute($e)
+            .await
+            .unwrap();
+        assert_eq!(gone.rows_affected(), 1);
+    }};
 }
 
 /// The lease floor: the minimum a lease lock needs, one statement each way.
@@ -85,35 +112,25 @@ impl LeaseFloor {
     }
 
     async fn cycle(&self, name: &str, owner: &str) {
-        macro_rules! run {
-            ($p:expr) => {{
-                let got = sqlx::query(self.acquire)
-                    .bind(name)
-                    .bind(owner)
-                    .execute($p)
-                    .await
-                    .unwrap();
-                assert_eq!(
-                    got.rows_affected(),
-                    1,
-                    "floor acquire failed: the row exists"
-                );
-                let gone = sqlx::query(self.release)
-                    .bind(name)
-                    .bind(owner)
-                    .execute($p)
-                    .await
-                    .unwrap();
-                assert_eq!(gone.rows_affected(), 1);
-            }};
-        }
         match &self.pool {
-            SqlPool::Sqlite(p) => run!(p),
-            SqlPool::MySql(p) => run!(p),
-            SqlPool::Postgres(p) => run!(p),
+            SqlPool::Sqlite(p) => floor_cycle!(self, p, name, owner),
+            SqlPool::MySql(p) => floor_cycle!(self, p, name, owner),
+            SqlPool::Postgres(p) => floor_cycle!(self, p, name, owner),
             _ => {}
         }
     }
+}
+
+/// The lease floor's statements on one dedicated PostgreSQL session with
+/// asynchronous commit (`synchronous_commit = off`: a commit returns before its WAL is
+/// flushed) — a control: what the lease floor costs without waiting for the disk.
+async fn async_commit_cycle(
+    mut conn: sqlx::pool::PoolConnection<sqlx::Postgres>,
+    floor: &LeaseFloor,
+    name: &str,
+) -> sqlx::pool::PoolConnection<sqlx::Postgres> {
+    floor_cycle!(floor, &mut *conn, name, "owner");
+    conn
 }
 
 /// A dedicated connection of the advisory floor (session-level advisory locks).
@@ -225,6 +242,7 @@ async fn uncontended(
     let floor = Arc::new(LeaseFloor::new(backend.sqlx_pool().clone()).await);
     let mut contestants = vec![Contestant::tasks("lease floor (1+1 statements)", 1, {
         let t = tag.clone();
+        let floor = Arc::clone(&floor);
         move |_, end| {
             let (floor, name) = (Arc::clone(&floor), format!("{t}:floor"));
             cycles((floor, name), end, |(floor, name)| async move {
@@ -254,6 +272,33 @@ async fn uncontended(
                     let mut n = 0u64;
                     while start.elapsed() < d {
                         c = Some(advisory_cycle(c.take().expect("conn"), key, &name).await);
+                        n += 1;
+                    }
+                    *conn.borrow_mut() = c;
+                    (n, start.elapsed())
+                })
+            }),
+        ));
+    }
+    if let SqlPool::Postgres(p) = backend.sqlx_pool() {
+        let mut c = p.acquire().await.unwrap();
+        sqlx::query("SET synchronous_commit = off")
+            .execute(&mut *c)
+            .await
+            .unwrap();
+        let conn = Rc::new(RefCell::new(Some(c)));
+        let (floor, name) = (Arc::clone(&floor), format!("{tag}:async"));
+        contestants.push(Contestant::new(
+            "lease floor, asynchronous commit (control)",
+            Box::new(move |d| {
+                let (conn, floor, name) = (Rc::clone(&conn), Arc::clone(&floor), name.clone());
+                Box::pin(async move {
+                    let start = Instant::now();
+                    let mut c = conn.borrow_mut().take();
+                    let mut n = 0u64;
+                    while start.elapsed() < d {
+                        let next = async_commit_cycle(c.take().expect("conn"), &floor, &name);
+                        c = Some(next.await);
                         n += 1;
                     }
                     *conn.borrow_mut() = c;

@@ -640,6 +640,49 @@ async fn a_release_hands_the_lock_to_the_queued_writer() {
     }
 }
 
+/// A hold the watchdog would not extend at once — a fixed lease (never renewed) with
+/// a `max_hold` cap — that a release hands over on its provisional lease gets its
+/// whole lease and cap all the same: the manager extends the lease before the guard
+/// exists, and the cap and `acquired_at` count from the call, not from a lease before
+/// the provisional lease's end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handed_over_fixed_lease_keeps_its_lease_and_cap() {
+    let Some(url) = redis_url() else { return };
+    let lock = name("hand-over-fixed");
+    let (_, m1) = dlock_client(&url, RedisOptions::default()).await;
+    let (waiter_side, m2) = dlock_client(&url, RedisOptions::default()).await;
+    let a = take(&m1.lock(&lock), Duration::ZERO).await;
+    let waiter = m2.lock(&lock);
+    let options = dlock_api::LockOptions::new()
+        .lease(Duration::from_secs(10))
+        .max_hold(Duration::from_secs(8));
+    let called = Instant::now();
+    let mut b = Box::pin(waiter.try_lock_with(Duration::from_secs(20), &options));
+    park(&mut b, || waiter_side.acquire_attempts() == 1).await;
+    a.unlock().await.unwrap();
+    let g = b.await.unwrap().expect("handed over");
+    let now = Instant::now();
+    assert!(
+        g.acquired_at() >= called,
+        "acquired before it was asked for"
+    );
+    let until = g.valid_until().expect("a lease");
+    assert!(
+        until > now + Duration::from_secs(6),
+        "valid for {:?} only (lease 10 s, cap 8 s)",
+        until.saturating_duration_since(now)
+    );
+    let (_, left) = holder_of(&m1, &lock).await.expect("held");
+    assert!(
+        left > Duration::from_secs(6),
+        "the store holds it {left:?} more"
+    );
+    assert!(!g.is_lost());
+    g.unlock().await.unwrap();
+    m1.close().await;
+    m2.close().await;
+}
+
 /// A waiter dropped after a release handed it the lock, before it heard of it, gives
 /// the lock back as it leaves the queue, and the next waiter gets it at once — not
 /// when the provisional lease (its 30 s liveness) runs out. The waiter is the backend's

@@ -58,17 +58,31 @@ async fn master_port() -> u16 {
         .unwrap_or_else(|| panic!("the sentinel names no master: {reply:?}"))
 }
 
-/// Waits (bounded) until the master the sentinels name has both replicas online:
-/// after a failover the old master rejoins only once a sentinel reconfigures it
-/// (seconds later), and the next test needs every replica.
+/// Waits (bounded) until the master the sentinels name has both replicas online and
+/// caught up (each at the master's replication offset): after a failover the old
+/// master rejoins only once a sentinel reconfigures it (seconds later) and then
+/// resynchronises, and the next test needs every replica to acknowledge writes.
 async fn deployment_whole() {
     assert!(
         eventually(Duration::from_secs(60), || async {
             let info = cli(master_port().await, &["info", "replication"]).await;
-            info.matches("state=online").count() == SENTINEL_REPLICAS as usize
+            let field = |line: &str, key: &str| {
+                line.split(',')
+                    .find_map(|kv| kv.strip_prefix(key).map(|v| v.trim().to_owned()))
+            };
+            let master_offset = info.lines().find_map(|l| {
+                l.strip_prefix("master_repl_offset:")
+                    .map(|v| v.trim().to_owned())
+            });
+            let caught_up = info
+                .lines()
+                .filter(|l| l.starts_with("slave") && l.contains("state=online"))
+                .filter(|l| field(l, "offset=") == master_offset)
+                .count();
+            caught_up == SENTINEL_REPLICAS as usize
         })
         .await,
-        "the Sentinel deployment did not get both replicas back within 60 s"
+        "the Sentinel deployment did not get both replicas back and caught up within 60 s"
     );
 }
 
