@@ -32,6 +32,8 @@ pub const SUPPORTED: &[&str] = &[
     "zk://",
     #[cfg(feature = "etcd")]
     "etcd://",
+    #[cfg(feature = "etcd")]
+    "etcds://",
 ];
 
 /// Opens the backend a URL names.
@@ -47,7 +49,7 @@ pub const SUPPORTED: &[&str] = &[
 /// | `redis+sentinel://s1:p1,s2:p2/<master>`, `rediss+sentinel://…` | the master Redis Sentinel names, via `dlock-redis` | `redis` |
 /// | `redlock://h1:p1,h2:p2,h3:p3`, `redlocks://…` | Redlock over independent Redis masters, via `dlock-redis` | `redis` |
 /// | `zk://h1:p1,h2:p2/root`, `zookeeper://…` | ZooKeeper via `dlock-zk` | `zk` |
-/// | `etcd://h1:p1,h2:p2/prefix` | etcd via `dlock-etcd` (needs `protoc` to build) | `etcd` |
+/// | `etcd://[user:pass@]h1:p1,h2:p2/prefix`, `etcds://…` | etcd via `dlock-etcd` (needs `protoc` to build; `etcds`: TLS, feature `etcd-tls`) | `etcd` |
 ///
 /// Unknown schemes, and schemes whose feature is not enabled, fail with
 /// [`ErrorKind::Config`] naming what to do. Passwords in the URL never appear in errors.
@@ -78,7 +80,7 @@ pub async fn open_backend(url: &str) -> Result<Arc<dyn LockRemoteResource>> {
         #[cfg(feature = "zk")]
         "zk" | "zookeeper" => Ok(Arc::new(dlock_zk::ZkBackend::connect(url).await?)),
         #[cfg(feature = "etcd")]
-        "etcd" => Ok(Arc::new(dlock_etcd::EtcdBackend::connect(url).await?)),
+        "etcd" | "etcds" => Ok(Arc::new(dlock_etcd::EtcdBackend::connect(url).await?)),
         other => Err(Error::new(
             ErrorKind::Config,
             format!(

@@ -492,10 +492,9 @@ impl DistributeLock {
                 continue;
             };
             // An error leaves the outcome unknown (the store may have granted, and the
-            // answer been lost): `in_flight` gives the grant back when dropped.
-            if result.is_ok() {
-                in_flight.release = None;
-            }
+            // answer been lost): `in_flight` gives the grant back when dropped. A grant
+            // stays in its care until the manager tracks it (below): cut short before,
+            // at the confirming renewal, the grant is given back too.
             let (token, lease_until, watch, took_over) = match result? {
                 AcquireResult::Acquired {
                     token,
@@ -504,7 +503,10 @@ impl DistributeLock {
                     took_over,
                     ..
                 } => (token, lease_until, watch, took_over),
-                AcquireResult::NotAcquired { .. } => return Ok(None),
+                AcquireResult::NotAcquired { .. } => {
+                    in_flight.release = None;
+                    return Ok(None);
+                }
             };
             // The lease runs from the granting attempt's send time, which the backend
             // reports as the lease's end; a wait before it does not count. A grant a
@@ -541,7 +543,7 @@ impl DistributeLock {
                 match manager.chain.renew(&confirm).await {
                     Ok(RenewResult::Renewed { .. }) => granted_at = confirm_sent,
                     _ => {
-                        manager.abandon(ctx.request.release_of_grant());
+                        in_flight.give_back();
                         if deadline.is_some_and(|d| Instant::now() < d) {
                             continue;
                         }
@@ -559,7 +561,7 @@ impl DistributeLock {
                 // The answer came too late to be of use (a stalled connection): the
                 // store may let the grant go any moment. Give it back and, while the
                 // wait lasts, ask again.
-                manager.abandon(ctx.request.release_of_grant());
+                in_flight.give_back();
                 if deadline.is_some_and(|d| Instant::now() < d) {
                     continue;
                 }
@@ -593,7 +595,7 @@ impl DistributeLock {
                 match DistributeLock::of_handle(Arc::clone(read)).reenter() {
                     Some(read) => hold.keep(read, &manager.chain),
                     None => {
-                        manager.abandon(ctx.request.release_of_grant());
+                        in_flight.give_back();
                         if deadline.is_some_and(|d| Instant::now() < d) {
                             continue;
                         }
@@ -601,6 +603,8 @@ impl DistributeLock {
                     }
                 }
             }
+            // Tracked from here on: the manager releases it (guard, close, loss).
+            in_flight.release = None;
             manager.track(&hold, watching, watch);
             if manager.is_closed() {
                 // `close` ran while the grant was in flight and may have missed it:
@@ -643,16 +647,24 @@ pub enum TryLock {
 /// gives back the grant the backend may have made.
 struct InFlightAcquire<'a> {
     manager: &'a ManagerInner,
-    /// The release of the grant asked for; `None` once the backend has granted or
-    /// refused (an error keeps it: the grant may have been made).
+    /// The release of the grant asked for; `None` once the backend has refused or
+    /// the manager tracks the grant (an error keeps it: the grant may have been
+    /// made).
     release: Option<ReleaseRequest>,
+}
+
+impl InFlightAcquire<'_> {
+    /// Gives the grant back now (in the background), if it is still in its care.
+    fn give_back(&mut self) {
+        if let Some(release) = self.release.take() {
+            self.manager.abandon(release);
+        }
+    }
 }
 
 impl Drop for InFlightAcquire<'_> {
     fn drop(&mut self) {
-        if let Some(release) = self.release.take() {
-            self.manager.abandon(release);
-        }
+        self.give_back();
     }
 }
 

@@ -356,23 +356,33 @@ fn usage_errors_exit_64_and_help_succeeds() {
     }
 }
 
-/// The about text names every backend the command reaches.
+/// The about text names every backend the command reaches: each URL scheme this
+/// build understands (`dlock_api::SUPPORTED`) by its backend's name.
 #[test]
 fn the_about_text_names_every_backend() {
     let out = Command::new(DLOCK).arg("--help").output().unwrap();
     let help = String::from_utf8_lossy(&out.stdout);
     let about = help.lines().next().unwrap_or_default();
-    for backend in [
-        "SQLite",
-        "MariaDB",
-        "MySQL",
-        "PostgreSQL",
-        "Redis",
-        "Cluster",
-        "ZooKeeper",
-        "memory",
-    ] {
-        assert!(about.contains(backend), "{backend} missing from: {about}");
+    for scheme in dlock_api::SUPPORTED {
+        let names: &[&str] = match scheme.trim_end_matches("://") {
+            "memory" => &["memory"],
+            "sqlite" => &["SQLite"],
+            "mysql" => &["MariaDB", "MySQL"],
+            "postgres" => &["PostgreSQL"],
+            "redis" | "rediss" => &["Redis"],
+            "redis+cluster" | "rediss+cluster" => &["Redis", "Cluster"],
+            "redis+sentinel" | "rediss+sentinel" => &["Redis", "Sentinel"],
+            "redlock" | "redlocks" => &["Redlock"],
+            "zk" => &["ZooKeeper"],
+            "etcd" | "etcds" => &["etcd"],
+            other => panic!("scheme {other:?} is new: name its backend in the about text and here"),
+        };
+        for name in names {
+            assert!(
+                about.contains(name),
+                "{name} ({scheme}) missing from: {about}"
+            );
+        }
     }
 }
 

@@ -9,19 +9,18 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use dlock_spi::{
     AcquireRequest, AcquireResult, Capabilities, Error, ErrorKind, FencingToken, HolderInfo,
-    LockAdmin, LockEvents, LockName, LockRemoteResource, LockState, ReleaseRequest, ReleaseResult,
-    RenewRequest, RenewResult, Result,
+    LockAdmin, LockEvents, LockMode, LockName, LockRemoteResource, LockState, ReleaseRequest,
+    ReleaseResult, RenewRequest, RenewResult, Result,
 };
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, DeleteOptions, EventType, GetOptions, KeyValue,
-    LeaseClient, PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, WatchFilterType,
-    WatchOptions,
+    Client, Compare, CompareOp, ConnectOptions, DeleteOptions, GetOptions, KeyValue, LeaseClient,
+    PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, WatchFilterType, WatchOptions,
 };
 use tonic::transport::{Channel, Endpoint};
 
-use crate::error::{map_etcd, timed_out};
+use crate::error::{map_etcd, map_sign_in, timed_out};
 use crate::keepalive::KeepAlives;
-use crate::keys::{Keys, Side};
+use crate::keys::{permit_total, prefix_end, stored_value, Keys, Side};
 use crate::{parse_url, EtcdOptions};
 
 /// How often a waiter whose key vanished (force-released, its lease lost in a
@@ -99,6 +98,22 @@ struct Placed {
     ttl: Duration,
 }
 
+/// What a look at the contenders ahead of a key found.
+enum Look {
+    /// The key holds.
+    Granted,
+    /// The key is gone.
+    Gone,
+    /// Not yet: watch `key` (to `end` if set; only deletions if `deletes`) from
+    /// revision `after + 1`.
+    Watch {
+        after: i64,
+        key: Vec<u8>,
+        end: Option<Vec<u8>>,
+        deletes: bool,
+    },
+}
+
 /// How a wait for the turn ended.
 enum Turn {
     Granted,
@@ -119,9 +134,11 @@ impl EtcdBackend {
     pub async fn connect_with(url: &str, options: EtcdOptions) -> Result<Self> {
         let parsed = parse_url(url, options)?;
         let options = parsed.options;
+        let tls = crate::tls::client_config(&options)?;
+        let scheme = if tls.is_some() { "https" } else { "http" };
         let mut endpoints = Vec::with_capacity(parsed.hosts.len());
         for host in &parsed.hosts {
-            let endpoint = Endpoint::from_shared(format!("http://{host}"))
+            let endpoint = Endpoint::from_shared(format!("{scheme}://{host}"))
                 .map_err(|e| {
                     Error::new(
                         ErrorKind::Config,
@@ -136,22 +153,60 @@ impl EtcdBackend {
                 .http2_keep_alive_interval(options.keep_alive)
                 .keep_alive_timeout(Duration::from_secs(5))
                 .keep_alive_while_idle(false);
+            #[cfg(feature = "tls")]
+            let endpoint = match &tls {
+                Some(tls) => endpoint.tls_config(tls.clone()).map_err(|e| {
+                    Error::new(
+                        ErrorKind::Config,
+                        "etcd's TLS settings were refused (a certificate or key that is not PEM?)",
+                    )
+                    .with_source(e)
+                })?,
+                None => endpoint,
+            };
             endpoints.push(endpoint);
         }
         let channel = Channel::balance_list(endpoints.into_iter());
-        let client = Client::from_channel(
-            etcd_client::Channel::Tonic(channel.clone()),
-            Some(ConnectOptions::new().with_require_leader(true)),
-        )
-        .await
-        .map_err(|e| map_etcd(e, "connect"))?;
-        // The cluster's shortest lease (etcd raises shorter ones to 1.5 election
-        // timeouts): one round trip, so an unreachable cluster also fails here.
-        let mut leases = client.lease_client();
-        let probe = match tokio::time::timeout(options.timeout, leases.grant(1, None)).await {
-            Ok(granted) => granted.map_err(|e| map_etcd(e, "connect"))?,
-            Err(_) => return Err(timed_out("connect")),
+        let mut connect = ConnectOptions::new().with_require_leader(true);
+        if let Some(c) = &options.credentials {
+            // The token expires (etcd's --auth-token-ttl): signed in again when
+            // etcd says so, and the call retried.
+            connect = connect
+                .with_user(c.user(), c.password.clone())
+                .with_auto_token_refresh(true);
+        }
+        let reached = async {
+            // With credentials, this signs in: one round trip, bounded.
+            let client = match tokio::time::timeout(
+                options.timeout,
+                Client::from_channel(etcd_client::Channel::Tonic(channel.clone()), Some(connect)),
+            )
+            .await
+            {
+                Ok(client) => client.map_err(|e| map_sign_in(e, options.credentials.as_ref()))?,
+                Err(_) => return Err(timed_out("connect")),
+            };
+            // The cluster's shortest lease (etcd raises shorter ones to 1.5 election
+            // timeouts): one round trip, so an unreachable cluster also fails here.
+            let mut leases = client.lease_client();
+            let probe = match tokio::time::timeout(options.timeout, leases.grant(1, None)).await {
+                Ok(granted) => granted.map_err(|e| map_etcd(e, "connect"))?,
+                Err(_) => return Err(timed_out("connect")),
+            };
+            Ok((client, leases, probe))
         };
+        let (client, mut leases, probe) = reached.await.map_err(|e| {
+            if options.tls && options.tls_identity.is_none() && e.kind() != ErrorKind::Config {
+                // Members started with --client-cert-auth close such connections
+                // after the handshake, with no reason a client can read.
+                e.with_context(
+                    "tls",
+                    "no client certificate was given: if the members require one (--client-cert-auth), give tls_cert and tls_key",
+                )
+            } else {
+                e
+            }
+        })?;
         let _ = tokio::time::timeout(options.timeout, leases.revoke(probe.id())).await;
         Ok(EtcdBackend {
             inner: Arc::new(Inner {
@@ -165,7 +220,8 @@ impl EtcdBackend {
         })
     }
 
-    /// Backend-side acquire attempts (each placement of a key counts one).
+    /// Backend-side acquire attempts: each placement of a key, and each look again
+    /// at the contenders ahead of it after a wake-up, counts one.
     pub fn acquire_attempts(&self) -> u64 {
         self.inner.attempts.load(Ordering::Relaxed)
     }
@@ -189,15 +245,6 @@ impl EtcdBackend {
         }
     }
 
-    /// The range a contender on `side` waits on: every key of the lock for a
-    /// writer, its writers for a reader.
-    fn ahead_range(&self, name: &LockName, side: Side) -> Vec<u8> {
-        match side {
-            Side::Write => self.inner.keys.lock(name),
-            Side::Read => self.inner.keys.writers(name),
-        }
-    }
-
     /// Puts the grant's key in the queue (or finds it, for a retried acquire), on a
     /// lease of its own; answers it and whether it holds already.
     async fn place(
@@ -209,47 +256,74 @@ impl EtcdBackend {
         self.inner.attempts.fetch_add(1, Ordering::Relaxed);
         let sent = Instant::now();
         let mut leases = self.inner.client.lease_client();
-        let granted = self
-            .call("acquire", leases.grant(ttl_secs(req.lease), None))
-            .await?;
+        let grant = self.call("acquire", leases.grant(ttl_secs(req.lease), None));
+        // Permits are placed only under the semaphore's total (its oldest permit
+        // key's, pinned by the placing transaction), so every permit key shares one:
+        // a request naming another is refused before it writes anything.
+        let (granted, same_total) = match side {
+            Side::Permits => {
+                let (granted, same_total) = tokio::join!(grant, self.same_total(req));
+                (granted?, Some(same_total))
+            }
+            Side::Write | Side::Read => (grant.await?, None),
+        };
         let guard = self.guard(granted.id());
+        // (Refused: the lease carries nothing; the guard revokes it.)
+        let same_total = same_total.transpose()?;
         let ttl = Duration::from_secs(u64::try_from(granted.ttl()).unwrap_or(0));
-        let first = GetOptions::new()
-            .with_prefix()
-            .with_sort(SortTarget::Create, SortOrder::Ascend)
-            .with_limit(1)
-            .with_keys_only();
-        let txn = Txn::new()
-            .when([Compare::create_revision(key, CompareOp::Equal, 0)])
+        let value = stored_value(req.mode, req.capacity, &req.context);
+        let (start, end) = self.inner.keys.ahead(&req.name, side);
+        let look = GetOptions::new()
+            .with_range(end)
+            .with_sort(SortTarget::Create, SortOrder::Ascend);
+        let mut placing = vec![TxnOp::put(
+            key,
+            value.clone(),
+            Some(PutOptions::new().with_lease(granted.id())),
+        )];
+        let look = match side {
+            // Permits need every contender (their keys say their permits).
+            Side::Permits => look.with_keys_only(),
+            Side::Write | Side::Read => look.with_limit(1).with_keys_only(),
+        };
+        placing.push(TxnOp::get(start, Some(look)));
+        let mut placeable = vec![Compare::create_revision(key, CompareOp::Equal, 0)];
+        placeable.extend(same_total);
+        // A retry of this grant finds its key from an earlier attempt and moves it
+        // onto this attempt's lease (same key, same create revision): a revocation
+        // of the earlier lease still in flight cannot remove it. (Not there either:
+        // the semaphore's oldest permit key changed since it was read; placed again.)
+        let retry = Txn::new()
+            .when([Compare::create_revision(key, CompareOp::Greater, 0)])
             .and_then([
                 TxnOp::put(
                     key,
-                    req.context.to_vec(),
-                    Some(PutOptions::new().with_lease(granted.id())),
-                ),
-                TxnOp::get(self.ahead_range(&req.name, side), Some(first)),
-            ])
-            // A retry of this grant finds its key from an earlier attempt and moves
-            // it onto this attempt's lease (same key, same create revision): a
-            // revocation of the earlier lease still in flight cannot remove it.
-            .or_else([
-                TxnOp::put(
-                    key,
-                    req.context.to_vec(),
+                    value,
                     Some(PutOptions::new().with_lease(granted.id()).with_prev_key()),
                 ),
                 TxnOp::get(key, None),
             ]);
+        let txn = Txn::new()
+            .when(placeable)
+            .and_then(placing)
+            .or_else([TxnOp::txn(retry)]);
         let mut kv = self.inner.client.kv_client();
         let answer = self.call("acquire", kv.txn(txn)).await?;
         let revision = answer.header().map_or(0, |h| h.revision());
         let responses = answer.op_responses();
         if answer.succeeded() {
-            // The first contender ahead (writers only, for a reader): none, or our key.
-            let ahead = first_kv(&responses);
             let holds = match side {
-                Side::Write => ahead.is_none_or(|kv| kv.key() == key),
-                Side::Read => ahead.is_none(),
+                // The first contender ahead: none, or our key.
+                Side::Write => first_kv(&responses).is_none_or(|kv| kv.key() == key),
+                // The first writer or permits: none.
+                Side::Read => first_kv(&responses).is_none(),
+                // Every permit key is under the request's total (the placing
+                // transaction's compare).
+                Side::Permits => {
+                    let all = gets(&responses).next().unwrap_or_default();
+                    let mine = all.iter().position(|kv| kv.key() == key);
+                    mine.is_some_and(|i| i < self.held_prefix(all, Some(req.capacity)))
+                }
             };
             let placed = Placed {
                 revision,
@@ -259,6 +333,14 @@ impl EtcdBackend {
             };
             return Ok(Some((placed, holds)));
         }
+        let retried = responses.iter().find_map(|r| match r {
+            TxnOpResponse::Txn(t) if t.succeeded() => Some(t.op_responses()),
+            _ => None,
+        });
+        let Some(responses) = retried else {
+            // The semaphore's oldest permit key changed since it was read.
+            return Ok(None);
+        };
         // A retry of this grant: its key now lives by the new lease; the earlier one
         // carries nothing any more.
         let earlier = responses.iter().find_map(|r| match r {
@@ -280,8 +362,141 @@ impl EtcdBackend {
         Ok(Some((placed, false)))
     }
 
-    /// Waits until no contender the key must wait for is left before it, its key
-    /// is gone, or the deadline passes; keeps the key's lease alive meanwhile.
+    /// Looks at the contenders a writer or reader waits for: the key holds when
+    /// none was made before it; otherwise it watches the deletion of the last one.
+    async fn look_lock(
+        &self,
+        req: &AcquireRequest,
+        key: &[u8],
+        side: Side,
+        revision: i64,
+    ) -> Result<Look> {
+        let (start, end) = self.inner.keys.ahead(&req.name, side);
+        let last_before = GetOptions::new()
+            .with_range(end)
+            .with_max_create_revision(revision - 1)
+            .with_sort(SortTarget::Create, SortOrder::Descend)
+            .with_limit(1)
+            .with_keys_only();
+        let txn = Txn::new()
+            .when([Compare::create_revision(key, CompareOp::Equal, revision)])
+            .and_then([TxnOp::get(start, Some(last_before))]);
+        let mut kv = self.inner.client.kv_client();
+        let answer = self.call("acquire", kv.txn(txn)).await?;
+        if !answer.succeeded() {
+            return Ok(Look::Gone);
+        }
+        let after = answer.header().map_or(0, |h| h.revision());
+        Ok(match first_kv(&answer.op_responses()) {
+            None => Look::Granted,
+            Some(before) => Look::Watch {
+                after,
+                key: before.key().to_vec(),
+                end: None,
+                deletes: true,
+            },
+        })
+    }
+
+    /// Looks at the contenders before a key for permits: it holds when they all
+    /// hold permits that leave room for its own in the semaphore's total (the
+    /// request's: every permit key was placed under it). Otherwise the
+    /// first waiter (all before it hold) watches the lock's deletions; a later
+    /// waiter watches the waiter before it, which touches its key once granted, so
+    /// a release wakes one waiter, not all. A key granted here touches itself if
+    /// someone queues behind it.
+    async fn look_permits(&self, req: &AcquireRequest, key: &[u8], revision: i64) -> Result<Look> {
+        let lock = self.inner.keys.lock(&req.name);
+        let end = prefix_end(&lock);
+        let up_to_mine = GetOptions::new()
+            .with_range(end.clone())
+            .with_max_create_revision(revision)
+            .with_sort(SortTarget::Create, SortOrder::Ascend)
+            .with_keys_only();
+        // (etcd counts a range without its revision filters: a limit of 1 it is.)
+        let behind = GetOptions::new()
+            .with_range(end.clone())
+            .with_min_create_revision(revision + 1)
+            .with_limit(1)
+            .with_keys_only();
+        let same = Compare::create_revision(key, CompareOp::Equal, revision);
+        let txn = Txn::new().when([same.clone()]).and_then([
+            TxnOp::get(lock.clone(), Some(up_to_mine)),
+            TxnOp::get(lock.clone(), Some(behind)),
+        ]);
+        let mut kv = self.inner.client.kv_client();
+        let answer = self.call("acquire", kv.txn(txn)).await?;
+        if !answer.succeeded() {
+            return Ok(Look::Gone);
+        }
+        let after = answer.header().map_or(0, |h| h.revision());
+        let responses = answer.op_responses();
+        let mut gets = gets(&responses);
+        let up_to_mine = gets.next().unwrap_or_default();
+        let queued_behind = gets.next().is_some_and(|kvs| !kvs.is_empty());
+        let held = self.held_prefix(up_to_mine, Some(req.capacity));
+        if held >= up_to_mine.len() {
+            if queued_behind {
+                // Wake the waiter behind (it watches this key): a touch changes
+                // neither value nor lease. If it fails, the acquire fails and its
+                // key goes (the guard revokes it): that wakes the waiter too.
+                let touch = PutOptions::new().with_ignore_value().with_ignore_lease();
+                let txn =
+                    Txn::new()
+                        .when([same])
+                        .and_then([TxnOp::put(key, Vec::new(), Some(touch))]);
+                if !self.call("acquire", kv.txn(txn)).await?.succeeded() {
+                    return Ok(Look::Gone);
+                }
+            }
+            return Ok(Look::Granted);
+        }
+        let before = up_to_mine.len().saturating_sub(2);
+        Ok(if held > before {
+            Look::Watch {
+                after,
+                key: lock,
+                end: Some(end),
+                deletes: true,
+            }
+        } else {
+            Look::Watch {
+                after,
+                key: up_to_mine.get(before).map_or(lock, |kv| kv.key().to_vec()),
+                end: None,
+                deletes: false,
+            }
+        })
+    }
+
+    /// The compare that places a permit request only under the semaphore's total as
+    /// read now: its oldest permit key still there (its total is the request's), or
+    /// no permit key at all. A semaphore in use with another total refuses the
+    /// request here, before anything is written.
+    async fn same_total(&self, req: &AcquireRequest) -> Result<Compare> {
+        let (start, end) = self.inner.keys.side(&req.name, Side::Permits);
+        let oldest = GetOptions::new()
+            .with_range(end.clone())
+            .with_sort(SortTarget::Create, SortOrder::Ascend)
+            .with_limit(1);
+        let mut kv = self.inner.client.kv_client();
+        let answer = self
+            .call("acquire", kv.get(start.clone(), Some(oldest)))
+            .await?;
+        Ok(match answer.kvs().first() {
+            None => Compare::create_revision(start, CompareOp::Equal, 0).with_range(end),
+            Some(first) => {
+                let total = total_of(answer.kvs());
+                if total != Some(req.capacity) {
+                    return Err(total_differs(total, req.capacity));
+                }
+                Compare::create_revision(first.key(), CompareOp::Equal, first.create_revision())
+            }
+        })
+    }
+
+    /// Waits until the key holds, is gone, or the deadline passes; keeps the key's
+    /// lease alive meanwhile.
     async fn wait_turn(
         &self,
         req: &AcquireRequest,
@@ -289,48 +504,47 @@ impl EtcdBackend {
         side: Side,
         placed: &mut Placed,
     ) -> Result<Turn> {
-        let ahead = self.ahead_range(&req.name, side);
-        let mut kv = self.inner.client.kv_client();
         let mut watches = self.inner.client.watch_client();
+        let mut woken = false;
         loop {
-            let last_before = GetOptions::new()
-                .with_prefix()
-                .with_max_create_revision(placed.revision - 1)
-                .with_sort(SortTarget::Create, SortOrder::Descend)
-                .with_limit(1)
-                .with_keys_only();
-            let txn = Txn::new()
-                .when([Compare::create_revision(
-                    key,
-                    CompareOp::Equal,
-                    placed.revision,
-                )])
-                .and_then([TxnOp::get(ahead.clone(), Some(last_before))]);
-            let answer = self.call("acquire", kv.txn(txn)).await?;
-            if !answer.succeeded() {
-                return Ok(Turn::Gone);
+            if woken {
+                self.inner.attempts.fetch_add(1, Ordering::Relaxed);
             }
-            let seen = answer.header().map_or(0, |h| h.revision());
-            let responses = answer.op_responses();
-            let Some(before) = first_kv(&responses) else {
-                return Ok(Turn::Granted);
+            woken = true;
+            let look = match side {
+                Side::Permits => self.look_permits(req, key, placed.revision).await?,
+                Side::Write | Side::Read => self.look_lock(req, key, side, placed.revision).await?,
+            };
+            let (after, watched, end, deletes) = match look {
+                Look::Granted => return Ok(Turn::Granted),
+                Look::Gone => return Ok(Turn::Gone),
+                Look::Watch {
+                    after,
+                    key,
+                    end,
+                    deletes,
+                } => (after, key, end, deletes),
             };
             let deadline = match req.deadline {
                 Some(d) if Instant::now() < d => d,
                 _ => return Ok(Turn::TimedOut),
             };
-            // Watch that one key's deletion from just after the look.
-            let only_deletes = WatchOptions::new()
-                .with_start_revision(seen + 1)
-                .with_filters([WatchFilterType::NoPut]);
+            // Watch from just after the look.
+            let mut options = WatchOptions::new().with_start_revision(after + 1);
+            if let Some(end) = end {
+                options = options.with_range(end);
+            }
+            if deletes {
+                options = options.with_filters([WatchFilterType::NoPut]);
+            }
             let mut watch = self
-                .call("acquire", watches.watch(before.key(), Some(only_deletes)))
+                .call("acquire", watches.watch(watched, Some(options)))
                 .await?;
             let mut refresh_at = placed.refreshed + placed.ttl / 3;
             loop {
                 tokio::select! {
                     message = watch.message() => match message {
-                        Ok(Some(m)) if m.canceled() || m.events().iter().any(|e| e.event_type() == EventType::Delete) => break,
+                        Ok(Some(m)) if m.canceled() || !m.events().is_empty() => break,
                         Ok(Some(_)) => {}
                         // The watch failed: look again (after a pause, so a broken
                         // connection does not spin).
@@ -374,23 +588,78 @@ impl EtcdBackend {
         Ok(answer.take_kvs())
     }
 
-    /// How many of `contenders` (oldest first) hold: the first writer alone, or the
-    /// readers before the first writer.
-    fn holding(&self, contenders: &[KeyValue]) -> usize {
-        let sides = contenders
-            .iter()
-            .map(|kv| self.inner.keys.parse(kv.key()).map(|(_, side, _)| side));
-        let mut holding = 0;
-        for side in sides {
-            match side {
-                Some(Side::Write) if holding == 0 => return 1,
-                Some(Side::Write) => break,
-                Some(Side::Read) => holding += 1,
-                None => {}
-            }
-        }
-        holding
+    /// The mode a stored contender holds or waits for; a key that is not one
+    /// counts as a writer: it blocks everyone behind it.
+    fn mode_of(&self, kv: &KeyValue) -> LockMode {
+        self.inner
+            .keys
+            .parse(kv.key())
+            .map_or(LockMode::Exclusive, |c| c.mode)
     }
+
+    /// The semaphore's total among `contenders` (oldest first, with values): the
+    /// oldest permit key's.
+    fn total_among(&self, contenders: &[KeyValue]) -> Option<u32> {
+        let oldest = contenders
+            .iter()
+            .position(|kv| self.mode_of(kv).permits().is_some())?;
+        total_of(&contenders[oldest..=oldest])
+    }
+
+    /// How many of `contenders` (oldest first) hold — always a run from the front:
+    /// a writer when first; a reader when no writer or permits came before it;
+    /// permits when only permits came before them and all of them fit in the
+    /// semaphore's `total` (none fit without one).
+    fn held_prefix(&self, contenders: &[KeyValue], total: Option<u32>) -> usize {
+        let total = u64::from(total.unwrap_or(0));
+        let mut used = 0u64;
+        let (mut only_readers, mut only_permits) = (true, true);
+        for (i, kv) in contenders.iter().enumerate() {
+            let mode = self.mode_of(kv);
+            let holds = match mode {
+                LockMode::Exclusive => i == 0,
+                LockMode::Shared => only_readers,
+                LockMode::Permits(n) => {
+                    used += u64::from(n);
+                    only_permits && used <= total
+                }
+            };
+            if !holds {
+                return i;
+            }
+            only_readers &= mode == LockMode::Shared;
+            only_permits &= mode.permits().is_some();
+        }
+        contenders.len()
+    }
+}
+
+/// The semaphore's total: the one in the value of its oldest permit key, if any.
+fn total_of(oldest: &[KeyValue]) -> Option<u32> {
+    oldest
+        .first()
+        .and_then(|kv| permit_total(kv.value()))
+        .map(|(t, _)| t)
+}
+
+/// The refusal of a request for `asked` permits in all, as the semaphore has
+/// `total` (or no readable total).
+fn total_differs(total: Option<u32>, asked: u32) -> Error {
+    match total {
+        Some(total) => Error::semaphore_total_differs(total, asked),
+        None => Error::new(
+            ErrorKind::Backend,
+            "the oldest permit key of this semaphore in etcd has no readable total; check for something writing to dlock's keys",
+        ),
+    }
+}
+
+/// The range answers of a transaction's operations, in order.
+fn gets(responses: &[TxnOpResponse]) -> impl Iterator<Item = &[KeyValue]> {
+    responses.iter().filter_map(|r| match r {
+        TxnOpResponse::Get(get) => Some(get.kvs()),
+        _ => None,
+    })
 }
 
 /// The first key of the first range answer of a transaction.
@@ -416,6 +685,7 @@ impl LockRemoteResource for EtcdBackend {
         c.shared = true;
         c.push_wakeup = true;
         c.fencing = true;
+        c.semaphore = true;
         c.min_lease = Some(Duration::from_secs(
             u64::try_from(self.inner.min_ttl).unwrap_or(1),
         ));
@@ -427,14 +697,17 @@ impl LockRemoteResource for EtcdBackend {
     /// Cancel safe: a dropped acquire revokes the lease of the key it placed, which
     /// removes the key whether or not its create was applied yet.
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<AcquireResult> {
-        let side = Side::of(req.mode).ok_or_else(|| Error::no_semaphores("etcd"))?;
+        let side = Side::of(req.mode);
         if req.alongside.is_some() {
             return Err(Error::new(
                 ErrorKind::Unsupported,
                 "the etcd backend cannot take a lock beside the owner's hold in the other mode yet (no downgrades or upgrades); release one side first",
             ));
         }
-        let key = self.inner.keys.contender(&req.name, side, &req.holder());
+        let key = self
+            .inner
+            .keys
+            .contender(&req.name, req.mode, &req.holder());
         for _ in 0..MAX_PLACEMENTS {
             let Some((mut placed, holds)) = self.place(req, &key, side).await? else {
                 continue;
@@ -485,8 +758,10 @@ impl LockRemoteResource for EtcdBackend {
     /// Cancel safe: the key is deleted in one request, applied or not; the lease's
     /// revocation afterwards runs on its own.
     async fn release(&self, req: &ReleaseRequest) -> Result<ReleaseResult> {
-        let side = Side::of(req.mode).ok_or_else(|| Error::no_semaphores("etcd"))?;
-        let key = self.inner.keys.contender(&req.name, side, &req.holder());
+        let key = self
+            .inner
+            .keys
+            .contender(&req.name, req.mode, &req.holder());
         let mut kv = self.inner.client.kv_client();
         let answer = self
             .call(
@@ -507,14 +782,19 @@ impl LockRemoteResource for EtcdBackend {
     /// Cancel safe: each step (look, refresh, move to a longer lease) is one request
     /// that leaves the hold as it was or renewed.
     async fn renew(&self, req: &RenewRequest) -> Result<RenewResult> {
-        let side = Side::of(req.mode).ok_or_else(|| Error::no_semaphores("etcd"))?;
-        let key = self.inner.keys.contender(&req.name, side, &req.holder());
+        let side = Side::of(req.mode);
+        let key = self
+            .inner
+            .keys
+            .contender(&req.name, req.mode, &req.holder());
         let mut kv = self.inner.client.kv_client();
         let answer = self.call("renew", kv.get(key.clone(), None)).await?;
         let Some(held) = answer.kvs().first() else {
             return Ok(RenewResult::NotOwner);
         };
         let (lease, revision) = (held.lease(), held.create_revision());
+        // Permits keep the total at the head of their value.
+        let held_total = permit_total(held.value()).map(|(total, _)| total);
         if u64::try_from(revision).ok() != Some(req.token.get()) {
             // The grant's key made again (not by this hold): not this hold.
             return Ok(RenewResult::NotOwner);
@@ -543,7 +823,13 @@ impl LockRemoteResource for EtcdBackend {
                 Some(_) => options,
                 None => options.with_ignore_value(),
             };
-            let value = req.context.as_ref().map_or_else(Vec::new, |c| c.to_vec());
+            let value = match &req.context {
+                Some(c) => match held_total {
+                    Some(total) if side == Side::Permits => stored_value(req.mode, total, c),
+                    _ => c.to_vec(),
+                },
+                None => Vec::new(),
+            };
             let txn = Txn::new()
                 .when([same])
                 .and_then([TxnOp::put(key, value, Some(options))]);
@@ -566,12 +852,16 @@ impl LockRemoteResource for EtcdBackend {
         if contenders.is_empty() {
             return Ok(None);
         }
-        let holding = self.holding(&contenders);
+        let holding = self.held_prefix(&contenders, self.total_among(&contenders));
         let mut holders = Vec::with_capacity(holding);
         let mut leases = self.inner.client.lease_client();
         for kv in &contenders[..holding] {
-            let Some((_, side, holder)) = self.inner.keys.parse(kv.key()) else {
+            let Some(contender) = self.inner.keys.parse(kv.key()) else {
                 continue;
+            };
+            let context = match contender.mode {
+                LockMode::Permits(_) => permit_total(kv.value()).map_or(&[][..], |(_, c)| c),
+                LockMode::Exclusive | LockMode::Shared => kv.value(),
             };
             let left = self
                 .call("inspect", leases.time_to_live(kv.lease(), None))
@@ -579,10 +869,10 @@ impl LockRemoteResource for EtcdBackend {
                 .ttl();
             let left = Duration::from_secs(u64::try_from(left).unwrap_or(0));
             holders.push(HolderInfo::from_stored(
-                holder,
-                side.mode(),
+                contender.holder,
+                contender.mode,
                 FencingToken::new(u64::try_from(kv.create_revision()).unwrap_or(0)),
-                Bytes::copy_from_slice(kv.value()),
+                Bytes::copy_from_slice(context),
                 Some(left),
             ));
         }
@@ -597,7 +887,23 @@ impl LockRemoteResource for EtcdBackend {
     }
 
     fn events(&self) -> Option<&dyn LockEvents> {
-        None
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl LockEvents for EtcdBackend {
+    /// One watch on the lock's range: grants, releases, new contexts and expired
+    /// leases are all events there. Live when this returns (etcd created the watch).
+    async fn follow(&self, name: &LockName) -> Result<dlock_spi::ChangeFeed> {
+        let start = self.inner.keys.lock(name);
+        let end = prefix_end(&start);
+        crate::follow::follow(
+            self.inner.client.clone(),
+            crate::follow::Range { start, end },
+            self.inner.timeout,
+        )
+        .await
     }
 }
 
@@ -617,7 +923,7 @@ impl LockAdmin for EtcdBackend {
         for was in &removed {
             drop(self.guard(was.lease()));
         }
-        Ok(self.holding(&removed))
+        Ok(self.held_prefix(&removed, self.total_among(&removed)))
     }
 
     async fn live_locks(&self, prefix: &str) -> Result<usize> {
@@ -632,7 +938,7 @@ impl LockAdmin for EtcdBackend {
         let mut names: Vec<&str> = answer
             .kvs()
             .iter()
-            .filter_map(|kv| self.inner.keys.parse(kv.key()).map(|(name, _, _)| name))
+            .filter_map(|kv| self.inner.keys.parse(kv.key()).map(|c| c.name))
             .collect();
         names.sort_unstable();
         names.dedup();

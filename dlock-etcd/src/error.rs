@@ -18,6 +18,12 @@ pub(crate) fn map_etcd(err: EtcdError, op: &'static str) -> Error {
                 false,
                 "etcd refused access; check the credentials and the key prefix's role",
             ),
+            // Signing in again (a lapsed token) after the password changed.
+            Code::InvalidArgument if status.message().contains("authentication failed") => (
+                ErrorKind::Config,
+                false,
+                "etcd refused to sign in again (was the password changed?); check the user and password",
+            ),
             Code::InvalidArgument | Code::OutOfRange => (
                 ErrorKind::InvalidArgument,
                 false,
@@ -53,4 +59,33 @@ pub(crate) fn timed_out(op: &'static str) -> Error {
         "etcd did not answer within the request timeout (set timeout= in the URL) — retry",
     )
     .with_context("op", op)
+}
+
+/// Classifies a failure to sign in with `credentials` (or, without them, to set the
+/// client up): a refused user or password is a `Config` error naming the user; the
+/// rest as [`map_etcd`].
+pub(crate) fn map_sign_in(err: EtcdError, credentials: Option<&crate::EtcdCredentials>) -> Error {
+    match (&err, credentials) {
+        (EtcdError::GRpcStatus(status), Some(c))
+            if matches!(
+                status.code(),
+                Code::InvalidArgument
+                    | Code::FailedPrecondition
+                    | Code::Unauthenticated
+                    | Code::PermissionDenied
+            ) =>
+        {
+            Error::new(
+                ErrorKind::Config,
+                format!(
+                    "etcd refused to sign in user {:?} ({}); check the user and password (etcd://user:password@…) and that the cluster has authentication enabled",
+                    c.user(),
+                    status.message()
+                ),
+            )
+            .set_retryable(false)
+            .with_context("op", "connect")
+        }
+        _ => map_etcd(err, "connect"),
+    }
 }

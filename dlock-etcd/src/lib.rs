@@ -7,22 +7,54 @@
 //! # async fn demo() -> dlock_spi::Result<()> {
 //! let etcd = dlock_etcd::EtcdBackend::connect(
 //!     "etcd://127.0.0.1:2379,127.0.0.1:12379,127.0.0.1:22379/apps/orders").await?;
+//! // With etcd's authentication, over TLS with a client certificate (`tls` feature):
+//! let secured = dlock_etcd::EtcdBackend::connect(
+//!     "etcds://app:s3cret@etcd1:2379,etcd2:2379/apps/orders\
+//!      ?tls_ca=/etc/etcd/ca.pem&tls_cert=/etc/etcd/app.pem&tls_key=/etc/etcd/app-key.pem").await?;
 //! # Ok(()) }
 //! ```
+//!
+//! ## Security
+//!
+//! * **Authentication**: `etcd://user:password@…` (or [`EtcdOptions::credentials`])
+//!   signs in as an etcd user; the client renews its token when etcd says it
+//!   expired. The user needs read and write permission on the key prefix only
+//!   (`etcdctl role grant-permission <role> --prefix=true readwrite <prefix>`).
+//!   The password shows in no `Debug`, `Display` or error.
+//! * **TLS** (`etcds://`, the crate's `tls` feature): the members are verified
+//!   against the CA of `tls_ca` (a PEM file) or, without it, the system's roots;
+//!   `tls_cert` and `tls_key` give a client certificate for members started with
+//!   `--client-cert-auth`. The rustls crypto provider is the application's, if it
+//!   installed one as the process default; otherwise ring's (dlock installs none).
 //!
 //! ## How it works
 //!
 //! * **One key per contender** under the lock's range:
 //!   `<prefix>\0<name>\0w/<owner>#<grant>` for a writer (an exclusive hold),
-//!   `…\0r/…` for a reader. Names and prefixes hold no control characters, so
-//!   each NUL ends one and no name reaches another lock's keys, nor one prefix
-//!   another's.
+//!   `…\0r/…` for a reader, `…\0s/<permits>/…` for permits of a semaphore (its
+//!   value starts with `<total>\n`, then the context). Names and prefixes hold
+//!   no control characters, so each NUL ends one and no name reaches another lock's
+//!   keys, nor one prefix another's.
 //! * **Ordered by create revision**, etcd's cluster-wide counter: a writer holds when
-//!   no key of the lock was created before its own, a reader when no writer was.
-//!   Each waiter watches only the deletion of the last such key before it (no herd)
-//!   and looks again. Fair by construction; non-fair requests get the same order.
+//!   no key of the lock was created before its own, a reader when no writer or
+//!   permits were, permits when only permits were and all of them, its own
+//!   included, fit in the total. Each waiter watches only the deletion of the last
+//!   such key before it (no herd) and looks again; for permits, the first waiter
+//!   watches the lock's deletions and each later one the waiter before it, which
+//!   touches its key when granted — a release wakes the first waiter, which wakes
+//!   the next if it is granted (a waiter leaving also wakes the first waiter).
+//!   Fair by construction; non-fair requests get the same order (permits always go
+//!   in arrival order).
+//! * **Semaphore totals**: the semaphore's total is its oldest permit key's. A
+//!   permit key is placed only while that key is still the one read (or no permit
+//!   key exists) — a compare in the placing transaction — so every permit key shares
+//!   one total; a request naming another, while anyone holds or waits for permits,
+//!   is refused (`InvalidArgument`) before it writes anything. Once the semaphore is
+//!   idle the next request sets it.
 //! * **One round trip to decide** once the lease is granted: the key's create and
-//!   the look at the first contender ahead are one transaction.
+//!   the look at the contenders ahead (the first one; for permits, all of their
+//!   keys) are one transaction; a permit request's read of the semaphore's total
+//!   goes alongside the lease grant.
 //! * **Fencing token**: the key's create revision — strictly increasing across the
 //!   cluster, every lock and every restart; a retried acquire of the same grant finds
 //!   its key and answers the same token.
@@ -37,23 +69,63 @@
 //! * **No orphans**: a cancelled or timed-out acquire revokes its lease, which
 //!   removes its key even if the create was still in flight (a create naming a
 //!   revoked lease fails) — a release can never be overtaken by its grant's create.
+//! * **Election observers** follow one watch on the lock's keys
+//!   ([`LockEvents`](dlock_spi::LockEvents)); a broken watch is started again and
+//!   the observer told to read again.
 //!
-//! Read-write locks are supported; semaphores, and a read or write beside the
-//! owner's own hold in the other mode (downgrades, upgrades), are not yet:
-//! requests for them get `Unsupported` from the manager.
+//! Read-write locks and semaphores are supported; a read or write beside the
+//! owner's own hold in the other mode (downgrades, upgrades) is not yet: requests
+//! for it get `Unsupported` from the manager.
 #![deny(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod backend;
 mod error;
+mod follow;
 mod keepalive;
 mod keys;
+mod tls;
 
 use std::time::Duration;
 
-use dlock_spi::{parse_url_duration, redact_url, Error, ErrorKind, Result};
+use dlock_spi::{
+    parse_url_duration, percent_decode, read_pem_file, redact_url, Error, ErrorKind, Result,
+};
 
 pub use backend::EtcdBackend;
+pub use dlock_spi::TlsIdentity;
+
+/// An etcd user and its password, for a cluster with authentication enabled. Its
+/// `Debug` shows the user only.
+#[derive(Clone)]
+pub struct EtcdCredentials {
+    user: String,
+    password: String,
+}
+
+impl EtcdCredentials {
+    /// The user `user` with password `password`.
+    pub fn new(user: impl Into<String>, password: impl Into<String>) -> Self {
+        EtcdCredentials {
+            user: user.into(),
+            password: password.into(),
+        }
+    }
+
+    /// The user's name.
+    pub fn user(&self) -> &str {
+        &self.user
+    }
+}
+
+impl std::fmt::Debug for EtcdCredentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdCredentials")
+            .field("user", &self.user)
+            .field("password", &"<redacted>")
+            .finish()
+    }
+}
 
 /// Settings of an [`EtcdBackend`].
 #[derive(Debug, Clone)]
@@ -70,6 +142,17 @@ pub struct EtcdOptions {
     /// closes connections that ping more often than its `--grpc-keepalive-min-time`
     /// (5 s by default).
     pub keep_alive: Duration,
+    /// Sign in as this etcd user (what `etcd://user:password@…` sets). Default none.
+    pub credentials: Option<EtcdCredentials>,
+    /// Connect over TLS (what `etcds://` sets; needs the crate's `tls` feature).
+    /// Default off.
+    pub tls: bool,
+    /// The CA certificate (PEM) that verifies the members over TLS (what `tls_ca`
+    /// names); `None`: the system's roots.
+    pub tls_root_certificate: Option<Vec<u8>>,
+    /// A client certificate and key for members that require one
+    /// (`--client-cert-auth`; what `tls_cert` and `tls_key` name).
+    pub tls_identity: Option<TlsIdentity>,
 }
 
 impl Default for EtcdOptions {
@@ -79,6 +162,10 @@ impl Default for EtcdOptions {
             timeout: Duration::from_secs(5),
             connect_timeout: Duration::from_secs(3),
             keep_alive: Duration::from_secs(10),
+            credentials: None,
+            tls: false,
+            tls_root_certificate: None,
+            tls_identity: None,
         }
     }
 }
@@ -95,6 +182,26 @@ impl EtcdOptions {
         self.timeout = timeout;
         self
     }
+
+    /// Signs in as `credentials`' user.
+    pub fn credentials(mut self, credentials: EtcdCredentials) -> Self {
+        self.credentials = Some(credentials);
+        self
+    }
+
+    /// Connects over TLS, verifying the members against `root_certificate` (PEM),
+    /// or the system's roots when `None`.
+    pub fn tls(mut self, root_certificate: Option<Vec<u8>>) -> Self {
+        self.tls = true;
+        self.tls_root_certificate = root_certificate;
+        self
+    }
+
+    /// Presents `identity` as the client certificate over TLS.
+    pub fn tls_identity(mut self, identity: TlsIdentity) -> Self {
+        self.tls_identity = Some(identity);
+        self
+    }
 }
 
 /// A parsed `etcd://` URL.
@@ -104,30 +211,64 @@ struct EtcdUrl {
     options: EtcdOptions,
 }
 
-/// Parses `etcd://host:port[,host:port…][/prefix][?option=value&…]`.
+/// Parses `etcd[s]://[user:password@]host:port[,host:port…][/prefix][?option=value&…]`.
 ///
-/// Options: `timeout`, `connect_timeout` (`5s`, `2500ms`).
+/// Options: `timeout`, `connect_timeout` (`5s`, `2500ms`); `tls_ca`, `tls_cert`,
+/// `tls_key` (paths of PEM files, `etcds://` only). The user and password may be
+/// percent-encoded.
 fn parse_url(url: &str, mut options: EtcdOptions) -> Result<EtcdUrl> {
     let shown = redact_url(url);
     let bad = |what: String| {
         Error::new(
             ErrorKind::Config,
-            format!("etcd URL {shown:?}: {what}; write it as etcd://host:2379,host2:2379/prefix?timeout=5s"),
+            format!("etcd URL {shown:?}: {what}; write it as etcd[s]://[user:password@]host:2379,host2:2379/prefix?timeout=5s"),
         )
     };
-    let rest = url
-        .strip_prefix("etcd://")
-        .ok_or_else(|| bad("the scheme must be etcd://".into()))?;
+    let rest = if let Some(rest) = url.strip_prefix("etcds://") {
+        options.tls = true;
+        rest
+    } else {
+        url.strip_prefix("etcd://")
+            .ok_or_else(|| bad("the scheme must be etcd:// (etcds:// for TLS)".into()))?
+    };
+    if rest.contains('#') {
+        return Err(bad(
+            "it holds a '#' (etcd URLs have no fragment): percent-encode it as %23 in a user or password".into(),
+        ));
+    }
     let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
+    if query.contains('@') && !rest.contains('@') {
+        return Err(bad(
+            "a user or password holds a '?': percent-encode it as %3F".into(),
+        ));
+    }
+    // The user info ends at the last '@' (a password may hold a '/').
+    let (userinfo, rest) = match rest.rsplit_once('@') {
+        Some((userinfo, rest)) => (Some(userinfo), rest),
+        None => (None, rest),
+    };
     let (authority, prefix) = match rest.find('/') {
         Some(i) => (&rest[..i], &rest[i + 1..]),
         None => (rest, ""),
     };
-    if authority.contains('@') {
-        return Err(bad(
-            "credentials are not supported yet; use an etcd without authentication on a private network".into(),
-        ));
-    }
+    let authority = match userinfo.map(|u| (u, authority)) {
+        Some((userinfo, hosts)) => {
+            let (user, password) = userinfo.split_once(':').ok_or_else(|| {
+                bad("credentials need a user and a password (user:password@)".into())
+            })?;
+            let decoded = |part: &str, what: &str| {
+                percent_decode(part)
+                    .ok_or_else(|| bad(format!("the {what} is not valid percent-encoded UTF-8")))
+            };
+            let user = decoded(user, "user")?;
+            if user.is_empty() {
+                return Err(bad("the user is empty".into()));
+            }
+            options.credentials = Some(EtcdCredentials::new(user, decoded(password, "password")?));
+            hosts
+        }
+        None => authority,
+    };
     if authority.is_empty() || authority.split(',').any(|h| h.trim().is_empty()) {
         return Err(bad("no host given (or an empty one between commas)".into()));
     }
@@ -151,25 +292,47 @@ fn parse_url(url: &str, mut options: EtcdOptions) -> Result<EtcdUrl> {
             "the prefix must be non-empty, without control characters".into(),
         ));
     }
+    let (mut cert, mut key) = (None, None);
     for pair in query.split('&').filter(|p| !p.is_empty()) {
-        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let (key_name, value) = pair.split_once('=').unwrap_or((pair, ""));
         let duration = || {
             parse_url_duration(value)
                 .filter(|d| !d.is_zero())
                 .ok_or_else(|| {
                     bad(format!(
-                        "{key}={value:?} is not a duration like 5s or 2500ms"
+                        "{key_name}={value:?} is not a duration like 5s or 2500ms"
                     ))
                 })
         };
-        match key {
+        let path = || {
+            percent_decode(value)
+                .ok_or_else(|| bad(format!("{key_name}: not valid percent-encoded UTF-8")))
+        };
+        if key_name.starts_with("tls_") && !options.tls {
+            return Err(bad(format!(
+                "{key_name} is given for a plain etcd:// URL; use etcds://"
+            )));
+        }
+        match key_name {
             "timeout" => options.timeout = duration()?,
             "connect_timeout" => options.connect_timeout = duration()?,
+            "tls_ca" => options.tls_root_certificate = Some(read_pem_file(url, key_name, &path()?)?),
+            "tls_cert" => cert = Some(read_pem_file(url, key_name, &path()?)?),
+            "tls_key" => key = Some(read_pem_file(url, key_name, &path()?)?),
             _ => {
                 return Err(bad(format!(
-                    "unknown option {key:?} (known: timeout, connect_timeout)"
+                    "unknown option {key_name:?} (known: timeout, connect_timeout, tls_ca, tls_cert, tls_key)"
                 )))
             }
+        }
+    }
+    match (cert, key) {
+        (Some(cert), Some(key)) => options.tls_identity = Some(TlsIdentity::new(cert, key)),
+        (None, None) => {}
+        _ => {
+            return Err(bad(
+                "only one of tls_cert and tls_key is given; give both (a client certificate and its key) or neither".into(),
+            ))
         }
     }
     Ok(EtcdUrl { hosts, options })
@@ -195,7 +358,15 @@ mod tests {
             ("etcd://a,,b", "no host"),
             ("etcd://a?timeout=soon", "timeout"),
             ("etcd://a?color=red", "unknown option"),
-            ("etcd://u:secret@a", "credentials"),
+            ("etcd://justuser@a", "user and a password"),
+            ("etcd://:secret@a", "user is empty"),
+            ("etcd://u:secret%zz@a", "password is not valid"),
+            ("etcd://u:secret@a?tls_ca=/no/such/ca.pem", "etcds://"),
+            ("etcds://u:secret@a?tls_ca=/no/such/ca.pem", "tls_ca"),
+            ("etcds://u:secret@a?tls_cert=/etc/hostname", "both"),
+            ("etcd://u:se#cret@a/p?timeout=x", "%23"),
+            ("etcd://u:se?cret@a/p", "%3F"),
+            ("etcd://u:se/cret@a/p?timeout=x", "timeout"),
         ] {
             let err = parse_url(url, EtcdOptions::default())
                 .err()
@@ -204,6 +375,45 @@ mod tests {
             assert!(err.contains(says), "{url}: {err}");
             assert!(!err.contains("secret"), "{url}: {err}");
         }
+    }
+
+    #[test]
+    fn credentials_and_tls_come_from_the_url_and_the_password_never_shows() {
+        let u = parse_url(
+            "etcds://app%40x:p%40ss%3Aw0rd@h1:2379/p",
+            EtcdOptions::default(),
+        );
+        let Ok(u) = u else { panic!("{u:?}") };
+        assert!(u.options.tls);
+        let creds = u.options.credentials.clone();
+        let Some(creds) = creds else {
+            panic!("no credentials")
+        };
+        assert_eq!(
+            (creds.user(), creds.password.as_str()),
+            ("app@x", "p@ss:w0rd")
+        );
+        let shown = format!("{:?}", u.options);
+        assert!(
+            shown.contains("app@x") && !shown.contains("p@ss"),
+            "{shown}"
+        );
+        // An unencoded '/' or '@' in the password is the password's.
+        let slashed = parse_url("etcd://app:p/a@ss@h1/pre", EtcdOptions::default());
+        let Ok(slashed) = slashed else {
+            panic!("{slashed:?}")
+        };
+        let creds = slashed.options.credentials.clone();
+        assert_eq!(creds.map(|c| c.password), Some("p/a@ss".to_owned()));
+        assert_eq!(
+            (slashed.hosts.as_slice(), slashed.options.prefix.as_str()),
+            (&["h1:2379".to_owned()][..], "pre")
+        );
+        let plain = parse_url("etcd://h1", EtcdOptions::default());
+        let Ok(plain) = plain else {
+            panic!("{plain:?}")
+        };
+        assert!(!plain.options.tls && plain.options.credentials.is_none());
     }
 }
 

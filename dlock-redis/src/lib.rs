@@ -108,9 +108,9 @@ use std::time::Duration;
 use dlock_spi::Backoff;
 
 pub use backend::RedisBackend;
+pub use dlock_spi::TlsIdentity;
 pub use redlock::RedlockBackend;
 pub use sentinel::SentinelAuth;
-pub use tls::TlsIdentity;
 
 /// Settings of a [`RedisBackend`].
 #[derive(Debug, Clone)]

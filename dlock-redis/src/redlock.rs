@@ -493,8 +493,11 @@ impl LockRemoteResource for RedlockBackend {
             };
             let delay = req.deadline.and_then(|d| backoff.delay_within(round, d));
             if shown.armed && (delay.is_none() || !matches!(granted, Ok(None))) {
-                shown.armed = false;
+                // Disarmed only once the nodes answered: cut short before, the slot's
+                // drop sends the removal again (a waiter left shown would hold back
+                // later writers for its whole liveness).
                 self.waiters(&req.name, Some((&shown.member, false))).await;
+                shown.armed = false;
             }
             if let Some((token, until)) = granted? {
                 return Ok(AcquireResult::acquired(

@@ -4,38 +4,10 @@
 //! them too); without a CA the system's roots verify the server (loaded once per
 //! process, not per connection). Needs the crate's `tls` feature.
 
-use dlock_spi::{redact_url, Error, ErrorKind, Result};
+use dlock_spi::{read_pem_file, redact_url, Error, ErrorKind, Result, TlsIdentity};
 
 use crate::error::config_error;
 use crate::RedisOptions;
-
-/// A client certificate chain and its private key (PEM), for servers that require
-/// client authentication (Redis' default with TLS: `tls-auth-clients yes`).
-#[derive(Clone)]
-pub struct TlsIdentity {
-    cert_pem: Vec<u8>,
-    #[cfg_attr(not(feature = "tls"), allow(dead_code))]
-    key_pem: Vec<u8>,
-}
-
-impl TlsIdentity {
-    /// A certificate chain and private key, both PEM.
-    pub fn new(cert_pem: impl Into<Vec<u8>>, key_pem: impl Into<Vec<u8>>) -> Self {
-        TlsIdentity {
-            cert_pem: cert_pem.into(),
-            key_pem: key_pem.into(),
-        }
-    }
-}
-
-impl std::fmt::Debug for TlsIdentity {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TlsIdentity")
-            .field("cert_pem", &format_args!("<{} bytes>", self.cert_pem.len()))
-            .field("key_pem", &"<redacted>")
-            .finish()
-    }
-}
 
 /// Whether `options` carry TLS certificates.
 fn has_certificates(options: &RedisOptions) -> bool {
@@ -44,15 +16,6 @@ fn has_certificates(options: &RedisOptions) -> bool {
 
 fn config(message: String) -> Error {
     Error::new(ErrorKind::Config, message)
-}
-
-fn read_pem(url: &str, param: &str, path: &str) -> Result<Vec<u8>> {
-    std::fs::read(path).map_err(|e| {
-        config(format!(
-            "cannot read {param}={path:?} given in {}: {e}; give the path of a PEM file",
-            redact_url(url)
-        ))
-    })
 }
 
 /// Takes dlock's TLS parameters off `url`, reading their files into `options` (the
@@ -72,9 +35,9 @@ pub(crate) fn split(url: &str, mut options: RedisOptions) -> Result<(String, Red
             continue;
         };
         match name.as_ref() {
-            "tls_ca" => options.tls_root_certificate = Some(read_pem(url, "tls_ca", &value)?),
-            "tls_cert" => cert = Some(read_pem(url, "tls_cert", &value)?),
-            "tls_key" => key = Some(read_pem(url, "tls_key", &value)?),
+            "tls_ca" => options.tls_root_certificate = Some(read_pem_file(url, "tls_ca", &value)?),
+            "tls_cert" => cert = Some(read_pem_file(url, "tls_cert", &value)?),
+            "tls_key" => key = Some(read_pem_file(url, "tls_key", &value)?),
             _ => kept.push(pair),
         }
     }
@@ -181,8 +144,8 @@ fn certificates(options: &RedisOptions) -> Result<redis::TlsCertificates> {
             .tls_identity
             .as_ref()
             .map(|id| redis::ClientTlsConfig {
-                client_cert: id.cert_pem.clone(),
-                client_key: id.key_pem.clone(),
+                client_cert: id.cert_pem().to_vec(),
+                client_key: id.key_pem().to_vec(),
             }),
         root_cert: Some(root_cert),
     })
@@ -269,11 +232,5 @@ mod tests {
             "this machine has no system roots to compare"
         );
         assert_eq!(parsed, system);
-    }
-
-    #[test]
-    fn a_client_key_never_shows_in_debug_output() {
-        let id = TlsIdentity::new(b"CERT".to_vec(), b"PRIVATE KEY".to_vec());
-        assert!(!format!("{id:?}").contains("PRIVATE"));
     }
 }

@@ -42,6 +42,7 @@ mod request;
 mod resource;
 #[cfg(feature = "serde")]
 mod serde_impls;
+mod tls;
 mod types;
 mod url_option;
 
@@ -61,10 +62,11 @@ pub use outcome::{AcquireResult, HolderInfo, LockState, ReleaseResult, RenewResu
 pub use redact::redact_url;
 pub use request::{AcquireRequest, ReleaseRequest, RenewRequest};
 pub use resource::{LockAdmin, LockRemoteResource};
+pub use tls::{read_pem_file, TlsIdentity};
 pub use types::{
     Fairness, FencingToken, GrantId, HoldPurpose, HolderKey, LockMode, LostReason, OwnerId,
 };
-pub use url_option::parse_url_duration;
+pub use url_option::{parse_url_duration, percent_decode};
 
 /// Re-exported so implementors use the same `async_trait` and `bytes` as the traits.
 pub use async_trait::async_trait;

@@ -9,18 +9,21 @@ pub fn redact_url(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_owned();
     };
-    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(authority_end);
-    let authority = match authority.rfind('@') {
-        Some(at) => {
-            let userinfo = &authority[..at];
-            let host = &authority[at + 1..];
-            match userinfo.split_once(':') {
-                Some((user, _)) => format!("{user}:***@{host}"),
-                None => authority.to_owned(),
-            }
-        }
-        None => authority.to_owned(),
+    // The user info ends at the last '@': a password may hold a '/', '?' or '#' that
+    // was not percent-encoded (hiding too much is the safe side). The host part
+    // ends at the first '/', '?' or '#' after it.
+    let (userinfo, after) = match rest.rfind('@') {
+        Some(at) => (Some(&rest[..at]), &rest[at + 1..]),
+        None => (None, rest),
+    };
+    let host_end = after.find(['/', '?', '#']).unwrap_or(after.len());
+    let (host, tail) = after.split_at(host_end);
+    let authority = match userinfo {
+        Some(userinfo) => match userinfo.split_once(':') {
+            Some((user, _)) => format!("{user}:***@{host}"),
+            None => format!("{userinfo}@{host}"),
+        },
+        None => host.to_owned(),
     };
     format!("{scheme}://{authority}{}", redact_query(tail))
 }
@@ -67,6 +70,21 @@ mod tests {
         assert_eq!(redact_url("redis://user@host"), "redis://user@host");
         assert_eq!(redact_url("sqlite://a.db"), "sqlite://a.db");
         assert_eq!(redact_url("nonsense"), "nonsense");
+    }
+
+    #[test]
+    fn a_password_holding_url_delimiters_is_hidden_whole() {
+        for (url, shown) in [
+            ("etcd://app:pa/ss@h:2379/p", "etcd://app:***@h:2379/p"),
+            ("etcd://app:pa?ss@h/p", "etcd://app:***@h/p"),
+            (
+                "etcd://app:pa#ss@h/p?timeout=x",
+                "etcd://app:***@h/p?timeout=x",
+            ),
+            ("redis://:p@ss@host/0", "redis://:***@host/0"),
+        ] {
+            assert_eq!(redact_url(url), shown, "{url}");
+        }
     }
 
     #[test]

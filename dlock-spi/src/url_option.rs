@@ -28,3 +28,28 @@ pub fn parse_url_duration(s: &str) -> Option<Duration> {
         _ => None,
     }
 }
+
+/// `%XX`-decodes a URL part (a user, password, path or option value); `None` if it
+/// is not valid percent-encoded UTF-8.
+///
+/// ```
+/// use dlock_spi::percent_decode;
+/// assert_eq!(percent_decode("p%40ss%3Aw0rd").as_deref(), Some("p@ss:w0rd"));
+/// assert_eq!(percent_decode("50%"), None);
+/// ```
+pub fn percent_decode(s: &str) -> Option<String> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = s.get(i + 1..i + 3)?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}

@@ -152,20 +152,7 @@ pub(crate) fn lock_path(root: &str, name: &LockName) -> String {
 /// The inverse of the segment encoding of [`lock_path`]; `None` for segments dlock
 /// did not write.
 pub(crate) fn decode_segment(segment: &str) -> Option<String> {
-    let bytes = segment.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = segment.get(i + 1..i + 3)?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
+    dlock_spi::percent_decode(segment)
 }
 
 /// The protection id of a grant's node: a name-based UUID of the grant's

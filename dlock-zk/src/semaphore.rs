@@ -400,39 +400,56 @@ impl ZkBackend {
         AcquireResult::acquired(token, None).with_watch(watch)
     }
 
-    /// Gives a grant's permits back: deletes its lease nodes (found by prefix when
-    /// this backend does not know them).
+    /// Gives a grant's permits back: deletes its lease nodes. When this backend does
+    /// not know them (an acquire cut short, whose answer never came), they are found
+    /// by the grant's prefix — and so is its mutex node, which an acquire cut short
+    /// between the node's create and its answer leaves behind (it would hold every
+    /// later acquirer back for as long as the session lives).
     pub(crate) async fn release_permits(&self, req: &ReleaseRequest) -> Result<ReleaseResult> {
         let inner = &self.inner;
         let key = HeldKey::new(&req.name, req.holder(), req.mode);
         let held = inner.held().remove(&key);
         let session = inner.sessions.usable(None, None).await?;
-        let paths = match &held {
+        // (path, whether it is a lease: only those count as permits given back)
+        let paths: Vec<(String, bool)> = match &held {
             Some(h) => std::iter::once(h.path.clone())
                 .chain(h.extra.iter().cloned())
+                .map(|path| (path, true))
                 .collect(),
             None => {
-                let dir = leases_dir(&layout::lock_path(&inner.root, &req.name));
+                let lock = layout::lock_path(&inner.root, &req.name);
                 let protected = layout::protected_prefix(&req.holder());
-                match session.client.list_children(&dir).await {
-                    Ok(children) => children
-                        .into_iter()
-                        .filter(|c| c.starts_with(&protected))
-                        .map(|c| format!("{dir}/{c}"))
-                        .collect(),
-                    Err(ZkError::NoNode) => Vec::new(),
-                    Err(err) => return Err(map_zk(err, "list")),
+                let (leases, mutex) = (leases_dir(&lock), locks_dir(&lock));
+                let (in_leases, in_mutex) = tokio::join!(
+                    session.client.list_children(&leases),
+                    session.client.list_children(&mutex)
+                );
+                let mut found = Vec::new();
+                for (dir, children, lease) in
+                    [(&leases, in_leases, true), (&mutex, in_mutex, false)]
+                {
+                    match children {
+                        Ok(children) => found.extend(
+                            children
+                                .into_iter()
+                                .filter(|c| c.starts_with(&protected))
+                                .map(|c| (format!("{dir}/{c}"), lease)),
+                        ),
+                        Err(ZkError::NoNode) => {}
+                        Err(err) => return Err(map_zk(err, "list")),
+                    }
                 }
+                found
             }
         };
         let deletes: Vec<_> = paths
             .iter()
-            .map(|p| session.client.delete(p, None))
+            .map(|(p, lease)| (session.client.delete(p, None), *lease))
             .collect();
         let mut released = false;
-        for delete in deletes {
+        for (delete, lease) in deletes {
             match delete.await {
-                Ok(()) => released = true,
+                Ok(()) => released |= lease,
                 Err(ZkError::NoNode) => {}
                 Err(err) => {
                     if let Some(held) = held {

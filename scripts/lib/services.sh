@@ -531,6 +531,71 @@ START
   log "etcd cluster ready"
 }
 
+# An etcd member that takes TLS connections only, with client certificates and
+# password authentication (etcd's auth enabled), on 127.0.0.1:2479 (peer 2480): its
+# certificates from a throwaway CA (DIR/ca.crt, DIR/client.{crt,key};
+# DIR/other-ca.crt did not sign it). Users: root (ETCD_TLS_ROOT_PASSWORD) and dlock
+# (ETCD_TLS_DLOCK_PASSWORD), whose role may read and write the dlock-test prefix only.
+# Sign-in tokens lapse after 3 s unused (--auth-token-ttl), so clients renew them.
+ETCD_TLS_DIR="${TMPDIR:-/tmp}/dlock-etcd-tls"
+ETCD_TLS_ROOT_PASSWORD=dlock-etcd-root
+ETCD_TLS_DLOCK_PASSWORD=dlock-etcd-pass
+
+# etcd_tls_ctl ARGS…: etcdctl towards the TLS member, as root.
+etcd_tls_ctl() {
+  ETCDCTL_API=3 etcdctl --endpoints=https://127.0.0.1:2479 --command-timeout=3s \
+    --cacert="$ETCD_TLS_DIR/ca.crt" --cert="$ETCD_TLS_DIR/client.crt" --key="$ETCD_TLS_DIR/client.key" "$@"
+}
+
+# etcd_tls_ok: the TLS member answers the dlock user, and (authentication on) not a
+# client without credentials.
+etcd_tls_ok() {
+  etcd_tls_ctl --user "dlock:$ETCD_TLS_DLOCK_PASSWORD" get --prefix dlock-test --keys-only --limit 1 >/dev/null 2>&1 \
+    && ! etcd_tls_ctl get --prefix dlock-test --keys-only --limit 1 >/dev/null 2>&1
+}
+
+ensure_etcd_tls() {
+  export DLOCK_ETCD_TLS_DIR="$ETCD_TLS_DIR"
+  ensure_protoc
+  command -v etcd >/dev/null 2>&1 || apt_install etcd-server
+  command -v etcdctl >/dev/null 2>&1 || apt_install etcd-client
+  if [ -f "$ETCD_TLS_DIR/ca.crt" ] && etcd_tls_ok; then
+    log "etcd with TLS and authentication already running on 127.0.0.1:2479"
+    return
+  fi
+  stop_pid "$ETCD_TLS_DIR/etcd.pid" etcd "the TLS etcd member"
+  make_tls_certs "$ETCD_TLS_DIR"
+  make_tls_certs "$ETCD_TLS_DIR/other" && cp "$ETCD_TLS_DIR/other/ca.crt" "$ETCD_TLS_DIR/other-ca.crt"
+  chmod 600 "$ETCD_TLS_DIR/server.key"
+  log "starting etcd with TLS, client certificates and authentication on 127.0.0.1:2479"
+  # From a start.sh of its own, so scripts/server-fault can restart it with its data.
+  cat >"$ETCD_TLS_DIR/start.sh" <<START
+#!/bin/sh
+setsid etcd --name tls --data-dir "$ETCD_TLS_DIR/data" \\
+  --listen-client-urls https://127.0.0.1:2479 --advertise-client-urls https://127.0.0.1:2479 \\
+  --listen-peer-urls http://127.0.0.1:2480 --initial-advertise-peer-urls http://127.0.0.1:2480 \\
+  --initial-cluster tls=http://127.0.0.1:2480 --initial-cluster-state new \\
+  --initial-cluster-token dlock-test-tls \\
+  --cert-file "$ETCD_TLS_DIR/server.crt" --key-file "$ETCD_TLS_DIR/server.key" \\
+  --trusted-ca-file "$ETCD_TLS_DIR/ca.crt" --client-cert-auth --auth-token-ttl 3 \\
+  --heartbeat-interval 50 --election-timeout 500 >>"$ETCD_TLS_DIR/etcd.log" 2>&1 </dev/null &
+echo \$! >"$ETCD_TLS_DIR/etcd.pid"
+START
+  sh "$ETCD_TLS_DIR/start.sh"
+  wait_for 60 "the TLS etcd member" etcd_tls_ctl endpoint health
+  etcd_tls_ctl user add "root:$ETCD_TLS_ROOT_PASSWORD" >/dev/null || fail "etcd: user root"
+  etcd_tls_ctl role add root >/dev/null && etcd_tls_ctl user grant-role root root >/dev/null \
+    || fail "etcd: the root role"
+  etcd_tls_ctl user add "dlock:$ETCD_TLS_DLOCK_PASSWORD" >/dev/null || fail "etcd: user dlock"
+  etcd_tls_ctl role add dlock >/dev/null || fail "etcd: role dlock"
+  etcd_tls_ctl role grant-permission dlock --prefix=true readwrite dlock-test >/dev/null \
+    || fail "etcd: the dlock role's permission"
+  etcd_tls_ctl user grant-role dlock dlock >/dev/null || fail "etcd: the dlock user's role"
+  etcd_tls_ctl auth enable >/dev/null || fail "etcd: auth enable"
+  wait_for 30 "the TLS etcd member with authentication" etcd_tls_ok
+  log "etcd with TLS and authentication ready"
+}
+
 # A Redis Sentinel deployment on 127.0.0.1: a master and two replicas on 6400–6402
 # and three sentinels on 26400–26402 (Debian's redis-sentinel) monitoring it as
 # dlock-master, quorum 2, a master down after 1 s. Each server runs from a config
@@ -736,6 +801,7 @@ ensure_backend() {
     zk) ensure_zookeeper ;;
     zk-ensemble) ensure_zookeeper_ensemble ;;
     etcd) ensure_etcd ;;
+    etcd-tls) ensure_etcd_tls ;;
     redis-sentinel | redis-sentinel-ack) ensure_redis_sentinel ;;
     redis-sentinel-tls) ensure_redis_sentinel_tls ;;
     redlock) ensure_redlock ;;

@@ -40,6 +40,7 @@ pub const KNOWN: &[&str] = &[
     "zk",
     "zk-ensemble",
     "etcd",
+    "etcd-tls",
 ];
 
 /// A test server's URL. For SQLite it names a file in a fresh temporary directory
@@ -169,9 +170,80 @@ pub fn url_of(label: &str) -> Option<TestUrl> {
         "etcd" => {
             Some("etcd://127.0.0.1:2379,127.0.0.1:12379,127.0.0.1:22379/dlock-test".to_owned())
         }
+        // The TLS member with authentication: the user whose role may use the
+        // dlock-test prefix only, the CA and client certificate the script made.
+        "etcd-tls" => Some(format!(
+            "etcds://dlock:{ETCD_TLS_DLOCK_PASSWORD}@127.0.0.1:2479/dlock-test?{}",
+            etcd_tls_params("ca.crt")
+        )),
         _ => None,
     };
     url.map(TestUrl::fixed)
+}
+
+/// The password of the etcd-tls member's `dlock` user (scripts/lib/services.sh).
+pub const ETCD_TLS_DLOCK_PASSWORD: &str = "dlock-etcd-pass";
+
+/// The password of the etcd-tls member's `root` user (scripts/lib/services.sh).
+const ETCD_TLS_ROOT_PASSWORD: &str = "dlock-etcd-root";
+
+/// The URL parameters naming the CA file `ca` (`ca.crt`, or `other-ca.crt` that did
+/// not sign the server's certificate) and the client certificate scripts/test made
+/// for the TLS etcd member (DLOCK_ETCD_TLS_DIR).
+pub fn etcd_tls_params(ca: &str) -> String {
+    let dir = etcd_tls_dir();
+    format!("tls_ca={dir}/{ca}&tls_cert={dir}/client.crt&tls_key={dir}/client.key")
+}
+
+/// Makes (or resets) the etcd user `dlock-secrets` with `password` on the TLS member
+/// (as root, with the etcdctl scripts/test installs), with the `dlock` role (the
+/// dlock-test prefix).
+async fn etcd_user(password: &str) -> std::result::Result<(), String> {
+    let dir = etcd_tls_dir();
+    let ctl = |args: &[&str]| {
+        let mut cmd = tokio::process::Command::new("etcdctl");
+        cmd.env("ETCDCTL_API", "3")
+            .arg("--endpoints=https://127.0.0.1:2479")
+            .arg("--command-timeout=5s")
+            .arg(format!("--cacert={dir}/ca.crt"))
+            .arg(format!("--cert={dir}/client.crt"))
+            .arg(format!("--key={dir}/client.key"))
+            .arg(format!("--user=root:{ETCD_TLS_ROOT_PASSWORD}"))
+            .args(args)
+            .kill_on_drop(true);
+        cmd
+    };
+    // Gone first, if an earlier run made it (a missing user is fine).
+    let _ = ctl(&["user", "delete", "dlock-secrets"]).output().await;
+    for args in [
+        &["user", "add", "dlock-secrets", "--interactive=false"][..],
+        &["user", "grant-role", "dlock-secrets", "dlock"][..],
+    ] {
+        let mut cmd = ctl(args);
+        cmd.stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        let mut child = cmd.spawn().map_err(|e| format!("etcdctl: {e}"))?;
+        if let Some(mut stdin) = child.stdin.take() {
+            use tokio::io::AsyncWriteExt;
+            stdin
+                .write_all(format!("{password}\n").as_bytes())
+                .await
+                .map_err(|e| format!("etcdctl: {e}"))?;
+        }
+        let out = child
+            .wait_with_output()
+            .await
+            .map_err(|e| format!("etcdctl: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "etcdctl {}: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Makes (or resets) the user `dlock-secrets` with `password` and every right on the
@@ -228,12 +300,19 @@ fn redis_tls_params() -> String {
 /// Where `scripts/test` keeps the CA and client certificate of its Redis TLS
 /// servers (DLOCK_REDIS_TLS_DIR).
 fn redis_tls_dir() -> String {
-    std::env::var("DLOCK_REDIS_TLS_DIR").unwrap_or_else(|_| {
-        std::env::temp_dir()
-            .join("dlock-redis-tls")
-            .display()
-            .to_string()
-    })
+    tls_dir("DLOCK_REDIS_TLS_DIR", "dlock-redis-tls")
+}
+
+/// Where `scripts/test` keeps the CA and client certificate of its TLS etcd member
+/// (DLOCK_ETCD_TLS_DIR).
+fn etcd_tls_dir() -> String {
+    tls_dir("DLOCK_ETCD_TLS_DIR", "dlock-etcd-tls")
+}
+
+/// The directory the environment variable `var` names, else `name` in the
+/// temporary directory (where scripts/lib/services.sh makes it by default).
+fn tls_dir(var: &str, name: &str) -> String {
+    std::env::var(var).unwrap_or_else(|_| std::env::temp_dir().join(name).display().to_string())
 }
 
 /// The URL of the TLS-only server `scripts/test` starts for `label` (`mysql`: MariaDB
@@ -307,7 +386,7 @@ pub async fn open_at(label: &str, url: TestUrl) -> Result<Arc<dyn TestBackend>> 
         }
         "redlock" => Arc::new(RedlockTestBackend::open(label, url).await?),
         "zk" | "zk-ensemble" => Arc::new(ZkTestBackend::open(label, url).await?),
-        "etcd" => Arc::new(EtcdTestBackend::open(label, url).await?),
+        "etcd" | "etcd-tls" => Arc::new(EtcdTestBackend::open(label, url).await?),
         other => {
             return Err(Error::new(
                 ErrorKind::Config,
@@ -532,6 +611,13 @@ pub async fn url_with_password(label: &str, password: &str) -> Result<Option<Str
                     .map_err(|e| err(&e))?;
             }
             Ok(Some(format!("{scheme}://dlock-secrets:{password}@{rest}")))
+        }
+        "etcd-tls" => {
+            etcd_user(password).await.map_err(|e| err(&e))?;
+            Ok(Some(format!(
+                "etcds://dlock-secrets:{password}@127.0.0.1:2479/dlock-test?{}",
+                etcd_tls_params("ca.crt")
+            )))
         }
         // A root of its own: nodes made under a digest identity are that identity's
         // (an earlier run's password could not use them).

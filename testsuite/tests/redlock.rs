@@ -2,13 +2,20 @@
 //! in `DLOCK_TEST_BACKENDS` (three independent Redis masters on 127.0.0.1:6410–6412).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use dlock_api::DistributeLockManager;
 use dlock_redis::RedlockBackend;
+use dlock_spi::{
+    async_trait, AcquireRequest, AcquireResult, Capabilities, LockAdmin, LockEvents, LockName,
+    LockRemoteResource, LockState, ReleaseRequest, ReleaseResult, RenewRequest, RenewResult,
+    Result,
+};
 use testsuite::backends::server_url;
 use testsuite::conformance::take;
 use testsuite::runner::selected;
+use tokio::sync::Notify;
 
 const NODES: [u16; 3] = [6410, 6411, 6412];
 
@@ -85,4 +92,117 @@ async fn the_token_is_written_back_only_where_the_grant_holds() {
         .await
         .unwrap();
     m.close().await;
+}
+
+/// A waiter cut short at any point stops being shown on the nodes (it is shown so
+/// that later callers stand back for it): 40 waits on a held lock, each dropped at a
+/// point swept across the end of its wait, where it stops showing itself; then no
+/// waiter may be left within a second — a third of the 3 s liveness after
+/// which a forgotten entry would lapse on its own, and until which a later writer
+/// stands back for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_cut_short_anywhere_is_no_longer_shown() {
+    let Some(url) = redlock_url() else { return };
+    let lock = format!("redlock-cut-{:x}", fastrand::u64(..));
+    let m = DistributeLockManager::builder(RedlockBackend::connect(&url).await.unwrap())
+        .build()
+        .unwrap();
+    let held = take(&m.lock(&lock), Duration::ZERO).await;
+    let waiter = m.lock(&lock);
+    let wait = Duration::from_millis(20);
+    for i in 0..40u64 {
+        // From 18 ms to 30 ms in 0.3 ms steps: the last round, its attempt and the
+        // call that stops showing the waiter all fall in this span.
+        let cut = Duration::from_micros(18_000 + i * 300);
+        let _ = tokio::time::timeout(cut, waiter.try_lock(wait)).await;
+    }
+    let quiet = tokio::time::timeout(Duration::from_secs(1), async {
+        loop {
+            let state = m.inspect(&lock).await.unwrap();
+            if state.is_some_and(|s| s.waiters == Some(0)) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    let left = m.inspect(&lock).await.unwrap();
+    assert!(
+        quiet.is_ok(),
+        "cut waits left waiters shown a second later: {left:?}"
+    );
+    held.unlock().await.unwrap();
+    m.close().await;
+}
+
+/// Redlock with every renewal held up until the caller gives up: it says when one
+/// began. Everything else goes to the real nodes.
+struct RenewalsStall {
+    redlock: RedlockBackend,
+    renewing: Arc<Notify>,
+}
+
+#[async_trait]
+impl LockRemoteResource for RenewalsStall {
+    fn backend_name(&self) -> &'static str {
+        self.redlock.backend_name()
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.redlock.capabilities()
+    }
+    async fn try_acquire(&self, req: &AcquireRequest) -> Result<AcquireResult> {
+        self.redlock.try_acquire(req).await
+    }
+    async fn release(&self, req: &ReleaseRequest) -> Result<ReleaseResult> {
+        self.redlock.release(req).await
+    }
+    async fn renew(&self, _: &RenewRequest) -> Result<RenewResult> {
+        self.renewing.notify_one();
+        std::future::pending().await
+    }
+    async fn inspect(&self, name: &LockName) -> Result<Option<LockState>> {
+        self.redlock.inspect(name).await
+    }
+    fn admin(&self) -> Option<&dyn LockAdmin> {
+        self.redlock.admin()
+    }
+    fn events(&self) -> Option<&dyn LockEvents> {
+        None
+    }
+}
+
+/// An acquire cut short while it confirms its grant gives the grant back. Redlock's
+/// validity ends a drift before the lease, so a grant of a fixed lease is confirmed
+/// by a renewal before the guard exists; the acquire is dropped during that
+/// renewal, and another client gets the lock within 2 s — not after the 30 s lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_cut_while_confirming_its_grant_gives_it_back() {
+    let Some(url) = redlock_url() else { return };
+    let lock = format!("redlock-confirm-{:x}", fastrand::u64(..));
+    let renewing = Arc::new(Notify::new());
+    let stalled = DistributeLockManager::builder(RenewalsStall {
+        redlock: RedlockBackend::connect(&url).await.unwrap(),
+        renewing: Arc::clone(&renewing),
+    })
+    .build()
+    .unwrap();
+    let other = DistributeLockManager::builder(RedlockBackend::connect(&url).await.unwrap())
+        .build()
+        .unwrap();
+    let handle = stalled.lock(&lock);
+    tokio::select! {
+        got = handle.try_lock_with_lease(Duration::ZERO, Duration::from_secs(30)) => {
+            panic!("the acquire ended without confirming its grant: {:?}", got.map(|g| g.is_some()))
+        }
+        () = renewing.notified() => {}
+    }
+    let g = other
+        .lock(&lock)
+        .try_lock(Duration::from_secs(2))
+        .await
+        .unwrap()
+        .expect("the grant of the acquire cut short was given back");
+    g.unlock().await.unwrap();
+    stalled.close().await;
+    other.close().await;
 }

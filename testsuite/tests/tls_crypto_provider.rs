@@ -4,7 +4,8 @@
 //! leaves the process default alone; Redis over TLS (the redis crate uses the
 //! process default and takes no other) refuses to connect while none is installed —
 //! a `Config` error saying what to do, not a panic on a connection task — and uses
-//! the application's once it is installed. Its own binary, with one test: the
+//! the application's once it is installed; etcd over TLS (tonic) works with none,
+//! installs none, and uses the application's once it is installed. Its own binary, with one test: the
 //! process default can be installed only once, and the first steps need none.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -12,6 +13,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use dlock_api::DistributeLockManager;
+use dlock_etcd::EtcdBackend;
 use dlock_jdbc::JdbcBackend;
 use dlock_redis::RedisBackend;
 use dlock_spi::{ErrorKind, LockRemoteResource};
@@ -63,7 +65,8 @@ async fn tls_uses_the_applications_crypto_provider_and_installs_none() {
         .filter(|l| is(l))
         .map(|l| (l, url_of(l).unwrap().to_string()))
         .collect();
-    if sql.is_empty() && redis.is_empty() {
+    let etcd = is("etcd-tls").then(|| url_of("etcd-tls").unwrap().to_string());
+    if sql.is_empty() && redis.is_empty() && etcd.is_none() {
         eprintln!("no backend with TLS is selected in DLOCK_TEST_BACKENDS; nothing to check here");
         return;
     }
@@ -81,6 +84,18 @@ async fn tls_uses_the_applications_crypto_provider_and_installs_none() {
         assert!(
             CryptoProvider::get_default().is_none(),
             "{label}: connecting over TLS installed a process-wide crypto provider"
+        );
+    }
+
+    // etcd over TLS works with no process default (ring's), and installs none.
+    if let Some(url) = &etcd {
+        let backend = EtcdBackend::connect(url)
+            .await
+            .unwrap_or_else(|e| panic!("etcd-tls (started by scripts/test): {e:#}"));
+        lock_once(backend).await;
+        assert!(
+            CryptoProvider::get_default().is_none(),
+            "etcd-tls: connecting over TLS installed a process-wide crypto provider"
         );
     }
 
@@ -105,6 +120,17 @@ async fn tls_uses_the_applications_crypto_provider_and_installs_none() {
         ..rustls::crypto::ring::default_provider()
     };
     provider.install_default().unwrap();
+    if let Some(url) = &etcd {
+        let before = DRAWS.load(Ordering::SeqCst);
+        let backend = EtcdBackend::connect(url)
+            .await
+            .unwrap_or_else(|e| panic!("etcd-tls: {e:#}"));
+        lock_once(backend).await;
+        assert!(
+            DRAWS.load(Ordering::SeqCst) > before,
+            "etcd-tls: the TLS handshakes did not use the application's provider"
+        );
+    }
     for (label, url) in &redis {
         let before = DRAWS.load(Ordering::SeqCst);
         let backend = RedisBackend::connect(url)

@@ -276,6 +276,52 @@ async fn a_semaphore_newcomer_does_not_pass_an_acquirer_queued_in_the_mutex() {
     m.close().await;
 }
 
+/// A semaphore acquire cut short anywhere — also between its mutex node's create
+/// and the create's answer — leaves no node in the recipe's mutex (`…/locks`): 40
+/// acquires of a full semaphore, each cut at a point swept across its first 6 ms;
+/// then, the holder gone, the mutex empties within 2 s and a newcomer is granted at
+/// once (a node left behind would hold every acquirer back for as long as the
+/// session lives).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_semaphore_acquire_cut_short_leaves_no_mutex_node() {
+    let Some(url) = url_for("zk") else { return };
+    let (backend, m, raw) = setup(&url).await;
+    let sem_name = name("sem-cut");
+    let sem = m.semaphore(&sem_name, 1);
+    let held = sem
+        .try_acquire(1, Duration::ZERO)
+        .await
+        .unwrap()
+        .expect("a free permit");
+    for i in 0..40u64 {
+        let cut = Duration::from_micros(i * 150);
+        let _ = tokio::time::timeout(cut, sem.try_acquire(1, Duration::from_millis(50))).await;
+    }
+    held.release().await.unwrap();
+    let locks = format!(
+        "{}/locks",
+        backend.lock_path(&LockName::new(sem_name.as_str()).unwrap())
+    );
+    let emptied = eventually(Duration::from_secs(2), || async {
+        raw.list_children(&locks)
+            .await
+            .map_or(true, |c| c.is_empty())
+    })
+    .await;
+    assert!(
+        emptied,
+        "cut acquires left mutex nodes: {:?}",
+        raw.list_children(&locks).await
+    );
+    let permit = sem.try_acquire(1, Duration::ZERO).await.unwrap();
+    permit
+        .expect("a newcomer is granted the free permit")
+        .release()
+        .await
+        .unwrap();
+    m.close().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fencing_tokens_increase_across_deletion_of_the_lock_node() {
     let Some(url) = url_for("zk") else { return };

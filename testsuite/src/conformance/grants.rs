@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dlock_spi::{
-    AcquireChain, AcquireContext, AcquireResult, LockHandler, ReleaseChain, ReleaseContext,
-    ReleaseResult, Result,
+    AcquireChain, AcquireContext, AcquireResult, LockHandler, LockState, ReleaseChain,
+    ReleaseContext, ReleaseResult, Result,
 };
 
 use dlock_api::DistributeLockManager;
@@ -194,6 +194,24 @@ pub async fn cancel_at_random_points(backend: Arc<dyn TestBackend>) {
     }
     assert_forgotten(&[&a, &b], &format!("seed {seed}: the cut calls")).await;
     let c = env.manager().await;
+    // The store shows no holder and no waiter either, within 2 s: less than the
+    // shortest liveness after which a forgotten waiter entry would lapse by itself
+    // (Redis and Redlock show waiters for 3 s), and far less than a lease.
+    for name in ["cut0", "cut1"] {
+        let idle = |s: &Option<LockState>| {
+            s.as_ref()
+                .is_none_or(|s| s.holders.is_empty() && s.waiters.unwrap_or(0) == 0)
+        };
+        let quiet = eventually(Duration::from_secs(2), || async {
+            c.inspect(name).await.is_ok_and(|s| idle(&s))
+        })
+        .await;
+        let left = c.inspect(name).await;
+        assert!(
+            quiet,
+            "seed {seed}: {name} still shows holders or waiters at quiescence: {left:?}"
+        );
+    }
     for name in ["cut0", "cut1"] {
         let g = c
             .lock(name)

@@ -32,8 +32,9 @@ pub use election::{
 };
 mod semaphore;
 pub use semaphore::{
-    semaphore_permits_never_exceed_the_total, semaphore_serves_in_order_and_recovers_dead_permits,
-    semaphore_totals_must_agree, semaphore_watchdog_keeps_permits, take_permits,
+    semaphore_permits_never_exceed_the_total, semaphore_release_wakes_only_whom_it_frees,
+    semaphore_serves_in_order_and_recovers_dead_permits, semaphore_totals_must_agree,
+    semaphore_watchdog_keeps_permits, take_permits,
 };
 mod groups;
 pub use groups::{groups_keep_one_lock_per_key, multi_locks_take_all_or_none};
@@ -671,28 +672,12 @@ pub async fn release_wakes_one(backend: Arc<dyn TestBackend>) {
         }));
     }
     let push = a.capabilities().push_wakeup;
-    if let (true, Some(base)) = (push, base) {
-        // Every waiter has tried once and parked.
-        let parked = eventually(Duration::from_secs(5), || async {
-            env.backend().acquire_attempts().unwrap_or(0) >= base + WAITERS as u64
-        })
-        .await;
-        assert!(parked, "waiters did not all try once");
-    }
-    let before = env.backend().acquire_attempts();
+    let before = all_parked(&env, push, base, WAITERS).await;
     holder.unlock().await.expect("unlock");
     tokio::time::timeout(Duration::from_secs(10), acquired.notified())
         .await
         .expect("a waiter got the lock after the release");
-    if let (true, Some(before)) = (push, before) {
-        // Give a herd the chance to show itself.
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        let woken = env.backend().acquire_attempts().unwrap_or(0) - before;
-        assert!(
-            woken <= 2,
-            "one release caused {woken} acquire attempts by {WAITERS} waiters"
-        );
-    }
+    no_herd_since(&env, push, before, 2, "one release", WAITERS).await;
     for _ in 0..WAITERS {
         release_now.add_permits(1);
     }
@@ -701,6 +686,47 @@ pub async fn release_wakes_one(backend: Arc<dyn TestBackend>) {
     }
     env.finish(&[&a, &waiter_managers[0], &waiter_managers[1]])
         .await;
+}
+
+/// On a push backend that counts attempts: waits until `waiters` have each tried
+/// once (and parked) since `base`, and answers the count then, to measure a
+/// release's wake-ups from.
+pub(crate) async fn all_parked(
+    env: &Env,
+    push: bool,
+    base: Option<u64>,
+    waiters: usize,
+) -> Option<u64> {
+    if let (true, Some(base)) = (push, base) {
+        let parked = eventually(Duration::from_secs(5), || async {
+            env.backend().acquire_attempts().unwrap_or(0) >= base + waiters as u64
+        })
+        .await;
+        assert!(parked, "waiters did not all try once");
+    }
+    env.backend().acquire_attempts()
+}
+
+/// Waits 200 ms after `what` is done — time for a herd of `waiters`, or a grant
+/// too many, to show itself — and on a push backend that counts attempts checks
+/// that at most `most` acquire attempts were made since `before` (what
+/// `all_parked` answered).
+pub(crate) async fn no_herd_since(
+    env: &Env,
+    push: bool,
+    before: Option<u64>,
+    most: u64,
+    what: &str,
+    waiters: usize,
+) {
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    if let (true, Some(before)) = (push, before) {
+        let woken = env.backend().acquire_attempts().unwrap_or(0) - before;
+        assert!(
+            woken <= most,
+            "{what} caused {woken} acquire attempts by {waiters} waiters"
+        );
+    }
 }
 
 /// Shared mode: readers hold together, a writer alone, and a queued writer is not
@@ -1037,6 +1063,7 @@ cases!(
     a_leader_in_transition_keeps_its_term,
     semaphore_permits_never_exceed_the_total,
     semaphore_serves_in_order_and_recovers_dead_permits,
+    semaphore_release_wakes_only_whom_it_frees,
     semaphore_totals_must_agree,
     semaphore_watchdog_keeps_permits,
     guards_say_until_when_and_extend,

@@ -30,6 +30,16 @@ async fn has_semaphores(env: &Env, m: &DistributeLockManager) -> bool {
     false
 }
 
+/// How many wait for semaphore `name`, as `inspect` tells (0 when it cannot).
+async fn waiting(m: &DistributeLockManager, name: &str) -> usize {
+    m.inspect(name)
+        .await
+        .ok()
+        .flatten()
+        .and_then(|s| s.waiters)
+        .unwrap_or(0)
+}
+
 /// Takes `n` permits of `sem` without waiting; they must be free (as [`super::take`]
 /// for a lock).
 pub async fn take_permits(sem: &Semaphore, n: u32) -> SemaphorePermit {
@@ -201,13 +211,7 @@ pub async fn semaphore_serves_in_order_and_recovers_dead_permits(backend: Arc<dy
         }
     });
     let queued = super::eventually(Duration::from_secs(5), || async {
-        live.inspect("queue")
-            .await
-            .ok()
-            .flatten()
-            .and_then(|s| s.waiters)
-            .unwrap_or(0)
-            >= 1
+        waiting(&live, "queue").await >= 1
     })
     .await;
     assert!(queued, "B never showed as waiting");
@@ -255,6 +259,74 @@ pub async fn semaphore_serves_in_order_and_recovers_dead_permits(backend: Arc<dy
     pc.release().await.expect("release");
     drop(lapsing);
     env.finish(&[&live, &dead]).await;
+}
+
+/// A release wakes only the waiters it frees room for, not all: with 6 waiters for
+/// 1 permit each parked behind a holder of both of 2, the release grants exactly
+/// two, the first two (still so 200 ms later, by the waiters and by `inspect`),
+/// and on push backends it costs at most 4 backend attempts (each grant's, and
+/// one by the waiter behind, who finds no room) — a herd would make all 6 try.
+pub async fn semaphore_release_wakes_only_whom_it_frees(backend: Arc<dyn TestBackend>) {
+    const WAITERS: usize = 6;
+    let env = Env::new(backend);
+    let a = env.manager().await;
+    if !has_semaphores(&env, &a).await {
+        a.close().await;
+        return;
+    }
+    let holder = take_permits(&a.semaphore("herd", 2), 2).await;
+    let base = env.backend().acquire_attempts();
+    let (granted_tx, mut granted) = tokio::sync::mpsc::unbounded_channel();
+    let release_now = Arc::new(tokio::sync::Semaphore::new(0));
+    let waiter_managers = [env.manager().await, env.manager().await];
+    let mut tasks = Vec::new();
+    for i in 0..WAITERS {
+        let sem = waiter_managers[i % 2].semaphore("herd", 2);
+        let (granted_tx, release_now) = (granted_tx.clone(), Arc::clone(&release_now));
+        tasks.push(tokio::spawn(async move {
+            let permit = sem
+                .try_acquire(1, Duration::from_secs(30))
+                .await
+                .expect("acquire without error")
+                .expect("a permit within 30 s");
+            granted_tx.send(i).expect("the test listens");
+            release_now.acquire().await.expect("semaphore").forget();
+            permit.release().await.expect("release");
+        }));
+        // One at a time, so each is parked before the next arrives.
+        let queued = super::eventually(Duration::from_secs(5), || async {
+            waiting(&a, "herd").await > i
+        })
+        .await;
+        assert!(queued, "waiter {i} never showed as waiting");
+    }
+    let push = a.capabilities().push_wakeup;
+    let before = super::all_parked(&env, push, base, WAITERS).await;
+    holder.release().await.expect("release");
+    let mut first = Vec::new();
+    for _ in 0..2 {
+        let i = tokio::time::timeout(Duration::from_secs(10), granted.recv())
+            .await
+            .expect("a waiter got a permit after the release")
+            .expect("waiters are running");
+        first.push(i);
+    }
+    first.sort_unstable();
+    assert_eq!(first, [0, 1], "the first two waiters are served first");
+    super::no_herd_since(&env, push, before, 4, "releasing 2 permits", WAITERS).await;
+    assert!(
+        granted.try_recv().is_err(),
+        "a third waiter got a permit while two held both"
+    );
+    let state = a.inspect("herd").await.expect("inspect").expect("held");
+    let held: u32 = state.holders.iter().filter_map(|h| h.mode.permits()).sum();
+    assert_eq!(held, 2, "{state:?}");
+    release_now.add_permits(WAITERS);
+    for t in tasks {
+        t.await.expect("waiter");
+    }
+    env.finish(&[&a, &waiter_managers[0], &waiter_managers[1]])
+        .await;
 }
 
 /// The watchdog keeps permits past their lease: held for four leases, they are not

@@ -146,7 +146,7 @@ impl Rules {
             rules.session_ns = Some(session);
             rules.hidden_hold_ns = session;
         }
-        if label == "etcd" {
+        if label.starts_with("etcd") {
             // etcd holds a lease for whole seconds, and a new leader gives every
             // lease its full TTL again: a hold or a waiter's key nobody reports may
             // stay that much longer.

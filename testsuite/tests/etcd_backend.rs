@@ -1,0 +1,258 @@
+//! What only the etcd backend promises, when `etcd` is in `DLOCK_TEST_BACKENDS`:
+//! a semaphore in use keeps its total — a request naming another is refused before
+//! it writes anything — and a permit key of another total written by something
+//! else neither holds by its own total nor has the right total refused; an
+//! observer's change feed survives a broken connection.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::{Duration, Instant};
+
+use dlock_etcd::EtcdBackend;
+use dlock_spi::LockEvents;
+use dlock_spi::{
+    AcquireRequest, AcquireResult, ErrorKind, GrantId, HolderKey, LockMode, LockName,
+    LockRemoteResource, OwnerId, ReleaseRequest, ReleaseResult,
+};
+use etcd_client::{Client, PutOptions};
+use testsuite::backends::server_url;
+use testsuite::proxy::{Fault, FaultProxy};
+use testsuite::runner::selected;
+
+/// The etcd test cluster's URL under a prefix of this run's own, and that prefix;
+/// `None` when `etcd` is not selected.
+fn url_and_prefix() -> Option<(String, String)> {
+    if !selected().iter().any(|l| l == "etcd") {
+        eprintln!("etcd is not selected in DLOCK_TEST_BACKENDS; nothing to check here");
+        return None;
+    }
+    let base = server_url("etcd").unwrap().to_string();
+    let hosts = base
+        .strip_prefix("etcd://")
+        .and_then(|r| r.split('/').next())
+        .unwrap()
+        .to_owned();
+    let prefix = format!("dlock-etcd-test-{:x}", fastrand::u64(..));
+    Some((format!("etcd://{hosts}/{prefix}"), prefix))
+}
+
+/// A raw client on the test cluster.
+async fn raw() -> Client {
+    let base = server_url("etcd").unwrap().to_string();
+    let hosts: Vec<String> = base
+        .strip_prefix("etcd://")
+        .and_then(|r| r.split('/').next())
+        .unwrap()
+        .split(',')
+        .map(str::to_owned)
+        .collect();
+    Client::connect(hosts, None).await.unwrap()
+}
+
+/// Puts a permit key as dlock's layout has it (`<prefix>\0<name>\0s/<n>/<holder>`,
+/// value `<total>\n`), on a lease of its own, as an acquire's placement would.
+async fn plant_permits(
+    raw: &mut Client,
+    prefix: &str,
+    name: &str,
+    holder: &HolderKey,
+    n: u32,
+    total: u32,
+) {
+    let lease = raw.lease_grant(30, None).await.unwrap().id();
+    let key = format!("{prefix}\0{name}\0s/{n}/{}", holder.as_str());
+    raw.put(
+        key,
+        format!("{total}\n"),
+        Some(PutOptions::new().with_lease(lease)),
+    )
+    .await
+    .unwrap();
+}
+
+/// Asks once for `req`'s permits, which must be granted.
+async fn granted(etcd: &EtcdBackend, req: &AcquireRequest) -> AcquireResult {
+    let got = etcd.try_acquire(req).await.unwrap();
+    assert!(got.is_acquired(), "{req:?}: {got:?}");
+    got
+}
+
+/// Asks once for `req`'s permits, which must be refused as naming another total.
+async fn refused(etcd: &EtcdBackend, req: &AcquireRequest) {
+    let err = etcd.try_acquire(req).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{req:?}: {err}");
+}
+
+fn permits(name: &LockName, owner: &str, grant: u64, n: u32, total: u32) -> AcquireRequest {
+    AcquireRequest::new(name.clone(), OwnerId::new(owner), GrantId::new(grant))
+        .with_mode(LockMode::Permits(n))
+        .with_capacity(total)
+        .with_lease(Duration::from_secs(10))
+}
+
+/// The reviewer's sequence: A holds 2 of 5; B asks for 1 of 100 and is refused; C
+/// takes 2 of 5; A leaves; D asks for 97 of 100 and is refused, E takes the last 3
+/// of 5. Nothing of B's or D's is ever written (a watch on the lock sees only A's,
+/// C's and E's keys): a refused key lingering would count as a holder and, once the
+/// oldest, set the total.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_semaphore_in_use_keeps_its_total_and_refusals_write_nothing() {
+    let Some((url, prefix)) = url_and_prefix() else {
+        return;
+    };
+    let etcd = EtcdBackend::connect(&url).await.unwrap();
+    let raw = raw().await;
+    let name = LockName::new("kept").unwrap();
+    let range = format!("{prefix}\0kept\0");
+    let mut end = range.clone().into_bytes();
+    *end.last_mut().unwrap() += 1;
+    let mut events = raw
+        .watch_client()
+        .watch(
+            range,
+            Some(etcd_client::WatchOptions::new().with_range(end)),
+        )
+        .await
+        .unwrap();
+    let created = events.message().await.unwrap().unwrap();
+    assert!(created.created());
+    let a = granted(&etcd, &permits(&name, "a", 1, 2, 5)).await;
+    refused(&etcd, &permits(&name, "b", 1, 1, 100)).await;
+    let c = granted(&etcd, &permits(&name, "c", 1, 2, 5)).await;
+    let release = |owner: &str, n: u32, token| {
+        ReleaseRequest::new(
+            name.clone(),
+            OwnerId::new(owner),
+            GrantId::new(1),
+            LockMode::Permits(n),
+            token,
+        )
+    };
+    let released = etcd
+        .release(&release("a", 2, a.token().unwrap()))
+        .await
+        .unwrap();
+    assert_eq!(released, ReleaseResult::Released);
+    refused(&etcd, &permits(&name, "d", 1, 97, 100)).await;
+    let e = granted(&etcd, &permits(&name, "e", 1, 3, 5)).await;
+    for (owner, n, got) in [("c", 2, &c), ("e", 3, &e)] {
+        let released = etcd
+            .release(&release(owner, n, got.token().unwrap()))
+            .await
+            .unwrap();
+        assert_eq!(released, ReleaseResult::Released);
+    }
+    // Every put the watch saw, up to the last release's delete.
+    let mut written = Vec::new();
+    let mut deletes = 0;
+    while deletes < 3 {
+        let m = tokio::time::timeout(Duration::from_secs(5), events.message())
+            .await
+            .expect("the watch reports the releases")
+            .unwrap()
+            .unwrap();
+        for ev in m.events() {
+            let key = String::from_utf8_lossy(ev.kv().map_or(&[][..], |kv| kv.key())).into_owned();
+            match ev.event_type() {
+                etcd_client::EventType::Put => written.push(key),
+                etcd_client::EventType::Delete => deletes += 1,
+            }
+        }
+    }
+    for refused in ["b#", "d#"] {
+        assert!(
+            !written.iter().any(|k| k.contains(&format!("/{refused}"))),
+            "a refused request wrote its key: {written:?}"
+        );
+    }
+    assert_eq!(written.len(), 3, "{written:?}");
+}
+
+/// A permit key of another total that got there anyway (written by something
+/// else): a grant retried over it is refused, and it does not get the semaphore's
+/// own total refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_semaphores_total_is_its_oldest_permit_keys() {
+    let Some((url, prefix)) = url_and_prefix() else {
+        return;
+    };
+    let etcd = EtcdBackend::connect(&url).await.unwrap();
+    let mut raw = raw().await;
+    let name = LockName::new("totals").unwrap();
+    // A holds 3 of 5: the semaphore's total is 5.
+    granted(&etcd, &permits(&name, "a", 1, 3, 5)).await;
+    // B's key for 4 of 10 is there (written by something else); B asks with that
+    // grant, which finds its key. 3 + 4 fit in B's 10, not in the semaphore's 5.
+    let b = HolderKey::new(&OwnerId::new("b"), GrantId::new(1));
+    plant_permits(&mut raw, &prefix, "totals", &b, 4, 10).await;
+    let retry =
+        permits(&name, "b", 1, 4, 10).with_deadline(Some(Instant::now() + Duration::from_secs(2)));
+    refused(&etcd, &retry).await;
+    // (B's planted key is not B's to remove: it was refused before writing.)
+    raw.delete(format!("{prefix}\0totals\0s/4/{}", b.as_str()), None)
+        .await
+        .unwrap();
+    // A stranger's key under another total does not get the semaphore's own total
+    // refused: C takes the 5th permit.
+    let d = HolderKey::new(&OwnerId::new("d"), GrantId::new(1));
+    plant_permits(&mut raw, &prefix, "totals", &d, 1, 10).await;
+    granted(&etcd, &permits(&name, "c", 1, 1, 5)).await;
+    let state = etcd.inspect(&name).await.unwrap().expect("held");
+    let held: u32 = state.holders.iter().filter_map(|h| h.mode.permits()).sum();
+    assert!(held <= 5, "{held} permits held of 5: {state:?}");
+    let mut raw_kv = raw.kv_client();
+    raw_kv
+        .delete(
+            format!("{prefix}\0"),
+            Some(etcd_client::DeleteOptions::new().with_prefix()),
+        )
+        .await
+        .unwrap();
+}
+
+/// An election observer's change feed outlives a broken connection: with the
+/// follower's connection reset (the project's proxy), the feed wakes once the watch
+/// is back — changes may have been missed — and reports changes again after that.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_feed_wakes_after_its_watch_is_restarted() {
+    let Some((url, prefix)) = url_and_prefix() else {
+        return;
+    };
+    let member: std::net::SocketAddr = "127.0.0.1:2379".parse().unwrap();
+    let proxy = FaultProxy::start(member).await.unwrap();
+    let follower = EtcdBackend::connect(&format!("etcd://{}/{prefix}", proxy.addr()))
+        .await
+        .unwrap();
+    let etcd = EtcdBackend::connect(&url).await.unwrap();
+    let name = LockName::new("followed").unwrap();
+    let mut feed = follower.follow(&name).await.unwrap();
+    let within = |limit: u64| Duration::from_secs(limit);
+    let req = AcquireRequest::new(name.clone(), OwnerId::new("a"), GrantId::new(1))
+        .with_lease(Duration::from_secs(10));
+    let token = etcd.try_acquire(&req).await.unwrap().token().unwrap();
+    let pinged = tokio::time::timeout(within(3), feed.changed()).await;
+    assert_eq!(pinged.ok(), Some(true), "the grant was not reported");
+    // Cut the follower off: its watch stream breaks. (No signal tells the test
+    // when the client noticed; the proxy closes every connection at once.)
+    proxy.set(Fault::Reset);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    proxy.set(Fault::Pass);
+    let pinged = tokio::time::timeout(within(10), feed.changed()).await;
+    assert_eq!(pinged.ok(), Some(true), "the feed did not wake once back");
+    let release = ReleaseRequest::new(
+        name,
+        OwnerId::new("a"),
+        GrantId::new(1),
+        LockMode::Exclusive,
+        token,
+    );
+    assert_eq!(
+        etcd.release(&release).await.unwrap(),
+        ReleaseResult::Released
+    );
+    let pinged = tokio::time::timeout(within(3), feed.changed()).await;
+    assert_eq!(
+        pinged.ok(),
+        Some(true),
+        "the release after the restart was not reported"
+    );
+}
