@@ -28,6 +28,8 @@
 //! dlock's own options ride in the query string and are removed before the URL
 //! reaches the driver: `dlock_table_prefix=dlock_` (tables `<prefix>locks`,
 //! `<prefix>readers`, `<prefix>schema_version`), `dlock_pool_max=10`,
+//! `dlock_acquire_timeout=5s` (how long connecting, and waiting for a free
+//! connection of the pool, may take: `500ms`, `30s`, `1m`),
 //! `dlock_migrate=false` (do not create tables; an operator applied them).
 //!
 //! ## Semantics
@@ -111,7 +113,8 @@ pub struct JdbcOptions {
     pub table_prefix: String,
     /// Most connections in the pool. Default 10.
     pub max_connections: u32,
-    /// How long to wait for a free connection. Default 5 s.
+    /// How long to wait for a free connection of the pool, and for a new connection
+    /// to be established (URL `dlock_acquire_timeout=`). Default 5 s.
     pub acquire_timeout: Duration,
     /// Delays between polls of a waiting acquire. Default 5 ms doubling to 250 ms,
     /// equal jitter.
@@ -214,6 +217,11 @@ fn split_options(url: &str, mut options: JdbcOptions) -> Result<(String, JdbcOpt
             "dlock_migrate" => {
                 options.migrate = value.parse().map_err(|_| bad("expected true or false"))?;
             }
+            "dlock_acquire_timeout" => {
+                options.acquire_timeout = dlock_spi::parse_url_duration(value)
+                    .filter(|d| !d.is_zero())
+                    .ok_or_else(|| bad("expected a positive duration such as 500ms, 30s or 1m"))?;
+            }
             _ => kept.push(pair),
         }
     }
@@ -272,6 +280,18 @@ impl JdbcBackend {
             }
         });
         probe.map_err(|e| {
+            if matches!(e, sqlx::Error::PoolTimedOut) {
+                // Only the bound above gives this: the server took the connection
+                // and did not answer in time (hung, overloaded, or a partition).
+                return Error::new(
+                    ErrorKind::Timeout,
+                    format!(
+                        "cannot connect to {}: no answer within {:?}; check that the server runs and is not overloaded, or wait longer (dlock_acquire_timeout=30s in the URL, JdbcOptions::acquire_timeout)",
+                        redact_url(&url),
+                        options.acquire_timeout
+                    ),
+                );
+            }
             // A refused TLS handshake (rustls' errors reach sqlx as invalid data) is
             // the configuration's to fix, as a bad URL is; retrying will not help.
             let tls = matches!(&e, sqlx::Error::Tls(_))
@@ -595,9 +615,20 @@ mod tests {
         let (url, o) =
             split_options("sqlite://a.db?dlock_migrate=false", JdbcOptions::default()).unwrap();
         assert_eq!((url.as_str(), o.migrate), ("sqlite://a.db", false));
+        let (url, o) = split_options(
+            "postgres://u@h/db?dlock_acquire_timeout=30s",
+            JdbcOptions::default(),
+        )
+        .unwrap();
+        assert_eq!(
+            (url.as_str(), o.acquire_timeout),
+            ("postgres://u@h/db", Duration::from_secs(30))
+        );
         for bad in [
             "sqlite://a?dlock_pool_max=0",
             "sqlite://a?dlock_migrate=maybe",
+            "sqlite://a?dlock_acquire_timeout=soon",
+            "sqlite://a?dlock_acquire_timeout=0",
         ] {
             assert_eq!(
                 split_options(bad, JdbcOptions::default())

@@ -512,6 +512,46 @@ async fn database_outage_is_typed_loses_on_time_and_recovers() {
     }
 }
 
+/// A database that takes the connection and never answers (a hung server, a
+/// partition after the handshake): connecting fails in the bound the URL sets
+/// (`dlock_acquire_timeout`), as a retryable `Timeout` that names the bound and the
+/// option that sets it — not sqlx's "pool timed out" — and the same URL connects once
+/// the database answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connect_nobody_answers_times_out_in_the_urls_bound() {
+    for (label, url) in sql_backends() {
+        if label == "sqlite" {
+            continue; // a file has no network between client and server
+        }
+        let (proxy, url) = proxied(&url).await;
+        let sep = if url.contains('?') { '&' } else { '?' };
+        let url = format!("{url}{sep}dlock_acquire_timeout=300ms");
+        proxy.set(Fault::Blackhole);
+        let started = Instant::now();
+        let err = JdbcBackend::connect(&url)
+            .await
+            .err()
+            .unwrap_or_else(|| panic!("{label}: connected through a black hole"));
+        let took = started.elapsed();
+        assert!(
+            took >= Duration::from_millis(300) && took < Duration::from_secs(2),
+            "{label}: gave up after {took:?}, not at the URL's 300 ms"
+        );
+        assert_eq!(err.kind(), ErrorKind::Timeout, "{label}: {err}");
+        assert!(err.is_retryable(), "{label}: {err}");
+        let text = err.to_string();
+        assert!(
+            text.contains("300ms") && text.contains("dlock_acquire_timeout"),
+            "{label}: the error does not name the bound and its option: {text}"
+        );
+        proxy.set(Fault::Pass);
+        let backend = JdbcBackend::connect(&url)
+            .await
+            .unwrap_or_else(|e| panic!("{label}: the same URL once the database answers: {e}"));
+        backend.close().await;
+    }
+}
+
 /// The loss margin on real databases: the holder's connection is black-holed, and
 /// its lost signal leads another client's grant by at least the margin — the
 /// default (1 % of the lease, or the renewal round trip) and a configured 150 ms.
