@@ -454,12 +454,19 @@ impl RedisBackend {
     /// Runs an acquire script: `{1, token}` when granted, `{0, ms left, queued, ahead,
     /// fencing counter}` when not.
     async fn run_acquire(&self, inv: &ScriptCall<'_>) -> Result<Answer> {
-        let reply: Vec<i64> = self
+        let reply: Value = self
             .inner
             .conn
             .invoke(inv)
             .await
             .map_err(|e| map_redis(e, "acquire"))?;
+        // The hot path answers a grant with the bare token; every other path with a
+        // list led by 1 (granted), 0 (refused) or -1 (a semaphore's total differs).
+        let reply: Vec<i64> = match reply {
+            Value::Int(token) => vec![1, token],
+            list => Vec::from_redis_value(list)
+                .map_err(|e| map_redis(redis::RedisError::from(e), "acquire"))?,
+        };
         Ok(Answer {
             granted: reply.first() == Some(&1),
             total_differs: reply.first() == Some(&-1),

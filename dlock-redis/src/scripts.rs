@@ -54,12 +54,18 @@ const H_NEXT_TOKEN: &str = r#"
 -- max(counter + 1, server clock in µs) (as the SQL backend does): strictly
 -- increasing on one server, and still above every earlier token when the counter
 -- lags (a promoted replica that missed the last increments) or is gone.
+-- The counter is set to the clock first, in the same call that reads it (SET GET):
+-- the clock is ahead of it on every grant but the second in one µs (or the first
+-- after a promoted replica whose clock is behind the old master's), when it is set
+-- again to one past its last value.
 local function next_token(fence)
   clock()
-  local tok = (tonumber(redis.call('GET', fence)) or 0) + 1
-  if tok < now_us then tok = now_us end
-  redis.call('SET', fence, string.format('%.0f', tok))
-  return tok
+  local last = tonumber(redis.call('SET', fence, string.format('%.0f', now_us), 'GET'))
+  if last and last >= now_us then
+    redis.call('SET', fence, string.format('%.0f', last + 1))
+    return last + 1
+  end
+  return now_us
 end
 -- The token of the current exclusive holder: the counter, which only a grant moves.
 local function holder_token(fence)
@@ -243,26 +249,30 @@ end
 /// when they are not declared — queue, queue liveness, queue modes. ARGV: holder
 /// value (`<owner length>|<owner><context>`), lease ms, and — unless waiting is 0,
 /// when they are not sent — waiting (1 queue if refused, 3 already queued), liveness
-/// ms, notice channel (empty when polling). Returns {1, token} or {0, ms left,
+/// ms, notice channel (empty when polling). Returns the bare token (a free lock
+/// granted at once), {1, token} (a queued waiter's grant, reentry) or {0, ms left,
 /// queued, waiters ahead, the fencing counter} (a waiter told of a hand-over with a
 /// token no greater than the counter its last refusal saw knows that hand-over
 /// lapsed before that refusal).
 ///
-/// A free lock is granted in four server calls (`SET NX PX`, then `TIME`, `GET` and
-/// `SET` for the token), and returns before the helpers of [`ACQUIRE_EXCLUSIVE_TAIL`]
-/// are even created.
+/// A free lock is granted in three server calls (`SET NX PX`, then `TIME` and `SET
+/// GET` for the token), answered with the bare token, and returns before the helpers
+/// of [`ACQUIRE_EXCLUSIVE_TAIL`] are even created.
 const ACQUIRE_EXCLUSIVE: &str = r#"
 local x, fence = KEYS[1], KEYS[2]
 local waiting = ARGV[3] or '0'
 local tok
 if redis.call('SET', x, ARGV[1], 'NX', 'PX', ARGV[2]) then
-  -- next_token, inline.
+  -- next_token, inline; the clock's digits joined, not formatted from a float.
   local t = redis.call('TIME')
-  local us = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  tok = (tonumber(redis.call('GET', fence)) or 0) + 1
-  if tok < us then tok = us end
-  redis.call('SET', fence, string.format('%.0f', tok))
-  if waiting ~= '3' then return {1, tok} end
+  local us = t[1] .. string.sub('00000' .. t[2], -6)
+  tok = tonumber(us)
+  local last = tonumber(redis.call('SET', fence, us, 'GET'))
+  if last and last >= tok then
+    tok = last + 1
+    redis.call('SET', fence, string.format('%.0f', tok))
+  end
+  if waiting ~= '3' then return tok end
 end
 "#;
 /// The non-fair exclusive acquire's tail, after its helpers: a queued waiter's grant,

@@ -255,6 +255,55 @@ async fn fencing_tokens_survive_a_lagging_counter() {
     m.close().await;
 }
 
+/// The counter ahead of the server's clock (a promoted replica whose clock is behind
+/// the old master's, or many grants in one µs): every way a grant is made issues
+/// exactly one past the counter, never the clock (the lean script sets the counter
+/// to the clock first, then puts it right).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fencing_tokens_stay_above_a_counter_ahead_of_the_clock() {
+    let Some(url) = redis_url() else { return };
+    let (_, m) = dlock_client(&url, RedisOptions::default()).await;
+    let mut c = raw_connection(&url).await;
+    let lock = name("fence-ahead");
+    let fence = format!("dlock:{{{lock}}}:f");
+    let ways = [
+        m.lock(&lock),
+        m.fair_lock(&lock),
+        m.read_write_lock(&lock).read().clone(),
+    ];
+    for round in 0..6 {
+        // A day of µs ahead of the clock.
+        let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut c).await.unwrap();
+        let ahead = secs * 1_000_000 + micros + 86_400_000_000;
+        let _: () = redis::cmd("SET")
+            .arg(&fence)
+            .arg(ahead)
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        let g = take(&ways[round % ways.len()], Duration::ZERO).await;
+        assert_eq!(
+            g.fencing_token().get(),
+            ahead + 1,
+            "round {round} ({:?} {:?}): not one past the counter",
+            g.mode(),
+            ways[round % ways.len()].fairness()
+        );
+        let counter: u64 = redis::cmd("GET")
+            .arg(&fence)
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        assert_eq!(
+            counter,
+            ahead + 1,
+            "round {round}: the counter was not put right"
+        );
+        g.unlock().await.unwrap();
+    }
+    m.close().await;
+}
+
 /// Takes `lock` (waiting up to 20 s) in a task of its own, releases it at once, and
 /// returns when it got it.
 fn take_in_background(lock: DistributeLock) -> tokio::task::JoinHandle<Instant> {
