@@ -91,7 +91,7 @@ impl Election {
 
     /// How often observers ask the backend who leads when it cannot push changes
     /// (default 100 ms). Backends with change feeds (memory, PostgreSQL, Redis with
-    /// pub/sub, ZooKeeper) tell observers instead.
+    /// pub/sub, ZooKeeper, etcd) tell observers instead.
     pub fn observe_interval(mut self, interval: Duration) -> Self {
         self.observe_interval = interval.max(Duration::from_millis(1));
         self

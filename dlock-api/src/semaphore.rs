@@ -20,12 +20,13 @@ use crate::options::LockOptions;
 ///
 /// The total is a property of the semaphore while it is in use: every client must
 /// name the same total; a different one is refused with
-/// [`crate::ErrorKind::InvalidArgument`] while anyone holds permits (memory and SQL:
-/// or waits for them), and takes effect once the semaphore is idle.
+/// [`crate::ErrorKind::InvalidArgument`] while anyone holds permits (memory, SQL and
+/// etcd: or waits for them), and takes effect once the semaphore is idle.
 ///
-/// Every backend has semaphores. On ZooKeeper they are Curator's
-/// `InterProcessSemaphoreV2` (Java services and dlock share one); a name is a lock
-/// or a semaphore, not both.
+/// Every backend has semaphores but Redlock, which refuses them with
+/// [`crate::ErrorKind::Unsupported`] (permits counted on each node do not add up
+/// across quorums). On ZooKeeper they are Curator's `InterProcessSemaphoreV2` (Java
+/// services and dlock share one); a name is a lock or a semaphore, not both.
 ///
 /// ```
 /// # async fn demo() -> dlock_api::Result<()> {

@@ -10,7 +10,18 @@
 //!
 //! Run: `cargo bench -p testsuite --bench failover` (DLOCK_TEST_BACKENDS selects the
 //! backends, servers as `scripts/test` starts them; DLOCK_BENCH_ROUNDS rounds each,
-//! default 5). Under `cargo test` it runs one short round on SQLite.
+//! default 5).
+//!
+//! Under `cargo test` it is the killed- and frozen-leader test of every selected
+//! backend (DLOCK_TEST_BACKENDS, default SQLite; not `memory`, whose store lives in
+//! one process), one round of each:
+//! * **killed**: the leader's process is SIGKILLed; the queued candidate must lead
+//!   within the term's lease (ZooKeeper: session timeout) plus [`WAKE_SLACK`], with a
+//!   greater fencing token;
+//! * **frozen**: the leader's process is SIGSTOPped; the queued candidate must lead
+//!   the same way while it is stopped, and once SIGCONTed the old leader must report
+//!   its term lost within [`WAKE_SLACK`] (its lost signal, before it does anything
+//!   else as leader).
 #![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
 
 use std::io::{BufRead, BufReader};
@@ -19,6 +30,8 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use dlock_api::DistributeLockManagerBuilder;
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
 use testsuite::bench::{is_bench, runtime};
 
 /// The term lease (and ZooKeeper session timeout) of the benchmark.
@@ -26,6 +39,11 @@ const LEASE: Duration = Duration::from_secs(3);
 
 /// How long any one step may take before the round fails.
 const STEP_BOUND: Duration = Duration::from_secs(60);
+
+/// Under `cargo test`: how long after the dead or frozen term's lease (session) may
+/// end the next candidate may take to lead, and a resumed leader to report its loss
+/// (the queued candidate's wake-up, a ZooKeeper server's expiry tick, scheduling).
+const WAKE_SLACK: Duration = Duration::from_secs(3);
 
 /// A candidate process and its stdout lines.
 struct Candidate {
@@ -55,15 +73,44 @@ impl Candidate {
 
     /// Waits for a line starting with `what`; the instant it arrived.
     fn expect(&self, what: &str) -> Instant {
-        let end = Instant::now() + STEP_BOUND;
+        self.expect_within(what, STEP_BOUND).0
+    }
+
+    /// Waits up to `bound` for a line starting with `what`; the instant it arrived and
+    /// the rest of the line.
+    fn expect_within(&self, what: &str, bound: Duration) -> (Instant, String) {
+        let end = Instant::now() + bound;
         loop {
             let left = end.saturating_duration_since(Instant::now());
             match self.lines.recv_timeout(left) {
-                Ok(line) if line.starts_with(what) => return Instant::now(),
-                Ok(_) => {}
-                Err(e) => panic!("no {what:?} from a candidate within {STEP_BOUND:?}: {e}"),
+                Ok(line) => {
+                    if let Some(rest) = line.strip_prefix(what) {
+                        return (Instant::now(), rest.trim().to_owned());
+                    }
+                }
+                Err(e) => panic!("no {what:?} from a candidate within {bound:?}: {e}"),
             }
         }
+    }
+
+    /// Waits for the `leading <token>` line; the instant it arrived and the token.
+    fn leading(&self) -> (Instant, u64) {
+        let (at, token) = self.expect_within("leading", STEP_BOUND);
+        let token = token
+            .parse()
+            .unwrap_or_else(|e| panic!("a candidate's token {token:?}: {e}"));
+        (at, token)
+    }
+
+    /// SIGSTOP (`true`) or SIGCONT (`false`).
+    fn pause(&self, stop: bool) {
+        let signal = if stop {
+            Signal::SIGSTOP
+        } else {
+            Signal::SIGCONT
+        };
+        let pid = i32::try_from(self.child.id()).expect("a pid");
+        kill(Pid::from_raw(pid), signal).unwrap_or_else(|e| panic!("{signal} to a candidate: {e}"));
     }
 
     fn kill(&mut self) {
@@ -91,6 +138,60 @@ fn round(spawn: &dyn Fn() -> Command) -> Duration {
     b.expect("leading").duration_since(killed)
 }
 
+/// The killed-leader test of `label` (one round of [`round`], judged): the next
+/// candidate leads within the lease and [`WAKE_SLACK`], with a greater token.
+fn killed_leader_is_replaced(label: &str, spawn: &dyn Fn() -> Command) -> Duration {
+    let mut a = Candidate::spawn(spawn());
+    let (_, first) = a.leading();
+    let b = Candidate::spawn(spawn());
+    b.expect("campaigning");
+    std::thread::sleep(Duration::from_millis(fastrand::u64(0..=1000)));
+    let killed = Instant::now();
+    a.kill();
+    let (led, next) = b.leading();
+    let took = led.duration_since(killed);
+    assert!(
+        took <= LEASE + WAKE_SLACK,
+        "{label}: the next candidate led {took:?} after the leader was killed (lease {LEASE:?})"
+    );
+    assert!(
+        next > first,
+        "{label}: the next leader's token {next} is not above the killed one's {first}"
+    );
+    took
+}
+
+/// The frozen-leader test of `label`: A leads, B is queued, A is SIGSTOPped; B leads
+/// within the lease and [`WAKE_SLACK`] with a greater token while A is stopped; once
+/// SIGCONTed, A reports its term lost within [`WAKE_SLACK`]. Returns stop → B leading.
+fn frozen_leader_is_replaced_and_told(label: &str, spawn: &dyn Fn() -> Command) -> Duration {
+    let a = Candidate::spawn(spawn());
+    let (_, first) = a.leading();
+    let b = Candidate::spawn(spawn());
+    b.expect("campaigning");
+    std::thread::sleep(Duration::from_millis(fastrand::u64(0..=1000)));
+    let stopped = Instant::now();
+    a.pause(true);
+    let (led, next) = b.leading();
+    let took = led.duration_since(stopped);
+    a.pause(false);
+    let resumed = Instant::now();
+    assert!(
+        took <= LEASE + WAKE_SLACK,
+        "{label}: the next candidate led {took:?} after the leader was frozen (lease {LEASE:?})"
+    );
+    assert!(
+        next > first,
+        "{label}: the next leader's token {next} is not above the frozen one's {first}"
+    );
+    let (told, reason) = a.expect_within("lost", WAKE_SLACK);
+    println!(
+        "  {label}: frozen leader told {reason} {} ms after SIGCONT",
+        told.duration_since(resumed).as_millis()
+    );
+    took
+}
+
 fn dlock_candidate(label: &str, url: &str, name: &str) -> Command {
     let mut cmd = Command::new(std::env::current_exe().unwrap());
     cmd.args(["candidate", label, url, name]);
@@ -98,7 +199,7 @@ fn dlock_candidate(label: &str, url: &str, name: &str) -> Command {
 }
 
 /// The candidate role (this binary re-executed): campaigns, says so, leads until
-/// killed.
+/// killed, says when its term is lost.
 fn run_candidate(label: &str, url: &str, name: &str) {
     runtime().block_on(async {
         let backend = testsuite::backends::open_at(label, testsuite::backends::TestUrl::fixed(url))
@@ -124,8 +225,36 @@ fn run_candidate(label: &str, url: &str, name: &str) {
             None => campaign.await.expect("campaign"),
         };
         println!("leading {}", term.fencing_token());
+        let reason = term.lost().await;
+        println!("lost {reason}");
+        // A lost leader stays in the race, as the killed-leader test's queued
+        // candidate does, until the test ends it.
         std::future::pending::<()>().await;
     });
+}
+
+/// Under `cargo test`: a killed and a frozen leader on every selected label whose
+/// clients can live in other processes, one round each (see the module docs).
+fn killed_and_frozen_leaders(selected: &str) {
+    println!("failover test: a killed and a frozen leader; lease / session {LEASE:?}");
+    for label in testsuite::backends::KNOWN
+        .iter()
+        .filter(|l| **l != "memory")
+        .filter(|l| selected.split(',').any(|s| s.trim() == **l))
+    {
+        let url = url_for(label);
+        // Each round on a name of its own, shared by both of its candidates.
+        let name = format!("failover-{:016x}", fastrand::u64(..));
+        let killed = killed_leader_is_replaced(label, &|| dlock_candidate(label, &url, &name));
+        let name = format!("failover-{:016x}", fastrand::u64(..));
+        let frozen =
+            frozen_leader_is_replaced_and_told(label, &|| dlock_candidate(label, &url, &name));
+        println!(
+            "  {label}: killed → next leader {} ms, frozen → next leader {} ms",
+            killed.as_millis(),
+            frozen.as_millis()
+        );
+    }
 }
 
 /// The label's URL, the same for every candidate of the run (SQLite: one file);
@@ -164,11 +293,11 @@ fn main() {
     } else {
         1
     };
-    let selected = if bench {
-        std::env::var("DLOCK_TEST_BACKENDS").unwrap_or_else(|_| "sqlite".to_owned())
-    } else {
-        "sqlite".to_owned()
-    };
+    let selected = std::env::var("DLOCK_TEST_BACKENDS").unwrap_or_else(|_| "sqlite".to_owned());
+    if !bench {
+        killed_and_frozen_leaders(&selected);
+        return;
+    }
     println!(
         "failover: leader SIGKILLed → next candidate leading; lease / session {LEASE:?}, {rounds} round(s)"
     );

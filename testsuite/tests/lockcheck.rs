@@ -790,11 +790,14 @@ struct Summary {
     label: String,
     ops: u64,
     grants: u64,
+    terms: u64,
+    permits: u64,
     faults: u64,
     violations: u64,
 }
 
-/// Parses `lockcheck: <label> ops=… grants=… faults=… violations=… (…)`.
+/// Parses `lockcheck: <label> ops=… grants=… terms=… permits=… faults=…
+/// violations=… (…)`.
 fn parse_summary(line: &str) -> Option<Summary> {
     let rest = line.strip_prefix("lockcheck: ")?;
     let (label, rest) = rest.split_once(' ')?;
@@ -812,6 +815,8 @@ fn parse_summary(line: &str) -> Option<Summary> {
         label: label.to_owned(),
         ops: field("ops")?,
         grants: field("grants")?,
+        terms: field("terms")?,
+        permits: field("permits")?,
         faults: field("faults")?,
         violations: field("violations")?,
     })
@@ -827,6 +832,8 @@ fn summary_matches(report: &Report) {
             label: report.label.clone(),
             ops: t.ops as u64,
             grants: t.grants as u64,
+            terms: t.terms as u64,
+            permits: t.permit_grants as u64,
             faults: t.faults as u64,
             violations: report.violations() as u64,
         }
@@ -988,6 +995,11 @@ async fn bounded_run(label: &str, seconds: u64, nemesis: &str, seed: u64) -> Opt
         None => "no summary line".to_owned(),
         Some(s) if s.label != label => format!("summary of {}", s.label),
         Some(s) if s.grants == 0 => "no grant".to_owned(),
+        // Elections and semaphores run under every nemesis too, not just locks.
+        Some(s) if s.terms == 0 => "no term of the election".to_owned(),
+        Some(s) if s.permits == 0 && has_semaphores(label).await => {
+            "no permit of the semaphore".to_owned()
+        }
         Some(s) if s.faults == 0 || injected == 0 => {
             format!("the {nemesis} nemesis injected nothing")
         }
@@ -997,6 +1009,15 @@ async fn bounded_run(label: &str, seconds: u64, nemesis: &str, seed: u64) -> Opt
     Some(format!(
         "{label} {nemesis} (seed {seed}): {problem}\n{out}{err}"
     ))
+}
+
+/// Whether `label`'s backend has semaphores (Redlock refuses them).
+async fn has_semaphores(label: &str) -> bool {
+    let backend = testsuite::backends::open(label)
+        .await
+        .unwrap_or_else(|e| panic!("{label}: {e}"));
+    let client = backend.client().await.expect("a client");
+    client.capabilities().semaphore
 }
 
 /// A bounded pass of the `lockcheck` binary on every selected server backend, one
@@ -1017,6 +1038,16 @@ async fn every_selected_server_backend_passes_a_bounded_run() {
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }
 
+/// The worker-side nemeses on every selected server backend they apply to, one run
+/// each, one after another: `kill` (SIGKILLed workers — holders, leaders, permit
+/// holders and queued waiters that die without a word — replaced by new processes)
+/// and `proxy` (a worker's connections delayed, black-holed past its leases, reset).
+/// Each must inject its fault, grant terms and permits, and find no violation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn worker_nemeses_find_no_violation() {
+    nemeses_on_every_label(&[(Nemesis::Kill, 8), (Nemesis::Proxy, 8)]).await;
+}
+
 /// Every server-side nemesis on every selected server backend it applies to, one
 /// run each, one after another (they restart, fail over or expire the shared test
 /// servers): `restart` (12 s: a Redis server stays down past the longest lease),
@@ -1024,17 +1055,25 @@ async fn every_selected_server_backend_passes_a_bounded_run() {
 /// inject its fault and find no violation.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_side_nemeses_find_no_violation() {
+    nemeses_on_every_label(&[
+        (Nemesis::Restart, 12),
+        (Nemesis::Promote, 8),
+        (Nemesis::Expire, 15),
+        (Nemesis::Failover, 10),
+        (Nemesis::Freeze, 10),
+    ])
+    .await;
+}
+
+/// One bounded run of each nemesis of `kinds` (with its length in seconds) on every
+/// selected backend it applies to, one after another (one seed for all); fails with
+/// every run that failed.
+async fn nemeses_on_every_label(kinds: &[(Nemesis, u64)]) {
     let _serial = SERIAL.lock().await;
     let seed = fastrand::u64(..10_000_000);
     let mut failures = Vec::new();
     for label in testsuite::runner::selected() {
-        for (kind, seconds) in [
-            (Nemesis::Restart, 12),
-            (Nemesis::Promote, 8),
-            (Nemesis::Expire, 15),
-            (Nemesis::Failover, 10),
-            (Nemesis::Freeze, 10),
-        ] {
+        for &(kind, seconds) in kinds {
             if let Some(why) = kind.not_applicable(&label) {
                 println!("{label} {}: not applicable ({why})", kind.name());
                 continue;

@@ -89,7 +89,7 @@ use std::fmt::Write as _;
 use crate::proxy::Fault;
 
 use super::history::{Event, Kind, Mode, Op, Outcome, Reason, RegOp, Why, COORDINATOR};
-use super::workload::{MAX_LEASE_MS, SEMAPHORE_PERMITS};
+use super::workload::{ELECTION_NAME, MAX_LEASE_MS, SEMAPHORE_PERMITS};
 
 /// The checker's tunable bounds.
 #[derive(Debug, Clone, Copy)]
@@ -216,6 +216,10 @@ pub struct Totals {
     pub ops: usize,
     /// Holds granted (first `ok` of each hold).
     pub grants: usize,
+    /// Of those, terms of the election (`ELECTION_NAME`).
+    pub terms: usize,
+    /// Of those, permits of the semaphore.
+    pub permit_grants: usize,
     /// Reentrant acquisitions (further `ok`s of a hold).
     pub reentries: usize,
     /// Release invocations.
@@ -268,7 +272,8 @@ impl Report {
             .map_or(0, |c| c.count)
     }
 
-    /// `lockcheck: <label> ops=… grants=… faults=… violations=… (overlap=… …)`.
+    /// `lockcheck: <label> ops=… grants=… terms=… permits=… faults=… violations=…
+    /// (overlap=… …)`.
     pub fn summary_line(&self) -> String {
         let t = &self.totals;
         let by_class: Vec<String> = self
@@ -277,10 +282,12 @@ impl Report {
             .map(|c| format!("{}={}", c.name, c.count))
             .collect();
         format!(
-            "lockcheck: {} ops={} grants={} faults={} violations={} ({})",
+            "lockcheck: {} ops={} grants={} terms={} permits={} faults={} violations={} ({})",
             self.label,
             t.ops,
             t.grants,
+            t.terms,
+            t.permit_grants,
             t.faults,
             self.violations(),
             by_class.join(" ")
@@ -294,8 +301,8 @@ impl Report {
         let _ = writeln!(out, "lockcheck report — backend {}", self.label);
         let _ = writeln!(
             out,
-            "  processes {}  ops {}  grants {}  reentries {}  releases {}  losses {}",
-            t.processes, t.ops, t.grants, t.reentries, t.releases, t.losses
+            "  processes {}  ops {}  grants {} (terms {}, permits {})  reentries {}  releases {}  losses {}",
+            t.processes, t.ops, t.grants, t.terms, t.permit_grants, t.reentries, t.releases, t.losses
         );
         let _ = writeln!(
             out,
@@ -623,6 +630,8 @@ pub fn check(label: &str, events: &[Event], rules: &Rules) -> Report {
                     }
                     None => {
                         totals.grants += 1;
+                        totals.terms += usize::from(lock == ELECTION_NAME);
+                        totals.permit_grants += usize::from(mode.permits().is_some());
                         let i = holds.len();
                         hold_of.insert(hold, i);
                         grant_of.entry((p, lock, *token)).or_default().push(i);

@@ -1,0 +1,181 @@
+//! A leader partitioned from its store: every connection of its client black-holed
+//! by the project's fault proxy (bytes swallowed, nothing reset — the leader's
+//! process runs on, its renewals go nowhere). On every selected backend whose
+//! connections a proxy can carry (not SQLite's file, not Redis Cluster or Sentinel,
+//! whose servers hand out their own addresses), one after another:
+//!
+//! * the partitioned leader's lost signal fires, and before anyone else leads: on a
+//!   lease backend at least the loss margin's floor (1 % of the lease) before, as a
+//!   lock's guard (the same signal, the same margin);
+//! * the candidate queued on a healthy connection then leads, with a greater token;
+//! * once the partition heals and both are done, nothing is left behind.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use dlock_api::{DistributeLockManager, DistributeLockManagerBuilder, LostReason};
+use testsuite::backends::{self, TestUrl};
+use testsuite::conformance::eventually;
+use testsuite::lockcheck::nemesis::Nemesis;
+use testsuite::proxy::{split_url, Fault, FaultProxy};
+use testsuite::TestBackend;
+
+/// The terms' lease; ZooKeeper sessions time out after the same time.
+const LEASE: Duration = Duration::from_secs(2);
+
+/// How long the next leader may take after the partitioned one's term could end
+/// (the store's expiry, a ZooKeeper server's expiry tick, the queued candidate's
+/// wake-up).
+const SLACK: Duration = Duration::from_secs(3);
+
+/// The label's URL with ZooKeeper's session timeout set to [`LEASE`].
+fn url_for(label: &str) -> TestUrl {
+    let url = backends::server_url(label).expect("a URL for the label");
+    if label.starts_with("zk") {
+        url.with_suffix(&format!("?session_timeout={}ms", LEASE.as_millis()))
+    } else {
+        url
+    }
+}
+
+/// A test backend of `label` whose every host is reached through a fault proxy of
+/// its own, and the proxies.
+async fn behind_proxies(label: &str, url: &TestUrl) -> (Arc<dyn TestBackend>, Vec<FaultProxy>) {
+    let split = split_url(url.as_str()).unwrap_or_else(|e| panic!("{label}: {e}"));
+    let mut proxies = Vec::new();
+    for host in &split.hosts {
+        proxies.push(FaultProxy::start(*host).await.expect("start a fault proxy"));
+    }
+    let addrs: Vec<SocketAddr> = proxies.iter().map(FaultProxy::addr).collect();
+    let proxied = split.with_hosts(&addrs);
+    let backend = backends::open_at(label, TestUrl::fixed(proxied))
+        .await
+        .unwrap_or_else(|e| panic!("{label}: open through the proxies: {e}"));
+    (backend, proxies)
+}
+
+async fn manager(backend: &Arc<dyn TestBackend>, namespace: &str) -> DistributeLockManager {
+    let client = backend.client().await.expect("a client");
+    DistributeLockManagerBuilder::new(client)
+        .namespace(namespace.to_owned())
+        .lease(LEASE)
+        .build()
+        .expect("manager builds")
+}
+
+/// The case on one label (panics with what went wrong).
+async fn partitioned_leader(label: &str) {
+    let url = url_for(label);
+    let direct = backends::open_at(label, url.clone())
+        .await
+        .unwrap_or_else(|e| panic!("{label}: open: {e}"));
+    let (proxied, proxies) = behind_proxies(label, &url).await;
+    let namespace = format!("part{:016x}:", fastrand::u64(..));
+    let (leader_m, rival_m) = (
+        manager(&proxied, &namespace).await,
+        manager(&direct, &namespace).await,
+    );
+    let lease_backend = rival_m.capabilities().lease;
+
+    let term = tokio::time::timeout(SLACK, leader_m.election("p").campaign("partitioned"))
+        .await
+        .unwrap_or_else(|_| panic!("{label}: the first candidate did not lead"))
+        .expect("campaign");
+    let first = term.fencing_token();
+    let election = rival_m.election("p");
+    let next = tokio::spawn(async move {
+        let led = election.campaign("healthy").await;
+        (led, Instant::now())
+    });
+    let queued = eventually(Duration::from_secs(5), || async {
+        rival_m
+            .inspect("p")
+            .await
+            .ok()
+            .flatten()
+            .and_then(|s| s.waiters)
+            .unwrap_or(0)
+            > 0
+    })
+    .await;
+    assert!(
+        queued,
+        "{label}: the second candidate never showed as waiting"
+    );
+
+    let cut = Instant::now();
+    for p in &proxies {
+        p.set(Fault::Blackhole);
+    }
+    let reason = tokio::time::timeout(LEASE + SLACK, term.lost())
+        .await
+        .unwrap_or_else(|_| panic!("{label}: the partitioned leader was never told of its loss"));
+    let lost_at = Instant::now();
+    assert!(
+        matches!(
+            reason,
+            LostReason::LeaseExpired | LostReason::SessionExpired
+        ),
+        "{label}: lost for {reason}"
+    );
+    let (led, led_at) = tokio::time::timeout(LEASE + SLACK * 2, next)
+        .await
+        .unwrap_or_else(|_| panic!("{label}: nobody led after the leader was partitioned"))
+        .expect("candidate task");
+    let led = led.unwrap_or_else(|e| panic!("{label}: the healthy candidate's campaign: {e}"));
+    let required = if lease_backend {
+        LEASE / 100
+    } else {
+        Duration::ZERO
+    };
+    assert!(
+        led_at >= lost_at + required,
+        "{label}: the next leader led {:?} after the partitioned one was told (need ≥ {required:?}; led first: {})",
+        led_at.saturating_duration_since(lost_at),
+        led_at < lost_at
+    );
+    assert!(
+        led.fencing_token() > first,
+        "{label}: the next term's token {} is not above the partitioned one's {first}",
+        led.fencing_token()
+    );
+    println!(
+        "{label}: told {reason} {} ms after the cut; the next leader led {} ms after that",
+        lost_at.duration_since(cut).as_millis(),
+        led_at.duration_since(lost_at).as_millis()
+    );
+
+    led.resign().await.expect("resign");
+    for p in &proxies {
+        p.set(Fault::Pass);
+    }
+    drop(term);
+    leader_m.close().await;
+    rival_m.close().await;
+    let clean = eventually(Duration::from_secs(10), || async {
+        direct.live_state(&namespace).await.ok() == Some(0)
+    })
+    .await;
+    assert!(
+        clean,
+        "{label}: state left behind after the partition healed"
+    );
+}
+
+/// The case above on every selected backend a proxy can carry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partitioned_leader_is_told_before_the_next_one_leads() {
+    let mut ran = 0;
+    for label in testsuite::runner::selected() {
+        if let Some(why) = Nemesis::Proxy.not_applicable(&label) {
+            println!("{label}: not applicable ({why})");
+            continue;
+        }
+        partitioned_leader(&label).await;
+        ran += 1;
+    }
+    println!("partitioned leaders on {ran} backend(s)");
+}
