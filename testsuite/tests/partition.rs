@@ -9,6 +9,11 @@
 //!   lock's guard (the same signal, the same margin);
 //! * the candidate queued on a healthy connection then leads, with a greater token;
 //! * once the partition heals and both are done, nothing is left behind.
+//!
+//! And a semaphore waiter cut off the same way while queued — dead, as the store
+//! sees it — is skipped: the waiter queued behind it gets the permit it waits for
+//! within the dead one's liveness (3 s for SQL and Redis; ZooKeeper: its session, etcd:
+//! its lease) and [`SLACK`] of the cut.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -178,4 +183,111 @@ async fn a_partitioned_leader_is_told_before_the_next_one_leads() {
         ran += 1;
     }
     println!("partitioned leaders on {ran} backend(s)");
+}
+
+/// How long a waiter lives in the store's queue without a word: SQL's and Redis's
+/// default waiter liveness (ZooKeeper's session and etcd's lease are [`LEASE`]).
+const WAITER_LIVENESS: Duration = Duration::from_secs(3);
+
+/// Waits (bounded) until `name` shows `n` waiters on `m`.
+async fn waiters_shown(m: &DistributeLockManager, name: &str, n: usize) -> bool {
+    eventually(Duration::from_secs(5), || async {
+        m.inspect(name)
+            .await
+            .ok()
+            .flatten()
+            .and_then(|s| s.waiters)
+            .unwrap_or(0)
+            >= n
+    })
+    .await
+}
+
+/// The semaphore case on one label (panics with what went wrong).
+async fn cut_off_semaphore_waiter(label: &str) {
+    let url = url_for(label);
+    let direct = backends::open_at(label, url.clone())
+        .await
+        .unwrap_or_else(|e| panic!("{label}: open: {e}"));
+    let (proxied, proxies) = behind_proxies(label, &url).await;
+    let namespace = format!("part{:016x}:", fastrand::u64(..));
+    let (holder_m, dead_m, next_m) = (
+        manager(&direct, &namespace).await,
+        manager(&proxied, &namespace).await,
+        manager(&direct, &namespace).await,
+    );
+    if !holder_m.capabilities().semaphore {
+        println!("{label}: no semaphores");
+        return;
+    }
+    let permit = holder_m
+        .semaphore("s", 1)
+        .try_acquire(1, Duration::ZERO)
+        .await
+        .expect("acquire")
+        .unwrap_or_else(|| panic!("{label}: a free semaphore"));
+    let dead = dead_m.semaphore("s", 1);
+    let dead_wait = tokio::spawn(async move { dead.try_acquire(1, Duration::from_secs(60)).await });
+    assert!(
+        waiters_shown(&holder_m, "s", 1).await,
+        "{label}: the first waiter never showed"
+    );
+    let next = next_m.semaphore("s", 1);
+    let next_wait = tokio::spawn(async move {
+        let got = next.try_acquire(1, Duration::from_secs(60)).await;
+        (got, Instant::now())
+    });
+    assert!(
+        waiters_shown(&holder_m, "s", 2).await,
+        "{label}: the second waiter never showed"
+    );
+
+    let cut = Instant::now();
+    for p in &proxies {
+        p.set(Fault::Blackhole);
+    }
+    permit.release().await.expect("release");
+    let bound = WAITER_LIVENESS + SLACK;
+    let (got, granted_at) = tokio::time::timeout(bound, next_wait)
+        .await
+        .unwrap_or_else(|_| {
+            panic!("{label}: the waiter behind a dead one had no permit {bound:?} after the cut")
+        })
+        .expect("waiter task");
+    let got = got
+        .unwrap_or_else(|e| panic!("{label}: the live waiter's acquire: {e}"))
+        .unwrap_or_else(|| panic!("{label}: the live waiter gave up"));
+    println!(
+        "{label}: the waiter behind a cut-off one got its permit {} ms after the cut",
+        granted_at.duration_since(cut).as_millis()
+    );
+    got.release().await.expect("release");
+    dead_wait.abort();
+    let _ = dead_wait.await;
+    for p in &proxies {
+        p.set(Fault::Pass);
+    }
+    for m in [&holder_m, &dead_m, &next_m] {
+        m.close().await;
+    }
+    let clean = eventually(Duration::from_secs(10), || async {
+        direct.live_state(&namespace).await.ok() == Some(0)
+    })
+    .await;
+    assert!(
+        clean,
+        "{label}: state left behind after the partition healed"
+    );
+}
+
+/// The semaphore case on every selected backend a proxy can carry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_off_semaphore_waiter_is_skipped_within_its_liveness() {
+    for label in testsuite::runner::selected() {
+        if let Some(why) = Nemesis::Proxy.not_applicable(&label) {
+            println!("{label}: not applicable ({why})");
+            continue;
+        }
+        cut_off_semaphore_waiter(&label).await;
+    }
 }
