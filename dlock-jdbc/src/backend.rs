@@ -66,8 +66,51 @@ macro_rules! with_token_reader {
 /// observers per lock name (election followers), told of every change.
 #[derive(Default)]
 pub(crate) struct Wakeups {
-    waiters: Mutex<HashMap<String, (Arc<Notify>, usize)>>,
+    waiters: Mutex<HashMap<String, NameWaiters>>,
     observers: Mutex<HashMap<String, tokio::sync::watch::Sender<u64>>>,
+}
+
+/// The waiters of one lock name in this process.
+#[derive(Default)]
+struct NameWaiters {
+    /// Wakes any one of them.
+    any: Arc<Notify>,
+    /// How many wait.
+    count: usize,
+    /// Each one's own wake-up, by its queue key (with how many share the key).
+    by_key: HashMap<String, (Arc<Notify>, usize)>,
+}
+
+/// What a release notice on PostgreSQL says: the lock, and the writer first in its
+/// queue if one waits (the payload [`crate::dialect::RELEASE_PAYLOAD`] builds).
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct ReleaseNotice<'a> {
+    /// The released lock's name.
+    pub(crate) name: &'a str,
+    /// The queue key of the live writer first in the queue; `None` when nobody
+    /// waits, a reader or permit request is first, or the notice is an older
+    /// client's (its payload the bare name).
+    pub(crate) head_writer: Option<&'a str>,
+}
+
+impl<'a> ReleaseNotice<'a> {
+    /// Reads a release notice's payload; anything that does not parse is an older
+    /// client's bare name.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn parse(payload: &'a str) -> Self {
+        let parsed = payload.split_once(':').and_then(|(len, rest)| {
+            let len: usize = len.parse().ok()?;
+            let (name, head) = (rest.get(..len)?, rest.get(len..)?);
+            Some(ReleaseNotice {
+                name,
+                head_writer: head.strip_prefix('x').filter(|k| !k.is_empty()),
+            })
+        });
+        parsed.unwrap_or(ReleaseNotice {
+            name: payload,
+            head_writer: None,
+        })
+    }
 }
 
 impl Wakeups {
@@ -107,25 +150,39 @@ impl Wakeups {
         }
     }
 
-    fn subscribe(self: &Arc<Self>, name: &str) -> Subscription {
+    /// Subscribes the waiter `key` of `name` to release notices.
+    fn subscribe(self: &Arc<Self>, name: &str, key: &str) -> Subscription {
         let mut map = self.waiters.lock().unwrap_or_else(PoisonError::into_inner);
-        let slot = map
-            .entry(name.to_owned())
-            .or_insert_with(|| (Arc::new(Notify::new()), 0));
-        slot.1 += 1;
+        let slot = map.entry(name.to_owned()).or_default();
+        slot.count += 1;
+        let own = slot.by_key.entry(key.to_owned()).or_default();
+        own.1 += 1;
         Subscription {
             wakeups: Arc::clone(self),
             name: name.to_owned(),
-            notify: Arc::clone(&slot.0),
+            key: key.to_owned(),
+            any: Arc::clone(&slot.any),
+            own: Arc::clone(&own.0),
         }
     }
 
-    /// Wakes one local waiter of `name` (the rest keep polling or wait for the next).
+    /// Wakes the waiters a release notice calls for: the writer first in the queue
+    /// alone when it names one (in this process or, if not here, nobody here: it is
+    /// another process's turn), else one local waiter of the lock (the rest keep
+    /// polling or wait for the next notice).
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
-    pub(crate) fn wake(&self, name: &str) {
+    pub(crate) fn wake(&self, notice: &ReleaseNotice<'_>) {
         let map = self.waiters.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some((notify, _)) = map.get(name) {
-            notify.notify_one();
+        let Some(slot) = map.get(notice.name) else {
+            return;
+        };
+        match notice.head_writer {
+            Some(key) => {
+                if let Some((own, _)) = slot.by_key.get(key) {
+                    own.notify_one();
+                }
+            }
+            None => slot.any.notify_one(),
         }
     }
 }
@@ -133,7 +190,11 @@ impl Wakeups {
 struct Subscription {
     wakeups: Arc<Wakeups>,
     name: String,
-    notify: Arc<Notify>,
+    key: String,
+    /// Woken for any one waiter of the name.
+    any: Arc<Notify>,
+    /// Woken for this waiter alone.
+    own: Arc<Notify>,
 }
 
 impl Drop for Subscription {
@@ -144,8 +205,14 @@ impl Drop for Subscription {
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         if let Some(slot) = map.get_mut(&self.name) {
-            slot.1 -= 1;
-            if slot.1 == 0 {
+            slot.count -= 1;
+            if let Some(own) = slot.by_key.get_mut(&self.key) {
+                own.1 -= 1;
+                if own.1 == 0 {
+                    slot.by_key.remove(&self.key);
+                }
+            }
+            if slot.count == 0 {
                 map.remove(&self.name);
             }
         }
@@ -674,10 +741,10 @@ impl JdbcBackend {
     async fn pause(&self, delay: Duration, wake: Option<&Subscription>) {
         match wake {
             Some(sub) => {
-                let notified = sub.notify.notified();
                 tokio::select! {
                     _ = tokio::time::sleep(delay) => {}
-                    _ = notified => {}
+                    _ = sub.any.notified() => {}
+                    _ = sub.own.notified() => {}
                 }
             }
             None => tokio::time::sleep(delay).await,
@@ -719,7 +786,7 @@ impl LockRemoteResource for JdbcBackend {
         // Subscribe before the first attempt, so a release between the attempt and
         // the wait is not missed.
         let subscription = match (&self.inner.wakeups, req.deadline) {
-            (Some(w), Some(_)) => Some(w.subscribe(req.name.as_str())),
+            (Some(w), Some(_)) => Some(w.subscribe(req.name.as_str(), req.holder().as_str())),
             _ => None,
         };
         // A waiter queues after its first refusal and leaves the queue when its
@@ -1092,5 +1159,34 @@ impl std::fmt::Debug for JdbcBackend {
             .field("dialect", &self.dialect())
             .field("table_prefix", &self.inner.options.table_prefix)
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ReleaseNotice;
+
+    fn notice<'a>(name: &'a str, head_writer: Option<&'a str>) -> ReleaseNotice<'a> {
+        ReleaseNotice { name, head_writer }
+    }
+
+    #[test]
+    fn release_notices_name_the_lock_and_the_writer_first_in_line() {
+        assert_eq!(
+            ReleaseNotice::parse("3:a:bxo#1"),
+            notice("a:b", Some("o#1"))
+        );
+        assert_eq!(
+            ReleaseNotice::parse("3:é\nxo:x#2"),
+            notice("é\n", Some("o:x#2"))
+        );
+        // A reader or a permit request first, or nobody: no writer to single out.
+        assert_eq!(ReleaseNotice::parse("3:a:bso#1"), notice("a:b", None));
+        assert_eq!(ReleaseNotice::parse("3:a:bpo#1"), notice("a:b", None));
+        assert_eq!(ReleaseNotice::parse("3:a:b"), notice("a:b", None));
+        // An older client's bare name.
+        assert_eq!(ReleaseNotice::parse("orders"), notice("orders", None));
+        assert_eq!(ReleaseNotice::parse("9:short"), notice("9:short", None));
+        assert_eq!(ReleaseNotice::parse("1:é"), notice("1:é", None));
     }
 }

@@ -91,6 +91,7 @@ impl Stmt {
             .replace("SHARED_GATE", SHARED_GATE)
             .replace("PERMIT_ROOM", &permits::room(dialect, PERMIT_ROOM))
             .replace("PERMIT_GATE", PERMIT_GATE)
+            .replace("RELEASE_PAYLOAD", RELEASE_PAYLOAD)
             .replace("PERMITS_USED", &permits::used_by_others(dialect))
             .replace("{locks}", &format!("{prefix}locks"))
             .replace("{readers}", &format!("{prefix}readers"))
@@ -196,6 +197,16 @@ const PERMIT_GATE: &str = "NOT EXISTS (SELECT 1 FROM {waiters} w \
      WHERE w.name = $1 AND w.alive_until > NOW AND w.waiter <> $2 \
        AND NOT EXISTS (SELECT 1 FROM {waiters} me WHERE me.name = $1 AND me.waiter = $2 \
          AND (me.arrived < w.arrived OR (me.arrived = w.arrived AND me.waiter < w.waiter))))";
+
+/// PostgreSQL: the payload of a release notice of lock `$1` — the name's length in
+/// bytes, `:`, the name, then the live waiter first in the lock's queue (arrival
+/// order, as the gates read it), if one waits, as its mode and key (`x<owner>#<grant>`).
+/// The listener wakes that waiter alone when it is a writer (nobody else can take
+/// the lock before it in fair mode, and waking more costs every other process an
+/// attempt), and one local waiter otherwise (see [`crate::backend::ReleaseNotice`]).
+pub(crate) const RELEASE_PAYLOAD: &str = "octet_length($1)::text || ':' || $1 || \
+     COALESCE((SELECT w.mode || w.waiter FROM {waiters} w \
+       WHERE w.name = $1 AND w.alive_until > NOW ORDER BY w.arrived, w.waiter LIMIT 1), '')";
 
 /// Whether `$2` may take `$4` of the `$5` permits of semaphore `$1` (evaluated on its
 /// `locks` row): no live exclusive holder nor `readers` row (a read lock, or a permit
@@ -425,14 +436,15 @@ impl Statements {
                 "WITH released AS ( \
                    UPDATE {locks} SET owner = NULL, context = NULL, acquired_at = 0, expires_at = 0 \
                    WHERE name = $1 AND owner = $2 AND expires_at > NOW RETURNING name) \
-                 SELECT pg_notify('{channel}', name) FROM released",
+                 SELECT pg_notify('{channel}', RELEASE_PAYLOAD) FROM released",
             ),
             Dialect::Sqlite | Dialect::MySql => s(
                 "UPDATE {locks} SET owner = NULL, context = NULL, acquired_at = 0, expires_at = 0 \
                  WHERE name = $1 AND owner = $2 AND expires_at > NOW",
             ),
         };
-        let notify = (dialect == Dialect::Postgres).then(|| s("SELECT pg_notify('{channel}', $1)"));
+        let notify = (dialect == Dialect::Postgres)
+            .then(|| s("SELECT pg_notify('{channel}', RELEASE_PAYLOAD)"));
         let notify_change =
             (dialect == Dialect::Postgres).then(|| s("SELECT pg_notify('{change_channel}', $1)"));
         Statements {

@@ -578,9 +578,12 @@ async fn start_listener(
                 match listener.try_recv().await {
                     Ok(Some(note)) => {
                         if note.channel() == channel {
-                            target.wake(note.payload());
+                            let notice = backend::ReleaseNotice::parse(note.payload());
+                            target.wake(&notice);
+                            target.changed(notice.name);
+                        } else {
+                            target.changed(note.payload());
                         }
-                        target.changed(note.payload());
                     }
                     Ok(None) => target.changed_all(),
                     Err(e) => {

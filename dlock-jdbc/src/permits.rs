@@ -300,7 +300,7 @@ pub(crate) fn release(dialect: Dialect) -> String {
         }
         Dialect::Postgres => format!(
             "WITH released AS ({} RETURNING name) \
-             SELECT pg_notify('{{channel}}', name) FROM released",
+             SELECT pg_notify('{{channel}}', RELEASE_PAYLOAD) FROM released",
             rewrite()
         ),
         Dialect::Sqlite => rewrite(),

@@ -201,6 +201,9 @@ fn dlock_candidate(label: &str, url: &str, name: &str) -> Command {
 /// The candidate role (this binary re-executed): campaigns, says so, leads until
 /// killed, says when its term is lost.
 fn run_candidate(label: &str, url: &str, name: &str) {
+    // What an application using TLS does early in `main` (the parent's `server_url`
+    // did it for the parent only).
+    testsuite::backends::install_crypto_provider();
     runtime().block_on(async {
         let backend = testsuite::backends::open_at(label, testsuite::backends::TestUrl::fixed(url))
             .await

@@ -481,6 +481,95 @@ async fn postgres_release_wakes_a_slow_poller_at_once() {
     }
 }
 
+/// A release on PostgreSQL wakes the writer first in the queue, not a waiter in every
+/// process: six waiters, each on a backend of its own (its own `LISTEN` connection,
+/// as a process of its own has), polling only every 10 s; one release makes at most
+/// two acquire attempts among them (the head's, and at most one more), and the lock
+/// passes on down the queue, one notice per release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_release_wakes_the_writer_first_in_line_only() {
+    const WAITERS: usize = 6;
+    for (label, url) in sql_backends() {
+        if label != "postgres" {
+            continue;
+        }
+        let slow = JdbcOptions::default()
+            .backoff(Backoff::constant(Duration::from_secs(10)).with_jitter(Jitter::None))
+            .waiter_liveness(Duration::from_secs(30));
+        let holder = manager(&url, JdbcOptions::default(), Duration::from_secs(30)).await;
+        let name = format!("head-{:x}", fastrand::u64(..));
+        let g = holder
+            .lock(&name)
+            .try_lock(Duration::ZERO)
+            .await
+            .unwrap()
+            .unwrap();
+        let (mut backends, mut managers, mut tasks) = (Vec::new(), Vec::new(), Vec::new());
+        let granted = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
+        for _ in 0..WAITERS {
+            let backend = JdbcBackend::connect_with(&url, slow.clone()).await.unwrap();
+            let m = DistributeLockManager::builder(backend.clone())
+                .build()
+                .unwrap();
+            let (lock, granted) = (m.lock(&name), std::sync::Arc::clone(&granted));
+            tasks.push(tokio::spawn(async move {
+                let got = lock
+                    .try_lock(Duration::from_secs(30))
+                    .await
+                    .unwrap()
+                    .unwrap();
+                granted.add_permits(1);
+                got.unlock().await.unwrap();
+            }));
+            backends.push(backend);
+            managers.push(m);
+        }
+        let attempts = || {
+            backends
+                .iter()
+                .map(JdbcBackend::acquire_attempts)
+                .sum::<u64>()
+        };
+        let queued = eventually(Duration::from_secs(5), || async {
+            holder
+                .inspect(&name)
+                .await
+                .unwrap()
+                .and_then(|s| s.waiters)
+                .unwrap_or(0)
+                == WAITERS
+        })
+        .await;
+        assert!(queued, "{label}: the waiters did not all queue");
+        let before = attempts();
+        g.unlock().await.unwrap();
+        let first = tokio::time::timeout(Duration::from_secs(5), granted.acquire())
+            .await
+            .expect("a waiter was granted the lock within 5 s of the release");
+        first.unwrap().forget();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        // By now the first waiter has released and the next ones taken it in turn;
+        // every release woke exactly its successor.
+        let passed = granted.available_permits() + 1;
+        let woken = attempts() - before;
+        assert!(
+            woken <= passed as u64 + 1,
+            "{label}: {passed} grant(s) took {woken} acquire attempts among {WAITERS} waiters"
+        );
+        let all = tokio::time::timeout(Duration::from_secs(10), async {
+            for t in tasks {
+                t.await.unwrap();
+            }
+        })
+        .await;
+        assert!(all.is_ok(), "{label}: the lock did not pass down the queue");
+        holder.close().await;
+        for m in managers {
+            m.close().await;
+        }
+    }
+}
+
 /// A fault proxy in front of the database at `url`, and the URL through it.
 async fn proxied(url: &str) -> (FaultProxy, String) {
     let split = split_url(url).unwrap();

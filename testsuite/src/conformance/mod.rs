@@ -645,8 +645,9 @@ pub async fn fair_mode_grants_in_order(backend: Arc<dyn TestBackend>) {
     env.finish(&all).await;
 }
 
-/// A release wakes one waiter, not all: with several waiters parked, the backend
-/// evaluates the lock once per release (push backends), and the lock passes on.
+/// A release wakes one waiter, not all: with several waiters parked, each on a
+/// client of its own (as processes of their own are), the backend evaluates the lock
+/// once per release (push backends), and the lock passes on.
 pub async fn release_wakes_one(backend: Arc<dyn TestBackend>) {
     const WAITERS: usize = 6;
     let env = Env::new(backend);
@@ -656,9 +657,12 @@ pub async fn release_wakes_one(backend: Arc<dyn TestBackend>) {
     let acquired = Arc::new(tokio::sync::Notify::new());
     let release_now = Arc::new(tokio::sync::Semaphore::new(0));
     let mut tasks = Vec::new();
-    let waiter_managers = [env.manager().await, env.manager().await];
-    for i in 0..WAITERS {
-        let lock = waiter_managers[i % 2].lock("herd");
+    let mut waiter_managers = Vec::new();
+    for _ in 0..WAITERS {
+        waiter_managers.push(env.manager().await);
+    }
+    for m in &waiter_managers {
+        let lock = m.lock("herd");
         let (acquired, release_now) = (Arc::clone(&acquired), Arc::clone(&release_now));
         tasks.push(tokio::spawn(async move {
             let g = lock
@@ -684,8 +688,9 @@ pub async fn release_wakes_one(backend: Arc<dyn TestBackend>) {
     for t in tasks {
         t.await.expect("waiter");
     }
-    env.finish(&[&a, &waiter_managers[0], &waiter_managers[1]])
-        .await;
+    let mut all: Vec<&DistributeLockManager> = waiter_managers.iter().collect();
+    all.push(&a);
+    env.finish(&all).await;
 }
 
 /// On a push backend that counts attempts: waits until `waiters` have each tried
