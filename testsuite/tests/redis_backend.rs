@@ -301,6 +301,46 @@ async fn fencing_tokens_stay_above_a_counter_ahead_of_the_clock() {
         );
         g.unlock().await.unwrap();
     }
+    // A semaphore's permits, on the idle semaphore and beside a holder (both of the
+    // permits' fast paths).
+    let sem_name = name("fence-ahead-sem");
+    let sem_fence = format!("dlock:{{{sem_name}}}:f");
+    let sem = m.semaphore(&sem_name, 2);
+    let mut kept = Vec::new();
+    for round in 0..2 {
+        let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut c).await.unwrap();
+        let ahead = secs * 1_000_000 + micros + 86_400_000_000;
+        let _: () = redis::cmd("SET")
+            .arg(&sem_fence)
+            .arg(ahead)
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        let p = sem
+            .try_acquire(1, Duration::ZERO)
+            .await
+            .unwrap()
+            .expect("a permit");
+        assert_eq!(
+            p.fencing_token().get(),
+            ahead + 1,
+            "permit {round}: not one past the counter"
+        );
+        let counter: u64 = redis::cmd("GET")
+            .arg(&sem_fence)
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        assert_eq!(
+            counter,
+            ahead + 1,
+            "permit {round}: the counter was not put right"
+        );
+        kept.push(p);
+    }
+    for p in kept {
+        p.release().await.unwrap();
+    }
     m.close().await;
 }
 
