@@ -567,7 +567,7 @@ fn log_and_metrics_flags_turn_the_plugins_on() {
     );
     assert!(err.contains("|released|"), "{err}");
 
-    let port = 20_000 + fastrand::u16(..20_000);
+    let port = metrics_port();
     let fetch = format!(
         "exec 3<>/dev/tcp/127.0.0.1/{port}; printf 'GET /metrics HTTP/1.0\\r\\n\\r\\n' >&3; cat <&3"
     );
@@ -865,7 +865,7 @@ async fn a_planted_password_shows_nowhere_a_user_looks() {
                 String::from_utf8_lossy(&out.stderr)
             ));
         };
-        let port = 20_000 + fastrand::u16(..20_000);
+        let port = metrics_port();
         let inner = format!(
             "{DLOCK} --backend '{url}' --namespace '{ns}' status planted:1; \
              exec 3<>/dev/tcp/127.0.0.1/{port}; printf 'GET /metrics HTTP/1.0\\r\\n\\r\\n' >&3; cat <&3"
@@ -1011,4 +1011,17 @@ async fn holds_with_context_until_max_hold(command: &[&str], name: &str, says: &
     .await;
     assert!(free, "{name} stayed held after max-hold");
     holder.close().await;
+}
+
+/// A loopback port for `--metrics-addr` that is free now, below the kernel's range
+/// of ephemeral ports (32768 and up here), so no connection's own local port can take
+/// it before the command binds it (a random port up to 40000 once did).
+fn metrics_port() -> u16 {
+    for _ in 0..100 {
+        let port = 30_000 + fastrand::u16(..2_700);
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port in 30000–32699 on 127.0.0.1 after 100 tries");
 }
