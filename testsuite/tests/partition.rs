@@ -62,27 +62,115 @@ async fn behind_proxies(label: &str, url: &TestUrl) -> (Arc<dyn TestBackend>, Ve
     (backend, proxies)
 }
 
-async fn manager(backend: &Arc<dyn TestBackend>, namespace: &str) -> DistributeLockManager {
-    let client = backend.client().await.expect("a client");
-    DistributeLockManagerBuilder::new(client)
-        .namespace(namespace.to_owned())
-        .lease(LEASE)
-        .build()
-        .expect("manager builds")
+/// One label's case world: a test backend reached directly and one reached through
+/// fault proxies (one per host), and a namespace of its own.
+struct Partition {
+    label: String,
+    direct: Arc<dyn TestBackend>,
+    proxied: Arc<dyn TestBackend>,
+    proxies: Vec<FaultProxy>,
+    namespace: String,
+}
+
+impl Partition {
+    async fn open(label: &str) -> Self {
+        let url = url_for(label);
+        let direct = backends::open_at(label, url.clone())
+            .await
+            .unwrap_or_else(|e| panic!("{label}: open: {e}"));
+        let (proxied, proxies) = behind_proxies(label, &url).await;
+        Partition {
+            label: label.to_owned(),
+            direct,
+            proxied,
+            proxies,
+            namespace: format!("part{:016x}:", fastrand::u64(..)),
+        }
+    }
+
+    /// A manager on a new client of `backend`, in the case's namespace.
+    async fn manager(&self, backend: &Arc<dyn TestBackend>) -> DistributeLockManager {
+        let client = backend.client().await.expect("a client");
+        DistributeLockManagerBuilder::new(client)
+            .namespace(self.namespace.clone())
+            .lease(LEASE)
+            .build()
+            .expect("manager builds")
+    }
+
+    /// A manager on a healthy connection.
+    async fn healthy(&self) -> DistributeLockManager {
+        self.manager(&self.direct).await
+    }
+
+    /// A manager whose every connection the proxies carry.
+    async fn behind(&self) -> DistributeLockManager {
+        self.manager(&self.proxied).await
+    }
+
+    /// Black-holes every proxied connection; the instant it did.
+    fn cut(&self) -> Instant {
+        let at = Instant::now();
+        for p in &self.proxies {
+            p.set(Fault::Blackhole);
+        }
+        at
+    }
+
+    /// Lets traffic pass again, closes `managers` and checks nothing is left behind.
+    async fn heal_and_finish(&self, managers: &[&DistributeLockManager]) {
+        for p in &self.proxies {
+            p.set(Fault::Pass);
+        }
+        for m in managers {
+            m.close().await;
+        }
+        let clean = eventually(Duration::from_secs(10), || async {
+            self.direct.live_state(&self.namespace).await.ok() == Some(0)
+        })
+        .await;
+        assert!(
+            clean,
+            "{}: state left behind after the partition healed",
+            self.label
+        );
+    }
+}
+
+/// Waits (bounded) until `name` shows at least `n` waiters on `m`.
+async fn waiters_shown(m: &DistributeLockManager, name: &str, n: usize) -> bool {
+    eventually(Duration::from_secs(5), || async {
+        m.inspect(name)
+            .await
+            .ok()
+            .flatten()
+            .and_then(|s| s.waiters)
+            .unwrap_or(0)
+            >= n
+    })
+    .await
+}
+
+/// Runs `case` on every selected backend a proxy can carry, one after another.
+async fn on_every_proxyable_label<F, Fut>(case: F)
+where
+    F: Fn(String) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    for label in testsuite::runner::selected() {
+        if let Some(why) = Nemesis::Proxy.not_applicable(&label) {
+            println!("{label}: not applicable ({why})");
+            continue;
+        }
+        case(label).await;
+    }
 }
 
 /// The case on one label (panics with what went wrong).
-async fn partitioned_leader(label: &str) {
-    let url = url_for(label);
-    let direct = backends::open_at(label, url.clone())
-        .await
-        .unwrap_or_else(|e| panic!("{label}: open: {e}"));
-    let (proxied, proxies) = behind_proxies(label, &url).await;
-    let namespace = format!("part{:016x}:", fastrand::u64(..));
-    let (leader_m, rival_m) = (
-        manager(&proxied, &namespace).await,
-        manager(&direct, &namespace).await,
-    );
+async fn partitioned_leader(label: String) {
+    let label = label.as_str();
+    let world = Partition::open(label).await;
+    let (leader_m, rival_m) = (world.behind().await, world.healthy().await);
     let lease_backend = rival_m.capabilities().lease;
 
     let term = tokio::time::timeout(SLACK, leader_m.election("p").campaign("partitioned"))
@@ -95,26 +183,12 @@ async fn partitioned_leader(label: &str) {
         let led = election.campaign("healthy").await;
         (led, Instant::now())
     });
-    let queued = eventually(Duration::from_secs(5), || async {
-        rival_m
-            .inspect("p")
-            .await
-            .ok()
-            .flatten()
-            .and_then(|s| s.waiters)
-            .unwrap_or(0)
-            > 0
-    })
-    .await;
     assert!(
-        queued,
+        waiters_shown(&rival_m, "p", 1).await,
         "{label}: the second candidate never showed as waiting"
     );
 
-    let cut = Instant::now();
-    for p in &proxies {
-        p.set(Fault::Blackhole);
-    }
+    let cut = world.cut();
     let reason = tokio::time::timeout(LEASE + SLACK, term.lost())
         .await
         .unwrap_or_else(|_| panic!("{label}: the partitioned leader was never told of its loss"));
@@ -154,67 +228,28 @@ async fn partitioned_leader(label: &str) {
     );
 
     led.resign().await.expect("resign");
-    for p in &proxies {
-        p.set(Fault::Pass);
-    }
     drop(term);
-    leader_m.close().await;
-    rival_m.close().await;
-    let clean = eventually(Duration::from_secs(10), || async {
-        direct.live_state(&namespace).await.ok() == Some(0)
-    })
-    .await;
-    assert!(
-        clean,
-        "{label}: state left behind after the partition healed"
-    );
+    world.heal_and_finish(&[&leader_m, &rival_m]).await;
 }
 
 /// The case above on every selected backend a proxy can carry.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partitioned_leader_is_told_before_the_next_one_leads() {
-    let mut ran = 0;
-    for label in testsuite::runner::selected() {
-        if let Some(why) = Nemesis::Proxy.not_applicable(&label) {
-            println!("{label}: not applicable ({why})");
-            continue;
-        }
-        partitioned_leader(&label).await;
-        ran += 1;
-    }
-    println!("partitioned leaders on {ran} backend(s)");
+    on_every_proxyable_label(partitioned_leader).await;
 }
 
 /// How long a waiter lives in the store's queue without a word: SQL's and Redis's
 /// default waiter liveness (ZooKeeper's session and etcd's lease are [`LEASE`]).
 const WAITER_LIVENESS: Duration = Duration::from_secs(3);
 
-/// Waits (bounded) until `name` shows `n` waiters on `m`.
-async fn waiters_shown(m: &DistributeLockManager, name: &str, n: usize) -> bool {
-    eventually(Duration::from_secs(5), || async {
-        m.inspect(name)
-            .await
-            .ok()
-            .flatten()
-            .and_then(|s| s.waiters)
-            .unwrap_or(0)
-            >= n
-    })
-    .await
-}
-
 /// The semaphore case on one label (panics with what went wrong).
-async fn cut_off_semaphore_waiter(label: &str) {
-    let url = url_for(label);
-    let direct = backends::open_at(label, url.clone())
-        .await
-        .unwrap_or_else(|e| panic!("{label}: open: {e}"));
-    let (proxied, proxies) = behind_proxies(label, &url).await;
-    let namespace = format!("part{:016x}:", fastrand::u64(..));
+async fn cut_off_semaphore_waiter(label: String) {
+    let label = label.as_str();
+    let world = Partition::open(label).await;
     let (holder_m, dead_m, next_m) = (
-        manager(&direct, &namespace).await,
-        manager(&proxied, &namespace).await,
-        manager(&direct, &namespace).await,
+        world.healthy().await,
+        world.behind().await,
+        world.healthy().await,
     );
     if !holder_m.capabilities().semaphore {
         println!("{label}: no semaphores");
@@ -242,10 +277,7 @@ async fn cut_off_semaphore_waiter(label: &str) {
         "{label}: the second waiter never showed"
     );
 
-    let cut = Instant::now();
-    for p in &proxies {
-        p.set(Fault::Blackhole);
-    }
+    let cut = world.cut();
     permit.release().await.expect("release");
     let bound = WAITER_LIVENESS + SLACK;
     let (got, granted_at) = tokio::time::timeout(bound, next_wait)
@@ -264,30 +296,11 @@ async fn cut_off_semaphore_waiter(label: &str) {
     got.release().await.expect("release");
     dead_wait.abort();
     let _ = dead_wait.await;
-    for p in &proxies {
-        p.set(Fault::Pass);
-    }
-    for m in [&holder_m, &dead_m, &next_m] {
-        m.close().await;
-    }
-    let clean = eventually(Duration::from_secs(10), || async {
-        direct.live_state(&namespace).await.ok() == Some(0)
-    })
-    .await;
-    assert!(
-        clean,
-        "{label}: state left behind after the partition healed"
-    );
+    world.heal_and_finish(&[&holder_m, &dead_m, &next_m]).await;
 }
 
 /// The semaphore case on every selected backend a proxy can carry.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cut_off_semaphore_waiter_is_skipped_within_its_liveness() {
-    for label in testsuite::runner::selected() {
-        if let Some(why) = Nemesis::Proxy.not_applicable(&label) {
-            println!("{label}: not applicable ({why})");
-            continue;
-        }
-        cut_off_semaphore_waiter(&label).await;
-    }
+    on_every_proxyable_label(cut_off_semaphore_waiter).await;
 }

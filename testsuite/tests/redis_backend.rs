@@ -273,14 +273,7 @@ async fn fencing_tokens_stay_above_a_counter_ahead_of_the_clock() {
     ];
     for round in 0..6 {
         // A day of µs ahead of the clock.
-        let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut c).await.unwrap();
-        let ahead = secs * 1_000_000 + micros + 86_400_000_000;
-        let _: () = redis::cmd("SET")
-            .arg(&fence)
-            .arg(ahead)
-            .query_async(&mut c)
-            .await
-            .unwrap();
+        let ahead = counter_a_day_ahead(&mut c, &fence).await;
         let g = take(&ways[round % ways.len()], Duration::ZERO).await;
         assert_eq!(
             g.fencing_token().get(),
@@ -289,11 +282,7 @@ async fn fencing_tokens_stay_above_a_counter_ahead_of_the_clock() {
             g.mode(),
             ways[round % ways.len()].fairness()
         );
-        let counter: u64 = redis::cmd("GET")
-            .arg(&fence)
-            .query_async(&mut c)
-            .await
-            .unwrap();
+        let counter = counter_at(&mut c, &fence).await;
         assert_eq!(
             counter,
             ahead + 1,
@@ -308,14 +297,7 @@ async fn fencing_tokens_stay_above_a_counter_ahead_of_the_clock() {
     let sem = m.semaphore(&sem_name, 2);
     let mut kept = Vec::new();
     for round in 0..2 {
-        let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut c).await.unwrap();
-        let ahead = secs * 1_000_000 + micros + 86_400_000_000;
-        let _: () = redis::cmd("SET")
-            .arg(&sem_fence)
-            .arg(ahead)
-            .query_async(&mut c)
-            .await
-            .unwrap();
+        let ahead = counter_a_day_ahead(&mut c, &sem_fence).await;
         let p = sem
             .try_acquire(1, Duration::ZERO)
             .await
@@ -326,11 +308,7 @@ async fn fencing_tokens_stay_above_a_counter_ahead_of_the_clock() {
             ahead + 1,
             "permit {round}: not one past the counter"
         );
-        let counter: u64 = redis::cmd("GET")
-            .arg(&sem_fence)
-            .query_async(&mut c)
-            .await
-            .unwrap();
+        let counter = counter_at(&mut c, &sem_fence).await;
         assert_eq!(
             counter,
             ahead + 1,
@@ -342,6 +320,24 @@ async fn fencing_tokens_stay_above_a_counter_ahead_of_the_clock() {
         p.release().await.unwrap();
     }
     m.close().await;
+}
+
+/// Sets the fencing counter `fence` a day of µs ahead of the server's clock; the value.
+async fn counter_a_day_ahead(c: &mut redis::aio::MultiplexedConnection, fence: &str) -> u64 {
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(c).await.unwrap();
+    let ahead = secs * 1_000_000 + micros + 86_400_000_000;
+    let _: () = redis::cmd("SET")
+        .arg(fence)
+        .arg(ahead)
+        .query_async(c)
+        .await
+        .unwrap();
+    ahead
+}
+
+/// The fencing counter `fence`'s value.
+async fn counter_at(c: &mut redis::aio::MultiplexedConnection, fence: &str) -> u64 {
+    redis::cmd("GET").arg(fence).query_async(c).await.unwrap()
 }
 
 /// Takes `lock` (waiting up to 20 s) in a task of its own, releases it at once, and
