@@ -75,9 +75,8 @@ pub(crate) struct Wakeups {
 struct NameWaiters {
     /// Wakes any one of them.
     any: Arc<Notify>,
-    /// How many wait.
-    count: usize,
-    /// Each one's own wake-up, by its queue key (with how many share the key).
+    /// Each one's own wake-up, by its queue key (with how many share the key); the
+    /// name's entry goes when this is empty.
     by_key: HashMap<String, (Arc<Notify>, usize)>,
 }
 
@@ -154,7 +153,6 @@ impl Wakeups {
     fn subscribe(self: &Arc<Self>, name: &str, key: &str) -> Subscription {
         let mut map = self.waiters.lock().unwrap_or_else(PoisonError::into_inner);
         let slot = map.entry(name.to_owned()).or_default();
-        slot.count += 1;
         let own = slot.by_key.entry(key.to_owned()).or_default();
         own.1 += 1;
         Subscription {
@@ -205,14 +203,13 @@ impl Drop for Subscription {
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         if let Some(slot) = map.get_mut(&self.name) {
-            slot.count -= 1;
             if let Some(own) = slot.by_key.get_mut(&self.key) {
                 own.1 -= 1;
                 if own.1 == 0 {
                     slot.by_key.remove(&self.key);
                 }
             }
-            if slot.count == 0 {
+            if slot.by_key.is_empty() {
                 map.remove(&self.name);
             }
         }
