@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use dlock_api::{DistributeLockManager, DistributeLockManagerBuilder, LostReason};
 use testsuite::backends::{self, TestUrl};
-use testsuite::conformance::eventually;
+use testsuite::conformance::{eventually, waiting};
 use testsuite::lockcheck::nemesis::Nemesis;
 use testsuite::proxy::{split_url, Fault, FaultProxy};
 use testsuite::TestBackend;
@@ -140,13 +140,7 @@ impl Partition {
 /// Waits (bounded) until `name` shows at least `n` waiters on `m`.
 async fn waiters_shown(m: &DistributeLockManager, name: &str, n: usize) -> bool {
     eventually(Duration::from_secs(5), || async {
-        m.inspect(name)
-            .await
-            .ok()
-            .flatten()
-            .and_then(|s| s.waiters)
-            .unwrap_or(0)
-            >= n
+        waiting(m, name).await >= n
     })
     .await
 }

@@ -34,7 +34,7 @@ mod semaphore;
 pub use semaphore::{
     semaphore_permits_never_exceed_the_total, semaphore_release_wakes_only_whom_it_frees,
     semaphore_serves_in_order_and_recovers_dead_permits, semaphore_totals_must_agree,
-    semaphore_watchdog_keeps_permits, take_permits,
+    semaphore_watchdog_keeps_permits, take_permits, waiting,
 };
 mod groups;
 pub use groups::{groups_keep_one_lock_per_key, multi_locks_take_all_or_none};

@@ -30,8 +30,8 @@ async fn has_semaphores(env: &Env, m: &DistributeLockManager) -> bool {
     false
 }
 
-/// How many wait for semaphore `name`, as `inspect` tells (0 when it cannot).
-async fn waiting(m: &DistributeLockManager, name: &str) -> usize {
+/// How many wait for lock or semaphore `name`, as `inspect` tells (0 when it cannot).
+pub async fn waiting(m: &DistributeLockManager, name: &str) -> usize {
     m.inspect(name)
         .await
         .ok()
