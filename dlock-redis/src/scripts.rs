@@ -90,19 +90,24 @@ end
 const H_HORIZON: &str = r#"
 -- Readers also occupy the exclusive key (value "R") until the last reader's lease
 -- ends, so one SET NX excludes writers and readers alike. Set through the last
--- reader's last ms `top` (a reader in it is still live, and a TTL must be
--- positive), at server time `ms`; returns the TTL.
+-- reader's last ms `top` (a reader in it is still live), at server time `ms`: a key
+-- whose expiry instant is `top` lives through ms `top` (Redis expires a key once
+-- its clock is past that instant), so the horizon ends exactly with the last
+-- reader, and a sole reader found under it is live (the shared release's fast path
+-- relies on it). The readers' keys end a ms later (`PEXPIREAT` of an instant not in
+-- the future deletes at once), holding only lapsed entries in that ms. Returns the
+-- TTL.
 local function set_horizon(x, readers, data, top, ms)
   local ttl = top - ms + 1
-  redis.call('PEXPIRE', readers, ttl)
-  redis.call('PEXPIRE', data, ttl)
+  redis.call('PEXPIREAT', readers, top + 1)
+  redis.call('PEXPIREAT', data, top + 1)
   local cur = redis.call('GET', x)
   if cur and cur ~= 'R' and string.sub(cur, 1, 1) ~= '@' then
     -- A writer beside its owner's own readers (a writer reading, an upgrade): its
     -- value stays, and lasts at least as long as they do.
-    if redis.call('PTTL', x) < ttl then redis.call('PEXPIRE', x, ttl) end
+    if redis.call('PTTL', x) < ttl then redis.call('PEXPIREAT', x, top + 1) end
   else
-    redis.call('SET', x, 'R', 'PX', ttl)
+    redis.call('SET', x, 'R', 'PXAT', top)
   end
   return ttl
 end
@@ -361,72 +366,72 @@ return 1
 /// grants; only [`H_HORIZON`]'s are): with nobody queued, the name free or held by
 /// permit holders only, all of them live, of the same total and leaving room, and
 /// this owner not among them (a retried grant), it grants as [`ACQUIRE`] would.
-/// On an idle semaphore the horizon's `SET NX` is the check that the name is free
-/// (9 server calls: `EXISTS`, `TIME`, `ZRANGE`, `SET NX`, the token's `SET … GET`,
-/// `ZADD`, `HSET` and two `PEXPIRE`); beside other holders, 11 (the name read, their
-/// counts read, the horizon moved) — instead of [`ACQUIRE`]'s 14, and no helper
-/// functions built; a grant answers with the bare token, as the lock's fast path.
-/// Anything else falls through to [`ACQUIRE`], which decides it.
-/// KEYS and ARGV: as [`ACQUIRE`].
+/// One `EXISTS` of the queue and the name together tells an idle semaphore (both
+/// absent: no live holder either, as the horizon lasts through the last holder's
+/// last ms; the holders' keys, a ms longer, may still hold lapsed entries, which
+/// the next general path purges), which
+/// takes 8 server calls (`EXISTS`, `TIME`, the horizon's `SET PXAT`, the token's
+/// `SET … GET`, `ZADD`, `HSET` and two `PEXPIREAT`); beside other holders, 11 (the
+/// name and the holders read, their counts read, the horizon moved) — instead of
+/// [`ACQUIRE`]'s 14, and no helper functions built; a grant answers with the bare
+/// token, as the lock's fast path. Anything else falls through to [`ACQUIRE`],
+/// which decides it. KEYS and ARGV: as [`ACQUIRE`].
 const ACQUIRE_PERMITS_FAST: &str = r#"
-if ARGV[2] == 'p' and redis.call('EXISTS', KEYS[5]) == 0 then
-  local t = redis.call('TIME')
-  -- The clock's digits joined, not formatted from a float (as the lock's fast path).
-  local clock = t[1] .. string.sub('00000' .. t[2], -6)
-  local us = tonumber(clock)
-  local ms = math.floor(us / 1000)
+if ARGV[2] == 'p' then
+  -- 0: nobody queues and the name is free; 1: one of the two (the name, if it is
+  -- the holders' horizon "R").
+  local busy = redis.call('EXISTS', KEYS[5], KEYS[1])
   local n, total, lease = tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[3])
-  local hs = redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES')
-  local plain, used, top, idle = true, 0, 0, #hs == 0
-  if idle then
-    -- Nobody holds permits: the horizon (through this holder's last ms) taken with
-    -- NX is the check that no writer (or stale horizon) is there.
-    plain = n <= total and redis.call('SET', KEYS[1], 'R', 'NX', 'PX', lease + 1) and true or false
-  else
-    local v = redis.call('GET', KEYS[1])
-    if v and v ~= 'R' then plain = false end
-    local fields = {'#total'}
-    for i = 1, #hs, 2 do
-      if not plain then break end
-      local score = tonumber(hs[i + 1])
-      -- A lapsed holder (to purge) or this owner asking again: the general path.
-      if score < ms or hs[i] == ARGV[1] then plain = false break end
-      if score > top then top = score end
-      fields[#fields + 1] = 'p:' .. hs[i]
-    end
-    if plain then
-      local got = redis.call('HMGET', KEYS[3], unpack(fields))
-      -- Read locks (no total) or another total: the general path.
-      if tonumber(got[1]) ~= total then
-        plain = false
-      else
-        for i = 2, #got do used = used + (tonumber(got[i]) or total) end
+  if busy == 0 or (busy == 1 and redis.call('GET', KEYS[1]) == 'R') then
+    local t = redis.call('TIME')
+    -- The clock's digits joined, not formatted from a float (as the lock's fast path).
+    local clock = t[1] .. string.sub('00000' .. t[2], -6)
+    local us = tonumber(clock)
+    local ms = math.floor(us / 1000)
+    local expiry = ms + lease
+    local plain, used, top = n <= total, 0, expiry
+    if busy == 1 then
+      local hs = redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES')
+      -- No holder under the horizon: a stale one, for the general path.
+      if #hs == 0 then plain = false end
+      local fields = {'#total'}
+      for i = 1, #hs, 2 do
+        local score = tonumber(hs[i + 1])
+        -- A lapsed holder (to purge) or this owner asking again: the general path.
+        if score < ms or hs[i] == ARGV[1] then plain = false break end
+        if score > top then top = score end
+        fields[#fields + 1] = 'p:' .. hs[i]
+      end
+      if plain then
+        local got = redis.call('HMGET', KEYS[3], unpack(fields))
+        -- Read locks (no total) or another total: the general path.
+        if tonumber(got[1]) ~= total then
+          plain = false
+        else
+          for i = 2, #got do used = used + (tonumber(got[i]) or total) end
+        end
       end
     end
-  end
-  if plain and used + n <= total then
-    -- next_token, inline (as the lock's fast path): the counter set to the clock
-    -- and read in one call, put right to one past its last value when that is ahead.
-    local tok, digits = us, clock
-    local last = tonumber(redis.call('SET', KEYS[4], clock, 'GET'))
-    if last and last >= tok then
-      tok = last + 1
-      digits = string.format('%.0f', tok)
-      redis.call('SET', KEYS[4], digits)
+    if plain and used + n <= total then
+      -- next_token, inline (as the lock's fast path): the counter set to the clock
+      -- and read in one call, put right to one past its last value when that is ahead.
+      local tok, digits = us, clock
+      local last = tonumber(redis.call('SET', KEYS[4], clock, 'GET'))
+      if last and last >= tok then
+        tok = last + 1
+        digits = string.format('%.0f', tok)
+        redis.call('SET', KEYS[4], digits)
+      end
+      -- The horizon ("R": the name is free or already "R") through the last
+      -- holder's last ms, the holders' keys a ms longer (as set_horizon).
+      redis.call('SET', KEYS[1], 'R', 'PXAT', top)
+      redis.call('ZADD', KEYS[2], expiry, ARGV[1])
+      redis.call('HSET', KEYS[3], ARGV[1], digits, 'c:' .. ARGV[1], ARGV[9],
+        'p:' .. ARGV[1], n, '#total', total)
+      redis.call('PEXPIREAT', KEYS[2], top + 1)
+      redis.call('PEXPIREAT', KEYS[3], top + 1)
+      return tok
     end
-    local expiry = ms + lease
-    redis.call('ZADD', KEYS[2], expiry, ARGV[1])
-    redis.call('HSET', KEYS[3], ARGV[1], digits, 'c:' .. ARGV[1], ARGV[9],
-      'p:' .. ARGV[1], n, '#total', total)
-    if idle then
-      -- The horizon is set already: its keys get the same lifetime.
-      redis.call('PEXPIRE', KEYS[2], lease + 1)
-      redis.call('PEXPIRE', KEYS[3], lease + 1)
-    else
-      if expiry > top then top = expiry end
-      set_horizon(KEYS[1], KEYS[2], KEYS[3], top, ms)
-    end
-    return tok
   end
 end
 "#;
@@ -608,30 +613,36 @@ return {0, time_left(KEYS[1]), queued, ahead, tonumber(redis.call('GET', KEYS[4]
 
 /// The shared release's fast path, ahead of [`RELEASE_SHARED`]'s helpers: with
 /// nobody queued (nobody to tell) and every holder live, the holder leaves and the
-/// horizon follows the others — 8 server calls instead of 12, and 6 when it was the
-/// last holder (the readers' keys go whole: no `ZREM`/`HDEL` of its entries first).
-/// Anything else (a lapsed holder to purge, a queue, a holder not found) falls
-/// through. KEYS and ARGV: as [`RELEASE_SHARED`].
+/// horizon follows the others — 9 server calls instead of 12. The last holder's
+/// release is 4 (`EXISTS`, `ZRANGE`, `GET`, one `DEL` of the name and the holders'
+/// keys): a sole holder found under the horizon (`R`) is live, since the horizon
+/// ends with the last holder's last ms (`set_horizon`), so it needs no clock.
+/// Anything else (a lapsed holder to purge, a queue, a holder not found, a writer's
+/// value beside its owner's own reader) falls through. KEYS and ARGV: as
+/// [`RELEASE_SHARED`].
 const RELEASE_SHARED_FAST: &str = r#"
 if redis.call('EXISTS', KEYS[5]) == 0 then
-  local t = redis.call('TIME')
-  local ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   local hs = redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES')
-  local plain, mine, top = true, false, 0
-  for i = 1, #hs, 2 do
-    local score = tonumber(hs[i + 1])
-    if score < ms then plain = false break end
-    if hs[i] == ARGV[1] then mine = true elseif score > top then top = score end
-  end
-  if plain and mine then
-    if top > 0 then
+  if #hs == 2 and hs[1] == ARGV[1] then
+    if redis.call('GET', KEYS[1]) == 'R' then
+      redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
+      return 1
+    end
+  elseif #hs > 2 then
+    local t = redis.call('TIME')
+    local ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    local plain, mine, top = true, false, 0
+    for i = 1, #hs, 2 do
+      local score = tonumber(hs[i + 1])
+      if score < ms then plain = false break end
+      if hs[i] == ARGV[1] then mine = true elseif score > top then top = score end
+    end
+    if plain and mine then
       redis.call('ZREM', KEYS[2], ARGV[1])
       redis.call('HDEL', KEYS[3], ARGV[1], 'c:' .. ARGV[1], 'p:' .. ARGV[1])
       set_horizon(KEYS[1], KEYS[2], KEYS[3], top, ms)
-    else
-      clear_horizon(KEYS[1], KEYS[2], KEYS[3])
+      return 1
     end
-    return 1
   end
 end
 "#;

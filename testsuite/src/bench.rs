@@ -140,8 +140,8 @@ fn impl_selected(label: &str) -> bool {
     }
 }
 
-/// The middle value (the mean of the two middle ones for an even count).
-fn median(mut values: Vec<f64>) -> f64 {
+/// The middle value (the mean of the two middle ones for an even count; 0 when empty).
+pub fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);
     match values.len() {
         0 => 0.0,
@@ -157,10 +157,25 @@ fn median(mut values: Vec<f64>) -> f64 {
 /// scheduler happens to run client and server twice as fast (or half), which a
 /// total would let dominate. `DLOCK_BENCH_VERBOSE=1` prints every round.
 pub async fn interleaved(
-    mut contestants: Vec<Contestant<'_>>,
+    contestants: Vec<Contestant<'_>>,
     rounds: u32,
     per_round: Duration,
 ) -> Vec<(&'static str, f64)> {
+    interleaved_rounds(contestants, rounds, per_round)
+        .await
+        .into_iter()
+        .map(|(label, rates)| (label, median(rates)))
+        .collect()
+}
+
+/// [`interleaved`], returning every round's cycles/s of each contestant (in round
+/// order) instead of their median — for ratios judged round by round
+/// ([`per_round_ratio`]).
+pub async fn interleaved_rounds(
+    mut contestants: Vec<Contestant<'_>>,
+    rounds: u32,
+    per_round: Duration,
+) -> Vec<(&'static str, Vec<f64>)> {
     let verbose = std::env::var("DLOCK_BENCH_VERBOSE").is_ok();
     contestants.retain(|c| impl_selected(c.label));
     for c in contestants.iter_mut() {
@@ -185,8 +200,15 @@ pub async fn interleaved(
     }
     contestants
         .into_iter()
-        .map(|c| (c.label, median(c.rates)))
+        .map(|c| (c.label, c.rates))
         .collect()
+}
+
+/// The median of `a ÷ b` taken round by round (rounds of [`interleaved_rounds`]): a
+/// paired measure, which a slow spell of the machine moves less than the ratio of
+/// the two columns' medians (both contestants of a round ran within seconds).
+pub fn per_round_ratio(a: &[f64], b: &[f64]) -> f64 {
+    median(a.iter().zip(b).map(|(a, b)| a / b).collect())
 }
 
 /// The runtime every bench runs on: 2 worker threads, as many as the machine's cores.

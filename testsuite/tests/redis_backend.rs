@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use dlock_api::spi::{
-    AcquireRequest, LockName, LockRemoteResource, OwnerId, ReleaseRequest, ReleaseResult,
+    AcquireRequest, Fairness, LockName, LockRemoteResource, OwnerId, ReleaseRequest, ReleaseResult,
 };
 use dlock_api::{DistributeLock, DistributeLockManager, ErrorKind, LockGuard, LockMode};
 use dlock_redis::{RedisBackend, RedisOptions};
@@ -1105,55 +1105,91 @@ async fn the_holder_asking_again_gets_the_same_token() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reader_is_not_purged_before_its_last_millisecond_has_passed() {
     let Some(url) = redis_url() else { return };
-    let backend = RedisBackend::connect(&url).await.unwrap();
-    let mut c = raw_connection(&url).await;
     for round in 0..5 {
-        let lock = LockName::new(name("reader-tick")).unwrap();
-        let ask = |owner: &str, mode: LockMode| {
-            AcquireRequest::new(
-                lock.clone(),
-                OwnerId::new(owner),
-                dlock_api::spi::GrantId::new(1),
-            )
-            .with_mode(mode)
-            .with_fairness(dlock_api::spi::Fairness::Fair)
-            .with_lease(Duration::from_millis(100))
-        };
-        let reader = backend
-            .try_acquire(&ask("reader", LockMode::Shared))
-            .await
-            .unwrap();
-        assert!(reader.is_acquired(), "round {round}: {reader:?}");
-        let readers: Vec<(String, u64)> = redis::cmd("ZRANGE")
-            .arg(format!("dlock:{{{}}}:r", lock.as_str()))
-            .arg(0)
-            .arg(-1)
-            .arg("WITHSCORES")
-            .query_async(&mut c)
-            .await
-            .unwrap();
-        let [(_, end_ms)] = readers[..] else {
-            panic!("round {round}: one reader expected, found {readers:?}");
-        };
-        let deadline = Instant::now() + Duration::from_secs(2);
-        let granted_us = loop {
-            let writer = backend
-                .try_acquire(&ask("writer", LockMode::Exclusive))
-                .await
-                .unwrap();
-            if let Some(token) = writer.token() {
-                break token.get();
-            }
-            assert!(
-                Instant::now() < deadline,
-                "round {round}: the writer never got the lock"
-            );
-        };
+        let (end_ms, granted_us) =
+            holder_end_and_next_writer(&url, LockMode::Shared, Fairness::Fair).await;
         assert!(
             granted_us / 1000 > end_ms,
             "round {round}: a writer was granted at {granted_us} µs, in the reader's last millisecond {end_ms}"
         );
     }
+}
+
+/// A lone holder's horizon (the exclusive key `R`) lasts through the holder's last
+/// millisecond and no less (so a sole holder found under the horizon is live — the
+/// shared release's fast path relies on it). A non-fair writer, whose fast path takes
+/// the name by `SET NX` alone (the key's own expiry decides, nothing is purged), asks
+/// in a tight loop beside a permit holder that took an idle semaphore (the permits'
+/// fast path) and beside a reader (the general path); its token must lie past the
+/// holder's last millisecond.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lone_holders_horizon_lasts_through_its_last_millisecond() {
+    let Some(url) = redis_url() else { return };
+    for round in 0..6 {
+        let (mode, what) = if round % 2 == 0 {
+            (LockMode::Permits(1), "permit holder")
+        } else {
+            (LockMode::Shared, "reader")
+        };
+        let (end_ms, granted_us) = holder_end_and_next_writer(&url, mode, Fairness::NonFair).await;
+        assert!(
+            granted_us / 1000 > end_ms,
+            "round {round}: a writer was granted at {granted_us} µs, in the {what}'s last millisecond {end_ms}"
+        );
+    }
+}
+
+/// On a new name: a holder in `mode` (of 3 permits, for permits) with a 100 ms
+/// lease, then an exclusive request with `fairness` asked in a tight loop (bounded:
+/// 2 s) until granted. Returns the holder's stored end (its last ms) and the writer's
+/// token (the server's clock in µs at its grant).
+async fn holder_end_and_next_writer(url: &str, mode: LockMode, fairness: Fairness) -> (u64, u64) {
+    let backend = RedisBackend::connect(url).await.unwrap();
+    let mut c = raw_connection(url).await;
+    let lock = LockName::new(name("holder-end")).unwrap();
+    let ask = |owner: &str, mode: LockMode| {
+        AcquireRequest::new(
+            lock.clone(),
+            OwnerId::new(owner),
+            dlock_api::spi::GrantId::new(1),
+        )
+        .with_mode(mode)
+        .with_capacity(3)
+        .with_fairness(fairness)
+        .with_lease(Duration::from_millis(100))
+    };
+    let holder = backend.try_acquire(&ask("holder", mode)).await.unwrap();
+    assert!(holder.is_acquired(), "{holder:?}");
+    let holders = format!("dlock:{{{}}}:r", lock.as_str());
+    let [(_, end_ms)] = zrange_with_scores(&mut c, &holders).await[..] else {
+        panic!("one holder expected in {holders}");
+    };
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        let writer = backend
+            .try_acquire(&ask("writer", LockMode::Exclusive))
+            .await
+            .unwrap();
+        if let Some(token) = writer.token() {
+            return (end_ms, token.get());
+        }
+        assert!(Instant::now() < deadline, "the writer never got the lock");
+    }
+}
+
+/// Every member of the sorted set `key`, with its score.
+async fn zrange_with_scores(
+    c: &mut redis::aio::MultiplexedConnection,
+    key: &str,
+) -> Vec<(String, u64)> {
+    redis::cmd("ZRANGE")
+        .arg(key)
+        .arg(0)
+        .arg(-1)
+        .arg("WITHSCORES")
+        .query_async(c)
+        .await
+        .unwrap()
 }
 
 /// Another reader coming and going through a reader's last millisecond (see above)

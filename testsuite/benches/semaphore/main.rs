@@ -1,7 +1,8 @@
 //! A semaphore's acquire + release against the lock's own cycle on the same backend:
 //! `sem.try_acquire(1, 0)` + `release()` (3 permits, uncontended) against
 //! `lock.try_lock(0)` + `unlock()`, through the user API on one manager, one task,
-//! in interleaved rounds (median cycles/s of each).
+//! in interleaved rounds (median cycles/s of each, and the median of the semaphore ÷
+//! lock ratios taken round by round).
 //!
 //! Same-run controls, in the same interleaved rounds: the read lock's cycle (its
 //! grant writes what a permit's does: the name's row and a holder's row); on SQL,
@@ -21,7 +22,8 @@ use std::time::Duration;
 
 use dlock_api::DistributeLockManagerBuilder;
 use testsuite::bench::{
-    api_contestant, api_cycle, cycles, interleaved, is_bench, runtime, Contestant,
+    api_contestant, api_cycle, cycles, interleaved_rounds, is_bench, median, per_round_ratio,
+    runtime, Contestant,
 };
 use testsuite::curator::BenchServer;
 use testsuite::proxy::{join_hosts, split_url};
@@ -50,8 +52,8 @@ fn main() {
     println!(
         "semaphore vs lock: acquire + release cycles/s, 1 task, {rounds} round(s) of {secs} s"
     );
-    println!("| backend | lock | read lock | semaphore | semaphore ÷ lock | semaphore ÷ read lock | control: semaphore ÷ lock |");
-    println!("|---|---|---|---|---|---|---|");
+    println!("| backend | lock | read lock | semaphore | semaphore ÷ lock | per-round median | semaphore ÷ read lock | control: semaphore ÷ lock |");
+    println!("|---|---|---|---|---|---|---|---|");
     runtime().block_on(async {
         for label in testsuite::backends::KNOWN {
             if !selected.split(',').any(|l| l.trim() == *label) {
@@ -136,8 +138,14 @@ fn main() {
                     }),
                 ));
             }
-            let rates = interleaved(contestants, rounds, per_round).await;
+            let rounds = interleaved_rounds(contestants, rounds, per_round).await;
+            let rates: Vec<(&str, f64)> = rounds
+                .iter()
+                .map(|(label, rates)| (*label, median(rates.clone())))
+                .collect();
             let (lock, read, sem) = (rates[0].1, rates[1].1, rates[2].1);
+            // Semaphore ÷ lock judged round by round (both ran in the same seconds).
+            let paired = per_round_ratio(&rounds[2].1, &rounds[0].1);
             let control = match rates.get(3..) {
                 Some([mutex, semaphore]) => format!(
                     "Curator semaphore ÷ mutex: {:.0}/s ÷ {:.0}/s = **{:.2}×**",
@@ -154,7 +162,7 @@ fn main() {
                 _ => "—".to_owned(),
             };
             println!(
-                "| {label} | {lock:.0}/s | {read:.0}/s | {sem:.0}/s | **{:.2}×** | {:.2}× | {control} |",
+                "| {label} | {lock:.0}/s | {read:.0}/s | {sem:.0}/s | **{:.2}×** | **{paired:.2}** | {:.2}× | {control} |",
                 sem / lock,
                 sem / read
             );

@@ -82,7 +82,8 @@ async fn cross_mode_or_refused(m: &DistributeLockManager) -> bool {
 }
 
 /// One owner for both sides: the write side re-enters, the read side is granted
-/// beside it (and re-enters), other owners stay out of both; a downgrade takes the
+/// beside it (and re-enters), other owners stay out of both, also once that read is
+/// let go (the write side stays); a downgrade takes the
 /// read side and lets the write side go while a writer is queued — that writer
 /// stays out until the read is released; a plain reader asking for the write side
 /// or the upgradeable side is refused with `InvalidArgument`, touching nothing.
@@ -119,6 +120,13 @@ pub async fn a_writer_reads_and_downgrades(backend: Arc<dyn TestBackend>) {
     assert!(only_ours(&a, &rw, "doc").await);
     drop(r2);
     r1.unlock().await.expect("unlock the read side");
+    // Its own read let go, the writer holds as before.
+    assert!(
+        refused(rival.write()).await,
+        "another owner took the lock when its writer let go of the read beside it"
+    );
+    w1.check().expect("the write hold is live");
+    assert!(only_ours(&a, &rw, "doc").await);
     drop(w2);
 
     // Downgraded with nobody queued, the read keeps writers out.
