@@ -18,7 +18,7 @@ use redis::{FromRedisValue, Value};
 use crate::error::{config_error, map_redis};
 use crate::keys::{
     scan_pattern, HolderValue, LockKeys, OwnerPart, ScriptCall, ACQUIRE_EXCLUSIVE_KEYS, ALL,
-    EXCLUSIVE, OBSERVERS, RELEASE_EXCLUSIVE_KEYS, RENEW_EXCLUSIVE_KEYS,
+    EXCLUSIVE, LEAN_KEYS, OBSERVERS, RELEASE_EXCLUSIVE_KEYS, RENEW_EXCLUSIVE_KEYS,
 };
 use crate::notices::{address, Endpoint, Notices, Registration};
 use crate::scripts::Scripts;
@@ -128,6 +128,20 @@ struct Answer {
     ahead: i64,
     /// Refused: the lock's fencing counter when the refusal was decided.
     fence: u64,
+}
+
+impl Answer {
+    /// A grant with `token`.
+    fn granted(token: i64) -> Self {
+        Answer {
+            granted: true,
+            total_differs: false,
+            value: token,
+            queued: false,
+            ahead: 0,
+            fence: 0,
+        }
+    }
 }
 
 /// Removes a waiter's queue entry if its acquire is dropped mid-wait.
@@ -480,6 +494,16 @@ impl RedisBackend {
         })
     }
 
+    /// Runs a lean script that answers an integer (a token, or 1 for done) or nil
+    /// (not its case: the general script decides).
+    async fn run_fast(&self, inv: &ScriptCall<'_>, op: &'static str) -> Result<Option<i64>> {
+        self.inner
+            .conn
+            .invoke(inv)
+            .await
+            .map_err(|e| map_redis(e, op))
+    }
+
     /// Runs a script that answers 1 (done) or 0 (not the owner).
     async fn run_flag(&self, inv: &ScriptCall<'_>, op: &'static str) -> Result<bool> {
         let n: i64 = self
@@ -567,6 +591,19 @@ impl RedisBackend {
                     .arg(self.notice_channel());
             }
             return self.run_acquire(&inv).await;
+        }
+        if let (LockMode::Permits(n), false) = (req.mode, waiting == Waiting::Queued) {
+            // The plain case first, on its lean script (a queued waiter's re-check
+            // never is: the queue is there); nil sends the general script.
+            let mut inv = keys.invocation(&self.inner.scripts.acquire_permits_fast, &LEAN_KEYS);
+            inv.arg(holder)
+                .arg(ms(req.lease))
+                .arg(req.context.as_ref())
+                .arg(n)
+                .arg(req.capacity);
+            if let Some(token) = self.run_fast(&inv, "acquire").await? {
+                return Ok(Answer::granted(token));
+            }
         }
         let mut inv = keys.invocation(&self.inner.scripts.acquire, &ALL);
         inv.arg(holder)
@@ -913,6 +950,14 @@ impl LockRemoteResource for RedisBackend {
     async fn release(&self, req: &ReleaseRequest) -> Result<ReleaseResult> {
         let keys = self.keys(&req.name);
         let scripts = &self.inner.scripts;
+        if req.mode != LockMode::Exclusive {
+            // The plain case first, on its lean script; nil sends the general one.
+            let mut inv = keys.invocation(&scripts.release_shared_fast, &LEAN_KEYS);
+            inv.arg(req.holder().as_str());
+            if self.run_fast(&inv, "release").await? == Some(1) {
+                return Ok(ReleaseResult::Released);
+            }
+        }
         let mut inv = owner_call(
             &keys,
             req.holder().as_str(),

@@ -2,9 +2,13 @@
 //! `TIME`, and touches only the keys of one lock (one Cluster slot).
 //!
 //! The hot paths — a non-fair exclusive acquire, an exclusive release, an exclusive
-//! renewal — have lean scripts of their own, written inline (no helper closures, no
-//! string building: a server call inside a script costs about as much as the whole
-//! rest of the script); fair and shared modes go through the general scripts.
+//! renewal, a permit's grant and a shared release in the plain case — have lean
+//! scripts of their own, written inline (no helper closures, no string building: a
+//! server call inside a script costs about as much as the whole rest of the script)
+//! and declaring only the keys they touch (each key and argument sent costs the
+//! server and client too); fair and shared modes go through the general scripts,
+//! and so do the permits' and shared releases' other cases (their lean scripts
+//! answer nil, having written nothing, and the client sends the general one).
 //!
 //! The exclusive key is one string, `<owner length>|<owner><context>` (built by the
 //! client), with `PX` = the lease so the server expires it; while readers hold the
@@ -86,7 +90,7 @@ local function purge_readers(readers, data)
 end
 "#;
 /// The readers' horizon, set and cleared: ahead of every script that has readers
-/// (and of the permits' fast paths, which know the last reader's end already).
+/// (and of the shared release's fast path).
 const H_HORIZON: &str = r#"
 -- Readers also occupy the exclusive key (value "R") until the last reader's lease
 -- ends, so one SET NX excludes writers and readers alike. Set through the last
@@ -362,26 +366,28 @@ end
 return 1
 "#;
 
-/// The permits' fast path, ahead of [`ACQUIRE`]'s helpers (not even created when it
-/// grants; only [`H_HORIZON`]'s are): with nobody queued, the name free or held by
-/// permit holders only, all of them live, of the same total and leaving room, and
-/// this owner not among them (a retried grant), it grants as [`ACQUIRE`] would.
+/// The permits' fast path, a lean script of its own (the client sends it first,
+/// and the general [`ACQUIRE`] only when it answers nil): with nobody queued, the
+/// name free or held by permit holders only, all of them live, of the same total
+/// and leaving room, and this owner not among them (a retried grant), it grants as
+/// [`ACQUIRE`] would, and answers the bare token. It declares 5 keys and sends 5
+/// arguments (the general script: 8 and 12), writes nothing unless it grants, and
+/// builds no helper function.
 /// One `EXISTS` of the queue and the name together tells an idle semaphore (both
 /// absent: no live holder either, as the horizon lasts through the last holder's
 /// last ms; the holders' keys, a ms longer, may still hold lapsed entries, which
-/// the next general path purges), which
-/// takes 8 server calls (`EXISTS`, `TIME`, the horizon's `SET PXAT`, the token's
-/// `SET … GET`, `ZADD`, `HSET` and two `PEXPIREAT`); beside other holders, 11 (the
-/// name and the holders read, their counts read, the horizon moved) — instead of
-/// [`ACQUIRE`]'s 14, and no helper functions built; a grant answers with the bare
-/// token, as the lock's fast path. Anything else falls through to [`ACQUIRE`],
-/// which decides it. KEYS and ARGV: as [`ACQUIRE`].
+/// the next general path purges), which takes 8 server calls (`EXISTS`, `TIME`, the
+/// horizon's `SET PXAT`, the token's `SET … GET`, `ZADD`, `HSET` and two
+/// `PEXPIREAT`); beside other holders, 11 (the name and the holders read, their
+/// counts read, the horizon moved) — instead of [`ACQUIRE`]'s 14.
+/// KEYS: exclusive, readers, reader data, fence, queue (the first 5 of
+/// [`ACQUIRE`]'s). ARGV: owner, lease ms, context, how many, the semaphore's total.
 const ACQUIRE_PERMITS_FAST: &str = r#"
-if ARGV[2] == 'p' then
+do
   -- 0: nobody queues and the name is free; 1: one of the two (the name, if it is
   -- the holders' horizon "R").
   local busy = redis.call('EXISTS', KEYS[5], KEYS[1])
-  local n, total, lease = tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[3])
+  local n, total, lease = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[2])
   if busy == 0 or (busy == 1 and redis.call('GET', KEYS[1]) == 'R') then
     local t = redis.call('TIME')
     -- The clock's digits joined, not formatted from a float (as the lock's fast path).
@@ -426,7 +432,7 @@ if ARGV[2] == 'p' then
       -- holder's last ms, the holders' keys a ms longer (as set_horizon).
       redis.call('SET', KEYS[1], 'R', 'PXAT', top)
       redis.call('ZADD', KEYS[2], expiry, ARGV[1])
-      redis.call('HSET', KEYS[3], ARGV[1], digits, 'c:' .. ARGV[1], ARGV[9],
+      redis.call('HSET', KEYS[3], ARGV[1], digits, 'c:' .. ARGV[1], ARGV[3],
         'p:' .. ARGV[1], n, '#total', total)
       redis.call('PEXPIREAT', KEYS[2], top + 1)
       redis.call('PEXPIREAT', KEYS[3], top + 1)
@@ -434,11 +440,12 @@ if ARGV[2] == 'p' then
     end
   end
 end
+return false
 "#;
 
 /// The general acquire: fair mode (exclusive or shared), non-fair shared (a
 /// non-fair exclusive acquire always goes through [`ACQUIRE_EXCLUSIVE`]) and
-/// permits. KEYS: exclusive, readers, reader data, fence, queue, queue liveness,
+/// permits (a queued waiter's, or one [`ACQUIRE_PERMITS_FAST`] did not grant). KEYS: exclusive, readers, reader data, fence, queue, queue liveness,
 /// queue modes, observers. ARGV: owner, mode (x|s|p), lease ms, holder value, fair
 /// (1|0), waiting (as [`ACQUIRE_EXCLUSIVE`]), liveness ms, notice channel, context,
 /// `1` for a leadership (a grant is announced to its observers), and for permits
@@ -611,15 +618,16 @@ end
 return {0, time_left(KEYS[1]), queued, ahead, tonumber(redis.call('GET', KEYS[4])) or 0}
 "#;
 
-/// The shared release's fast path, ahead of [`RELEASE_SHARED`]'s helpers: with
-/// nobody queued (nobody to tell) and every holder live, the holder leaves and the
-/// horizon follows the others — 9 server calls instead of 12. The last holder's
+/// The shared release's fast path, a lean script of its own (the client sends it
+/// first, and the general [`RELEASE_SHARED`] only when it answers nil): with nobody
+/// queued (nobody to tell) and every holder live, the holder leaves and the horizon
+/// follows the others — 9 server calls instead of 12. The last holder's
 /// release is 4 (`EXISTS`, `ZRANGE`, `GET`, one `DEL` of the name and the holders'
 /// keys): a sole holder found under the horizon (`R`) is live, since the horizon
 /// ends with the last holder's last ms (`set_horizon`), so it needs no clock.
 /// Anything else (a lapsed holder to purge, a queue, a holder not found, a writer's
-/// value beside its owner's own reader) falls through. KEYS and ARGV: as
-/// [`RELEASE_SHARED`].
+/// value beside its owner's own reader) answers nil, having written nothing.
+/// KEYS: as [`ACQUIRE_PERMITS_FAST`]'s (the fence unused). ARGV: owner.
 const RELEASE_SHARED_FAST: &str = r#"
 if redis.call('EXISTS', KEYS[5]) == 0 then
   local hs = redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES')
@@ -645,10 +653,12 @@ if redis.call('EXISTS', KEYS[5]) == 0 then
     end
   end
 end
+return false
 "#;
 
-/// Shared (or permits) release. KEYS: as ACQUIRE. ARGV: owner. The queue's head is
-/// told when the last reader leaves, and whenever permits come back.
+/// Shared (or permits) release, when [`RELEASE_SHARED_FAST`] did not release. KEYS:
+/// as ACQUIRE. ARGV: owner. The queue's head is told when the last reader leaves,
+/// and whenever permits come back.
 const RELEASE_SHARED: &str = r#"
 purge_readers(KEYS[2], KEYS[3])
 if not redis.call('ZSCORE', KEYS[2], ARGV[1]) then return 0 end
@@ -745,7 +755,9 @@ pub(crate) struct Scripts {
     pub(crate) release_exclusive: redis::Script,
     pub(crate) renew_exclusive: redis::Script,
     pub(crate) acquire: redis::Script,
+    pub(crate) acquire_permits_fast: redis::Script,
     pub(crate) release_shared: redis::Script,
+    pub(crate) release_shared_fast: redis::Script,
     pub(crate) renew_shared: redis::Script,
     pub(crate) leave: redis::Script,
     pub(crate) inspect: redis::Script,
@@ -754,7 +766,7 @@ pub(crate) struct Scripts {
 }
 
 /// Each script's full source: its helpers, then its body.
-fn sources() -> [String; 10] {
+fn sources() -> [String; 12] {
     let all: &[&str] = &[
         H_CLOCK,
         H_HOLDER,
@@ -768,9 +780,8 @@ fn sources() -> [String; 10] {
         H_TIME_LEFT,
         H_ANNOUNCE,
     ];
-    // The scripts with readers: the horizon's helpers first, for a fast part too.
+    // The scripts with readers: the horizon's helpers first.
     let with = |body: &str| format!("{H_HORIZON}{}\n{body}", all.concat());
-    let shared_lean = |fast: &str, body: &str| format!("{H_HORIZON}{fast}{}\n{body}", all.concat());
     // A lean script: its fast part, then the helpers only its slow part uses.
     let lean =
         |fast: &str, helpers: &[&str], tail: &str| format!("{fast}{}{tail}", helpers.concat());
@@ -806,8 +817,10 @@ fn sources() -> [String; 10] {
             ],
             RENEW_EXCLUSIVE_PROCLAIM,
         ),
-        shared_lean(ACQUIRE_PERMITS_FAST, ACQUIRE),
-        shared_lean(RELEASE_SHARED_FAST, RELEASE_SHARED),
+        with(ACQUIRE),
+        ACQUIRE_PERMITS_FAST.to_owned(),
+        with(RELEASE_SHARED),
+        format!("{H_HORIZON}{RELEASE_SHARED_FAST}"),
         with(RENEW_SHARED),
         with(LEAVE),
         with(INSPECT),
@@ -818,13 +831,16 @@ fn sources() -> [String; 10] {
 
 impl Scripts {
     pub(crate) fn new() -> Self {
-        let [ax, rx, nx, a, rs, ns, l, i, f, o] = sources().map(|src| redis::Script::new(&src));
+        let [ax, rx, nx, a, ap, rs, rsf, ns, l, i, f, o] =
+            sources().map(|src| redis::Script::new(&src));
         Scripts {
             acquire_exclusive: ax,
             release_exclusive: rx,
             renew_exclusive: nx,
             acquire: a,
+            acquire_permits_fast: ap,
             release_shared: rs,
+            release_shared_fast: rsf,
             renew_shared: ns,
             leave: l,
             inspect: i,

@@ -5,8 +5,10 @@
 //! lock ratios taken round by round).
 //!
 //! Same-run controls, in the same interleaved rounds: the read lock's cycle (its
-//! grant writes what a permit's does: the name's row and a holder's row); on SQL,
-//! raw statements on the same pool — the lock's floor against a semaphore's, with
+//! grant writes what a permit's does: the name's row and a holder's row); both
+//! cycles on the backend alone (the SPI: no chain, guard or hold), so the API's share
+//! of a gap shows; on SQL, raw statements on the same pool — the lock's floor
+//! against a semaphore's, with
 //! the holders in rows of their own (dlock's design) or in the semaphore's row
 //! ([`sql_floor`]); on ZooKeeper, Java Curator's `InterProcessSemaphoreV2` (one
 //! lease of 3) against its `InterProcessMutex` — the ratio the recipe's own protocol
@@ -20,10 +22,11 @@
 
 use std::time::Duration;
 
-use dlock_api::DistributeLockManagerBuilder;
+use dlock_api::spi::{AcquireRequest, GrantId, LockName, OwnerId};
+use dlock_api::{DistributeLockManagerBuilder, LockMode};
 use testsuite::bench::{
     api_contestant, api_cycle, cycles, interleaved_rounds, is_bench, median, per_round_ratio,
-    runtime, Contestant,
+    runtime, spi_cycle, Contestant,
 };
 use testsuite::curator::BenchServer;
 use testsuite::proxy::{join_hosts, split_url};
@@ -52,8 +55,8 @@ fn main() {
     println!(
         "semaphore vs lock: acquire + release cycles/s, 1 task, {rounds} round(s) of {secs} s"
     );
-    println!("| backend | lock | read lock | semaphore | semaphore ÷ lock | per-round median | semaphore ÷ read lock | control: semaphore ÷ lock |");
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("| backend | lock | read lock | semaphore | semaphore ÷ lock | per-round median | semaphore ÷ read lock | SPI: lock, semaphore: per-round ÷ | control: semaphore ÷ lock |");
+    println!("|---|---|---|---|---|---|---|---|---|");
     runtime().block_on(async {
         for label in testsuite::backends::KNOWN {
             if !selected.split(',').any(|l| l.trim() == *label) {
@@ -63,10 +66,24 @@ fn main() {
                 .await
                 .unwrap_or_else(|e| panic!("{label}: {e}"));
             let namespace = format!("bench-sem-{:x}", fastrand::u64(..));
-            let manager = DistributeLockManagerBuilder::new(backend.client().await.unwrap())
+            let client = backend.client().await.unwrap();
+            let manager = DistributeLockManagerBuilder::new(std::sync::Arc::clone(&client))
                 .namespace(namespace.clone())
                 .build()
                 .unwrap();
+            // The SPI control: the same two cycles on the manager's backend alone (no
+            // chain, guard or hold), so the API's share of a gap shows.
+            let spi = |mode: LockMode, tag: &str| {
+                let req = AcquireRequest::new(
+                    LockName::new(format!("{namespace}:spi-{tag}")).unwrap(),
+                    OwnerId::new(format!("bench-spi-{tag}")),
+                    GrantId::new(1),
+                )
+                .with_mode(mode)
+                .with_capacity(3);
+                (std::sync::Arc::clone(&client), req)
+            };
+            let (spi_lock, spi_sem) = (spi(LockMode::Exclusive, "lock"), spi(LockMode::Permits(1), "sem"));
             let semaphore = manager.semaphore("sem", 3);
             let read = manager.read_write_lock("rw").read().clone();
             // ZooKeeper's control: Curator's own recipes on the same servers.
@@ -115,6 +132,14 @@ fn main() {
                     })
                 }),
             ];
+            for (name, call) in [("lock (SPI)", spi_lock), ("semaphore (SPI)", spi_sem)] {
+                contestants.push(Contestant::tasks(name, 1, move |_, end| {
+                    cycles(call.clone(), end, |(backend, req)| async move {
+                        spi_cycle(&*backend, &req).await;
+                        (backend, req)
+                    })
+                }));
+            }
             // Spawned, as dlock's contestants are (not run on the bench's own thread).
             for (floor, name) in floors.into_iter().flatten().zip([
                 "floor: lock row",
@@ -146,7 +171,8 @@ fn main() {
             let (lock, read, sem) = (rates[0].1, rates[1].1, rates[2].1);
             // Semaphore ÷ lock judged round by round (both ran in the same seconds).
             let paired = per_round_ratio(&rounds[2].1, &rounds[0].1);
-            let control = match rates.get(3..) {
+            let spi_paired = per_round_ratio(&rounds[4].1, &rounds[3].1);
+            let control = match rates.get(5..) {
                 Some([mutex, semaphore]) => format!(
                     "Curator semaphore ÷ mutex: {:.0}/s ÷ {:.0}/s = **{:.2}×**",
                     semaphore.1,
@@ -162,9 +188,11 @@ fn main() {
                 _ => "—".to_owned(),
             };
             println!(
-                "| {label} | {lock:.0}/s | {read:.0}/s | {sem:.0}/s | **{:.2}×** | **{paired:.2}** | {:.2}× | {control} |",
+                "| {label} | {lock:.0}/s | {read:.0}/s | {sem:.0}/s | **{:.2}×** | **{paired:.2}** | {:.2}× | {:.0}/s, {:.0}/s: {spi_paired:.2} | {control} |",
                 sem / lock,
-                sem / read
+                sem / read,
+                rates[3].1,
+                rates[4].1,
             );
             manager.close().await;
         }
