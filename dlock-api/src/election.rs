@@ -297,7 +297,9 @@ impl LeaderObserver {
     /// The first call answers who leads now; each later call waits for the next
     /// change and answers it: a new leader (a higher term), a value the leader
     /// proclaimed, or `None` when nobody leads. Terms never go backwards. Changes
-    /// closer together than the observe interval may be seen as one (the latest).
+    /// closer together than the observe interval may be seen as one (the latest) —
+    /// as with etcd's `Election.Observe`, which posts the most recent leader, not
+    /// necessarily every one in between.
     ///
     /// # Cancel safety
     ///
