@@ -515,7 +515,8 @@ impl RedisBackend {
         Ok(n == 1)
     }
 
-    /// Test hook: acquire script runs sent by this backend.
+    /// Test hook: acquire attempts made by this backend (one each, whether it sent
+    /// one script or two: a permits request's lean script, then the general one).
     pub fn acquire_attempts(&self) -> u64 {
         self.inner.attempts.load(Ordering::Relaxed)
     }

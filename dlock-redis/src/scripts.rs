@@ -398,7 +398,8 @@ do
     local plain, used, top = n <= total, 0, expiry
     if busy == 1 then
       local hs = redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES')
-      -- No holder under the horizon: a stale one, for the general path.
+      -- No holder under the horizon (these scripts never leave one: the holders'
+      -- keys outlive it; only an outside delete of them does): the general path.
       if #hs == 0 then plain = false end
       local fields = {'#total'}
       for i = 1, #hs, 2 do
@@ -626,7 +627,7 @@ return {0, time_left(KEYS[1]), queued, ahead, tonumber(redis.call('GET', KEYS[4]
 /// keys): a sole holder found under the horizon (`R`) is live, since the horizon
 /// ends with the last holder's last ms (`set_horizon`), so it needs no clock.
 /// Anything else (a lapsed holder to purge, a queue, a holder not found, a writer's
-/// value beside its owner's own reader) answers nil, having written nothing.
+/// value beside its owner's own sole reader) answers nil, having written nothing.
 /// KEYS: as [`ACQUIRE_PERMITS_FAST`]'s (the fence unused). ARGV: owner.
 const RELEASE_SHARED_FAST: &str = r#"
 if redis.call('EXISTS', KEYS[5]) == 0 then
