@@ -494,16 +494,6 @@ impl RedisBackend {
         })
     }
 
-    /// Runs a lean script that answers an integer (a token, or 1 for done) or nil
-    /// (not its case: the general script decides).
-    async fn run_fast(&self, inv: &ScriptCall<'_>, op: &'static str) -> Result<Option<i64>> {
-        self.inner
-            .conn
-            .invoke(inv)
-            .await
-            .map_err(|e| map_redis(e, op))
-    }
-
     /// Runs a script that answers 1 (done) or 0 (not the owner).
     async fn run_flag(&self, inv: &ScriptCall<'_>, op: &'static str) -> Result<bool> {
         let n: i64 = self
@@ -602,7 +592,8 @@ impl RedisBackend {
                 .arg(req.context.as_ref())
                 .arg(n)
                 .arg(req.capacity);
-            if let Some(token) = self.run_fast(&inv, "acquire").await? {
+            // A token, or nil: not its case, the general script decides.
+            if let Some(token) = self.invoke_script::<Option<i64>>(&inv, "acquire").await? {
                 return Ok(Answer::granted(token));
             }
         }
@@ -951,14 +942,6 @@ impl LockRemoteResource for RedisBackend {
     async fn release(&self, req: &ReleaseRequest) -> Result<ReleaseResult> {
         let keys = self.keys(&req.name);
         let scripts = &self.inner.scripts;
-        if req.mode != LockMode::Exclusive {
-            // The plain case first, on its lean script; nil sends the general one.
-            let mut inv = keys.invocation(&scripts.release_shared_fast, &LEAN_KEYS);
-            inv.arg(req.holder().as_str());
-            if self.run_fast(&inv, "release").await? == Some(1) {
-                return Ok(ReleaseResult::Released);
-            }
-        }
         let mut inv = owner_call(
             &keys,
             req.holder().as_str(),

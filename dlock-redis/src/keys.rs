@@ -50,8 +50,7 @@ pub(crate) const ALL: [&str; 8] = [
     QUEUE_MODE,
     OBSERVERS,
 ];
-/// The lean permits-acquire and shared-release scripts' keys: the general scripts'
-/// first five.
+/// The lean permits-acquire script's keys: the general scripts' first five.
 pub(crate) const LEAN_KEYS: [&str; 5] = [EXCLUSIVE, READERS, READER_DATA, FENCE, QUEUE];
 /// The non-fair exclusive acquire script's keys.
 pub(crate) const ACQUIRE_EXCLUSIVE_KEYS: [&str; 5] =

@@ -2,13 +2,14 @@
 //! `TIME`, and touches only the keys of one lock (one Cluster slot).
 //!
 //! The hot paths — a non-fair exclusive acquire, an exclusive release, an exclusive
-//! renewal, a permit's grant and a shared release in the plain case — have lean
-//! scripts of their own, written inline (no helper closures, no string building: a
-//! server call inside a script costs about as much as the whole rest of the script)
-//! and declaring only the keys they touch (each key and argument sent costs the
-//! server and client too); fair and shared modes go through the general scripts,
-//! and so do the permits' and shared releases' other cases (their lean scripts
-//! answer nil, having written nothing, and the client sends the general one).
+//! renewal, a permit's grant in the plain case — have lean scripts of their own,
+//! written inline (no helper closures, no string building: a server call inside a
+//! script costs about as much as the whole rest of the script) and declaring only
+//! the keys they touch (each key and argument sent costs the server and client
+//! too); fair and shared modes go through the general scripts, and so do a permit's
+//! other cases (its lean script answers nil, having written nothing, and the client
+//! sends the general one). The shared release's plain case is a fast part in front
+//! of its general script instead: a release is sent once, whatever its case.
 //!
 //! The exclusive key is one string, `<owner length>|<owner><context>` (built by the
 //! client), with `PX` = the lease so the server expires it; while readers hold the
@@ -90,7 +91,7 @@ local function purge_readers(readers, data)
 end
 "#;
 /// The readers' horizon, set and cleared: ahead of every script that has readers
-/// (and of the shared release's fast path).
+/// (and of the shared release's fast path, ahead of its other helpers).
 const H_HORIZON: &str = r#"
 -- Readers also occupy the exclusive key (value "R") until the last reader's lease
 -- ends, so one SET NX excludes writers and readers alike. Set through the last
@@ -619,16 +620,16 @@ end
 return {0, time_left(KEYS[1]), queued, ahead, tonumber(redis.call('GET', KEYS[4])) or 0}
 "#;
 
-/// The shared release's fast path, a lean script of its own (the client sends it
-/// first, and the general [`RELEASE_SHARED`] only when it answers nil): with nobody
-/// queued (nobody to tell) and every holder live, the holder leaves and the horizon
-/// follows the others — 9 server calls instead of 12. The last holder's
+/// The shared release's fast path, ahead of [`RELEASE_SHARED`]'s helpers (one
+/// script, so a release the plain case cannot take costs no second round trip):
+/// with nobody queued (nobody to tell) and every holder live, the holder leaves and
+/// the horizon follows the others — 9 server calls instead of 12. The last holder's
 /// release is 4 (`EXISTS`, `ZRANGE`, `GET`, one `DEL` of the name and the holders'
 /// keys): a sole holder found under the horizon (`R`) is live, since the horizon
 /// ends with the last holder's last ms (`set_horizon`), so it needs no clock.
 /// Anything else (a lapsed holder to purge, a queue, a holder not found, a writer's
-/// value beside its owner's own sole reader) answers nil, having written nothing.
-/// KEYS: as [`ACQUIRE_PERMITS_FAST`]'s (the fence unused). ARGV: owner.
+/// value beside its owner's own sole reader) falls through, having written nothing.
+/// KEYS and ARGV: as [`RELEASE_SHARED`].
 const RELEASE_SHARED_FAST: &str = r#"
 if redis.call('EXISTS', KEYS[5]) == 0 then
   local hs = redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES')
@@ -654,11 +655,10 @@ if redis.call('EXISTS', KEYS[5]) == 0 then
     end
   end
 end
-return false
 "#;
 
-/// Shared (or permits) release, when [`RELEASE_SHARED_FAST`] did not release. KEYS:
-/// as ACQUIRE. ARGV: owner. The queue's head is told when the last reader leaves,
+/// Shared (or permits) release, after [`RELEASE_SHARED_FAST`]. KEYS: as ACQUIRE.
+/// ARGV: owner. The queue's head is told when the last reader leaves,
 /// and whenever permits come back.
 const RELEASE_SHARED: &str = r#"
 purge_readers(KEYS[2], KEYS[3])
@@ -758,7 +758,6 @@ pub(crate) struct Scripts {
     pub(crate) acquire: redis::Script,
     pub(crate) acquire_permits_fast: redis::Script,
     pub(crate) release_shared: redis::Script,
-    pub(crate) release_shared_fast: redis::Script,
     pub(crate) renew_shared: redis::Script,
     pub(crate) leave: redis::Script,
     pub(crate) inspect: redis::Script,
@@ -767,7 +766,7 @@ pub(crate) struct Scripts {
 }
 
 /// Each script's full source: its helpers, then its body.
-fn sources() -> [String; 12] {
+fn sources() -> [String; 11] {
     let all: &[&str] = &[
         H_CLOCK,
         H_HOLDER,
@@ -781,8 +780,9 @@ fn sources() -> [String; 12] {
         H_TIME_LEFT,
         H_ANNOUNCE,
     ];
-    // The scripts with readers: the horizon's helpers first.
+    // The scripts with readers: the horizon's helpers first, for a fast part too.
     let with = |body: &str| format!("{H_HORIZON}{}\n{body}", all.concat());
+    let shared_lean = |fast: &str, body: &str| format!("{H_HORIZON}{fast}{}\n{body}", all.concat());
     // A lean script: its fast part, then the helpers only its slow part uses.
     let lean =
         |fast: &str, helpers: &[&str], tail: &str| format!("{fast}{}{tail}", helpers.concat());
@@ -820,8 +820,7 @@ fn sources() -> [String; 12] {
         ),
         with(ACQUIRE),
         ACQUIRE_PERMITS_FAST.to_owned(),
-        with(RELEASE_SHARED),
-        format!("{H_HORIZON}{RELEASE_SHARED_FAST}"),
+        shared_lean(RELEASE_SHARED_FAST, RELEASE_SHARED),
         with(RENEW_SHARED),
         with(LEAVE),
         with(INSPECT),
@@ -832,8 +831,7 @@ fn sources() -> [String; 12] {
 
 impl Scripts {
     pub(crate) fn new() -> Self {
-        let [ax, rx, nx, a, ap, rs, rsf, ns, l, i, f, o] =
-            sources().map(|src| redis::Script::new(&src));
+        let [ax, rx, nx, a, ap, rs, ns, l, i, f, o] = sources().map(|src| redis::Script::new(&src));
         Scripts {
             acquire_exclusive: ax,
             release_exclusive: rx,
@@ -841,7 +839,6 @@ impl Scripts {
             acquire: a,
             acquire_permits_fast: ap,
             release_shared: rs,
-            release_shared_fast: rsf,
             renew_shared: ns,
             leave: l,
             inspect: i,

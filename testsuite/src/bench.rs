@@ -114,12 +114,32 @@ pub fn spi_contestant<'a>(
     backend: std::sync::Arc<dyn dlock_spi::LockRemoteResource>,
     name: impl Fn(usize) -> String + 'a,
 ) -> Contestant<'a> {
-    Contestant::tasks("dlock (SPI, backend only)", tasks, move |i, end| {
+    spi_contestant_as(
+        "dlock (SPI, backend only)",
+        tasks,
+        backend,
+        dlock_spi::LockMode::Exclusive,
+        name,
+    )
+}
+
+/// [`spi_contestant`] under `label`, its requests in `mode` (of 3 permits, for
+/// permits).
+pub fn spi_contestant_as<'a>(
+    label: &'static str,
+    tasks: usize,
+    backend: std::sync::Arc<dyn dlock_spi::LockRemoteResource>,
+    mode: dlock_spi::LockMode,
+    name: impl Fn(usize) -> String + 'a,
+) -> Contestant<'a> {
+    Contestant::tasks(label, tasks, move |i, end| {
         let req = dlock_spi::AcquireRequest::new(
             dlock_spi::LockName::new(name(i)).expect("bench lock name"),
             dlock_spi::OwnerId::new(format!("bench:{i}")),
             dlock_spi::GrantId::new(1),
-        );
+        )
+        .with_mode(mode)
+        .with_capacity(3);
         cycles(
             (std::sync::Arc::clone(&backend), req),
             end,

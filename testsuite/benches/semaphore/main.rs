@@ -22,11 +22,10 @@
 
 use std::time::Duration;
 
-use dlock_api::spi::{AcquireRequest, GrantId, LockName, OwnerId};
 use dlock_api::{DistributeLockManagerBuilder, LockMode};
 use testsuite::bench::{
     api_contestant, api_cycle, cycles, interleaved_rounds, is_bench, median, per_round_ratio,
-    runtime, spi_cycle, Contestant,
+    runtime, spi_contestant_as, Contestant,
 };
 use testsuite::curator::BenchServer;
 use testsuite::proxy::{join_hosts, split_url};
@@ -71,19 +70,6 @@ fn main() {
                 .namespace(namespace.clone())
                 .build()
                 .unwrap();
-            // The SPI control: the same two cycles on the manager's backend alone (no
-            // chain, guard or hold), so the API's share of a gap shows.
-            let spi = |mode: LockMode, tag: &str| {
-                let req = AcquireRequest::new(
-                    LockName::new(format!("{namespace}:spi-{tag}")).unwrap(),
-                    OwnerId::new(format!("bench-spi-{tag}")),
-                    GrantId::new(1),
-                )
-                .with_mode(mode)
-                .with_capacity(3);
-                (std::sync::Arc::clone(&client), req)
-            };
-            let (spi_lock, spi_sem) = (spi(LockMode::Exclusive, "lock"), spi(LockMode::Permits(1), "sem"));
             let semaphore = manager.semaphore("sem", 3);
             let read = manager.read_write_lock("rw").read().clone();
             // ZooKeeper's control: Curator's own recipes on the same servers.
@@ -132,13 +118,15 @@ fn main() {
                     })
                 }),
             ];
-            for (name, call) in [("lock (SPI)", spi_lock), ("semaphore (SPI)", spi_sem)] {
-                contestants.push(Contestant::tasks(name, 1, move |_, end| {
-                    cycles(call.clone(), end, |(backend, req)| async move {
-                        spi_cycle(&*backend, &req).await;
-                        (backend, req)
-                    })
-                }));
+            // The SPI control: the same two cycles on the manager's backend alone (no
+            // chain, guard or hold), so the API's share of a gap shows.
+            for (name, mode, tag) in [
+                ("lock (SPI)", LockMode::Exclusive, "spi-lock"),
+                ("semaphore (SPI)", LockMode::Permits(1), "spi-sem"),
+            ] {
+                let lock = format!("{namespace}:{tag}");
+                let backend = std::sync::Arc::clone(&client);
+                contestants.push(spi_contestant_as(name, 1, backend, mode, move |_| lock.clone()));
             }
             // Spawned, as dlock's contestants are (not run on the bench's own thread).
             for (floor, name) in floors.into_iter().flatten().zip([
