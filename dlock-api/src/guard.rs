@@ -245,7 +245,11 @@ impl LockGuard {
     /// Errors: [`ErrorKind::LockLost`] if the lock had been lost while held (the
     /// protected work may have overlapped another holder's); [`ErrorKind::NotOwner`]
     /// if the backend says someone else owns it now (nothing was released);
-    /// backend errors as they come (the lease then expires on the server).
+    /// backend errors as they come. A release the backend could not answer (a
+    /// retryable error: the connection broke, the server restarts) is sent again in
+    /// the background, backing off up to 2 s, until the backend answers or the grant
+    /// could no longer stand (its lease is up; a ZooKeeper session-bound hold: at
+    /// most 60 s) — as Curator's guaranteed delete; a dropped guard's release too.
     pub async fn unlock(mut self) -> Result<()> {
         self.released = true;
         let lost = self.hold.lost_reason();

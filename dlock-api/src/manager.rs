@@ -4,13 +4,13 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use dlock_spi::{
-    Capabilities, Error, ErrorKind, Fairness, HandlerChain, HoldStatus, HoldWatch, LockHandler,
-    LockMode, LockName, LockRemoteResource, LockState, LostReason, OwnerId, ReleaseRequest,
-    ReleaseResult, Result, MAX_LEASE,
+    Backoff, Capabilities, Error, ErrorKind, Fairness, HandlerChain, HoldStatus, HoldWatch,
+    LockHandler, LockMode, LockName, LockRemoteResource, LockState, LostReason, OwnerId,
+    ReleaseRequest, ReleaseResult, Result, MAX_LEASE,
 };
 use tokio::sync::watch;
 
@@ -146,7 +146,10 @@ impl ManagerInner {
         });
     }
 
-    /// Releases a hold through the chain and forgets it.
+    /// Releases a hold through the chain and forgets it. A release the backend could
+    /// not answer (a retryable error: the connection broke, the server restarts) is
+    /// returned as it failed and sent again in the background
+    /// ([`send_until_answered`]).
     ///
     /// # Cancel safety
     ///
@@ -160,11 +163,19 @@ impl ManagerInner {
         };
         let result = self.release_now(hold).await;
         pending.manager = None;
+        if result.as_ref().is_err_and(Error::is_retryable) {
+            let (manager, hold) = (Arc::clone(self), Arc::clone(hold));
+            tokio::spawn(async move {
+                let result = manager.release_again(&hold).await;
+                warn_unreleased(&hold.name, result);
+            });
+        }
         result
     }
 
     /// Releases a hold in a background task (a dropped guard, a cancelled `unlock`),
-    /// on `runtime` when called outside one.
+    /// on `runtime` when called outside one; sent again while the backend cannot
+    /// answer it ([`send_until_answered`]).
     pub(crate) fn release_in_background(
         self: Arc<Self>,
         hold: Arc<Hold>,
@@ -177,9 +188,11 @@ impl ManagerInner {
             return;
         };
         rt.spawn(async move {
-            if let Err(err) = self.release_now(&hold).await {
-                tracing::warn!(lock = %hold.name, error = &err as &dyn std::error::Error, "dlock: background release failed; the lease will expire on the server");
-            }
+            let result = match self.release_now(&hold).await {
+                Err(err) if err.is_retryable() => self.release_again(&hold).await,
+                answered => answered,
+            };
+            warn_unreleased(&hold.name, result);
         });
     }
 
@@ -193,10 +206,24 @@ impl ManagerInner {
         result
     }
 
+    /// Sends the release of a hold the backend could not answer again, while the
+    /// grant may still stand: a lease-based hold until its lease is up, a
+    /// session-bound one (ZooKeeper's node lives as long as the session, which
+    /// survives a reconnect) for at most [`SESSION_RELEASE_RETRIES`].
+    async fn release_again(&self, hold: &Hold) -> Result<ReleaseResult> {
+        let until = hold
+            .valid_until()
+            .unwrap_or_else(|| Instant::now() + SESSION_RELEASE_RETRIES);
+        let ctx = hold.release_context(&self.chain);
+        send_until_answered(until, || self.chain.release(&ctx)).await
+    }
+
     /// Gives back a grant whose acquire was cancelled after the backend may have made
     /// it (the request was sent, the answer never read): in a background task, straight
-    /// to the backend. A grant that was never made answers `NotOwner` and nothing
-    /// changes — the release names the grant, so it cannot touch anyone else's.
+    /// to the backend, sent again while the backend cannot answer it (for at most
+    /// [`SESSION_RELEASE_RETRIES`]). A grant that was never made answers `NotOwner`
+    /// and nothing changes — the release names the grant, so it cannot touch anyone
+    /// else's.
     pub(crate) fn abandon(&self, request: ReleaseRequest) {
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             return;
@@ -204,10 +231,18 @@ impl ManagerInner {
         let resource = Arc::clone(self.chain.resource());
         let limit = self.chain.operation_timeout();
         rt.spawn(async move {
-            match tokio::time::timeout(limit, resource.release(&request)).await {
-                Ok(Ok(_)) => {}
-                Ok(Err(err)) => tracing::warn!(lock = %request.name, error = &err as &dyn std::error::Error, "dlock: releasing a cancelled acquire's grant failed; its lease will expire on the server"),
-                Err(_) => tracing::warn!(lock = %request.name, "dlock: releasing a cancelled acquire's grant timed out; its lease will expire on the server"),
+            let until = Instant::now() + SESSION_RELEASE_RETRIES;
+            let result = send_until_answered(until, || async {
+                tokio::time::timeout(limit, resource.release(&request))
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(Error::new(ErrorKind::Timeout, "the backend did not answer in time")
+                            .set_retryable(true))
+                    })
+            })
+            .await;
+            if let Err(err) = result {
+                tracing::warn!(lock = %request.name, error = &err as &dyn std::error::Error, "dlock: releasing a cancelled acquire's grant failed; it ends with its lease or session");
             }
         });
     }
@@ -599,5 +634,47 @@ impl fmt::Debug for DistributeLockManagerBuilder {
             .field("handlers", &self.handlers.len())
             .field("config", &self.config)
             .finish()
+    }
+}
+
+/// The longest a release the backend cannot answer is sent again when nothing else
+/// bounds it (a session-bound hold, a cancelled acquire's grant). A ZooKeeper session
+/// cannot outlive its timeout without a connection (40 s at most by default), so
+/// past this the node has gone with its session or the server is gone for good.
+const SESSION_RELEASE_RETRIES: Duration = Duration::from_secs(60);
+
+/// Sends a release (`send`) until the backend answers it: after a retryable error
+/// (the connection broke, the server restarts, a Sentinel fails over) it is sent
+/// again, pausing from 50 ms doubling to 2 s (jittered), while the next attempt
+/// starts before `until`; returns the answer or the last error. Sending a release
+/// again is safe: it names the grant, and a grant gone answers `NotOwner`. Curator
+/// does the same (`guaranteed()` deletes); without it a dropped ZooKeeper guard
+/// whose delete met a reconnect kept the lock for the rest of the session.
+async fn send_until_answered<F, Fut>(until: Instant, mut send: F) -> Result<ReleaseResult>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<ReleaseResult>>,
+{
+    let backoff = Backoff::exponential(Duration::from_millis(50), Duration::from_secs(2));
+    let mut attempt = 0u32;
+    loop {
+        match send().await {
+            Err(err) if err.is_retryable() => {
+                let pause = backoff.delay(attempt);
+                if Instant::now() + pause >= until {
+                    return Err(err);
+                }
+                tokio::time::sleep(pause).await;
+                attempt = attempt.saturating_add(1);
+            }
+            answered => return answered,
+        }
+    }
+}
+
+/// Logs a background release that never got through.
+fn warn_unreleased(name: &LockName, result: Result<ReleaseResult>) {
+    if let Err(err) = result {
+        tracing::warn!(lock = %name, error = &err as &dyn std::error::Error, "dlock: background release failed; the grant ends with its lease or session");
     }
 }

@@ -1006,6 +1006,9 @@ async fn bounded_run(label: &str, seconds: u64, nemesis: &str, seed: u64) -> Opt
         Some(s) if s.violations > 0 && !unsafe_by_design(label, nemesis) => "violations".to_owned(),
         Some(_) => return None,
     };
+    // Said on its own line too: a CI log that keeps only the head and the tail of
+    // the output still shows which run failed and why.
+    println!("FAILED: {label} {nemesis} (seed {seed}): {problem}");
     Some(format!(
         "{label} {nemesis} (seed {seed}): {problem}\n{out}{err}"
     ))

@@ -14,6 +14,10 @@
 //! sees it — is skipped: the waiter queued behind it gets the permit it waits for
 //! within the dead one's liveness (3 s for SQL and Redis; ZooKeeper: its session, etcd:
 //! its lease) and [`SLACK`] of the cut.
+//!
+//! And a holder whose connections are reset while it lets go of its locks (a guard
+//! dropped, an `unlock`): once they pass again, its releases reach the store within
+//! [`SLACK`] — retried, not left to a lease or session far longer than the case.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -36,11 +40,11 @@ const LEASE: Duration = Duration::from_secs(2);
 /// wake-up).
 const SLACK: Duration = Duration::from_secs(3);
 
-/// The label's URL with ZooKeeper's session timeout set to [`LEASE`].
-fn url_for(label: &str) -> TestUrl {
+/// The label's URL with ZooKeeper's session timeout set to `lease`.
+fn url_for(label: &str, lease: Duration) -> TestUrl {
     let url = backends::server_url(label).expect("a URL for the label");
     if label.starts_with("zk") {
-        url.with_suffix(&format!("?session_timeout={}ms", LEASE.as_millis()))
+        url.with_suffix(&format!("?session_timeout={}ms", lease.as_millis()))
     } else {
         url
     }
@@ -63,18 +67,25 @@ async fn behind_proxies(label: &str, url: &TestUrl) -> (Arc<dyn TestBackend>, Ve
 }
 
 /// One label's case world: a test backend reached directly and one reached through
-/// fault proxies (one per host), and a namespace of its own.
+/// fault proxies (one per host), a namespace of its own, and the managers' lease
+/// (ZooKeeper: session timeout).
 struct Partition {
     label: String,
     direct: Arc<dyn TestBackend>,
     proxied: Arc<dyn TestBackend>,
     proxies: Vec<FaultProxy>,
     namespace: String,
+    lease: Duration,
 }
 
 impl Partition {
+    /// The world with [`LEASE`].
     async fn open(label: &str) -> Self {
-        let url = url_for(label);
+        Self::open_lasting(label, LEASE).await
+    }
+
+    async fn open_lasting(label: &str, lease: Duration) -> Self {
+        let url = url_for(label, lease);
         let direct = backends::open_at(label, url.clone())
             .await
             .unwrap_or_else(|e| panic!("{label}: open: {e}"));
@@ -85,6 +96,7 @@ impl Partition {
             proxied,
             proxies,
             namespace: format!("part{:016x}:", fastrand::u64(..)),
+            lease,
         }
     }
 
@@ -93,7 +105,7 @@ impl Partition {
         let client = backend.client().await.expect("a client");
         DistributeLockManagerBuilder::new(client)
             .namespace(self.namespace.clone())
-            .lease(LEASE)
+            .lease(self.lease)
             .build()
             .expect("manager builds")
     }
@@ -111,17 +123,20 @@ impl Partition {
     /// Black-holes every proxied connection; the instant it did.
     fn cut(&self) -> Instant {
         let at = Instant::now();
-        for p in &self.proxies {
-            p.set(Fault::Blackhole);
-        }
+        self.set(Fault::Blackhole);
         at
+    }
+
+    /// Applies `fault` to every proxy.
+    fn set(&self, fault: Fault) {
+        for p in &self.proxies {
+            p.set(fault);
+        }
     }
 
     /// Lets traffic pass again, closes `managers` and checks nothing is left behind.
     async fn heal_and_finish(&self, managers: &[&DistributeLockManager]) {
-        for p in &self.proxies {
-            p.set(Fault::Pass);
-        }
+        self.set(Fault::Pass);
         for m in managers {
             m.close().await;
         }
@@ -297,4 +312,63 @@ async fn cut_off_semaphore_waiter(label: String) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cut_off_semaphore_waiter_is_skipped_within_its_liveness() {
     on_every_proxyable_label(cut_off_semaphore_waiter).await;
+}
+
+/// The locks' lease (ZooKeeper: session timeout) in the release case: far longer
+/// than the case waits, so only a release that reached the store frees a lock in time.
+const LONG_LEASE: Duration = Duration::from_secs(30);
+
+/// How long the release case's connections stay reset (a server restart, a flapping
+/// link): far shorter than [`LONG_LEASE`], so ZooKeeper's session outlives it.
+const OUTAGE: Duration = Duration::from_millis(700);
+
+/// The release case on one label (panics with what went wrong): a holder whose
+/// connections are reset lets go of two locks — one guard dropped, one unlocked —
+/// while its releases cannot reach the store; once the connections pass again, a
+/// client on a healthy connection must get both within [`SLACK`]: the releases were
+/// retried, not left to the lease or the session (which outlive the case).
+async fn release_across_an_outage(label: String) {
+    let label = label.as_str();
+    let world = Partition::open_lasting(label, LONG_LEASE).await;
+    let (holder_m, next_m) = (world.behind().await, world.healthy().await);
+    let dropped = holder_m.lock("dropped").lock().await.expect("lock");
+    let unlocked = holder_m.lock("unlocked").lock().await.expect("lock");
+
+    world.set(Fault::Reset);
+    drop(dropped);
+    let unlock = unlocked.unlock().await;
+    tokio::time::sleep(OUTAGE).await;
+    let healed = Instant::now();
+    world.set(Fault::Pass);
+
+    for name in ["dropped", "unlocked"] {
+        let guard = next_m
+            .lock(name)
+            .try_lock(SLACK)
+            .await
+            .unwrap_or_else(|e| panic!("{label}: try_lock {name}: {e}"))
+            .unwrap_or_else(|| {
+                panic!(
+                    "{label}: {name} still held {SLACK:?} after the connections healed \
+                     (the unlock answered {unlock:?}); its release was not retried"
+                )
+            });
+        guard.unlock().await.expect("unlock");
+    }
+    println!(
+        "{label}: both locks free {} ms after the connections healed (the unlock during \
+         the outage answered: {})",
+        healed.elapsed().as_millis(),
+        match &unlock {
+            Ok(()) => "ok".to_owned(),
+            Err(e) => e.to_string(),
+        }
+    );
+    world.heal_and_finish(&[&holder_m, &next_m]).await;
+}
+
+/// The release case on every selected backend a proxy can carry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_the_store_missed_is_retried_once_the_connection_heals() {
+    on_every_proxyable_label(release_across_an_outage).await;
 }

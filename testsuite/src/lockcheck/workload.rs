@@ -395,7 +395,7 @@ const DESCRIBED_ERRORS: u64 = 20;
 fn failed_with(e: &dlock_api::Error) -> Why {
     static DESCRIBED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     if DESCRIBED.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < DESCRIBED_ERRORS {
-        eprintln!("lockcheck worker: a call failed: {e}");
+        eprintln!("lockcheck worker: a call failed: {e:#}");
     }
     Why::Error(e.kind().as_str().to_owned())
 }
