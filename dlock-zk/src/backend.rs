@@ -17,7 +17,7 @@ use zookeeper_client::{
     Acls, CreateMode, CreateOptions, Error as ZkError, EventType, OneshotWatcher, WatchedEvent,
 };
 
-use crate::error::map_zk;
+use crate::error::{connection_failure, map_zk};
 use crate::layout::{self, Contender, ExclusiveNode};
 use crate::session::{ConnectSpec, Session, SessionPhase, Sessions};
 use crate::{parse_url, ZkOptions};
@@ -350,8 +350,9 @@ impl Inner {
                     continue;
                 }
                 // A placed node made by an earlier try whose answer was lost.
-                Err(lost @ (ZkError::ConnectionLoss | ZkError::NodeExists))
-                    if !sequential || matches!(lost, ZkError::ConnectionLoss) =>
+                Err(lost)
+                    if connection_failure(&lost)
+                        || (!sequential && matches!(lost, ZkError::NodeExists)) =>
                 {
                     // The create may have happened: look for our node by its prefix.
                     let (children, watch) = client
@@ -620,14 +621,18 @@ impl LockRemoteResource for ZkBackend {
                 None => return Ok(ReleaseResult::NotOwner),
             },
         };
-        match inner
-            .sessions
-            .usable(None, None)
-            .await?
-            .client
-            .delete(&path, None)
-            .await
-        {
+        let session = inner.sessions.usable(None, None).await?;
+        let mut deleted = session.client.delete(&path, None).await;
+        // A blip: the node survives it with the session; once the connection is
+        // back (within the session's grace), delete it then — an `unlock` returns
+        // with the lock free, not with an error and the lock held.
+        if matches!(&deleted, Err(e) if connection_failure(e)) {
+            let grace = Instant::now() + session.client.session_timeout() * 2 / 5;
+            if inner.sessions.reconnected(&session, grace).await {
+                deleted = session.client.delete(&path, None).await;
+            }
+        }
+        match deleted {
             Ok(()) => Ok(ReleaseResult::Released),
             Err(ZkError::NoNode) => Ok(ReleaseResult::NotOwner),
             Err(err) => {
@@ -932,8 +937,9 @@ impl ZkBackend {
                 Ok((children, watch)) => (mine.children, mine.watch) = (children, watch),
                 // The lock node is gone, and our node with it.
                 Err(ZkError::NoNode) => mine.children.clear(),
-                Err(ZkError::ConnectionLoss)
-                    if self.inner.sessions.reconnected(session, deadline).await =>
+                Err(err)
+                    if connection_failure(&err)
+                        && self.inner.sessions.reconnected(session, deadline).await =>
                 {
                     continue
                 }
@@ -958,8 +964,9 @@ impl ZkBackend {
                 () = tokio::time::sleep_until(deadline.into()) => false,
             }),
             // A blip: our node survives it with the session; look again.
-            Err(ZkError::ConnectionLoss)
-                if self.inner.sessions.reconnected(session, deadline).await =>
+            Err(err)
+                if connection_failure(&err)
+                    && self.inner.sessions.reconnected(session, deadline).await =>
             {
                 Ok(true)
             }

@@ -11,7 +11,7 @@ pub(crate) fn map_zk(err: ZkError, op: &'static str) -> Error {
             "cannot reach ZooKeeper; the client reconnects by itself — retry",
         ),
         // The client hands a broken socket's I/O error to the requests in flight.
-        ZkError::Custom(_) if io_failure(&err) => (
+        ZkError::Custom(_) if connection_failure(&err) => (
             ErrorKind::Backend,
             true,
             "cannot reach ZooKeeper; the client reconnects by itself — retry",
@@ -47,6 +47,16 @@ pub(crate) fn map_zk(err: ZkError, op: &'static str) -> Error {
         .with_context("backend", "zookeeper")
         .with_context("op", op)
         .with_source(err)
+}
+
+/// Whether `err` is the connection failing under a request (the session may live
+/// on): a connection loss, or a broken socket's I/O error.
+pub(crate) fn connection_failure(err: &ZkError) -> bool {
+    match err {
+        ZkError::ConnectionLoss => true,
+        ZkError::Custom(_) => io_failure(err),
+        _ => false,
+    }
 }
 
 /// How the client holds a `Custom` error's source.
