@@ -247,9 +247,12 @@ impl LockGuard {
     /// if the backend says someone else owns it now (nothing was released);
     /// backend errors as they come. A release the backend could not answer (a
     /// retryable error: the connection broke, the server restarts) is sent again in
-    /// the background, backing off up to 2 s, until the backend answers or the grant
-    /// could no longer stand (its lease is up; a ZooKeeper session-bound hold: at
-    /// most 60 s) — as Curator's guaranteed delete; a dropped guard's release too.
+    /// the background, straight to the backend (handlers see the first attempt
+    /// only), backing off up to 2 s, until the backend answers or the grant could no
+    /// longer stand (its lease, as the watchdog last saw it, is up), for at most 60 s
+    /// — as Curator's guaranteed delete; a dropped guard's release too. On
+    /// ZooKeeper a release first waits up to 2 s for a dropped connection to come
+    /// back, then deletes on the same session.
     pub async fn unlock(mut self) -> Result<()> {
         self.released = true;
         let lost = self.hold.lost_reason();

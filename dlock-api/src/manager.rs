@@ -206,23 +206,25 @@ impl ManagerInner {
         result
     }
 
-    /// Sends the release of a hold the backend could not answer again, while the
-    /// grant may still stand: a lease-based hold until its lease is up, a
-    /// session-bound one (ZooKeeper's node lives as long as the session, which
-    /// survives a reconnect) for at most [`SESSION_RELEASE_RETRIES`].
+    /// Sends the release of a hold the backend could not answer again, straight to
+    /// the backend (the handlers saw the first attempt: a retry is not another
+    /// release to log or count), while the grant may still stand: a lease-based hold
+    /// until its lease is up, a session-bound or lost one (ZooKeeper's node lives as
+    /// long as the session, which survives a reconnect) — and either — for at most
+    /// [`RELEASE_RETRIES`].
     async fn release_again(&self, hold: &Hold) -> Result<ReleaseResult> {
-        let until = hold
-            .valid_until()
-            .unwrap_or_else(|| Instant::now() + SESSION_RELEASE_RETRIES);
-        let ctx = hold.release_context(&self.chain);
-        send_until_answered(until, || self.chain.release(&ctx)).await
+        let most = Instant::now() + RELEASE_RETRIES;
+        let until = hold.valid_until().map_or(most, |lease| lease.min(most));
+        let request = hold.release_context(&self.chain).request;
+        let resource = self.chain.resource();
+        resend_release(resource, self.chain.operation_timeout(), &request, until).await
     }
 
     /// Gives back a grant whose acquire was cancelled after the backend may have made
     /// it (the request was sent, the answer never read): in a background task, straight
     /// to the backend, sent again while the backend cannot answer it (for at most
-    /// [`SESSION_RELEASE_RETRIES`]). A grant that was never made answers `NotOwner`
-    /// and nothing changes — the release names the grant, so it cannot touch anyone
+    /// [`RELEASE_RETRIES`]). A grant that was never made answers `NotOwner` and
+    /// nothing changes — the release names the grant, so it cannot touch anyone
     /// else's.
     pub(crate) fn abandon(&self, request: ReleaseRequest) {
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
@@ -231,17 +233,8 @@ impl ManagerInner {
         let resource = Arc::clone(self.chain.resource());
         let limit = self.chain.operation_timeout();
         rt.spawn(async move {
-            let until = Instant::now() + SESSION_RELEASE_RETRIES;
-            let result = send_until_answered(until, || async {
-                tokio::time::timeout(limit, resource.release(&request))
-                    .await
-                    .unwrap_or_else(|_| {
-                        Err(Error::new(ErrorKind::Timeout, "the backend did not answer in time")
-                            .set_retryable(true))
-                    })
-            })
-            .await;
-            if let Err(err) = result {
+            let until = Instant::now() + RELEASE_RETRIES;
+            if let Err(err) = resend_release(&resource, limit, &request, until).await {
                 tracing::warn!(lock = %request.name, error = &err as &dyn std::error::Error, "dlock: releasing a cancelled acquire's grant failed; it ends with its lease or session");
             }
         });
@@ -637,11 +630,12 @@ impl fmt::Debug for DistributeLockManagerBuilder {
     }
 }
 
-/// The longest a release the backend cannot answer is sent again when nothing else
-/// bounds it (a session-bound hold, a cancelled acquire's grant). A ZooKeeper session
-/// cannot outlive its timeout without a connection (40 s at most by default), so
-/// past this the node has gone with its session or the server is gone for good.
-const SESSION_RELEASE_RETRIES: Duration = Duration::from_secs(60);
+/// The longest a release the backend cannot answer is sent again (a lease-based
+/// hold's ends sooner if its lease does). A ZooKeeper session cannot outlive its
+/// timeout without a connection (40 s at most by default), so past this the node has
+/// gone with its session or the server is gone for good; and a long fixed lease does
+/// not keep a task retrying (and the manager alive) for days.
+const RELEASE_RETRIES: Duration = Duration::from_secs(60);
 
 /// Sends a release (`send`) until the backend answers it: after a retryable error
 /// (the connection broke, the server restarts, a Sentinel fails over) it is sent
@@ -670,6 +664,27 @@ where
             answered => return answered,
         }
     }
+}
+
+/// [`send_until_answered`] of `request` straight to `resource`, each call bounded by
+/// `limit` (the operation timeout).
+async fn resend_release(
+    resource: &Arc<dyn LockRemoteResource>,
+    limit: Duration,
+    request: &ReleaseRequest,
+    until: Instant,
+) -> Result<ReleaseResult> {
+    send_until_answered(until, || async {
+        tokio::time::timeout(limit, resource.release(request))
+            .await
+            .unwrap_or_else(|_| {
+                Err(
+                    Error::new(ErrorKind::Timeout, "the backend did not answer in time")
+                        .set_retryable(true),
+                )
+            })
+    })
+    .await
 }
 
 /// Logs a background release that never got through.

@@ -63,6 +63,10 @@ const DATA_MAGIC: &[u8] = b"dlock1\n";
 /// session replaced) before giving up with an error.
 const MAX_ENQUEUES: usize = 8;
 
+/// The longest a release waits for its session's connection to come back after a
+/// blip before it reports the failure (the manager then sends it again later).
+const RECONNECT_WAIT: Duration = Duration::from_secs(2);
+
 /// Locks on ZooKeeper. Cheap to share (`Arc` inside); one session per backend.
 #[derive(Clone)]
 pub struct ZkBackend {
@@ -624,11 +628,17 @@ impl LockRemoteResource for ZkBackend {
         let session = inner.sessions.usable(None, None).await?;
         let mut deleted = session.client.delete(&path, None).await;
         // A blip: the node survives it with the session; once the connection is
-        // back (within the session's grace), delete it then — an `unlock` returns
-        // with the lock free, not with an error and the lock held.
+        // back (within 2 s, and the session's grace), delete it then — an `unlock`
+        // returns with the lock free, not with an error and the lock held. Longer
+        // outages are left to the manager's retries, so an `unlock` (and a `close`
+        // of many holds) is not held up by them.
         if matches!(&deleted, Err(e) if connection_failure(e)) {
-            let grace = Instant::now() + session.client.session_timeout() * 2 / 5;
-            if inner.sessions.reconnected(&session, grace).await {
+            let wait = (session.client.session_timeout() * 2 / 5).min(RECONNECT_WAIT);
+            if inner
+                .sessions
+                .reconnected(&session, Instant::now() + wait)
+                .await
+            {
                 deleted = session.client.delete(&path, None).await;
             }
         }

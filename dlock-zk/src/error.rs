@@ -50,11 +50,19 @@ pub(crate) fn map_zk(err: ZkError, op: &'static str) -> Error {
 }
 
 /// Whether `err` is the connection failing under a request (the session may live
-/// on): a connection loss, or a broken socket's I/O error.
+/// on): a connection loss, a broken socket's I/O error, or the client giving up on
+/// a silent connection (a partition: "no response from connection in …ms") or
+/// leaving a read-only server for a writable one — what the client hands the
+/// requests in flight when it drops a connection.
 pub(crate) fn connection_failure(err: &ZkError) -> bool {
     match err {
         ZkError::ConnectionLoss => true,
-        ZkError::Custom(_) => io_failure(err),
+        ZkError::Custom(custom) => {
+            let said = custom.to_string();
+            io_failure(err)
+                || said.starts_with("no response from connection")
+                || said.starts_with("encounter writable server")
+        }
         _ => false,
     }
 }
@@ -109,6 +117,8 @@ mod tests {
             !old.is_retryable() && old.to_string().contains("3.5 or newer"),
             "{old}"
         );
+        assert!(connection_failure(&ZkError::ConnectionLoss));
+        assert!(!connection_failure(&ZkError::SessionExpired));
         let other = map_zk(ZkError::NotEmpty, "delete");
         assert!(!other.to_string().contains("3.5 or newer"), "{other}");
     }

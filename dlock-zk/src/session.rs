@@ -25,7 +25,7 @@ use dlock_spi::{Error, ErrorKind, Result};
 use tokio::sync::watch;
 use zookeeper_client::{Client, SessionState};
 
-use crate::error::map_zk;
+use crate::error::{connection_failure, map_zk};
 
 /// Identifies one session of this backend (ZooKeeper's session id).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -191,7 +191,7 @@ impl Sessions {
             for _ in 0..10 {
                 match session.client.delete(&path, None).await {
                     Ok(()) | Err(zookeeper_client::Error::NoNode) => return,
-                    Err(zookeeper_client::Error::ConnectionLoss) => {
+                    Err(err) if connection_failure(&err) => {
                         let Some(sessions) = sessions.upgrade() else { return };
                         let limit = Instant::now() + session.client.session_timeout();
                         if !sessions.reconnected(&session, limit).await {
