@@ -241,7 +241,7 @@ impl DistributeLock {
 
     /// The full (namespaced) lock name, or the validation error.
     pub fn name(&self) -> Result<&LockName> {
-        self.handle.name.as_ref().map_err(clone_error)
+        self.handle.name.as_ref().map_err(Error::duplicate)
     }
 
     /// The owner this handle acquires as.
@@ -666,10 +666,6 @@ impl Drop for InFlightAcquire<'_> {
     fn drop(&mut self) {
         self.give_back();
     }
-}
-
-pub(crate) fn clone_error(err: &Error) -> Error {
-    Error::new(err.kind(), err.message().to_owned())
 }
 
 impl fmt::Debug for DistributeLock {

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use dlock_spi::{Error, LockName, LostReason, Result};
 
 use crate::guard::{parts_accessors, LockGuard};
-use crate::lock::{clone_error, DistributeLock};
+use crate::lock::DistributeLock;
 use crate::manager::DistributeLockManager;
 use crate::options::LockOptions;
 
@@ -75,7 +75,7 @@ impl MultiLock {
             ));
         }
         for member in self.members.iter() {
-            member.name().map_err(|e| clone_error(&e))?;
+            member.name().map_err(|e| e.duplicate())?;
         }
         Ok(())
     }

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use dlock_spi::{Error, Fairness, FencingToken, LockMode, LockName, Result};
 
 use crate::guard::{parts_accessors, LockGuard};
-use crate::lock::{clone_error, DistributeLock, HoldSpec, Place, Side, Slot};
+use crate::lock::{DistributeLock, HoldSpec, Place, Side, Slot};
 use crate::manager::ManagerInner;
 
 /// What the upgradeable side's lock name adds to the read-write lock's name. The
@@ -80,7 +80,7 @@ impl ReadWriteLock {
         let upgrade_slot: Slot = Arc::new(Mutex::new(None));
         let family = Arc::new(tokio::sync::watch::Sender::new(0u64));
         let spec = HoldSpec::lock(&manager.config);
-        let upgrade_name = name.as_ref().map_err(clone_error).and_then(|n| {
+        let upgrade_name = name.as_ref().map_err(Error::duplicate).and_then(|n| {
             LockName::new(format!("{n}{UPGRADEABLE_SUFFIX}")).map_err(|e| {
                 Error::new(
                     e.kind(),
@@ -94,7 +94,7 @@ impl ReadWriteLock {
         });
         let read = DistributeLock::with_place(
             Arc::clone(&manager),
-            name.as_ref().cloned().map_err(clone_error),
+            name.as_ref().cloned().map_err(Error::duplicate),
             LockMode::Shared,
             fairness,
             spec.clone(),

@@ -68,7 +68,7 @@ impl Semaphore {
     pub fn name(&self) -> Result<LockName> {
         match self.full_name.as_ref() {
             Ok(name) => Ok(name.clone()),
-            Err(e) => Err(crate::lock::clone_error(e)),
+            Err(e) => Err(e.duplicate()),
         }
     }
 

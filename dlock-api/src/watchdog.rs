@@ -396,13 +396,15 @@ struct RenewOutcome {
 }
 
 async fn run(shared: Arc<Shared>) {
-    let mut in_flight: JoinSet<RenewOutcome> = JoinSet::new();
-    // Which hold each renewal task renews, so a task that panics (a handler's
-    // hook) still settles its hold: as lost, never stuck in flight.
-    let mut tasks: HashMap<tokio::task::Id, u64> = HashMap::new();
+    let batches = shared.chain.batches_renewals();
+    let mut in_flight: JoinSet<Vec<RenewOutcome>> = JoinSet::new();
+    // Which holds each renewal task renews, so a task that panics (a handler's
+    // hook) still settles its holds: as lost, never stuck in flight.
+    let mut tasks: HashMap<tokio::task::Id, Vec<u64>> = HashMap::new();
     loop {
         let now = Instant::now();
-        let (due, next) = take_due(&shared, now);
+        let (due, next) = take_due(&shared, now, batches);
+        let mut renewals = Vec::new();
         for d in due {
             let id = d.renewal.id;
             // Lost from outside the watchdog (an upgrade whose read was lost): not
@@ -420,25 +422,27 @@ async fn run(shared: Arc<Shared>) {
                 lose(&shared, id, LostReason::LeaseExpired);
                 continue;
             }
-            let chain = shared.chain.clone();
-            let req = RenewRequest::new(
-                d.hold.name.clone(),
-                d.hold.owner.clone(),
-                d.hold.grant,
-                d.hold.mode,
-                d.renewal.lease,
-                d.hold.token,
-            )
-            .with_transition(d.transition);
-            let (renewal, lost_at) = (d.renewal, d.lost_at);
-            let task = in_flight.spawn(async move {
-                // A renewal that cannot finish before the loss instant is a loss.
-                let result = tokio::time::timeout_at(lost_at.into(), chain.renew(&req))
-                    .await
-                    .ok();
-                RenewOutcome { renewal, result }
-            });
-            tasks.insert(task.id(), id);
+            renewals.push(d);
+        }
+        if batches && renewals.len() > 1 {
+            let ids = renewals.iter().map(|d| d.renewal.id).collect();
+            let task = in_flight.spawn(renew_together(shared.chain.clone(), renewals));
+            tasks.insert(task.id(), ids);
+        } else {
+            for d in renewals {
+                let id = d.renewal.id;
+                let chain = shared.chain.clone();
+                let req = d.request();
+                let (renewal, lost_at) = (d.renewal, d.lost_at);
+                let task = in_flight.spawn(async move {
+                    // A renewal that cannot finish before the loss instant is a loss.
+                    let result = tokio::time::timeout_at(lost_at.into(), chain.renew(&req))
+                        .await
+                        .ok();
+                    vec![RenewOutcome { renewal, result }]
+                });
+                tasks.insert(task.id(), vec![id]);
+            }
         }
         let sleep_until = next;
         tokio::select! {
@@ -446,12 +450,14 @@ async fn run(shared: Arc<Shared>) {
             _ = shared.wake.notified() => {}
             Some(joined) = in_flight.join_next_with_id(), if !in_flight.is_empty() => {
                 match joined {
-                    Ok((task, outcome)) => {
+                    Ok((task, outcomes)) => {
                         tasks.remove(&task);
-                        settle(&shared, outcome);
+                        for outcome in outcomes {
+                            settle(&shared, outcome);
+                        }
                     }
                     Err(err) => {
-                        if let Some(id) = tasks.remove(&err.id()) {
+                        for id in tasks.remove(&err.id()).into_iter().flatten() {
                             tracing::error!(error = %err, "dlock: a renewal task failed; its hold counts as lost");
                             lose(&shared, id, LostReason::LeaseExpired);
                         }
@@ -462,9 +468,53 @@ async fn run(shared: Arc<Shared>) {
     }
 }
 
-/// Pops every due entry that is not already being renewed, and decides (under the
-/// same lock `register` takes) when the scheduler wakes next.
-fn take_due(shared: &Shared, now: Instant) -> (Vec<Due>, Instant) {
+/// Sends `renewals` as one batch (the backend's [`dlock_spi::BatchRenew`]). The batch
+/// is cut off at its earliest loss instant: a hold past its own then is lost; the
+/// others' renewals count as failed with their outcome unknown, and are retried.
+async fn renew_together(chain: HandlerChain, renewals: Vec<Due>) -> Vec<RenewOutcome> {
+    let reqs: Vec<RenewRequest> = renewals.iter().map(Due::request).collect();
+    let earliest = renewals.iter().map(|d| d.lost_at).min();
+    let answers = match earliest {
+        Some(at) => tokio::time::timeout_at(at.into(), chain.renew_batch(&reqs))
+            .await
+            .ok(),
+        None => None,
+    };
+    let now = Instant::now();
+    let mut answers = answers.map(Vec::into_iter);
+    renewals
+        .into_iter()
+        .map(|d| {
+            let result = match answers.as_mut() {
+                Some(answers) => answers.next(),
+                None if now >= d.lost_at => None,
+                None => Some(Err(Error::new(
+                    dlock_spi::ErrorKind::Timeout,
+                    "a batch of renewals was not answered before the loss instant of one of its holds; renewing again",
+                ))),
+            };
+            RenewOutcome {
+                renewal: d.renewal,
+                result,
+            }
+        })
+        .collect()
+}
+
+/// How much earlier than due a renewal may be sent to join a batch: a tenth of the
+/// hold's renewal interval. Holds renewed in one batch are due together again, so
+/// batches, once formed, last.
+fn batch_ahead(entry: &Entry) -> Duration {
+    entry.counted(entry.lease).saturating_sub(entry.transition) / 30
+}
+
+/// The furthest [`batch_ahead`] looks.
+const MAX_BATCH_AHEAD: Duration = Duration::from_secs(2);
+
+/// Pops every due entry that is not already being renewed — with `batches`, when
+/// any is due, also the renewed ones due within their [`batch_ahead`] — and decides
+/// (under the same lock `register` takes) when the scheduler wakes next.
+fn take_due(shared: &Shared, now: Instant, batches: bool) -> (Vec<Due>, Instant) {
     let mut state = shared.lock();
     let mut due = Vec::new();
     while let Some(&(at, id)) = state.queue.first() {
@@ -474,24 +524,29 @@ fn take_due(shared: &Shared, now: Instant) -> (Vec<Due>, Instant) {
         state.queue.pop_first();
         if let Some(entry) = state.entries.get_mut(&id) {
             if entry.due == at && !entry.in_flight {
-                entry.in_flight = true;
-                due.push(Due {
-                    renewal: Renewal {
-                        id,
-                        sent: now,
-                        lease: entry.lease,
-                        extends: entry.extends,
-                        waiters: std::mem::take(&mut entry.pending),
-                    },
-                    hold: Arc::clone(&entry.hold),
-                    transition: entry.transition,
-                    // A renewal in flight at the cap ends there.
-                    lost_at: entry
-                        .cap
-                        .map_or(entry.lost_at, |cap| cap.min(entry.lost_at)),
-                    cap: entry.cap,
-                    renew: entry.renew,
-                });
+                due.push(Due::take(id, entry, now));
+            }
+        }
+    }
+    if batches && !due.is_empty() {
+        let early: Vec<(Instant, u64)> = state
+            .queue
+            .range(..(now + MAX_BATCH_AHEAD, u64::MAX))
+            .filter(|(at, id)| {
+                state.entries.get(id).is_some_and(|e| {
+                    e.renew
+                        && e.due == *at
+                        && !e.in_flight
+                        && e.cap.is_none_or(|cap| cap > *at)
+                        && *at <= now + batch_ahead(e)
+                })
+            })
+            .copied()
+            .collect();
+        for (at, id) in early {
+            state.queue.remove(&(at, id));
+            if let Some(entry) = state.entries.get_mut(&id) {
+                due.push(Due::take(id, entry, now));
             }
         }
     }
@@ -501,6 +556,43 @@ fn take_due(shared: &Shared, now: Instant) -> (Vec<Due>, Instant) {
         .map_or(now + IDLE_HORIZON, |(at, _)| (*at).min(now + IDLE_HORIZON));
     state.sleeping_until = Some(next);
     (due, next)
+}
+
+impl Due {
+    /// Takes `entry` off for a renewal sent now (marks it in flight).
+    fn take(id: u64, entry: &mut Entry, now: Instant) -> Due {
+        entry.in_flight = true;
+        Due {
+            renewal: Renewal {
+                id,
+                sent: now,
+                lease: entry.lease,
+                extends: entry.extends,
+                waiters: std::mem::take(&mut entry.pending),
+            },
+            hold: Arc::clone(&entry.hold),
+            transition: entry.transition,
+            // A renewal in flight at the cap ends there.
+            lost_at: entry
+                .cap
+                .map_or(entry.lost_at, |cap| cap.min(entry.lost_at)),
+            cap: entry.cap,
+            renew: entry.renew,
+        }
+    }
+
+    /// The renewal request it sends.
+    fn request(&self) -> RenewRequest {
+        RenewRequest::new(
+            self.hold.name.clone(),
+            self.hold.owner.clone(),
+            self.hold.grant,
+            self.hold.mode,
+            self.renewal.lease,
+            self.hold.token,
+        )
+        .with_transition(self.transition)
+    }
 }
 
 /// Applies a renewal's answer: reschedule, retry, or declare the hold lost; tells
@@ -556,7 +648,7 @@ fn settle(shared: &Shared, outcome: RenewOutcome) {
                 // The store may yet apply it, after any later renewal.
                 entry.lingering = Some(entry.lingering.map_or(lease, |l| l.min(lease)));
                 for waiter in waiters {
-                    let _ = waiter.send(Err(crate::lock::clone_error(&err)));
+                    let _ = waiter.send(Err(err.duplicate()));
                 }
                 // A renewed hold retries, as does one with extends waiting; one with
                 // a fixed lease otherwise keeps its end.

@@ -889,6 +889,10 @@ impl LockRemoteResource for EtcdBackend {
     fn events(&self) -> Option<&dyn LockEvents> {
         Some(self)
     }
+
+    fn batch_renew(&self) -> Option<&dyn dlock_spi::BatchRenew> {
+        None
+    }
 }
 
 #[async_trait]

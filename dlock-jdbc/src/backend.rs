@@ -880,6 +880,10 @@ impl LockRemoteResource for JdbcBackend {
             .as_ref()
             .map(|_| self as &dyn dlock_spi::LockEvents)
     }
+
+    fn batch_renew(&self) -> Option<&dyn dlock_spi::BatchRenew> {
+        None
+    }
 }
 
 #[async_trait]

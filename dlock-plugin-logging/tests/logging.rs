@@ -79,6 +79,10 @@ impl LockRemoteResource for Failing {
     fn events(&self) -> Option<&dyn dlock_spi::LockEvents> {
         None
     }
+
+    fn batch_renew(&self) -> Option<&dyn dlock_spi::BatchRenew> {
+        None
+    }
 }
 
 fn request(name: &str) -> AcquireRequest {

@@ -85,6 +85,8 @@ struct Inner {
     /// behind Sentinel (the master is scanned).
     nodes: Vec<redis::Client>,
     attempts: AtomicU64,
+    /// Calls sent to renew leases (a batch of many counts once).
+    renewal_calls: AtomicU64,
 }
 
 /// A lock backend on Redis (single node or Cluster). Cheap to clone.
@@ -227,7 +229,7 @@ fn bytes(v: Option<&Value>) -> Vec<u8> {
     }
 }
 
-fn ms(d: Duration) -> u64 {
+pub(crate) fn ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
 }
 
@@ -456,6 +458,7 @@ impl RedisBackend {
                 notices,
                 nodes,
                 attempts: AtomicU64::new(0),
+                renewal_calls: AtomicU64::new(0),
             }),
         })
     }
@@ -509,6 +512,17 @@ impl RedisBackend {
     /// one script or two: a permits request's lean script, then the general one).
     pub fn acquire_attempts(&self) -> u64 {
         self.inner.attempts.load(Ordering::Relaxed)
+    }
+
+    /// Test hook: calls this backend sent to the server to renew leases (a batch of
+    /// many renewals counts once; see [`dlock_spi::BatchRenew`]).
+    pub fn renewal_calls(&self) -> u64 {
+        self.inner.renewal_calls.load(Ordering::Relaxed)
+    }
+
+    /// Counts a call sent to renew leases.
+    pub(crate) fn count_renewal_call(&self) {
+        self.inner.renewal_calls.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Runs a script call on this backend's connection; `op` names it in errors.
@@ -700,6 +714,32 @@ impl RedisBackend {
         } else {
             None
         })
+    }
+
+    /// After renewals sent on connection `epoch`: fails if too few replicas
+    /// acknowledged them — a renewal the replicas did not take would be undone by a
+    /// failover, so the lease stands as last acknowledged.
+    pub(crate) async fn check_renewals_acknowledged(&self, epoch: u64) -> Result<()> {
+        match self.unacknowledged(epoch, "renew").await? {
+            None => Ok(()),
+            Some((why, retry)) => Err(Error::new(
+                ErrorKind::Backend,
+                format!(
+                    "{why}; the renewal does not count — the lease stands as last acknowledged"
+                ),
+            )
+            .set_retryable(retry)),
+        }
+    }
+
+    /// Which master connection commands go to now (see `Conn::epoch`).
+    pub(crate) fn epoch(&self) -> u64 {
+        self.inner.conn.epoch()
+    }
+
+    /// The backend's scripts.
+    pub(crate) fn scripts(&self) -> &Scripts {
+        &self.inner.scripts
     }
 
     /// After an acquire: releases and fails if too few replicas acknowledged it.
@@ -988,19 +1028,11 @@ impl LockRemoteResource for RedisBackend {
             (None, _) => {}
         }
         let epoch = self.inner.conn.epoch();
+        self.count_renewal_call();
         Ok(if self.run_flag(&inv, "renew").await? {
-            // A renewal the replicas did not take would be undone by a failover: the
-            // lease stands as last acknowledged.
-            if let Some((why, retry)) = self.unacknowledged(epoch, "renew").await? {
-                return Err(Error::new(
-                    ErrorKind::Backend,
-                    format!(
-                        "{why}; the renewal does not count — the lease stands as last acknowledged"
-                    ),
-                )
-                .set_retryable(retry)
-                .with_context("lock", &req.name));
-            }
+            self.check_renewals_acknowledged(epoch)
+                .await
+                .map_err(|e| e.with_context("lock", &req.name))?;
             RenewResult::renewed(Some(sent + req.lease))
         } else {
             RenewResult::NotOwner
@@ -1060,6 +1092,15 @@ impl LockRemoteResource for RedisBackend {
             .notices
             .as_ref()
             .map(|_| self as &dyn dlock_spi::LockEvents)
+    }
+
+    fn batch_renew(&self) -> Option<&dyn dlock_spi::BatchRenew> {
+        // A Cluster keeps each lock's keys in a slot of its own: one script cannot
+        // reach several locks' keys there.
+        match self.inner.conn {
+            Conn::Cluster(_) => None,
+            Conn::Single(_) | Conn::Sentinel(_) => Some(self),
+        }
     }
 }
 

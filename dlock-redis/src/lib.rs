@@ -99,6 +99,7 @@ mod error;
 mod keys;
 mod notices;
 mod redlock;
+mod renew_batch;
 mod scripts;
 mod sentinel;
 mod tls;

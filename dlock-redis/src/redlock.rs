@@ -593,6 +593,10 @@ impl LockRemoteResource for RedlockBackend {
     fn events(&self) -> Option<&dyn LockEvents> {
         None
     }
+
+    fn batch_renew(&self) -> Option<&dyn dlock_spi::BatchRenew> {
+        None
+    }
 }
 
 #[async_trait]

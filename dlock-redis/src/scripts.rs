@@ -763,6 +763,8 @@ pub(crate) struct Scripts {
     pub(crate) inspect: redis::Script,
     pub(crate) force_release: redis::Script,
     pub(crate) observe: redis::Script,
+    /// [`crate::renew_batch::RENEW_BATCH`].
+    pub(crate) renew_batch: redis::Script,
 }
 
 /// Each script's full source: its helpers, then its body.
@@ -844,6 +846,7 @@ impl Scripts {
             inspect: i,
             force_release: f,
             observe: o,
+            renew_batch: redis::Script::new(crate::renew_batch::RENEW_BATCH),
         }
     }
 }

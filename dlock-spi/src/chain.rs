@@ -38,6 +38,33 @@ fn hook(_name: &'static str, call: impl FnOnce()) {
     let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(call));
 }
 
+/// Runs `futures` concurrently on the caller's task; their outputs in order.
+async fn join_all<F: std::future::Future>(futures: impl Iterator<Item = F>) -> Vec<F::Output> {
+    let mut pending: Vec<_> = futures.map(|f| Some(Box::pin(f))).collect();
+    let mut outputs: Vec<Option<F::Output>> = pending.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut done = true;
+        for (slot, output) in pending.iter_mut().zip(outputs.iter_mut()) {
+            if let Some(fut) = slot {
+                match fut.as_mut().poll(cx) {
+                    std::task::Poll::Ready(out) => {
+                        *output = Some(out);
+                        *slot = None;
+                    }
+                    std::task::Poll::Pending => done = false,
+                }
+            }
+        }
+        if done {
+            std::task::Poll::Ready(())
+        } else {
+            std::task::Poll::Pending
+        }
+    })
+    .await;
+    outputs.into_iter().flatten().collect()
+}
+
 /// The longest lease the head accepts; longer ones are almost always a unit mistake.
 pub const MAX_LEASE: Duration = Duration::from_secs(30 * 24 * 3600);
 
@@ -361,16 +388,22 @@ impl Tail {
     ) -> Result<T> {
         match tokio::time::timeout(budget, fut).await {
             Ok(result) => result,
-            Err(_) => Err(Error::new(
-                ErrorKind::Timeout,
-                format!(
-                    "the {} backend did not answer within {budget:?}; check the server and the network, or raise the operation timeout",
-                    self.resource.backend_name()
-                ),
-            )
-            .with_context("op", op)
-            .with_context("lock", name)),
+            Err(_) => Err(self
+                .timed_out(budget)
+                .with_context("op", op)
+                .with_context("lock", name)),
         }
+    }
+
+    /// The error of a call the backend did not answer within `budget`.
+    fn timed_out(&self, budget: Duration) -> Error {
+        Error::new(
+            ErrorKind::Timeout,
+            format!(
+                "the {} backend did not answer within {budget:?}; check the server and the network, or raise the operation timeout",
+                self.resource.backend_name()
+            ),
+        )
     }
 }
 
@@ -475,6 +508,69 @@ impl HandlerChain {
             hook("on_renew", || handler.on_renew(&event));
         }
         result
+    }
+
+    /// Whether the backend renews many holds in one call
+    /// ([`LockRemoteResource::batch_renew`]).
+    pub fn batches_renewals(&self) -> bool {
+        self.tail.resource.batch_renew().is_some()
+    }
+
+    /// Renews many holds directly on the backend (the watchdog's path): in one call
+    /// where the backend offers [`crate::BatchRenew`], else one renewal each,
+    /// concurrently. Answers one result per request, in their order, and reports each
+    /// to every handler's [`LockHandler::on_renew`], as [`HandlerChain::renew`] does.
+    /// A batch that fails (or passes the operation timeout) fails every request with
+    /// the same error, each stamped with its own lock's name.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`crate::BatchRenew::renew_batch`]: dropped, each renewal may or may not
+    /// have been applied; handlers hear of none of them.
+    pub async fn renew_batch(&self, reqs: &[RenewRequest]) -> Vec<Result<RenewResult>> {
+        let Some(batch) = self.tail.resource.batch_renew().filter(|_| reqs.len() > 1) else {
+            return join_all(reqs.iter().map(|req| self.renew(req))).await;
+        };
+        let started = Instant::now();
+        let backend = self.tail.resource.backend_name();
+        let answer = tokio::time::timeout(self.tail.operation_timeout, batch.renew_batch(reqs))
+            .await
+            .unwrap_or_else(|_| Err(self.tail.timed_out(self.tail.operation_timeout)));
+        let results: Vec<Result<RenewResult>> = match answer {
+            Ok(answers) if answers.len() == reqs.len() => answers.into_iter().map(Ok).collect(),
+            Ok(answers) => {
+                let err = Error::new(
+                    ErrorKind::Backend,
+                    format!(
+                        "the {backend} backend answered a batch of {} renewals with {} results (a bug in the backend); the renewals count as failed",
+                        reqs.len(),
+                        answers.len()
+                    ),
+                );
+                reqs.iter().map(|_| Err(err.duplicate())).collect()
+            }
+            Err(err) => reqs.iter().map(|_| Err(err.duplicate())).collect(),
+        };
+        let elapsed = started.elapsed();
+        reqs.iter()
+            .zip(results)
+            .map(|(req, result)| {
+                let result = result.map_err(|e| {
+                    e.with_context("op", "renew")
+                        .with_context("lock", &req.name)
+                });
+                let event = RenewEvent {
+                    backend,
+                    request: req,
+                    outcome: result.as_ref(),
+                    elapsed,
+                };
+                for handler in self.handlers.iter() {
+                    hook("on_renew", || handler.on_renew(&event));
+                }
+                result
+            })
+            .collect()
     }
 
     /// Describes a lock's holders and waiters, straight from the backend (no

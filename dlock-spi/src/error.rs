@@ -134,6 +134,18 @@ impl Error {
         self
     }
 
+    /// A copy, for telling one failure to several callers: kind, message, context
+    /// and retryability as they are; the source (not clonable) as its text.
+    pub fn duplicate(&self) -> Error {
+        Error {
+            kind: self.kind,
+            message: self.message.clone(),
+            context: self.context.clone(),
+            retryable: self.retryable,
+            source: self.source.as_ref().map(|s| Source::from(format!("{s:#}"))),
+        }
+    }
+
     /// Overrides whether the error is retryable.
     pub fn set_retryable(mut self, retryable: bool) -> Self {
         self.retryable = retryable;

@@ -61,7 +61,7 @@ pub use name::LockName;
 pub use outcome::{AcquireResult, HolderInfo, LockState, ReleaseResult, RenewResult};
 pub use redact::redact_url;
 pub use request::{AcquireRequest, ReleaseRequest, RenewRequest};
-pub use resource::{LockAdmin, LockRemoteResource};
+pub use resource::{BatchRenew, LockAdmin, LockRemoteResource};
 pub use tls::{read_pem_file, TlsIdentity};
 pub use types::{
     Fairness, FencingToken, GrantId, HoldPurpose, HolderKey, LockMode, LostReason, OwnerId,

@@ -577,6 +577,10 @@ impl LockRemoteResource for InMemoryBackend {
         Some(self)
     }
 
+    fn batch_renew(&self) -> Option<&dyn crate::BatchRenew> {
+        None
+    }
+
     async fn inspect(&self, name: &LockName) -> Result<Option<LockState>> {
         let now = Instant::now();
         let state = self.shared.lock_state();

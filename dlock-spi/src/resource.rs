@@ -88,6 +88,31 @@ pub trait LockRemoteResource: Send + Sync + 'static {
     /// Change feeds, when the backend can push changes of a lock's holders to
     /// observers (leader election followers); `None`: observers poll `inspect`.
     fn events(&self) -> Option<&dyn LockEvents>;
+
+    /// Renewing many holds in one call to the store, when the backend can; `None`:
+    /// the manager's watchdog sends one `renew` per hold (concurrently).
+    fn batch_renew(&self) -> Option<&dyn BatchRenew>;
+}
+
+/// Renews many holds in one call to the store — an optional ability
+/// ([`LockRemoteResource::batch_renew`]). The manager's watchdog sends the renewals
+/// due together (and those due soon after, early) as one batch, so holding many locks
+/// costs the store one call per renewal period instead of one per lock.
+#[async_trait]
+pub trait BatchRenew: Send + Sync {
+    /// Renews each request of `reqs` exactly as [`LockRemoteResource::renew`] would,
+    /// and answers one [`RenewResult`] per request, in their order.
+    ///
+    /// The backend sends as few calls as it can (one for a Redis node); a request it
+    /// cannot fold into the batch (one carrying a context, or a hold it must treat
+    /// specially) it renews on its own. An error answers none of them: each may or
+    /// may not have been applied, as with a failed `renew`. `reqs` may be empty.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped before it answers, each renewal may or may not have been applied, as
+    /// with a dropped `renew`; nothing else is left behind.
+    async fn renew_batch(&self, reqs: &[RenewRequest]) -> Result<Vec<RenewResult>>;
 }
 
 /// Operator actions on a backend's lock state, outside the owner protocol.

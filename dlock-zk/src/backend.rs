@@ -727,6 +727,10 @@ impl LockRemoteResource for ZkBackend {
     fn events(&self) -> Option<&dyn dlock_spi::LockEvents> {
         Some(self)
     }
+
+    fn batch_renew(&self) -> Option<&dyn dlock_spi::BatchRenew> {
+        None
+    }
 }
 
 #[async_trait]

@@ -169,6 +169,10 @@ impl LockRemoteResource for RenewalsStall {
     fn events(&self) -> Option<&dyn LockEvents> {
         None
     }
+
+    fn batch_renew(&self) -> Option<&dyn dlock_spi::BatchRenew> {
+        None
+    }
 }
 
 /// An acquire cut short while it confirms its grant gives the grant back. Redlock's

@@ -108,6 +108,10 @@ impl LockRemoteResource for Wrapped {
     fn events(&self) -> Option<&dyn dlock_spi::LockEvents> {
         self.inner.events()
     }
+
+    fn batch_renew(&self) -> Option<&dyn dlock_spi::BatchRenew> {
+        None
+    }
 }
 
 /// Counts renewals and records losses reported to handlers.

@@ -139,4 +139,8 @@ impl LockRemoteResource for BrokenBackend {
     fn events(&self) -> Option<&dyn dlock_spi::LockEvents> {
         self.inner.events()
     }
+
+    fn batch_renew(&self) -> Option<&dyn dlock_spi::BatchRenew> {
+        None
+    }
 }
