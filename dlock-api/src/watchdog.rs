@@ -424,25 +424,36 @@ async fn run(shared: Arc<Shared>) {
             }
             renewals.push(d);
         }
-        if batches && renewals.len() > 1 {
-            let ids = renewals.iter().map(|d| d.renewal.id).collect();
-            let task = in_flight.spawn(renew_together(shared.chain.clone(), renewals));
-            tasks.insert(task.id(), ids);
+        // Renewals on schedule go together; one whose hold is short of time (a retry,
+        // the last before a cap) goes alone, so it cannot cut a batch short.
+        let (together, alone): (Vec<Due>, Vec<Due>) = if batches {
+            renewals
+                .into_iter()
+                .partition(|d| on_schedule(d.lost_at, d.renewal.lease, now))
         } else {
-            for d in renewals {
-                let id = d.renewal.id;
-                let chain = shared.chain.clone();
-                let req = d.request();
-                let (renewal, lost_at) = (d.renewal, d.lost_at);
-                let task = in_flight.spawn(async move {
-                    // A renewal that cannot finish before the loss instant is a loss.
-                    let result = tokio::time::timeout_at(lost_at.into(), chain.renew(&req))
-                        .await
-                        .ok();
-                    vec![RenewOutcome { renewal, result }]
-                });
-                tasks.insert(task.id(), vec![id]);
-            }
+            (Vec::new(), renewals)
+        };
+        let alone = if together.len() > 1 {
+            let ids = together.iter().map(|d| d.renewal.id).collect();
+            let task = in_flight.spawn(renew_together(shared.chain.clone(), together));
+            tasks.insert(task.id(), ids);
+            alone
+        } else {
+            together.into_iter().chain(alone).collect()
+        };
+        for d in alone {
+            let id = d.renewal.id;
+            let chain = shared.chain.clone();
+            let req = d.request();
+            let (renewal, lost_at) = (d.renewal, d.lost_at);
+            let task = in_flight.spawn(async move {
+                // A renewal that cannot finish before the loss instant is a loss.
+                let result = tokio::time::timeout_at(lost_at.into(), chain.renew(&req))
+                    .await
+                    .ok();
+                vec![RenewOutcome { renewal, result }]
+            });
+            tasks.insert(task.id(), vec![id]);
         }
         let sleep_until = next;
         tokio::select! {
@@ -457,8 +468,9 @@ async fn run(shared: Arc<Shared>) {
                         }
                     }
                     Err(err) => {
-                        for id in tasks.remove(&err.id()).into_iter().flatten() {
-                            tracing::error!(error = %err, "dlock: a renewal task failed; its hold counts as lost");
+                        let ids = tasks.remove(&err.id()).unwrap_or_default();
+                        tracing::error!(error = %err, holds = ids.len(), "dlock: a renewal task failed; its holds count as lost");
+                        for id in ids {
                             lose(&shared, id, LostReason::LeaseExpired);
                         }
                     }
@@ -501,6 +513,13 @@ async fn renew_together(chain: HandlerChain, renewals: Vec<Due>) -> Vec<RenewOut
         .collect()
 }
 
+/// Whether a hold renewed now for `lease` has at least half of it left before its
+/// loss instant (or cap), `lost_at`: a renewal on schedule, fit to go in a batch
+/// (which its earliest member's loss instant cuts short).
+fn on_schedule(lost_at: Instant, lease: Duration, now: Instant) -> bool {
+    lost_at >= now + lease / 2
+}
+
 /// How much earlier than due a renewal may be sent to join a batch: a tenth of the
 /// hold's renewal interval. Holds renewed in one batch are due together again, so
 /// batches, once formed, last.
@@ -537,8 +556,12 @@ fn take_due(shared: &Shared, now: Instant, batches: bool) -> (Vec<Due>, Instant)
                     e.renew
                         && e.due == *at
                         && !e.in_flight
-                        && e.cap.is_none_or(|cap| cap > *at)
                         && *at <= now + batch_ahead(e)
+                        && on_schedule(
+                            e.cap.map_or(e.lost_at, |cap| cap.min(e.lost_at)),
+                            e.lease,
+                            now,
+                        )
                 })
             })
             .copied()

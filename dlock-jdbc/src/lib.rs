@@ -32,6 +32,24 @@
 //! connection of the pool, may take: `500ms`, `30s`, `1m`),
 //! `dlock_migrate=false` (do not create tables; an operator applied them).
 //!
+//! ### PostgreSQL: asynchronous commit (opt-in)
+//!
+//! By default every grant, renewal and release is a durable commit: it returns
+//! once PostgreSQL has flushed its WAL record, which is most of an uncontended
+//! cycle's time. `options[synchronous_commit]=off` in the URL (sqlx's way of
+//! setting a session parameter; it reaches every session of the backend's pool)
+//! makes them commit asynchronously — about 2.5× the cycles per second on one
+//! task (BENCHMARKS.md) — with the lease and the fencing token unchanged. What it
+//! costs: a PostgreSQL **crash** (not a clean shutdown) forgets the commits of up
+//! to its last `3 × wal_writer_delay` (600 ms by default), and a forgotten grant
+//! lets the lock be granted again while its first holder still works, as a Redis
+//! failover without replica acknowledgement can. Tokens stay increasing across it
+//! (each is at least the database clock in µs), so a resource that checks fencing
+//! tokens still refuses the older holder. Use it where the lock saves work rather
+//! than guards correctness, or where the guarded resource checks tokens. MariaDB
+//! and MySQL have no per-session equivalent (`innodb_flush_log_at_trx_commit` is
+//! global).
+//!
 //! ## Semantics
 //!
 //! * **Time is the database's**: leases are compared with the database clock in

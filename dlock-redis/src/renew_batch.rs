@@ -11,7 +11,10 @@
 use std::time::Instant;
 
 use async_trait::async_trait;
-use dlock_spi::{BatchRenew, LockMode, LockRemoteResource, RenewRequest, RenewResult, Result};
+use dlock_spi::{
+    BatchRenew, Error, LockMode, LockRemoteResource, RenewRequest, RenewResult, Result,
+};
+use futures_util::future::join_all;
 
 use crate::backend::RedisBackend;
 use crate::keys::{OwnerPart, ScriptCall, EXCLUSIVE, READERS};
@@ -19,9 +22,9 @@ use crate::keys::{OwnerPart, ScriptCall, EXCLUSIVE, READERS};
 /// The batch script. KEYS: per hold, its exclusive key and its readers key. ARGV: per
 /// hold, the owner part of its holder value and the lease in ms (so hold *i* has
 /// `KEYS[2i-1], KEYS[2i]` and `ARGV[2i-1], ARGV[2i]`). Answers per hold: 0 — not the
-/// holder (nothing changed); 1 — renewed; 2 — lease extended, but readers of the
-/// same owner are beside the writer, whose horizon the single renewal keeps (the
-/// client sends that one for it).
+/// holder; 1 — renewed; 2 — readers are beside the writer (its owner's own: a writer
+/// reading, an upgrade), whose horizon the single renewal keeps in the same step, so
+/// nothing is written here and the client sends that renewal. Only a renewal writes.
 pub(crate) const RENEW_BATCH: &str = r#"
 local out = {}
 for i = 1, #KEYS, 2 do
@@ -29,17 +32,25 @@ for i = 1, #KEYS, 2 do
   local v = redis.call('GET', KEYS[i])
   if not v or string.sub(v, 1, #owner) ~= owner then
     out[#out + 1] = 0
+  elseif redis.call('EXISTS', KEYS[i + 1]) == 1 then
+    out[#out + 1] = 2
   else
     redis.call('PEXPIRE', KEYS[i], ARGV[i + 1])
-    out[#out + 1] = redis.call('EXISTS', KEYS[i + 1]) == 0 and 1 or 2
+    out[#out + 1] = 1
   end
 end
 return out
 "#;
 
+/// The most holds one script call renews: a script runs alone on the server, so a
+/// batch of thousands is sent as several calls (pipelined) rather than one that
+/// holds every other client up for milliseconds.
+const MAX_PER_CALL: usize = 200;
+
 /// What the batch script answered for one hold.
 const NOT_OWNER: i64 = 0;
 const RENEWED: i64 = 1;
+const READERS_BESIDE: i64 = 2;
 
 /// Whether a request goes into the batch script: a plain exclusive renewal.
 fn batchable(req: &RenewRequest) -> bool {
@@ -48,81 +59,106 @@ fn batchable(req: &RenewRequest) -> bool {
 
 #[async_trait]
 impl BatchRenew for RedisBackend {
-    async fn renew_batch(&self, reqs: &[RenewRequest]) -> Result<Vec<RenewResult>> {
+    async fn renew_batch(&self, reqs: &[RenewRequest]) -> Vec<Result<RenewResult>> {
         let sent = Instant::now();
-        let batched: Vec<&RenewRequest> = reqs.iter().filter(|r| batchable(r)).collect();
         let epoch = self.epoch();
-        let script = self.batch_call(&batched);
-        let together = async {
-            match script {
-                Some(call) => {
-                    self.count_renewal_call();
-                    self.invoke_script::<Vec<i64>>(&call, "renew").await
-                }
-                None => Ok(Vec::new()),
-            }
-        };
-        let alone = async {
-            let mut out = Vec::new();
-            for req in reqs.iter().filter(|r| !batchable(r)) {
-                out.push(self.renew(req).await);
-            }
-            out
-        };
-        let (answers, singles) = tokio::join!(together, alone);
-        let answers = answers?;
-        if answers.len() != batched.len() {
-            return Err(dlock_spi::Error::backend(format!(
-                "the batch renewal script answered {} results for {} holds; is another script loaded under its SHA?",
-                answers.len(),
-                batched.len()
-            )));
+        let (batched, alone): (Vec<usize>, Vec<usize>) =
+            (0..reqs.len()).partition(|&i| batchable(&reqs[i]));
+        // Calls of at most `MAX_PER_CALL` holds, sent at once (pipelined), beside
+        // the renewals that go on their own.
+        let chunks: Vec<&[usize]> = batched.chunks(MAX_PER_CALL).collect();
+        let calls: Vec<ScriptCall<'_>> = chunks
+            .iter()
+            .map(|chunk| self.batch_call(chunk.iter().map(|&i| &reqs[i])))
+            .collect();
+        let together = join_all(calls.iter().map(|call| {
+            self.count_renewal_call();
+            self.invoke_script::<Vec<i64>>(call, "renew")
+        }));
+        let singly = join_all(alone.iter().map(|&i| self.renew(&reqs[i])));
+        let (answers, singles) = tokio::join!(together, singly);
+
+        let mut out: Vec<Option<Result<RenewResult>>> = reqs.iter().map(|_| None).collect();
+        for (&i, result) in alone.iter().zip(singles) {
+            out[i] = Some(result);
         }
-        // Readers beside the writer: the single renewal keeps their horizon.
-        let mut answers = answers.into_iter().zip(&batched);
-        let mut singles = singles.into_iter();
-        let mut out = Vec::with_capacity(reqs.len());
-        let mut renewed_any = false;
-        for req in reqs {
-            let result = if batchable(req) {
-                match answers.next() {
-                    Some((NOT_OWNER, _)) => RenewResult::NotOwner,
-                    Some((RENEWED, _)) => {
-                        renewed_any = true;
-                        RenewResult::renewed(Some(sent + req.lease))
+        let (mut renewed, mut again): (Vec<usize>, Vec<usize>) = (Vec::new(), Vec::new());
+        for (chunk, answer) in chunks.iter().zip(answers) {
+            let answer = answer.and_then(|codes| {
+                if codes.len() == chunk.len() {
+                    Ok(codes)
+                } else {
+                    Err(Error::backend(format!(
+                        "the batch renewal script answered {} results for {} holds; is another script loaded under its SHA?",
+                        codes.len(),
+                        chunk.len()
+                    )))
+                }
+            });
+            match answer {
+                Ok(codes) => {
+                    for (&i, code) in chunk.iter().zip(codes) {
+                        match code {
+                            NOT_OWNER => out[i] = Some(Ok(RenewResult::NotOwner)),
+                            RENEWED => renewed.push(i),
+                            READERS_BESIDE => again.push(i),
+                            other => {
+                                out[i] = Some(Err(Error::backend(format!(
+                                    "the batch renewal script answered {other} for a hold; is another script loaded under its SHA?"
+                                ))))
+                            }
+                        }
                     }
-                    Some((_, req)) => self.renew(req).await?,
-                    None => RenewResult::NotOwner,
                 }
-            } else {
-                match singles.next() {
-                    Some(result) => result?,
-                    None => RenewResult::NotOwner,
+                Err(err) => {
+                    for &i in chunk.iter() {
+                        out[i] = Some(Err(err.duplicate()));
+                    }
                 }
-            };
-            out.push(result);
+            }
+        }
+        // Readers beside the writer: the single renewal, horizon and all.
+        let redone = join_all(again.iter().map(|&i| self.renew(&reqs[i]))).await;
+        for (&i, result) in again.iter().zip(redone) {
+            out[i] = Some(result);
         }
         // Renewals the replicas did not take would be undone by a failover: none of
-        // them counts (the single renewals above waited for their own).
-        if renewed_any {
-            self.check_renewals_acknowledged(epoch).await?;
+        // the script's counts then (the single renewals waited for their own).
+        if !renewed.is_empty() {
+            let acknowledged = self.check_renewals_acknowledged(epoch).await;
+            for i in renewed {
+                out[i] = Some(match &acknowledged {
+                    Ok(()) => Ok(RenewResult::renewed(Some(sent + reqs[i].lease))),
+                    Err(err) => Err(err.duplicate()),
+                });
+            }
         }
-        Ok(out)
+        out.into_iter()
+            .zip(reqs)
+            .map(|(result, req)| {
+                result
+                    .unwrap_or_else(|| {
+                        Err(Error::backend(
+                            "a renewal of the batch got no answer (a bug)",
+                        ))
+                    })
+                    .map_err(|e| e.with_context("lock", &req.name))
+            })
+            .collect()
     }
 }
 
 impl RedisBackend {
-    /// The batch script's call for `reqs` (all batchable), or `None` when empty.
-    fn batch_call<'s>(&'s self, reqs: &[&RenewRequest]) -> Option<ScriptCall<'s>> {
-        if reqs.is_empty() {
-            return None;
-        }
+    /// The batch script's call for `reqs` (all batchable).
+    fn batch_call<'s, 'r>(
+        &'s self,
+        reqs: impl ExactSizeIterator<Item = &'r RenewRequest> + Clone,
+    ) -> ScriptCall<'s> {
         let script = &self.scripts().renew_batch;
-        let mut cmd = redis::Cmd::with_capacity(3 + 4 * reqs.len(), 64 * reqs.len());
-        cmd.arg("EVALSHA")
-            .arg(script.get_hash())
-            .arg(2 * reqs.len());
-        let keys: Vec<_> = reqs.iter().map(|r| self.keys(&r.name)).collect();
+        let n = reqs.len();
+        let mut cmd = redis::Cmd::with_capacity(3 + 4 * n, 64 * n);
+        cmd.arg("EVALSHA").arg(script.get_hash()).arg(2 * n);
+        let keys: Vec<_> = reqs.clone().map(|r| self.keys(&r.name)).collect();
         for k in &keys {
             cmd.arg(k.key(EXCLUSIVE)).arg(k.key(READERS));
         }
@@ -130,6 +166,6 @@ impl RedisBackend {
             cmd.arg(OwnerPart(r.holder().as_str()))
                 .arg(crate::backend::ms(r.lease));
         }
-        Some(ScriptCall { script, cmd })
+        ScriptCall { script, cmd }
     }
 }

@@ -65,6 +65,32 @@ async fn join_all<F: std::future::Future>(futures: impl Iterator<Item = F>) -> V
     outputs.into_iter().flatten().collect()
 }
 
+/// A batched renewal's error as the watchdog may act on it: stamped with the
+/// operation and its own lock (if the backend did not), and never of a kind that
+/// says the hold is gone — a batch's failure says nothing about one hold's owner
+/// (a `NotOwner` answer does), so such kinds become a plain backend error.
+fn batch_member_error(err: Error, req: &RenewRequest) -> Error {
+    let err = if matches!(err.kind(), ErrorKind::NotOwner | ErrorKind::LockLost) {
+        Error::new(ErrorKind::Backend, err.message().to_owned())
+            .set_retryable(err.is_retryable())
+            .with_source(err)
+    } else {
+        err
+    };
+    let has = |key: &str| err.context().iter().any(|(k, _)| *k == key);
+    let (op, lock) = (has("op"), has("lock"));
+    let err = if op {
+        err
+    } else {
+        err.with_context("op", "renew")
+    };
+    if lock {
+        err
+    } else {
+        err.with_context("lock", &req.name)
+    }
+}
+
 /// The longest lease the head accepts; longer ones are almost always a unit mistake.
 pub const MAX_LEASE: Duration = Duration::from_secs(30 * 24 * 3600);
 
@@ -520,8 +546,9 @@ impl HandlerChain {
     /// where the backend offers [`crate::BatchRenew`], else one renewal each,
     /// concurrently. Answers one result per request, in their order, and reports each
     /// to every handler's [`LockHandler::on_renew`], as [`HandlerChain::renew`] does.
-    /// A batch that fails (or passes the operation timeout) fails every request with
-    /// the same error, each stamped with its own lock's name.
+    /// A batch not answered within the operation timeout fails each of its requests
+    /// with a timeout error; an error is always retryable or not as the backend
+    /// said, and never says the hold is gone (only [`RenewResult::NotOwner`] does).
     ///
     /// # Cancel safety
     ///
@@ -533,32 +560,27 @@ impl HandlerChain {
         };
         let started = Instant::now();
         let backend = self.tail.resource.backend_name();
-        let answer = tokio::time::timeout(self.tail.operation_timeout, batch.renew_batch(reqs))
-            .await
-            .unwrap_or_else(|_| Err(self.tail.timed_out(self.tail.operation_timeout)));
-        let results: Vec<Result<RenewResult>> = match answer {
-            Ok(answers) if answers.len() == reqs.len() => answers.into_iter().map(Ok).collect(),
+        let timeout = self.tail.operation_timeout;
+        let answers = match tokio::time::timeout(timeout, batch.renew_batch(reqs)).await {
+            Ok(answers) if answers.len() == reqs.len() => answers,
             Ok(answers) => {
-                let err = Error::new(
-                    ErrorKind::Backend,
-                    format!(
-                        "the {backend} backend answered a batch of {} renewals with {} results (a bug in the backend); the renewals count as failed",
-                        reqs.len(),
-                        answers.len()
-                    ),
-                );
+                let err = Error::backend(format!(
+                    "the {backend} backend answered a batch of {} renewals with {} results (a bug in the backend); the renewals count as failed",
+                    reqs.len(),
+                    answers.len()
+                ));
                 reqs.iter().map(|_| Err(err.duplicate())).collect()
             }
-            Err(err) => reqs.iter().map(|_| Err(err.duplicate())).collect(),
+            Err(_) => reqs
+                .iter()
+                .map(|req| Err(self.tail.timed_out(timeout).with_context("lock", &req.name)))
+                .collect(),
         };
         let elapsed = started.elapsed();
         reqs.iter()
-            .zip(results)
+            .zip(answers)
             .map(|(req, result)| {
-                let result = result.map_err(|e| {
-                    e.with_context("op", "renew")
-                        .with_context("lock", &req.name)
-                });
+                let result = result.map_err(|e| batch_member_error(e, req));
                 let event = RenewEvent {
                     backend,
                     request: req,

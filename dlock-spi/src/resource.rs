@@ -101,18 +101,19 @@ pub trait LockRemoteResource: Send + Sync + 'static {
 #[async_trait]
 pub trait BatchRenew: Send + Sync {
     /// Renews each request of `reqs` exactly as [`LockRemoteResource::renew`] would,
-    /// and answers one [`RenewResult`] per request, in their order.
+    /// and answers one result per request, in their order.
     ///
     /// The backend sends as few calls as it can (one for a Redis node); a request it
     /// cannot fold into the batch (one carrying a context, or a hold it must treat
-    /// specially) it renews on its own. An error answers none of them: each may or
-    /// may not have been applied, as with a failed `renew`. `reqs` may be empty.
+    /// specially) it renews on its own, at the same time. An error answers only its
+    /// own requests: each may or may not have been applied, as with a failed
+    /// `renew`. `reqs` may be empty.
     ///
     /// # Cancel safety
     ///
     /// Dropped before it answers, each renewal may or may not have been applied, as
     /// with a dropped `renew`; nothing else is left behind.
-    async fn renew_batch(&self, reqs: &[RenewRequest]) -> Result<Vec<RenewResult>>;
+    async fn renew_batch(&self, reqs: &[RenewRequest]) -> Vec<Result<RenewResult>>;
 }
 
 /// Operator actions on a backend's lock state, outside the owner protocol.

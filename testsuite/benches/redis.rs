@@ -647,59 +647,143 @@ fn cpu_seconds() -> f64 {
     ticks / 100.0
 }
 
+/// The Redis backend with its batches hidden: the watchdog sends one renewal per
+/// hold (a control for [`many_held`]).
+#[derive(Clone)]
+struct OneByOne(RedisBackend);
+
+#[async_trait]
+impl LockRemoteResource for OneByOne {
+    fn backend_name(&self) -> &'static str {
+        self.0.backend_name()
+    }
+    fn capabilities(&self) -> dlock_api::spi::Capabilities {
+        self.0.capabilities()
+    }
+    async fn try_acquire(&self, req: &dlock_api::spi::AcquireRequest) -> DResult<AcquireResult> {
+        self.0.try_acquire(req).await
+    }
+    async fn release(&self, req: &dlock_api::spi::ReleaseRequest) -> DResult<ReleaseResult> {
+        self.0.release(req).await
+    }
+    async fn renew(
+        &self,
+        req: &dlock_api::spi::RenewRequest,
+    ) -> DResult<dlock_api::spi::RenewResult> {
+        self.0.renew(req).await
+    }
+    async fn inspect(
+        &self,
+        name: &dlock_api::spi::LockName,
+    ) -> DResult<Option<dlock_api::spi::LockState>> {
+        self.0.inspect(name).await
+    }
+    fn admin(&self) -> Option<&dyn dlock_api::spi::LockAdmin> {
+        self.0.admin()
+    }
+    fn events(&self) -> Option<&dyn dlock_api::spi::LockEvents> {
+        self.0.events()
+    }
+    fn batch_renew(&self) -> Option<&dyn dlock_api::spi::BatchRenew> {
+        None
+    }
+}
+
+/// CPU seconds (user + system) the Redis server has used, from `INFO cpu`.
+async fn server_cpu_seconds(c: &mut redis::aio::MultiplexedConnection) -> f64 {
+    let info: String = redis::cmd("INFO").arg("cpu").query_async(c).await.unwrap();
+    info.lines()
+        .filter(|l| l.starts_with("used_cpu_sys:") || l.starts_with("used_cpu_user:"))
+        .filter_map(|l| {
+            l.split_once(':')
+                .and_then(|(_, v)| v.trim().parse::<f64>().ok())
+        })
+        .sum()
+}
+
+/// Locks held by one manager while its watchdog renews them: renewals in batches
+/// (the default) and, as a control in the same run, one call per renewal.
 async fn many_held(cfg: &Cfg) {
     let (locks, lease, window) = if cfg.smoke {
         (300, Duration::from_millis(1500), Duration::from_secs(1))
     } else {
         (10_000, Duration::from_secs(30), Duration::from_secs(21))
     };
-    let counter = Arc::new(RenewCounter::default());
-    let m = DistributeLockManager::builder(RedisBackend::connect(&cfg.url).await.unwrap())
-        .lease(lease)
-        .with_handler(Renewals(Arc::clone(&counter)))
-        .build()
+    let mut raw = redis::Client::open(cfg.url.as_str())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
         .unwrap();
-    let tag = format!("bench{:x}", fastrand::u32(..));
-    let started = Instant::now();
-    let mut guards = Vec::with_capacity(locks);
-    for chunk in (0..locks).collect::<Vec<_>>().chunks(500) {
-        let batch: Vec<_> = chunk
-            .iter()
-            .map(|i| {
-                let lock = m.lock(&format!("{tag}:held:{i}"));
-                tokio::spawn(
-                    async move { lock.try_lock(Duration::ZERO).await.unwrap().expect("free") },
-                )
-            })
-            .collect();
-        for h in batch {
-            guards.push(h.await.unwrap());
-        }
-    }
-    let took = started.elapsed();
-    let (cpu0, renew0, t0) = (
-        cpu_seconds(),
-        counter.0.load(Ordering::Relaxed),
-        Instant::now(),
-    );
-    tokio::time::sleep(window).await;
-    let (cpu1, renew1, t1) = (
-        cpu_seconds(),
-        counter.0.load(Ordering::Relaxed),
-        t0.elapsed(),
-    );
-    let lost = guards.iter().filter(|g| g.is_lost()).count();
     println!(
-        "\n**{locks} locks held by one manager** (lease {lease:?}, renewed every {:?}): acquired in {:.2}s; over {:.1}s the watchdog made {} renewals ({:.0}/s), lost {lost}; process CPU **{:.1}% of one core**",
-        lease / 3,
-        took.as_secs_f64(),
-        t1.as_secs_f64(),
-        renew1 - renew0,
-        rate(renew1 - renew0, t1),
-        100.0 * (cpu1 - cpu0) / t1.as_secs_f64(),
+        "\n**{locks} locks held by one manager** (lease {lease:?}, renewed every {:?}), over {window:?}:\n",
+        lease / 3
     );
-    assert_eq!(lost, 0, "locks were lost while held");
-    m.close().await;
+    println!("| renewals | acquired in | renewals/s | calls to Redis | lost | process CPU (% of a core) | Redis CPU (% of a core) |");
+    println!("|---|---|---|---|---|---|---|");
+    for batched in [true, false] {
+        let backend = RedisBackend::connect(&cfg.url).await.unwrap();
+        let counter = Arc::new(RenewCounter::default());
+        let builder = if batched {
+            DistributeLockManager::builder(backend.clone())
+        } else {
+            DistributeLockManager::builder(OneByOne(backend.clone()))
+        };
+        let m = builder
+            .lease(lease)
+            .with_handler(Renewals(Arc::clone(&counter)))
+            .build()
+            .unwrap();
+        let tag = format!("bench{:x}", fastrand::u32(..));
+        let started = Instant::now();
+        let mut guards = Vec::with_capacity(locks);
+        for chunk in (0..locks).collect::<Vec<_>>().chunks(500) {
+            let batch: Vec<_> = chunk
+                .iter()
+                .map(|i| {
+                    let lock = m.lock(&format!("{tag}:held:{i}"));
+                    tokio::spawn(async move {
+                        lock.try_lock(Duration::ZERO).await.unwrap().expect("free")
+                    })
+                })
+                .collect();
+            for h in batch {
+                guards.push(h.await.unwrap());
+            }
+        }
+        let took = started.elapsed();
+        let (cpu0, server0, calls0, renew0, t0) = (
+            cpu_seconds(),
+            server_cpu_seconds(&mut raw).await,
+            backend.renewal_calls(),
+            counter.0.load(Ordering::Relaxed),
+            Instant::now(),
+        );
+        tokio::time::sleep(window).await;
+        let (cpu1, server1, calls1, renew1, t1) = (
+            cpu_seconds(),
+            server_cpu_seconds(&mut raw).await,
+            backend.renewal_calls(),
+            counter.0.load(Ordering::Relaxed),
+            t0.elapsed(),
+        );
+        let lost = guards.iter().filter(|g| g.is_lost()).count();
+        println!(
+            "| {} | {:.2} s | {:.0} | {} | {lost} | {:.1} | {:.1} |",
+            if batched {
+                "**in batches** (default)"
+            } else {
+                "one call each (control)"
+            },
+            took.as_secs_f64(),
+            rate(renew1 - renew0, t1),
+            calls1 - calls0,
+            100.0 * (cpu1 - cpu0) / t1.as_secs_f64(),
+            100.0 * (server1 - server0) / t1.as_secs_f64(),
+        );
+        assert_eq!(lost, 0, "locks were lost while held");
+        drop(guards);
+        m.close().await;
+    }
 }
 
 fn main() {

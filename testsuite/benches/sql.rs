@@ -228,6 +228,16 @@ impl Peer {
 
 const PEER: &str = "distributed-lock 0.2 (advisory locks)";
 
+/// dlock on PostgreSQL with asynchronous commit, opted into in the URL.
+const ASYNC_COMMIT: &str = "dlock non-fair, asynchronous commit (opt-in)";
+
+/// `url` with PostgreSQL's `synchronous_commit = off` for its sessions (the opt-in
+/// the dlock-jdbc docs describe).
+fn async_commit_url(url: &str) -> String {
+    let sep = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{sep}options[synchronous_commit]=off")
+}
+
 /// One task, uncontended, every implementation in interleaved rounds.
 async fn uncontended(
     label: &str,
@@ -319,6 +329,17 @@ async fn uncontended(
         let t = tag.clone();
         move |_| format!("{t}:api")
     }));
+    let mut async_manager = None;
+    if label == "postgres" {
+        let backend = JdbcBackend::connect(&async_commit_url(url)).await.unwrap();
+        let m = DistributeLockManager::builder(backend).build().unwrap();
+        let contestant = api_contestant(1, m.clone(), {
+            let t = tag.clone();
+            move |_| format!("{t}:async")
+        });
+        contestants.push(contestant.labelled("dlock (user API), asynchronous commit (opt-in)"));
+        async_manager = Some(m);
+    }
     if let Some(peer) = Peer::connect(label, url).await {
         let peer = Arc::new(peer);
         let name = format!("{tag}peer");
@@ -331,6 +352,9 @@ async fn uncontended(
         }));
     }
     let rows = interleaved(contestants, rounds, secs / rounds).await;
+    if let Some(m) = async_manager {
+        m.close().await;
+    }
     manager.close().await;
     backend.close().await;
     rows
@@ -347,6 +371,9 @@ const CHILD: &str = "DLOCK_SQL_BENCH_CHILD";
 /// The contended implementations (the peer only where it exists).
 fn contended_impls(label: &str) -> Vec<&'static str> {
     let mut v = vec!["dlock non-fair", "dlock fair"];
+    if label == "postgres" {
+        v.push(ASYNC_COMMIT);
+    }
     if matches!(label, "postgres" | "mysql") {
         v.push(PEER);
     }
@@ -374,7 +401,12 @@ fn child(spec: &str) {
                     .expect("a peer on this backend"),
             )
         } else {
-            let backend = JdbcBackend::connect(url).await.unwrap();
+            let url = if imp == ASYNC_COMMIT {
+                async_commit_url(url)
+            } else {
+                url.to_owned()
+            };
+            let backend = JdbcBackend::connect(&url).await.unwrap();
             let m = DistributeLockManager::builder(backend).build().unwrap();
             let l = if imp == "dlock fair" {
                 m.fair_lock(lock)

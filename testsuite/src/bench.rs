@@ -52,6 +52,12 @@ pub struct Contestant<'a> {
 }
 
 impl<'a> Contestant<'a> {
+    /// The same implementation under another label.
+    pub fn labelled(mut self, label: &'static str) -> Self {
+        self.label = label;
+        self
+    }
+
     /// An implementation whose every round is `round`.
     pub fn new(label: &'static str, round: Round<'a>) -> Self {
         Contestant {

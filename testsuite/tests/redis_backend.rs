@@ -1708,7 +1708,12 @@ async fn a_batch_renews_each_hold_as_a_single_renewal_would() {
         renew(1, "b", LockMode::Exclusive), // not b's
     ];
     let calls = backend.renewal_calls();
-    let answers = batch.renew_batch(&reqs).await.unwrap();
+    let answers: Vec<RenewResult> = batch
+        .renew_batch(&reqs)
+        .await
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
     let renewed = |r: &RenewResult| matches!(r, RenewResult::Renewed { .. });
     let shape: Vec<bool> = answers.iter().map(renewed).collect();
     assert_eq!(shape, [true, false, true, true, false], "{answers:?}");
@@ -1739,7 +1744,7 @@ async fn a_batch_renews_each_hold_as_a_single_renewal_would() {
         reader > (now_ms + 50_000) as f64,
         "the reader's lease was not renewed: ends {reader}, now {now_ms}"
     );
-    assert!(batch.renew_batch(&[]).await.unwrap().is_empty());
+    assert!(batch.renew_batch(&[]).await.is_empty());
 
     // A writer beside its owner's own reader: the write key lasts at least as long
     // as the reader, whatever lease the writer's renewal asks for.
@@ -1750,24 +1755,32 @@ async fn a_batch_renews_each_hold_as_a_single_renewal_would() {
         .with_mode(LockMode::Shared)
         .with_alongside(Some(GrantId::new(1)));
     assert!(backend.try_acquire(&read).await.unwrap().is_acquired());
-    let shorter = RenewRequest::new(
-        both.clone(),
-        OwnerId::new("a"),
-        GrantId::new(1),
-        LockMode::Exclusive,
-        short,
-        write,
-    );
-    let answers = batch
-        .renew_batch(&[shorter, reqs[0].clone()])
-        .await
-        .unwrap();
-    assert!(answers.iter().all(renewed), "{answers:?}");
-    let left = pttl(&mut raw, &key(&both, ":x")).await;
-    assert!(
-        left > 50_000,
-        "the writer's key ends in {left} ms, before its owner's reader (60 s)"
-    );
+    let writer = |lease: Duration| {
+        RenewRequest::new(
+            both.clone(),
+            OwnerId::new("a"),
+            GrantId::new(1),
+            LockMode::Exclusive,
+            lease,
+            write,
+        )
+    };
+    // A shorter lease than the reader's: the key still lasts as long as the reader.
+    // A longer one: the key lasts as long as the writer's renewed lease.
+    for (lease, at_least) in [(short, 50_000), (Duration::from_secs(120), 100_000)] {
+        let answers: Vec<RenewResult> = batch
+            .renew_batch(&[writer(lease), reqs[0].clone()])
+            .await
+            .into_iter()
+            .map(Result::unwrap)
+            .collect();
+        assert!(answers.iter().all(renewed), "{answers:?}");
+        let left = pttl(&mut raw, &key(&both, ":x")).await;
+        assert!(
+            left > at_least,
+            "renewed for {lease:?} beside a 60 s reader, the writer's key ends in {left} ms"
+        );
+    }
 }
 
 /// Counts the renewals handlers hear of.

@@ -430,6 +430,59 @@ async fn names_longer_than_the_column_are_invalid_not_truncated() {
     }
 }
 
+/// The `synchronous_commit` setting of a session of `backend`'s pool.
+async fn synchronous_commit(backend: &JdbcBackend) -> String {
+    let dlock_jdbc::SqlPool::Postgres(pool) = backend.sqlx_pool() else {
+        panic!("a PostgreSQL backend")
+    };
+    let (setting,): (String,) = sqlx::query_as("SHOW synchronous_commit")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    setting
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_asynchronous_commit_is_opted_into_in_the_url() {
+    for (label, url) in sql_backends() {
+        if label != "postgres" {
+            continue;
+        }
+        let durable = JdbcBackend::connect(&url).await.unwrap();
+        assert_eq!(synchronous_commit(&durable).await, "on");
+        let sep = if url.contains('?') { '&' } else { '?' };
+        let fast = JdbcBackend::connect(&format!("{url}{sep}options[synchronous_commit]=off"))
+            .await
+            .unwrap();
+        assert_eq!(synchronous_commit(&fast).await, "off");
+        // Locks on it work with the durable backend's: one row, one counter.
+        let name = format!("async-commit-{:x}", fastrand::u64(..));
+        let (a, b) = (
+            DistributeLockManager::builder(durable).build().unwrap(),
+            DistributeLockManager::builder(fast).build().unwrap(),
+        );
+        let first = a.lock(&name).lock().await.unwrap();
+        assert!(b
+            .lock(&name)
+            .try_lock(Duration::ZERO)
+            .await
+            .unwrap()
+            .is_none());
+        let token = first.fencing_token();
+        first.unlock().await.unwrap();
+        let second = b
+            .lock(&name)
+            .try_lock(Duration::ZERO)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(second.fencing_token() > token);
+        second.unlock().await.unwrap();
+        a.close().await;
+        b.close().await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_release_wakes_a_slow_poller_at_once() {
     for (label, url) in sql_backends() {
