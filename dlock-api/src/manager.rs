@@ -165,10 +165,7 @@ impl ManagerInner {
         pending.manager = None;
         if result.as_ref().is_err_and(Error::is_retryable) {
             let (manager, hold) = (Arc::clone(self), Arc::clone(hold));
-            tokio::spawn(async move {
-                let result = manager.release_again(&hold).await;
-                warn_unreleased(&hold.name, result);
-            });
+            tokio::spawn(async move { manager.finish_release(&hold).await });
         }
         result
     }
@@ -188,11 +185,10 @@ impl ManagerInner {
             return;
         };
         rt.spawn(async move {
-            let result = match self.release_now(&hold).await {
-                Err(err) if err.is_retryable() => self.release_again(&hold).await,
-                answered => answered,
-            };
-            warn_unreleased(&hold.name, result);
+            match self.release_now(&hold).await {
+                Err(err) if err.is_retryable() => self.finish_release(&hold).await,
+                answered => warn_unreleased(&hold.name, answered),
+            }
         });
     }
 
@@ -218,6 +214,12 @@ impl ManagerInner {
         let request = hold.release_context(&self.chain).request;
         let resource = self.chain.resource();
         resend_release(resource, self.chain.operation_timeout(), &request, until).await
+    }
+
+    /// [`Self::release_again`] after a first attempt the backend could not answer,
+    /// and a warning if it never gets through.
+    async fn finish_release(&self, hold: &Hold) {
+        warn_unreleased(&hold.name, self.release_again(hold).await);
     }
 
     /// Gives back a grant whose acquire was cancelled after the backend may have made

@@ -626,22 +626,18 @@ impl LockRemoteResource for ZkBackend {
             },
         };
         let session = inner.sessions.usable(None, None).await?;
-        let mut deleted = session.client.delete(&path, None).await;
         // A blip: the node survives it with the session; once the connection is
         // back (within 2 s, and the session's grace), delete it then — an `unlock`
         // returns with the lock free, not with an error and the lock held. Longer
         // outages are left to the manager's retries, so an `unlock` (and a `close`
         // of many holds) is not held up by them.
-        if matches!(&deleted, Err(e) if connection_failure(e)) {
-            let wait = (session.client.session_timeout() * 2 / 5).min(RECONNECT_WAIT);
-            if inner
-                .sessions
-                .reconnected(&session, Instant::now() + wait)
-                .await
-            {
-                deleted = session.client.delete(&path, None).await;
-            }
-        }
+        let wait = (session.client.session_timeout() * 2 / 5).min(RECONNECT_WAIT);
+        let deleted = inner
+            .sessions
+            .across_blips(&session, Instant::now() + wait, || {
+                session.client.delete(&path, None)
+            })
+            .await;
         match deleted {
             Ok(()) => Ok(ReleaseResult::Released),
             Err(ZkError::NoNode) => Ok(ReleaseResult::NotOwner),
@@ -946,21 +942,20 @@ impl ZkBackend {
             pending.delete().await;
             return Ok(false);
         }
-        loop {
-            match session.client.list_and_watch_children(lock).await {
-                Ok((children, watch)) => (mine.children, mine.watch) = (children, watch),
-                // The lock node is gone, and our node with it.
-                Err(ZkError::NoNode) => mine.children.clear(),
-                Err(err)
-                    if connection_failure(&err)
-                        && self.inner.sessions.reconnected(session, deadline).await =>
-                {
-                    continue
-                }
-                Err(err) => return Err(map_zk(err, "list")),
-            }
-            return Ok(true);
+        let listed = self
+            .inner
+            .sessions
+            .across_blips(session, deadline, || {
+                session.client.list_and_watch_children(lock)
+            })
+            .await;
+        match listed {
+            Ok((children, watch)) => (mine.children, mine.watch) = (children, watch),
+            // The lock node is gone, and our node with it.
+            Err(ZkError::NoNode) => mine.children.clear(),
+            Err(err) => return Err(map_zk(err, "list")),
         }
+        Ok(true)
     }
 
     /// Waits until the node at `ahead` goes (or changes); `false` when `deadline`

@@ -5,17 +5,17 @@ use zookeeper_client::Error as ZkError;
 
 pub(crate) fn map_zk(err: ZkError, op: &'static str) -> Error {
     let (kind, retryable, hint) = match &err {
-        ZkError::ConnectionLoss | ZkError::Timeout | ZkError::Throttled | ZkError::NoHosts => (
-            ErrorKind::Backend,
-            true,
-            "cannot reach ZooKeeper; the client reconnects by itself — retry",
-        ),
-        // The client hands a broken socket's I/O error to the requests in flight.
-        ZkError::Custom(_) if connection_failure(&err) => (
-            ErrorKind::Backend,
-            true,
-            "cannot reach ZooKeeper; the client reconnects by itself — retry",
-        ),
+        // A connection failing under the request (a loss, a broken socket's I/O
+        // error, a silent connection given up on), or no server to ask yet.
+        e if connection_failure(e)
+            || matches!(e, ZkError::Timeout | ZkError::Throttled | ZkError::NoHosts) =>
+        {
+            (
+                ErrorKind::Backend,
+                true,
+                "cannot reach ZooKeeper; the client reconnects by itself — retry",
+            )
+        }
         ZkError::SessionExpired | ZkError::ClientClosed | ZkError::SessionMoved => (
             ErrorKind::Backend,
             true,

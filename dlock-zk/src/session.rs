@@ -178,6 +178,27 @@ impl Sessions {
         .is_some_and(|s| s.id == id && s.phase == SessionPhase::Connected)
     }
 
+    /// Runs `op` on `session`, and again each time the connection fails under it
+    /// and comes back (the session living on) before `until` — a request met by a
+    /// blip, sent again once it can be answered. Otherwise its answer or last error.
+    pub(crate) async fn across_blips<T, F, Fut>(
+        &self,
+        session: &Session,
+        until: Instant,
+        mut op: F,
+    ) -> Result<T, zookeeper_client::Error>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T, zookeeper_client::Error>>,
+    {
+        loop {
+            match op().await {
+                Err(err) if connection_failure(&err) && self.reconnected(session, until).await => {}
+                answered => return answered,
+            }
+        }
+    }
+
     /// Deletes a node we no longer want (an abandoned contender) in the background.
     /// If the connection is down, the delete is sent again once it is back; if the
     /// session ends instead, the server removes the (ephemeral) node itself.
@@ -188,20 +209,19 @@ impl Sessions {
         let sessions = Arc::downgrade(self);
         let session = Arc::clone(session);
         runtime.spawn(async move {
-            for _ in 0..10 {
-                match session.client.delete(&path, None).await {
-                    Ok(()) | Err(zookeeper_client::Error::NoNode) => return,
-                    Err(err) if connection_failure(&err) => {
-                        let Some(sessions) = sessions.upgrade() else { return };
-                        let limit = Instant::now() + session.client.session_timeout();
-                        if !sessions.reconnected(&session, limit).await {
-                            return;
-                        }
-                    }
-                    Err(err) => {
-                        tracing::warn!(node = %path, error = %err, "dlock-zk: could not delete an abandoned contender node; it goes with the session");
-                        return;
-                    }
+            let Some(sessions) = sessions.upgrade() else {
+                return;
+            };
+            let until = Instant::now() + session.client.session_timeout();
+            let deleted = sessions
+                .across_blips(&session, until, || session.client.delete(&path, None))
+                .await;
+            match deleted {
+                Ok(()) | Err(zookeeper_client::Error::NoNode) => {}
+                // Still cut off: the session ends, and the node with it.
+                Err(err) if connection_failure(&err) => {}
+                Err(err) => {
+                    tracing::warn!(node = %path, error = %err, "dlock-zk: could not delete an abandoned contender node; it goes with the session");
                 }
             }
         });

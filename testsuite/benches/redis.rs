@@ -704,11 +704,20 @@ async fn server_cpu_seconds(c: &mut redis::aio::MultiplexedConnection) -> f64 {
 /// Locks held by one manager while its watchdog renews them: renewals in batches
 /// (the default) and, as a control in the same run, one call per renewal.
 async fn many_held(cfg: &Cfg) {
-    let (locks, lease, window) = if cfg.smoke {
-        (300, Duration::from_millis(1500), Duration::from_secs(1))
+    let runs = if cfg.smoke {
+        vec![(300, Duration::from_millis(1500), Duration::from_secs(1))]
     } else {
-        (10_000, Duration::from_secs(30), Duration::from_secs(21))
+        vec![
+            (10_000, Duration::from_secs(30), Duration::from_secs(21)),
+            (10_000, Duration::from_secs(3), Duration::from_secs(6)),
+        ]
     };
+    for (locks, lease, window) in runs {
+        held_for(cfg, locks, lease, window).await;
+    }
+}
+
+async fn held_for(cfg: &Cfg, locks: usize, lease: Duration, window: Duration) {
     let mut raw = redis::Client::open(cfg.url.as_str())
         .unwrap()
         .get_multiplexed_async_connection()
