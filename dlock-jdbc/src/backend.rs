@@ -796,6 +796,7 @@ impl LockRemoteResource for JdbcBackend {
         let mut round = 0u32;
         let mut last_ahead = i64::MAX;
         let mut conflicts = 0u32;
+        let mut retried_at_once = false;
         loop {
             let sent = Instant::now();
             let waiting = req.deadline.is_some_and(|d| d > sent);
@@ -842,6 +843,20 @@ impl LockRemoteResource for JdbcBackend {
                         }
                         return Ok(AcquireResult::not_acquired(holder, retry_after));
                     };
+                    // Refused, yet free now with nobody queued ahead: the lock was let
+                    // go between the grant statement and this waiter's queue entry,
+                    // so the release (which notifies only queued waiters) could not
+                    // tell it. Try again at once — once in a row, so a refusal for
+                    // another reason cannot spin.
+                    let freed_meanwhile = req.mode == LockMode::Exclusive
+                        && holder.is_none()
+                        && retry_after.is_none()
+                        && ahead == 0;
+                    if freed_meanwhile && !retried_at_once {
+                        retried_at_once = true;
+                        continue;
+                    }
+                    retried_at_once = false;
                     // Never sleep past the holder's expiry (a crashed holder's lock is
                     // taken as soon as the database says its lease ended), nor past
                     // a third of the waiter's liveness (it stays queued).
@@ -915,8 +930,9 @@ impl JdbcBackend {
         };
         let released: std::result::Result<bool, sqlx::Error> = match req.mode {
             LockMode::Exclusive | LockMode::Permits(_) => on_pool!(&self.inner.pool, p => {
-                let stmt = match req.mode {
-                    LockMode::Exclusive => &s.release_exclusive,
+                let stmt = match (req.mode, req.purpose) {
+                    (LockMode::Exclusive, HoldPurpose::Leadership) => &s.release_exclusive_announced,
+                    (LockMode::Exclusive, HoldPurpose::Lock) => &s.release_exclusive,
                     _ => &s.release_permits,
                 };
                 // A statement binds the parameters it uses.

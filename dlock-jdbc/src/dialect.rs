@@ -240,8 +240,13 @@ pub(crate) struct Statements {
     pub(crate) purge_waiters: Stmt,
     /// `$1` name, `$2` waiter: leaves the queue.
     pub(crate) dequeue: Stmt,
-    /// `$1` name, `$2` owner → rows affected (or a notify row on PostgreSQL).
+    /// `$1` name, `$2` owner → rows affected (or a row on PostgreSQL, which sends the
+    /// release notice only when a live waiter is queued: nobody else needs it, and
+    /// every listening connection of every process wakes for each notice).
     pub(crate) release_exclusive: Stmt,
+    /// As `release_exclusive`, for a term of leadership: the notice goes out whoever
+    /// waits, as the election's observers learn of a resignation from it.
+    pub(crate) release_exclusive_announced: Stmt,
     /// `$1` name, `$2` owner, `$3` lease ms, `$4` own lease ms (the lease less a
     /// transition window) → rows affected.
     pub(crate) renew_exclusive: Stmt,
@@ -431,17 +436,27 @@ impl Statements {
             }
         });
         let release_permits = s(&permits::release(dialect));
-        let release_exclusive = match dialect {
-            Dialect::Postgres => s(
-                "WITH released AS ( \
+        let (release_exclusive, release_exclusive_announced) = match dialect {
+            Dialect::Postgres => {
+                let released = "WITH released AS ( \
                    UPDATE {locks} SET owner = NULL, context = NULL, acquired_at = 0, expires_at = 0 \
-                   WHERE name = $1 AND owner = $2 AND expires_at > NOW RETURNING name) \
-                 SELECT pg_notify('{channel}', RELEASE_PAYLOAD) FROM released",
-            ),
-            Dialect::Sqlite | Dialect::MySql => s(
-                "UPDATE {locks} SET owner = NULL, context = NULL, acquired_at = 0, expires_at = 0 \
-                 WHERE name = $1 AND owner = $2 AND expires_at > NOW",
-            ),
+                   WHERE name = $1 AND owner = $2 AND expires_at > NOW RETURNING name) ";
+                (
+                    s(&format!(
+                        "{released}SELECT CASE WHEN EXISTS (SELECT 1 FROM {{waiters}} w \
+                           WHERE w.name = $1 AND w.alive_until > NOW) \
+                         THEN pg_notify('{{channel}}', RELEASE_PAYLOAD) END FROM released"
+                    )),
+                    s(&format!(
+                        "{released}SELECT pg_notify('{{channel}}', RELEASE_PAYLOAD) FROM released"
+                    )),
+                )
+            }
+            Dialect::Sqlite | Dialect::MySql => {
+                let text = "UPDATE {locks} SET owner = NULL, context = NULL, acquired_at = 0, expires_at = 0 \
+                 WHERE name = $1 AND owner = $2 AND expires_at > NOW";
+                (s(text), s(text))
+            }
         };
         let notify = (dialect == Dialect::Postgres)
             .then(|| s("SELECT pg_notify('{channel}', RELEASE_PAYLOAD)"));
@@ -488,6 +503,7 @@ impl Statements {
             purge_waiters: s("DELETE FROM {waiters} WHERE name = $1 AND alive_until <= NOW"),
             dequeue: s("DELETE FROM {waiters} WHERE name = $1 AND waiter = $2"),
             release_exclusive,
+            release_exclusive_announced,
             renew_exclusive: s(
                 "UPDATE {locks} SET expires_at = NOW + $3, ttl_at = NOW + $4 \
                  WHERE name = $1 AND owner = $2 AND expires_at > NOW",

@@ -38,7 +38,7 @@
 //! once PostgreSQL has flushed its WAL record, which is most of an uncontended
 //! cycle's time. `options[synchronous_commit]=off` in the URL (sqlx's way of
 //! setting a session parameter; it reaches every session of the backend's pool)
-//! makes them commit asynchronously — about 2.5× the cycles per second on one
+//! makes them commit asynchronously — about 1.8× the cycles per second on one
 //! task (BENCHMARKS.md) — with the lease and the fencing token unchanged. What it
 //! costs: a PostgreSQL **crash** (not a clean shutdown) forgets the commits of up
 //! to its last `3 × wal_writer_delay` (600 ms by default), and a forgotten grant
@@ -69,8 +69,9 @@
 //!   the clock's resolution: µs on MariaDB/MySQL and PostgreSQL, ms on SQLite (a row
 //!   deleted and recreated within the millisecond of its last grant could repeat it).
 //! * **Waiting** polls with [`Backoff`] (equal jitter), never past
-//!   the deadline and never past the holder's lease end; on PostgreSQL a release also
-//!   sends `NOTIFY` and one local waiter per process wakes at once.
+//!   the deadline and never past the holder's lease end; on PostgreSQL a release with
+//!   a waiter queued also sends `NOTIFY` (so does the end of a term of leadership, for
+//!   the election's observers), and the waiter it names wakes at once.
 //! * **Waiters queue** in a table of their own (arrival and liveness on the database
 //!   clock; a waiter re-checks at least every third of its liveness, a crashed one
 //!   lapses, a cancelled one leaves at once). **Fair mode** grants in arrival order:

@@ -483,6 +483,84 @@ async fn postgres_asynchronous_commit_is_opted_into_in_the_url() {
     }
 }
 
+/// The release notices naming `lock` that reach a listener on the release channel
+/// before a marker notice sent after them (notices arrive in commit order).
+async fn release_notices_for(
+    listener: &mut sqlx::postgres::PgListener,
+    url: &str,
+    lock: &str,
+) -> usize {
+    let marker = format!("marker-{:x}", fastrand::u64(..));
+    let mut c = sqlx::PgConnection::connect(url).await.unwrap();
+    sqlx::query("SELECT pg_notify('dlock_release', $1)")
+        .bind(&marker)
+        .execute(&mut c)
+        .await
+        .unwrap();
+    let mut seen = 0;
+    loop {
+        let note = tokio::time::timeout(Duration::from_secs(5), listener.recv())
+            .await
+            .expect("the marker notice within 5 s")
+            .unwrap();
+        if note.payload() == marker {
+            return seen;
+        }
+        seen += usize::from(note.payload().contains(lock));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_release_notices_go_out_when_someone_waits_or_a_term_ends() {
+    for (label, url) in sql_backends() {
+        if label != "postgres" {
+            continue;
+        }
+        let backend = JdbcBackend::connect(&url).await.unwrap();
+        let mut listener = sqlx::postgres::PgListener::connect(&url).await.unwrap();
+        listener.listen("dlock_release").await.unwrap();
+        let lock = format!("quiet-{:x}", fastrand::u64(..));
+        let name = LockName::new(lock.clone()).unwrap();
+        let ask = |owner: &str| {
+            AcquireRequest::new(name.clone(), OwnerId::new(owner), GrantId::new(1))
+                .with_lease(Duration::from_secs(30))
+        };
+        // Nobody waits: no notice.
+        let alone = ask("a");
+        assert!(backend.try_acquire(&alone).await.unwrap().is_acquired());
+        let released = backend.release(&alone.release_of_grant()).await.unwrap();
+        assert_eq!(released, ReleaseResult::Released);
+        assert_eq!(release_notices_for(&mut listener, &url, &lock).await, 0);
+        // A term of leadership ends: its observers hear of it, waiters or not.
+        let term = ask("a").with_purpose(dlock_spi::HoldPurpose::Leadership);
+        assert!(backend.try_acquire(&term).await.unwrap().is_acquired());
+        backend.release(&term.release_of_grant()).await.unwrap();
+        assert_eq!(release_notices_for(&mut listener, &url, &lock).await, 1);
+        // Someone waits: the release tells it.
+        assert!(backend.try_acquire(&alone).await.unwrap().is_acquired());
+        let waiter = {
+            let backend = backend.clone();
+            let req = ask("b").with_deadline(Some(Instant::now() + Duration::from_secs(10)));
+            tokio::spawn(async move { backend.try_acquire(&req).await.unwrap() })
+        };
+        assert!(
+            eventually(Duration::from_secs(5), || async {
+                backend
+                    .inspect(&name)
+                    .await
+                    .unwrap()
+                    .is_some_and(|state| state.waiters.is_some_and(|n| n > 0))
+            })
+            .await,
+            "the waiter never queued"
+        );
+        backend.release(&alone.release_of_grant()).await.unwrap();
+        assert!(waiter.await.unwrap().is_acquired());
+        assert_eq!(release_notices_for(&mut listener, &url, &lock).await, 1);
+        backend.close().await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_release_wakes_a_slow_poller_at_once() {
     for (label, url) in sql_backends() {
