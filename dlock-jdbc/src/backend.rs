@@ -233,6 +233,10 @@ impl Drop for Inner {
     }
 }
 
+/// The longest first pause of a waiter that has just queued (see
+/// [`Attempt::Busy::just_queued`]).
+const JUST_QUEUED_PAUSE: Duration = Duration::from_millis(10);
+
 /// A lock backend on a SQL database (SQLite, MariaDB/MySQL, PostgreSQL).
 ///
 /// Leases are judged on the database's clock. Waiters poll with the configured
@@ -273,13 +277,14 @@ impl QueueSlot {
     }
 
     /// Queues the waiter (keeping its arrival) or refreshes its liveness, unless it
-    /// did so less than a third of the liveness ago. The statement runs in a task of
+    /// did so less than a third of the liveness ago; `true` when it queued it just
+    /// now, for the first time. The statement runs in a task of
     /// its own, which removes the row again if the caller is gone by its end: a
     /// removal racing it on another pooled connection could land first.
-    async fn keep(&mut self) -> Result<()> {
+    async fn keep(&mut self) -> Result<bool> {
         let liveness = self.backend.inner.options.waiter_liveness;
         if self.refreshed.is_some_and(|at| at.elapsed() < liveness / 3) {
-            return Ok(());
+            return Ok(false);
         }
         let first = self.refreshed.is_none();
         let sent = Instant::now();
@@ -305,7 +310,7 @@ impl QueueSlot {
             )
         })??;
         self.refreshed = Some(sent);
-        Ok(())
+        Ok(first)
     }
 
     /// Leaves the queue, in a task of its own: a caller dropped while it waits does
@@ -367,6 +372,9 @@ enum Attempt {
         retry_after: Option<Duration>,
         /// Live waiters queued ahead of this one (0 when not queued).
         ahead: i64,
+        /// This attempt queued the waiter, for the first time: a release that began
+        /// before its queue entry was visible did not see it, and notified nobody.
+        just_queued: bool,
     },
 }
 
@@ -447,9 +455,10 @@ impl JdbcBackend {
         if let Some(token) = token {
             return Ok(Attempt::Granted(token));
         }
-        if let Some(slot) = queue {
-            slot.keep().await?;
-        }
+        let just_queued = match queue {
+            Some(slot) => slot.keep().await?,
+            None => false,
+        };
         let s = &self.inner.statements;
         let holder = req.holder();
         let params = [Param::Text(req.name.as_str()), Param::Text(holder.as_str())];
@@ -472,12 +481,14 @@ impl JdbcBackend {
                         .map(|stored| HolderKey::parse(&stored).0),
                     retry_after: remaining(if holder_live { left } else { shared_left }),
                     ahead,
+                    just_queued,
                 }
             }
             None => Attempt::Busy {
                 holder: None,
                 retry_after: None,
                 ahead: 0,
+                just_queued,
             },
         })
     }
@@ -796,7 +807,6 @@ impl LockRemoteResource for JdbcBackend {
         let mut round = 0u32;
         let mut last_ahead = i64::MAX;
         let mut conflicts = 0u32;
-        let mut retried_at_once = false;
         loop {
             let sent = Instant::now();
             let waiting = req.deadline.is_some_and(|d| d > sent);
@@ -828,6 +838,7 @@ impl LockRemoteResource for JdbcBackend {
                     holder,
                     retry_after,
                     ahead,
+                    just_queued,
                 } => {
                     // A waiter that moves up to the head of the queue, or next but
                     // one, polls from the shortest delay again: the lock is handed on
@@ -843,26 +854,20 @@ impl LockRemoteResource for JdbcBackend {
                         }
                         return Ok(AcquireResult::not_acquired(holder, retry_after));
                     };
-                    // Refused, yet free now with nobody queued ahead: the lock was let
-                    // go between the grant statement and this waiter's queue entry,
-                    // so the release (which notifies only queued waiters) could not
-                    // tell it. Try again at once — once in a row, so a refusal for
-                    // another reason cannot spin.
-                    let freed_meanwhile = req.mode == LockMode::Exclusive
-                        && holder.is_none()
-                        && retry_after.is_none()
-                        && ahead == 0;
-                    if freed_meanwhile && !retried_at_once {
-                        retried_at_once = true;
-                        continue;
-                    }
-                    retried_at_once = false;
                     // Never sleep past the holder's expiry (a crashed holder's lock is
                     // taken as soon as the database says its lease ended), nor past
                     // a third of the waiter's liveness (it stays queued).
                     let delay = retry_after
                         .map_or(delay, |r| delay.min(r + Duration::from_millis(1)))
                         .min(liveness_check);
+                    // Just queued: a release that ran meanwhile may not have seen the
+                    // queue entry (PostgreSQL notifies queued waiters only), so the
+                    // first pause is short whatever the backoff.
+                    let delay = if just_queued {
+                        delay.min(JUST_QUEUED_PAUSE)
+                    } else {
+                        delay
+                    };
                     self.pause(delay, subscription.as_ref()).await;
                     round = round.saturating_add(1);
                 }

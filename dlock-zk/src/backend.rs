@@ -634,9 +634,7 @@ impl LockRemoteResource for ZkBackend {
         let wait = (session.client.session_timeout() * 2 / 5).min(RECONNECT_WAIT);
         let deleted = inner
             .sessions
-            .across_blips(&session, Instant::now() + wait, || {
-                session.client.delete(&path, None)
-            })
+            .across_blips(&session, wait, || session.client.delete(&path, None))
             .await;
         match deleted {
             Ok(()) => Ok(ReleaseResult::Released),
@@ -945,9 +943,11 @@ impl ZkBackend {
         let listed = self
             .inner
             .sessions
-            .across_blips(session, deadline, || {
-                session.client.list_and_watch_children(lock)
-            })
+            .across_blips(
+                session,
+                deadline.saturating_duration_since(Instant::now()),
+                || session.client.list_and_watch_children(lock),
+            )
             .await;
         match listed {
             Ok((children, watch)) => (mine.children, mine.watch) = (children, watch),

@@ -179,21 +179,28 @@ impl Sessions {
     }
 
     /// Runs `op` on `session`, and again each time the connection fails under it
-    /// and comes back (the session living on) before `until` — a request met by a
-    /// blip, sent again once it can be answered. Otherwise its answer or last error.
+    /// and comes back (the session living on) within `wait` of the first failure —
+    /// a request met by a blip, sent again once it can be answered. Otherwise its
+    /// answer, or the last error once `wait` has passed.
     pub(crate) async fn across_blips<T, F, Fut>(
         &self,
         session: &Session,
-        until: Instant,
+        wait: Duration,
         mut op: F,
     ) -> Result<T, zookeeper_client::Error>
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Result<T, zookeeper_client::Error>>,
     {
+        let mut until = None;
         loop {
             match op().await {
-                Err(err) if connection_failure(&err) && self.reconnected(session, until).await => {}
+                Err(err) if connection_failure(&err) => {
+                    let until = *until.get_or_insert_with(|| Instant::now() + wait);
+                    if Instant::now() >= until || !self.reconnected(session, until).await {
+                        return Err(err);
+                    }
+                }
                 answered => return answered,
             }
         }
@@ -212,9 +219,9 @@ impl Sessions {
             let Some(sessions) = sessions.upgrade() else {
                 return;
             };
-            let until = Instant::now() + session.client.session_timeout();
+            let wait = session.client.session_timeout();
             let deleted = sessions
-                .across_blips(&session, until, || session.client.delete(&path, None))
+                .across_blips(&session, wait, || session.client.delete(&path, None))
                 .await;
             match deleted {
                 Ok(()) | Err(zookeeper_client::Error::NoNode) => {}

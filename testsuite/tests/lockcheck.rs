@@ -858,9 +858,9 @@ fn in_process(label: &str, seed: u64) -> RunOptions {
 
 /// Runs the broken backend `label` with seeds 1, 2, … (at most [`SEEDS`]) until a
 /// run reports every class of `required`, and checks that no class outside
-/// `required` fired. A flaw that shows only when the timing lets it (starvation,
+/// `required` and `possible` (what the flaw may also cause, timing permitting) fired. A flaw that shows only when the timing lets it (starvation,
 /// about three runs in four) still fails the self-test only if every seed misses it.
-async fn caught(label: &str, required: &[&str]) -> Report {
+async fn caught(label: &str, required: &[&str], possible: &[&str]) -> Report {
     for seed in 1..=SEEDS {
         let opts = in_process(label, seed);
         let outcome = run(&opts).await.expect("the run works");
@@ -869,7 +869,7 @@ async fn caught(label: &str, required: &[&str]) -> Report {
         for c in report
             .classes
             .iter()
-            .filter(|c| !required.contains(&c.name))
+            .filter(|c| !required.contains(&c.name) && !possible.contains(&c.name))
         {
             assert_eq!(
                 c.count,
@@ -890,13 +890,21 @@ async fn caught(label: &str, required: &[&str]) -> Report {
 async fn the_broken_backends_are_caught() {
     let _serial = SERIAL.lock().await;
     // A release that ignores its owner: grants over live holds, and writes accepted
-    // after a greater token was granted.
-    let report = caught("broken-memory", &["overlap", "stale-write"]).await;
+    // after a greater token was granted. It may also free a grant whose answer is
+    // still on its way to its caller, and the next grant (a greater token) may be
+    // answered first: a lower token after a greater one, by `ok` time — seen in a
+    // full run under load, a true violation of the flaw's making.
+    let report = caught(
+        "broken-memory",
+        &["overlap", "stale-write"],
+        &["token-order"],
+    )
+    .await;
     summary_matches(&report);
     // Every grant carries the same token.
-    caught("broken-tokens", &["token-order"]).await;
+    caught("broken-tokens", &["token-order"], &[]).await;
     // Names nobody holds are never granted.
-    let report = caught("broken-starve", &["starvation"]).await;
+    let report = caught("broken-starve", &["starvation"], &[]).await;
     assert!(
         report.classes[5]
             .by_lock
