@@ -223,6 +223,31 @@ pub(crate) struct Inner {
     pub(crate) attempts: AtomicU64,
     pub(crate) wakeups: Option<Arc<Wakeups>>,
     pub(crate) listener: Option<JoinHandle<()>>,
+    /// MariaDB/MySQL: the bells waiters block on (`None`: turned off).
+    #[cfg(feature = "mysql")]
+    pub(crate) bells: Option<crate::bell::Bells>,
+}
+
+/// A waiting acquire's bell (MariaDB/MySQL; nothing elsewhere): the session
+/// holding it, and the queue place it was last let go from.
+#[derive(Default)]
+struct HeldBell {
+    #[cfg(feature = "mysql")]
+    session: Option<crate::bell::BellSession>,
+    /// Waiters ahead when this waiter last let the bell go for them.
+    #[cfg(feature = "mysql")]
+    passed_at: Option<i64>,
+}
+
+impl HeldBell {
+    /// Whether the waiter holds its lock's bell (it polls for the waiters blocked
+    /// behind it).
+    fn held(&self) -> bool {
+        #[cfg(feature = "mysql")]
+        return self.session.is_some();
+        #[cfg(not(feature = "mysql"))]
+        false
+    }
 }
 
 impl Drop for Inner {
@@ -365,10 +390,25 @@ const PERMIT_RACES: u32 = 8;
 /// or contention statements before the conflict is the caller's error.
 const MAX_CONFLICTED_ATTEMPTS: u32 = 5;
 
+/// What a refused attempt says about when to look again.
+#[derive(Clone, Copy)]
+#[cfg_attr(not(feature = "mysql"), allow(dead_code))]
+struct Turn {
+    /// Live waiters queued ahead.
+    ahead: i64,
+    /// Until the holder's lease ends, when it is known.
+    retry_after: Option<Duration>,
+    /// The pause polling would take.
+    delay: Duration,
+}
+
 enum Attempt {
     Granted(i64),
     Busy {
         holder: Option<OwnerId>,
+        /// The live holder's stored key (its owner and grant): a new one is a new
+        /// hold.
+        holder_key: Option<String>,
         retry_after: Option<Duration>,
         /// Live waiters queued ahead of this one (0 when not queued).
         ahead: i64,
@@ -427,6 +467,17 @@ impl JdbcBackend {
         self.inner.attempts.load(Ordering::Relaxed)
     }
 
+    /// How many waits on a MariaDB/MySQL bell ended with the bell taken — woken by
+    /// a release, or finding it free (see [`crate::JdbcOptions::wake_sessions`]);
+    /// always 0 elsewhere. A test and diagnostics hook.
+    pub fn bell_wakeups(&self) -> u64 {
+        #[cfg(feature = "mysql")]
+        if let Some(bells) = &self.inner.bells {
+            return bells.taken();
+        }
+        0
+    }
+
     /// Closes the connection pool; later calls fail with `Closed`.
     ///
     /// # Cancel safety
@@ -439,6 +490,10 @@ impl JdbcBackend {
         // as its task is dropped).
         if let Some(task) = &self.inner.listener {
             task.abort();
+        }
+        #[cfg(feature = "mysql")]
+        if let Some(bells) = &self.inner.bells {
+            bells.close();
         }
         self.inner.pool.close().await;
     }
@@ -475,10 +530,12 @@ impl JdbcBackend {
         Ok(match row {
             Some((owner, left, shared_left, ahead)) => {
                 let holder_live = owner.is_some() && left > 0;
+                let holder_key = owner.filter(|_| holder_live);
                 Attempt::Busy {
-                    holder: owner
-                        .filter(|_| holder_live)
-                        .map(|stored| HolderKey::parse(&stored).0),
+                    holder: holder_key
+                        .as_deref()
+                        .map(|stored| HolderKey::parse(stored).0),
+                    holder_key,
                     retry_after: remaining(if holder_live { left } else { shared_left }),
                     ahead,
                     just_queued,
@@ -486,6 +543,7 @@ impl JdbcBackend {
             }
             None => Attempt::Busy {
                 holder: None,
+                holder_key: None,
                 retry_after: None,
                 ahead: 0,
                 just_queued,
@@ -745,6 +803,91 @@ impl JdbcBackend {
             .map_err(self.err("acquire"))
     }
 
+    /// Waits until a refused acquire looks at the lock again. On MariaDB/MySQL an
+    /// exclusive waiter blocks on the lock's bell (see [`crate::bell`]) and looks
+    /// as soon as it takes it. With the bell in hand and first in the queue, it
+    /// keeps the bell and polls; with others ahead, it lets the bell go to them and
+    /// blocks on it again at the back of its line — unless it let it go from the
+    /// same place before (whoever is first is not blocked on the bell: a reader,
+    /// or a waiter polling), then it polls this time. Everywhere else (and with no
+    /// wake-up session free) it pauses `turn.delay`.
+    #[cfg_attr(not(feature = "mysql"), allow(unused_variables))]
+    async fn wait_turn(
+        &self,
+        req: &AcquireRequest,
+        bell: &mut HeldBell,
+        turn: Turn,
+        wake: Option<&Subscription>,
+    ) {
+        #[cfg(feature = "mysql")]
+        if let Some(bells) = self
+            .inner
+            .bells
+            .as_ref()
+            .filter(|_| req.mode == LockMode::Exclusive)
+        {
+            let block = match bell.session.take() {
+                Some(session) if turn.ahead > 0 => {
+                    bells.pass(session).await;
+                    let moved_up = bell.passed_at.is_none_or(|at| turn.ahead < at);
+                    bell.passed_at = Some(turn.ahead);
+                    moved_up
+                }
+                Some(session) => {
+                    bell.session = Some(session);
+                    false
+                }
+                None => true,
+            };
+            if block {
+                let mut wait = self.inner.options.waiter_liveness / 3;
+                if let Some(left) = turn.retry_after {
+                    wait = wait.min(left + Duration::from_millis(1));
+                }
+                if let Some(deadline) = req.deadline {
+                    wait = wait.min(deadline.saturating_duration_since(Instant::now()));
+                }
+                match bells.wait(req.name.as_str(), wait).await {
+                    crate::bell::Rung::Taken(session) => {
+                        bell.session = Some(session);
+                        return;
+                    }
+                    crate::bell::Rung::TimedOut => return,
+                    crate::bell::Rung::NoSession => {}
+                }
+            }
+        }
+        self.pause(turn.delay, wake).await;
+    }
+
+    /// A granted waiter's hold keeps the bell it holds (MariaDB/MySQL).
+    #[cfg_attr(not(feature = "mysql"), allow(unused_variables))]
+    fn keep_bell(&self, req: &AcquireRequest, bell: &mut HeldBell, lease_end: Instant) {
+        #[cfg(feature = "mysql")]
+        if let (Some(bells), Some(session)) = (&self.inner.bells, bell.session.take()) {
+            bells.keep(req.name.as_str(), req.holder().as_str(), session, lease_end);
+        }
+    }
+
+    /// A waiter that stops waiting lets its bell go (MariaDB/MySQL).
+    #[cfg_attr(not(feature = "mysql"), allow(unused_variables))]
+    async fn pass_bell(&self, bell: &mut HeldBell) {
+        #[cfg(feature = "mysql")]
+        if let (Some(bells), Some(session)) = (&self.inner.bells, bell.session.take()) {
+            bells.pass(session).await;
+        }
+    }
+
+    /// Rings the bell a released hold kept, if any (MariaDB/MySQL): after the
+    /// release, so the waiter it wakes finds the row free.
+    #[cfg_attr(not(feature = "mysql"), allow(unused_variables))]
+    async fn ring_bell(&self, req: &ReleaseRequest) {
+        #[cfg(feature = "mysql")]
+        if let Some(bells) = &self.inner.bells {
+            bells.ring(req.name.as_str(), req.holder().as_str()).await;
+        }
+    }
+
     /// Waits for a PostgreSQL release notice or `delay`, whichever comes first.
     async fn pause(&self, delay: Duration, wake: Option<&Subscription>) {
         match wake {
@@ -807,6 +950,8 @@ impl LockRemoteResource for JdbcBackend {
         let mut round = 0u32;
         let mut last_ahead = i64::MAX;
         let mut conflicts = 0u32;
+        let mut bell = HeldBell::default();
+        let mut last_holder = None;
         loop {
             let sent = Instant::now();
             let waiting = req.deadline.is_some_and(|d| d > sent);
@@ -823,6 +968,8 @@ impl LockRemoteResource for JdbcBackend {
             };
             match attempt {
                 Attempt::Granted(token) => {
+                    // The hold keeps the bell it waited on, and rings it at its release.
+                    self.keep_bell(req, &mut bell, sent + req.lease);
                     if let Some(slot) = slot.take() {
                         slot.leave().await;
                     }
@@ -836,19 +983,27 @@ impl LockRemoteResource for JdbcBackend {
                 }
                 Attempt::Busy {
                     holder,
+                    holder_key,
                     retry_after,
                     ahead,
                     just_queued,
                 } => {
                     // A waiter that moves up to the head of the queue, or next but
                     // one, polls from the shortest delay again: the lock is handed on
-                    // soon after it frees, not when a long backoff comes round.
-                    if ahead < 2 && ahead < last_ahead {
+                    // soon after it frees, not when a long backoff comes round. So
+                    // does a waiter holding the bell when the lock changes hands: it
+                    // polls for every waiter blocked behind it, and a hold that took
+                    // the lock past it (a newcomer, in non-fair mode) may end soon.
+                    if (ahead < 2 && ahead < last_ahead)
+                        || (bell.held() && holder_key != last_holder)
+                    {
                         round = 0;
                     }
                     last_ahead = ahead;
+                    last_holder = holder_key;
                     let delay = req.deadline.and_then(|d| backoff.delay_within(round, d));
                     let Some(delay) = delay else {
+                        self.pass_bell(&mut bell).await;
                         if let Some(slot) = slot.take() {
                             slot.leave().await;
                         }
@@ -868,7 +1023,13 @@ impl LockRemoteResource for JdbcBackend {
                     } else {
                         delay
                     };
-                    self.pause(delay, subscription.as_ref()).await;
+                    let turn = Turn {
+                        ahead,
+                        retry_after,
+                        delay,
+                    };
+                    self.wait_turn(req, &mut bell, turn, subscription.as_ref())
+                        .await;
                     round = round.saturating_add(1);
                 }
             }
@@ -877,7 +1038,12 @@ impl LockRemoteResource for JdbcBackend {
 
     async fn release(&self, req: &ReleaseRequest) -> Result<ReleaseResult> {
         let (this, req) = (self.clone(), req.clone());
-        detached(async move { retry_conflicts(|| this.release_now(&req)).await }).await
+        detached(async move {
+            let released = retry_conflicts(|| this.release_now(&req)).await;
+            this.ring_bell(&req).await;
+            released
+        })
+        .await
     }
 
     async fn renew(&self, req: &RenewRequest) -> Result<RenewResult> {
@@ -1026,6 +1192,10 @@ impl JdbcBackend {
             }),
         };
         let renewed = renewed.map_err(self.err("renew"))?;
+        #[cfg(feature = "mysql")]
+        if let (true, Some(bells)) = (renewed, &self.inner.bells) {
+            bells.renewed(req.name.as_str(), holder.as_str(), sent + req.lease);
+        }
         if renewed && req.context.is_some() {
             // A proclaimed value: observers re-read.
             self.notify(s.notify_change.as_ref(), &req.name).await;

@@ -30,7 +30,9 @@
 //! `<prefix>readers`, `<prefix>schema_version`), `dlock_pool_max=10`,
 //! `dlock_acquire_timeout=5s` (how long connecting, and waiting for a free
 //! connection of the pool, may take: `500ms`, `30s`, `1m`),
-//! `dlock_migrate=false` (do not create tables; an operator applied them).
+//! `dlock_migrate=false` (do not create tables; an operator applied them),
+//! `dlock_wake_sessions=4` (MariaDB/MySQL: the connections waiters block on, see
+//! [`JdbcOptions::wake_sessions`]; `0`: waiters poll).
 //!
 //! ### PostgreSQL: asynchronous commit (opt-in)
 //!
@@ -71,7 +73,11 @@
 //! * **Waiting** polls with [`Backoff`] (equal jitter), never past
 //!   the deadline and never past the holder's lease end; on PostgreSQL a release with
 //!   a waiter queued also sends `NOTIFY` (so does the end of a term of leadership, for
-//!   the election's observers), and the waiter it names wakes at once.
+//!   the election's observers), and the waiter it names wakes at once. On
+//!   MariaDB/MySQL a waiter for an exclusive lock blocks inside the server on the
+//!   lock's *bell*, a named lock (`GET_LOCK`) that a holder granted after such a wait
+//!   keeps and lets go right after its release, which wakes the next waiter; the row
+//!   still decides every grant (see [`JdbcOptions::wake_sessions`]).
 //! * **Waiters queue** in a table of their own (arrival and liveness on the database
 //!   clock; a waiter re-checks at least every third of its liveness, a crashed one
 //!   lapses, a cancelled one leaves at once). **Fair mode** grants in arrival order:
@@ -97,6 +103,8 @@ compile_error!(
 );
 
 mod backend;
+#[cfg(feature = "mysql")]
+mod bell;
 mod dialect;
 mod error;
 mod migrate;
@@ -148,6 +156,16 @@ pub struct JdbcOptions {
     /// after it (barging, for throughput). Once it has waited this long it goes
     /// first, so no waiter starves. Default 20 ms.
     pub starvation_after: Duration,
+    /// MariaDB/MySQL: how many dedicated connections waiting acquires may block on
+    /// (URL `dlock_wake_sessions=`). A waiter for an exclusive lock blocks inside the
+    /// server on a named lock beside the lock's row (`GET_LOCK`), which the holder
+    /// lets go right after its release commits: the hand-over takes a round trip,
+    /// not a poll. A waiter that finds no session free polls with [`Self::backoff`];
+    /// `0` turns this off. Each session is connected when first needed, and a hold
+    /// that was granted after such a wait keeps its session until its release.
+    /// Ignored by SQLite and PostgreSQL (PostgreSQL wakes waiters with `NOTIFY`).
+    /// Default 4.
+    pub wake_sessions: u32,
 }
 
 impl Default for JdbcOptions {
@@ -160,6 +178,7 @@ impl Default for JdbcOptions {
             migrate: true,
             waiter_liveness: Duration::from_secs(3),
             starvation_after: Duration::from_millis(20),
+            wake_sessions: 4,
         }
     }
 }
@@ -208,6 +227,13 @@ impl JdbcOptions {
         self.starvation_after = after;
         self
     }
+
+    /// Sets how many wake-up sessions waiters may block on (MariaDB/MySQL; `0`:
+    /// waiters poll).
+    pub fn wake_sessions(mut self, sessions: u32) -> Self {
+        self.wake_sessions = sessions;
+        self
+    }
 }
 
 /// Splits dlock's own `dlock_*` query parameters off a URL.
@@ -232,6 +258,11 @@ fn split_options(url: &str, mut options: JdbcOptions) -> Result<(String, JdbcOpt
                     .ok()
                     .filter(|n| *n > 0)
                     .ok_or_else(|| bad("expected a positive number of connections"))?;
+            }
+            "dlock_wake_sessions" => {
+                options.wake_sessions = value
+                    .parse()
+                    .map_err(|_| bad("expected a number of sessions (0 turns them off)"))?;
             }
             "dlock_migrate" => {
                 options.migrate = value.parse().map_err(|_| bad("expected true or false"))?;
@@ -396,6 +427,15 @@ impl JdbcBackend {
         }
         let statements = Statements::new(pool.dialect(), &options.table_prefix);
         let (wakeups, listener) = start_listener(&pool, &options).await;
+        #[cfg(feature = "mysql")]
+        let bells = match &pool {
+            Pool::MySql(p) if options.wake_sessions > 0 => Some(bell::Bells::new(
+                (*p.connect_options()).clone(),
+                &options.table_prefix,
+                options.wake_sessions,
+            )),
+            _ => None,
+        };
         Ok(JdbcBackend {
             inner: Arc::new(Inner {
                 pool,
@@ -404,6 +444,8 @@ impl JdbcBackend {
                 attempts: AtomicU64::new(0),
                 wakeups,
                 listener,
+                #[cfg(feature = "mysql")]
+                bells,
             }),
         })
     }

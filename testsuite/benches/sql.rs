@@ -32,6 +32,7 @@ use distributed_lock_core::{DistributedLock, LockHandle, LockProvider};
 use dlock_api::DistributeLockManager;
 use dlock_jdbc::{sqlx, JdbcBackend, SqlPool};
 use dlock_spi::LockRemoteResource;
+use testsuite::backends::async_commit_url;
 use testsuite::bench::{api_contestant, cycles, interleaved, spi_contestant, Contestant};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 
@@ -230,13 +231,6 @@ const PEER: &str = "distributed-lock 0.2 (advisory locks)";
 
 /// dlock on PostgreSQL with asynchronous commit, opted into in the URL.
 const ASYNC_COMMIT: &str = "dlock non-fair, asynchronous commit (opt-in)";
-
-/// `url` with PostgreSQL's `synchronous_commit = off` for its sessions (the opt-in
-/// the dlock-jdbc docs describe).
-fn async_commit_url(url: &str) -> String {
-    let sep = if url.contains('?') { '&' } else { '?' };
-    format!("{url}{sep}options[synchronous_commit]=off")
-}
 
 /// One task, uncontended, every implementation in interleaved rounds.
 async fn uncontended(

@@ -315,6 +315,13 @@ fn tls_dir(var: &str, name: &str) -> String {
     std::env::var(var).unwrap_or_else(|_| std::env::temp_dir().join(name).display().to_string())
 }
 
+/// `url` with PostgreSQL's `synchronous_commit = off` for its sessions (the opt-in
+/// the dlock-jdbc docs describe: sqlx passes `options[…]` on as session parameters).
+pub fn async_commit_url(url: &str) -> String {
+    let sep = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{sep}options[synchronous_commit]=off")
+}
+
 /// The URL of the TLS-only server `scripts/test` starts for `label` (`mysql`: MariaDB
 /// on 127.0.0.1:3307; `postgres`: PostgreSQL on 127.0.0.1:5433), verifying its
 /// certificate against `ca` — a file in the directory the script made its

@@ -6,14 +6,14 @@
 
 use std::time::{Duration, Instant};
 
-use dlock_api::{DistributeLockManager, ErrorKind, LostReason};
+use dlock_api::{DistributeLockManager, ErrorKind, LockGuard, LostReason};
 use dlock_jdbc::{JdbcBackend, JdbcOptions};
 use dlock_spi::{
     AcquireRequest, Backoff, FencingToken, GrantId, Jitter, LockMode, LockName, LockRemoteResource,
     OwnerId, ReleaseRequest, ReleaseResult,
 };
 use sqlx::Connection;
-use testsuite::backends::{server_url, sql_tls_url, TestUrl};
+use testsuite::backends::{async_commit_url, server_url, sql_tls_url, TestUrl};
 use testsuite::conformance::{eventually, take_permits};
 use testsuite::proxy::{split_url, Fault, FaultProxy};
 use testsuite::runner::selected;
@@ -32,6 +32,15 @@ fn sql_backends() -> Vec<(String, TestUrl)> {
         eprintln!("no SQL backend selected in DLOCK_TEST_BACKENDS; nothing to check here");
     }
     chosen
+}
+
+/// The URL of `label` when the run selected it (the tests of one database's own
+/// behaviour run only there).
+fn sql_url(label: &str) -> Option<TestUrl> {
+    sql_backends()
+        .into_iter()
+        .find(|(l, _)| l == label)
+        .map(|(_, url)| url)
 }
 
 async fn manager(url: &str, options: JdbcOptions, lease: Duration) -> DistributeLockManager {
@@ -444,43 +453,38 @@ async fn synchronous_commit(backend: &JdbcBackend) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_asynchronous_commit_is_opted_into_in_the_url() {
-    for (label, url) in sql_backends() {
-        if label != "postgres" {
-            continue;
-        }
-        let durable = JdbcBackend::connect(&url).await.unwrap();
-        assert_eq!(synchronous_commit(&durable).await, "on");
-        let sep = if url.contains('?') { '&' } else { '?' };
-        let fast = JdbcBackend::connect(&format!("{url}{sep}options[synchronous_commit]=off"))
-            .await
-            .unwrap();
-        assert_eq!(synchronous_commit(&fast).await, "off");
-        // Locks on it work with the durable backend's: one row, one counter.
-        let name = format!("async-commit-{:x}", fastrand::u64(..));
-        let (a, b) = (
-            DistributeLockManager::builder(durable).build().unwrap(),
-            DistributeLockManager::builder(fast).build().unwrap(),
-        );
-        let first = a.lock(&name).lock().await.unwrap();
-        assert!(b
-            .lock(&name)
-            .try_lock(Duration::ZERO)
-            .await
-            .unwrap()
-            .is_none());
-        let token = first.fencing_token();
-        first.unlock().await.unwrap();
-        let second = b
-            .lock(&name)
-            .try_lock(Duration::ZERO)
-            .await
-            .unwrap()
-            .unwrap();
-        assert!(second.fencing_token() > token);
-        second.unlock().await.unwrap();
-        a.close().await;
-        b.close().await;
-    }
+    let Some(url) = sql_url("postgres") else {
+        return;
+    };
+    let durable = JdbcBackend::connect(&url).await.unwrap();
+    assert_eq!(synchronous_commit(&durable).await, "on");
+    let fast = JdbcBackend::connect(&async_commit_url(&url)).await.unwrap();
+    assert_eq!(synchronous_commit(&fast).await, "off");
+    // Locks on it work with the durable backend's: one row, one counter.
+    let name = format!("async-commit-{:x}", fastrand::u64(..));
+    let (a, b) = (
+        DistributeLockManager::builder(durable).build().unwrap(),
+        DistributeLockManager::builder(fast).build().unwrap(),
+    );
+    let first = a.lock(&name).lock().await.unwrap();
+    assert!(b
+        .lock(&name)
+        .try_lock(Duration::ZERO)
+        .await
+        .unwrap()
+        .is_none());
+    let token = first.fencing_token();
+    first.unlock().await.unwrap();
+    let second = b
+        .lock(&name)
+        .try_lock(Duration::ZERO)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(second.fencing_token() > token);
+    second.unlock().await.unwrap();
+    a.close().await;
+    b.close().await;
 }
 
 /// The release notices naming `lock` that reach a listener on the release channel
@@ -512,104 +516,111 @@ async fn release_notices_for(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_release_notices_go_out_when_someone_waits_or_a_term_ends() {
-    for (label, url) in sql_backends() {
-        if label != "postgres" {
-            continue;
-        }
-        let backend = JdbcBackend::connect(&url).await.unwrap();
-        let mut listener = sqlx::postgres::PgListener::connect(&url).await.unwrap();
-        listener.listen("dlock_release").await.unwrap();
-        let lock = format!("quiet-{:x}", fastrand::u64(..));
-        let name = LockName::new(lock.clone()).unwrap();
-        let ask = |owner: &str| {
-            AcquireRequest::new(name.clone(), OwnerId::new(owner), GrantId::new(1))
-                .with_lease(Duration::from_secs(30))
-        };
-        // Nobody waits: no notice.
-        let alone = ask("a");
-        assert!(backend.try_acquire(&alone).await.unwrap().is_acquired());
-        let released = backend.release(&alone.release_of_grant()).await.unwrap();
-        assert_eq!(released, ReleaseResult::Released);
-        assert_eq!(release_notices_for(&mut listener, &url, &lock).await, 0);
-        // A term of leadership ends: its observers hear of it, waiters or not.
-        let term = ask("a").with_purpose(dlock_spi::HoldPurpose::Leadership);
-        assert!(backend.try_acquire(&term).await.unwrap().is_acquired());
-        backend.release(&term.release_of_grant()).await.unwrap();
-        assert_eq!(release_notices_for(&mut listener, &url, &lock).await, 1);
-        // Someone waits: the release tells it.
-        assert!(backend.try_acquire(&alone).await.unwrap().is_acquired());
-        let waiter = {
-            let backend = backend.clone();
-            let req = ask("b").with_deadline(Some(Instant::now() + Duration::from_secs(10)));
-            tokio::spawn(async move { backend.try_acquire(&req).await.unwrap() })
-        };
-        assert!(
-            eventually(Duration::from_secs(5), || async {
-                backend
-                    .inspect(&name)
-                    .await
-                    .unwrap()
-                    .is_some_and(|state| state.waiters.is_some_and(|n| n > 0))
-            })
-            .await,
-            "the waiter never queued"
-        );
-        backend.release(&alone.release_of_grant()).await.unwrap();
-        assert!(waiter.await.unwrap().is_acquired());
-        assert_eq!(release_notices_for(&mut listener, &url, &lock).await, 1);
-        backend.close().await;
-    }
+    let Some(url) = sql_url("postgres") else {
+        return;
+    };
+    let backend = JdbcBackend::connect(&url).await.unwrap();
+    let mut listener = sqlx::postgres::PgListener::connect(&url).await.unwrap();
+    listener.listen("dlock_release").await.unwrap();
+    let lock = format!("quiet-{:x}", fastrand::u64(..));
+    let name = LockName::new(lock.clone()).unwrap();
+    let ask = |owner: &str| {
+        AcquireRequest::new(name.clone(), OwnerId::new(owner), GrantId::new(1))
+            .with_lease(Duration::from_secs(30))
+    };
+    // Nobody waits: no notice.
+    let alone = ask("a");
+    assert!(backend.try_acquire(&alone).await.unwrap().is_acquired());
+    let released = backend.release(&alone.release_of_grant()).await.unwrap();
+    assert_eq!(released, ReleaseResult::Released);
+    assert_eq!(release_notices_for(&mut listener, &url, &lock).await, 0);
+    // A term of leadership ends: its observers hear of it, waiters or not.
+    let term = ask("a").with_purpose(dlock_spi::HoldPurpose::Leadership);
+    assert!(backend.try_acquire(&term).await.unwrap().is_acquired());
+    backend.release(&term.release_of_grant()).await.unwrap();
+    assert_eq!(release_notices_for(&mut listener, &url, &lock).await, 1);
+    // Someone waits: the release tells it.
+    assert!(backend.try_acquire(&alone).await.unwrap().is_acquired());
+    let waiter = {
+        let backend = backend.clone();
+        let req = ask("b").with_deadline(Some(Instant::now() + Duration::from_secs(10)));
+        tokio::spawn(async move { backend.try_acquire(&req).await.unwrap() })
+    };
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            backend
+                .inspect(&name)
+                .await
+                .unwrap()
+                .is_some_and(|state| state.waiters.is_some_and(|n| n > 0))
+        })
+        .await,
+        "the waiter never queued"
+    );
+    backend.release(&alone.release_of_grant()).await.unwrap();
+    assert!(waiter.await.unwrap().is_acquired());
+    assert_eq!(release_notices_for(&mut listener, &url, &lock).await, 1);
+    backend.close().await;
+}
+
+/// How long after `held`'s release a waiter on `waiter` (whose backend is
+/// `backend`) is granted `name`: it waits up to 20 s, and `held` is released once
+/// it has made an attempt.
+async fn granted_after_release(
+    waiter: &DistributeLockManager,
+    backend: &JdbcBackend,
+    name: &str,
+    held: LockGuard,
+) -> Duration {
+    let lock = waiter.lock(name);
+    let task = tokio::spawn(async move {
+        let got = lock
+            .try_lock(Duration::from_secs(20))
+            .await
+            .unwrap()
+            .unwrap();
+        let at = Instant::now();
+        got.unlock().await.unwrap();
+        at
+    });
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            backend.acquire_attempts() >= 1
+        })
+        .await
+    );
+    let released = Instant::now();
+    held.unlock().await.unwrap();
+    task.await.unwrap().duration_since(released)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_release_wakes_a_slow_poller_at_once() {
-    for (label, url) in sql_backends() {
-        if label != "postgres" {
-            continue;
-        }
-        // Pollers that would otherwise sleep 3 s between tries.
-        let slow = JdbcOptions::default()
-            .backoff(Backoff::constant(Duration::from_secs(3)).with_jitter(Jitter::None));
-        let holder = manager(&url, JdbcOptions::default(), Duration::from_secs(30)).await;
-        let backend = JdbcBackend::connect_with(&url, slow).await.unwrap();
-        let waiter = DistributeLockManager::builder(backend.clone())
-            .build()
-            .unwrap();
-        let name = format!("notify-{:x}", fastrand::u64(..));
-        let g = holder
-            .lock(&name)
-            .try_lock(Duration::ZERO)
-            .await
-            .unwrap()
-            .unwrap();
-        let lock = waiter.lock(&name);
-        let task = tokio::spawn(async move {
-            let got = lock
-                .try_lock(Duration::from_secs(20))
-                .await
-                .unwrap()
-                .unwrap();
-            let at = Instant::now();
-            got.unlock().await.unwrap();
-            at
-        });
-        assert!(
-            eventually(Duration::from_secs(5), || async {
-                backend.acquire_attempts() >= 1
-            })
-            .await
-        );
-        let released = Instant::now();
-        g.unlock().await.unwrap();
-        let acquired = task.await.unwrap();
-        let delay = acquired.duration_since(released);
-        assert!(
-            delay < Duration::from_millis(1000),
-            "woken {delay:?} after the release; NOTIFY did not arrive"
-        );
-        holder.close().await;
-        waiter.close().await;
-    }
+    let Some(url) = sql_url("postgres") else {
+        return;
+    };
+    // Pollers that would otherwise sleep 3 s between tries.
+    let slow = JdbcOptions::default()
+        .backoff(Backoff::constant(Duration::from_secs(3)).with_jitter(Jitter::None));
+    let holder = manager(&url, JdbcOptions::default(), Duration::from_secs(30)).await;
+    let backend = JdbcBackend::connect_with(&url, slow).await.unwrap();
+    let waiter = DistributeLockManager::builder(backend.clone())
+        .build()
+        .unwrap();
+    let name = format!("notify-{:x}", fastrand::u64(..));
+    let g = holder
+        .lock(&name)
+        .try_lock(Duration::ZERO)
+        .await
+        .unwrap()
+        .unwrap();
+    let delay = granted_after_release(&waiter, &backend, &name, g).await;
+    assert!(
+        delay < Duration::from_millis(1000),
+        "woken {delay:?} after the release; NOTIFY did not arrive"
+    );
+    holder.close().await;
+    waiter.close().await;
 }
 
 /// A release on PostgreSQL wakes the writer first in the queue, not a waiter in every
@@ -620,84 +631,146 @@ async fn postgres_release_wakes_a_slow_poller_at_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_release_wakes_the_writer_first_in_line_only() {
     const WAITERS: usize = 6;
-    for (label, url) in sql_backends() {
-        if label != "postgres" {
-            continue;
-        }
-        let slow = JdbcOptions::default()
-            .backoff(Backoff::constant(Duration::from_secs(10)).with_jitter(Jitter::None))
-            .waiter_liveness(Duration::from_secs(30));
-        let holder = manager(&url, JdbcOptions::default(), Duration::from_secs(30)).await;
-        let name = format!("head-{:x}", fastrand::u64(..));
-        let g = holder
-            .lock(&name)
-            .try_lock(Duration::ZERO)
-            .await
-            .unwrap()
+    let Some(url) = sql_url("postgres") else {
+        return;
+    };
+    let slow = JdbcOptions::default()
+        .backoff(Backoff::constant(Duration::from_secs(10)).with_jitter(Jitter::None))
+        .waiter_liveness(Duration::from_secs(30));
+    let holder = manager(&url, JdbcOptions::default(), Duration::from_secs(30)).await;
+    let name = format!("head-{:x}", fastrand::u64(..));
+    let g = holder
+        .lock(&name)
+        .try_lock(Duration::ZERO)
+        .await
+        .unwrap()
+        .unwrap();
+    let (mut backends, mut managers, mut tasks) = (Vec::new(), Vec::new(), Vec::new());
+    let granted = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
+    for _ in 0..WAITERS {
+        let backend = JdbcBackend::connect_with(&url, slow.clone()).await.unwrap();
+        let m = DistributeLockManager::builder(backend.clone())
+            .build()
             .unwrap();
-        let (mut backends, mut managers, mut tasks) = (Vec::new(), Vec::new(), Vec::new());
-        let granted = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
-        for _ in 0..WAITERS {
-            let backend = JdbcBackend::connect_with(&url, slow.clone()).await.unwrap();
-            let m = DistributeLockManager::builder(backend.clone())
-                .build()
-                .unwrap();
-            let (lock, granted) = (m.lock(&name), std::sync::Arc::clone(&granted));
-            tasks.push(tokio::spawn(async move {
-                let got = lock
-                    .try_lock(Duration::from_secs(30))
-                    .await
-                    .unwrap()
-                    .unwrap();
-                granted.add_permits(1);
-                got.unlock().await.unwrap();
-            }));
-            backends.push(backend);
-            managers.push(m);
-        }
-        let attempts = || {
-            backends
-                .iter()
-                .map(JdbcBackend::acquire_attempts)
-                .sum::<u64>()
-        };
-        let queued = eventually(Duration::from_secs(5), || async {
-            holder
-                .inspect(&name)
+        let (lock, granted) = (m.lock(&name), std::sync::Arc::clone(&granted));
+        tasks.push(tokio::spawn(async move {
+            let got = lock
+                .try_lock(Duration::from_secs(30))
                 .await
                 .unwrap()
-                .and_then(|s| s.waiters)
-                .unwrap_or(0)
-                == WAITERS
-        })
-        .await;
-        assert!(queued, "{label}: the waiters did not all queue");
-        let before = attempts();
-        g.unlock().await.unwrap();
-        let first = tokio::time::timeout(Duration::from_secs(5), granted.acquire())
+                .unwrap();
+            granted.add_permits(1);
+            got.unlock().await.unwrap();
+        }));
+        backends.push(backend);
+        managers.push(m);
+    }
+    let attempts = || {
+        backends
+            .iter()
+            .map(JdbcBackend::acquire_attempts)
+            .sum::<u64>()
+    };
+    let queued = eventually(Duration::from_secs(5), || async {
+        holder
+            .inspect(&name)
             .await
-            .expect("a waiter was granted the lock within 5 s of the release");
-        first.unwrap().forget();
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        // By now the first waiter has released and the next ones taken it in turn;
-        // every release woke exactly its successor.
-        let passed = granted.available_permits() + 1;
-        let woken = attempts() - before;
-        assert!(
-            woken <= passed as u64 + 1,
-            "{label}: {passed} grant(s) took {woken} acquire attempts among {WAITERS} waiters"
-        );
-        let all = tokio::time::timeout(Duration::from_secs(10), async {
-            for t in tasks {
-                t.await.unwrap();
-            }
-        })
-        .await;
-        assert!(all.is_ok(), "{label}: the lock did not pass down the queue");
-        holder.close().await;
-        for m in managers {
-            m.close().await;
+            .unwrap()
+            .and_then(|s| s.waiters)
+            .unwrap_or(0)
+            == WAITERS
+    })
+    .await;
+    assert!(queued, "postgres: the waiters did not all queue");
+    let before = attempts();
+    g.unlock().await.unwrap();
+    let first = tokio::time::timeout(Duration::from_secs(5), granted.acquire())
+        .await
+        .expect("a waiter was granted the lock within 5 s of the release");
+    first.unwrap().forget();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // By now the first waiter has released and the next ones taken it in turn;
+    // every release woke exactly its successor.
+    let passed = granted.available_permits() + 1;
+    let woken = attempts() - before;
+    assert!(
+        woken <= passed as u64 + 1,
+        "postgres: {passed} grant(s) took {woken} acquire attempts among {WAITERS} waiters"
+    );
+    let all = tokio::time::timeout(Duration::from_secs(10), async {
+        for t in tasks {
+            t.await.unwrap();
         }
+    })
+    .await;
+    assert!(
+        all.is_ok(),
+        "postgres: the lock did not pass down the queue"
+    );
+    holder.close().await;
+    for m in managers {
+        m.close().await;
+    }
+}
+
+/// MariaDB/MySQL: a waiter blocked on the lock's bell is granted as soon as the
+/// holder releases, though it would poll only every 3 s. The holder waited for the
+/// lock itself (on the bell, which it found free and kept), so it holds the bell,
+/// and its release rings it — after the release committed: a ring before it wakes
+/// the waiter to a lock still held, and it goes back to polling.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_a_release_rings_the_bell_its_waiter_blocks_on() {
+    let Some(url) = sql_url("mysql") else {
+        return;
+    };
+    let first = manager(&url, JdbcOptions::default(), Duration::from_secs(30)).await;
+    let holder_backend = JdbcBackend::connect(&url).await.unwrap();
+    let holder = DistributeLockManager::builder(holder_backend.clone())
+        .lease(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    // Polls every 3 s, and blocks on a bell at most a third of its 9 s liveness.
+    let slow = JdbcOptions::default()
+        .backoff(Backoff::constant(Duration::from_secs(3)).with_jitter(Jitter::None))
+        .waiter_liveness(Duration::from_secs(9));
+    let waiter_backend = JdbcBackend::connect_with(&url, slow).await.unwrap();
+    let waiter = DistributeLockManager::builder(waiter_backend.clone())
+        .build()
+        .unwrap();
+    let name = format!("bell-{:x}", fastrand::u64(..));
+
+    // The holder waits for `first`'s hold: it takes the free bell and keeps it.
+    let g = first
+        .lock(&name)
+        .try_lock(Duration::ZERO)
+        .await
+        .unwrap()
+        .unwrap();
+    let lock = holder.lock(&name);
+    let holding = tokio::spawn(async move { lock.try_lock(Duration::from_secs(20)).await });
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            holder_backend.bell_wakeups() >= 1
+        })
+        .await,
+        "the holder never took the bell"
+    );
+    g.unlock().await.unwrap();
+    let held = holding.await.unwrap().unwrap().expect("the holder's grant");
+
+    // The waiter blocks on the holder's bell; the release wakes it.
+    let delay = granted_after_release(&waiter, &waiter_backend, &name, held).await;
+    assert_eq!(
+        waiter_backend.bell_wakeups(),
+        1,
+        "the waiter was granted without the bell ringing"
+    );
+    assert!(
+        delay < Duration::from_millis(1500),
+        "woken {delay:?} after the release (its bell wait ends after 3 s)"
+    );
+    for m in [first, holder, waiter] {
+        m.close().await;
     }
 }
 
