@@ -15,6 +15,7 @@ use sqlx::Row;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
+use crate::bell::{Bells, Next};
 use crate::dialect::{Dialect, Statements, Stmt};
 use crate::error::{conflict_pause, is_conflict, map_sqlx, retry_conflicts};
 use crate::permits;
@@ -223,31 +224,9 @@ pub(crate) struct Inner {
     pub(crate) attempts: AtomicU64,
     pub(crate) wakeups: Option<Arc<Wakeups>>,
     pub(crate) listener: Option<JoinHandle<()>>,
-    /// MariaDB/MySQL: the bells waiters block on (`None`: turned off).
-    #[cfg(feature = "mysql")]
-    pub(crate) bells: Option<crate::bell::Bells>,
-}
-
-/// A waiting acquire's bell (MariaDB/MySQL; nothing elsewhere): the session
-/// holding it, and the queue place it was last let go from.
-#[derive(Default)]
-struct HeldBell {
-    #[cfg(feature = "mysql")]
-    session: Option<crate::bell::BellSession>,
-    /// Waiters ahead when this waiter last let the bell go for them.
-    #[cfg(feature = "mysql")]
-    passed_at: Option<i64>,
-}
-
-impl HeldBell {
-    /// Whether the waiter holds its lock's bell (it polls for the waiters blocked
-    /// behind it).
-    fn held(&self) -> bool {
-        #[cfg(feature = "mysql")]
-        return self.session.is_some();
-        #[cfg(not(feature = "mysql"))]
-        false
-    }
+    /// MariaDB/MySQL: the bells waiters block on (`None`: turned off, or another
+    /// database).
+    pub(crate) bells: Option<Bells>,
 }
 
 impl Drop for Inner {
@@ -267,7 +246,9 @@ const JUST_QUEUED_PAUSE: Duration = Duration::from_millis(10);
 /// Leases are judged on the database's clock. Waiters poll with the configured
 /// [`Backoff`] (equal jitter by default), never past their deadline; on PostgreSQL
 /// they are also woken by `LISTEN/NOTIFY` when a lock is released, with polling as the
-/// safety net. Waiters queue in a table (see the crate docs): fair mode grants in
+/// safety net; on MariaDB/MySQL a waiter for an exclusive lock blocks on the lock's
+/// bell instead, a named lock its holder lets go after the release
+/// ([`crate::JdbcOptions::wake_sessions`]). Waiters queue in a table (see the crate docs): fair mode grants in
 /// arrival order, non-fair mode lets newcomers pass a waiter only until it starves,
 /// and new readers stand back for a queued writer.
 ///
@@ -392,7 +373,6 @@ const MAX_CONFLICTED_ATTEMPTS: u32 = 5;
 
 /// What a refused attempt says about when to look again.
 #[derive(Clone, Copy)]
-#[cfg_attr(not(feature = "mysql"), allow(dead_code))]
 struct Turn {
     /// Live waiters queued ahead.
     ahead: i64,
@@ -467,18 +447,15 @@ impl JdbcBackend {
         self.inner.attempts.load(Ordering::Relaxed)
     }
 
-    /// How many waits on a MariaDB/MySQL bell ended with the bell taken — woken by
-    /// a release, or finding it free (see [`crate::JdbcOptions::wake_sessions`]);
-    /// always 0 elsewhere. A test and diagnostics hook.
-    pub fn bell_wakeups(&self) -> u64 {
-        #[cfg(feature = "mysql")]
-        if let Some(bells) = &self.inner.bells {
-            return bells.taken();
-        }
-        0
+    /// Test and diagnostics hook: how many waits on a MariaDB/MySQL bell ended
+    /// with the bell taken — let go by a release, or found free (see
+    /// [`crate::JdbcOptions::wake_sessions`]); always 0 elsewhere.
+    pub fn bells_taken(&self) -> u64 {
+        self.inner.bells.as_ref().map_or(0, Bells::taken)
     }
 
-    /// Closes the connection pool; later calls fail with `Closed`.
+    /// Closes the connection pool and the MariaDB/MySQL wake-up sessions; later
+    /// calls fail with `Closed`.
     ///
     /// # Cancel safety
     ///
@@ -491,7 +468,6 @@ impl JdbcBackend {
         if let Some(task) = &self.inner.listener {
             task.abort();
         }
-        #[cfg(feature = "mysql")]
         if let Some(bells) = &self.inner.bells {
             bells.close();
         }
@@ -803,88 +779,54 @@ impl JdbcBackend {
             .map_err(self.err("acquire"))
     }
 
-    /// Waits until a refused acquire looks at the lock again. On MariaDB/MySQL an
-    /// exclusive waiter blocks on the lock's bell (see [`crate::bell`]) and looks
-    /// as soon as it takes it. With the bell in hand and first in the queue, it
-    /// keeps the bell and polls; with others ahead, it lets the bell go to them and
-    /// blocks on it again at the back of its line — unless it let it go from the
-    /// same place before (whoever is first is not blocked on the bell: a reader,
-    /// or a waiter polling), then it polls this time. Everywhere else (and with no
-    /// wake-up session free) it pauses `turn.delay`.
-    #[cfg_attr(not(feature = "mysql"), allow(unused_variables))]
+    /// Waits until a refused acquire looks at the lock again: on MariaDB/MySQL an
+    /// exclusive waiter waits its turn on the lock's bell ([`crate::bell`]); every
+    /// other waiter, and one the bell sends back to polling, pauses `turn.delay`.
     async fn wait_turn(
         &self,
         req: &AcquireRequest,
-        bell: &mut HeldBell,
+        bell: &mut crate::bell::Waiter,
         turn: Turn,
         wake: Option<&Subscription>,
     ) {
-        #[cfg(feature = "mysql")]
         if let Some(bells) = self
             .inner
             .bells
             .as_ref()
             .filter(|_| req.mode == LockMode::Exclusive)
         {
-            let block = match bell.session.take() {
-                Some(session) if turn.ahead > 0 => {
-                    bells.pass(session).await;
-                    let moved_up = bell.passed_at.is_none_or(|at| turn.ahead < at);
-                    bell.passed_at = Some(turn.ahead);
-                    moved_up
-                }
-                Some(session) => {
-                    bell.session = Some(session);
-                    false
-                }
-                None => true,
-            };
-            if block {
-                let mut wait = self.inner.options.waiter_liveness / 3;
-                if let Some(left) = turn.retry_after {
-                    wait = wait.min(left + Duration::from_millis(1));
-                }
-                if let Some(deadline) = req.deadline {
-                    wait = wait.min(deadline.saturating_duration_since(Instant::now()));
-                }
-                match bells.wait(req.name.as_str(), wait).await {
-                    crate::bell::Rung::Taken(session) => {
-                        bell.session = Some(session);
-                        return;
-                    }
-                    crate::bell::Rung::TimedOut => return,
-                    crate::bell::Rung::NoSession => {}
-                }
+            // No longer than polling would wait, a third of the queue liveness (the
+            // entry is refreshed), the holder's lease or the deadline.
+            let options = &self.inner.options;
+            let mut wait = options.backoff.longest().min(options.waiter_liveness / 3);
+            if let Some(left) = turn.retry_after {
+                wait = wait.min(left + Duration::from_millis(1));
+            }
+            if let Some(deadline) = req.deadline {
+                wait = wait.min(deadline.saturating_duration_since(Instant::now()));
+            }
+            if bell
+                .wait_turn(bells, req.name.as_str(), turn.ahead, wait)
+                .await
+                == Next::Look
+            {
+                return;
             }
         }
         self.pause(turn.delay, wake).await;
     }
 
-    /// A granted waiter's hold keeps the bell it holds (MariaDB/MySQL).
-    #[cfg_attr(not(feature = "mysql"), allow(unused_variables))]
-    fn keep_bell(&self, req: &AcquireRequest, bell: &mut HeldBell, lease_end: Instant) {
-        #[cfg(feature = "mysql")]
-        if let (Some(bells), Some(session)) = (&self.inner.bells, bell.session.take()) {
-            bells.keep(req.name.as_str(), req.holder().as_str(), session, lease_end);
-        }
-    }
-
-    /// A waiter that stops waiting lets its bell go (MariaDB/MySQL).
-    #[cfg_attr(not(feature = "mysql"), allow(unused_variables))]
-    async fn pass_bell(&self, bell: &mut HeldBell) {
-        #[cfg(feature = "mysql")]
-        if let (Some(bells), Some(session)) = (&self.inner.bells, bell.session.take()) {
-            bells.pass(session).await;
-        }
-    }
-
-    /// Rings the bell a released hold kept, if any (MariaDB/MySQL): after the
-    /// release, so the waiter it wakes finds the row free.
-    #[cfg_attr(not(feature = "mysql"), allow(unused_variables))]
-    async fn ring_bell(&self, req: &ReleaseRequest) {
-        #[cfg(feature = "mysql")]
-        if let Some(bells) = &self.inner.bells {
-            bells.ring(req.name.as_str(), req.holder().as_str()).await;
+    /// Lets go the bell a released (or lost) hold kept, if any, in a task of its
+    /// own: after the release committed, so the waiter it wakes finds the row
+    /// free; the caller has its answer without waiting for it.
+    fn ring_bell(&self, name: &LockName, holder: HolderKey) {
+        if self.inner.bells.is_some() {
+            let (this, name) = (self.clone(), name.clone());
+            tokio::spawn(async move {
+                if let Some(bells) = &this.inner.bells {
+                    bells.ring(name.as_str(), holder.as_str()).await;
+                }
+            });
         }
     }
 
@@ -950,7 +892,7 @@ impl LockRemoteResource for JdbcBackend {
         let mut round = 0u32;
         let mut last_ahead = i64::MAX;
         let mut conflicts = 0u32;
-        let mut bell = HeldBell::default();
+        let mut bell = crate::bell::Waiter::default();
         let mut last_holder = None;
         loop {
             let sent = Instant::now();
@@ -968,10 +910,18 @@ impl LockRemoteResource for JdbcBackend {
             };
             match attempt {
                 Attempt::Granted(token) => {
-                    // The hold keeps the bell it waited on, and rings it at its release.
-                    self.keep_bell(req, &mut bell, sent + req.lease);
                     if let Some(slot) = slot.take() {
                         slot.leave().await;
+                    }
+                    // The hold keeps the bell it waited on, and lets it go at its
+                    // release.
+                    if let Some(bells) = &self.inner.bells {
+                        bell.keep(
+                            bells,
+                            req.name.as_str(),
+                            req.holder().as_str(),
+                            sent + req.lease,
+                        );
                     }
                     let token = u64::try_from(token).unwrap_or(0);
                     // Counted from the granting statement's send time: the database
@@ -995,7 +945,7 @@ impl LockRemoteResource for JdbcBackend {
                     // polls for every waiter blocked behind it, and a hold that took
                     // the lock past it (a newcomer, in non-fair mode) may end soon.
                     if (ahead < 2 && ahead < last_ahead)
-                        || (bell.held() && holder_key != last_holder)
+                        || (bell.holds() && holder_key != last_holder)
                     {
                         round = 0;
                     }
@@ -1003,7 +953,9 @@ impl LockRemoteResource for JdbcBackend {
                     last_holder = holder_key;
                     let delay = req.deadline.and_then(|d| backoff.delay_within(round, d));
                     let Some(delay) = delay else {
-                        self.pass_bell(&mut bell).await;
+                        if let Some(bells) = &self.inner.bells {
+                            bell.leave(bells).await;
+                        }
                         if let Some(slot) = slot.take() {
                             slot.leave().await;
                         }
@@ -1040,7 +992,7 @@ impl LockRemoteResource for JdbcBackend {
         let (this, req) = (self.clone(), req.clone());
         detached(async move {
             let released = retry_conflicts(|| this.release_now(&req)).await;
-            this.ring_bell(&req).await;
+            this.ring_bell(&req.name, req.holder());
             released
         })
         .await
@@ -1192,9 +1144,13 @@ impl JdbcBackend {
             }),
         };
         let renewed = renewed.map_err(self.err("renew"))?;
-        #[cfg(feature = "mysql")]
-        if let (true, Some(bells)) = (renewed, &self.inner.bells) {
-            bells.renewed(req.name.as_str(), holder.as_str(), sent + req.lease);
+        if let Some(bells) = &self.inner.bells {
+            if renewed {
+                bells.renewed(req.name.as_str(), holder.as_str(), sent + req.lease);
+            } else if req.mode == LockMode::Exclusive {
+                // The hold is lost: its bell wakes whoever waits.
+                self.ring_bell(&req.name, holder.clone());
+            }
         }
         if renewed && req.context.is_some() {
             // A proclaimed value: observers re-read.

@@ -10,24 +10,29 @@
 //! How it goes:
 //!
 //! * A refused exclusive acquire that will wait blocks on `GET_LOCK(bell, t)` on a
-//!   session of its own, instead of sleeping its backoff: at most a third of its
-//!   queue liveness (it then refreshes its queue entry), and never past the
-//!   holder's lease end or its deadline — a bell held by a session whose process
-//!   stopped, or by a hold that was lost, holds nobody longer than that.
+//!   session of its own instead of sleeping its backoff. `t` is at most the longest
+//!   delay of its backoff, a third of its queue liveness, the holder's lease end
+//!   and its deadline: a bell held by a session whose process stopped, or by a hold
+//!   that was lost, holds no waiter longer than polling would.
 //! * Whoever takes the bell looks at the row at once. Granted, the hold keeps the
-//!   bell (its session) and rings it — `RELEASE_LOCK` — right after its release
-//!   committed: the server wakes the next waiter in the bell's line, which is the
-//!   hand-over.
+//!   bell (its session) and lets it go — `RELEASE_LOCK` — right after its release
+//!   committed: the server wakes the next waiter in the bell's line (first come,
+//!   first served), which is the hand-over.
 //! * Refused with the bell while first in the lock's queue (the holder took the
 //!   row without a bell: uncontended, or barging in non-fair mode), the waiter keeps
-//!   the bell and polls with its backoff, the others stay blocked behind it. Refused
-//!   while others are queued ahead of it, it lets the bell go (one of them may be
-//!   blocked on it) and polls this round.
+//!   the bell and polls, the others stay blocked behind it. Refused while others
+//!   are queued ahead of it (the bell's line and the queue disagree), it lets the
+//!   bell go to them and blocks again at the back of the line — once per place in
+//!   the queue: if it is let go to again from the same place, whoever is first is
+//!   not blocked on the bell (a reader, a waiter polling), so it polls.
 //! * Sessions are a few dedicated connections per backend
 //!   ([`crate::JdbcOptions::wake_sessions`]); a waiter that finds none free polls,
-//!   as every waiter did before bells. A session dropped while it holds a bell or
-//!   while its statement runs (a cancelled acquire) is closed, not reused: the
-//!   server lets its bell go with the session.
+//!   as every waiter did before bells, and so does one whose bell wait fails or
+//!   ends early. A session dropped while it holds a bell or while its statement runs
+//!   (a cancelled acquire) is closed, not reused: the server lets its bell go with
+//!   the session.
+//! * A bell kept past its hold's lease end (a hold lost and not yet released, a
+//!   guard leaked) is let go by the next wait or keep of this backend.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -41,46 +46,40 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 /// The bells of one backend: its wake-up sessions, and the bells its holds keep.
 pub(crate) struct Bells {
     options: MySqlConnectOptions,
-    prefix: String,
+    /// What bell names are hashed in besides the lock's name: the database and the
+    /// table prefix (named locks are server-wide).
+    namespace: String,
+    /// The bound on connecting, and on a statement beyond its own wait.
+    timeout: Duration,
     /// One permit per session that may exist.
     sessions: Arc<Semaphore>,
     /// Sessions holding nothing, ready for the next waiter.
     idle: Arc<Mutex<Vec<MySqlConnection>>>,
     /// The bells kept by holds of this process, by lock name and holder key.
-    held: Mutex<HashMap<(String, String), Kept>>,
+    kept: Mutex<HashMap<(String, String), Kept>>,
     /// Waits that ended with the bell taken.
     taken: AtomicU64,
 }
 
 /// A hold's bell: its session, and when the hold's lease ends as last known.
 struct Kept {
-    session: BellSession,
+    session: Session,
     lease_end: Instant,
 }
 
-/// How a wait on a bell ended.
-pub(crate) enum Rung {
-    /// The bell is this waiter's now: look at the row at once.
-    Taken(BellSession),
-    /// Nobody rang it in time (or the session failed): look at the row again.
-    TimedOut,
-    /// No session was free: wait the way polling waits.
-    NoSession,
-}
-
 /// A wake-up session, checked out by one waiter or kept by one hold.
-pub(crate) struct BellSession {
+struct Session {
     conn: Option<MySqlConnection>,
     _permit: OwnedSemaphorePermit,
     idle: Arc<Mutex<Vec<MySqlConnection>>>,
     /// The bell the session holds, if any.
     bell: Option<String>,
-    /// `false` while a statement runs or a bell is held: such a session is closed
-    /// on drop, never reused.
+    /// `false` while a statement runs or after one failed: such a session is
+    /// closed on drop, never reused.
     clean: bool,
 }
 
-impl Drop for BellSession {
+impl Drop for Session {
     fn drop(&mut self) {
         if let Some(conn) = self.conn.take() {
             if self.clean && self.bell.is_none() {
@@ -95,33 +94,47 @@ impl Drop for BellSession {
     }
 }
 
-impl BellSession {
-    /// Lets the session's bell go (waking the next waiter in its line); the session
-    /// goes back to the idle ones, or is closed if the statement failed.
-    async fn ring(mut self) {
+impl Session {
+    /// Lets the session's bell go, waking the next waiter in its line; the session
+    /// goes back to the idle ones, or is closed if the statement fails or takes
+    /// longer than `timeout` (which lets the bell go too).
+    async fn let_go(mut self, timeout: Duration) {
         let (Some(conn), Some(bell)) = (self.conn.as_mut(), self.bell.as_deref()) else {
             return;
         };
         self.clean = false;
-        let rang = sqlx::query("DO RELEASE_LOCK(?)")
-            .bind(bell)
-            .execute(&mut *conn)
-            .await;
-        if let Err(e) = rang {
-            tracing::debug!(error = %e, "dlock-jdbc: ringing a bell failed; the session is closed, which rings it");
-            return;
+        let statement = sqlx::query("DO RELEASE_LOCK(?)").bind(bell).execute(conn);
+        match tokio::time::timeout(timeout, statement).await {
+            Ok(Ok(_)) => {
+                self.bell = None;
+                self.clean = true;
+            }
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "dlock-jdbc: letting a bell go failed; its session is closed, which lets it go");
+            }
+            Err(_) => {
+                tracing::debug!("dlock-jdbc: letting a bell go took too long; its session is closed, which lets it go");
+            }
         }
-        self.bell = None;
-        self.clean = true;
     }
 }
 
-/// The bell of `name`: a hash of the table prefix and the name, so any name and
-/// prefix fit MySQL's 64 characters. FNV-1a, which every dlock build computes
-/// alike (a hash that differed between builds would only cost wake-ups).
-fn bell_name(prefix: &str, name: &str) -> String {
+/// How a wait on a bell ended.
+enum BellWait {
+    /// The bell is this waiter's now.
+    Taken(Session),
+    /// Nobody let it go in time.
+    TimedOut,
+    /// No session was free, the statement failed, or it ended before its time.
+    Unavailable,
+}
+
+/// The bell of `name`: a hash of `namespace` and the name, so any name fits
+/// MySQL's 64 characters. FNV-1a, which every dlock build computes alike (a hash
+/// that differed between builds would only cost wake-ups).
+fn bell_name(namespace: &str, name: &str) -> String {
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for byte in prefix.bytes().chain([0]).chain(name.bytes()) {
+    for byte in namespace.bytes().chain([0]).chain(name.bytes()) {
         hash ^= u64::from(byte);
         hash = hash.wrapping_mul(0x0100_0000_01b3);
     }
@@ -129,23 +142,35 @@ fn bell_name(prefix: &str, name: &str) -> String {
 }
 
 impl Bells {
-    /// Bells for a backend whose pool connects with `options`; `sessions` wake-up
-    /// sessions at most (connected when first needed).
-    pub(crate) fn new(options: MySqlConnectOptions, prefix: &str, sessions: u32) -> Self {
+    /// Bells for a backend whose pool connects with `options` to tables named with
+    /// `prefix`; at most `sessions` wake-up sessions (connected when first needed),
+    /// connecting and each statement bounded by `timeout` (beyond its own wait).
+    pub(crate) fn new(
+        options: MySqlConnectOptions,
+        prefix: &str,
+        sessions: u32,
+        timeout: Duration,
+    ) -> Self {
+        let namespace = format!("{}\0{prefix}", options.get_database().unwrap_or_default());
         Bells {
-            // The bells' statements log nothing: they are not the application's.
+            // The bells' statements are not the application's: they log nothing.
             options: options.disable_statement_logging(),
-            prefix: prefix.to_owned(),
-            sessions: Arc::new(Semaphore::new(sessions as usize)),
+            namespace,
+            timeout,
+            sessions: Arc::new(Semaphore::new(
+                usize::try_from(sessions)
+                    .unwrap_or(usize::MAX)
+                    .min(Semaphore::MAX_PERMITS),
+            )),
             idle: Arc::new(Mutex::new(Vec::new())),
-            held: Mutex::new(HashMap::new()),
+            kept: Mutex::new(HashMap::new()),
             taken: AtomicU64::new(0),
         }
     }
 
     /// A free session, connected if need be; `None` when all are in use or
-    /// connecting fails (the waiter polls instead).
-    async fn session(&self) -> Option<BellSession> {
+    /// connecting fails or takes longer than the bound (the waiter polls).
+    async fn session(&self) -> Option<Session> {
         let permit = Arc::clone(&self.sessions).try_acquire_owned().ok()?;
         let pooled = self
             .idle
@@ -154,15 +179,28 @@ impl Bells {
             .pop();
         let conn = match pooled {
             Some(conn) => conn,
-            None => match MySqlConnection::connect_with(&self.options).await {
-                Ok(conn) => conn,
-                Err(e) => {
-                    tracing::debug!(error = %e, "dlock-jdbc: a wake-up session did not connect; waiters poll");
-                    return None;
+            None => {
+                match tokio::time::timeout(
+                    self.timeout,
+                    MySqlConnection::connect_with(&self.options),
+                )
+                .await
+                {
+                    Ok(Ok(conn)) => conn,
+                    Ok(Err(e)) => {
+                        tracing::debug!(error = %e, "dlock-jdbc: a wake-up session did not connect; waiters poll");
+                        return None;
+                    }
+                    Err(_) => {
+                        tracing::debug!(
+                            "dlock-jdbc: a wake-up session did not connect in time; waiters poll"
+                        );
+                        return None;
+                    }
                 }
-            },
+            }
         };
-        Some(BellSession {
+        Some(Session {
             conn: Some(conn),
             _permit: permit,
             idle: Arc::clone(&self.idle),
@@ -172,119 +210,114 @@ impl Bells {
     }
 
     /// Blocks on the bell of `name` for at most `wait`.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: dropped mid-wait, the session is closed, and a bell the server
-    /// granted it meanwhile goes with the session.
-    pub(crate) async fn wait(&self, name: &str, wait: Duration) -> Rung {
+    async fn wait(&self, name: &str, wait: Duration) -> BellWait {
+        self.let_go_stale();
         let Some(mut session) = self.session().await else {
-            return Rung::NoSession;
+            return BellWait::Unavailable;
         };
-        let bell = bell_name(&self.prefix, name);
+        let bell = bell_name(&self.namespace, name);
         let Some(conn) = session.conn.as_mut() else {
-            return Rung::NoSession;
+            return BellWait::Unavailable;
         };
         session.clean = false;
-        // MariaDB and MySQL take a fractional timeout in seconds.
-        let answer = sqlx::query("SELECT GET_LOCK(?, ?)")
+        let started = Instant::now();
+        // MariaDB takes a fractional timeout in seconds; a server that rounds it
+        // down answers early, which counts as unavailable below.
+        let statement = sqlx::query("SELECT GET_LOCK(?, ?)")
             .bind(&bell)
             .bind(wait.as_secs_f64().max(0.001))
-            .fetch_one(&mut *conn)
-            .await
-            .and_then(|row| row.try_get::<Option<i64>, _>(0));
+            .fetch_one(conn);
+        let answer = match tokio::time::timeout(wait + self.timeout, statement).await {
+            Ok(answer) => answer.and_then(|row| row.try_get::<Option<i64>, _>(0)),
+            Err(_) => {
+                tracing::debug!(
+                    "dlock-jdbc: a bell wait outlasted its bound; its session is closed"
+                );
+                return BellWait::Unavailable;
+            }
+        };
         match answer {
             Ok(Some(1)) => {
                 self.taken.fetch_add(1, Ordering::Relaxed);
                 session.bell = Some(bell);
-                Rung::Taken(session)
+                BellWait::Taken(session)
             }
             Ok(_) => {
                 session.clean = true;
-                Rung::TimedOut
+                if started.elapsed() < wait / 2 {
+                    BellWait::Unavailable
+                } else {
+                    BellWait::TimedOut
+                }
             }
             Err(e) => {
-                tracing::debug!(error = %e, "dlock-jdbc: waiting on a bell failed; the session is closed");
-                Rung::TimedOut
+                tracing::debug!(error = %e, "dlock-jdbc: waiting on a bell failed; its session is closed");
+                BellWait::Unavailable
             }
         }
     }
 
-    /// Lets a waiter's bell go: it was refused while others wait ahead of it, or
-    /// it stopped waiting.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: dropped, the session is closed, which lets the bell go.
-    pub(crate) async fn pass(&self, session: BellSession) {
-        session.ring().await;
-    }
-
-    /// A granted waiter's hold keeps its bell until [`Bells::ring`]. A bell kept
-    /// past its hold's lease end (a hold never released: its guard leaked) is rung
-    /// here, at the next keep.
-    pub(crate) fn keep(&self, name: &str, holder: &str, session: BellSession, lease_end: Instant) {
-        let stale: Vec<BellSession> = {
-            let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
-            let now = Instant::now();
-            let stale_keys: Vec<(String, String)> = held
+    /// Lets go the kept bells whose holds' leases have ended.
+    fn let_go_stale(&self) {
+        let now = Instant::now();
+        let stale: Vec<Session> = {
+            let mut kept = self.kept.lock().unwrap_or_else(PoisonError::into_inner);
+            if kept.values().all(|k| k.lease_end >= now) {
+                return;
+            }
+            let keys: Vec<(String, String)> = kept
                 .iter()
-                .filter(|(_, kept)| kept.lease_end < now)
+                .filter(|(_, k)| k.lease_end < now)
                 .map(|(key, _)| key.clone())
                 .collect();
-            let stale = stale_keys
-                .iter()
-                .filter_map(|key| held.remove(key))
-                .map(|kept| kept.session)
-                .collect();
-            held.insert(
-                (name.to_owned(), holder.to_owned()),
-                Kept { session, lease_end },
-            );
-            stale
+            keys.iter()
+                .filter_map(|key| kept.remove(key))
+                .map(|k| k.session)
+                .collect()
         };
-        if !stale.is_empty() {
-            tokio::spawn(async move {
-                for session in stale {
-                    session.ring().await;
-                }
-            });
-        }
+        let timeout = self.timeout;
+        tokio::spawn(async move {
+            for session in stale {
+                session.let_go(timeout).await;
+            }
+        });
     }
 
     /// The hold `holder` of `name` was renewed until `lease_end`.
     pub(crate) fn renewed(&self, name: &str, holder: &str, lease_end: Instant) {
-        let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(kept) = held.get_mut(&(name.to_owned(), holder.to_owned())) {
-            kept.lease_end = lease_end;
+        let mut kept = self.kept.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(k) = kept.get_mut(&(name.to_owned(), holder.to_owned())) {
+            k.lease_end = lease_end;
         }
     }
 
-    /// Rings the bell the hold `holder` of `name` kept, if it kept one: called
-    /// after its release committed, so the waiter it wakes finds the row free.
+    /// Lets go the bell the hold `holder` of `name` kept, if it kept one: called
+    /// after its release committed (so the waiter it wakes finds the row free), or
+    /// once the hold is known lost.
     ///
     /// # Cancel safety
     ///
-    /// Cancel-safe: dropped, the session is closed, which rings the bell.
+    /// Cancel-safe: dropped, the session is closed, which lets the bell go.
     pub(crate) async fn ring(&self, name: &str, holder: &str) {
         let kept = self
-            .held
+            .kept
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .remove(&(name.to_owned(), holder.to_owned()));
-        if let Some(kept) = kept {
-            kept.session.ring().await;
+        if let Some(k) = kept {
+            k.session.let_go(self.timeout).await;
         }
     }
 
     /// Closes every session: idle ones, and those holds keep (the server lets
-    /// their bells go).
+    /// their bells go). Sessions waiters use now are closed when they end.
     pub(crate) fn close(&self) {
+        self.sessions.close();
         self.idle
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clear();
-        self.held
+        self.kept
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clear();
@@ -296,17 +329,112 @@ impl Bells {
     }
 }
 
+/// What a waiter does after [`Waiter::wait_turn`].
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Next {
+    /// Look at the lock at once.
+    Look,
+    /// Pause as polling would, then look.
+    Pause,
+}
+
+/// One waiting acquire's part in its lock's bell.
+#[derive(Default)]
+pub(crate) struct Waiter {
+    /// The session holding the bell, while the waiter holds it.
+    session: Option<Session>,
+    /// Waiters ahead when this waiter last let the bell go for them.
+    passed_at: Option<i64>,
+}
+
+impl Waiter {
+    /// Whether the waiter holds its lock's bell (it then polls for the waiters
+    /// blocked behind it).
+    pub(crate) fn holds(&self) -> bool {
+        self.session.is_some()
+    }
+
+    /// After a refused attempt with `ahead` live waiters queued before this one:
+    /// blocks on the bell of `name` for at most `wait`, lets it go to the waiters
+    /// ahead, or keeps it (see the module docs).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: dropped, a session in use is closed, and a bell it held or
+    /// was granted meanwhile goes with it.
+    pub(crate) async fn wait_turn(
+        &mut self,
+        bells: &Bells,
+        name: &str,
+        ahead: i64,
+        wait: Duration,
+    ) -> Next {
+        let block = match self.session.take() {
+            Some(session) if ahead > 0 => {
+                session.let_go(bells.timeout).await;
+                let moved_up = self.passed_at.is_none_or(|at| ahead < at);
+                self.passed_at = Some(ahead);
+                moved_up
+            }
+            Some(session) => {
+                self.session = Some(session);
+                false
+            }
+            None => true,
+        };
+        if !block {
+            return Next::Pause;
+        }
+        match bells.wait(name, wait).await {
+            BellWait::Taken(session) => {
+                self.session = Some(session);
+                Next::Look
+            }
+            BellWait::TimedOut => Next::Look,
+            BellWait::Unavailable => Next::Pause,
+        }
+    }
+
+    /// The waiter was granted: its hold keeps the bell it holds, if any, until
+    /// [`Bells::ring`].
+    pub(crate) fn keep(&mut self, bells: &Bells, name: &str, holder: &str, lease_end: Instant) {
+        bells.let_go_stale();
+        if let Some(session) = self.session.take() {
+            bells
+                .kept
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .insert(
+                    (name.to_owned(), holder.to_owned()),
+                    Kept { session, lease_end },
+                );
+        }
+    }
+
+    /// The waiter stops waiting: it lets its bell go, if it holds it.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: dropped, the session is closed, which lets the bell go.
+    pub(crate) async fn leave(&mut self, bells: &Bells) {
+        if let Some(session) = self.session.take() {
+            session.let_go(bells.timeout).await;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::bell_name;
 
     #[test]
-    fn a_bell_name_fits_mysql_and_depends_on_prefix_and_name() {
-        let a = bell_name("dlock_", "orders");
+    fn a_bell_name_fits_mysql_and_depends_on_namespace_and_name() {
+        let a = bell_name("db\0dlock_", "orders");
         assert!(a.len() <= 64, "{a}");
-        assert_eq!(a, bell_name("dlock_", "orders"));
-        assert_ne!(a, bell_name("dlock_", "orders2"));
-        assert_ne!(a, bell_name("other_", "orders"));
+        assert_eq!(a, bell_name("db\0dlock_", "orders"));
+        assert_ne!(a, bell_name("db\0dlock_", "orders2"));
+        assert_ne!(a, bell_name("db\0other_", "orders"));
+        assert_ne!(a, bell_name("db2\0dlock_", "orders"));
         assert_ne!(bell_name("a", "bc"), bell_name("ab", "c"));
         assert!(bell_name("p", &"n".repeat(10_000)).len() <= 64);
     }

@@ -105,6 +105,9 @@ compile_error!(
 mod backend;
 #[cfg(feature = "mysql")]
 mod bell;
+#[cfg(not(feature = "mysql"))]
+#[path = "bell_off.rs"]
+mod bell;
 mod dialect;
 mod error;
 mod migrate;
@@ -402,7 +405,9 @@ impl JdbcBackend {
     pub async fn from_pool(pool: impl Into<SqlPool>, options: JdbcOptions) -> Result<Self> {
         let pool = pool.into();
         validate_prefix(&options.table_prefix)?;
+        // (With one database feature, each pattern below is the only one.)
         #[cfg(feature = "sqlite")]
+        #[allow(irrefutable_let_patterns)]
         if let Pool::Sqlite(p) = &pool {
             let options = p.connect_options();
             let file = options.get_filename().to_string_lossy();
@@ -414,6 +419,7 @@ impl JdbcBackend {
             }
         }
         #[cfg(feature = "mysql")]
+        #[allow(irrefutable_let_patterns)]
         if let Pool::MySql(p) = &pool {
             check_mysql_session(p).await?;
         }
@@ -427,12 +433,13 @@ impl JdbcBackend {
         }
         let statements = Statements::new(pool.dialect(), &options.table_prefix);
         let (wakeups, listener) = start_listener(&pool, &options).await;
-        #[cfg(feature = "mysql")]
         let bells = match &pool {
+            #[cfg(feature = "mysql")]
             Pool::MySql(p) if options.wake_sessions > 0 => Some(bell::Bells::new(
                 (*p.connect_options()).clone(),
                 &options.table_prefix,
                 options.wake_sessions,
+                options.acquire_timeout,
             )),
             _ => None,
         };
@@ -444,7 +451,6 @@ impl JdbcBackend {
                 attempts: AtomicU64::new(0),
                 wakeups,
                 listener,
-                #[cfg(feature = "mysql")]
                 bells,
             }),
         })

@@ -82,6 +82,14 @@ impl Backoff {
         self
     }
 
+    /// The longest delay this backoff waits (before jitter, which only shortens it).
+    pub fn longest(&self) -> Duration {
+        match self.kind {
+            BackoffKind::Constant(d) => d,
+            BackoffKind::Exponential { max, .. } => max,
+        }
+    }
+
     /// The delay before attempt number `attempt + 1` (attempt 0 follows the first try).
     pub fn delay(&self, attempt: u32) -> Duration {
         let base = match self.kind {

@@ -231,6 +231,9 @@ const PEER: &str = "distributed-lock 0.2 (advisory locks)";
 
 /// dlock on PostgreSQL with asynchronous commit, opted into in the URL.
 const ASYNC_COMMIT: &str = "dlock non-fair, asynchronous commit (opt-in)";
+/// The contended control (MySQL, PostgreSQL): the lease floor's row, taken by
+/// waiters that block inside the server on a named lock beside it.
+const WOKEN_FLOOR: &str = "lease floor, waiters blocked in the server (control)";
 
 /// One task, uncontended, every implementation in interleaved rounds.
 async fn uncontended(
@@ -369,9 +372,82 @@ fn contended_impls(label: &str) -> Vec<&'static str> {
         v.push(ASYNC_COMMIT);
     }
     if matches!(label, "postgres" | "mysql") {
+        v.push(WOKEN_FLOOR);
         v.push(PEER);
     }
     v
+}
+
+/// The contended control's wake-up: a session-level named lock beside the row, on
+/// a dedicated connection (`GET_LOCK(name, t)` on MySQL; `pg_advisory_lock` under
+/// `lock_timeout` on PostgreSQL) — what the peer uses as the lock itself.
+async fn woken_floor_cycle(floor: &LeaseFloor, bell: &mut AdvisoryConn, name: &str) -> bool {
+    let secs = MAX_WAIT.as_secs_f64();
+    let rang = match bell {
+        AdvisoryConn::MySql(c) => {
+            let (got,): (Option<i64>,) = sqlx::query_as("SELECT GET_LOCK(?, ?)")
+                .bind(name)
+                .bind(secs)
+                .fetch_one(&mut **c)
+                .await
+                .unwrap();
+            got == Some(1)
+        }
+        AdvisoryConn::Postgres(c) => sqlx::query("SELECT pg_advisory_lock(hashtext($1))")
+            .bind(name)
+            .execute(&mut **c)
+            .await
+            .is_ok(),
+    };
+    if !rang {
+        return false;
+    }
+    floor_acquire_release(floor, name, HOLD).await;
+    match bell {
+        AdvisoryConn::MySql(c) => drop(
+            sqlx::query("DO RELEASE_LOCK(?)")
+                .bind(name)
+                .execute(&mut **c)
+                .await
+                .unwrap(),
+        ),
+        AdvisoryConn::Postgres(c) => drop(
+            sqlx::query("SELECT pg_advisory_unlock(hashtext($1))")
+                .bind(name)
+                .execute(&mut **c)
+                .await
+                .unwrap(),
+        ),
+    }
+    true
+}
+
+/// The lease floor's grant (which must insert), a hold of `hold`, and its release.
+async fn floor_acquire_release(floor: &LeaseFloor, name: &str, hold: Duration) {
+    macro_rules! grant_hold_release {
+        ($p:expr) => {{
+            let got = sqlx::query(floor.acquire)
+                .bind(name)
+                .bind("owner")
+                .execute($p)
+                .await
+                .unwrap();
+            assert_eq!(got.rows_affected(), 1, "woken floor: the row exists");
+            tokio::time::sleep(hold).await;
+            let gone = sqlx::query(floor.release)
+                .bind(name)
+                .bind("owner")
+                .execute($p)
+                .await
+                .unwrap();
+            assert_eq!(gone.rows_affected(), 1);
+        }};
+    }
+    match &floor.pool {
+        SqlPool::MySql(p) => grant_hold_release!(p),
+        SqlPool::Postgres(p) => grant_hold_release!(p),
+        _ => unreachable!("the woken floor runs on MySQL and PostgreSQL"),
+    }
 }
 
 /// A child process: connects, says `ready`, waits for `go`, cycles the lock for
@@ -387,8 +463,28 @@ fn child(spec: &str) {
         enum Side {
             Dlock(DistributeLockManager, dlock_api::DistributeLock),
             Peer(Peer),
+            WokenFloor(LeaseFloor, AdvisoryConn),
         }
-        let side = if imp == PEER {
+        let mut side = if imp == WOKEN_FLOOR {
+            let backend = JdbcBackend::connect(url).await.unwrap();
+            let pool = backend.sqlx_pool().clone();
+            let bell = match &pool {
+                SqlPool::MySql(p) => AdvisoryConn::MySql(p.acquire().await.unwrap()),
+                SqlPool::Postgres(p) => {
+                    let mut c = p.acquire().await.unwrap();
+                    sqlx::query(sqlx::AssertSqlSafe(format!(
+                        "SET lock_timeout = '{}ms'",
+                        MAX_WAIT.as_millis()
+                    )))
+                    .execute(&mut *c)
+                    .await
+                    .unwrap();
+                    AdvisoryConn::Postgres(c)
+                }
+                _ => unreachable!("the woken floor runs on MySQL and PostgreSQL"),
+            };
+            Side::WokenFloor(LeaseFloor::new(pool).await, bell)
+        } else if imp == PEER {
             Side::Peer(
                 Peer::connect(label, url)
                     .await
@@ -417,7 +513,7 @@ fn child(spec: &str) {
         let (mut n, mut in_time, mut longest, mut timeouts) = (0u64, 0u64, Duration::ZERO, 0u64);
         while Instant::now() < end {
             let t = Instant::now();
-            let ok = match &side {
+            let ok = match &mut side {
                 Side::Dlock(_, l) => match l.try_lock(MAX_WAIT).await.unwrap() {
                     Some(g) => {
                         tokio::time::sleep(HOLD).await;
@@ -427,6 +523,7 @@ fn child(spec: &str) {
                     None => false,
                 },
                 Side::Peer(p) => p.cycle(lock, Some(MAX_WAIT), HOLD).await,
+                Side::WokenFloor(floor, bell) => woken_floor_cycle(floor, bell, lock).await,
             };
             if ok {
                 n += 1;

@@ -565,7 +565,7 @@ async fn postgres_release_notices_go_out_when_someone_waits_or_a_term_ends() {
 
 /// How long after `held`'s release a waiter on `waiter` (whose backend is
 /// `backend`) is granted `name`: it waits up to 20 s, and `held` is released once
-/// it has made an attempt.
+/// it is queued (refused, so it waits its turn).
 async fn granted_after_release(
     waiter: &DistributeLockManager,
     backend: &JdbcBackend,
@@ -583,11 +583,14 @@ async fn granted_after_release(
         got.unlock().await.unwrap();
         at
     });
+    let lock_name = LockName::new(name).unwrap();
     assert!(
         eventually(Duration::from_secs(5), || async {
-            backend.acquire_attempts() >= 1
+            let state = backend.inspect(&lock_name).await.unwrap();
+            state.and_then(|s| s.waiters).unwrap_or(0) >= 1
         })
-        .await
+        .await,
+        "the waiter never queued"
     );
     let released = Instant::now();
     held.unlock().await.unwrap();
@@ -750,7 +753,7 @@ async fn mysql_a_release_rings_the_bell_its_waiter_blocks_on() {
     let holding = tokio::spawn(async move { lock.try_lock(Duration::from_secs(20)).await });
     assert!(
         eventually(Duration::from_secs(5), || async {
-            holder_backend.bell_wakeups() >= 1
+            holder_backend.bells_taken() >= 1
         })
         .await,
         "the holder never took the bell"
@@ -761,7 +764,7 @@ async fn mysql_a_release_rings_the_bell_its_waiter_blocks_on() {
     // The waiter blocks on the holder's bell; the release wakes it.
     let delay = granted_after_release(&waiter, &waiter_backend, &name, held).await;
     assert_eq!(
-        waiter_backend.bell_wakeups(),
+        waiter_backend.bells_taken(),
         1,
         "the waiter was granted without the bell ringing"
     );
