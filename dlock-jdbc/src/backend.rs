@@ -816,9 +816,7 @@ impl JdbcBackend {
         self.pause(turn.delay, wake).await;
     }
 
-    /// Lets go the bell a released (or lost) hold kept, if any, in a task of its
-    /// own: after the release committed, so the waiter it wakes finds the row
-    /// free; the caller has its answer without waiting for it.
+    /// Lets go the bell a lost hold kept, if any, in a task of its own.
     fn ring_bell(&self, name: &LockName, holder: HolderKey) {
         if self.inner.bells.is_some() {
             let (this, name) = (self.clone(), name.clone());
@@ -992,7 +990,12 @@ impl LockRemoteResource for JdbcBackend {
         let (this, req) = (self.clone(), req.clone());
         detached(async move {
             let released = retry_conflicts(|| this.release_now(&req)).await;
-            this.ring_bell(&req.name, req.holder());
+            // After the commit, so the waiter it wakes finds the row free; before
+            // the answer, so the caller's next acquire does not race the waiter
+            // it woke (the ring's statement is bounded by the acquire timeout).
+            if let Some(bells) = &this.inner.bells {
+                bells.ring(req.name.as_str(), req.holder().as_str()).await;
+            }
             released
         })
         .await

@@ -694,7 +694,15 @@ mod tests {
             (url.as_str(), o.acquire_timeout),
             ("postgres://u@h/db", Duration::from_secs(30))
         );
+        let (url, o) = split_options(
+            "mysql://u@h/db?dlock_wake_sessions=0",
+            JdbcOptions::default(),
+        )
+        .unwrap();
+        assert_eq!((url.as_str(), o.wake_sessions), ("mysql://u@h/db", 0));
         for bad in [
+            "sqlite://a?dlock_wake_sessions=-1",
+            "sqlite://a?dlock_wake_sessions=many",
             "sqlite://a?dlock_pool_max=0",
             "sqlite://a?dlock_migrate=maybe",
             "sqlite://a?dlock_acquire_timeout=soon",
