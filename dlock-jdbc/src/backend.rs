@@ -805,8 +805,9 @@ impl JdbcBackend {
             if let Some(deadline) = req.deadline {
                 wait = wait.min(deadline.saturating_duration_since(Instant::now()));
             }
+            let until = Instant::now() + wait;
             if bell
-                .wait_turn(bells, req.name.as_str(), turn.ahead, wait)
+                .wait_turn(bells, req.name.as_str(), turn.ahead, until)
                 .await
                 == Next::Look
             {

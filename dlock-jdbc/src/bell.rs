@@ -35,7 +35,7 @@
 //!   guard leaked) is let go by the next wait or keep of this backend.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -59,7 +59,19 @@ pub(crate) struct Bells {
     kept: Mutex<HashMap<(String, String), Kept>>,
     /// Waits that ended with the bell taken.
     taken: AtomicU64,
+    /// How the server reads `GET_LOCK`'s timeout: [`UNKNOWN`], [`FRACTIONAL`]
+    /// (MariaDB) or [`WHOLE_SECONDS`] (MySQL rounds it to whole seconds).
+    timeouts: AtomicU8,
+    /// When connecting a session last failed: none is tried again for a while.
+    connect_failed: Mutex<Option<Instant>>,
 }
+
+/// `GET_LOCK`'s timeout reading, not known until a session has connected.
+const UNKNOWN: u8 = 0;
+/// The server takes fractional seconds (MariaDB).
+const FRACTIONAL: u8 = 1;
+/// The server rounds the timeout to whole seconds (MySQL).
+const WHOLE_SECONDS: u8 = 2;
 
 /// A hold's bell: its session, and when the hold's lease ends as last known.
 struct Kept {
@@ -70,7 +82,8 @@ struct Kept {
 /// A wake-up session, checked out by one waiter or kept by one hold.
 struct Session {
     conn: Option<MySqlConnection>,
-    _permit: OwnedSemaphorePermit,
+    /// Its place among the backend's sessions; closed with the backend.
+    permit: OwnedSemaphorePermit,
     idle: Arc<Mutex<Vec<MySqlConnection>>>,
     /// The bell the session holds, if any.
     bell: Option<String>,
@@ -82,14 +95,14 @@ struct Session {
 impl Drop for Session {
     fn drop(&mut self) {
         if let Some(conn) = self.conn.take() {
-            if self.clean && self.bell.is_none() {
+            if self.clean && self.bell.is_none() && !self.permit.semaphore().is_closed() {
                 self.idle
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner)
                     .push(conn);
             }
-            // Otherwise `conn` is dropped here: the socket closes, and the server
-            // ends the session and lets its bell go.
+            // Otherwise (or once the backend is closed) `conn` is dropped here: the
+            // socket closes, and the server ends the session and lets its bell go.
         }
     }
 }
@@ -165,11 +178,15 @@ impl Bells {
             idle: Arc::new(Mutex::new(Vec::new())),
             kept: Mutex::new(HashMap::new()),
             taken: AtomicU64::new(0),
+            timeouts: AtomicU8::new(UNKNOWN),
+            connect_failed: Mutex::new(None),
         }
     }
 
-    /// A free session, connected if need be; `None` when all are in use or
-    /// connecting fails or takes longer than the bound (the waiter polls).
+    /// A free session, connected if need be; `None` when all are in use, or
+    /// connecting fails or takes longer than the bound (the waiter polls; no
+    /// session is connected again for that bound, so a server short of
+    /// connections is not asked for one every round).
     async fn session(&self) -> Option<Session> {
         let permit = Arc::clone(&self.sessions).try_acquire_owned().ok()?;
         let pooled = self
@@ -179,53 +196,83 @@ impl Bells {
             .pop();
         let conn = match pooled {
             Some(conn) => conn,
-            None => {
-                match tokio::time::timeout(
-                    self.timeout,
-                    MySqlConnection::connect_with(&self.options),
-                )
-                .await
-                {
-                    Ok(Ok(conn)) => conn,
-                    Ok(Err(e)) => {
-                        tracing::debug!(error = %e, "dlock-jdbc: a wake-up session did not connect; waiters poll");
-                        return None;
-                    }
-                    Err(_) => {
-                        tracing::debug!(
-                            "dlock-jdbc: a wake-up session did not connect in time; waiters poll"
-                        );
-                        return None;
-                    }
-                }
-            }
+            None => self.connect().await?,
         };
         Some(Session {
             conn: Some(conn),
-            _permit: permit,
+            permit,
             idle: Arc::clone(&self.idle),
             bell: None,
             clean: true,
         })
     }
 
-    /// Blocks on the bell of `name` for at most `wait`.
-    async fn wait(&self, name: &str, wait: Duration) -> BellWait {
+    /// A new session (see [`Bells::session`]); the first one also learns how the
+    /// server reads `GET_LOCK`'s timeout.
+    async fn connect(&self) -> Option<MySqlConnection> {
+        let failed = *self
+            .connect_failed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if failed.is_some_and(|at| at.elapsed() < self.timeout) {
+            return None;
+        }
+        let connected = tokio::time::timeout(self.timeout, async {
+            let mut conn = MySqlConnection::connect_with(&self.options).await?;
+            if self.timeouts.load(Ordering::Relaxed) == UNKNOWN {
+                let (version,): (String,) = sqlx::query_as("SELECT VERSION()")
+                    .fetch_one(&mut conn)
+                    .await?;
+                let reading = if version.to_ascii_lowercase().contains("mariadb") {
+                    FRACTIONAL
+                } else {
+                    WHOLE_SECONDS
+                };
+                self.timeouts.store(reading, Ordering::Relaxed);
+            }
+            Ok::<_, sqlx::Error>(conn)
+        })
+        .await;
+        let error = match connected {
+            Ok(Ok(conn)) => return Some(conn),
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => format!("no answer within {:?}", self.timeout),
+        };
+        tracing::debug!(error = %error, "dlock-jdbc: a wake-up session did not connect; waiters poll");
+        *self
+            .connect_failed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
+        None
+    }
+
+    /// Blocks on the bell of `name` until `until` at the latest.
+    async fn wait(&self, name: &str, until: Instant) -> BellWait {
         self.let_go_stale();
         let Some(mut session) = self.session().await else {
             return BellWait::Unavailable;
         };
+        // What is left once a session is in hand (connecting took some); MySQL
+        // rounds the timeout to whole seconds, so it gets the whole seconds left
+        // (never more than the bound), and a waiter with less than one polls.
+        let mut wait = until.saturating_duration_since(Instant::now());
+        if self.timeouts.load(Ordering::Relaxed) != FRACTIONAL {
+            wait = Duration::from_secs(wait.as_secs());
+        }
+        if wait.is_zero() {
+            return BellWait::Unavailable;
+        }
         let bell = bell_name(&self.namespace, name);
         let Some(conn) = session.conn.as_mut() else {
             return BellWait::Unavailable;
         };
         session.clean = false;
         let started = Instant::now();
-        // MariaDB takes a fractional timeout in seconds; a server that rounds it
-        // down answers early, which counts as unavailable below.
+        // MariaDB takes a fractional timeout in seconds; a server that answers
+        // early anyway counts as unavailable below.
         let statement = sqlx::query("SELECT GET_LOCK(?, ?)")
             .bind(&bell)
-            .bind(wait.as_secs_f64().max(0.001))
+            .bind(wait.as_secs_f64())
             .fetch_one(conn);
         let answer = match tokio::time::timeout(wait + self.timeout, statement).await {
             Ok(answer) => answer.and_then(|row| row.try_get::<Option<i64>, _>(0)),
@@ -310,7 +357,8 @@ impl Bells {
     }
 
     /// Closes every session: idle ones, and those holds keep (the server lets
-    /// their bells go). Sessions waiters use now are closed when they end.
+    /// their bells go); sessions in use now are closed when they end, and no new
+    /// one is opened.
     pub(crate) fn close(&self) {
         self.sessions.close();
         self.idle
@@ -355,8 +403,8 @@ impl Waiter {
     }
 
     /// After a refused attempt with `ahead` live waiters queued before this one:
-    /// blocks on the bell of `name` for at most `wait`, lets it go to the waiters
-    /// ahead, or keeps it (see the module docs).
+    /// blocks on the bell of `name` until `until` at the latest, lets it go to
+    /// the waiters ahead, or keeps it (see the module docs).
     ///
     /// # Cancel safety
     ///
@@ -367,7 +415,7 @@ impl Waiter {
         bells: &Bells,
         name: &str,
         ahead: i64,
-        wait: Duration,
+        until: Instant,
     ) -> Next {
         let block = match self.session.take() {
             Some(session) if ahead > 0 => {
@@ -385,7 +433,7 @@ impl Waiter {
         if !block {
             return Next::Pause;
         }
-        match bells.wait(name, wait).await {
+        match bells.wait(name, until).await {
             BellWait::Taken(session) => {
                 self.session = Some(session);
                 Next::Look
@@ -399,7 +447,8 @@ impl Waiter {
     /// [`Bells::ring`].
     pub(crate) fn keep(&mut self, bells: &Bells, name: &str, holder: &str, lease_end: Instant) {
         bells.let_go_stale();
-        if let Some(session) = self.session.take() {
+        // (After the backend closed, the session is dropped: it closes.)
+        if let Some(session) = self.session.take().filter(|_| !bells.sessions.is_closed()) {
             bells
                 .kept
                 .lock()

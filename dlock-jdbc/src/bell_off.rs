@@ -3,7 +3,7 @@
 //! interface, on a type that cannot be built.
 #![allow(dead_code)]
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// Never built without the `mysql` feature.
 pub(crate) enum Bells {}
@@ -51,7 +51,7 @@ impl Waiter {
         bells: &Bells,
         _name: &str,
         _ahead: i64,
-        _wait: Duration,
+        _until: Instant,
     ) -> Next {
         match *bells {}
     }

@@ -144,7 +144,9 @@ pub struct JdbcOptions {
     /// Most connections in the pool. Default 10.
     pub max_connections: u32,
     /// How long to wait for a free connection of the pool, and for a new connection
-    /// to be established (URL `dlock_acquire_timeout=`). Default 5 s.
+    /// to be established (URL `dlock_acquire_timeout=`); on MariaDB/MySQL it also
+    /// bounds each statement on a wake-up session beyond its own wait (a release
+    /// lets its bell go before it answers). Default 5 s.
     pub acquire_timeout: Duration,
     /// Delays between polls of a waiting acquire. Default 5 ms doubling to 250 ms,
     /// equal jitter.
@@ -163,8 +165,11 @@ pub struct JdbcOptions {
     /// (URL `dlock_wake_sessions=`). A waiter for an exclusive lock blocks inside the
     /// server on a named lock beside the lock's row (`GET_LOCK`), which the holder
     /// lets go right after its release commits: the hand-over takes a round trip,
-    /// not a poll. A waiter that finds no session free polls with [`Self::backoff`];
-    /// `0` turns this off. Each session is connected when first needed, and a hold
+    /// not a poll. A waiter that finds no session free polls with
+    /// [`Self::backoff`]; `0` turns this off. MySQL reads `GET_LOCK`'s timeout in
+    /// whole seconds (MariaDB takes fractions), so there a waiter blocks only for
+    /// the whole seconds its wait allows, and polls when that is less than one
+    /// (with the default backoff, whose longest delay is 250 ms, it always polls). Each session is connected when first needed, and a hold
     /// that was granted after such a wait keeps its session until its release.
     /// Ignored by SQLite and PostgreSQL (PostgreSQL wakes waiters with `NOTIFY`).
     /// Default 4.
@@ -368,7 +373,10 @@ impl JdbcBackend {
     /// Builds the backend on the application's pool — its connections, limits, TLS
     /// and credentials — and migrates the schema (unless [`JdbcOptions::migrate`]
     /// says not to). [`JdbcOptions`]' pool settings (`max_connections`,
-    /// `acquire_timeout`) do not apply: the pool has its own.
+    /// `acquire_timeout`) do not apply to the pool: it has its own. On MariaDB/MySQL
+    /// the backend also opens up to [`JdbcOptions::wake_sessions`] connections of
+    /// its own (with the pool's connect options, without its `after_connect`: they
+    /// only run `GET_LOCK`/`RELEASE_LOCK`), bounded by `acquire_timeout`.
     ///
     /// dlock needs of the pool's sessions what [`JdbcBackend::connect`] sets up itself:
     ///
