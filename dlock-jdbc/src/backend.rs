@@ -15,7 +15,7 @@ use sqlx::Row;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
-use crate::bell::{Bells, Next};
+use crate::bell::Bells;
 use crate::dialect::{Dialect, Statements, Stmt};
 use crate::error::{conflict_pause, is_conflict, map_sqlx, retry_conflicts};
 use crate::permits;
@@ -371,6 +371,17 @@ const PERMIT_RACES: u32 = 8;
 /// or contention statements before the conflict is the caller's error.
 const MAX_CONFLICTED_ATTEMPTS: u32 = 5;
 
+/// What a waiter does after its bell wait (`bell::Waiter::wait_turn`), with or
+/// without the `mysql` feature.
+#[derive(Debug, PartialEq, Eq)]
+#[cfg_attr(not(feature = "mysql"), allow(dead_code))]
+pub(crate) enum Next {
+    /// Look at the lock at once.
+    Look,
+    /// Pause as polling would, then look.
+    Pause,
+}
+
 /// What a refused attempt says about when to look again.
 #[derive(Clone, Copy)]
 struct Turn {
@@ -378,8 +389,19 @@ struct Turn {
     ahead: i64,
     /// Until the holder's lease ends, when it is known.
     retry_after: Option<Duration>,
-    /// The pause polling would take.
+    /// The pause polling would take (already [`Turn::look_by`]).
     delay: Duration,
+}
+
+impl Turn {
+    /// `wait`, cut so the waiter looks again no later than the holder's lease end (a
+    /// crashed holder's lock is taken as soon as the database says its lease
+    /// ended) and a third of its queue `liveness` (it stays queued). Bounds the
+    /// polling pause and the bell wait alike.
+    fn look_by(retry_after: Option<Duration>, wait: Duration, liveness: Duration) -> Duration {
+        let wait = wait.min(liveness / 3);
+        retry_after.map_or(wait, |r| wait.min(r + Duration::from_millis(1)))
+    }
 }
 
 enum Attempt {
@@ -795,13 +817,14 @@ impl JdbcBackend {
             .as_ref()
             .filter(|_| req.mode == LockMode::Exclusive)
         {
-            // No longer than polling would wait, a third of the queue liveness (the
-            // entry is refreshed), the holder's lease or the deadline.
+            // No longer than polling would ever wait, and as polling bounds it (the
+            // holder's lease, the queue liveness), nor past the deadline.
             let options = &self.inner.options;
-            let mut wait = options.backoff.longest().min(options.waiter_liveness / 3);
-            if let Some(left) = turn.retry_after {
-                wait = wait.min(left + Duration::from_millis(1));
-            }
+            let mut wait = Turn::look_by(
+                turn.retry_after,
+                options.backoff.longest(),
+                options.waiter_liveness,
+            );
             if let Some(deadline) = req.deadline {
                 wait = wait.min(deadline.saturating_duration_since(Instant::now()));
             }
@@ -887,7 +910,7 @@ impl LockRemoteResource for JdbcBackend {
             .deadline
             .is_some_and(|d| d > Instant::now())
             .then(|| QueueSlot::new(self, req));
-        let liveness_check = self.inner.options.waiter_liveness / 3;
+        let liveness = self.inner.options.waiter_liveness;
         let mut round = 0u32;
         let mut last_ahead = i64::MAX;
         let mut conflicts = 0u32;
@@ -960,12 +983,7 @@ impl LockRemoteResource for JdbcBackend {
                         }
                         return Ok(AcquireResult::not_acquired(holder, retry_after));
                     };
-                    // Never sleep past the holder's expiry (a crashed holder's lock is
-                    // taken as soon as the database says its lease ended), nor past
-                    // a third of the waiter's liveness (it stays queued).
-                    let delay = retry_after
-                        .map_or(delay, |r| delay.min(r + Duration::from_millis(1)))
-                        .min(liveness_check);
+                    let delay = Turn::look_by(retry_after, delay, liveness);
                     // Just queued: a release that ran meanwhile may not have seen the
                     // queue entry (PostgreSQL notifies queued waiters only), so the
                     // first pause is short whatever the backoff.

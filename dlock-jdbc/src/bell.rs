@@ -43,6 +43,8 @@ use sqlx::mysql::{MySqlConnectOptions, MySqlConnection};
 use sqlx::{ConnectOptions, Connection, Row};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use crate::backend::Next;
+
 /// The bells of one backend: its wake-up sessions, and the bells its holds keep.
 pub(crate) struct Bells {
     options: MySqlConnectOptions,
@@ -333,6 +335,10 @@ impl Bells {
     /// The hold `holder` of `name` was renewed until `lease_end`.
     pub(crate) fn renewed(&self, name: &str, holder: &str, lease_end: Instant) {
         let mut kept = self.kept.lock().unwrap_or_else(PoisonError::into_inner);
+        // (Most renewals are of holds that kept no bell: no key is built for them.)
+        if kept.is_empty() {
+            return;
+        }
         if let Some(k) = kept.get_mut(&(name.to_owned(), holder.to_owned())) {
             k.lease_end = lease_end;
         }
@@ -346,11 +352,14 @@ impl Bells {
     ///
     /// Cancel-safe: dropped, the session is closed, which lets the bell go.
     pub(crate) async fn ring(&self, name: &str, holder: &str) {
-        let kept = self
-            .kept
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(&(name.to_owned(), holder.to_owned()));
+        let kept = {
+            let mut kept = self.kept.lock().unwrap_or_else(PoisonError::into_inner);
+            if kept.is_empty() {
+                None
+            } else {
+                kept.remove(&(name.to_owned(), holder.to_owned()))
+            }
+        };
         if let Some(k) = kept {
             k.session.let_go(self.timeout).await;
         }
@@ -375,15 +384,6 @@ impl Bells {
     pub(crate) fn taken(&self) -> u64 {
         self.taken.load(Ordering::Relaxed)
     }
-}
-
-/// What a waiter does after [`Waiter::wait_turn`].
-#[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Next {
-    /// Look at the lock at once.
-    Look,
-    /// Pause as polling would, then look.
-    Pause,
 }
 
 /// One waiting acquire's part in its lock's bell.

@@ -5,6 +5,8 @@
 
 use std::time::Instant;
 
+use crate::backend::Next;
+
 /// Never built without the `mysql` feature.
 pub(crate) enum Bells {}
 
@@ -24,15 +26,6 @@ impl Bells {
     pub(crate) fn taken(&self) -> u64 {
         match *self {}
     }
-}
-
-/// What a waiter does after [`Waiter::wait_turn`].
-#[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Next {
-    /// Look at the lock at once.
-    Look,
-    /// Pause as polling would, then look.
-    Pause,
 }
 
 /// A waiting acquire's part in its lock's bell: none.

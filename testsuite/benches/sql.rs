@@ -48,9 +48,10 @@ fn urls(labels: &str) -> Vec<(String, testsuite::backends::TestUrl)> {
 }
 
 /// One lease-floor cycle of `floor`'s statements on executor `$e`: set-if-absent
-/// (must insert), then the owner-guarded delete (must delete).
+/// (must insert), a hold of `$hold` (none when zero), then the owner-guarded delete
+/// (must delete).
 macro_rules! floor_cycle {
-    ($floor:expr, $e:expr, $name:expr, $owner:expr) => {{
+    ($floor:expr, $e:expr, $name:expr, $owner:expr, $hold:expr) => {{
         let got = sqlx::query($floor.acquire)
             .bind($name)
             .bind($owner)
@@ -62,6 +63,9 @@ macro_rules! floor_cycle {
             1,
             "floor acquire failed: the row exists"
         );
+        if !$hold.is_zero() {
+            tokio::time::sleep($hold).await;
+        }
         let gone = sqlx::query($floor.release)
             .bind($name)
             .bind($owner)
@@ -112,11 +116,12 @@ impl LeaseFloor {
         }
     }
 
-    async fn cycle(&self, name: &str, owner: &str) {
+    /// One cycle on the pool: grant, a hold of `hold`, release.
+    async fn cycle(&self, name: &str, owner: &str, hold: Duration) {
         match &self.pool {
-            SqlPool::Sqlite(p) => floor_cycle!(self, p, name, owner),
-            SqlPool::MySql(p) => floor_cycle!(self, p, name, owner),
-            SqlPool::Postgres(p) => floor_cycle!(self, p, name, owner),
+            SqlPool::Sqlite(p) => floor_cycle!(self, p, name, owner, hold),
+            SqlPool::MySql(p) => floor_cycle!(self, p, name, owner, hold),
+            SqlPool::Postgres(p) => floor_cycle!(self, p, name, owner, hold),
             _ => {}
         }
     }
@@ -130,7 +135,7 @@ async fn async_commit_cycle(
     floor: &LeaseFloor,
     name: &str,
 ) -> sqlx::pool::PoolConnection<sqlx::Postgres> {
-    floor_cycle!(floor, &mut *conn, name, "owner");
+    floor_cycle!(floor, &mut *conn, name, "owner", Duration::ZERO);
     conn
 }
 
@@ -253,7 +258,7 @@ async fn uncontended(
         move |_, end| {
             let (floor, name) = (Arc::clone(&floor), format!("{t}:floor"));
             cycles((floor, name), end, |(floor, name)| async move {
-                floor.cycle(&name, "owner").await;
+                floor.cycle(&name, "owner", Duration::ZERO).await;
                 (floor, name)
             })
         }
@@ -402,7 +407,7 @@ async fn woken_floor_cycle(floor: &LeaseFloor, bell: &mut AdvisoryConn, name: &s
     if !rang {
         return false;
     }
-    floor_acquire_release(floor, name, HOLD).await;
+    floor.cycle(name, "owner", HOLD).await;
     match bell {
         AdvisoryConn::MySql(c) => drop(
             sqlx::query("DO RELEASE_LOCK(?)")
@@ -420,34 +425,6 @@ async fn woken_floor_cycle(floor: &LeaseFloor, bell: &mut AdvisoryConn, name: &s
         ),
     }
     true
-}
-
-/// The lease floor's grant (which must insert), a hold of `hold`, and its release.
-async fn floor_acquire_release(floor: &LeaseFloor, name: &str, hold: Duration) {
-    macro_rules! grant_hold_release {
-        ($p:expr) => {{
-            let got = sqlx::query(floor.acquire)
-                .bind(name)
-                .bind("owner")
-                .execute($p)
-                .await
-                .unwrap();
-            assert_eq!(got.rows_affected(), 1, "woken floor: the row exists");
-            tokio::time::sleep(hold).await;
-            let gone = sqlx::query(floor.release)
-                .bind(name)
-                .bind("owner")
-                .execute($p)
-                .await
-                .unwrap();
-            assert_eq!(gone.rows_affected(), 1);
-        }};
-    }
-    match &floor.pool {
-        SqlPool::MySql(p) => grant_hold_release!(p),
-        SqlPool::Postgres(p) => grant_hold_release!(p),
-        _ => unreachable!("the woken floor runs on MySQL and PostgreSQL"),
-    }
 }
 
 /// A child process: connects, says `ready`, waits for `go`, cycles the lock for

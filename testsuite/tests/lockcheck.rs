@@ -750,13 +750,21 @@ fn fair_order_is_checked_among_waiters_of_one_hold() {
             h.release(t_rel, p, hold, "f0");
         };
     let margin = ms(Rules::default().fair_margin_ns);
-    // C holds 0–1000; A arrives at 100, B a margin later; B is granted first.
-    let mut h = H::default();
-    fair_wait(&mut h, 0, 1, 1000, 1, 1, "c");
-    fair_wait(&mut h, 100, 1100, 1200, 2, 3, "a");
-    fair_wait(&mut h, 101 + margin, 1001, 1090, 3, 2, "b");
-    h.exit_all(2000, &[1, 2, 3]);
-    only(h.check(), "fair-order", 1);
+    // C (process 1) holds 0–1000; A (2) arrives at 100, B (3) at `b_arrives`; B is
+    // granted first; process `p` is paused over `window`, if given.
+    let b_first = |b_arrives: u64, pause: Option<(u64, u64, u32)>| {
+        let mut h = H::default();
+        fair_wait(&mut h, 0, 1, 1000, 1, 1, "c");
+        fair_wait(&mut h, 100, 1100, 1200, 2, 3, "a");
+        fair_wait(&mut h, b_arrives, 1001, 1090, 3, 2, "b");
+        if let Some((from, to, p)) = pause {
+            h.stopped(from, to, p);
+        }
+        h.exit_all(2000, &[1, 2, 3]);
+        h.check()
+    };
+    // B arrived a margin after A: a violation.
+    only(b_first(101 + margin, None), "fair-order", 1);
 
     // In arrival order: clean.
     let mut h = H::default();
@@ -767,21 +775,21 @@ fn fair_order_is_checked_among_waiters_of_one_hold() {
     clean(h.check(), "fair-order", 0);
 
     // Arrivals closer than the margin are not judged.
-    let mut h = H::default();
-    fair_wait(&mut h, 0, 1, 1000, 1, 1, "c");
-    fair_wait(&mut h, 100, 1100, 1200, 2, 3, "a");
-    fair_wait(&mut h, 100 + margin, 1001, 1090, 3, 2, "b");
-    h.exit_all(2000, &[1, 2, 3]);
-    clean(h.check(), "fair-order", 0);
+    clean(b_first(100 + margin, None), "fair-order", 0);
 
     // A's process paused while it waited: excused.
-    let mut h = H::default();
-    fair_wait(&mut h, 0, 1, 1000, 1, 1, "c");
-    fair_wait(&mut h, 100, 1100, 1200, 2, 3, "a");
-    fair_wait(&mut h, 101 + margin, 1001, 1090, 3, 2, "b");
-    h.stopped(500, 600, 2);
-    h.exit_all(2000, &[1, 2, 3]);
-    clean(h.check(), "fair-order", 1);
+    clean(b_first(101 + margin, Some((500, 600, 2))), "fair-order", 1);
+
+    // A third process (C's) paused between A's arrival and B's: it may have held
+    // rows A's first statement waited for, so A reached the store late. Excused.
+    clean(b_first(101 + margin, Some((90, 150, 1))), "fair-order", 1);
+
+    // ... but not one paused only after B arrived: judged.
+    only(
+        b_first(101 + margin, Some((102 + margin, 900, 1))),
+        "fair-order",
+        1,
+    );
 }
 
 /// The parts of a `lockcheck` summary line the tests look at.

@@ -43,14 +43,33 @@ fn sql_url(label: &str) -> Option<TestUrl> {
         .map(|(_, url)| url)
 }
 
+/// A lease no test outlives (the manager's default).
+const LONG_LEASE: Duration = Duration::from_secs(30);
+
 async fn manager(url: &str, options: JdbcOptions, lease: Duration) -> DistributeLockManager {
+    backend_and_manager(url, options, lease).await.1
+}
+
+/// A backend on `url` and a manager over it (the backend kept for its counters).
+async fn backend_and_manager(
+    url: &str,
+    options: JdbcOptions,
+    lease: Duration,
+) -> (JdbcBackend, DistributeLockManager) {
     let backend = JdbcBackend::connect_with(url, options)
         .await
         .unwrap_or_else(|e| panic!("connect {url}: {e}"));
-    DistributeLockManager::builder(backend)
+    let manager = DistributeLockManager::builder(backend.clone())
         .lease(lease)
         .build()
-        .unwrap()
+        .unwrap();
+    (backend, manager)
+}
+
+/// Options of a waiter that polls only every `secs` seconds (no jitter).
+fn polling_every(secs: u64) -> JdbcOptions {
+    JdbcOptions::default()
+        .backoff(Backoff::constant(Duration::from_secs(secs)).with_jitter(Jitter::None))
 }
 
 /// Waits (bounded) until SQLite's clock, in epoch ms, is past `ms`.
@@ -161,7 +180,7 @@ async fn a_hold_outlives_its_lease_by_the_clock_tick() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fencing_tokens_survive_the_row_being_deleted() {
     for (label, url) in sql_backends() {
-        let m = manager(&url, JdbcOptions::default(), Duration::from_secs(30)).await;
+        let m = manager(&url, JdbcOptions::default(), LONG_LEASE).await;
         let name = format!("fence-del-{:x}", fastrand::u64(..));
         let mut last = 0;
         for round in 0..4 {
@@ -205,7 +224,7 @@ async fn fencing_tokens_survive_the_row_being_deleted() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_permit_holder_from_schema_4_keeps_the_permits_from_being_granted() {
     for (label, url) in sql_backends() {
-        let m = manager(&url, JdbcOptions::default(), Duration::from_secs(30)).await;
+        let m = manager(&url, JdbcOptions::default(), LONG_LEASE).await;
         let name = format!("sem-v4-{:x}", fastrand::u64(..));
         let sem = m.semaphore(&name, 3);
         // The semaphore's row exists (a first grant), then a version-4 holder of 1.
@@ -410,7 +429,7 @@ async fn closing_a_backend_returns_at_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn names_longer_than_the_column_are_invalid_not_truncated() {
     for (label, url) in sql_backends() {
-        let m = manager(&url, JdbcOptions::default(), Duration::from_secs(30)).await;
+        let m = manager(&url, JdbcOptions::default(), LONG_LEASE).await;
         let base = format!("long-{:x}-", fastrand::u64(..));
         let fits = format!(
             "{base}{}",
@@ -603,13 +622,8 @@ async fn postgres_release_wakes_a_slow_poller_at_once() {
         return;
     };
     // Pollers that would otherwise sleep 3 s between tries.
-    let slow = JdbcOptions::default()
-        .backoff(Backoff::constant(Duration::from_secs(3)).with_jitter(Jitter::None));
-    let holder = manager(&url, JdbcOptions::default(), Duration::from_secs(30)).await;
-    let backend = JdbcBackend::connect_with(&url, slow).await.unwrap();
-    let waiter = DistributeLockManager::builder(backend.clone())
-        .build()
-        .unwrap();
+    let holder = manager(&url, JdbcOptions::default(), LONG_LEASE).await;
+    let (backend, waiter) = backend_and_manager(&url, polling_every(3), LONG_LEASE).await;
     let name = format!("notify-{:x}", fastrand::u64(..));
     let g = holder
         .lock(&name)
@@ -637,10 +651,8 @@ async fn postgres_release_wakes_the_writer_first_in_line_only() {
     let Some(url) = sql_url("postgres") else {
         return;
     };
-    let slow = JdbcOptions::default()
-        .backoff(Backoff::constant(Duration::from_secs(10)).with_jitter(Jitter::None))
-        .waiter_liveness(Duration::from_secs(30));
-    let holder = manager(&url, JdbcOptions::default(), Duration::from_secs(30)).await;
+    let slow = polling_every(10).waiter_liveness(Duration::from_secs(30));
+    let holder = manager(&url, JdbcOptions::default(), LONG_LEASE).await;
     let name = format!("head-{:x}", fastrand::u64(..));
     let g = holder
         .lock(&name)
@@ -651,10 +663,7 @@ async fn postgres_release_wakes_the_writer_first_in_line_only() {
     let (mut backends, mut managers, mut tasks) = (Vec::new(), Vec::new(), Vec::new());
     let granted = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
     for _ in 0..WAITERS {
-        let backend = JdbcBackend::connect_with(&url, slow.clone()).await.unwrap();
-        let m = DistributeLockManager::builder(backend.clone())
-            .build()
-            .unwrap();
+        let (backend, m) = backend_and_manager(&url, slow.clone(), LONG_LEASE).await;
         let (lock, granted) = (m.lock(&name), std::sync::Arc::clone(&granted));
         tasks.push(tokio::spawn(async move {
             let got = lock
@@ -726,20 +735,12 @@ async fn mysql_a_release_rings_the_bell_its_waiter_blocks_on() {
     let Some(url) = sql_url("mysql") else {
         return;
     };
-    let first = manager(&url, JdbcOptions::default(), Duration::from_secs(30)).await;
-    let holder_backend = JdbcBackend::connect(&url).await.unwrap();
-    let holder = DistributeLockManager::builder(holder_backend.clone())
-        .lease(Duration::from_secs(30))
-        .build()
-        .unwrap();
+    let first = manager(&url, JdbcOptions::default(), LONG_LEASE).await;
+    let (holder_backend, holder) =
+        backend_and_manager(&url, JdbcOptions::default(), LONG_LEASE).await;
     // Polls every 3 s, and blocks on a bell at most a third of its 9 s liveness.
-    let slow = JdbcOptions::default()
-        .backoff(Backoff::constant(Duration::from_secs(3)).with_jitter(Jitter::None))
-        .waiter_liveness(Duration::from_secs(9));
-    let waiter_backend = JdbcBackend::connect_with(&url, slow).await.unwrap();
-    let waiter = DistributeLockManager::builder(waiter_backend.clone())
-        .build()
-        .unwrap();
+    let slow = polling_every(3).waiter_liveness(Duration::from_secs(9));
+    let (waiter_backend, waiter) = backend_and_manager(&url, slow, LONG_LEASE).await;
     let name = format!("bell-{:x}", fastrand::u64(..));
 
     // The holder waits for `first`'s hold: it takes the free bell and keeps it.
@@ -1029,7 +1030,7 @@ async fn a_backend_on_the_applications_pool_shares_locks_with_one_from_the_url()
         )
         .build()
         .unwrap();
-        let theirs = manager(&url, JdbcOptions::default(), Duration::from_secs(30)).await;
+        let theirs = manager(&url, JdbcOptions::default(), LONG_LEASE).await;
         let name = format!("app-pool-{:x}", fastrand::u64(..));
         let held = mine.lock(&name).try_lock(Duration::ZERO).await.unwrap();
         let held = held.unwrap_or_else(|| panic!("{label}: the pool's backend was refused"));

@@ -81,7 +81,11 @@
 //!    grants, not reentries, not cancellable), both invoked while one hold C held the
 //!    lock (`C.ok < invoke < min(C.end, the next grant to another hold)`), A invoked
 //!    at least `fair_margin` (250 ms) before B, yet B granted before A. Excused if A's
-//!    or B's process was paused or faulted between A's invoke and A's grant.
+//!    or B's process was paused or faulted between A's invoke and A's grant, or any
+//!    process between A's invoke and B's: a process paused (or whose connection is
+//!    held up) inside a transaction keeps the rows it locked, so A's first statement
+//!    — or the statement holding the pooled connection A waits for — may reach the
+//!    store only after B's.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::Write as _;
@@ -1276,10 +1280,17 @@ pub fn check(label: &str, events: &[Event], rules: &Rules) -> Report {
                         if !seen.insert((a.key, b.key)) {
                             continue;
                         }
+                        // A's own wait disturbed, or A's arrival at the store: a
+                        // process paused or cut off mid-transaction keeps the rows
+                        // its statements locked, and every statement that needs
+                        // them (A's first, or one holding the pooled connection A
+                        // waits for) waits with it, however early A was invoked.
                         let disturbed = [a.proc_, b.proc_].iter().any(|p| {
                             let rec = proc_of(*p);
                             rec.paused(a.inv, a.ok) || rec.faulted(a.inv, a.ok)
-                        });
+                        }) || procs
+                            .values()
+                            .any(|rec| rec.paused(a.inv, b.inv) || rec.faulted(a.inv, b.inv));
                         if disturbed {
                             fair.excused += 1;
                             continue;
