@@ -319,6 +319,11 @@ impl QueueSlot {
         Ok(first)
     }
 
+    /// The grant took the waiter out of the queue: nothing is left to remove.
+    fn left(mut self) {
+        self.refreshed = None;
+    }
+
     /// Leaves the queue, in a task of its own: a caller dropped while it waits does
     /// not cut the removal short (a row left behind would hold newcomers back until
     /// its liveness lapsed). A failure is only logged: the row lapses with its
@@ -782,10 +787,15 @@ impl JdbcBackend {
     ) -> Result<()> {
         let s = &self.inner.statements;
         let name = Param::Text(name.as_str());
-        if first {
-            on_pool!(&self.inner.pool, p => query!(&s.purge_waiters, &[name]).execute(p).await.map(drop))
-                .map_err(self.err("acquire"))?;
-        }
+        let enqueue = match (first, &s.purge_and_enqueue) {
+            (true, Some(both)) => both,
+            (true, None) => {
+                on_pool!(&self.inner.pool, p => query!(&s.purge_waiters, &[name]).execute(p).await.map(drop))
+                    .map_err(self.err("acquire"))?;
+                &s.enqueue
+            }
+            (false, _) => &s.enqueue,
+        };
         let mode = match mode {
             LockMode::Shared => "s",
             LockMode::Exclusive => "x",
@@ -797,8 +807,17 @@ impl JdbcBackend {
             Param::Text(mode),
             Param::Int(ms(self.inner.options.waiter_liveness)),
         ];
-        on_pool!(&self.inner.pool, p => query!(&s.enqueue, &params).execute(p).await.map(drop))
+        on_pool!(&self.inner.pool, p => query!(enqueue, &params).execute(p).await.map(drop))
             .map_err(self.err("acquire"))
+    }
+
+    /// Whether granting `req` takes its waiter out of the queue in the granting
+    /// statement itself (PostgreSQL's plain exclusive grant; see
+    /// `Statements::acquire_exclusive`).
+    fn grant_leaves_queue(&self, req: &AcquireRequest) -> bool {
+        self.dialect() == Dialect::Postgres
+            && req.mode == LockMode::Exclusive
+            && req.alongside_holder().is_none()
     }
 
     /// Waits until a refused acquire looks at the lock again: on MariaDB/MySQL an
@@ -933,7 +952,11 @@ impl LockRemoteResource for JdbcBackend {
             match attempt {
                 Attempt::Granted(token) => {
                     if let Some(slot) = slot.take() {
-                        slot.leave().await;
+                        if self.grant_leaves_queue(req) {
+                            slot.left();
+                        } else {
+                            slot.leave().await;
+                        }
                     }
                     // The hold keeps the bell it waited on, and lets it go at its
                     // release.

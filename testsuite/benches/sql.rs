@@ -103,11 +103,21 @@ impl LeaseFloor {
             ),
             _ => unreachable!("all drivers are enabled in the testsuite"),
         };
-        match &pool {
-            SqlPool::Sqlite(p) => drop(sqlx::query(create).execute(p).await.unwrap()),
-            SqlPool::MySql(p) => drop(sqlx::query(create).execute(p).await.unwrap()),
-            SqlPool::Postgres(p) => drop(sqlx::query(create).execute(p).await.unwrap()),
-            _ => {}
+        // Processes that start together race to create the table, and PostgreSQL's
+        // `IF NOT EXISTS` can then fail on its catalog's unique index: the loser
+        // tries again, and finds the table.
+        for tries_left in (0..3).rev() {
+            let created = match &pool {
+                SqlPool::Sqlite(p) => sqlx::query(create).execute(p).await.map(drop),
+                SqlPool::MySql(p) => sqlx::query(create).execute(p).await.map(drop),
+                SqlPool::Postgres(p) => sqlx::query(create).execute(p).await.map(drop),
+                _ => Ok(()),
+            };
+            match created {
+                Ok(()) => break,
+                Err(e) if tries_left == 0 => panic!("creating the lease floor's table: {e}"),
+                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
         }
         LeaseFloor {
             pool,
