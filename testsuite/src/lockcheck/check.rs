@@ -80,7 +80,10 @@
 //! 7. **fair-order** — conservative as well. For a fair lock: waiters A and B (first
 //!    grants, not reentries, not cancellable), both invoked while one hold C held the
 //!    lock (`C.ok < invoke < min(C.end, the next grant to another hold)`), A invoked
-//!    at least `fair_margin` (250 ms) before B, yet B granted before A. Excused if A's
+//!    at least `fair_margin` (250 ms) before B, yet B's grant answered before A's
+//!    granting attempt was even sent (answers to two processes may arrive in the
+//!    other order than the store granted: a semaphore's head, granted, tells the next
+//!    waiter, whose grant may answer first). Excused if A's
 //!    or B's process was paused or faulted between A's invoke and A's grant, or any
 //!    process between A's invoke and B's: a process paused (or whose connection is
 //!    held up) inside a transaction keeps the rows it locked, so A's first statement
@@ -1220,6 +1223,8 @@ pub fn check(label: &str, events: &[Event], rules: &Rules) -> Report {
     {
         struct Wait<'a> {
             inv: u64,
+            /// When the attempt that granted it was sent.
+            sent: u64,
             ok: u64,
             proc_: u32,
             key: &'a str,
@@ -1240,6 +1245,7 @@ pub fn check(label: &str, events: &[Event], rules: &Rules) -> Report {
             }
             fair_waits.entry(h.lock).or_default().push(Wait {
                 inv: inv.t,
+                sent: h.sent,
                 ok: h.ok,
                 proc_: key.0,
                 key: h.key,
@@ -1274,7 +1280,11 @@ pub fn check(label: &str, events: &[Event], rules: &Rules) -> Report {
                     .collect();
                 for (i, a) in during.iter().enumerate() {
                     for b in &during[i + 1..] {
-                        if a.inv + rules.fair_margin_ns >= b.inv || b.ok >= a.ok {
+                        // B's grant is known to precede A's only if B heard of it
+                        // before A's granting attempt was sent: once both are under
+                        // way, the store may have granted A first and A's answer
+                        // reached its process after B's.
+                        if a.inv + rules.fair_margin_ns >= b.inv || b.ok >= a.sent {
                             continue;
                         }
                         if !seen.insert((a.key, b.key)) {
@@ -1297,7 +1307,7 @@ pub fn check(label: &str, events: &[Event], rules: &Rules) -> Report {
                         }
                         fair.violation(lock, || {
                             format!(
-                                "{lock}: {} arrived at {} and {} at {} while {} held it, but {} was granted first ({} vs {})",
+                                "{lock}: {} arrived at {} and {} at {} while {} held it, but {} was granted first ({} vs {}, sent at {})",
                                 a.key,
                                 at(a.inv, t0),
                                 b.key,
@@ -1305,7 +1315,8 @@ pub fn check(label: &str, events: &[Event], rules: &Rules) -> Report {
                                 c.key,
                                 b.key,
                                 at(b.ok, t0),
-                                at(a.ok, t0)
+                                at(a.ok, t0),
+                                at(a.sent, t0)
                             )
                         });
                     }
