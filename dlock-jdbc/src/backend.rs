@@ -409,8 +409,26 @@ impl Turn {
     }
 }
 
+/// A grant: its fencing token, and whether the granting statement also took the
+/// waiter out of the queue (else the waiter leaves it with a statement of its own).
+#[derive(Debug, Clone, Copy)]
+struct Granted {
+    token: i64,
+    left_queue: bool,
+}
+
+impl Granted {
+    /// A grant by a statement that leaves the queue alone.
+    fn queue_untouched(token: i64) -> Self {
+        Granted {
+            token,
+            left_queue: false,
+        }
+    }
+}
+
 enum Attempt {
-    Granted(i64),
+    Granted(Granted),
     Busy {
         holder: Option<OwnerId>,
         /// The live holder's stored key (its owner and grant): a new one is a new
@@ -509,9 +527,8 @@ impl JdbcBackend {
         queue: Option<&mut QueueSlot>,
     ) -> Result<Attempt> {
         self.inner.attempts.fetch_add(1, Ordering::Relaxed);
-        let token = self.try_grant(req).await?;
-        if let Some(token) = token {
-            return Ok(Attempt::Granted(token));
+        if let Some(granted) = self.try_grant(req).await? {
+            return Ok(Attempt::Granted(granted));
         }
         let just_queued = match queue {
             Some(slot) => slot.keep().await?,
@@ -559,17 +576,18 @@ impl JdbcBackend {
     /// statement made for a caller that is gone is released by the same task, after
     /// the statement — a release racing it on another pooled connection could land
     /// first and leave the grant held until its lease ends.
-    async fn try_grant(&self, req: &AcquireRequest) -> Result<Option<i64>> {
+    async fn try_grant(&self, req: &AcquireRequest) -> Result<Option<Granted>> {
         let backend = self.clone();
         let req = req.clone();
         let (answer, answered) = tokio::sync::oneshot::channel();
         tokio::spawn(async move {
             let token = retry_conflicts(|| async {
-                match req.mode {
-                    LockMode::Exclusive => backend.try_exclusive(&req).await,
+                let token = match req.mode {
+                    LockMode::Exclusive => return backend.try_exclusive(&req).await,
                     LockMode::Shared => backend.try_shared(&req).await,
                     LockMode::Permits(n) => backend.try_permits(&req, n).await,
-                }
+                };
+                token.map(|t| t.map(Granted::queue_untouched))
             })
             .await;
             let announce = matches!(
@@ -598,7 +616,7 @@ impl JdbcBackend {
         })?
     }
 
-    async fn try_exclusive(&self, req: &AcquireRequest) -> Result<Option<i64>> {
+    async fn try_exclusive(&self, req: &AcquireRequest) -> Result<Option<Granted>> {
         let s = &self.inner.statements;
         // The owner column holds the grant's identity.
         let holder = req.holder();
@@ -627,7 +645,12 @@ impl JdbcBackend {
                     $token!(query!(&s.acquire_exclusive, &params), $p)
                 };
             }
-            return with_token_reader!(&self.inner.pool, body).map_err(self.err("acquire"));
+            let token: std::result::Result<Option<i64>, sqlx::Error> =
+                with_token_reader!(&self.inner.pool, body);
+            let left_queue = s.exclusive_grant_leaves_queue;
+            return token
+                .map(|t| t.map(|token| Granted { token, left_queue }))
+                .map_err(self.err("acquire"));
         }
         // An upgrade judges the readers table: it takes the lock's row first, in a
         // transaction, so its statement reads the readers as they are once the row
@@ -648,7 +671,9 @@ impl JdbcBackend {
         }
         let result: std::result::Result<Option<i64>, sqlx::Error> =
             with_token_reader!(&self.inner.pool, body);
-        result.map_err(self.err("acquire"))
+        result
+            .map(|t| t.map(Granted::queue_untouched))
+            .map_err(self.err("acquire"))
     }
 
     async fn try_shared(&self, req: &AcquireRequest) -> Result<Option<i64>> {
@@ -811,15 +836,6 @@ impl JdbcBackend {
             .map_err(self.err("acquire"))
     }
 
-    /// Whether granting `req` takes its waiter out of the queue in the granting
-    /// statement itself (PostgreSQL's plain exclusive grant; see
-    /// `Statements::acquire_exclusive`).
-    fn grant_leaves_queue(&self, req: &AcquireRequest) -> bool {
-        self.dialect() == Dialect::Postgres
-            && req.mode == LockMode::Exclusive
-            && req.alongside_holder().is_none()
-    }
-
     /// Waits until a refused acquire looks at the lock again: on MariaDB/MySQL an
     /// exclusive waiter waits its turn on the lock's bell ([`crate::bell`]); every
     /// other waiter, and one the bell sends back to polling, pauses `turn.delay`.
@@ -950,9 +966,9 @@ impl LockRemoteResource for JdbcBackend {
                 other => other?,
             };
             match attempt {
-                Attempt::Granted(token) => {
+                Attempt::Granted(Granted { token, left_queue }) => {
                     if let Some(slot) = slot.take() {
-                        if self.grant_leaves_queue(req) {
+                        if left_queue {
                             slot.left();
                         } else {
                             slot.leave().await;

@@ -225,9 +225,13 @@ pub(crate) struct Statements {
     /// `$1` name, `$2` owner, `$3` lease ms, `$4` context, `$5` how long a queued
     /// waiter must have waited to go first (< 0: every waiter ahead goes first, fair
     /// mode), `$6` the holder's own lease ms (the lease less a transition window) → token (RETURNING, or LAST_INSERT_ID on MySQL; 0 = not granted).
-    /// On PostgreSQL a grant also removes `$2`'s queue entry
-    /// (`JdbcBackend::grant_leaves_queue`).
+    /// On PostgreSQL a grant also removes `$2`'s queue entry (see
+    /// `exclusive_grant_leaves_queue`).
     pub(crate) acquire_exclusive: Stmt,
+    /// Whether `acquire_exclusive`'s grant takes `$2` out of the queue (PostgreSQL:
+    /// a data-modifying `WITH`); elsewhere the waiter leaves with a statement of
+    /// its own.
+    pub(crate) exclusive_grant_leaves_queue: bool,
     /// As `acquire_exclusive`, beside the same owner's live read hold `$7` (an
     /// upgrade): passes the queue, and is granted once every live reader is that
     /// hold (and no permits are held). It never leaves the queue itself: a waiting
@@ -365,14 +369,17 @@ impl Statements {
         // PostgreSQL: a grant also takes the waiter out of the queue, in the same
         // statement (a data-modifying `WITH`; one round trip and one commit fewer per
         // hand-over). Elsewhere the waiter leaves with a statement of its own.
-        let acquire_exclusive = match dialect {
-            Dialect::Postgres => s(&format!(
-                "WITH granted AS ({acquire_exclusive_text}), \
-                   left_queue AS (DELETE FROM {{waiters}} WHERE name = $1 AND waiter = $2 \
-                     AND EXISTS (SELECT 1 FROM granted)) \
-                 SELECT token FROM granted"
-            )),
-            Dialect::Sqlite | Dialect::MySql => s(acquire_exclusive_text),
+        let (acquire_exclusive, exclusive_grant_leaves_queue) = match dialect {
+            Dialect::Postgres => (
+                s(&format!(
+                    "WITH granted AS ({acquire_exclusive_text}), \
+                       left_queue AS (DELETE FROM {{waiters}} WHERE name = $1 AND waiter = $2 \
+                         AND EXISTS (SELECT 1 FROM granted)) \
+                     SELECT token FROM granted"
+                )),
+                true,
+            ),
+            Dialect::Sqlite | Dialect::MySql => (s(acquire_exclusive_text), false),
         };
         // Beside the owner's live read hold `$7`: no queue gate, and the readers'
         // horizon may stand if every live reader is that hold.
@@ -481,6 +488,7 @@ impl Statements {
             (dialect == Dialect::Postgres).then(|| s("SELECT pg_notify('{change_channel}', $1)"));
         Statements {
             acquire_exclusive,
+            exclusive_grant_leaves_queue,
             acquire_exclusive_beside,
             grant_permits,
             ensure_row,
