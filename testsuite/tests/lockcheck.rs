@@ -92,12 +92,9 @@ impl H {
 
     /// An `ok` whose acquire was sent 1 ms before, for `lease_ms`.
     #[allow(clippy::too_many_arguments)]
-    /// A grant whose granting attempt was sent `sent_before_ms` before its answer.
-    #[allow(clippy::too_many_arguments)]
-    fn ok_sent(
+    fn ok_lease(
         &mut self,
         t: u64,
-        sent_before_ms: u64,
         p: u32,
         att: u64,
         lock: &str,
@@ -118,7 +115,7 @@ impl H {
                 // "o/w" and "o/r" are holds of one owner, "o"; else each its own.
                 owner: hold.split('/').next().unwrap_or(hold).into(),
                 lease_ms,
-                sent: 1_000 * MS + t * MS - sent_before_ms * MS,
+                sent: 1_000 * MS + t * MS - MS,
                 lost: false,
             },
         );
@@ -126,7 +123,7 @@ impl H {
 
     #[allow(clippy::too_many_arguments)]
     fn ok(&mut self, t: u64, p: u32, att: u64, lock: &str, mode: Mode, token: u64, hold: &str) {
-        self.ok_sent(t, 1, p, att, lock, mode, token, hold, lease());
+        self.ok_lease(t, p, att, lock, mode, token, hold, lease());
     }
 
     fn release(&mut self, t: u64, p: u32, hold: &str, lock: &str) {
@@ -561,7 +558,7 @@ fn late_loss_is_a_signal_after_the_lease_could_end() {
     for (lost_at, late) in [(1100, 1), (950, 0)] {
         let mut h = H::default();
         let a = h.invoke(0, 1, "x0", Mode::Exclusive, false, 0);
-        h.ok_sent(1, 1, 1, a, "x0", Mode::Exclusive, 1, "a", 1000);
+        h.ok_lease(1, 1, a, "x0", Mode::Exclusive, 1, "a", 1000);
         h.lost(lost_at, 1, "x0", 1);
         h.release(1200, 1, "a", "x0");
         h.exit_all(2000, &[1]);
@@ -794,33 +791,31 @@ fn fair_order_is_checked_among_waiters_of_one_hold() {
         1,
     );
 
-    // Permits: A's granting attempt was sent before B's grant answered, and A's
-    // answer came later. The store may have granted A first (a semaphore's head,
-    // granted, tells the next in line): not judged. Sent after B's answer: judged.
-    // (A answered at 1003 ms, B at 1001 ms.)
-    for (a_sent_before, violations) in [(3, 0), (1, 1)] {
+    // Exclusive grants answer in the order they were granted: B's answer 2 ms
+    // before A's (B released in between) is judged.
+    let mut h = H::default();
+    fair_wait(&mut h, 0, 1, 1000, 1, 1, "c");
+    fair_wait(&mut h, 100, 1003, 1200, 2, 3, "a");
+    fair_wait(&mut h, 101 + margin, 1001, 1002, 3, 2, "b");
+    h.exit_all(2000, &[1, 2, 3]);
+    only(h.check(), "fair-order", 1);
+
+    // Permits: two grants one release admitted answer in either order (a
+    // semaphore's head, granted, tells the next in line, whose answer may come
+    // first). B's answer less than the margin before A's: not judged; more: judged.
+    let answer_margin = ms(Rules::default().permit_answer_margin_ns);
+    for (a_after_b, violations) in [(answer_margin, 0), (answer_margin + 1, 1)] {
         let mut h = H::default();
-        let permits =
-            |h: &mut H, t_inv: u64, p: u32| h.invoke(t_inv, p, "s0", Mode::Permit1, true, 5000);
-        let c = permits(&mut h, 0, 1);
-        h.ok(1, 1, c, "s0", Mode::Permit1, 1, "c");
+        let permit = |h: &mut H, t_inv: u64, t_ok: u64, p: u32, token: u64, hold: &str| {
+            let att = h.invoke(t_inv, p, "s0", Mode::Permit1, true, 5000);
+            h.ok(t_ok, p, att, "s0", Mode::Permit1, token, hold);
+        };
+        permit(&mut h, 0, 1, 1, 1, "c");
         h.release(1000, 1, "c", "s0");
-        let a = permits(&mut h, 100, 2);
-        let b = permits(&mut h, 101 + margin, 3);
-        h.ok(1001, 3, b, "s0", Mode::Permit1, 3, "b");
-        h.ok_sent(
-            1003,
-            a_sent_before,
-            2,
-            a,
-            "s0",
-            Mode::Permit1,
-            2,
-            "a",
-            lease(),
-        );
-        h.release(1090, 3, "b", "s0");
-        h.release(1100, 2, "a", "s0");
+        permit(&mut h, 100, 1001 + a_after_b, 2, 2, "a");
+        permit(&mut h, 101 + margin, 1001, 3, 3, "b");
+        h.release(1100 + a_after_b, 3, "b", "s0");
+        h.release(1200 + a_after_b, 2, "a", "s0");
         h.exit_all(2000, &[1, 2, 3]);
         let r = h.check();
         if violations == 0 {

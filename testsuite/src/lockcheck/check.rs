@@ -80,10 +80,12 @@
 //! 7. **fair-order** — conservative as well. For a fair lock: waiters A and B (first
 //!    grants, not reentries, not cancellable), both invoked while one hold C held the
 //!    lock (`C.ok < invoke < min(C.end, the next grant to another hold)`), A invoked
-//!    at least `fair_margin` (250 ms) before B, yet B's grant answered before A's
-//!    granting attempt was even sent (answers to two processes may arrive in the
-//!    other order than the store granted: a semaphore's head, granted, tells the next
-//!    waiter, whose grant may answer first). Excused if A's
+//!    at least `fair_margin` (250 ms) before B, yet B granted before A. For a lock's
+//!    exclusive grants the answers' order is the grants' (B's grant ends only after
+//!    its release); permit grants do not exclude each other, and two that one
+//!    release admitted may answer in either order (a semaphore's head, granted,
+//!    tells the next waiter, whose grant may answer first), so among permits B's
+//!    answer must come `permit_answer_margin` (50 ms) before A's. Excused if A's
 //!    or B's process was paused or faulted between A's invoke and A's grant, or any
 //!    process between A's invoke and B's: a process paused (or whose connection is
 //!    held up) inside a transaction keeps the rows it locked, so A's first statement
@@ -107,6 +109,9 @@ pub struct Rules {
     pub hidden_hold_ns: u64,
     /// Fair order: how much earlier A must have arrived than B (ns).
     pub fair_margin_ns: u64,
+    /// Fair order among permit grants: how much earlier B's grant must have
+    /// answered than A's (ns) — grants one release admitted answer in any order.
+    pub permit_answer_margin_ns: u64,
     /// Holds live as long as the client's session, which the store ends this long
     /// after it last heard from the client (ZooKeeper); `None`: holds live by lease.
     pub session_ns: Option<u64>,
@@ -122,6 +127,7 @@ impl Default for Rules {
             starvation_slack_ns: 2_000_000_000,
             hidden_hold_ns: MAX_LEASE_MS * 1_000_000,
             fair_margin_ns: 250_000_000,
+            permit_answer_margin_ns: 50_000_000,
             session_ns: None,
             waiter_lapse_ns: 0,
         }
@@ -1223,9 +1229,9 @@ pub fn check(label: &str, events: &[Event], rules: &Rules) -> Report {
     {
         struct Wait<'a> {
             inv: u64,
-            /// When the attempt that granted it was sent.
-            sent: u64,
             ok: u64,
+            /// A permit grant (which does not exclude the others).
+            permits: bool,
             proc_: u32,
             key: &'a str,
         }
@@ -1245,8 +1251,8 @@ pub fn check(label: &str, events: &[Event], rules: &Rules) -> Report {
             }
             fair_waits.entry(h.lock).or_default().push(Wait {
                 inv: inv.t,
-                sent: h.sent,
                 ok: h.ok,
+                permits: h.mode.permits().is_some(),
                 proc_: key.0,
                 key: h.key,
             });
@@ -1280,11 +1286,15 @@ pub fn check(label: &str, events: &[Event], rules: &Rules) -> Report {
                     .collect();
                 for (i, a) in during.iter().enumerate() {
                     for b in &during[i + 1..] {
-                        // B's grant is known to precede A's only if B heard of it
-                        // before A's granting attempt was sent: once both are under
-                        // way, the store may have granted A first and A's answer
-                        // reached its process after B's.
-                        if a.inv + rules.fair_margin_ns >= b.inv || b.ok >= a.sent {
+                        // Two permit grants one release admitted answer in either
+                        // order: among them B's grant came first only if it answered
+                        // a margin before A's.
+                        let answer_margin = if a.permits && b.permits {
+                            rules.permit_answer_margin_ns
+                        } else {
+                            0
+                        };
+                        if a.inv + rules.fair_margin_ns >= b.inv || b.ok + answer_margin >= a.ok {
                             continue;
                         }
                         if !seen.insert((a.key, b.key)) {
@@ -1307,7 +1317,7 @@ pub fn check(label: &str, events: &[Event], rules: &Rules) -> Report {
                         }
                         fair.violation(lock, || {
                             format!(
-                                "{lock}: {} arrived at {} and {} at {} while {} held it, but {} was granted first ({} vs {}, sent at {})",
+                                "{lock}: {} arrived at {} and {} at {} while {} held it, but {} was granted first ({} vs {})",
                                 a.key,
                                 at(a.inv, t0),
                                 b.key,
@@ -1315,8 +1325,7 @@ pub fn check(label: &str, events: &[Event], rules: &Rules) -> Report {
                                 c.key,
                                 b.key,
                                 at(b.ok, t0),
-                                at(a.ok, t0),
-                                at(a.sent, t0)
+                                at(a.ok, t0)
                             )
                         });
                     }
