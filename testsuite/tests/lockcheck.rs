@@ -802,7 +802,7 @@ fn fair_order_is_checked_among_waiters_of_one_hold() {
 
     // Permits: two grants one release admitted answer in either order (a
     // semaphore's head, granted, tells the next in line, whose answer may come
-    // first). B's answer less than the margin before A's: not judged; more: judged.
+    // first). B's answer the margin before A's: not judged; more than that: judged.
     let answer_margin = ms(Rules::default().permit_answer_margin_ns);
     for (a_after_b, violations) in [(answer_margin, 0), (answer_margin + 1, 1)] {
         let mut h = H::default();

@@ -85,7 +85,7 @@
 //!    its release); permit grants do not exclude each other, and two that one
 //!    release admitted may answer in either order (a semaphore's head, granted,
 //!    tells the next waiter, whose grant may answer first), so among permits B's
-//!    answer must come `permit_answer_margin` (50 ms) before A's. Excused if A's
+//!    answer must come more than `permit_answer_margin` (50 ms) before A's. Excused if A's
 //!    or B's process was paused or faulted between A's invoke and A's grant, or any
 //!    process between A's invoke and B's: a process paused (or whose connection is
 //!    held up) inside a transaction keeps the rows it locked, so A's first statement
