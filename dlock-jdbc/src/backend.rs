@@ -388,10 +388,10 @@ pub(crate) enum Next {
 }
 
 /// What a refused attempt says about when to look again.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 struct Turn {
-    /// Live waiters queued ahead.
-    ahead: i64,
+    /// Whose bell to wait on: the live waiter just ahead, else the live holder.
+    target: Option<String>,
     /// Until the holder's lease ends, when it is known.
     retry_after: Option<Duration>,
     /// The pause polling would take (already [`Turn::look_by`]).
@@ -408,6 +408,10 @@ impl Turn {
         retry_after.map_or(wait, |r| wait.min(r + Duration::from_millis(1)))
     }
 }
+
+/// What the contention statement reads: the holder's stored key, its lease left
+/// (ms), the readers' horizon left (ms), live waiters ahead, the waiter just ahead.
+type ContentionRow = (Option<String>, i64, i64, i64, Option<String>);
 
 /// A grant: its fencing token, and whether the granting statement also took the
 /// waiter out of the queue (else the waiter leaves it with a statement of its own).
@@ -437,6 +441,8 @@ enum Attempt {
         retry_after: Option<Duration>,
         /// Live waiters queued ahead of this one (0 when not queued).
         ahead: i64,
+        /// The live waiter queued just ahead of this one, if any.
+        predecessor: Option<String>,
         /// This attempt queued the waiter, for the first time: a release that began
         /// before its queue entry was visible did not see it, and notified nobody.
         just_queued: bool,
@@ -492,8 +498,9 @@ impl JdbcBackend {
         self.inner.attempts.load(Ordering::Relaxed)
     }
 
-    /// Test and diagnostics hook: how many waits on a MariaDB/MySQL bell ended
-    /// with the bell taken — let go by a release, or found free (see
+    /// Test and diagnostics hook: how many waits on a MariaDB/MySQL bell ahead (a
+    /// predecessor's or the holder's) ended with the bell taken — let go, or found
+    /// free (see
     /// [`crate::JdbcOptions::wake_sessions`]); always 0 elsewhere.
     pub fn bells_taken(&self) -> u64 {
         self.inner.bells.as_ref().map_or(0, Bells::taken)
@@ -537,10 +544,10 @@ impl JdbcBackend {
         let s = &self.inner.statements;
         let holder = req.holder();
         let params = [Param::Text(req.name.as_str()), Param::Text(holder.as_str())];
-        let row: Option<(Option<String>, i64, i64, i64)> = on_pool!(&self.inner.pool, p => {
+        let row: Option<ContentionRow> = on_pool!(&self.inner.pool, p => {
             async {
                 match query!(&s.contention, &params).fetch_optional(p).await? {
-                    Some(r) => Ok::<_, sqlx::Error>(Some((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?, r.try_get(3)?))),
+                    Some(r) => Ok::<_, sqlx::Error>(Some((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?, r.try_get(3)?, r.try_get(4)?))),
                     None => Ok(None),
                 }
             }
@@ -548,7 +555,7 @@ impl JdbcBackend {
         })
         .map_err(self.err("acquire"))?;
         Ok(match row {
-            Some((owner, left, shared_left, ahead)) => {
+            Some((owner, left, shared_left, ahead, predecessor)) => {
                 let holder_live = owner.is_some() && left > 0;
                 let holder_key = owner.filter(|_| holder_live);
                 Attempt::Busy {
@@ -558,6 +565,7 @@ impl JdbcBackend {
                     holder_key,
                     retry_after: remaining(if holder_live { left } else { shared_left }),
                     ahead,
+                    predecessor,
                     just_queued,
                 }
             }
@@ -566,6 +574,7 @@ impl JdbcBackend {
                 holder_key: None,
                 retry_after: None,
                 ahead: 0,
+                predecessor: None,
                 just_queued,
             },
         })
@@ -865,7 +874,13 @@ impl JdbcBackend {
             }
             let until = Instant::now() + wait;
             if bell
-                .wait_turn(bells, req.name.as_str(), turn.ahead, until)
+                .wait_turn(
+                    bells,
+                    req.name.as_str(),
+                    req.holder().as_str(),
+                    turn.target.as_deref(),
+                    until,
+                )
                 .await
                 == Next::Look
             {
@@ -997,8 +1012,10 @@ impl LockRemoteResource for JdbcBackend {
                     holder_key,
                     retry_after,
                     ahead,
+                    predecessor,
                     just_queued,
                 } => {
+                    let target = predecessor.or_else(|| holder_key.clone());
                     // A waiter that moves up to the head of the queue, or next but
                     // one, polls from the shortest delay again: the lock is handed on
                     // soon after it frees, not when a long backoff comes round. So
@@ -1032,7 +1049,7 @@ impl LockRemoteResource for JdbcBackend {
                         delay
                     };
                     let turn = Turn {
-                        ahead,
+                        target,
                         retry_after,
                         delay,
                     };

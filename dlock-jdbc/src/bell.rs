@@ -1,35 +1,38 @@
-//! MariaDB/MySQL: a named lock (`GET_LOCK`) per contended lock — its *bell* — on
-//! which waiting acquires block inside the server, so a release hands the lock on
-//! at once instead of when a waiter's next poll comes round.
+//! MariaDB/MySQL: a line of named locks (`GET_LOCK`) — *bells* — in the order of a
+//! lock's queue, on which waiting acquires block inside the server, so a release
+//! hands the lock on at once instead of when a waiter's next poll comes round (a
+//! CLH queue of named locks).
 //!
 //! The lock's row stays the lock: its lease, its fencing token and its queue decide
-//! every grant. The bell only decides *when* a waiter looks at the row again, so
+//! every grant. A bell only decides *when* a waiter looks at the row again, so
 //! nothing here can grant a lock twice; a bell that is lost, stale or shared by two
-//! names (its name is a hash) costs waiting time, never safety.
+//! keys (its name is a hash) costs waiting time, never safety.
 //!
 //! How it goes:
 //!
-//! * A refused exclusive acquire that will wait blocks on `GET_LOCK(bell, t)` on a
-//!   session of its own instead of sleeping its backoff. `t` is at most the longest
+//! * Every waiter has a bell of its own, named after the lock and its key — the key
+//!   the lock's row stores as owner once it is granted, and its queue entry's.
+//! * A refused exclusive acquire that will wait takes its own bell on a session of
+//!   its own, and blocks on the bell of the live waiter queued just ahead of it
+//!   (the contention read names it), or, first in the queue, on the live holder's:
+//!   `GET_LOCK(bell, t)` instead of sleeping its backoff. `t` is at most the longest
 //!   delay of its backoff, a third of its queue liveness, the holder's lease end
 //!   and its deadline: a bell held by a session whose process stopped, or by a hold
 //!   that was lost, holds no waiter longer than polling would.
-//! * Whoever takes the bell looks at the row at once. Granted, the hold keeps the
-//!   bell (its session) and lets it go — `RELEASE_LOCK` — right after its release
-//!   committed: the server wakes the next waiter in the bell's line (first come,
-//!   first served), which is the hand-over.
-//! * Refused with the bell while first in the lock's queue (the holder took the
-//!   row without a bell: uncontended, or barging in non-fair mode), the waiter keeps
-//!   the bell and polls, the others stay blocked behind it. Refused while others
-//!   are queued ahead of it (the bell's line and the queue disagree), it lets the
-//!   bell go to them and blocks again at the back of the line — once per place in
-//!   the queue: if it is let go to again from the same place, whoever is first is
-//!   not blocked on the bell (a reader, a waiter polling), so it polls.
+//! * Once it has the bell ahead it lets it go at once and looks at the row. Granted,
+//!   the hold keeps its own bell (its session) and lets it go — `RELEASE_LOCK` —
+//!   right after its release committed, which wakes the waiter behind it: the
+//!   hand-over. A waiter that gives up lets its bell go too, which wakes the one
+//!   behind it to block on the bell of its new predecessor. So each bell has at
+//!   most one waiter, and the line follows the queue.
+//! * A bell found free at once (a holder granted without waiting keeps none: the
+//!   lock was free, or a newcomer barged in non-fair mode) is not waited on again:
+//!   the waiter polls until the one ahead of it changes.
 //! * Sessions are a few dedicated connections per backend
 //!   ([`crate::JdbcOptions::wake_sessions`]); a waiter that finds none free polls,
 //!   as every waiter did before bells, and so does one whose bell wait fails or
 //!   ends early. A session dropped while it holds a bell or while its statement runs
-//!   (a cancelled acquire) is closed, not reused: the server lets its bell go with
+//!   (a cancelled acquire) is closed, not reused: the server lets its bells go with
 //!   the session.
 //! * A bell kept past its hold's lease end (a hold lost and not yet released, a
 //!   guard leaked) is let go by the next wait or keep of this backend.
@@ -134,13 +137,13 @@ impl Session {
     }
 }
 
-/// How a wait on a bell ended.
+/// How a wait on the bell ahead ended.
 enum BellWait {
-    /// The bell is this waiter's now.
-    Taken(Session),
+    /// It was let go (and this session let it go in turn): look at the lock.
+    Taken,
     /// Nobody let it go in time.
     TimedOut,
-    /// No session was free, the statement failed, or it ended before its time.
+    /// No own bell, the statement failed, or no whole second was left (MySQL).
     Unavailable,
 }
 
@@ -248,61 +251,70 @@ impl Bells {
         None
     }
 
-    /// Blocks on the bell of `name` until `until` at the latest.
-    async fn wait(&self, name: &str, until: Instant) -> BellWait {
-        self.let_go_stale();
-        let Some(mut session) = self.session().await else {
+    /// On `session`, takes this waiter's own bell `own` if it does not hold it yet
+    /// (free: nobody else waits under this waiter's key), then blocks on the bell
+    /// `target` until `until` at the latest and lets it go at once — the waiter
+    /// behind this one blocks on `own`, never on `target`.
+    async fn wait_on(
+        &self,
+        session: &mut Session,
+        own: String,
+        target: String,
+        until: Instant,
+    ) -> BellWait {
+        let Some(conn) = session.conn.as_mut() else {
             return BellWait::Unavailable;
         };
-        // What is left once a session is in hand (connecting took some); MySQL
-        // rounds the timeout to whole seconds, so it gets the whole seconds left
-        // (never more than the bound), and a waiter with less than one polls.
+        session.clean = false;
+        if session.bell.is_none() {
+            let got = sqlx::query("SELECT GET_LOCK(?, 0)")
+                .bind(&own)
+                .fetch_one(&mut *conn)
+                .await
+                .and_then(|row| row.try_get::<Option<i64>, _>(0));
+            match got {
+                Ok(Some(1)) => session.bell = Some(own),
+                _ => return BellWait::Unavailable,
+            }
+        }
+        // What is left once a session is in hand; MySQL rounds the timeout to
+        // whole seconds, so it gets the whole seconds left, and a waiter with less
+        // than one polls.
         let mut wait = until.saturating_duration_since(Instant::now());
         if self.timeouts.load(Ordering::Relaxed) != FRACTIONAL {
             wait = Duration::from_secs(wait.as_secs());
         }
         if wait.is_zero() {
+            session.clean = true;
             return BellWait::Unavailable;
         }
-        let bell = bell_name(&self.namespace, name);
-        let Some(conn) = session.conn.as_mut() else {
-            return BellWait::Unavailable;
-        };
-        session.clean = false;
-        let started = Instant::now();
-        // MariaDB takes a fractional timeout in seconds; a server that answers
-        // early anyway counts as unavailable below.
         let statement = sqlx::query("SELECT GET_LOCK(?, ?)")
-            .bind(&bell)
+            .bind(&target)
             .bind(wait.as_secs_f64())
-            .fetch_one(conn);
+            .fetch_one(&mut *conn);
         let answer = match tokio::time::timeout(wait + self.timeout, statement).await {
             Ok(answer) => answer.and_then(|row| row.try_get::<Option<i64>, _>(0)),
-            Err(_) => {
-                tracing::debug!(
-                    "dlock-jdbc: a bell wait outlasted its bound; its session is closed"
-                );
-                return BellWait::Unavailable;
-            }
+            Err(_) => return BellWait::Unavailable,
         };
         match answer {
             Ok(Some(1)) => {
                 self.taken.fetch_add(1, Ordering::Relaxed);
-                session.bell = Some(bell);
-                BellWait::Taken(session)
+                if sqlx::query("DO RELEASE_LOCK(?)")
+                    .bind(&target)
+                    .execute(&mut *conn)
+                    .await
+                    .is_err()
+                {
+                    return BellWait::Unavailable;
+                }
+                session.clean = true;
+                BellWait::Taken
             }
             Ok(_) => {
                 session.clean = true;
-                if started.elapsed() < wait / 2 {
-                    BellWait::Unavailable
-                } else {
-                    BellWait::TimedOut
-                }
+                BellWait::TimedOut
             }
-            Err(e) => {
-                tracing::debug!(error = %e, "dlock-jdbc: waiting on a bell failed; its session is closed");
-                BellWait::Unavailable
-            }
+            Err(_) => BellWait::Unavailable,
         }
     }
 
@@ -386,69 +398,68 @@ impl Bells {
     }
 }
 
-/// One waiting acquire's part in its lock's bell.
+/// One waiting acquire's part in its lock's line of bells.
 #[derive(Default)]
 pub(crate) struct Waiter {
-    /// The session holding the bell, while the waiter holds it.
+    /// The session holding this waiter's own bell.
     session: Option<Session>,
-    /// Waiters ahead when this waiter last let the bell go for them.
-    passed_at: Option<i64>,
+    /// The bell last taken at once (a holder without a bell): poll then.
+    last_target: Option<String>,
 }
 
 impl Waiter {
-    /// Whether the waiter holds its lock's bell (it then polls for the waiters
-    /// blocked behind it).
+    /// Whether the waiter holds its own bell.
     pub(crate) fn holds(&self) -> bool {
         self.session.is_some()
     }
 
-    /// After a refused attempt with `ahead` live waiters queued before this one:
-    /// blocks on the bell of `name` until `until` at the latest, lets it go to
-    /// the waiters ahead, or keeps it (see the module docs).
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: dropped, a session in use is closed, and a bell it held or
-    /// was granted meanwhile goes with it.
+    /// Blocks on the bell of `target` (the waiter ahead, or the holder).
     pub(crate) async fn wait_turn(
         &mut self,
         bells: &Bells,
         name: &str,
-        ahead: i64,
+        me: &str,
+        target: Option<&str>,
         until: Instant,
     ) -> Next {
-        let block = match self.session.take() {
-            Some(session) if ahead > 0 => {
-                session.let_go(bells.timeout).await;
-                let moved_up = self.passed_at.is_none_or(|at| ahead < at);
-                self.passed_at = Some(ahead);
-                moved_up
-            }
-            Some(session) => {
-                self.session = Some(session);
-                false
-            }
-            None => true,
+        bells.let_go_stale();
+        let Some(target) = target else {
+            return Next::Pause;
         };
-        if !block {
+        let target = bell_name(&bells.namespace, &format!("{name}\0{target}"));
+        if self.last_target.as_deref() == Some(target.as_str()) {
             return Next::Pause;
         }
-        match bells.wait(name, until).await {
-            BellWait::Taken(session) => {
-                self.session = Some(session);
+        if self.session.is_none() {
+            self.session = bells.session().await;
+        }
+        let Some(session) = self.session.as_mut() else {
+            return Next::Pause;
+        };
+        let own = bell_name(&bells.namespace, &format!("{name}\0{me}"));
+        match bells.wait_on(session, own, target.clone(), until).await {
+            BellWait::Taken => {
+                // Taken again with no change ahead (a holder that keeps no bell):
+                // the next turn polls.
+                self.last_target = Some(target);
                 Next::Look
             }
             BellWait::TimedOut => Next::Look,
-            BellWait::Unavailable => Next::Pause,
+            BellWait::Unavailable => {
+                self.session = None;
+                Next::Pause
+            }
         }
     }
 
-    /// The waiter was granted: its hold keeps the bell it holds, if any, until
-    /// [`Bells::ring`].
+    /// The waiter was granted: its hold keeps its own bell until [`Bells::ring`].
     pub(crate) fn keep(&mut self, bells: &Bells, name: &str, holder: &str, lease_end: Instant) {
         bells.let_go_stale();
-        // (After the backend closed, the session is dropped: it closes.)
-        if let Some(session) = self.session.take().filter(|_| !bells.sessions.is_closed()) {
+        if let Some(session) = self
+            .session
+            .take()
+            .filter(|s| s.bell.is_some() && !bells.sessions.is_closed())
+        {
             bells
                 .kept
                 .lock()
@@ -460,11 +471,7 @@ impl Waiter {
         }
     }
 
-    /// The waiter stops waiting: it lets its bell go, if it holds it.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: dropped, the session is closed, which lets the bell go.
+    /// The waiter stops waiting: it lets its bell go.
     pub(crate) async fn leave(&mut self, bells: &Bells) {
         if let Some(session) = self.session.take() {
             session.let_go(bells.timeout).await;

@@ -43,7 +43,8 @@ impl Waiter {
         &mut self,
         bells: &Bells,
         _name: &str,
-        _ahead: i64,
+        _me: &str,
+        _target: Option<&str>,
         _until: Instant,
     ) -> Next {
         match *bells {}

@@ -506,13 +506,25 @@ impl Statements {
                    CAST(CASE WHEN PERMIT_GATE THEN 1 ELSE 0 END AS INT64) \
                  FROM {locks} WHERE name = $1",
             ),
-            contention: s(
-                "SELECT {owner}, expires_at - NOW, shared_until - NOW, \
-                   (SELECT COUNT(*) FROM {waiters} w WHERE w.name = $1 AND w.alive_until > NOW \
-                      AND EXISTS (SELECT 1 FROM {waiters} me WHERE me.name = $1 AND me.waiter = $2 \
-                        AND (w.arrived < me.arrived OR (w.arrived = me.arrived AND w.waiter < me.waiter)))) \
-                 FROM {locks} WHERE name = $1",
-            ),
+            // The waiter just ahead names the bell a MariaDB/MySQL waiter blocks on;
+            // elsewhere nothing reads it, so nothing looks it up.
+            contention: s(&format!(
+                "SELECT {{owner}}, expires_at - NOW, shared_until - NOW, \
+                   (SELECT COUNT(*) FROM {{waiters}} w WHERE w.name = $1 AND w.alive_until > NOW \
+                      AND EXISTS (SELECT 1 FROM {{waiters}} me WHERE me.name = $1 AND me.waiter = $2 \
+                        AND (w.arrived < me.arrived OR (w.arrived = me.arrived AND w.waiter < me.waiter)))), \
+                   {predecessor} \
+                 FROM {{locks}} WHERE name = $1",
+                predecessor = match dialect {
+                    Dialect::MySql => {
+                        "(SELECT w.waiter FROM {waiters} w JOIN {waiters} me ON me.name = $1 AND me.waiter = $2 \
+                           WHERE w.name = $1 AND w.alive_until > NOW \
+                             AND (w.arrived < me.arrived OR (w.arrived = me.arrived AND w.waiter < me.waiter)) \
+                           ORDER BY w.arrived DESC, w.waiter DESC LIMIT 1)"
+                    }
+                    Dialect::Sqlite | Dialect::Postgres => "CAST(NULL AS TEXT)",
+                }
+            )),
             enqueue: s(match dialect {
                 Dialect::MySql => {
                     "INSERT INTO {waiters} (name, waiter, mode, arrived, alive_until) \

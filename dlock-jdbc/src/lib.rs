@@ -75,9 +75,10 @@
 //!   a waiter queued also sends `NOTIFY` (so does the end of a term of leadership, for
 //!   the election's observers), and the waiter it names wakes at once. On
 //!   MariaDB/MySQL a waiter for an exclusive lock blocks inside the server on the
-//!   lock's *bell*, a named lock (`GET_LOCK`) that a holder granted after such a wait
-//!   keeps and lets go right after its release, which wakes the next waiter; the row
-//!   still decides every grant (see [`JdbcOptions::wake_sessions`]).
+//!   *bell* of the waiter just ahead of it in the queue (or of the holder): a named
+//!   lock (`GET_LOCK`) of its own that each waiter takes, and that a hold granted after
+//!   such a wait keeps and lets go right after its release, which wakes the waiter
+//!   behind it; the row still decides every grant (see [`JdbcOptions::wake_sessions`]).
 //! * **Waiters queue** in a table of their own (arrival and liveness on the database
 //!   clock; a waiter re-checks at least every third of its liveness, a crashed one
 //!   lapses, a cancelled one leaves at once). **Fair mode** grants in arrival order:
@@ -162,10 +163,11 @@ pub struct JdbcOptions {
     /// first, so no waiter starves. Default 20 ms.
     pub starvation_after: Duration,
     /// MariaDB/MySQL: how many dedicated connections waiting acquires may block on
-    /// (URL `dlock_wake_sessions=`). A waiter for an exclusive lock blocks inside the
-    /// server on a named lock beside the lock's row (`GET_LOCK`), which the holder
-    /// lets go right after its release commits: the hand-over takes a round trip,
-    /// not a poll. A waiter that finds no session free polls with
+    /// (URL `dlock_wake_sessions=`). A waiter for an exclusive lock takes a named lock
+    /// of its own (`GET_LOCK`) and blocks inside the server on the one of the waiter
+    /// just ahead of it in the queue (first in the queue: the holder's), which that
+    /// waiter lets go when it gives up, or, granted, right after its release commits:
+    /// the hand-over takes a round trip, not a poll, and wakes only the next waiter. A waiter that finds no session free polls with
     /// [`Self::backoff`]; `0` turns this off. MySQL reads `GET_LOCK`'s timeout in
     /// whole seconds (MariaDB takes fractions), so there a waiter blocks only for
     /// the whole seconds its wait allows, and polls when that is less than one

@@ -247,7 +247,9 @@ async fn a_renewal_counts_only_once_the_replicas_have_it() {
     deployment_whole().await;
     let backend = RedisBackend::connect_with(
         &url,
-        RedisOptions::default().replica_ack(SENTINEL_REPLICAS, Duration::from_millis(200)),
+        // Under the sentinels' 1 s down-after: the frozen replica below stays
+        // frozen this long and must not be taken for down.
+        RedisOptions::default().replica_ack(SENTINEL_REPLICAS, Duration::from_millis(500)),
     )
     .await
     .unwrap();
@@ -256,8 +258,30 @@ async fn a_renewal_counts_only_once_the_replicas_have_it() {
         .build()
         .unwrap();
     let lock = name("ack");
-    let guard = take(&m.lock(&lock), Duration::ZERO).await;
-    guard.extend(Duration::from_secs(10)).await.unwrap();
+    // Setup, not the subject: on a loaded machine a replica back from the previous
+    // test's failover may still answer one WAIT late, which fails that call (and
+    // releases the lock). A few bounded tries; the last error is reported.
+    let mut last_error = None;
+    let mut guard = None;
+    for _ in 0..5 {
+        match m.lock(&lock).try_lock(Duration::ZERO).await {
+            Ok(Some(g)) => match g.extend(Duration::from_secs(10)).await {
+                Ok(_) => {
+                    guard = Some(g);
+                    break;
+                }
+                Err(e) => {
+                    let _ = g.unlock().await;
+                    last_error = Some(e);
+                }
+            },
+            Ok(None) => panic!("{lock} is held by someone else"),
+            Err(e) => last_error = Some(e),
+        }
+    }
+    let guard = guard.unwrap_or_else(|| {
+        panic!("could not take and renew {lock} with both replicas: {last_error:?}")
+    });
 
     // Freeze one replica (SIGSTOP, well under the sentinels' 1 s down-after).
     let master = master_port().await;
