@@ -246,11 +246,12 @@ const JUST_QUEUED_PAUSE: Duration = Duration::from_millis(10);
 /// Leases are judged on the database's clock. Waiters poll with the configured
 /// [`Backoff`] (equal jitter by default), never past their deadline; on PostgreSQL
 /// they are also woken by `LISTEN/NOTIFY` when a lock is released, with polling as the
-/// safety net; on MariaDB/MySQL a waiter for an exclusive lock blocks on the lock's
-/// bell instead, a named lock its holder lets go after the release
-/// ([`crate::JdbcOptions::wake_sessions`]). Waiters queue in a table (see the crate docs): fair mode grants in
-/// arrival order, non-fair mode lets newcomers pass a waiter only until it starves,
-/// and new readers stand back for a queued writer.
+/// safety net; on MariaDB/MySQL a waiter for an exclusive lock blocks instead on the
+/// bell of the waiter just ahead of it (or the holder's), a named lock let go when
+/// that one gives up or releases ([`crate::JdbcOptions::wake_sessions`]). Waiters
+/// queue in a table (see the crate docs): fair mode grants in arrival order,
+/// non-fair mode lets newcomers pass a waiter only until it starves, and new readers
+/// stand back for a queued writer.
 ///
 /// Cheap to clone.
 #[derive(Clone)]
@@ -846,7 +847,7 @@ impl JdbcBackend {
     }
 
     /// Waits until a refused acquire looks at the lock again: on MariaDB/MySQL an
-    /// exclusive waiter waits its turn on the lock's bell ([`crate::bell`]); every
+    /// exclusive waiter waits its turn on the bell ahead of it ([`crate::bell`]); every
     /// other waiter, and one the bell sends back to polling, pauses `turn.delay`.
     async fn wait_turn(
         &self,
@@ -989,8 +990,8 @@ impl LockRemoteResource for JdbcBackend {
                             slot.leave().await;
                         }
                     }
-                    // The hold keeps the bell it waited on, and lets it go at its
-                    // release.
+                    // The hold keeps its own bell, if it took one while it waited,
+                    // and lets it go at its release: that wakes the waiter behind.
                     if let Some(bells) = &self.inner.bells {
                         bell.keep(
                             bells,
@@ -1019,11 +1020,11 @@ impl LockRemoteResource for JdbcBackend {
                     // A waiter that moves up to the head of the queue, or next but
                     // one, polls from the shortest delay again: the lock is handed on
                     // soon after it frees, not when a long backoff comes round. So
-                    // does a waiter holding the bell when the lock changes hands: it
-                    // polls for every waiter blocked behind it, and a hold that took
-                    // the lock past it (a newcomer, in non-fair mode) may end soon.
+                    // does the head on a bell line when the lock changes hands: a
+                    // hold that took the lock past it (a newcomer, in non-fair mode)
+                    // keeps no bell, so the head polls it, and it may end soon.
                     if (ahead < 2 && ahead < last_ahead)
-                        || (bell.holds() && holder_key != last_holder)
+                        || (ahead == 0 && bell.holds() && holder_key != last_holder)
                     {
                         round = 0;
                     }

@@ -19,19 +19,23 @@
 //!   delay of its backoff, a third of its queue liveness, the holder's lease end
 //!   and its deadline: a bell held by a session whose process stopped, or by a hold
 //!   that was lost, holds no waiter longer than polling would.
-//! * Once it has the bell ahead it lets it go at once and looks at the row. Granted,
-//!   the hold keeps its own bell (its session) and lets it go — `RELEASE_LOCK` —
-//!   right after its release committed, which wakes the waiter behind it: the
-//!   hand-over. A waiter that gives up lets its bell go too, which wakes the one
-//!   behind it to block on the bell of its new predecessor. So each bell has at
-//!   most one waiter, and the line follows the queue.
-//! * A bell found free at once (a holder granted without waiting keeps none: the
-//!   lock was free, or a newcomer barged in non-fair mode) is not waited on again:
-//!   the waiter polls until the one ahead of it changes.
+//! * Once it has the bell ahead it lets it go at once (in the statement that took
+//!   it) and looks at the row. Granted, the hold keeps its own bell (its session)
+//!   and lets it go — `RELEASE_LOCK` — right after its release committed, which
+//!   wakes the waiter behind it: the hand-over. A waiter that gives up lets its
+//!   bell go too, which wakes the one behind it to block on the bell of its new
+//!   predecessor. So each bell has at most one waiter, and the line follows the
+//!   queue.
+//! * A bell taken with the same one still ahead was free with nobody letting it go
+//!   (a holder granted without waiting keeps none: the lock was free, or a newcomer
+//!   barged in non-fair mode; or the waiter ahead has not taken its own yet): the
+//!   next turn polls instead of waiting on it, the one after waits again.
 //! * Sessions are a few dedicated connections per backend
 //!   ([`crate::JdbcOptions::wake_sessions`]); a waiter that finds none free polls,
-//!   as every waiter did before bells, and so does one whose bell wait fails or
-//!   ends early. A session dropped while it holds a bell or while its statement runs
+//!   as every waiter did before bells, and so does one whose bell wait fails, is
+//!   answered long before its timeout, or has less than a whole second to wait on
+//!   MySQL (which rounds `GET_LOCK`'s timeout to whole seconds; MariaDB does not).
+//!   A session dropped while it holds a bell or while its statement runs
 //!   (a cancelled acquire) is closed, not reused: the server lets its bells go with
 //!   the session.
 //! * A bell kept past its hold's lease end (a hold lost and not yet released, a
@@ -143,7 +147,12 @@ enum BellWait {
     Taken,
     /// Nobody let it go in time.
     TimedOut,
-    /// No own bell, the statement failed, or no whole second was left (MySQL).
+    /// No wait: less than a whole second was left (MySQL), or the server answered
+    /// "not taken" well before the wait was up. The waiter polls, and keeps its
+    /// session and its own bell.
+    Skipped,
+    /// No own bell, or a statement failed or took too long: the session is given
+    /// up (closed if it may hold a bell).
     Unavailable,
 }
 
@@ -262,36 +271,39 @@ impl Bells {
         target: String,
         until: Instant,
     ) -> BellWait {
+        let wait = self.wait_left(until);
+        if wait.is_zero() {
+            return BellWait::Skipped;
+        }
         let Some(conn) = session.conn.as_mut() else {
             return BellWait::Unavailable;
         };
         session.clean = false;
         if session.bell.is_none() {
-            let got = sqlx::query("SELECT GET_LOCK(?, 0)")
+            let statement = sqlx::query("SELECT GET_LOCK(?, 0)")
                 .bind(&own)
-                .fetch_one(&mut *conn)
-                .await
-                .and_then(|row| row.try_get::<Option<i64>, _>(0));
-            match got {
-                Ok(Some(1)) => session.bell = Some(own),
+                .fetch_one(&mut *conn);
+            match tokio::time::timeout(self.timeout, statement).await {
+                Ok(Ok(row)) => match row.try_get::<Option<i64>, _>(0) {
+                    Ok(Some(1)) => session.bell = Some(own),
+                    // Someone else has it (a hash shared with another key): the
+                    // session is clean, and goes back to the idle ones.
+                    _ => {
+                        session.clean = true;
+                        return BellWait::Unavailable;
+                    }
+                },
                 _ => return BellWait::Unavailable,
             }
         }
-        // What is left once a session is in hand; MySQL rounds the timeout to
-        // whole seconds, so it gets the whole seconds left, and a waiter with less
-        // than one polls.
-        let mut wait = until.saturating_duration_since(Instant::now());
-        if self.timeouts.load(Ordering::Relaxed) != FRACTIONAL {
-            wait = Duration::from_secs(wait.as_secs());
-        }
-        if wait.is_zero() {
-            session.clean = true;
-            return BellWait::Unavailable;
-        }
-        let statement = sqlx::query("SELECT GET_LOCK(?, ?)")
+        // Taken, the bell is let go in the same statement (`IF` evaluates only the
+        // branch it picks): 1 then, 0 when the wait timed out.
+        let statement = sqlx::query("SELECT IF(GET_LOCK(?, ?) = 1, RELEASE_LOCK(?), 0)")
             .bind(&target)
             .bind(wait.as_secs_f64())
+            .bind(&target)
             .fetch_one(&mut *conn);
+        let started = Instant::now();
         let answer = match tokio::time::timeout(wait + self.timeout, statement).await {
             Ok(answer) => answer.and_then(|row| row.try_get::<Option<i64>, _>(0)),
             Err(_) => return BellWait::Unavailable,
@@ -299,22 +311,33 @@ impl Bells {
         match answer {
             Ok(Some(1)) => {
                 self.taken.fetch_add(1, Ordering::Relaxed);
-                if sqlx::query("DO RELEASE_LOCK(?)")
-                    .bind(&target)
-                    .execute(&mut *conn)
-                    .await
-                    .is_err()
-                {
-                    return BellWait::Unavailable;
-                }
                 session.clean = true;
                 BellWait::Taken
             }
             Ok(_) => {
                 session.clean = true;
-                BellWait::TimedOut
+                // "Not taken" long before the timeout (a server that read it
+                // otherwise, a killed statement): not a wait — the waiter pauses
+                // rather than looking again at once, round after round.
+                if started.elapsed() < wait / 2 {
+                    BellWait::Skipped
+                } else {
+                    BellWait::TimedOut
+                }
             }
             Err(_) => BellWait::Unavailable,
+        }
+    }
+
+    /// How long a wait on a bell may last to stay within `until`: what is left;
+    /// MySQL rounds `GET_LOCK`'s timeout to whole seconds, so there the whole
+    /// seconds left, and zero (no wait: the waiter polls) under one.
+    fn wait_left(&self, until: Instant) -> Duration {
+        let wait = until.saturating_duration_since(Instant::now());
+        if self.timeouts.load(Ordering::Relaxed) == FRACTIONAL {
+            wait
+        } else {
+            Duration::from_secs(wait.as_secs())
         }
     }
 
@@ -413,7 +436,14 @@ impl Waiter {
         self.session.is_some()
     }
 
-    /// Blocks on the bell of `target` (the waiter ahead, or the holder).
+    /// Blocks on the bell of `target` (the waiter ahead, or the holder) until
+    /// `until` at the latest: [`Next::Look`] once it was let go or the wait is up,
+    /// [`Next::Pause`] when the waiter is to poll instead.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: dropped while a statement runs, the session is closed, which
+    /// lets its bells go; the waiter then has none and polls, or takes a new one.
     pub(crate) async fn wait_turn(
         &mut self,
         bells: &Bells,
@@ -427,10 +457,20 @@ impl Waiter {
             return Next::Pause;
         };
         let target = bell_name(&bells.namespace, &format!("{name}\0{target}"));
-        if self.last_target.as_deref() == Some(target.as_str()) {
+        // The bell taken last turn, found again ahead: it was free with nobody
+        // let go (a holder that keeps no bell, a waiter ahead that has not taken
+        // its own yet). This turn polls; the next one waits on it again.
+        if self.last_target.take().as_deref() == Some(target.as_str()) {
             return Next::Pause;
         }
         if self.session.is_none() {
+            // MySQL with less than a whole second to wait: no session is taken
+            // for a wait that cannot happen.
+            if bells.timeouts.load(Ordering::Relaxed) == WHOLE_SECONDS
+                && bells.wait_left(until).is_zero()
+            {
+                return Next::Pause;
+            }
             self.session = bells.session().await;
         }
         let Some(session) = self.session.as_mut() else {
@@ -439,12 +479,11 @@ impl Waiter {
         let own = bell_name(&bells.namespace, &format!("{name}\0{me}"));
         match bells.wait_on(session, own, target.clone(), until).await {
             BellWait::Taken => {
-                // Taken again with no change ahead (a holder that keeps no bell):
-                // the next turn polls.
                 self.last_target = Some(target);
                 Next::Look
             }
             BellWait::TimedOut => Next::Look,
+            BellWait::Skipped => Next::Pause,
             BellWait::Unavailable => {
                 self.session = None;
                 Next::Pause
@@ -472,6 +511,10 @@ impl Waiter {
     }
 
     /// The waiter stops waiting: it lets its bell go.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: dropped, the session is closed, which lets the bell go.
     pub(crate) async fn leave(&mut self, bells: &Bells) {
         if let Some(session) = self.session.take() {
             session.let_go(bells.timeout).await;

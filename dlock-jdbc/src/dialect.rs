@@ -517,7 +517,7 @@ impl Statements {
                  FROM {{locks}} WHERE name = $1",
                 predecessor = match dialect {
                     Dialect::MySql => {
-                        "(SELECT w.waiter FROM {waiters} w JOIN {waiters} me ON me.name = $1 AND me.waiter = $2 \
+                        "(SELECT CONVERT(w.waiter USING utf8mb4) FROM {waiters} w JOIN {waiters} me ON me.name = $1 AND me.waiter = $2 \
                            WHERE w.name = $1 AND w.alive_until > NOW \
                              AND (w.arrived < me.arrived OR (w.arrived = me.arrived AND w.waiter < me.waiter)) \
                            ORDER BY w.arrived DESC, w.waiter DESC LIMIT 1)"

@@ -163,15 +163,19 @@ pub struct JdbcOptions {
     /// first, so no waiter starves. Default 20 ms.
     pub starvation_after: Duration,
     /// MariaDB/MySQL: how many dedicated connections waiting acquires may block on
-    /// (URL `dlock_wake_sessions=`). A waiter for an exclusive lock takes a named lock
-    /// of its own (`GET_LOCK`) and blocks inside the server on the one of the waiter
-    /// just ahead of it in the queue (first in the queue: the holder's), which that
-    /// waiter lets go when it gives up, or, granted, right after its release commits:
-    /// the hand-over takes a round trip, not a poll, and wakes only the next waiter. A waiter that finds no session free polls with
-    /// [`Self::backoff`]; `0` turns this off. MySQL reads `GET_LOCK`'s timeout in
-    /// whole seconds (MariaDB takes fractions), so there a waiter blocks only for
-    /// the whole seconds its wait allows, and polls when that is less than one
-    /// (with the default backoff, whose longest delay is 250 ms, it always polls). Each session is connected when first needed, and a hold
+    /// (URL `dlock_wake_sessions=`). A waiter for an exclusive lock takes a named
+    /// lock of its own (`GET_LOCK`) and blocks inside the server on the one of the
+    /// waiter just ahead of it in the queue (first in the queue: the holder's),
+    /// which that waiter lets go when it gives up, or, granted, right after its
+    /// release commits: the hand-over takes a round trip, not a poll, and wakes only
+    /// the next waiter. A waiter keeps its session for its whole wait; one that
+    /// finds no session free polls with [`Self::backoff`]; `0` turns this off.
+    /// MySQL reads `GET_LOCK`'s timeout in whole seconds (MariaDB takes fractions),
+    /// so there a waiter blocks only for the whole seconds its wait allows, and
+    /// polls when that is less than one: with the default backoff, whose longest
+    /// delay is 250 ms, it always polls — give MySQL waiters a backoff whose longest
+    /// delay is a few seconds (and a `waiter_liveness` of at least three times it)
+    /// for them to block. Each session is connected when first needed, and a hold
     /// that was granted after such a wait keeps its session until its release.
     /// Ignored by SQLite and PostgreSQL (PostgreSQL wakes waiters with `NOTIFY`).
     /// Default 4.

@@ -275,7 +275,7 @@ async fn a_renewal_counts_only_once_the_replicas_have_it() {
                     last_error = Some(e);
                 }
             },
-            Ok(None) => panic!("{lock} is held by someone else"),
+            Ok(None) => panic!("{lock} is held (a try above whose release failed: {last_error:?})"),
             Err(e) => last_error = Some(e),
         }
     }

@@ -1207,8 +1207,10 @@ async fn an_upgrade_sees_a_reader_that_committed_while_it_waited() {
 /// MariaDB/MySQL: waiters block in queue order, each on the bell of the waiter just
 /// ahead of it, so a hand-over wakes the next waiter and nobody else: bells taken
 /// stay near one per grant. (One bell per lock, whose line disagreed with the queue,
-/// passed the bell down its line about 2.7 times per grant.) Six backends cycle one
-/// fair lock for 2 s.
+/// passed the bell down its line about 2.7 times per grant; without bells nobody
+/// takes one.) Six backends cycle one fair lock for 2 s; their longest backoff
+/// delay (2 s) lets waiters block on MySQL too, which reads `GET_LOCK`'s timeout in
+/// whole seconds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mysql_a_hand_over_wakes_the_next_waiter_in_queue_order() {
     const TASKS: usize = 6;
@@ -1220,7 +1222,13 @@ async fn mysql_a_hand_over_wakes_the_next_waiter_in_queue_order() {
     let end = Instant::now() + Duration::from_secs(2);
     let (mut backends, mut tasks) = (Vec::new(), Vec::new());
     for _ in 0..TASKS {
-        let (backend, m) = backend_and_manager(&url, JdbcOptions::default(), LONG_LEASE).await;
+        let options = JdbcOptions::default()
+            .backoff(Backoff::exponential(
+                Duration::from_millis(1),
+                Duration::from_secs(2),
+            ))
+            .waiter_liveness(Duration::from_secs(6));
+        let (backend, m) = backend_and_manager(&url, options, LONG_LEASE).await;
         let (lock, grants) = (m.fair_lock(&name), std::sync::Arc::clone(&grants));
         tasks.push(tokio::spawn(async move {
             while Instant::now() < end {
@@ -1246,5 +1254,9 @@ async fn mysql_a_hand_over_wakes_the_next_waiter_in_queue_order() {
     assert!(
         taken * 2 <= grants * 3,
         "{taken} bells taken for {grants} grants: the bells' line does not follow the queue"
+    );
+    assert!(
+        taken * 2 >= grants,
+        "{taken} bells taken for {grants} grants: most hand-overs did not wake a blocked waiter"
     );
 }
