@@ -13,12 +13,13 @@ use dlock_spi::{
     ReleaseResult, RenewRequest, RenewResult, Result,
 };
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, DeleteOptions, GetOptions, KeyValue, LeaseClient,
-    PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, WatchFilterType, WatchOptions,
+    Client, Compare, CompareOp, ConnectOptions, DeleteOptions, GetOptions, KeyValue, KvClient,
+    LeaseClient, PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, WatchFilterType,
+    WatchOptions,
 };
 use tonic::transport::{Channel, Endpoint};
 
-use crate::error::{map_etcd, map_sign_in, timed_out};
+use crate::error::{map_etcd, map_sign_in, timed_out, transport_failure};
 use crate::keepalive::KeepAlives;
 use crate::keys::{permit_total, prefix_end, stored_value, Keys, Side};
 use crate::{parse_url, EtcdOptions};
@@ -42,6 +43,9 @@ struct Inner {
     /// The cluster's minimum lease TTL in seconds (a 1 s lease is granted this long).
     min_ttl: i64,
     attempts: AtomicU64,
+    /// How many members the URL names: how many failed connects, left over from
+    /// an outage, one request can meet ([`EtcdBackend::call`]).
+    members: u32,
 }
 
 impl std::fmt::Debug for EtcdBackend {
@@ -136,7 +140,8 @@ impl EtcdBackend {
         let options = parsed.options;
         let tls = crate::tls::client_config(&options)?;
         let scheme = if tls.is_some() { "https" } else { "http" };
-        let mut endpoints = Vec::with_capacity(parsed.hosts.len());
+        let members = parsed.hosts.len();
+        let mut endpoints = Vec::with_capacity(members);
         for host in &parsed.hosts {
             let endpoint = Endpoint::from_shared(format!("{scheme}://{host}"))
                 .map_err(|e| {
@@ -216,6 +221,7 @@ impl EtcdBackend {
                 timeout: options.timeout,
                 min_ttl: probe.ttl().max(1),
                 attempts: AtomicU64::new(0),
+                members: u32::try_from(members).unwrap_or(u32::MAX),
             }),
         })
     }
@@ -226,16 +232,49 @@ impl EtcdBackend {
         self.inner.attempts.load(Ordering::Relaxed)
     }
 
-    /// Runs one etcd request within the request timeout.
-    async fn call<T>(
+    /// Runs one etcd request, made by `send`, within the request timeout.
+    ///
+    /// The client keeps each member's failed connect and hands it, as the answer,
+    /// to the next request routed to that member, unsent. After an outage every
+    /// member may hold one, so a request that failed in the transport is sent
+    /// again at once, at most once per member
+    /// ([`transport_failure`](crate::error::transport_failure) says why that is
+    /// safe): otherwise each leftover would cost the caller's retry a pause (a
+    /// background release: seconds), long after the connections healed.
+    async fn call<T, Fut>(&self, op: &'static str, mut send: impl FnMut() -> Fut) -> Result<T>
+    where
+        Fut: Future<Output = std::result::Result<T, etcd_client::Error>>,
+    {
+        let deadline = tokio::time::Instant::now() + self.inner.timeout;
+        let mut resends = self.inner.members;
+        loop {
+            match tokio::time::timeout_at(deadline, send()).await {
+                Ok(Err(err)) if resends > 0 && transport_failure(&err) => resends -= 1,
+                Ok(answer) => return answer.map_err(|e| map_etcd(e, op)),
+                Err(_) => return Err(timed_out(op)),
+            }
+        }
+    }
+
+    /// [`Self::call`] with a KV client of its own for each send.
+    async fn kv<T, Fut>(&self, op: &'static str, mut send: impl FnMut(KvClient) -> Fut) -> Result<T>
+    where
+        Fut: Future<Output = std::result::Result<T, etcd_client::Error>>,
+    {
+        self.call(op, || send(self.inner.client.kv_client())).await
+    }
+
+    /// [`Self::call`] with a lease client of its own for each send.
+    async fn leases<T, Fut>(
         &self,
         op: &'static str,
-        request: impl Future<Output = std::result::Result<T, etcd_client::Error>>,
-    ) -> Result<T> {
-        match tokio::time::timeout(self.inner.timeout, request).await {
-            Ok(answer) => answer.map_err(|e| map_etcd(e, op)),
-            Err(_) => Err(timed_out(op)),
-        }
+        mut send: impl FnMut(LeaseClient) -> Fut,
+    ) -> Result<T>
+    where
+        Fut: Future<Output = std::result::Result<T, etcd_client::Error>>,
+    {
+        self.call(op, || send(self.inner.client.lease_client()))
+            .await
     }
 
     fn guard(&self, lease: i64) -> LeaseGuard {
@@ -255,8 +294,8 @@ impl EtcdBackend {
     ) -> Result<Option<(Placed, bool)>> {
         self.inner.attempts.fetch_add(1, Ordering::Relaxed);
         let sent = Instant::now();
-        let mut leases = self.inner.client.lease_client();
-        let grant = self.call("acquire", leases.grant(ttl_secs(req.lease), None));
+        let ttl = ttl_secs(req.lease);
+        let grant = self.leases("acquire", |mut l| async move { l.grant(ttl, None).await });
         // Permits are placed only under the semaphore's total (its oldest permit
         // key's, pinned by the placing transaction), so every permit key shares one:
         // a request naming another is refused before it writes anything.
@@ -307,8 +346,10 @@ impl EtcdBackend {
             .when(placeable)
             .and_then(placing)
             .or_else([TxnOp::txn(retry)]);
-        let mut kv = self.inner.client.kv_client();
-        let answer = self.call("acquire", kv.txn(txn)).await?;
+        let txn = &txn;
+        let answer = self
+            .kv("acquire", |mut kv| async move { kv.txn(txn.clone()).await })
+            .await?;
         let revision = answer.header().map_or(0, |h| h.revision());
         let responses = answer.op_responses();
         if answer.succeeded() {
@@ -381,8 +422,10 @@ impl EtcdBackend {
         let txn = Txn::new()
             .when([Compare::create_revision(key, CompareOp::Equal, revision)])
             .and_then([TxnOp::get(start, Some(last_before))]);
-        let mut kv = self.inner.client.kv_client();
-        let answer = self.call("acquire", kv.txn(txn)).await?;
+        let txn = &txn;
+        let answer = self
+            .kv("acquire", |mut kv| async move { kv.txn(txn.clone()).await })
+            .await?;
         if !answer.succeeded() {
             return Ok(Look::Gone);
         }
@@ -424,8 +467,10 @@ impl EtcdBackend {
             TxnOp::get(lock.clone(), Some(up_to_mine)),
             TxnOp::get(lock.clone(), Some(behind)),
         ]);
-        let mut kv = self.inner.client.kv_client();
-        let answer = self.call("acquire", kv.txn(txn)).await?;
+        let txn = &txn;
+        let answer = self
+            .kv("acquire", |mut kv| async move { kv.txn(txn.clone()).await })
+            .await?;
         if !answer.succeeded() {
             return Ok(Look::Gone);
         }
@@ -445,7 +490,11 @@ impl EtcdBackend {
                     Txn::new()
                         .when([same])
                         .and_then([TxnOp::put(key, Vec::new(), Some(touch))]);
-                if !self.call("acquire", kv.txn(txn)).await?.succeeded() {
+                let txn = &txn;
+                let touched = self
+                    .kv("acquire", |mut kv| async move { kv.txn(txn.clone()).await })
+                    .await?;
+                if !touched.succeeded() {
                     return Ok(Look::Gone);
                 }
             }
@@ -479,9 +528,11 @@ impl EtcdBackend {
             .with_range(end.clone())
             .with_sort(SortTarget::Create, SortOrder::Ascend)
             .with_limit(1);
-        let mut kv = self.inner.client.kv_client();
+        let (start_ref, oldest) = (&start, &oldest);
         let answer = self
-            .call("acquire", kv.get(start.clone(), Some(oldest)))
+            .kv("acquire", |mut kv| async move {
+                kv.get(start_ref.clone(), Some(oldest.clone())).await
+            })
             .await?;
         Ok(match answer.kvs().first() {
             None => Compare::create_revision(start, CompareOp::Equal, 0).with_range(end),
@@ -504,7 +555,6 @@ impl EtcdBackend {
         side: Side,
         placed: &mut Placed,
     ) -> Result<Turn> {
-        let mut watches = self.inner.client.watch_client();
         let mut woken = false;
         loop {
             if woken {
@@ -537,8 +587,12 @@ impl EtcdBackend {
             if deletes {
                 options = options.with_filters([WatchFilterType::NoPut]);
             }
+            let (watched, options) = (&watched, &options);
             let mut watch = self
-                .call("acquire", watches.watch(watched, Some(options)))
+                .call("acquire", || {
+                    let mut watches = self.inner.client.watch_client();
+                    async move { watches.watch(watched.clone(), Some(options.clone())).await }
+                })
                 .await?;
             let mut refresh_at = placed.refreshed + placed.ttl / 3;
             loop {
@@ -581,9 +635,11 @@ impl EtcdBackend {
         let all = GetOptions::new()
             .with_prefix()
             .with_sort(SortTarget::Create, SortOrder::Ascend);
-        let mut kv = self.inner.client.kv_client();
+        let (lock, all) = (&self.inner.keys.lock(name), &all);
         let mut answer = self
-            .call("inspect", kv.get(self.inner.keys.lock(name), Some(all)))
+            .kv("inspect", |mut kv| async move {
+                kv.get(lock.clone(), Some(all.clone())).await
+            })
             .await?;
         Ok(answer.take_kvs())
     }
@@ -730,9 +786,9 @@ impl LockRemoteResource for EtcdBackend {
                 Turn::TimedOut => {
                     // Withdraw: revoking the lease removes the key (and if this is
                     // cancelled or fails, the guard revokes it in the background).
-                    let mut leases = self.inner.client.lease_client();
+                    let lease = placed.guard.lease;
                     if self
-                        .call("acquire", leases.revoke(placed.guard.lease))
+                        .leases("acquire", |mut l| async move { l.revoke(lease).await })
                         .await
                         .is_ok()
                     {
@@ -762,12 +818,12 @@ impl LockRemoteResource for EtcdBackend {
             .inner
             .keys
             .contender(&req.name, req.mode, &req.holder());
-        let mut kv = self.inner.client.kv_client();
+        let key = &key;
         let answer = self
-            .call(
-                "release",
-                kv.delete(key, Some(DeleteOptions::new().with_prev_key())),
-            )
+            .kv("release", |mut kv| async move {
+                kv.delete(key.clone(), Some(DeleteOptions::new().with_prev_key()))
+                    .await
+            })
             .await?;
         let Some(was) = answer.prev_kvs().first() else {
             return Ok(ReleaseResult::NotOwner);
@@ -787,8 +843,12 @@ impl LockRemoteResource for EtcdBackend {
             .inner
             .keys
             .contender(&req.name, req.mode, &req.holder());
-        let mut kv = self.inner.client.kv_client();
-        let answer = self.call("renew", kv.get(key.clone(), None)).await?;
+        let answer = self
+            .kv("renew", |mut kv| {
+                let key = key.clone();
+                async move { kv.get(key, None).await }
+            })
+            .await?;
         let Some(held) = answer.kvs().first() else {
             return Ok(RenewResult::NotOwner);
         };
@@ -812,8 +872,9 @@ impl LockRemoteResource for EtcdBackend {
                 // An extend to another lease: the key moves to a lease of that TTL.
                 // The new lease is not revoked if the answer is lost (the move may
                 // have been applied); unused, it expires by itself.
-                let mut leases = self.inner.client.lease_client();
-                let granted = self.call("renew", leases.grant(wanted, None)).await?;
+                let granted = self
+                    .leases("renew", |mut l| async move { l.grant(wanted, None).await })
+                    .await?;
                 moved_to = Some(granted.id());
                 PutOptions::new().with_lease(granted.id())
             } else {
@@ -833,7 +894,10 @@ impl LockRemoteResource for EtcdBackend {
             let txn = Txn::new()
                 .when([same])
                 .and_then([TxnOp::put(key, value, Some(options))]);
-            let answer = self.call("renew", kv.txn(txn)).await?;
+            let txn = &txn;
+            let answer = self
+                .kv("renew", |mut kv| async move { kv.txn(txn.clone()).await })
+                .await?;
             if !answer.succeeded() {
                 if let Some(unused) = moved_to {
                     drop(self.guard(unused));
@@ -854,7 +918,6 @@ impl LockRemoteResource for EtcdBackend {
         }
         let holding = self.held_prefix(&contenders, self.total_among(&contenders));
         let mut holders = Vec::with_capacity(holding);
-        let mut leases = self.inner.client.lease_client();
         for kv in &contenders[..holding] {
             let Some(contender) = self.inner.keys.parse(kv.key()) else {
                 continue;
@@ -863,8 +926,11 @@ impl LockRemoteResource for EtcdBackend {
                 LockMode::Permits(_) => permit_total(kv.value()).map_or(&[][..], |(_, c)| c),
                 LockMode::Exclusive | LockMode::Shared => kv.value(),
             };
+            let lease = kv.lease();
             let left = self
-                .call("inspect", leases.time_to_live(kv.lease(), None))
+                .leases("inspect", |mut l| async move {
+                    l.time_to_live(lease, None).await
+                })
                 .await?
                 .ttl();
             let left = Duration::from_secs(u64::try_from(left).unwrap_or(0));
@@ -914,13 +980,14 @@ impl LockEvents for EtcdBackend {
 #[async_trait]
 impl LockAdmin for EtcdBackend {
     async fn force_release(&self, name: &LockName) -> Result<usize> {
-        let mut kv = self.inner.client.kv_client();
-        let all = DeleteOptions::new().with_prefix().with_prev_key();
+        let (lock, all) = (
+            &self.inner.keys.lock(name),
+            &DeleteOptions::new().with_prefix().with_prev_key(),
+        );
         let answer = self
-            .call(
-                "force_release",
-                kv.delete(self.inner.keys.lock(name), Some(all)),
-            )
+            .kv("force_release", |mut kv| async move {
+                kv.delete(lock.clone(), Some(all.clone())).await
+            })
             .await?;
         let mut removed = answer.prev_kvs().to_vec();
         removed.sort_by_key(KeyValue::create_revision);
@@ -931,13 +998,14 @@ impl LockAdmin for EtcdBackend {
     }
 
     async fn live_locks(&self, prefix: &str) -> Result<usize> {
-        let mut kv = self.inner.client.kv_client();
-        let keys = GetOptions::new().with_prefix().with_keys_only();
+        let (names, keys) = (
+            &self.inner.keys.names_starting(prefix),
+            &GetOptions::new().with_prefix().with_keys_only(),
+        );
         let answer = self
-            .call(
-                "live_locks",
-                kv.get(self.inner.keys.names_starting(prefix), Some(keys)),
-            )
+            .kv("live_locks", |mut kv| async move {
+                kv.get(names.clone(), Some(keys.clone())).await
+            })
             .await?;
         let mut names: Vec<&str> = answer
             .kvs()

@@ -89,3 +89,25 @@ pub(crate) fn map_sign_in(err: EtcdError, credentials: Option<&crate::EtcdCreden
         _ => map_etcd(err, "connect"),
     }
 }
+
+/// Whether `err` failed in the client's transport rather than at a member: a
+/// failed connect (tonic keeps a member's failed connect from an outage and hands
+/// it, unsent, to the next request routed there) or a broken connection. Such a
+/// request is safe to send again at once: every request this backend sends is a
+/// read, an idempotent write, a placement that finds its own key when sent twice,
+/// or a delete that answers "not owner" the second time — as the manager's own
+/// resend of a release does.
+pub(crate) fn transport_failure(err: &EtcdError) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = match err {
+        EtcdError::GRpcStatus(status) => std::error::Error::source(status),
+        EtcdError::TransportError(_) => return true,
+        _ => None,
+    };
+    while let Some(err) = source {
+        if err.is::<tonic::transport::Error>() || err.is::<tonic::ConnectError>() {
+            return true;
+        }
+        source = err.source();
+    }
+    false
+}

@@ -1,6 +1,9 @@
 //! ZooKeeper, one run, one server: dlock-zk against the floor (create an ephemeral
 //! sequential node + delete it, on one session: the least a ZooKeeper lock can do)
 //! and against Java Curator's `InterProcessMutex` (testsuite/java, Debian's jars).
+//! A control adds to the floor what every ZooKeeper lock must also learn — the
+//! children, listed (and watched) in the create's round trip — to show what that
+//! costs on this machine.
 //!
 //! Scenarios: 1 task uncontended; 16 tasks on 16 locks over one session (Curator: 16
 //! threads on one client). The server fsyncs every write, and
@@ -73,6 +76,35 @@ async fn scenario(
         }
     };
 
+    // Control: the floor plus what any ZooKeeper lock must also learn, whether its
+    // node is the lowest — the children listed (with a watch, as a holder keeps)
+    // in the same round trip as the create. dlock's cycle does this, and no less.
+    let listed = {
+        let client = Arc::clone(&client);
+        let parents = Arc::clone(&parents);
+        move |i: usize, end: Instant| {
+            let client = Arc::clone(&client);
+            let parent = parents[i].clone();
+            cycles((client, parent), end, |(client, parent)| async move {
+                let opts = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
+                let prefix = format!("{parent}/lock-");
+                let (created, listed) = tokio::join!(
+                    client.create(&prefix, b"", &opts),
+                    client.get_and_watch_children(&parent)
+                );
+                let (_, seq) = created.unwrap();
+                let (children, _, watch) = listed.unwrap();
+                assert!(children.len() == 1);
+                client
+                    .delete(&format!("{prefix}{seq}"), None)
+                    .await
+                    .unwrap();
+                watch.changed().await;
+                (client, parent)
+            })
+        }
+    };
+
     let m = DistributeLockManager::builder(backend.clone())
         .build()
         .unwrap();
@@ -89,6 +121,11 @@ async fn scenario(
     });
     let mut contestants = vec![
         Contestant::tasks("floor (create ephemeral-sequential + delete)", tasks, floor),
+        Contestant::tasks(
+            "control: floor + listing (create and list+watch in one round trip, delete)",
+            tasks,
+            listed,
+        ),
         api_contestant(tasks, m.clone(), {
             let tag = tag.clone();
             move |i| format!("{tag}-dlock-{i}")
