@@ -19,7 +19,7 @@ use etcd_client::{
 };
 use tonic::transport::{Channel, Endpoint};
 
-use crate::error::{map_etcd, map_sign_in, timed_out, transport_failure};
+use crate::error::{map_etcd, map_sign_in, timed_out, transport_failure, TransportFailure};
 use crate::keepalive::KeepAlives;
 use crate::keys::{permit_total, prefix_end, stored_value, Keys, Side};
 use crate::{parse_url, EtcdOptions};
@@ -63,6 +63,29 @@ fn ttl_secs(lease: Duration) -> i64 {
         .max(1)
 }
 
+/// How many times a dropped guard sends its revoke while the transport fails.
+const REVOKE_SENDS: usize = 4;
+
+/// Whether a request may be applied twice: what [`EtcdBackend::call`] sends again
+/// after a transport failure ([`TransportFailure`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Repeat {
+    /// Applied twice it is as once (a read, a refresh, a revoke, a put of the same
+    /// value, a new watch, a spare lease that expires unused): sent again after any
+    /// transport failure.
+    Safe,
+    /// Applied twice it answers otherwise (a placement, a delete of many keys):
+    /// sent again only after a failure that shows it never left.
+    IfUnsent,
+}
+
+/// A request's answer, and whether it was sent again after a failure that may
+/// have come after it was applied.
+struct Sent<T> {
+    answer: T,
+    resent_maybe_applied: bool,
+}
+
 /// Revokes a lease on drop unless disarmed: the key of an acquire that is
 /// cancelled, fails or gives up goes with it, even one whose create is still in
 /// flight (a create naming a revoked lease fails).
@@ -84,7 +107,17 @@ impl Drop for LeaseGuard {
         {
             let lease = self.lease;
             rt.spawn(async move {
-                let _ = tokio::time::timeout(Duration::from_secs(5), leases.revoke(lease)).await;
+                // A revoke is safe to send twice: sent again after a transport
+                // failure (one left over from an outage), a bounded number of times.
+                let _ = tokio::time::timeout(Duration::from_secs(5), async {
+                    for _ in 0..REVOKE_SENDS {
+                        match leases.revoke(lease).await {
+                            Err(err) if transport_failure(&err).is_some() => {}
+                            _ => return,
+                        }
+                    }
+                })
+                .await;
             });
         }
     }
@@ -237,43 +270,92 @@ impl EtcdBackend {
     /// The client keeps each member's failed connect and hands it, as the answer,
     /// to the next request routed to that member, unsent. After an outage every
     /// member may hold one, so a request that failed in the transport is sent
-    /// again at once, at most once per member
-    /// ([`transport_failure`](crate::error::transport_failure) says why that is
-    /// safe): otherwise each leftover would cost the caller's retry a pause (a
-    /// background release: seconds), long after the connections healed.
-    async fn call<T, Fut>(&self, op: &'static str, mut send: impl FnMut() -> Fut) -> Result<T>
+    /// again at once — at most once per member, and only when `repeat` allows it
+    /// for that failure ([`Repeat`]) — rather than costing the caller's retry a
+    /// pause for each leftover (a background release: seconds, long after the
+    /// connections healed).
+    async fn call<T, Fut>(
+        &self,
+        op: &'static str,
+        repeat: Repeat,
+        send: impl FnMut() -> Fut,
+    ) -> Result<T>
+    where
+        Fut: Future<Output = std::result::Result<T, etcd_client::Error>>,
+    {
+        Ok(self.call_noting(op, repeat, send).await?.answer)
+    }
+
+    /// [`Self::call`], also telling whether the request was sent again after a
+    /// failure that may have come after it was applied.
+    async fn call_noting<T, Fut>(
+        &self,
+        op: &'static str,
+        repeat: Repeat,
+        mut send: impl FnMut() -> Fut,
+    ) -> Result<Sent<T>>
     where
         Fut: Future<Output = std::result::Result<T, etcd_client::Error>>,
     {
         let deadline = tokio::time::Instant::now() + self.inner.timeout;
         let mut resends = self.inner.members;
+        let mut resent_maybe_applied = false;
+        let mut failed = None;
         loop {
-            match tokio::time::timeout_at(deadline, send()).await {
-                Ok(Err(err)) if resends > 0 && transport_failure(&err) => resends -= 1,
-                Ok(answer) => return answer.map_err(|e| map_etcd(e, op)),
-                Err(_) => return Err(timed_out(op)),
+            let answer = match tokio::time::timeout_at(deadline, send()).await {
+                Ok(answer) => answer,
+                // The failure that had it sent again says more than the timeout.
+                Err(_) => return Err(failed.map_or_else(|| timed_out(op), |e| map_etcd(e, op))),
+            };
+            let err = match answer {
+                Ok(answer) => {
+                    return Ok(Sent {
+                        answer,
+                        resent_maybe_applied,
+                    })
+                }
+                Err(err) => err,
+            };
+            let failure = transport_failure(&err);
+            let again = match failure {
+                Some(TransportFailure::Unsent) => true,
+                Some(TransportFailure::MaybeSent) => repeat == Repeat::Safe,
+                None => false,
+            };
+            if !again || resends == 0 || tokio::time::Instant::now() >= deadline {
+                return Err(map_etcd(err, op));
             }
+            resends -= 1;
+            resent_maybe_applied |= failure == Some(TransportFailure::MaybeSent);
+            failed = Some(err);
         }
     }
 
     /// [`Self::call`] with a KV client of its own for each send.
-    async fn kv<T, Fut>(&self, op: &'static str, mut send: impl FnMut(KvClient) -> Fut) -> Result<T>
+    async fn kv<T, Fut>(
+        &self,
+        op: &'static str,
+        repeat: Repeat,
+        mut send: impl FnMut(KvClient) -> Fut,
+    ) -> Result<T>
     where
         Fut: Future<Output = std::result::Result<T, etcd_client::Error>>,
     {
-        self.call(op, || send(self.inner.client.kv_client())).await
+        self.call(op, repeat, || send(self.inner.client.kv_client()))
+            .await
     }
 
     /// [`Self::call`] with a lease client of its own for each send.
     async fn leases<T, Fut>(
         &self,
         op: &'static str,
+        repeat: Repeat,
         mut send: impl FnMut(LeaseClient) -> Fut,
     ) -> Result<T>
     where
         Fut: Future<Output = std::result::Result<T, etcd_client::Error>>,
     {
-        self.call(op, || send(self.inner.client.lease_client()))
+        self.call(op, repeat, || send(self.inner.client.lease_client()))
             .await
     }
 
@@ -295,7 +377,9 @@ impl EtcdBackend {
         self.inner.attempts.fetch_add(1, Ordering::Relaxed);
         let sent = Instant::now();
         let ttl = ttl_secs(req.lease);
-        let grant = self.leases("acquire", |mut l| async move { l.grant(ttl, None).await });
+        let grant = self.leases("acquire", Repeat::Safe, |mut l| async move {
+            l.grant(ttl, None).await
+        });
         // Permits are placed only under the semaphore's total (its oldest permit
         // key's, pinned by the placing transaction), so every permit key shares one:
         // a request naming another is refused before it writes anything.
@@ -348,7 +432,9 @@ impl EtcdBackend {
             .or_else([TxnOp::txn(retry)]);
         let txn = &txn;
         let answer = self
-            .kv("acquire", |mut kv| async move { kv.txn(txn.clone()).await })
+            .kv("acquire", Repeat::IfUnsent, |mut kv| async move {
+                kv.txn(txn.clone()).await
+            })
             .await?;
         let revision = answer.header().map_or(0, |h| h.revision());
         let responses = answer.op_responses();
@@ -388,7 +474,8 @@ impl EtcdBackend {
             TxnOpResponse::Put(put) => put.prev_key().map(KeyValue::lease),
             _ => None,
         });
-        if let Some(earlier) = earlier.filter(|l| *l != 0) {
+        // (Never the lease the key lives on now: the one this attempt granted.)
+        if let Some(earlier) = earlier.filter(|l| *l != 0 && *l != granted.id()) {
             drop(self.guard(earlier));
         }
         let Some(existing) = first_kv(&responses) else {
@@ -424,7 +511,9 @@ impl EtcdBackend {
             .and_then([TxnOp::get(start, Some(last_before))]);
         let txn = &txn;
         let answer = self
-            .kv("acquire", |mut kv| async move { kv.txn(txn.clone()).await })
+            .kv("acquire", Repeat::Safe, |mut kv| async move {
+                kv.txn(txn.clone()).await
+            })
             .await?;
         if !answer.succeeded() {
             return Ok(Look::Gone);
@@ -469,7 +558,9 @@ impl EtcdBackend {
         ]);
         let txn = &txn;
         let answer = self
-            .kv("acquire", |mut kv| async move { kv.txn(txn.clone()).await })
+            .kv("acquire", Repeat::Safe, |mut kv| async move {
+                kv.txn(txn.clone()).await
+            })
             .await?;
         if !answer.succeeded() {
             return Ok(Look::Gone);
@@ -492,7 +583,9 @@ impl EtcdBackend {
                         .and_then([TxnOp::put(key, Vec::new(), Some(touch))]);
                 let txn = &txn;
                 let touched = self
-                    .kv("acquire", |mut kv| async move { kv.txn(txn.clone()).await })
+                    .kv("acquire", Repeat::Safe, |mut kv| async move {
+                        kv.txn(txn.clone()).await
+                    })
                     .await?;
                 if !touched.succeeded() {
                     return Ok(Look::Gone);
@@ -530,7 +623,7 @@ impl EtcdBackend {
             .with_limit(1);
         let (start_ref, oldest) = (&start, &oldest);
         let answer = self
-            .kv("acquire", |mut kv| async move {
+            .kv("acquire", Repeat::Safe, |mut kv| async move {
                 kv.get(start_ref.clone(), Some(oldest.clone())).await
             })
             .await?;
@@ -589,7 +682,7 @@ impl EtcdBackend {
             }
             let (watched, options) = (&watched, &options);
             let mut watch = self
-                .call("acquire", || {
+                .call("acquire", Repeat::Safe, || {
                     let mut watches = self.inner.client.watch_client();
                     async move { watches.watch(watched.clone(), Some(options.clone())).await }
                 })
@@ -637,7 +730,7 @@ impl EtcdBackend {
             .with_sort(SortTarget::Create, SortOrder::Ascend);
         let (lock, all) = (&self.inner.keys.lock(name), &all);
         let mut answer = self
-            .kv("inspect", |mut kv| async move {
+            .kv("inspect", Repeat::Safe, |mut kv| async move {
                 kv.get(lock.clone(), Some(all.clone())).await
             })
             .await?;
@@ -788,7 +881,9 @@ impl LockRemoteResource for EtcdBackend {
                     // cancelled or fails, the guard revokes it in the background).
                     let lease = placed.guard.lease;
                     if self
-                        .leases("acquire", |mut l| async move { l.revoke(lease).await })
+                        .leases("acquire", Repeat::Safe, |mut l| async move {
+                            l.revoke(lease).await
+                        })
                         .await
                         .is_ok()
                     {
@@ -811,7 +906,8 @@ impl LockRemoteResource for EtcdBackend {
 
     /// # Cancel safety
     ///
-    /// Cancel safe: the key is deleted in one request, applied or not; the lease's
+    /// Cancel safe: the key is deleted by one delete request (sent again at once
+    /// after a transport failure), applied or not; the lease's
     /// revocation afterwards runs on its own.
     async fn release(&self, req: &ReleaseRequest) -> Result<ReleaseResult> {
         let key = self
@@ -819,13 +915,27 @@ impl LockRemoteResource for EtcdBackend {
             .keys
             .contender(&req.name, req.mode, &req.holder());
         let key = &key;
-        let answer = self
-            .kv("release", |mut kv| async move {
-                kv.delete(key.clone(), Some(DeleteOptions::new().with_prev_key()))
-                    .await
+        // A delete sent twice finds nothing the second time: sent again after any
+        // transport failure, but "not owner" after one that may have followed the
+        // first delete's being applied is no answer — the caller sends it again.
+        let sent = self
+            .call_noting("release", Repeat::Safe, || {
+                let mut kv = self.inner.client.kv_client();
+                async move {
+                    kv.delete(key.clone(), Some(DeleteOptions::new().with_prev_key()))
+                        .await
+                }
             })
             .await?;
-        let Some(was) = answer.prev_kvs().first() else {
+        let Some(was) = sent.answer.prev_kvs().first() else {
+            if sent.resent_maybe_applied {
+                return Err(Error::new(
+                    ErrorKind::Backend,
+                    "the connection to etcd broke under the release, and the key was gone when it was sent again: the first send may have released it — retry to learn whether this grant is still held",
+                )
+                .set_retryable(true)
+                .with_context("op", "release"));
+            }
             return Ok(ReleaseResult::NotOwner);
         };
         // The lease carried only this key; it would expire anyway.
@@ -844,7 +954,7 @@ impl LockRemoteResource for EtcdBackend {
             .keys
             .contender(&req.name, req.mode, &req.holder());
         let answer = self
-            .kv("renew", |mut kv| {
+            .kv("renew", Repeat::Safe, |mut kv| {
                 let key = key.clone();
                 async move { kv.get(key, None).await }
             })
@@ -873,7 +983,9 @@ impl LockRemoteResource for EtcdBackend {
                 // The new lease is not revoked if the answer is lost (the move may
                 // have been applied); unused, it expires by itself.
                 let granted = self
-                    .leases("renew", |mut l| async move { l.grant(wanted, None).await })
+                    .leases("renew", Repeat::Safe, |mut l| async move {
+                        l.grant(wanted, None).await
+                    })
                     .await?;
                 moved_to = Some(granted.id());
                 PutOptions::new().with_lease(granted.id())
@@ -896,7 +1008,9 @@ impl LockRemoteResource for EtcdBackend {
                 .and_then([TxnOp::put(key, value, Some(options))]);
             let txn = &txn;
             let answer = self
-                .kv("renew", |mut kv| async move { kv.txn(txn.clone()).await })
+                .kv("renew", Repeat::Safe, |mut kv| async move {
+                    kv.txn(txn.clone()).await
+                })
                 .await?;
             if !answer.succeeded() {
                 if let Some(unused) = moved_to {
@@ -928,7 +1042,7 @@ impl LockRemoteResource for EtcdBackend {
             };
             let lease = kv.lease();
             let left = self
-                .leases("inspect", |mut l| async move {
+                .leases("inspect", Repeat::Safe, |mut l| async move {
                     l.time_to_live(lease, None).await
                 })
                 .await?
@@ -985,7 +1099,7 @@ impl LockAdmin for EtcdBackend {
             &DeleteOptions::new().with_prefix().with_prev_key(),
         );
         let answer = self
-            .kv("force_release", |mut kv| async move {
+            .kv("force_release", Repeat::IfUnsent, |mut kv| async move {
                 kv.delete(lock.clone(), Some(all.clone())).await
             })
             .await?;
@@ -1003,7 +1117,7 @@ impl LockAdmin for EtcdBackend {
             &GetOptions::new().with_prefix().with_keys_only(),
         );
         let answer = self
-            .kv("live_locks", |mut kv| async move {
+            .kv("live_locks", Repeat::Safe, |mut kv| async move {
                 kv.get(names.clone(), Some(keys.clone())).await
             })
             .await?;

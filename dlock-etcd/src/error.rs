@@ -90,24 +90,49 @@ pub(crate) fn map_sign_in(err: EtcdError, credentials: Option<&crate::EtcdCreden
     }
 }
 
-/// Whether `err` failed in the client's transport rather than at a member: a
-/// failed connect (tonic keeps a member's failed connect from an outage and hands
-/// it, unsent, to the next request routed there) or a broken connection. Such a
-/// request is safe to send again at once: every request this backend sends is a
-/// read, an idempotent write, a placement that finds its own key when sent twice,
-/// or a delete that answers "not owner" the second time — as the manager's own
-/// resend of a release does.
-pub(crate) fn transport_failure(err: &EtcdError) -> bool {
-    let mut source: Option<&(dyn std::error::Error + 'static)> = match err {
-        EtcdError::GRpcStatus(status) => std::error::Error::source(status),
-        EtcdError::TransportError(_) => return true,
+/// How a request that failed in the client's transport (not at a member) was left.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TransportFailure {
+    /// It never left: a failed connect. tonic keeps a member's failed connect from
+    /// an outage and answers the next request routed there with it, unsent.
+    Unsent,
+    /// It may have been sent, and applied: the connection broke (or a failed
+    /// HTTP/2 handshake, which the client reports alike).
+    MaybeSent,
+}
+
+/// Whether, and how, `err` failed in the client's transport; `None` when a member
+/// answered it (or it is not a transport error at all).
+pub(crate) fn transport_failure(err: &EtcdError) -> Option<TransportFailure> {
+    match err {
+        EtcdError::GRpcStatus(status) => status_failure(status),
+        EtcdError::TransportError(transport) => Some(
+            chain_failure(std::error::Error::source(transport))
+                .unwrap_or(TransportFailure::MaybeSent),
+        ),
         _ => None,
-    };
+    }
+}
+
+/// [`transport_failure`] of a status the client made up (a member's own status
+/// has no source).
+pub(crate) fn status_failure(status: &tonic::Status) -> Option<TransportFailure> {
+    chain_failure(std::error::Error::source(status))
+}
+
+/// A failed connect or another transport error anywhere in a source chain.
+fn chain_failure(
+    mut source: Option<&(dyn std::error::Error + 'static)>,
+) -> Option<TransportFailure> {
+    let mut failure = None;
     while let Some(err) = source {
-        if err.is::<tonic::transport::Error>() || err.is::<tonic::ConnectError>() {
-            return true;
+        if err.is::<tonic::ConnectError>() {
+            return Some(TransportFailure::Unsent);
+        }
+        if err.is::<tonic::transport::Error>() {
+            failure = Some(TransportFailure::MaybeSent);
         }
         source = err.source();
     }
-    false
+    failure
 }

@@ -86,16 +86,46 @@ struct Stream {
     answers: tonic::Streaming<KeepAliveResponse>,
 }
 
+/// How many times a stream is opened while the transport fails under it.
+const OPEN_TRIES: usize = 4;
+
+/// Opens a stream whose first message refreshes `first`; opened again at once,
+/// a bounded number of times, while the client answers with a transport failure
+/// (one left over from an outage: a refresh is safe to send twice).
+async fn open(channel: &Channel, first: i64) -> Result<Stream> {
+    let mut tries = 1;
+    loop {
+        match open_once(channel, first).await {
+            Err(Opening::Transport(status)) if tries < OPEN_TRIES => {
+                tracing::debug!(error = %status, "dlock-etcd: the keep-alive stream met a transport failure; opening it again");
+                tries += 1;
+            }
+            Err(Opening::Transport(status)) => return Err(stream_failed(status)),
+            Err(Opening::Failed(err)) => return Err(err),
+            Ok(stream) => return Ok(stream),
+        }
+    }
+}
+
+/// Why a stream did not open.
+enum Opening {
+    /// A transport failure, not a member's answer.
+    Transport(tonic::Status),
+    Failed(Error),
+}
+
 /// Opens a stream whose first message refreshes `first` (the server answers the
 /// stream's headers only with its first answer, so the first request goes before).
-async fn open(channel: &Channel, first: i64) -> Result<Stream> {
+async fn open_once(channel: &Channel, first: i64) -> std::result::Result<Stream, Opening> {
     let mut grpc = tonic::client::Grpc::new(channel.clone());
-    grpc.ready().await.map_err(stream_failed)?;
+    grpc.ready()
+        .await
+        .map_err(|e| Opening::Failed(stream_failed(e)))?;
     let (requests, rx) = mpsc::channel(1024);
     requests
         .send(KeepAliveRequest { id: first })
         .await
-        .map_err(stream_failed)?;
+        .map_err(|e| Opening::Failed(stream_failed(e)))?;
     let mut request = tonic::Request::new(ReceiverStream::new(rx));
     // Like etcd's own clients: refuse to talk to a member cut off from its leader.
     request.metadata_mut().insert(
@@ -106,7 +136,10 @@ async fn open(channel: &Channel, first: i64) -> Result<Stream> {
     let answers = grpc
         .streaming(request, PathAndQuery::from_static(PATH), codec)
         .await
-        .map_err(stream_failed)?
+        .map_err(|status| match crate::error::status_failure(&status) {
+            Some(_) => Opening::Transport(status),
+            None => Opening::Failed(stream_failed(status)),
+        })?
         .into_inner();
     Ok(Stream { requests, answers })
 }
