@@ -43,9 +43,10 @@ struct Inner {
     /// The cluster's minimum lease TTL in seconds (a 1 s lease is granted this long).
     min_ttl: i64,
     attempts: AtomicU64,
-    /// How many members the URL names: how many failed connects, left over from
-    /// an outage, one request can meet ([`EtcdBackend::call`]).
-    members: u32,
+    /// How many times a request that met a transport failure is sent again at
+    /// once ([`EtcdBackend::call`]): [`RESENDS_PER_MEMBER`] per member the URL
+    /// names.
+    resends: u32,
 }
 
 impl std::fmt::Debug for EtcdBackend {
@@ -63,8 +64,15 @@ fn ttl_secs(lease: Duration) -> i64 {
         .max(1)
 }
 
+/// How many times per member a request that met a transport failure is sent again
+/// at once. Not once: a member that stays down fails every connect the client
+/// tries, and the client's balancer, which sees no request pending there, routes
+/// about a third of all requests to it (of three members) — each resend is another
+/// draw, so a request fails for it only with ~(1/3)^(3 × members + 1).
+const RESENDS_PER_MEMBER: u32 = 3;
+
 /// How many times a dropped guard sends its revoke while the transport fails.
-const REVOKE_SENDS: usize = 4;
+const REVOKE_SENDS: usize = 10;
 
 /// Whether a request may be applied twice: what [`EtcdBackend::call`] sends again
 /// after a transport failure ([`TransportFailure`]).
@@ -174,6 +182,9 @@ impl EtcdBackend {
         let tls = crate::tls::client_config(&options)?;
         let scheme = if tls.is_some() { "https" } else { "http" };
         let members = parsed.hosts.len();
+        let resends = u32::try_from(members)
+            .unwrap_or(u32::MAX)
+            .saturating_mul(RESENDS_PER_MEMBER);
         let mut endpoints = Vec::with_capacity(members);
         for host in &parsed.hosts {
             let endpoint = Endpoint::from_shared(format!("{scheme}://{host}"))
@@ -214,22 +225,38 @@ impl EtcdBackend {
                 .with_auto_token_refresh(true);
         }
         let reached = async {
-            // With credentials, this signs in: one round trip, bounded.
-            let client = match tokio::time::timeout(
-                options.timeout,
-                Client::from_channel(etcd_client::Channel::Tonic(channel.clone()), Some(connect)),
-            )
-            .await
-            {
-                Ok(client) => client.map_err(|e| map_sign_in(e, options.credentials.as_ref()))?,
-                Err(_) => return Err(timed_out("connect")),
+            // Both steps are safe to send twice; each is sent again at once, as
+            // `call` does, while the client answers with a transport failure (a
+            // member that is down fails its connects, and the client hands them,
+            // unsent, to requests routed there). One deadline.
+            let deadline = tokio::time::Instant::now() + options.timeout;
+            let mut left = resends;
+            // With credentials, this signs in: one round trip.
+            let client = loop {
+                let channel = etcd_client::Channel::Tonic(channel.clone());
+                match tokio::time::timeout_at(
+                    deadline,
+                    Client::from_channel(channel, Some(connect.clone())),
+                )
+                .await
+                {
+                    Ok(Err(e)) if left > 0 && transport_failure(&e).is_some() => left -= 1,
+                    Ok(client) => {
+                        break client.map_err(|e| map_sign_in(e, options.credentials.as_ref()))?
+                    }
+                    Err(_) => return Err(timed_out("connect")),
+                }
             };
             // The cluster's shortest lease (etcd raises shorter ones to 1.5 election
             // timeouts): one round trip, so an unreachable cluster also fails here.
             let mut leases = client.lease_client();
-            let probe = match tokio::time::timeout(options.timeout, leases.grant(1, None)).await {
-                Ok(granted) => granted.map_err(|e| map_etcd(e, "connect"))?,
-                Err(_) => return Err(timed_out("connect")),
+            let mut left = resends;
+            let probe = loop {
+                match tokio::time::timeout_at(deadline, leases.grant(1, None)).await {
+                    Ok(Err(e)) if left > 0 && transport_failure(&e).is_some() => left -= 1,
+                    Ok(granted) => break granted.map_err(|e| map_etcd(e, "connect"))?,
+                    Err(_) => return Err(timed_out("connect")),
+                }
             };
             Ok((client, leases, probe))
         };
@@ -254,7 +281,7 @@ impl EtcdBackend {
                 timeout: options.timeout,
                 min_ttl: probe.ttl().max(1),
                 attempts: AtomicU64::new(0),
-                members: u32::try_from(members).unwrap_or(u32::MAX),
+                resends,
             }),
         })
     }
@@ -269,11 +296,12 @@ impl EtcdBackend {
     ///
     /// The client keeps each member's failed connect and hands it, as the answer,
     /// to the next request routed to that member, unsent. After an outage every
-    /// member may hold one, so a request that failed in the transport is sent
-    /// again at once — at most once per member, and only when `repeat` allows it
-    /// for that failure ([`Repeat`]) — rather than costing the caller's retry a
-    /// pause for each leftover (a background release: seconds, long after the
-    /// connections healed).
+    /// member may hold one (and a member that is down makes a new one for every
+    /// request routed there), so a request that failed in the transport is sent
+    /// again at once — at most [`RESENDS_PER_MEMBER`] times per member, and only
+    /// when `repeat` allows it for that failure ([`Repeat`]) — rather than costing
+    /// the caller's retry a pause for each (a background release: seconds, long
+    /// after the connections healed).
     async fn call<T, Fut>(
         &self,
         op: &'static str,
@@ -298,7 +326,7 @@ impl EtcdBackend {
         Fut: Future<Output = std::result::Result<T, etcd_client::Error>>,
     {
         let deadline = tokio::time::Instant::now() + self.inner.timeout;
-        let mut resends = self.inner.members;
+        let mut resends = self.inner.resends;
         let mut resent_maybe_applied = false;
         let mut failed = None;
         loop {

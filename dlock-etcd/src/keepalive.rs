@@ -87,7 +87,7 @@ struct Stream {
 }
 
 /// How many times a stream is opened while the transport fails under it.
-const OPEN_TRIES: usize = 4;
+const OPEN_TRIES: usize = 10;
 
 /// Opens a stream whose first message refreshes `first`; opened again at once,
 /// a bounded number of times, while the client answers with a transport failure

@@ -332,3 +332,54 @@ async fn a_request_after_the_connections_heal_gets_no_error_left_from_the_outage
         "the first release after a heal did not free the lock: {stale:#?}"
     );
 }
+
+/// With one member of three down (its port closed), the backend connects and
+/// every request is answered: the client keeps trying the dead member and hands
+/// its failed connect, unsent, to requests routed there, which are sent again to
+/// another member at once. Bounded: 5 connects, 20 cycles on one of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_down_fails_no_request() {
+    let Some((url, _)) = url_and_prefix() else {
+        return;
+    };
+    let split = testsuite::proxy::split_url(&url).unwrap();
+    // A loopback port nothing listens on: bound, then let go.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let mut hosts = split.hosts.clone();
+    hosts[0] = closed;
+    let url = split.with_hosts(&hosts);
+    let mut backends = Vec::new();
+    for attempt in 1..=5 {
+        let etcd = EtcdBackend::connect(&url)
+            .await
+            .unwrap_or_else(|e| panic!("connect {attempt} with a member down: {e:?}"));
+        backends.push(etcd);
+    }
+    let etcd = &backends[0];
+    let name = LockName::new("member-down").unwrap();
+    for grant in 1..=20u64 {
+        let req = AcquireRequest::new(name.clone(), OwnerId::new("a"), GrantId::new(grant))
+            .with_lease(Duration::from_secs(10));
+        let token = etcd
+            .try_acquire(&req)
+            .await
+            .unwrap_or_else(|e| panic!("cycle {grant}: acquire with a member down: {e:?}"))
+            .token()
+            .unwrap();
+        let release = ReleaseRequest::new(
+            name.clone(),
+            OwnerId::new("a"),
+            GrantId::new(grant),
+            LockMode::Exclusive,
+            token,
+        );
+        let released = etcd
+            .release(&release)
+            .await
+            .unwrap_or_else(|e| panic!("cycle {grant}: release with a member down: {e:?}"));
+        assert_eq!(released, ReleaseResult::Released, "cycle {grant}");
+    }
+}
