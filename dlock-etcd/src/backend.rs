@@ -45,7 +45,7 @@ struct Inner {
     attempts: AtomicU64,
     /// How many times a request that met a transport failure is sent again at
     /// once ([`EtcdBackend::call`]): [`RESENDS_PER_MEMBER`] per member the URL
-    /// names.
+    /// names, at least [`MIN_RESENDS`].
     resends: u32,
 }
 
@@ -65,11 +65,17 @@ fn ttl_secs(lease: Duration) -> i64 {
 }
 
 /// How many times per member a request that met a transport failure is sent again
-/// at once. Not once: a member that stays down fails every connect the client
-/// tries, and the client's balancer, which sees no request pending there, routes
-/// about a third of all requests to it (of three members) — each resend is another
-/// draw, so a request fails for it only with ~(1/3)^(3 × members + 1).
-const RESENDS_PER_MEMBER: u32 = 3;
+/// at once (at least [`MIN_RESENDS`]). Not once: a member that stays down fails
+/// every connect the client tries and then counts as ready, and the client's
+/// balancer picks evenly among ready members (tonic reports no load), so with `m`
+/// members each send meets the dead one's failure with a chance of up to 1/m; a
+/// request fails for it only if every send does: ≤ (1/m)^(resends + 1), about
+/// 10⁻⁷ for three members. Each resend is immediate, and costs a connect attempt
+/// only to a member that is down.
+const RESENDS_PER_MEMBER: u32 = 4;
+
+/// The fewest resends after transport failures (a cluster of one or two members).
+const MIN_RESENDS: u32 = 12;
 
 /// How many times a dropped guard sends its revoke while the transport fails.
 const REVOKE_SENDS: usize = 10;
@@ -184,7 +190,8 @@ impl EtcdBackend {
         let members = parsed.hosts.len();
         let resends = u32::try_from(members)
             .unwrap_or(u32::MAX)
-            .saturating_mul(RESENDS_PER_MEMBER);
+            .saturating_mul(RESENDS_PER_MEMBER)
+            .max(MIN_RESENDS);
         let mut endpoints = Vec::with_capacity(members);
         for host in &parsed.hosts {
             let endpoint = Endpoint::from_shared(format!("{scheme}://{host}"))
@@ -298,7 +305,8 @@ impl EtcdBackend {
     /// to the next request routed to that member, unsent. After an outage every
     /// member may hold one (and a member that is down makes a new one for every
     /// request routed there), so a request that failed in the transport is sent
-    /// again at once — at most [`RESENDS_PER_MEMBER`] times per member, and only
+    /// again at once — at most [`RESENDS_PER_MEMBER`] times per member (at least
+    /// [`MIN_RESENDS`] times), and only
     /// when `repeat` allows it for that failure ([`Repeat`]) — rather than costing
     /// the caller's retry a pause for each (a background release: seconds, long
     /// after the connections healed).
@@ -959,7 +967,7 @@ impl LockRemoteResource for EtcdBackend {
             if sent.resent_maybe_applied {
                 return Err(Error::new(
                     ErrorKind::Backend,
-                    "the connection to etcd broke under the release, and the key was gone when it was sent again: the first send may have released it — retry to learn whether this grant is still held",
+                    "the connection to etcd broke under the release, and the key was gone when it was sent again: the first send may have released it, or the lease ended; nothing of this grant is held now — retry, and a \"not owner\" answer means the same",
                 )
                 .set_retryable(true)
                 .with_context("op", "release"));

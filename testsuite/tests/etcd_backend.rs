@@ -284,13 +284,21 @@ async fn a_request_after_the_connections_heal_gets_no_error_left_from_the_outage
     for round in 1..=5u64 {
         let req = AcquireRequest::new(name.clone(), OwnerId::new("a"), GrantId::new(round))
             .with_lease(Duration::from_secs(30));
-        // (From round 2 on, this too is a request after a heal.)
-        let token = etcd
-            .try_acquire(&req)
-            .await
-            .unwrap_or_else(|e| panic!("round {round}: acquire: {e:?}"))
-            .token()
-            .unwrap();
+        // Setup, bounded: from round 2 on this is a request after a heal too, and
+        // a placement is sent again only after a failed connect — not after a
+        // failed handshake, which the client reports like a broken connection.
+        let mut acquired = None;
+        for _ in 0..5 {
+            match etcd.try_acquire(&req).await {
+                Ok(got) => {
+                    acquired = got.token();
+                    break;
+                }
+                Err(e) => eprintln!("round {round}: acquire (setup) failed, again: {e}"),
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let token = acquired.unwrap_or_else(|| panic!("round {round}: no acquire in 5 tries"));
         let release = ReleaseRequest::new(
             name.clone(),
             OwnerId::new("a"),
@@ -333,7 +341,7 @@ async fn a_request_after_the_connections_heal_gets_no_error_left_from_the_outage
     );
 }
 
-/// With one member of three down (its port closed), the backend connects and
+/// With one member of the URL's down (its port refuses connects), the backend connects and
 /// every request is answered: the client keeps trying the dead member and hands
 /// its failed connect, unsent, to requests routed there, which are sent again to
 /// another member at once. Bounded: 5 connects, 20 cycles on one of them.
@@ -343,13 +351,12 @@ async fn a_member_down_fails_no_request() {
         return;
     };
     let split = testsuite::proxy::split_url(&url).unwrap();
-    // A loopback port nothing listens on: bound, then let go.
-    let closed = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
+    // A member that is down: a loopback port bound (so no one else takes it) but
+    // not listening, which refuses every connect. Added to the cluster's members.
+    let down = tokio::net::TcpSocket::new_v4().unwrap();
+    down.bind("127.0.0.1:0".parse().unwrap()).unwrap();
     let mut hosts = split.hosts.clone();
-    hosts[0] = closed;
+    hosts.insert(0, down.local_addr().unwrap());
     let url = split.with_hosts(&hosts);
     let mut backends = Vec::new();
     for attempt in 1..=5 {
