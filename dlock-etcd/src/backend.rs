@@ -13,15 +13,15 @@ use dlock_spi::{
     ReleaseResult, RenewRequest, RenewResult, Result,
 };
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, DeleteOptions, GetOptions, KeyValue, KvClient,
-    LeaseClient, PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, WatchFilterType,
-    WatchOptions,
+    Client, Compare, CompareOp, ConnectOptions, DeleteOptions, GetOptions, KeyValue, LeaseClient,
+    PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, WatchFilterType, WatchOptions,
 };
 use tonic::transport::{Channel, Endpoint};
 
-use crate::error::{map_etcd, map_sign_in, timed_out, transport_failure, TransportFailure};
+use crate::error::{map_etcd, map_sign_in, timed_out, transport_failure};
 use crate::keepalive::KeepAlives;
 use crate::keys::{permit_total, prefix_end, stored_value, Keys, Side};
+use crate::resend::{resending, Repeat, Sent};
 use crate::{parse_url, EtcdOptions};
 
 /// How often a waiter whose key vanished (force-released, its lease lost in a
@@ -44,8 +44,7 @@ struct Inner {
     min_ttl: i64,
     attempts: AtomicU64,
     /// How many times a request that met a transport failure is sent again at
-    /// once ([`EtcdBackend::call`]): [`RESENDS_PER_MEMBER`] per member the URL
-    /// names, at least [`MIN_RESENDS`].
+    /// once ([`crate::resend::budget`] of the members the URL names).
     resends: u32,
 }
 
@@ -64,48 +63,14 @@ fn ttl_secs(lease: Duration) -> i64 {
         .max(1)
 }
 
-/// How many times per member a request that met a transport failure is sent again
-/// at once (at least [`MIN_RESENDS`]). Not once: a member that stays down fails
-/// every connect the client tries and then counts as ready, and the client's
-/// balancer picks evenly among ready members (tonic reports no load), so with `m`
-/// members each send meets the dead one's failure with a chance of up to 1/m; a
-/// request fails for it only if every send does: ≤ (1/m)^(resends + 1), about
-/// 10⁻⁷ for three members. Each resend is immediate, and costs a connect attempt
-/// only to a member that is down.
-const RESENDS_PER_MEMBER: u32 = 4;
-
-/// The fewest resends after transport failures (a cluster of one or two members).
-const MIN_RESENDS: u32 = 12;
-
-/// How many times a dropped guard sends its revoke while the transport fails.
-const REVOKE_SENDS: usize = 10;
-
-/// Whether a request may be applied twice: what [`EtcdBackend::call`] sends again
-/// after a transport failure ([`TransportFailure`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Repeat {
-    /// Applied twice it is as once (a read, a refresh, a revoke, a put of the same
-    /// value, a new watch, a spare lease that expires unused): sent again after any
-    /// transport failure.
-    Safe,
-    /// Applied twice it answers otherwise (a placement, a delete of many keys):
-    /// sent again only after a failure that shows it never left.
-    IfUnsent,
-}
-
-/// A request's answer, and whether it was sent again after a failure that may
-/// have come after it was applied.
-struct Sent<T> {
-    answer: T,
-    resent_maybe_applied: bool,
-}
-
 /// Revokes a lease on drop unless disarmed: the key of an acquire that is
 /// cancelled, fails or gives up goes with it, even one whose create is still in
 /// flight (a create naming a revoked lease fails).
 struct LeaseGuard {
     leases: Option<LeaseClient>,
     lease: i64,
+    /// The backend's resend budget ([`EtcdBackend::call`]).
+    resends: u32,
 }
 
 impl LeaseGuard {
@@ -116,22 +81,16 @@ impl LeaseGuard {
 
 impl Drop for LeaseGuard {
     fn drop(&mut self) {
-        if let (Some(mut leases), Ok(rt)) =
-            (self.leases.take(), tokio::runtime::Handle::try_current())
+        if let (Some(leases), Ok(rt)) = (self.leases.take(), tokio::runtime::Handle::try_current())
         {
-            let lease = self.lease;
+            let (lease, resends) = (self.lease, self.resends);
             rt.spawn(async move {
-                // A revoke is safe to send twice: sent again after a transport
-                // failure (one left over from an outage), a bounded number of times.
-                let _ = tokio::time::timeout(Duration::from_secs(5), async {
-                    for _ in 0..REVOKE_SENDS {
-                        match leases.revoke(lease).await {
-                            Err(err) if transport_failure(&err).is_some() => {}
-                            _ => return,
-                        }
-                    }
-                })
-                .await;
+                let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+                let revoke = || {
+                    let mut leases = leases.clone();
+                    async move { leases.revoke(lease).await }
+                };
+                let _ = resending(deadline, resends, Repeat::Safe, transport_failure, revoke).await;
             });
         }
     }
@@ -187,12 +146,8 @@ impl EtcdBackend {
         let options = parsed.options;
         let tls = crate::tls::client_config(&options)?;
         let scheme = if tls.is_some() { "https" } else { "http" };
-        let members = parsed.hosts.len();
-        let resends = u32::try_from(members)
-            .unwrap_or(u32::MAX)
-            .saturating_mul(RESENDS_PER_MEMBER)
-            .max(MIN_RESENDS);
-        let mut endpoints = Vec::with_capacity(members);
+        let resends = crate::resend::budget(parsed.hosts.len());
+        let mut endpoints = Vec::with_capacity(parsed.hosts.len());
         for host in &parsed.hosts {
             let endpoint = Endpoint::from_shared(format!("{scheme}://{host}"))
                 .map_err(|e| {
@@ -232,40 +187,35 @@ impl EtcdBackend {
                 .with_auto_token_refresh(true);
         }
         let reached = async {
-            // Both steps are safe to send twice; each is sent again at once, as
-            // `call` does, while the client answers with a transport failure (a
-            // member that is down fails its connects, and the client hands them,
-            // unsent, to requests routed there). One deadline.
+            // Both steps are safe to send twice: sent again at once after a
+            // transport failure, as every request is ([`Self::call`]). One deadline.
             let deadline = tokio::time::Instant::now() + options.timeout;
-            let mut left = resends;
             // With credentials, this signs in: one round trip.
-            let client = loop {
+            let sign_in = || {
                 let channel = etcd_client::Channel::Tonic(channel.clone());
-                match tokio::time::timeout_at(
-                    deadline,
-                    Client::from_channel(channel, Some(connect.clone())),
-                )
-                .await
-                {
-                    Ok(Err(e)) if left > 0 && transport_failure(&e).is_some() => left -= 1,
-                    Ok(client) => {
-                        break client.map_err(|e| map_sign_in(e, options.credentials.as_ref()))?
-                    }
-                    Err(_) => return Err(timed_out("connect")),
-                }
+                Client::from_channel(channel, Some(connect.clone()))
             };
+            let client = resending(deadline, resends, Repeat::Safe, transport_failure, sign_in)
+                .await
+                .map_err(|u| {
+                    u.into_error(
+                        |e| map_sign_in(e, options.credentials.as_ref()),
+                        || timed_out("connect"),
+                    )
+                })?
+                .answer;
             // The cluster's shortest lease (etcd raises shorter ones to 1.5 election
             // timeouts): one round trip, so an unreachable cluster also fails here.
-            let mut leases = client.lease_client();
-            let mut left = resends;
-            let probe = loop {
-                match tokio::time::timeout_at(deadline, leases.grant(1, None)).await {
-                    Ok(Err(e)) if left > 0 && transport_failure(&e).is_some() => left -= 1,
-                    Ok(granted) => break granted.map_err(|e| map_etcd(e, "connect"))?,
-                    Err(_) => return Err(timed_out("connect")),
-                }
+            let leases = client.lease_client();
+            let grant = || {
+                let mut leases = leases.clone();
+                async move { leases.grant(1, None).await }
             };
-            Ok((client, leases, probe))
+            let probe = resending(deadline, resends, Repeat::Safe, transport_failure, grant)
+                .await
+                .map_err(|u| u.into_error(|e| map_etcd(e, "connect"), || timed_out("connect")))?
+                .answer;
+            Ok::<_, Error>((client, leases, probe))
         };
         let (client, mut leases, probe) = reached.await.map_err(|e| {
             if options.tls && options.tls_identity.is_none() && e.kind() != ErrorKind::Config {
@@ -284,7 +234,7 @@ impl EtcdBackend {
             inner: Arc::new(Inner {
                 client,
                 keys: Keys::new(&options.prefix),
-                keep_alives: KeepAlives::start(channel, options.timeout),
+                keep_alives: KeepAlives::start(channel, options.timeout, resends),
                 timeout: options.timeout,
                 min_ttl: probe.ttl().max(1),
                 attempts: AtomicU64::new(0),
@@ -299,106 +249,52 @@ impl EtcdBackend {
         self.inner.attempts.load(Ordering::Relaxed)
     }
 
-    /// Runs one etcd request, made by `send`, within the request timeout.
-    ///
-    /// The client keeps each member's failed connect and hands it, as the answer,
-    /// to the next request routed to that member, unsent. After an outage every
-    /// member may hold one (and a member that is down makes a new one for every
-    /// request routed there), so a request that failed in the transport is sent
-    /// again at once — at most [`RESENDS_PER_MEMBER`] times per member (at least
-    /// [`MIN_RESENDS`] times), and only
-    /// when `repeat` allows it for that failure ([`Repeat`]) — rather than costing
-    /// the caller's retry a pause for each (a background release: seconds, long
-    /// after the connections healed).
-    async fn call<T, Fut>(
+    /// Runs one etcd request within the request timeout: `send` makes it on a
+    /// client `make` gives (`Client::kv_client`, …), and makes it again after a
+    /// transport failure when `repeat` allows it ([`crate::resend`]).
+    async fn call<C, T, Fut>(
         &self,
         op: &'static str,
         repeat: Repeat,
-        send: impl FnMut() -> Fut,
+        make: fn(&Client) -> C,
+        send: impl FnMut(C) -> Fut,
     ) -> Result<T>
     where
         Fut: Future<Output = std::result::Result<T, etcd_client::Error>>,
     {
-        Ok(self.call_noting(op, repeat, send).await?.answer)
+        Ok(self.call_noting(op, repeat, make, send).await?.answer)
     }
 
     /// [`Self::call`], also telling whether the request was sent again after a
     /// failure that may have come after it was applied.
-    async fn call_noting<T, Fut>(
+    async fn call_noting<C, T, Fut>(
         &self,
         op: &'static str,
         repeat: Repeat,
-        mut send: impl FnMut() -> Fut,
+        make: fn(&Client) -> C,
+        mut send: impl FnMut(C) -> Fut,
     ) -> Result<Sent<T>>
     where
         Fut: Future<Output = std::result::Result<T, etcd_client::Error>>,
     {
         let deadline = tokio::time::Instant::now() + self.inner.timeout;
-        let mut resends = self.inner.resends;
-        let mut resent_maybe_applied = false;
-        let mut failed = None;
-        loop {
-            let answer = match tokio::time::timeout_at(deadline, send()).await {
-                Ok(answer) => answer,
-                // The failure that had it sent again says more than the timeout.
-                Err(_) => return Err(failed.map_or_else(|| timed_out(op), |e| map_etcd(e, op))),
-            };
-            let err = match answer {
-                Ok(answer) => {
-                    return Ok(Sent {
-                        answer,
-                        resent_maybe_applied,
-                    })
-                }
-                Err(err) => err,
-            };
-            let failure = transport_failure(&err);
-            let again = match failure {
-                Some(TransportFailure::Unsent) => true,
-                Some(TransportFailure::MaybeSent) => repeat == Repeat::Safe,
-                None => false,
-            };
-            if !again || resends == 0 || tokio::time::Instant::now() >= deadline {
-                return Err(map_etcd(err, op));
-            }
-            resends -= 1;
-            resent_maybe_applied |= failure == Some(TransportFailure::MaybeSent);
-            failed = Some(err);
-        }
-    }
-
-    /// [`Self::call`] with a KV client of its own for each send.
-    async fn kv<T, Fut>(
-        &self,
-        op: &'static str,
-        repeat: Repeat,
-        mut send: impl FnMut(KvClient) -> Fut,
-    ) -> Result<T>
-    where
-        Fut: Future<Output = std::result::Result<T, etcd_client::Error>>,
-    {
-        self.call(op, repeat, || send(self.inner.client.kv_client()))
-            .await
-    }
-
-    /// [`Self::call`] with a lease client of its own for each send.
-    async fn leases<T, Fut>(
-        &self,
-        op: &'static str,
-        repeat: Repeat,
-        mut send: impl FnMut(LeaseClient) -> Fut,
-    ) -> Result<T>
-    where
-        Fut: Future<Output = std::result::Result<T, etcd_client::Error>>,
-    {
-        self.call(op, repeat, || send(self.inner.client.lease_client()))
-            .await
+        let client = &self.inner.client;
+        resending(
+            deadline,
+            self.inner.resends,
+            repeat,
+            transport_failure,
+            || send(make(client)),
+        )
+        .await
+        .map_err(|u| u.into_error(|e| map_etcd(e, op), || timed_out(op)))
     }
 
     fn guard(&self, lease: i64) -> LeaseGuard {
         LeaseGuard {
             leases: Some(self.inner.client.lease_client()),
             lease,
+            resends: self.inner.resends,
         }
     }
 
@@ -413,9 +309,12 @@ impl EtcdBackend {
         self.inner.attempts.fetch_add(1, Ordering::Relaxed);
         let sent = Instant::now();
         let ttl = ttl_secs(req.lease);
-        let grant = self.leases("acquire", Repeat::Safe, |mut l| async move {
-            l.grant(ttl, None).await
-        });
+        let grant = self.call(
+            "acquire",
+            Repeat::Safe,
+            Client::lease_client,
+            |mut l| async move { l.grant(ttl, None).await },
+        );
         // Permits are placed only under the semaphore's total (its oldest permit
         // key's, pinned by the placing transaction), so every permit key shares one:
         // a request naming another is refused before it writes anything.
@@ -468,9 +367,12 @@ impl EtcdBackend {
             .or_else([TxnOp::txn(retry)]);
         let txn = &txn;
         let answer = self
-            .kv("acquire", Repeat::IfUnsent, |mut kv| async move {
-                kv.txn(txn.clone()).await
-            })
+            .call(
+                "acquire",
+                Repeat::IfUnsent,
+                Client::kv_client,
+                |mut kv| async move { kv.txn(txn.clone()).await },
+            )
             .await?;
         let revision = answer.header().map_or(0, |h| h.revision());
         let responses = answer.op_responses();
@@ -547,9 +449,12 @@ impl EtcdBackend {
             .and_then([TxnOp::get(start, Some(last_before))]);
         let txn = &txn;
         let answer = self
-            .kv("acquire", Repeat::Safe, |mut kv| async move {
-                kv.txn(txn.clone()).await
-            })
+            .call(
+                "acquire",
+                Repeat::Safe,
+                Client::kv_client,
+                |mut kv| async move { kv.txn(txn.clone()).await },
+            )
             .await?;
         if !answer.succeeded() {
             return Ok(Look::Gone);
@@ -594,9 +499,12 @@ impl EtcdBackend {
         ]);
         let txn = &txn;
         let answer = self
-            .kv("acquire", Repeat::Safe, |mut kv| async move {
-                kv.txn(txn.clone()).await
-            })
+            .call(
+                "acquire",
+                Repeat::Safe,
+                Client::kv_client,
+                |mut kv| async move { kv.txn(txn.clone()).await },
+            )
             .await?;
         if !answer.succeeded() {
             return Ok(Look::Gone);
@@ -619,9 +527,12 @@ impl EtcdBackend {
                         .and_then([TxnOp::put(key, Vec::new(), Some(touch))]);
                 let txn = &txn;
                 let touched = self
-                    .kv("acquire", Repeat::Safe, |mut kv| async move {
-                        kv.txn(txn.clone()).await
-                    })
+                    .call(
+                        "acquire",
+                        Repeat::Safe,
+                        Client::kv_client,
+                        |mut kv| async move { kv.txn(txn.clone()).await },
+                    )
                     .await?;
                 if !touched.succeeded() {
                     return Ok(Look::Gone);
@@ -659,9 +570,12 @@ impl EtcdBackend {
             .with_limit(1);
         let (start_ref, oldest) = (&start, &oldest);
         let answer = self
-            .kv("acquire", Repeat::Safe, |mut kv| async move {
-                kv.get(start_ref.clone(), Some(oldest.clone())).await
-            })
+            .call(
+                "acquire",
+                Repeat::Safe,
+                Client::kv_client,
+                |mut kv| async move { kv.get(start_ref.clone(), Some(oldest.clone())).await },
+            )
             .await?;
         Ok(match answer.kvs().first() {
             None => Compare::create_revision(start, CompareOp::Equal, 0).with_range(end),
@@ -718,10 +632,12 @@ impl EtcdBackend {
             }
             let (watched, options) = (&watched, &options);
             let mut watch = self
-                .call("acquire", Repeat::Safe, || {
-                    let mut watches = self.inner.client.watch_client();
-                    async move { watches.watch(watched.clone(), Some(options.clone())).await }
-                })
+                .call(
+                    "acquire",
+                    Repeat::Safe,
+                    Client::watch_client,
+                    |mut w| async move { w.watch(watched.clone(), Some(options.clone())).await },
+                )
                 .await?;
             let mut refresh_at = placed.refreshed + placed.ttl / 3;
             loop {
@@ -766,9 +682,12 @@ impl EtcdBackend {
             .with_sort(SortTarget::Create, SortOrder::Ascend);
         let (lock, all) = (&self.inner.keys.lock(name), &all);
         let mut answer = self
-            .kv("inspect", Repeat::Safe, |mut kv| async move {
-                kv.get(lock.clone(), Some(all.clone())).await
-            })
+            .call(
+                "inspect",
+                Repeat::Safe,
+                Client::kv_client,
+                |mut kv| async move { kv.get(lock.clone(), Some(all.clone())).await },
+            )
             .await?;
         Ok(answer.take_kvs())
     }
@@ -917,9 +836,12 @@ impl LockRemoteResource for EtcdBackend {
                     // cancelled or fails, the guard revokes it in the background).
                     let lease = placed.guard.lease;
                     if self
-                        .leases("acquire", Repeat::Safe, |mut l| async move {
-                            l.revoke(lease).await
-                        })
+                        .call(
+                            "acquire",
+                            Repeat::Safe,
+                            Client::lease_client,
+                            |mut l| async move { l.revoke(lease).await },
+                        )
                         .await
                         .is_ok()
                     {
@@ -955,13 +877,15 @@ impl LockRemoteResource for EtcdBackend {
         // transport failure, but "not owner" after one that may have followed the
         // first delete's being applied is no answer — the caller sends it again.
         let sent = self
-            .call_noting("release", Repeat::Safe, || {
-                let mut kv = self.inner.client.kv_client();
-                async move {
+            .call_noting(
+                "release",
+                Repeat::Safe,
+                Client::kv_client,
+                |mut kv| async move {
                     kv.delete(key.clone(), Some(DeleteOptions::new().with_prev_key()))
                         .await
-                }
-            })
+                },
+            )
             .await?;
         let Some(was) = sent.answer.prev_kvs().first() else {
             if sent.resent_maybe_applied {
@@ -990,7 +914,7 @@ impl LockRemoteResource for EtcdBackend {
             .keys
             .contender(&req.name, req.mode, &req.holder());
         let answer = self
-            .kv("renew", Repeat::Safe, |mut kv| {
+            .call("renew", Repeat::Safe, Client::kv_client, |mut kv| {
                 let key = key.clone();
                 async move { kv.get(key, None).await }
             })
@@ -1019,9 +943,12 @@ impl LockRemoteResource for EtcdBackend {
                 // The new lease is not revoked if the answer is lost (the move may
                 // have been applied); unused, it expires by itself.
                 let granted = self
-                    .leases("renew", Repeat::Safe, |mut l| async move {
-                        l.grant(wanted, None).await
-                    })
+                    .call(
+                        "renew",
+                        Repeat::Safe,
+                        Client::lease_client,
+                        |mut l| async move { l.grant(wanted, None).await },
+                    )
                     .await?;
                 moved_to = Some(granted.id());
                 PutOptions::new().with_lease(granted.id())
@@ -1044,9 +971,12 @@ impl LockRemoteResource for EtcdBackend {
                 .and_then([TxnOp::put(key, value, Some(options))]);
             let txn = &txn;
             let answer = self
-                .kv("renew", Repeat::Safe, |mut kv| async move {
-                    kv.txn(txn.clone()).await
-                })
+                .call(
+                    "renew",
+                    Repeat::Safe,
+                    Client::kv_client,
+                    |mut kv| async move { kv.txn(txn.clone()).await },
+                )
                 .await?;
             if !answer.succeeded() {
                 if let Some(unused) = moved_to {
@@ -1078,9 +1008,12 @@ impl LockRemoteResource for EtcdBackend {
             };
             let lease = kv.lease();
             let left = self
-                .leases("inspect", Repeat::Safe, |mut l| async move {
-                    l.time_to_live(lease, None).await
-                })
+                .call(
+                    "inspect",
+                    Repeat::Safe,
+                    Client::lease_client,
+                    |mut l| async move { l.time_to_live(lease, None).await },
+                )
                 .await?
                 .ttl();
             let left = Duration::from_secs(u64::try_from(left).unwrap_or(0));
@@ -1135,9 +1068,12 @@ impl LockAdmin for EtcdBackend {
             &DeleteOptions::new().with_prefix().with_prev_key(),
         );
         let answer = self
-            .kv("force_release", Repeat::IfUnsent, |mut kv| async move {
-                kv.delete(lock.clone(), Some(all.clone())).await
-            })
+            .call(
+                "force_release",
+                Repeat::IfUnsent,
+                Client::kv_client,
+                |mut kv| async move { kv.delete(lock.clone(), Some(all.clone())).await },
+            )
             .await?;
         let mut removed = answer.prev_kvs().to_vec();
         removed.sort_by_key(KeyValue::create_revision);
@@ -1153,9 +1089,12 @@ impl LockAdmin for EtcdBackend {
             &GetOptions::new().with_prefix().with_keys_only(),
         );
         let answer = self
-            .kv("live_locks", Repeat::Safe, |mut kv| async move {
-                kv.get(names.clone(), Some(keys.clone())).await
-            })
+            .call(
+                "live_locks",
+                Repeat::Safe,
+                Client::kv_client,
+                |mut kv| async move { kv.get(names.clone(), Some(keys.clone())).await },
+            )
             .await?;
         let mut names: Vec<&str> = answer
             .kvs()

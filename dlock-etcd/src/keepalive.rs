@@ -16,6 +16,8 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::codegen::http::uri::PathAndQuery;
 use tonic::transport::Channel;
 
+use crate::resend::{resending, Repeat};
+
 /// etcd's `LeaseKeepAliveRequest`.
 #[derive(Clone, PartialEq, prost::Message)]
 struct KeepAliveRequest {
@@ -45,11 +47,12 @@ pub(crate) struct KeepAlives {
 
 impl KeepAlives {
     /// Starts the stream's task on `channel` (it opens the stream on first use and
-    /// again after a failure, or when an answer is `timeout` late; it ends when the
-    /// last handle is dropped).
-    pub(crate) fn start(channel: Channel, timeout: Duration) -> Self {
+    /// again after a failure, or when an answer is `timeout` late, sending it again
+    /// up to `resends` times after transport failures; it ends when the last handle
+    /// is dropped).
+    pub(crate) fn start(channel: Channel, timeout: Duration, resends: u32) -> Self {
         let (commands, rx) = mpsc::unbounded_channel();
-        tokio::spawn(run(channel, rx, timeout));
+        tokio::spawn(run(channel, rx, timeout, resends));
         KeepAlives { commands }
     }
 
@@ -86,31 +89,33 @@ struct Stream {
     answers: tonic::Streaming<KeepAliveResponse>,
 }
 
-/// How many times a stream is opened while the transport fails under it.
-const OPEN_TRIES: usize = 10;
-
-/// Opens a stream whose first message refreshes `first`; opened again at once,
-/// a bounded number of times, while the client answers with a transport failure
-/// (one left over from an outage: a refresh is safe to send twice).
-async fn open(channel: &Channel, first: i64) -> Result<Stream> {
-    let mut tries = 1;
-    loop {
-        match open_once(channel, first).await {
-            Err(Opening::Transport(status)) if tries < OPEN_TRIES => {
-                tracing::debug!(error = %status, "dlock-etcd: the keep-alive stream met a transport failure; opening it again");
-                tries += 1;
-            }
-            Err(Opening::Transport(status)) => return Err(stream_failed(status)),
-            Err(Opening::Failed(err)) => return Err(err),
-            Ok(stream) => return Ok(stream),
-        }
-    }
+/// Opens a stream whose first message refreshes `first`, by `deadline`; opened
+/// again at once after a transport failure, as any request ([`crate::resend`]: a
+/// refresh is safe to send twice), within `resends`.
+async fn open(channel: &Channel, first: i64, deadline: Instant, resends: u32) -> Result<Stream> {
+    let failure = |o: &Opening| match o {
+        Opening::Status(status) => crate::error::status_failure(status),
+        Opening::Failed(_) => None,
+    };
+    let send = || open_once(channel, first);
+    resending(deadline.into(), resends, Repeat::Safe, failure, send)
+        .await
+        .map(|sent| sent.answer)
+        .map_err(|u| {
+            u.into_error(
+                |o| match o {
+                    Opening::Status(status) => stream_failed(status),
+                    Opening::Failed(err) => err,
+                },
+                || stream_failed("no connection in time"),
+            )
+        })
 }
 
 /// Why a stream did not open.
 enum Opening {
-    /// A transport failure, not a member's answer.
-    Transport(tonic::Status),
+    /// The stream's call failed (in the transport, or at a member).
+    Status(tonic::Status),
     Failed(Error),
 }
 
@@ -136,10 +141,7 @@ async fn open_once(channel: &Channel, first: i64) -> std::result::Result<Stream,
     let answers = grpc
         .streaming(request, PathAndQuery::from_static(PATH), codec)
         .await
-        .map_err(|status| match crate::error::status_failure(&status) {
-            Some(_) => Opening::Transport(status),
-            None => Opening::Failed(stream_failed(status)),
-        })?
+        .map_err(Opening::Status)?
         .into_inner();
     Ok(Stream { requests, answers })
 }
@@ -168,7 +170,12 @@ fn close(stream: &mut Option<Stream>, waiting: &mut Waiting, why: &str) {
     }
 }
 
-async fn run(channel: Channel, mut commands: mpsc::UnboundedReceiver<Refresh>, timeout: Duration) {
+async fn run(
+    channel: Channel,
+    mut commands: mpsc::UnboundedReceiver<Refresh>,
+    timeout: Duration,
+    resends: u32,
+) {
     let mut stream: Option<Stream> = None;
     let mut waiting = Waiting::new();
     loop {
@@ -191,9 +198,8 @@ async fn run(channel: Channel, mut commands: mpsc::UnboundedReceiver<Refresh>, t
                             .map_err(|_| stream_failed("closed"))
                     } else {
                         // A new stream carries the refresh as its first message.
-                        tokio::time::timeout(timeout, open(&channel, lease))
+                        open(&channel, lease, sent + timeout, resends)
                             .await
-                            .unwrap_or_else(|_| Err(stream_failed("no connection in time")))
                             .map(|opened| stream = Some(opened))
                     };
                     match delivered {

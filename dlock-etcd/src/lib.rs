@@ -84,6 +84,7 @@ mod error;
 mod follow;
 mod keepalive;
 mod keys;
+mod resend;
 mod tls;
 
 use std::time::Duration;

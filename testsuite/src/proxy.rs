@@ -108,6 +108,22 @@ impl SplitUrl {
     }
 }
 
+/// `url` with every host reached through a fault proxy of its own, and the
+/// proxies (in the URL's host order).
+pub async fn proxy_every_host(url: &str) -> Result<(String, Vec<FaultProxy>), String> {
+    let split = split_url(url)?;
+    let mut proxies = Vec::with_capacity(split.hosts.len());
+    for host in &split.hosts {
+        proxies.push(
+            FaultProxy::start(*host)
+                .await
+                .map_err(|e| format!("start a fault proxy for {host}: {e}"))?,
+        );
+    }
+    let addrs: Vec<SocketAddr> = proxies.iter().map(FaultProxy::addr).collect();
+    Ok((split.with_hosts(&addrs), proxies))
+}
+
 /// `host:port,host:port…`.
 pub fn join_hosts(hosts: &[SocketAddr]) -> String {
     let list: Vec<String> = hosts.iter().map(ToString::to_string).collect();

@@ -270,15 +270,8 @@ async fn a_request_after_the_connections_heal_gets_no_error_left_from_the_outage
     let Some((url, _)) = url_and_prefix() else {
         return;
     };
-    let split = testsuite::proxy::split_url(&url).unwrap();
-    let mut proxies = Vec::new();
-    for host in &split.hosts {
-        proxies.push(FaultProxy::start(*host).await.unwrap());
-    }
-    let addrs: Vec<std::net::SocketAddr> = proxies.iter().map(FaultProxy::addr).collect();
-    let etcd = EtcdBackend::connect(&split.with_hosts(&addrs))
-        .await
-        .unwrap();
+    let (proxied, proxies) = testsuite::proxy::proxy_every_host(&url).await.unwrap();
+    let etcd = EtcdBackend::connect(&proxied).await.unwrap();
     let name = LockName::new("healed").unwrap();
     let mut stale = Vec::new();
     for round in 1..=5u64 {
@@ -287,25 +280,19 @@ async fn a_request_after_the_connections_heal_gets_no_error_left_from_the_outage
         // Setup, bounded: from round 2 on this is a request after a heal too, and
         // a placement is sent again only after a failed connect — not after a
         // failed handshake, which the client reports like a broken connection.
-        let mut acquired = None;
+        let mut acquired = false;
         for _ in 0..5 {
             match etcd.try_acquire(&req).await {
                 Ok(got) => {
-                    acquired = got.token();
+                    acquired = got.is_acquired();
                     break;
                 }
                 Err(e) => eprintln!("round {round}: acquire (setup) failed, again: {e}"),
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        let token = acquired.unwrap_or_else(|| panic!("round {round}: no acquire in 5 tries"));
-        let release = ReleaseRequest::new(
-            name.clone(),
-            OwnerId::new("a"),
-            GrantId::new(round),
-            LockMode::Exclusive,
-            token,
-        );
+        assert!(acquired, "round {round}: no acquire in 5 tries");
+        let release = req.release_of_grant();
         for p in &proxies {
             p.set(Fault::Reset);
         }
@@ -370,21 +357,13 @@ async fn a_member_down_fails_no_request() {
     for grant in 1..=20u64 {
         let req = AcquireRequest::new(name.clone(), OwnerId::new("a"), GrantId::new(grant))
             .with_lease(Duration::from_secs(10));
-        let token = etcd
+        let got = etcd
             .try_acquire(&req)
             .await
-            .unwrap_or_else(|e| panic!("cycle {grant}: acquire with a member down: {e:?}"))
-            .token()
-            .unwrap();
-        let release = ReleaseRequest::new(
-            name.clone(),
-            OwnerId::new("a"),
-            GrantId::new(grant),
-            LockMode::Exclusive,
-            token,
-        );
+            .unwrap_or_else(|e| panic!("cycle {grant}: acquire with a member down: {e:?}"));
+        assert!(got.is_acquired(), "cycle {grant}: {got:?}");
         let released = etcd
-            .release(&release)
+            .release(&req.release_of_grant())
             .await
             .unwrap_or_else(|e| panic!("cycle {grant}: release with a member down: {e:?}"));
         assert_eq!(released, ReleaseResult::Released, "cycle {grant}");

@@ -21,7 +21,6 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -29,7 +28,7 @@ use dlock_api::{DistributeLockManager, DistributeLockManagerBuilder, LostReason}
 use testsuite::backends::{self, TestUrl};
 use testsuite::conformance::{eventually, waiting};
 use testsuite::lockcheck::nemesis::Nemesis;
-use testsuite::proxy::{split_url, Fault, FaultProxy};
+use testsuite::proxy::{proxy_every_host, Fault, FaultProxy};
 use testsuite::TestBackend;
 
 /// The terms' lease; ZooKeeper sessions time out after the same time.
@@ -53,13 +52,9 @@ fn url_for(label: &str, lease: Duration) -> TestUrl {
 /// A test backend of `label` whose every host is reached through a fault proxy of
 /// its own, and the proxies.
 async fn behind_proxies(label: &str, url: &TestUrl) -> (Arc<dyn TestBackend>, Vec<FaultProxy>) {
-    let split = split_url(url.as_str()).unwrap_or_else(|e| panic!("{label}: {e}"));
-    let mut proxies = Vec::new();
-    for host in &split.hosts {
-        proxies.push(FaultProxy::start(*host).await.expect("start a fault proxy"));
-    }
-    let addrs: Vec<SocketAddr> = proxies.iter().map(FaultProxy::addr).collect();
-    let proxied = split.with_hosts(&addrs);
+    let (proxied, proxies) = proxy_every_host(url.as_str())
+        .await
+        .unwrap_or_else(|e| panic!("{label}: {e}"));
     let backend = backends::open_at(label, TestUrl::fixed(proxied))
         .await
         .unwrap_or_else(|e| panic!("{label}: open through the proxies: {e}"));

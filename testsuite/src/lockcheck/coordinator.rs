@@ -17,7 +17,7 @@ use tokio::task::JoinSet;
 
 use crate::backends;
 use crate::conformance::eventually;
-use crate::proxy::{split_url, FaultProxy};
+use crate::proxy::{proxy_every_host, split_url};
 use crate::TestBackend;
 
 use super::broken::Flaw;
@@ -97,18 +97,10 @@ pub async fn worker_process(args: WorkerArgs) -> Result<(), String> {
     let mut url = args.url.clone();
     let mut _proxies = None;
     if args.proxy {
-        let split = split_url(&args.url)
+        let (proxied, started) = proxy_every_host(&args.url)
+            .await
             .map_err(|e| format!("cannot put a proxy in front of {shown}: {e}"))?;
-        let mut started = Vec::new();
-        for host in &split.hosts {
-            started.push(
-                FaultProxy::start(*host)
-                    .await
-                    .map_err(|e| format!("cannot start a fault proxy for {host}: {e}"))?,
-            );
-        }
-        let addrs: Vec<SocketAddr> = started.iter().map(FaultProxy::addr).collect();
-        url = split.with_hosts(&addrs);
+        url = proxied;
         let proxies = Arc::new(started);
         nemesis::follow_commands(Arc::clone(&proxies), log.clone());
         _proxies = Some(proxies);
