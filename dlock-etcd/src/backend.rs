@@ -14,7 +14,8 @@ use dlock_spi::{
 };
 use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, DeleteOptions, GetOptions, KeyValue, LeaseClient,
-    PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, WatchFilterType, WatchOptions,
+    PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, TxnResponse, WatchFilterType,
+    WatchOptions,
 };
 use tonic::transport::{Channel, Endpoint};
 
@@ -265,6 +266,14 @@ impl EtcdBackend {
         Ok(self.call_noting(op, repeat, make, send).await?.answer)
     }
 
+    /// Sends transaction `txn` with [`Self::call`] (cloned for each send).
+    async fn txn(&self, op: &'static str, repeat: Repeat, txn: &Txn) -> Result<TxnResponse> {
+        self.call(op, repeat, Client::kv_client, |mut kv| async move {
+            kv.txn(txn.clone()).await
+        })
+        .await
+    }
+
     /// [`Self::call`], also telling whether the request was sent again after a
     /// failure that may have come after it was applied.
     async fn call_noting<C, T, Fut>(
@@ -365,15 +374,7 @@ impl EtcdBackend {
             .when(placeable)
             .and_then(placing)
             .or_else([TxnOp::txn(retry)]);
-        let txn = &txn;
-        let answer = self
-            .call(
-                "acquire",
-                Repeat::IfUnsent,
-                Client::kv_client,
-                |mut kv| async move { kv.txn(txn.clone()).await },
-            )
-            .await?;
+        let answer = self.txn("acquire", Repeat::IfUnsent, &txn).await?;
         let revision = answer.header().map_or(0, |h| h.revision());
         let responses = answer.op_responses();
         if answer.succeeded() {
@@ -447,15 +448,7 @@ impl EtcdBackend {
         let txn = Txn::new()
             .when([Compare::create_revision(key, CompareOp::Equal, revision)])
             .and_then([TxnOp::get(start, Some(last_before))]);
-        let txn = &txn;
-        let answer = self
-            .call(
-                "acquire",
-                Repeat::Safe,
-                Client::kv_client,
-                |mut kv| async move { kv.txn(txn.clone()).await },
-            )
-            .await?;
+        let answer = self.txn("acquire", Repeat::Safe, &txn).await?;
         if !answer.succeeded() {
             return Ok(Look::Gone);
         }
@@ -497,15 +490,7 @@ impl EtcdBackend {
             TxnOp::get(lock.clone(), Some(up_to_mine)),
             TxnOp::get(lock.clone(), Some(behind)),
         ]);
-        let txn = &txn;
-        let answer = self
-            .call(
-                "acquire",
-                Repeat::Safe,
-                Client::kv_client,
-                |mut kv| async move { kv.txn(txn.clone()).await },
-            )
-            .await?;
+        let answer = self.txn("acquire", Repeat::Safe, &txn).await?;
         if !answer.succeeded() {
             return Ok(Look::Gone);
         }
@@ -525,15 +510,7 @@ impl EtcdBackend {
                     Txn::new()
                         .when([same])
                         .and_then([TxnOp::put(key, Vec::new(), Some(touch))]);
-                let txn = &txn;
-                let touched = self
-                    .call(
-                        "acquire",
-                        Repeat::Safe,
-                        Client::kv_client,
-                        |mut kv| async move { kv.txn(txn.clone()).await },
-                    )
-                    .await?;
+                let touched = self.txn("acquire", Repeat::Safe, &txn).await?;
                 if !touched.succeeded() {
                     return Ok(Look::Gone);
                 }
@@ -969,15 +946,7 @@ impl LockRemoteResource for EtcdBackend {
             let txn = Txn::new()
                 .when([same])
                 .and_then([TxnOp::put(key, value, Some(options))]);
-            let txn = &txn;
-            let answer = self
-                .call(
-                    "renew",
-                    Repeat::Safe,
-                    Client::kv_client,
-                    |mut kv| async move { kv.txn(txn.clone()).await },
-                )
-                .await?;
+            let answer = self.txn("renew", Repeat::Safe, &txn).await?;
             if !answer.succeeded() {
                 if let Some(unused) = moved_to {
                     drop(self.guard(unused));

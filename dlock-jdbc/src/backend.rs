@@ -20,6 +20,7 @@ use crate::dialect::{Dialect, Statements, Stmt};
 use crate::error::{conflict_pause, is_conflict, map_sqlx, retry_conflicts};
 use crate::permits;
 use crate::pool::{on_pool, query, Param, Pool};
+use crate::queue::{Departures, QueueSlot};
 use crate::JdbcOptions;
 
 /// Rows of `inspect` and `contention`: owner, token, context, remaining ms.
@@ -227,6 +228,8 @@ pub(crate) struct Inner {
     /// MariaDB/MySQL: the bells waiters block on (`None`: turned off, or another
     /// database).
     pub(crate) bells: Option<Bells>,
+    /// Granted writers' queue rows still being removed (see [`crate::queue`]).
+    pub(crate) departures: Departures,
 }
 
 impl Drop for Inner {
@@ -259,112 +262,6 @@ pub struct JdbcBackend {
     pub(crate) inner: Arc<Inner>,
 }
 
-/// A waiting acquire's row in the lock's queue: written at its first refusal,
-/// refreshed at least every third of its liveness, and removed when the acquire ends
-/// — granted or given up (awaited), or dropped mid-wait (in a task of its own, so a
-/// cancelled waiter leaves at once rather than when its liveness lapses).
-struct QueueSlot {
-    backend: JdbcBackend,
-    name: LockName,
-    waiter: HolderKey,
-    mode: LockMode,
-    /// When the row was last written; `None` while not queued.
-    refreshed: Option<Instant>,
-}
-
-impl QueueSlot {
-    fn new(backend: &JdbcBackend, req: &AcquireRequest) -> Self {
-        QueueSlot {
-            backend: backend.clone(),
-            name: req.name.clone(),
-            waiter: req.holder(),
-            mode: req.mode,
-            refreshed: None,
-        }
-    }
-
-    /// Queues the waiter (keeping its arrival) or refreshes its liveness, unless it
-    /// did so less than a third of the liveness ago; `true` when it queued it just
-    /// now, for the first time. The statement runs in a task of
-    /// its own, which removes the row again if the caller is gone by its end: a
-    /// removal racing it on another pooled connection could land first.
-    async fn keep(&mut self) -> Result<bool> {
-        let liveness = self.backend.inner.options.waiter_liveness;
-        if self.refreshed.is_some_and(|at| at.elapsed() < liveness / 3) {
-            return Ok(false);
-        }
-        let first = self.refreshed.is_none();
-        let sent = Instant::now();
-        // From here on the row may exist: a drop removes it.
-        self.refreshed.get_or_insert(sent);
-        let (backend, name, waiter, mode) = (
-            self.backend.clone(),
-            self.name.clone(),
-            self.waiter.clone(),
-            self.mode,
-        );
-        let (answer, answered) = tokio::sync::oneshot::channel();
-        tokio::spawn(async move {
-            let queued = backend.enqueue(&name, &waiter, mode, first).await;
-            if answer.send(queued).is_err() {
-                dequeue(&backend, &name, &waiter).await;
-            }
-        });
-        answered.await.map_err(|_| {
-            Error::new(
-                dlock_spi::ErrorKind::Backend,
-                "the queue statement's task ended without an answer (the runtime is shutting down?)",
-            )
-        })??;
-        self.refreshed = Some(sent);
-        Ok(first)
-    }
-
-    /// The grant took the waiter out of the queue: nothing is left to remove.
-    fn left(mut self) {
-        self.refreshed = None;
-    }
-
-    /// Leaves the queue, in a task of its own: a caller dropped while it waits does
-    /// not cut the removal short (a row left behind would hold newcomers back until
-    /// its liveness lapsed). A failure is only logged: the row lapses with its
-    /// liveness.
-    async fn leave(mut self) {
-        if self.refreshed.take().is_some() {
-            let (backend, name, waiter) =
-                (self.backend.clone(), self.name.clone(), self.waiter.clone());
-            let removal = tokio::spawn(async move { dequeue(&backend, &name, &waiter).await });
-            let _ = removal.await;
-        }
-    }
-}
-
-impl Drop for QueueSlot {
-    fn drop(&mut self) {
-        if self.refreshed.is_none() {
-            return;
-        }
-        let (backend, name, waiter) =
-            (self.backend.clone(), self.name.clone(), self.waiter.clone());
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            rt.spawn(async move { dequeue(&backend, &name, &waiter).await });
-        }
-    }
-}
-
-async fn dequeue(backend: &JdbcBackend, name: &LockName, waiter: &HolderKey) {
-    let inner = &backend.inner;
-    let params = [Param::Text(name.as_str()), Param::Text(waiter.as_str())];
-    let left = retry_conflicts(|| async {
-        on_pool!(&inner.pool, p => query!(&inner.statements.dequeue, &params).execute(p).await.map(drop))
-            .map_err(|e| map_sqlx(e, backend.backend(), "leave"))
-    })
-    .await;
-    if let Err(err) = left {
-        tracing::debug!(lock = %name, error = %err, "dlock-jdbc: leaving the queue failed; the entry lapses with its liveness");
-    }
-}
-
 /// The longest holder identity a MySQL semaphore takes: its entries are read back
 /// as `VARCHAR(255)`, as the `owner` columns are.
 const MAX_MYSQL_HOLDER_LEN: usize = 255;
@@ -389,7 +286,6 @@ pub(crate) enum Next {
 }
 
 /// What a refused attempt says about when to look again.
-#[derive(Clone)]
 struct Turn {
     /// Whose bell to wait on: the live waiter just ahead, else the live holder.
     target: Option<String>,
@@ -476,7 +372,7 @@ fn remaining(ms_left: i64) -> Option<Duration> {
 }
 
 impl JdbcBackend {
-    fn backend(&self) -> &'static str {
+    pub(crate) fn backend(&self) -> &'static str {
         self.inner.pool.dialect().name()
     }
 
@@ -813,7 +709,7 @@ impl JdbcBackend {
 
     /// Queues `waiter` (or refreshes its liveness); the `first` time, forgets the
     /// waiters that crashed while queued.
-    async fn enqueue(
+    pub(crate) async fn enqueue(
         &self,
         name: &LockName,
         waiter: &HolderKey,
@@ -984,10 +880,11 @@ impl LockRemoteResource for JdbcBackend {
             match attempt {
                 Attempt::Granted(Granted { token, left_queue }) => {
                     if let Some(slot) = slot.take() {
-                        if left_queue {
-                            slot.left();
-                        } else {
-                            slot.leave().await;
+                        match (left_queue, req.mode) {
+                            (true, _) => slot.left(),
+                            // Off the hand-over's path: the release waits for it.
+                            (false, LockMode::Exclusive) => slot.depart(),
+                            (false, _) => slot.leave().await,
                         }
                     }
                     // The hold keeps its own bell, if it took one while it waited,
@@ -1065,12 +962,17 @@ impl LockRemoteResource for JdbcBackend {
     async fn release(&self, req: &ReleaseRequest) -> Result<ReleaseResult> {
         let (this, req) = (self.clone(), req.clone());
         detached(async move {
+            // The hold's queue row goes first: once the lock is free, the waiters
+            // behind must not find it ahead of them.
+            let holder = req.holder();
+            let departures = &this.inner.departures;
+            departures.ended(req.name.as_str(), holder.as_str()).await;
             let released = retry_conflicts(|| this.release_now(&req)).await;
             // After the commit, so the waiter it wakes finds the row free; before
             // the answer, so the caller's next acquire does not race the waiter
             // it woke (the ring's statement is bounded by the acquire timeout).
             if let Some(bells) = &this.inner.bells {
-                bells.ring(req.name.as_str(), req.holder().as_str()).await;
+                bells.ring(req.name.as_str(), holder.as_str()).await;
             }
             released
         })

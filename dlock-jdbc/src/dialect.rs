@@ -92,6 +92,7 @@ impl Stmt {
             .replace("PERMIT_ROOM", &permits::room(dialect, PERMIT_ROOM))
             .replace("PERMIT_GATE", PERMIT_GATE)
             .replace("RELEASE_PAYLOAD", RELEASE_PAYLOAD)
+            .replace("NOT_THE_HOLDER", NOT_THE_HOLDER)
             .replace("PERMITS_USED", &permits::used_by_others(dialect))
             .replace("{locks}", &format!("{prefix}locks"))
             .replace("{readers}", &format!("{prefix}readers"))
@@ -169,6 +170,12 @@ const EXCLUSIVE_GATE: &str = "NOT EXISTS (SELECT 1 FROM {waiters} w \
        AND ($5 < 0 OR w.arrived <= NOW - $5) \
        AND NOT EXISTS (SELECT 1 FROM {waiters} me WHERE me.name = $1 AND me.waiter = $2 \
          AND (me.arrived < w.arrived OR (me.arrived = w.arrived AND me.waiter < w.waiter))))";
+
+/// Whether queue entry `w` is not the live exclusive holder's own (evaluated on the
+/// lock's row): a granted writer's entry is removed beside its hold, and until then
+/// it is no waiter (see `crate::queue`).
+const NOT_THE_HOLDER: &str =
+    "({locks}.owner IS NULL OR {locks}.expires_at <= NOW OR w.waiter <> {locks}.owner)";
 
 /// Whether waiters queued ahead let reader `$3` in: no live waiting *writer* that
 /// arrived before it (fair or not, new readers stand back for a waiting writer, so
@@ -511,7 +518,7 @@ impl Statements {
             contention: s(&format!(
                 "SELECT {{owner}}, expires_at - NOW, shared_until - NOW, \
                    (SELECT COUNT(*) FROM {{waiters}} w WHERE w.name = $1 AND w.alive_until > NOW \
-                      AND EXISTS (SELECT 1 FROM {{waiters}} me WHERE me.name = $1 AND me.waiter = $2 \
+                      AND NOT_THE_HOLDER AND EXISTS (SELECT 1 FROM {{waiters}} me WHERE me.name = $1 AND me.waiter = $2 \
                         AND (w.arrived < me.arrived OR (w.arrived = me.arrived AND w.waiter < me.waiter)))), \
                    {predecessor} \
                  FROM {{locks}} WHERE name = $1",
@@ -583,7 +590,8 @@ impl Statements {
             ),
             inspect_lock: s(
                 "SELECT {owner}, token, context, expires_at - NOW, \
-                   (SELECT COUNT(*) FROM {waiters} w WHERE w.name = $1 AND w.alive_until > NOW), \
+                   (SELECT COUNT(*) FROM {waiters} w WHERE w.name = $1 AND w.alive_until > NOW \
+                      AND NOT_THE_HOLDER), \
                    CASE WHEN ttl_at > 0 THEN ttl_at - NOW END \
                  FROM {locks} WHERE name = $1",
             ),

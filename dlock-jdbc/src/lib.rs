@@ -114,6 +114,7 @@ mod error;
 mod migrate;
 mod permits;
 pub(crate) mod pool;
+mod queue;
 
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
@@ -466,6 +467,7 @@ impl JdbcBackend {
                 wakeups,
                 listener,
                 bells,
+                departures: Default::default(),
             }),
         })
     }

@@ -15,7 +15,9 @@
 //!   (database ms). Queued waiters ahead of a caller go first: all of them in fair
 //!   mode, the starving ones in non-fair mode, and waiting writers before new
 //!   readers. A row leaves with its waiter (granted, gave up or cancelled) or lapses
-//!   with its liveness. Since version 2 `locks.writer_wait_until` is unused.
+//!   with its liveness; a granted writer's row leaves beside its hold (PostgreSQL: in
+//!   the granting statement), before its release. Since version 2
+//!   `locks.writer_wait_until` is unused.
 //! * `locks.ttl_at` (version 3) — the holder's own lease end, before a transition
 //!   window (Simba's `ttl_at`; an election's leader may renew until `expires_at`,
 //!   which plays Simba's `transition_at`, and nobody else may take the row before

@@ -4,6 +4,8 @@
 //! unreachable (through the fault proxy).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use dlock_api::{DistributeLockManager, ErrorKind, LockGuard, LostReason};
@@ -661,10 +663,10 @@ async fn postgres_release_wakes_the_writer_first_in_line_only() {
         .unwrap()
         .unwrap();
     let (mut backends, mut managers, mut tasks) = (Vec::new(), Vec::new(), Vec::new());
-    let granted = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
+    let granted = Arc::new(tokio::sync::Semaphore::new(0));
     for _ in 0..WAITERS {
         let (backend, m) = backend_and_manager(&url, slow.clone(), LONG_LEASE).await;
-        let (lock, granted) = (m.lock(&name), std::sync::Arc::clone(&granted));
+        let (lock, granted) = (m.lock(&name), Arc::clone(&granted));
         tasks.push(tokio::spawn(async move {
             let got = lock
                 .try_lock(Duration::from_secs(30))
@@ -776,6 +778,120 @@ async fn mysql_a_release_rings_the_bell_its_waiter_blocks_on() {
     for m in [first, holder, waiter] {
         m.close().await;
     }
+}
+
+/// MariaDB/MySQL: a granted writer's queue entry is removed beside its hold, off the
+/// hand-over's path, and its release waits for the removal. A trigger on the queue
+/// table (tables of this test's own prefix) holds every removal until the test lets a
+/// named lock go: the waiter is still granted when the holder releases (before, the
+/// grant waited for its removal), and its own release does not return until the
+/// removal has run — the queue is empty when it does. Meanwhile the entry counts as
+/// no waiter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_a_grant_leaves_the_queue_beside_its_hold_and_its_release_waits_for_it() {
+    let Some(url) = sql_url("mysql") else {
+        return;
+    };
+    const GATE: &str = "dlock-test-departure-gate";
+    // A queue entry refreshed only every 10 s: none while the test runs.
+    let options = JdbcOptions::default()
+        .table_prefix("dlock_depart_")
+        .waiter_liveness(Duration::from_secs(30));
+    let backend = JdbcBackend::connect_with(&url, options).await.unwrap();
+    let mut gate = sqlx::MySqlConnection::connect(&url).await.unwrap();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "DROP TRIGGER IF EXISTS dlock_depart_gate; \
+         CREATE TRIGGER dlock_depart_gate BEFORE DELETE ON dlock_depart_waiters FOR EACH ROW \
+           SET @dlock_gate = IF(GET_LOCK('{GATE}', 30) = 1, RELEASE_LOCK('{GATE}'), 0)"
+    )))
+    .execute(&mut gate)
+    .await
+    .unwrap();
+    // `GET_LOCK`/`RELEASE_LOCK` of the gate on the test's own session: 1 when done.
+    async fn gate_call(gate: &mut sqlx::MySqlConnection, call: &'static str) -> i64 {
+        sqlx::query_scalar(call)
+            .bind(GATE)
+            .fetch_one(gate)
+            .await
+            .unwrap()
+    }
+    assert_eq!(
+        gate_call(&mut gate, "SELECT GET_LOCK(?, 0)").await,
+        1,
+        "gate closed"
+    );
+
+    let name = LockName::new(format!("depart-{:x}", fastrand::u64(..))).unwrap();
+    let request = |owner: &str, grant: u64| {
+        AcquireRequest::new(name.clone(), OwnerId::new(owner), GrantId::new(grant))
+            .with_lease(LONG_LEASE)
+    };
+    let holder = request("holder", 1);
+    assert!(backend.try_acquire(&holder).await.unwrap().is_acquired());
+    let waiter = request("waiter", 2).with_deadline(Some(Instant::now() + Duration::from_secs(20)));
+    let waiting = {
+        let (backend, waiter) = (backend.clone(), waiter.clone());
+        tokio::spawn(async move { backend.try_acquire(&waiter).await })
+    };
+    let queued = "SELECT COUNT(*) FROM dlock_depart_waiters WHERE name = ?";
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            raw_scalars("mysql", &url, queued, name.as_str()).await == [1]
+        })
+        .await,
+        "the waiter never queued"
+    );
+    assert_eq!(
+        backend.release(&holder.release_of_grant()).await.unwrap(),
+        ReleaseResult::Released
+    );
+    let granted = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("the grant waited for its queue row's removal")
+        .unwrap()
+        .unwrap();
+    assert!(granted.is_acquired(), "{granted:?}");
+    // The entry is still there, and it is the holder's: no waiter.
+    assert_eq!(
+        raw_scalars("mysql", &url, queued, name.as_str()).await,
+        [1],
+        "the queue while the removal is held"
+    );
+    let state = backend.inspect(&name).await.unwrap().unwrap();
+    assert_eq!(state.waiters, Some(0), "{state:?}");
+
+    let mut release = {
+        let (backend, release) = (backend.clone(), waiter.release_of_grant());
+        tokio::spawn(async move { backend.release(&release).await })
+    };
+    // Nothing signals "still waiting": a bound well past a statement's round trip.
+    assert!(
+        tokio::time::timeout(Duration::from_millis(500), &mut release)
+            .await
+            .is_err(),
+        "the release returned while the hold's queue row was still there"
+    );
+    assert_eq!(
+        gate_call(&mut gate, "SELECT RELEASE_LOCK(?)").await,
+        1,
+        "gate opened"
+    );
+    let released = tokio::time::timeout(Duration::from_secs(10), release)
+        .await
+        .expect("the release never returned")
+        .unwrap()
+        .unwrap();
+    assert_eq!(released, ReleaseResult::Released);
+    assert_eq!(
+        raw_scalars("mysql", &url, queued, name.as_str()).await,
+        [0],
+        "the queue after the release"
+    );
+    sqlx::raw_sql("DROP TRIGGER dlock_depart_gate")
+        .execute(&mut gate)
+        .await
+        .unwrap();
+    backend.close().await;
 }
 
 /// A fault proxy in front of the database at `url`, and the URL through it.
@@ -1218,7 +1334,7 @@ async fn mysql_a_hand_over_wakes_the_next_waiter_in_queue_order() {
         return;
     };
     let name = format!("line-{:x}", fastrand::u64(..));
-    let grants = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let grants = Arc::new(AtomicU64::new(0));
     let end = Instant::now() + Duration::from_secs(2);
     let (mut backends, mut tasks) = (Vec::new(), Vec::new());
     for _ in 0..TASKS {
@@ -1229,7 +1345,7 @@ async fn mysql_a_hand_over_wakes_the_next_waiter_in_queue_order() {
             ))
             .waiter_liveness(Duration::from_secs(6));
         let (backend, m) = backend_and_manager(&url, options, LONG_LEASE).await;
-        let (lock, grants) = (m.fair_lock(&name), std::sync::Arc::clone(&grants));
+        let (lock, grants) = (m.fair_lock(&name), Arc::clone(&grants));
         tasks.push(tokio::spawn(async move {
             while Instant::now() < end {
                 let g = lock
@@ -1239,7 +1355,7 @@ async fn mysql_a_hand_over_wakes_the_next_waiter_in_queue_order() {
                     .expect("granted within 5 s");
                 tokio::time::sleep(Duration::from_millis(1)).await;
                 g.unlock().await.unwrap();
-                grants.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                grants.fetch_add(1, Ordering::Relaxed);
             }
             m.close().await;
         }));
@@ -1248,7 +1364,7 @@ async fn mysql_a_hand_over_wakes_the_next_waiter_in_queue_order() {
     for t in tasks {
         t.await.unwrap();
     }
-    let grants = grants.load(std::sync::atomic::Ordering::Relaxed);
+    let grants = grants.load(Ordering::Relaxed);
     let taken: u64 = backends.iter().map(JdbcBackend::bells_taken).sum();
     assert!(grants >= 20, "only {grants} grants in 2 s");
     assert!(
