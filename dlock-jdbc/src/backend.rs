@@ -424,14 +424,16 @@ impl JdbcBackend {
     }
 
     /// One attempt: the grant statement, then — refused — the waiter's place in the
-    /// queue (when it will wait) and what the lock is busy with.
+    /// queue (when it will wait) and what the lock is busy with. `queued`: the
+    /// caller has an entry in the queue.
     async fn attempt(
         &self,
         req: &AcquireRequest,
+        queued: bool,
         queue: Option<&mut QueueSlot>,
     ) -> Result<Attempt> {
         self.inner.attempts.fetch_add(1, Ordering::Relaxed);
-        if let Some(granted) = self.try_grant(req).await? {
+        if let Some(granted) = self.try_grant(req, queued).await? {
             return Ok(Attempt::Granted(granted));
         }
         let just_queued = match queue {
@@ -482,14 +484,14 @@ impl JdbcBackend {
     /// statement made for a caller that is gone is released by the same task, after
     /// the statement — a release racing it on another pooled connection could land
     /// first and leave the grant held until its lease ends.
-    async fn try_grant(&self, req: &AcquireRequest) -> Result<Option<Granted>> {
+    async fn try_grant(&self, req: &AcquireRequest, queued: bool) -> Result<Option<Granted>> {
         let backend = self.clone();
         let req = req.clone();
         let (answer, answered) = tokio::sync::oneshot::channel();
         tokio::spawn(async move {
             let token = retry_conflicts(|| async {
                 let token = match req.mode {
-                    LockMode::Exclusive => return backend.try_exclusive(&req).await,
+                    LockMode::Exclusive => return backend.try_exclusive(&req, queued).await,
                     LockMode::Shared => backend.try_shared(&req).await,
                     LockMode::Permits(n) => backend.try_permits(&req, n).await,
                 };
@@ -522,7 +524,9 @@ impl JdbcBackend {
         })?
     }
 
-    async fn try_exclusive(&self, req: &AcquireRequest) -> Result<Option<Granted>> {
+    /// `queued`: the caller has an entry in the queue (its grant reads the queue).
+    #[cfg_attr(not(feature = "mysql"), allow(unused_variables))]
+    async fn try_exclusive(&self, req: &AcquireRequest, queued: bool) -> Result<Option<Granted>> {
         let s = &self.inner.statements;
         // The owner column holds the grant's identity.
         let holder = req.holder();
@@ -545,6 +549,31 @@ impl JdbcBackend {
             Param::Int(lease_ms(req.lease.saturating_sub(req.transition))),
             Param::Text(beside.as_ref().map_or("", |b| b.as_str())),
         ];
+        #[cfg(feature = "mysql")]
+        if let (None, false, Some(unqueued), Pool::MySql(p)) = (
+            &beside,
+            queued,
+            &s.acquire_exclusive_unqueued,
+            &self.inner.pool,
+        ) {
+            let answer = query!(unqueued, &params)
+                .execute(p)
+                .await
+                .map(|r| r.last_insert_id())
+                .map_err(self.err("acquire"))?;
+            match i64::try_from(answer) {
+                Ok(0) => return Ok(None),
+                // A free lock whose queue may hold live waiters: the queue decides.
+                Ok(crate::dialect::ASK_THE_QUEUE) => {}
+                Ok(token) => return Ok(Some(Granted::queue_untouched(token))),
+                Err(_) => {
+                    return Err(Error::new(
+                        dlock_spi::ErrorKind::Backend,
+                        format!("the database answered a fencing token out of range ({answer})"),
+                    ))
+                }
+            }
+        }
         if beside.is_none() {
             macro_rules! body {
                 ($p:ident, $token:ident) => {
@@ -718,6 +747,19 @@ impl JdbcBackend {
     ) -> Result<()> {
         let s = &self.inner.statements;
         let name = Param::Text(name.as_str());
+        if let Some(mark) = &s.mark_queue {
+            // Before the entry: the mark outlasts it (twice the liveness, renewed
+            // when less than one and a half is left; the entry's refresh follows
+            // well within the half).
+            let liveness = ms(self.inner.options.waiter_liveness);
+            let params = [
+                name,
+                Param::Int(liveness.saturating_mul(2)),
+                Param::Int(liveness.saturating_add(liveness / 2)),
+            ];
+            on_pool!(&self.inner.pool, p => query!(mark, &params).execute(p).await.map(drop))
+                .map_err(self.err("acquire"))?;
+        }
         let enqueue = match (first, &s.purge_and_enqueue) {
             (true, Some(both)) => both,
             (true, None) => {
@@ -866,8 +908,9 @@ impl LockRemoteResource for JdbcBackend {
         loop {
             let sent = Instant::now();
             let waiting = req.deadline.is_some_and(|d| d > sent);
+            let queued = slot.as_ref().is_some_and(QueueSlot::is_queued);
             let queue = slot.as_mut().filter(|_| waiting);
-            let attempt = match self.attempt(req, queue).await {
+            let attempt = match self.attempt(req, queued, queue).await {
                 // The grant statement runs itself again on a conflict; the queue and
                 // contention statements are run again with the whole attempt.
                 Err(e) if conflicts < MAX_CONFLICTED_ATTEMPTS && is_conflict(&e) => {

@@ -17,7 +17,11 @@
 //!   readers. A row leaves with its waiter (granted, gave up or cancelled) or lapses
 //!   with its liveness; a granted writer's row leaves beside its hold (PostgreSQL: in
 //!   the granting statement), before its release. Since version 2
-//!   `locks.writer_wait_until` is unused.
+//!   `locks.writer_wait_until` holds no writer's mark; MariaDB/MySQL use it as the
+//!   queue's mark: a waiter sets it (to twice its liveness) before it queues or
+//!   refreshes its entry, so while it is in the past no live waiter is queued and a
+//!   caller not queued need not read the queue. (A dlock of an earlier version on
+//!   the same tables does not set it.)
 //! * `locks.ttl_at` (version 3) — the holder's own lease end, before a transition
 //!   window (Simba's `ttl_at`; an election's leader may renew until `expires_at`,
 //!   which plays Simba's `transition_at`, and nobody else may take the row before

@@ -85,6 +85,11 @@ impl QueueSlot {
         Ok(first)
     }
 
+    /// Whether the waiter's entry may be in the queue (written, not yet removed).
+    pub(crate) fn is_queued(&self) -> bool {
+        self.refreshed.is_some()
+    }
+
     /// The grant took the waiter out of the queue: nothing is left to remove.
     pub(crate) fn left(mut self) {
         self.refreshed = None;

@@ -894,6 +894,71 @@ async fn mysql_a_grant_leaves_the_queue_beside_its_hold_and_its_release_waits_fo
     backend.close().await;
 }
 
+/// A newcomer finds a free lock with a live waiter queued: in fair mode it stands
+/// back, in non-fair mode it passes (the waiter has not starved). On MariaDB/MySQL a
+/// caller not queued judges the queue by its mark on the lock's row, which every
+/// waiter sets before it queues; without the mark the fair newcomer is granted. The
+/// waiter polls every 10 s (no bells), and the newcomers come within that pause.
+/// (Not on PostgreSQL: its release wakes the waiter, which races the newcomers.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_newcomer_stands_back_for_a_queued_waiter_in_fair_mode_only() {
+    for (label, url) in sql_backends() {
+        if label == "postgres" {
+            continue;
+        }
+        let holder = manager(&url, JdbcOptions::default(), LONG_LEASE).await;
+        let slow = polling_every(10)
+            .waiter_liveness(Duration::from_secs(30))
+            .wake_sessions(0);
+        let (waiter_backend, waiter) = backend_and_manager(&url, slow, LONG_LEASE).await;
+        let patient = JdbcOptions::default().starvation_after(Duration::from_secs(60));
+        let newcomer = manager(&url, patient, LONG_LEASE).await;
+        let name = format!("newcomer-{:x}", fastrand::u64(..));
+
+        let held = holder
+            .fair_lock(&name)
+            .try_lock(Duration::ZERO)
+            .await
+            .unwrap()
+            .unwrap();
+        let waiting = {
+            let lock = waiter.fair_lock(&name);
+            tokio::spawn(async move { lock.try_lock(Duration::from_secs(60)).await })
+        };
+        // Refused, queued, and refused again after its first short pause: the next
+        // look is 10 s away.
+        assert!(
+            eventually(Duration::from_secs(5), || async {
+                waiter_backend.acquire_attempts() >= 2
+            })
+            .await,
+            "{label}: the waiter never looked twice"
+        );
+        let seen = waiter_backend.acquire_attempts();
+        held.unlock().await.unwrap();
+
+        let fair = newcomer.fair_lock(&name).try_lock(Duration::ZERO).await;
+        assert!(
+            fair.unwrap().is_none(),
+            "{label}: a fair newcomer passed the queued waiter"
+        );
+        let non_fair = newcomer.lock(&name).try_lock(Duration::ZERO).await.unwrap();
+        let non_fair = non_fair.unwrap_or_else(|| {
+            panic!("{label}: a non-fair newcomer stood back for a waiter that has not starved")
+        });
+        assert_eq!(
+            waiter_backend.acquire_attempts(),
+            seen,
+            "{label}: the waiter looked within its pause; the test's premise failed"
+        );
+        non_fair.unlock().await.unwrap();
+        waiting.abort();
+        for m in [holder, waiter, newcomer] {
+            m.close().await;
+        }
+    }
+}
+
 /// A fault proxy in front of the database at `url`, and the URL through it.
 async fn proxied(url: &str) -> (FaultProxy, String) {
     let split = split_url(url).unwrap();
