@@ -556,22 +556,11 @@ impl JdbcBackend {
             &s.acquire_exclusive_unqueued,
             &self.inner.pool,
         ) {
-            let answer = query!(unqueued, &params)
-                .execute(p)
-                .await
-                .map(|r| r.last_insert_id())
-                .map_err(self.err("acquire"))?;
-            match i64::try_from(answer) {
-                Ok(0) => return Ok(None),
+            match mysql_token!(query!(unqueued, &params), p).map_err(self.err("acquire"))? {
+                None => return Ok(None),
                 // A free lock whose queue may hold live waiters: the queue decides.
-                Ok(crate::dialect::ASK_THE_QUEUE) => {}
-                Ok(token) => return Ok(Some(Granted::queue_untouched(token))),
-                Err(_) => {
-                    return Err(Error::new(
-                        dlock_spi::ErrorKind::Backend,
-                        format!("the database answered a fencing token out of range ({answer})"),
-                    ))
-                }
+                Some(crate::dialect::ASK_THE_QUEUE) => {}
+                Some(token) => return Ok(Some(Granted::queue_untouched(token))),
             }
         }
         if beside.is_none() {
@@ -748,9 +737,10 @@ impl JdbcBackend {
         let s = &self.inner.statements;
         let name = Param::Text(name.as_str());
         if let Some(mark) = &s.mark_queue {
-            // Before the entry: the mark outlasts it (twice the liveness, renewed
-            // when less than one and a half is left; the entry's refresh follows
-            // well within the half).
+            // Before the entry, whose liveness the enqueue caps at the mark: twice
+            // the liveness, renewed when less than one and a half is left (an entry
+            // written more than half a liveness later lapses early, and is refreshed
+            // at its next look).
             let liveness = ms(self.inner.options.waiter_liveness);
             let params = [
                 name,

@@ -562,9 +562,12 @@ impl Statements {
                 }
             )),
             enqueue: s(match dialect {
+                // The entry's liveness never passes the queue's mark (`mark_queue`
+                // runs first; a late statement gets a shorter liveness).
                 Dialect::MySql => {
                     "INSERT INTO {waiters} (name, waiter, mode, arrived, alive_until) \
-                     VALUES ($1, $2, $3, NOW, NOW + $4) \
+                     VALUES ($1, $2, $3, NOW, LEAST(NOW + $4, COALESCE( \
+                       (SELECT l.writer_wait_until FROM {locks} l WHERE l.name = $1), NOW + $4))) \
                      ON DUPLICATE KEY UPDATE alive_until = VALUES(alive_until)"
                 }
                 Dialect::Sqlite | Dialect::Postgres => {
@@ -670,6 +673,28 @@ mod tests {
         let my = Stmt::new(Dialect::MySql, t, "p_");
         assert!(my.sql.starts_with("SELECT ?, ?, ? FROM p_locks"));
         assert_eq!(my.order, [1, 0, 1]);
+    }
+
+    #[test]
+    fn the_unqueued_grant_reads_the_mark_not_the_queue() {
+        let s = Statements::new(Dialect::MySql, "p_");
+        let unqueued = s.acquire_exclusive_unqueued.expect("MySQL has one");
+        assert!(!unqueued.sql.contains("p_waiters"), "{}", unqueued.sql);
+        assert!(
+            unqueued.sql.contains("writer_wait_until <="),
+            "{}",
+            unqueued.sql
+        );
+        assert!(
+            unqueued.sql.contains(&format!("{ASK_THE_QUEUE}, 0))")),
+            "{}",
+            unqueued.sql
+        );
+        assert!(s.acquire_exclusive.sql.contains("p_waiters"));
+        for dialect in [Dialect::Sqlite, Dialect::Postgres] {
+            let s = Statements::new(dialect, "p_");
+            assert!(s.acquire_exclusive_unqueued.is_none() && s.mark_queue.is_none());
+        }
     }
 
     #[test]

@@ -7,8 +7,8 @@
 //! Tables (prefix `dlock_` by default):
 //! * `locks` — one row per lock name ever taken: the exclusive holder (`owner` NULL
 //!   when free), its lease (`expires_at`, database ms), the readers' horizon
-//!   (`shared_until`), a waiting writer's mark (`writer_wait_until`), and the fencing
-//!   counter `token`. The row outlives releases so the counter never repeats; it holds
+//!   (`shared_until`), the queue's mark (`writer_wait_until`, below), and the
+//!   fencing counter `token`. The row outlives releases so the counter never repeats; it holds
 //!   no holder state once released.
 //! * `readers` — one row per shared holder, deleted on release.
 //! * `waiters` (version 2) — one row per waiting acquire: its arrival and liveness
@@ -19,9 +19,10 @@
 //!   the granting statement), before its release. Since version 2
 //!   `locks.writer_wait_until` holds no writer's mark; MariaDB/MySQL use it as the
 //!   queue's mark: a waiter sets it (to twice its liveness) before it queues or
-//!   refreshes its entry, so while it is in the past no live waiter is queued and a
-//!   caller not queued need not read the queue. (A dlock of an earlier version on
-//!   the same tables does not set it.)
+//!   refreshes its entry, whose liveness never passes it, so while it is in the past
+//!   no live waiter is queued and a caller not queued need not read the queue. (A
+//!   dlock of an earlier version on the same tables does not set it: mixed with
+//!   this one, its waiters can be passed by this one's newcomers in fair mode.)
 //! * `locks.ttl_at` (version 3) — the holder's own lease end, before a transition
 //!   window (Simba's `ttl_at`; an election's leader may renew until `expires_at`,
 //!   which plays Simba's `transition_at`, and nobody else may take the row before

@@ -3,9 +3,11 @@
 //!
 //! A granted writer's removal is off the hand-over's path: the grant returns at
 //! once, the removal runs beside the hold, and the hold's release waits for it
-//! ([`Departures`]), so the entry is gone before the lock is free again. While it
-//! runs, the entry stands for a hold that is live: a waiter behind is refused by
-//! the hold itself, whatever the queue says.
+//! ([`Departures`]), so the entry is gone before the release frees the lock. While
+//! it runs, the entry stands for a hold that is live: a waiter behind is refused by
+//! the hold itself, whatever the queue says. (A removal that fails, or a hold whose
+//! lease ends first, leaves the entry to lapse with its liveness, as a waiter that
+//! gave up and could not remove it does.)
 
 use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
@@ -117,23 +119,22 @@ impl QueueSlot {
     /// Cancel-safe: dropped, the removal still runs to its end.
     pub(crate) async fn leave(mut self) {
         if self.refreshed.take().is_some() {
-            let (backend, name, waiter) =
-                (self.backend.clone(), self.name.clone(), self.waiter.clone());
-            let removal = tokio::spawn(async move { dequeue(&backend, &name, &waiter).await });
-            let _ = removal.await;
+            let _ = self.spawn_removal().await;
         }
+    }
+
+    /// Removes the row in a task of its own.
+    fn spawn_removal(&self) -> tokio::task::JoinHandle<()> {
+        let (backend, name, waiter) =
+            (self.backend.clone(), self.name.clone(), self.waiter.clone());
+        tokio::spawn(async move { dequeue(&backend, &name, &waiter).await })
     }
 }
 
 impl Drop for QueueSlot {
     fn drop(&mut self) {
-        if self.refreshed.is_none() {
-            return;
-        }
-        let (backend, name, waiter) =
-            (self.backend.clone(), self.name.clone(), self.waiter.clone());
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            rt.spawn(async move { dequeue(&backend, &name, &waiter).await });
+        if self.refreshed.is_some() && tokio::runtime::Handle::try_current().is_ok() {
+            drop(self.spawn_removal());
         }
     }
 }
@@ -151,6 +152,7 @@ impl Departures {
     fn start(&self, backend: &JdbcBackend, name: LockName, waiter: HolderKey) {
         let key = (name.as_str().to_owned(), waiter.as_str().to_owned());
         let (ended, end) = watch::channel(());
+        let mine = end.clone();
         self.running
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -158,13 +160,17 @@ impl Departures {
         let backend = backend.clone();
         tokio::spawn(async move {
             dequeue(&backend, &name, &waiter).await;
-            backend
+            let mut running = backend
                 .inner
                 .departures
                 .running
                 .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .remove(&key);
+                .unwrap_or_else(PoisonError::into_inner);
+            // Only its own: a grant id reused after a lost hold may have queued,
+            // been granted and started another removal meanwhile.
+            if running.get(&key).is_some_and(|r| r.same_channel(&mine)) {
+                running.remove(&key);
+            }
             drop(ended);
         });
     }

@@ -934,6 +934,9 @@ async fn a_newcomer_stands_back_for_a_queued_waiter_in_fair_mode_only() {
             .await,
             "{label}: the waiter never looked twice"
         );
+        // The counter moves as an attempt starts, and nothing marks its end: let its
+        // statements finish (a few ms) well inside the 10 s pause that follows.
+        tokio::time::sleep(Duration::from_millis(300)).await;
         let seen = waiter_backend.acquire_attempts();
         held.unlock().await.unwrap();
 
