@@ -244,6 +244,9 @@ impl Drop for Inner {
 /// [`Attempt::Busy::just_queued`]).
 const JUST_QUEUED_PAUSE: Duration = Duration::from_millis(10);
 
+/// A backoff round past every growth: its delay is the backoff's longest.
+const LONGEST_ROUND: u32 = u32::MAX;
+
 /// A lock backend on a SQL database (SQLite, MariaDB/MySQL, PostgreSQL).
 ///
 /// Leases are judged on the database's clock. Waiters poll with the configured
@@ -424,19 +427,20 @@ impl JdbcBackend {
     }
 
     /// One attempt: the grant statement, then — refused — the waiter's place in the
-    /// queue (when it will wait) and what the lock is busy with. `queued`: the
-    /// caller has an entry in the queue.
+    /// queue (when it is `waiting`) and what the lock is busy with. `slot`: the
+    /// caller's place in the queue, if it may wait at all.
     async fn attempt(
         &self,
         req: &AcquireRequest,
-        queued: bool,
-        queue: Option<&mut QueueSlot>,
+        slot: Option<&mut QueueSlot>,
+        waiting: bool,
     ) -> Result<Attempt> {
         self.inner.attempts.fetch_add(1, Ordering::Relaxed);
+        let queued = slot.as_deref().is_some_and(QueueSlot::is_queued);
         if let Some(granted) = self.try_grant(req, queued).await? {
             return Ok(Attempt::Granted(granted));
         }
-        let just_queued = match queue {
+        let just_queued = match slot.filter(|_| waiting) {
             Some(slot) => slot.keep().await?,
             None => false,
         };
@@ -890,6 +894,11 @@ impl LockRemoteResource for JdbcBackend {
             .is_some_and(|d| d > Instant::now())
             .then(|| QueueSlot::new(self, req));
         let liveness = self.inner.options.waiter_liveness;
+        // Whether a release notice names this waiter when its turn comes: a plain
+        // writer (an upgrade passes the queue, and nobody names it), subscribed.
+        let told = subscription.is_some()
+            && req.mode == LockMode::Exclusive
+            && req.alongside_holder().is_none();
         let mut round = 0u32;
         let mut last_ahead = i64::MAX;
         let mut conflicts = 0u32;
@@ -898,9 +907,7 @@ impl LockRemoteResource for JdbcBackend {
         loop {
             let sent = Instant::now();
             let waiting = req.deadline.is_some_and(|d| d > sent);
-            let queued = slot.as_ref().is_some_and(QueueSlot::is_queued);
-            let queue = slot.as_mut().filter(|_| waiting);
-            let attempt = match self.attempt(req, queued, queue).await {
+            let attempt = match self.attempt(req, slot.as_mut(), waiting).await {
                 // The grant statement runs itself again on a conflict; the queue and
                 // contention statements are run again with the whole attempt.
                 Err(e) if conflicts < MAX_CONFLICTED_ATTEMPTS && is_conflict(&e) => {
@@ -960,7 +967,14 @@ impl LockRemoteResource for JdbcBackend {
                     }
                     last_ahead = ahead;
                     last_holder = holder_key;
-                    let delay = req.deadline.and_then(|d| backoff.delay_within(round, d));
+                    // A queued writer on PostgreSQL is named in the release notice
+                    // when its turn comes: it looks on its own (a notice lost, a
+                    // waiter ahead gone without a release) only as often as the
+                    // backoff's longest delay.
+                    let round_now = if told { LONGEST_ROUND } else { round };
+                    let delay = req
+                        .deadline
+                        .and_then(|d| backoff.delay_within(round_now, d));
                     let Some(delay) = delay else {
                         if let Some(bells) = &self.inner.bells {
                             bell.leave(bells).await;

@@ -87,6 +87,8 @@ pub(crate) struct Stmt {
 impl Stmt {
     fn new(dialect: Dialect, template: &str, prefix: &str) -> Self {
         let template = template
+            .replace("EXCLUSIVE_ROW", EXCLUSIVE_ROW)
+            .replace("EXCLUSIVE_REFUSED", EXCLUSIVE_REFUSED)
             .replace("EXCLUSIVE_GATE", EXCLUSIVE_GATE)
             .replace("SHARED_GATE", SHARED_GATE)
             .replace("PERMIT_ROOM", &permits::room(dialect, PERMIT_ROOM))
@@ -164,6 +166,19 @@ pub(crate) fn validate_prefix(prefix: &str) -> Result<()> {
 /// may hold live waiters (a token is a clock reading in microseconds, never 1).
 pub(crate) const ASK_THE_QUEUE: i64 = 1;
 
+/// The row an exclusive grant proposes (SQLite, PostgreSQL): `$2` holds `$1` for
+/// `$3` ms (its own lease `$6`), with context `$4` and a clock-floored token.
+const EXCLUSIVE_ROW: &str = "$1, $2, CLOCK_US, $4, NOW, NOW + $3, 0, 0, NOW + $6";
+
+/// Whether the lock's row `seen` refuses `$2` an exclusive grant: the complement of
+/// the exclusive upsert's `DO UPDATE` condition (no `NULL` in it: every column read
+/// is `NOT NULL` but the owner, which is tested first). PostgreSQL reads it on the
+/// statement's snapshot, and proposes the row only when it does not hold (see
+/// [`Statements::acquire_exclusive`]); the upsert still decides.
+const EXCLUSIVE_REFUSED: &str = "seen.shared_until > NOW \
+     OR (seen.owner IS NOT NULL AND seen.expires_at > NOW AND seen.owner <> $2) \
+     OR ((seen.owner IS NULL OR seen.expires_at <= NOW) AND NOT EXCLUSIVE_GATE)";
+
 /// Whether waiters queued ahead let `$2` take a free lock exclusively: no live waiter
 /// other than `$2` that arrived before it (a caller not queued arrived after
 /// everyone) and has waited at least `$5` ms — every such waiter in fair mode
@@ -237,7 +252,9 @@ pub(crate) struct Statements {
     /// waiter must have waited to go first (< 0: every waiter ahead goes first, fair
     /// mode), `$6` the holder's own lease ms (the lease less a transition window) → token (RETURNING, or LAST_INSERT_ID on MySQL; 0 = not granted).
     /// On PostgreSQL a grant also removes `$2`'s queue entry (see
-    /// `exclusive_grant_leaves_queue`).
+    /// `exclusive_grant_leaves_queue`), and a refusal the statement's snapshot
+    /// already shows (`EXCLUSIVE_REFUSED`) proposes no row: it locks nothing, so its
+    /// transaction needs no WAL flush and blocks no grant or release of the lock.
     pub(crate) acquire_exclusive: Stmt,
     /// MariaDB/MySQL: as `acquire_exclusive` for a caller not queued, judging the
     /// queue by its mark (`writer_wait_until`, see [`Self::mark_queue`]) instead of
@@ -376,7 +393,7 @@ impl Statements {
             }
             Dialect::Sqlite | Dialect::Postgres => {
                 "INSERT INTO {locks} (name, owner, token, context, acquired_at, expires_at, shared_until, writer_wait_until, ttl_at) \
-                 VALUES ($1, $2, CLOCK_US, $4, NOW, NOW + $3, 0, 0, NOW + $6) \
+                 VALUES (EXCLUSIVE_ROW) \
                  ON CONFLICT (name) DO UPDATE SET \
                    token = CASE WHEN {locks}.owner = excluded.owner AND {locks}.expires_at > NOW \
                                 THEN {locks}.token ELSE GREATEST({locks}.token + 1, excluded.token) END, \
@@ -404,13 +421,22 @@ impl Statements {
         // PostgreSQL: a grant also takes the waiter out of the queue, in the same
         // statement (a data-modifying `WITH`; one round trip and one commit fewer per
         // hand-over). Elsewhere the waiter leaves with a statement of its own.
+        // It also proposes its row only when the statement's snapshot of the lock's
+        // row would not refuse it (`EXCLUSIVE_REFUSED`): a refused upsert locks the
+        // row all the same, and the lock costs a WAL flush at commit, which the next
+        // grant or release of the lock waits for.
         let (acquire_exclusive, exclusive_grant_leaves_queue) = match dialect {
             Dialect::Postgres => (
                 s(&format!(
-                    "WITH granted AS ({acquire_exclusive_text}), \
+                    "WITH granted AS ({}), \
                        left_queue AS (DELETE FROM {{waiters}} WHERE name = $1 AND waiter = $2 \
                          AND EXISTS (SELECT 1 FROM granted)) \
-                     SELECT token FROM granted"
+                     SELECT token FROM granted",
+                    acquire_exclusive_text.replace(
+                        "VALUES (EXCLUSIVE_ROW)",
+                        "SELECT EXCLUSIVE_ROW WHERE NOT EXISTS (SELECT 1 FROM {locks} seen \
+                           WHERE seen.name = $1 AND (EXCLUSIVE_REFUSED))"
+                    )
                 )),
                 true,
             ),
@@ -694,6 +720,35 @@ mod tests {
         for dialect in [Dialect::Sqlite, Dialect::Postgres] {
             let s = Statements::new(dialect, "p_");
             assert!(s.acquire_exclusive_unqueued.is_none() && s.mark_queue.is_none());
+        }
+    }
+
+    #[test]
+    fn postgres_proposes_the_exclusive_row_only_when_its_snapshot_allows() {
+        let pg = Statements::new(Dialect::Postgres, "p_");
+        assert!(
+            pg.acquire_exclusive
+                .sql
+                .contains("WHERE NOT EXISTS (SELECT 1 FROM p_locks seen WHERE seen.name = $1 AND (seen.shared_until >"),
+            "{}",
+            pg.acquire_exclusive.sql
+        );
+        for dialect in [Dialect::Sqlite, Dialect::MySql, Dialect::Postgres] {
+            let s = Statements::new(dialect, "p_");
+            for stmt in [&s.acquire_exclusive, &s.acquire_exclusive_beside] {
+                assert!(
+                    !stmt.sql.contains("EXCLUSIVE_"),
+                    "{dialect:?}: {}",
+                    stmt.sql
+                );
+            }
+            if dialect != Dialect::Postgres {
+                assert!(!s.acquire_exclusive.sql.contains(" seen"), "{dialect:?}");
+            }
+            assert!(
+                !s.acquire_exclusive_beside.sql.contains(" seen"),
+                "{dialect:?}"
+            );
         }
     }
 

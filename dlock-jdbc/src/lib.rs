@@ -73,7 +73,9 @@
 //! * **Waiting** polls with [`Backoff`] (equal jitter), never past
 //!   the deadline and never past the holder's lease end; on PostgreSQL a release with
 //!   a waiter queued also sends `NOTIFY` (so does the end of a term of leadership, for
-//!   the election's observers), and the waiter it names wakes at once. On
+//!   the election's observers), and the waiter it names wakes at once — a queued
+//!   writer there waits for that notice, looking on its own only every
+//!   [`Backoff::longest`] delay (a notice lost, a waiter ahead gone). On
 //!   MariaDB/MySQL a waiter for an exclusive lock blocks inside the server on the
 //!   *bell* of the waiter just ahead of it in the queue (or of the holder): a named
 //!   lock (`GET_LOCK`) of its own that each waiter takes, and that a hold granted after
@@ -151,7 +153,8 @@ pub struct JdbcOptions {
     /// lets its bell go before it answers). Default 5 s.
     pub acquire_timeout: Duration,
     /// Delays between polls of a waiting acquire. Default 5 ms doubling to 250 ms,
-    /// equal jitter.
+    /// equal jitter. A queued PostgreSQL writer, which the release notice names,
+    /// polls at the longest delay throughout.
     pub backoff: Backoff,
     /// Create or upgrade the tables on connect. Default true.
     pub migrate: bool,

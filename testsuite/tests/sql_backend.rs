@@ -16,7 +16,7 @@ use dlock_spi::{
 };
 use sqlx::Connection;
 use testsuite::backends::{async_commit_url, server_url, sql_tls_url, TestUrl};
-use testsuite::conformance::{eventually, take_permits};
+use testsuite::conformance::{eventually, take, take_permits};
 use testsuite::proxy::{split_url, Fault, FaultProxy};
 use testsuite::runner::selected;
 
@@ -727,6 +727,119 @@ async fn postgres_release_wakes_the_writer_first_in_line_only() {
     }
 }
 
+/// PostgreSQL: a queued writer waits for the release notice that names it, and
+/// looks on its own only as often as the backoff's longest delay — not climbing
+/// the backoff from its shortest, which costs every waiter of a hot lock a refused
+/// attempt every few milliseconds. With the default backoff (5 ms doubling to
+/// 250 ms, equal jitter) the climb makes 6 attempts within the first 160–320 ms of
+/// a wait; a waiter that waits for its notice makes at most 4 in 300 ms (the first,
+/// the look soon after it queued, then one every 125–250 ms). (That the release wakes
+/// it at once: `postgres_release_wakes_a_slow_poller_at_once`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_queued_writer_waits_for_its_notice_not_a_climbing_backoff() {
+    let Some(url) = sql_url("postgres") else {
+        return;
+    };
+    let holder = manager(&url, JdbcOptions::default(), LONG_LEASE).await;
+    let (backend, waiter) = backend_and_manager(&url, JdbcOptions::default(), LONG_LEASE).await;
+    let name = format!("told-{:x}", fastrand::u64(..));
+    let held = take(&holder.lock(&name), Duration::ZERO).await;
+    let started = Instant::now();
+    let waiting = {
+        let lock = waiter.fair_lock(&name);
+        tokio::spawn(async move { lock.try_lock(Duration::from_secs(20)).await })
+    };
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            backend.acquire_attempts() >= 1
+        })
+        .await,
+        "postgres: the waiter never looked"
+    );
+    tokio::time::sleep(Duration::from_millis(300).saturating_sub(started.elapsed())).await;
+    let looks = backend.acquire_attempts();
+    assert!(
+        looks <= 4,
+        "postgres: a queued writer looked {looks} times in its first 300 ms"
+    );
+    held.unlock().await.unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(2), waiting)
+        .await
+        .expect("postgres: the queued writer was not granted after the release")
+        .unwrap()
+        .unwrap()
+        .expect("granted after the release");
+    got.unlock().await.unwrap();
+    holder.close().await;
+    waiter.close().await;
+}
+
+/// PostgreSQL: a refused acquire leaves the lock's row alone. An upsert whose
+/// `DO UPDATE` condition fails still locks the row, so its transaction takes an id,
+/// writes the lock to the WAL and waits for the disk at commit — and the grant or
+/// release the lock is waiting for queues behind it (on a contended lock, every
+/// newcomer's refusal lands in the hand-over). Here another session holds the row
+/// (as a statement in flight does): a newcomer refused because the lock is held,
+/// and a fair one refused because a waiter is queued ahead of a free lock, must
+/// both answer at once, not when that session ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_refused_acquire_does_not_wait_for_the_locks_row() {
+    let Some(url) = sql_url("postgres") else {
+        return;
+    };
+    let options = JdbcOptions::default().table_prefix("dlock_rowlock_");
+    let holder = manager(&url, options.clone(), LONG_LEASE).await;
+    let newcomer = manager(&url, options, LONG_LEASE).await;
+    let name = format!("rowlock-{:x}", fastrand::u64(..));
+    /// Another session holds the lock's row (as a statement in flight does) while
+    /// `lock` asks once: it must be refused, at once.
+    async fn refused_beside_the_row_held(
+        other: &mut sqlx::PgConnection,
+        lock: dlock_api::DistributeLock,
+        case: &str,
+    ) {
+        let mut row_held = other.begin().await.unwrap();
+        sqlx::query("SELECT 1 FROM dlock_rowlock_locks WHERE name = $1 FOR UPDATE")
+            .bind(lock.name().unwrap().as_str())
+            .execute(&mut *row_held)
+            .await
+            .unwrap();
+        let refused = tokio::time::timeout(Duration::from_secs(3), lock.try_lock(Duration::ZERO))
+            .await
+            .unwrap_or_else(|_| panic!("postgres: a refusal waited for the lock's row ({case})"));
+        assert!(refused.unwrap().is_none(), "postgres: granted ({case})");
+        row_held.rollback().await.unwrap();
+    }
+    let held = take(&holder.lock(&name), Duration::ZERO).await;
+    let mut other = sqlx::PgConnection::connect(&url).await.unwrap();
+    refused_beside_the_row_held(&mut other, newcomer.lock(&name), "the lock held").await;
+
+    // Free, with a live waiter (another process's, written here) queued.
+    held.unlock().await.unwrap();
+    sqlx::query(
+        "INSERT INTO dlock_rowlock_waiters (name, waiter, mode, arrived, alive_until) \
+         SELECT $1, 'elsewhere#1', 'x', now_ms - 1000, now_ms + 60000 \
+         FROM (SELECT (EXTRACT(EPOCH FROM statement_timestamp()) * 1000)::BIGINT AS now_ms) t",
+    )
+    .bind(&name)
+    .execute(&mut other)
+    .await
+    .unwrap();
+    refused_beside_the_row_held(
+        &mut other,
+        newcomer.fair_lock(&name),
+        "fair, a waiter ahead",
+    )
+    .await;
+    sqlx::query("DELETE FROM dlock_rowlock_waiters WHERE name = $1")
+        .bind(&name)
+        .execute(&mut other)
+        .await
+        .unwrap();
+    holder.close().await;
+    newcomer.close().await;
+}
+
 /// MariaDB/MySQL: a waiter blocked on the lock's bell is granted as soon as the
 /// holder releases, though it would poll only every 3 s. The holder waited for the
 /// lock itself (on the bell, which it found free and kept), so it holds the bell,
@@ -915,12 +1028,7 @@ async fn a_newcomer_stands_back_for_a_queued_waiter_in_fair_mode_only() {
         let newcomer = manager(&url, patient, LONG_LEASE).await;
         let name = format!("newcomer-{:x}", fastrand::u64(..));
 
-        let held = holder
-            .fair_lock(&name)
-            .try_lock(Duration::ZERO)
-            .await
-            .unwrap()
-            .unwrap();
+        let held = take(&holder.fair_lock(&name), Duration::ZERO).await;
         let waiting = {
             let lock = waiter.fair_lock(&name);
             tokio::spawn(async move { lock.try_lock(Duration::from_secs(60)).await })
