@@ -151,6 +151,16 @@ impl Wakeups {
         }
     }
 
+    /// Wakes every local waiter once: notices may have been missed (sent while the
+    /// `LISTEN` connection was down), so each looks at its lock again.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn wake_all(&self) {
+        let map = self.waiters.lock().unwrap_or_else(PoisonError::into_inner);
+        for (own, _) in map.values().flat_map(|slot| slot.by_key.values()) {
+            own.notify_one();
+        }
+    }
+
     /// Subscribes the waiter `key` of `name` to release notices.
     fn subscribe(self: &Arc<Self>, name: &str, key: &str) -> Subscription {
         let mut map = self.waiters.lock().unwrap_or_else(PoisonError::into_inner);
@@ -244,7 +254,8 @@ impl Drop for Inner {
 /// [`Attempt::Busy::just_queued`]).
 const JUST_QUEUED_PAUSE: Duration = Duration::from_millis(10);
 
-/// A backoff round past every growth: its delay is the backoff's longest.
+/// A backoff round past every growth: its delay is the longest the backoff takes
+/// (`Backoff::delay` stops growing at round 32).
 const LONGEST_ROUND: u32 = u32::MAX;
 
 /// A lock backend on a SQL database (SQLite, MariaDB/MySQL, PostgreSQL).
@@ -895,7 +906,11 @@ impl LockRemoteResource for JdbcBackend {
             .then(|| QueueSlot::new(self, req));
         let liveness = self.inner.options.waiter_liveness;
         // Whether a release notice names this waiter when its turn comes: a plain
-        // writer (an upgrade passes the queue, and nobody names it), subscribed.
+        // writer (an upgrade passes the queue, and nobody names it), subscribed. A
+        // notice it misses — none sent because a waiter ahead left without a
+        // release, or sent while the LISTEN connection was down and it did not
+        // come back at once (a connection that does wakes every waiter) — costs
+        // it at most the backoff's longest delay.
         let told = subscription.is_some()
             && req.mode == LockMode::Exclusive
             && req.alongside_holder().is_none();
@@ -955,7 +970,8 @@ impl LockRemoteResource for JdbcBackend {
                 } => {
                     let target = predecessor.or_else(|| holder_key.clone());
                     // A waiter that moves up to the head of the queue, or next but
-                    // one, polls from the shortest delay again: the lock is handed on
+                    // one, polls from the shortest delay again (a told writer pauses
+                    // the longest from its second pause on, below): the lock is handed on
                     // soon after it frees, not when a long backoff comes round. So
                     // does the head on a bell line when the lock changes hands: a
                     // hold that took the lock past it (a newcomer, in non-fair mode)

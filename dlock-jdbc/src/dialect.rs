@@ -88,7 +88,6 @@ impl Stmt {
     fn new(dialect: Dialect, template: &str, prefix: &str) -> Self {
         let template = template
             .replace("EXCLUSIVE_ROW", EXCLUSIVE_ROW)
-            .replace("EXCLUSIVE_REFUSED", EXCLUSIVE_REFUSED)
             .replace("EXCLUSIVE_GATE", EXCLUSIVE_GATE)
             .replace("SHARED_GATE", SHARED_GATE)
             .replace("PERMIT_ROOM", &permits::room(dialect, PERMIT_ROOM))
@@ -170,14 +169,19 @@ pub(crate) const ASK_THE_QUEUE: i64 = 1;
 /// `$3` ms (its own lease `$6`), with context `$4` and a clock-floored token.
 const EXCLUSIVE_ROW: &str = "$1, $2, CLOCK_US, $4, NOW, NOW + $3, 0, 0, NOW + $6";
 
-/// Whether the lock's row `seen` refuses `$2` an exclusive grant: the complement of
-/// the exclusive upsert's `DO UPDATE` condition (no `NULL` in it: every column read
-/// is `NOT NULL` but the owner, which is tested first). PostgreSQL reads it on the
-/// statement's snapshot, and proposes the row only when it does not hold (see
-/// [`Statements::acquire_exclusive`]); the upsert still decides.
-const EXCLUSIVE_REFUSED: &str = "seen.shared_until > NOW \
-     OR (seen.owner IS NOT NULL AND seen.expires_at > NOW AND seen.owner <> $2) \
-     OR ((seen.owner IS NULL OR seen.expires_at <= NOW) AND NOT EXCLUSIVE_GATE)";
+/// Whether the lock's row `row` lets `owner` take it exclusively (SQLite,
+/// PostgreSQL): held by `owner` itself (a re-entrant grant) or free — no live holder
+/// — with the queue letting `owner` in, and either way past the readers' horizon:
+/// the exclusive upsert's `DO UPDATE` condition. PostgreSQL also reads it on the
+/// statement's snapshot before it proposes its row (see
+/// [`Statements::acquire_exclusive`]).
+fn exclusive_grantable(row: &str, owner: &str) -> String {
+    format!(
+        "(({row}.owner = {owner} AND {row}.expires_at > NOW) \
+           OR (({row}.owner IS NULL OR {row}.expires_at <= NOW) AND EXCLUSIVE_GATE)) \
+         AND {row}.shared_until <= NOW"
+    )
+}
 
 /// Whether waiters queued ahead let `$2` take a free lock exclusively: no live waiter
 /// other than `$2` that arrived before it (a caller not queued arrived after
@@ -253,8 +257,8 @@ pub(crate) struct Statements {
     /// mode), `$6` the holder's own lease ms (the lease less a transition window) → token (RETURNING, or LAST_INSERT_ID on MySQL; 0 = not granted).
     /// On PostgreSQL a grant also removes `$2`'s queue entry (see
     /// `exclusive_grant_leaves_queue`), and a refusal the statement's snapshot
-    /// already shows (`EXCLUSIVE_REFUSED`) proposes no row: it locks nothing, so its
-    /// transaction needs no WAL flush and blocks no grant or release of the lock.
+    /// already shows proposes no row: it locks nothing, so its transaction needs no
+    /// WAL flush and blocks no grant or release of the lock.
     pub(crate) acquire_exclusive: Stmt,
     /// MariaDB/MySQL: as `acquire_exclusive` for a caller not queued, judging the
     /// queue by its mark (`writer_wait_until`, see [`Self::mark_queue`]) instead of
@@ -390,6 +394,7 @@ impl Statements {
                    ttl_at = IF(@dlock_grant, NOW + $6, ttl_at), \
                    expires_at = IF(@dlock_grant, NOW + $3, expires_at), \
                    owner = IF(@dlock_grant, VALUES(owner), owner)"
+                    .to_owned()
             }
             Dialect::Sqlite | Dialect::Postgres => {
                 "INSERT INTO {locks} (name, owner, token, context, acquired_at, expires_at, shared_until, writer_wait_until, ttl_at) \
@@ -401,10 +406,12 @@ impl Statements {
                                 THEN {locks}.acquired_at ELSE excluded.acquired_at END, \
                    owner = excluded.owner, context = excluded.context, \
                    expires_at = excluded.expires_at, ttl_at = excluded.ttl_at \
-                 WHERE (({locks}.owner = excluded.owner AND {locks}.expires_at > NOW) \
-                     OR (({locks}.owner IS NULL OR {locks}.expires_at <= NOW) AND EXCLUSIVE_GATE)) \
-                   AND {locks}.shared_until <= NOW \
+                 WHERE EXCLUSIVE_GRANTABLE \
                  RETURNING token"
+                    .replace(
+                        "EXCLUSIVE_GRANTABLE",
+                        &exclusive_grantable("{locks}", "excluded.owner"),
+                    )
             }
         };
         let acquire_exclusive_unqueued = (dialect == Dialect::MySql).then(|| {
@@ -421,10 +428,12 @@ impl Statements {
         // PostgreSQL: a grant also takes the waiter out of the queue, in the same
         // statement (a data-modifying `WITH`; one round trip and one commit fewer per
         // hand-over). Elsewhere the waiter leaves with a statement of its own.
-        // It also proposes its row only when the statement's snapshot of the lock's
-        // row would not refuse it (`EXCLUSIVE_REFUSED`): a refused upsert locks the
-        // row all the same, and the lock costs a WAL flush at commit, which the next
-        // grant or release of the lock waits for.
+        // It also proposes its row only when the lock's row, as the statement's
+        // snapshot shows it, would let the upsert grant it: a refused upsert locks
+        // the row all the same, and the lock costs a WAL flush at commit, which the
+        // next grant or release of the lock waits for. (A release committing while
+        // the statement runs is not waited for: the caller is refused, as if it had
+        // asked a moment earlier.)
         let (acquire_exclusive, exclusive_grant_leaves_queue) = match dialect {
             Dialect::Postgres => (
                 s(&format!(
@@ -434,13 +443,16 @@ impl Statements {
                      SELECT token FROM granted",
                     acquire_exclusive_text.replace(
                         "VALUES (EXCLUSIVE_ROW)",
-                        "SELECT EXCLUSIVE_ROW WHERE NOT EXISTS (SELECT 1 FROM {locks} seen \
-                           WHERE seen.name = $1 AND (EXCLUSIVE_REFUSED))"
+                        &format!(
+                            "SELECT EXCLUSIVE_ROW WHERE NOT EXISTS (SELECT 1 FROM {{locks}} seen \
+                               WHERE seen.name = $1 AND NOT COALESCE(({}), FALSE))",
+                            exclusive_grantable("seen", "$2")
+                        )
                     )
                 )),
                 true,
             ),
-            Dialect::Sqlite | Dialect::MySql => (s(acquire_exclusive_text), false),
+            Dialect::Sqlite | Dialect::MySql => (s(&acquire_exclusive_text), false),
         };
         // Beside the owner's live read hold `$7`: no queue gate, and the readers'
         // horizon may stand if every live reader is that hold.
@@ -726,10 +738,25 @@ mod tests {
     #[test]
     fn postgres_proposes_the_exclusive_row_only_when_its_snapshot_allows() {
         let pg = Statements::new(Dialect::Postgres, "p_");
+        // One condition, read on the snapshot and decided by the upsert.
+        for grantable in [
+            "WHERE NOT EXISTS (SELECT 1 FROM p_locks seen WHERE seen.name = $1 \
+             AND NOT COALESCE((((seen.owner = $2 AND seen.expires_at > ",
+            "WHERE ((p_locks.owner = excluded.owner AND p_locks.expires_at > ",
+        ] {
+            let grantable = grantable.split_whitespace().collect::<Vec<_>>().join(" ");
+            let sql = pg
+                .acquire_exclusive
+                .sql
+                .split_whitespace()
+                .collect::<Vec<_>>()
+                .join(" ");
+            assert!(sql.contains(&grantable), "{grantable}\n{sql}");
+        }
         assert!(
             pg.acquire_exclusive
                 .sql
-                .contains("WHERE NOT EXISTS (SELECT 1 FROM p_locks seen WHERE seen.name = $1 AND (seen.shared_until >"),
+                .contains("SELECT 1 FROM p_locks seen"),
             "{}",
             pg.acquire_exclusive.sql
         );

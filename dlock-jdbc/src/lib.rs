@@ -74,8 +74,9 @@
 //!   the deadline and never past the holder's lease end; on PostgreSQL a release with
 //!   a waiter queued also sends `NOTIFY` (so does the end of a term of leadership, for
 //!   the election's observers), and the waiter it names wakes at once — a queued
-//!   writer there waits for that notice, looking on its own only every
-//!   [`Backoff::longest`] delay (a notice lost, a waiter ahead gone). On
+//!   writer there waits for that notice, pausing the backoff's longest delay between
+//!   looks of its own (half to all of it, with equal jitter; a lost notice, a waiter
+//!   ahead gone without a release, cost it that long). On
 //!   MariaDB/MySQL a waiter for an exclusive lock blocks inside the server on the
 //!   *bell* of the waiter just ahead of it in the queue (or of the holder): a named
 //!   lock (`GET_LOCK`) of its own that each waiter takes, and that a hold granted after
@@ -154,7 +155,10 @@ pub struct JdbcOptions {
     pub acquire_timeout: Duration,
     /// Delays between polls of a waiting acquire. Default 5 ms doubling to 250 ms,
     /// equal jitter. A queued PostgreSQL writer, which the release notice names,
-    /// polls at the longest delay throughout.
+    /// pauses the longest delay between looks of its own from its second on (each
+    /// still cut at the holder's lease end, a third of its queue liveness and its
+    /// deadline): a longest delay of seconds, as MariaDB/MySQL waiters may want
+    /// (below), makes a lost notice cost that long there.
     pub backoff: Backoff,
     /// Create or upgrade the tables on connect. Default true.
     pub migrate: bool,
@@ -659,8 +663,9 @@ async fn start_listener(
         let target = Arc::clone(&wakeups);
         let task = tokio::spawn(async move {
             loop {
-                // `try_recv` answers `None` when the connection dropped (it reconnects
-                // on the next call): notices may have been missed, so observers re-read.
+                // `try_recv` answers `None` when the connection dropped, once it has
+                // connected and listened again, and an error when that failed (the
+                // next call tries again).
                 match listener.try_recv().await {
                     Ok(Some(note)) => {
                         if note.channel() == channel {
@@ -671,7 +676,13 @@ async fn start_listener(
                             target.changed(note.payload());
                         }
                     }
-                    Ok(None) => target.changed_all(),
+                    // The connection dropped and listens again (sqlx reconnects
+                    // before it answers): notices sent meanwhile are lost, so every
+                    // waiter looks again and every observer re-reads.
+                    Ok(None) => {
+                        target.wake_all();
+                        target.changed_all();
+                    }
                     Err(e) => {
                         // recv reconnects on the next call; polling covers the gap,
                         // and observers re-read (they may have missed changes).

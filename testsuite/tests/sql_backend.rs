@@ -74,6 +74,49 @@ fn polling_every(secs: u64) -> JdbcOptions {
         .backoff(Backoff::constant(Duration::from_secs(secs)).with_jitter(Jitter::None))
 }
 
+/// Starts `lock`'s wait (up to `wait`) in a task of its own and returns once the
+/// waiter has been refused, queued, and refused again after its first short pause —
+/// its next look is its backoff away — with its backend's attempt count by then.
+async fn queued_waiter(
+    backend: &JdbcBackend,
+    lock: dlock_api::DistributeLock,
+    wait: Duration,
+    label: &str,
+) -> (
+    tokio::task::JoinHandle<dlock_api::Result<Option<LockGuard>>>,
+    u64,
+) {
+    let waiting = tokio::spawn(async move { lock.try_lock(wait).await });
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            backend.acquire_attempts() >= 2
+        })
+        .await,
+        "{label}: the waiter never looked twice"
+    );
+    // The counter moves as an attempt starts, and nothing marks its end: let its
+    // statements finish (a few ms), well inside the pause that follows.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    (waiting, backend.acquire_attempts())
+}
+
+/// Releases `held` and expects the queued acquire `waiting` to be granted within
+/// 3 s; lets that go too.
+async fn handed_over(
+    held: LockGuard,
+    waiting: tokio::task::JoinHandle<dlock_api::Result<Option<LockGuard>>>,
+    label: &str,
+) {
+    held.unlock().await.unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(3), waiting)
+        .await
+        .unwrap_or_else(|_| panic!("{label}: the waiter was not granted after the release"))
+        .unwrap()
+        .unwrap()
+        .unwrap_or_else(|| panic!("{label}: the waiter's wait ended without the lock"));
+    got.unlock().await.unwrap();
+}
+
 /// Waits (bounded) until SQLite's clock, in epoch ms, is past `ms`.
 async fn wait_for_sqlite_clock_past(url: &str, ms: u64) {
     let mut c = sqlx::SqliteConnection::connect(url).await.unwrap();
@@ -762,14 +805,61 @@ async fn postgres_a_queued_writer_waits_for_its_notice_not_a_climbing_backoff() 
         looks <= 4,
         "postgres: a queued writer looked {looks} times in its first 300 ms"
     );
-    held.unlock().await.unwrap();
-    let got = tokio::time::timeout(Duration::from_secs(2), waiting)
-        .await
-        .expect("postgres: the queued writer was not granted after the release")
-        .unwrap()
-        .unwrap()
-        .expect("granted after the release");
-    got.unlock().await.unwrap();
+    handed_over(held, waiting, "postgres").await;
+    holder.close().await;
+    waiter.close().await;
+}
+
+/// PostgreSQL: notices sent while a backend's `LISTEN` connection is down are lost;
+/// when it has connected and listened again, every queued waiter looks at once, so
+/// a release it missed costs it a round trip, not its next poll. The waiter polls
+/// only every 5 s; the server ends its backend's listener (this test's table prefix
+/// names the channel).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_listener_that_comes_back_has_every_waiter_look() {
+    let Some(url) = sql_url("postgres") else {
+        return;
+    };
+    let prefix = "dlock_relisten_";
+    let holder = manager(
+        &url,
+        JdbcOptions::default().table_prefix(prefix),
+        LONG_LEASE,
+    )
+    .await;
+    let slow = polling_every(5)
+        .table_prefix(prefix)
+        .waiter_liveness(Duration::from_secs(30));
+    let (backend, waiter) = backend_and_manager(&url, slow, LONG_LEASE).await;
+    let name = format!("relisten-{:x}", fastrand::u64(..));
+    let held = take(&holder.lock(&name), Duration::ZERO).await;
+    let (waiting, seen) = queued_waiter(
+        &backend,
+        waiter.lock(&name),
+        Duration::from_secs(30),
+        "postgres",
+    )
+    .await;
+    let mut admin = sqlx::PgConnection::connect(&url).await.unwrap();
+    let ended: Vec<bool> = sqlx::query_scalar(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+         WHERE query LIKE 'LISTEN%dlock_relisten_release%'",
+    )
+    .fetch_all(&mut admin)
+    .await
+    .unwrap();
+    assert!(
+        ended.contains(&true),
+        "postgres: no listener ended: {ended:?}"
+    );
+    assert!(
+        eventually(Duration::from_secs(2), || async {
+            backend.acquire_attempts() > seen
+        })
+        .await,
+        "postgres: the waiter did not look again when its listener came back"
+    );
+    handed_over(held, waiting, "postgres").await;
     holder.close().await;
     waiter.close().await;
 }
@@ -1029,23 +1119,13 @@ async fn a_newcomer_stands_back_for_a_queued_waiter_in_fair_mode_only() {
         let name = format!("newcomer-{:x}", fastrand::u64(..));
 
         let held = take(&holder.fair_lock(&name), Duration::ZERO).await;
-        let waiting = {
-            let lock = waiter.fair_lock(&name);
-            tokio::spawn(async move { lock.try_lock(Duration::from_secs(60)).await })
-        };
-        // Refused, queued, and refused again after its first short pause: the next
-        // look is 10 s away.
-        assert!(
-            eventually(Duration::from_secs(5), || async {
-                waiter_backend.acquire_attempts() >= 2
-            })
-            .await,
-            "{label}: the waiter never looked twice"
-        );
-        // The counter moves as an attempt starts, and nothing marks its end: let its
-        // statements finish (a few ms) well inside the 10 s pause that follows.
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        let seen = waiter_backend.acquire_attempts();
+        let (waiting, seen) = queued_waiter(
+            &waiter_backend,
+            waiter.fair_lock(&name),
+            Duration::from_secs(60),
+            &label,
+        )
+        .await;
         held.unlock().await.unwrap();
 
         let fair = newcomer.fair_lock(&name).try_lock(Duration::ZERO).await;
