@@ -319,8 +319,15 @@ impl Inner {
     /// server serves in order. Creates the lock's node (a container) when missing,
     /// finds our node again after a connection loss, and keeps only the oldest when
     /// the owner already had one (a retried or repeated acquire). `place`: where the
-    /// node goes in the queue.
-    pub(crate) async fn enqueue(&self, who: Contending<'_>, place: Place<'_>) -> Result<Enqueued> {
+    /// node goes in the queue. A blip that takes the answer to the create or to
+    /// the listing is ridden out until `deadline` (`None`: not at all): once the
+    /// connection is back, the session living on, the queue is listed again.
+    pub(crate) async fn enqueue(
+        &self,
+        who: Contending<'_>,
+        place: Place<'_>,
+        deadline: Option<Instant>,
+    ) -> Result<Enqueued> {
         let Contending {
             session,
             key,
@@ -359,8 +366,11 @@ impl Inner {
                         || (!sequential && matches!(lost, ZkError::NodeExists)) =>
                 {
                     // The create may have happened: look for our node by its prefix.
-                    let (children, watch) = client
-                        .list_and_watch_children(lock)
+                    let (children, watch) = self
+                        .sessions
+                        .across_blips(session, time_left(deadline), || {
+                            client.list_and_watch_children(lock)
+                        })
                         .await
                         .map_err(|e| map_zk(e, "list"))?;
                     match self
@@ -380,6 +390,17 @@ impl Inner {
                     }
                 }
                 Err(err) => return Err(map_zk(err, "create")),
+            };
+            // The node is made; a blip took the listing's answer: list again.
+            let listed = match listed {
+                Err(err) if self.sessions.back_from_blip(session, &err, deadline).await => {
+                    self.sessions
+                        .across_blips(session, time_left(deadline), || {
+                            client.get_and_watch_children(lock)
+                        })
+                        .await
+                }
+                listed => listed,
             };
             let (children, parent, watch) = match listed {
                 Ok(listed) => listed,
@@ -869,7 +890,7 @@ impl ZkBackend {
         let (session, lock) = (who.session, who.lock);
         let Turn { deadline, beside } = turn;
         let place = beside.map_or(Place::Next, |own| Place::At(&own.key));
-        let mut mine = inner.enqueue(who, place).await?;
+        let mut mine = inner.enqueue(who, place, deadline).await?;
         let mut pending = who.pending(&inner.sessions, &mine.node);
         // A read placed beside a write that was gone by the time it was made (the
         // writers queued behind that write may hold now) must not stand there: it
@@ -877,7 +898,7 @@ impl ZkBackend {
         let mut beside = beside.map(|own| own.node.as_str());
         if beside.is_some_and(|own| !mine.children.iter().any(|c| c == own)) {
             pending.delete().await;
-            mine = inner.enqueue(who, Place::Next).await?;
+            mine = inner.enqueue(who, Place::Next, deadline).await?;
             pending = who.pending(&inner.sessions, &mine.node);
             beside = None;
         }
@@ -894,7 +915,7 @@ impl ZkBackend {
                 // Queued again at the back, by the plain rules (the hold it stood
                 // beside may be gone by now too).
                 beside = None;
-                mine = inner.enqueue(who, Place::Next).await?;
+                mine = inner.enqueue(who, Place::Next, deadline).await?;
                 pending = who.pending(&inner.sessions, &mine.node);
                 enqueues += 1;
                 continue;
@@ -943,11 +964,9 @@ impl ZkBackend {
         let listed = self
             .inner
             .sessions
-            .across_blips(
-                session,
-                deadline.saturating_duration_since(Instant::now()),
-                || session.client.list_and_watch_children(lock),
-            )
+            .across_blips(session, time_left(Some(deadline)), || {
+                session.client.list_and_watch_children(lock)
+            })
             .await;
         match listed {
             Ok((children, watch)) => (mine.children, mine.watch) = (children, watch),
@@ -974,8 +993,11 @@ impl ZkBackend {
             }),
             // A blip: our node survives it with the session; look again.
             Err(err)
-                if connection_failure(&err)
-                    && self.inner.sessions.reconnected(session, deadline).await =>
+                if self
+                    .inner
+                    .sessions
+                    .back_from_blip(session, &err, Some(deadline))
+                    .await =>
             {
                 Ok(true)
             }
@@ -1234,6 +1256,13 @@ pub(crate) fn deadline_passed(deadline: Option<Instant>) -> bool {
 /// The deadline, if it has not passed (`None`: look once, no waiting).
 pub(crate) fn live_deadline(deadline: Option<Instant>) -> Option<Instant> {
     deadline.filter(|d| *d > Instant::now())
+}
+
+/// How long is left until `deadline` (`None`: no time at all).
+pub(crate) fn time_left(deadline: Option<Instant>) -> Duration {
+    deadline.map_or(Duration::ZERO, |d| {
+        d.saturating_duration_since(Instant::now())
+    })
 }
 
 pub(crate) fn token_of(czxid: i64) -> FencingToken {

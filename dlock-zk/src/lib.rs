@@ -34,6 +34,10 @@
 //! * **No orphans**: the node's prefix is derived from the owner, so after a connection
 //!   loss the owner finds the node it may have created; a timed-out or cancelled
 //!   acquire deletes its node.
+//! * **Blips ridden out**: a request whose answer a dropped connection took is sent
+//!   again once the connection is back, the session living on, within the call's
+//!   wait (a waiter's queueing and its looks at the queue); a try-once call may answer
+//!   with a retryable error instead.
 //! * **Fencing token**: the node's creation zxid — strictly increasing across all
 //!   clients, all locks, and the deletion of the lock's node. Reentry keeps it.
 //! * **Session, not lease**: holds need no renewal (the watchdog stays idle). Each hold

@@ -26,8 +26,8 @@ use dlock_spi::{
 use zookeeper_client::Error as ZkError;
 
 use crate::backend::{
-    deadline_passed, delete_children, node_data, parse_node_data, token_of, HeldKey, HeldNode,
-    PendingNode, ZkBackend,
+    deadline_passed, delete_children, node_data, parse_node_data, time_left, token_of, HeldKey,
+    HeldNode, PendingNode, ZkBackend,
 };
 use crate::error::map_zk;
 use crate::layout;
@@ -320,8 +320,14 @@ impl<'a> LeaseMaker<'a> {
                 _ = watch.changed() => {}
                 () = tokio::time::sleep_until(deadline.into()) => break,
             }
-            (children, watch) = client
-                .list_and_watch_children(dir)
+            // (A blip is ridden out until the deadline.)
+            (children, watch) = self
+                .backend
+                .inner
+                .sessions
+                .across_blips(self.session, time_left(Some(deadline)), || {
+                    client.list_and_watch_children(dir)
+                })
                 .await
                 .map_err(|e| map_zk(e, "list"))?;
         }

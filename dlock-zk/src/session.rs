@@ -169,7 +169,7 @@ impl Sessions {
 
     /// Waits until `session` is connected again; false if it ended (or was given up
     /// on) instead, or `deadline` passed first.
-    pub(crate) async fn reconnected(&self, session: &Session, deadline: Instant) -> bool {
+    async fn reconnected(&self, session: &Session, deadline: Instant) -> bool {
         let id = session.id();
         self.wait_until(deadline, |s| {
             s.id != id || s.phase != SessionPhase::Suspended
@@ -178,10 +178,26 @@ impl Sessions {
         .is_some_and(|s| s.id == id && s.phase == SessionPhase::Connected)
     }
 
+    /// Whether a request on `session` that failed with `err` can be sent again: the
+    /// connection broke under it (a blip) and came back, the session living on,
+    /// before `deadline` (`None`: not waited for).
+    pub(crate) async fn back_from_blip(
+        &self,
+        session: &Session,
+        err: &zookeeper_client::Error,
+        deadline: Option<Instant>,
+    ) -> bool {
+        match deadline {
+            Some(deadline) if connection_failure(err) => self.reconnected(session, deadline).await,
+            _ => false,
+        }
+    }
+
     /// Runs `op` on `session`, and again each time the connection fails under it
     /// and comes back (the session living on) within `wait` of the first failure —
     /// a request met by a blip, sent again once it can be answered. Otherwise its
-    /// answer, or the last error once `wait` has passed.
+    /// answer, or the last error once `wait` has passed (a request sent again waits
+    /// no longer either: one sent while disconnected waits for the connection).
     pub(crate) async fn across_blips<T, F, Fut>(
         &self,
         session: &Session,
@@ -192,12 +208,20 @@ impl Sessions {
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Result<T, zookeeper_client::Error>>,
     {
-        let mut until = None;
+        let mut until: Option<Instant> = None;
         loop {
-            match op().await {
+            let answered = match until {
+                None => op().await,
+                Some(until) => tokio::time::timeout_at(until.into(), op())
+                    .await
+                    .unwrap_or(Err(zookeeper_client::Error::ConnectionLoss)),
+            };
+            match answered {
                 Err(err) if connection_failure(&err) => {
                     let until = *until.get_or_insert_with(|| Instant::now() + wait);
-                    if Instant::now() >= until || !self.reconnected(session, until).await {
+                    if Instant::now() >= until
+                        || !self.back_from_blip(session, &err, Some(until)).await
+                    {
                         return Err(err);
                     }
                 }

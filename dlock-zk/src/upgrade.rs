@@ -45,8 +45,8 @@ use dlock_spi::{Error, ErrorKind, LockMode, Result};
 use zookeeper_client::Error as ZkError;
 
 use crate::backend::{
-    deadline_passed, delete_children, live_deadline, Contending, Enqueued, PendingNode, Place,
-    Turn, ZkBackend,
+    deadline_passed, delete_children, live_deadline, time_left, Contending, Enqueued, PendingNode,
+    Place, Turn, ZkBackend,
 };
 use crate::error::map_zk;
 use crate::layout::{self, Contender};
@@ -147,7 +147,7 @@ impl ZkBackend {
         let own = layout::protected_prefix(who.key.holder());
         let mut placements = 0;
         loop {
-            let children = self.queue_without(session, lock, &own).await?;
+            let children = self.queue_without(session, lock, &own, deadline).await?;
             inner.attempts.fetch_add(1, Ordering::Relaxed);
             let queue = layout::contenders(&children);
             let (anchor, read) = match plan(&queue, read) {
@@ -173,7 +173,7 @@ impl ZkBackend {
                 )
                 .set_retryable(true));
             }
-            let mut mine = inner.enqueue(who, Place::After(&anchor)).await?;
+            let mut mine = inner.enqueue(who, Place::After(&anchor), deadline).await?;
             let mut pending = who.pending(&inner.sessions, &mine.node);
             let judged = if mine.at_creation {
                 let queue = layout::contenders(&mine.children);
@@ -216,15 +216,23 @@ impl ZkBackend {
     /// The lock's children, once none is a node of the grant `own` any more: one
     /// left by an earlier placement (its delete failed, or its create's answer was
     /// lost) would stand in every later reader's way, the upgrade's own next
-    /// placement's included. Deleted here and awaited; an error if that fails.
+    /// placement's included. Deleted here and awaited; an error if that fails. A
+    /// blip is ridden out until `deadline`.
     async fn queue_without(
         &self,
         session: &Arc<Session>,
         lock: &str,
         own: &str,
+        deadline: Option<Instant>,
     ) -> Result<Vec<String>> {
+        let sessions = &self.inner.sessions;
         let list = || async {
-            match session.client.list_children(lock).await {
+            let listed = sessions
+                .across_blips(session, time_left(deadline), || {
+                    session.client.list_children(lock)
+                })
+                .await;
+            match listed {
                 Ok(children) => Ok(children),
                 Err(ZkError::NoNode) => Ok(Vec::new()),
                 Err(err) => Err(map_zk(err, "list")),

@@ -11,6 +11,8 @@
 //!   default `memory`) and runs one case on one of them; a requested backend that
 //!   cannot be opened fails the case. The `conformance` test makes each case ×
 //!   backend a test trial of its own (`LABEL::CASE`).
+//! * [`proxy`] — a TCP proxy injecting network faults; [`zk_cut`] — one that reads
+//!   ZooKeeper's protocol and cuts a connection just before a chosen answer.
 #![deny(missing_docs)]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -23,6 +25,7 @@ pub mod handover;
 pub mod lockcheck;
 pub mod proxy;
 pub mod runner;
+pub mod zk_cut;
 
 use std::sync::Arc;
 

@@ -12,6 +12,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -138,7 +139,7 @@ pub struct FaultProxy {
     task: JoinHandle<()>,
 }
 
-fn loopback_only(upstream: SocketAddr) -> io::Result<()> {
+pub(crate) fn loopback_only(upstream: SocketAddr) -> io::Result<()> {
     if upstream.ip().is_loopback() {
         Ok(())
     } else {
@@ -205,7 +206,19 @@ impl Drop for FaultProxy {
     }
 }
 
-async fn serve(client: TcpStream, upstream: SocketAddr, watcher: watch::Receiver<Fault>) {
+/// Relays between `client` and a connection opened for it to `upstream` (Nagle off
+/// on both): `up` carries the client's half to the server, `down` the server's to
+/// the client; either ending (EOF, error or a fault) ends the connection. Returns
+/// at once if the server cannot be reached.
+pub(crate) async fn relay<U, D>(
+    client: TcpStream,
+    upstream: SocketAddr,
+    up: impl FnOnce(OwnedReadHalf, OwnedWriteHalf) -> U,
+    down: impl FnOnce(OwnedReadHalf, OwnedWriteHalf) -> D,
+) where
+    U: std::future::Future<Output = ()>,
+    D: std::future::Future<Output = ()>,
+{
     let Ok(server) = TcpStream::connect(upstream).await else {
         return;
     };
@@ -213,18 +226,26 @@ async fn serve(client: TcpStream, upstream: SocketAddr, watcher: watch::Receiver
     let _ = server.set_nodelay(true);
     let (cr, cw) = client.into_split();
     let (sr, sw) = server.into_split();
-    let up = pump(cr, sw, watcher.clone());
-    let down = pump(sr, cw, watcher);
-    // Either direction ending (EOF, error or reset) ends the connection.
     tokio::select! {
-        _ = up => {}
-        _ = down => {}
+        () = up(cr, sw) => {}
+        () = down(sr, cw) => {}
     }
 }
 
+async fn serve(client: TcpStream, upstream: SocketAddr, watcher: watch::Receiver<Fault>) {
+    let down_watcher = watcher.clone();
+    relay(
+        client,
+        upstream,
+        |from, to| pump(from, to, watcher),
+        |from, to| pump(from, to, down_watcher),
+    )
+    .await;
+}
+
 async fn pump(
-    mut from: tokio::net::tcp::OwnedReadHalf,
-    mut to: tokio::net::tcp::OwnedWriteHalf,
+    mut from: OwnedReadHalf,
+    mut to: OwnedWriteHalf,
     mut watcher: watch::Receiver<Fault>,
 ) {
     let mut buf = vec![0u8; 16 * 1024];
