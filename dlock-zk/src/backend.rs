@@ -368,7 +368,7 @@ impl Inner {
                     // The create may have happened: look for our node by its prefix.
                     let (children, watch) = self
                         .sessions
-                        .across_blips(session, time_left(deadline), || {
+                        .across_blips(session, live_deadline(deadline), || {
                             client.list_and_watch_children(lock)
                         })
                         .await
@@ -395,9 +395,7 @@ impl Inner {
             let listed = match listed {
                 Err(err) if self.sessions.back_from_blip(session, &err, deadline).await => {
                     self.sessions
-                        .across_blips(session, time_left(deadline), || {
-                            client.get_and_watch_children(lock)
-                        })
+                        .across_blips(session, deadline, || client.get_and_watch_children(lock))
                         .await
                 }
                 listed => listed,
@@ -655,7 +653,9 @@ impl LockRemoteResource for ZkBackend {
         let wait = (session.client.session_timeout() * 2 / 5).min(RECONNECT_WAIT);
         let deleted = inner
             .sessions
-            .across_blips(&session, wait, || session.client.delete(&path, None))
+            .across_blips(&session, Some(Instant::now() + wait), || {
+                session.client.delete(&path, None)
+            })
             .await;
         match deleted {
             Ok(()) => Ok(ReleaseResult::Released),
@@ -964,7 +964,7 @@ impl ZkBackend {
         let listed = self
             .inner
             .sessions
-            .across_blips(session, time_left(Some(deadline)), || {
+            .across_blips(session, Some(deadline), || {
                 session.client.list_and_watch_children(lock)
             })
             .await;
@@ -1256,13 +1256,6 @@ pub(crate) fn deadline_passed(deadline: Option<Instant>) -> bool {
 /// The deadline, if it has not passed (`None`: look once, no waiting).
 pub(crate) fn live_deadline(deadline: Option<Instant>) -> Option<Instant> {
     deadline.filter(|d| *d > Instant::now())
-}
-
-/// How long is left until `deadline` (`None`: no time at all).
-pub(crate) fn time_left(deadline: Option<Instant>) -> Duration {
-    deadline.map_or(Duration::ZERO, |d| {
-        d.saturating_duration_since(Instant::now())
-    })
 }
 
 pub(crate) fn token_of(czxid: i64) -> FencingToken {

@@ -26,8 +26,8 @@ use dlock_spi::{
 use zookeeper_client::Error as ZkError;
 
 use crate::backend::{
-    deadline_passed, delete_children, node_data, parse_node_data, time_left, token_of, HeldKey,
-    HeldNode, PendingNode, ZkBackend,
+    deadline_passed, delete_children, node_data, parse_node_data, token_of, HeldKey, HeldNode,
+    PendingNode, ZkBackend,
 };
 use crate::error::map_zk;
 use crate::layout;
@@ -279,8 +279,23 @@ impl<'a> LeaseMaker<'a> {
             .first()
             .map(|(node, _)| node.clone())
             .unwrap_or_default();
-        let (listed, recorded) =
+        let (mut listed, mut recorded) =
             tokio::join!(client.list_and_watch_children(dir), client.get_data(dir));
+        // A blip took an answer: both asked again once the connection is back.
+        if let Err(err) = listed.as_ref().and(recorded.as_ref()) {
+            let sessions = &self.backend.inner.sessions;
+            if sessions
+                .back_from_blip(self.session, err, req.deadline)
+                .await
+            {
+                (listed, recorded) = tokio::join!(
+                    sessions.across_blips(self.session, req.deadline, || {
+                        client.list_and_watch_children(dir)
+                    }),
+                    sessions.across_blips(self.session, req.deadline, || client.get_data(dir))
+                );
+            }
+        }
         let (mut children, mut watch) = listed.map_err(|e| map_zk(e, "list"))?;
         let (recorded, stat) = recorded.map_err(|e| map_zk(e, "get"))?;
         let others = children.iter().any(|c| !c.starts_with(self.protected));
@@ -325,7 +340,7 @@ impl<'a> LeaseMaker<'a> {
                 .backend
                 .inner
                 .sessions
-                .across_blips(self.session, time_left(Some(deadline)), || {
+                .across_blips(self.session, Some(deadline), || {
                     client.list_and_watch_children(dir)
                 })
                 .await

@@ -180,7 +180,7 @@ impl Sessions {
 
     /// Whether a request on `session` that failed with `err` can be sent again: the
     /// connection broke under it (a blip) and came back, the session living on,
-    /// before `deadline` (`None`: not waited for).
+    /// before `deadline` (`None`, or passed: not waited for).
     pub(crate) async fn back_from_blip(
         &self,
         session: &Session,
@@ -188,43 +188,36 @@ impl Sessions {
         deadline: Option<Instant>,
     ) -> bool {
         match deadline {
-            Some(deadline) if connection_failure(err) => self.reconnected(session, deadline).await,
+            Some(deadline) if connection_failure(err) && Instant::now() < deadline => {
+                self.reconnected(session, deadline).await
+            }
             _ => false,
         }
     }
 
-    /// Runs `op` on `session`, and again each time the connection fails under it
-    /// and comes back (the session living on) within `wait` of the first failure —
-    /// a request met by a blip, sent again once it can be answered. Otherwise its
-    /// answer, or the last error once `wait` has passed (a request sent again waits
-    /// no longer either: one sent while disconnected waits for the connection).
+    /// Runs `op` on `session` — a request met by a blip is sent again once the
+    /// connection is back, the session living on — until `until`; every try waits
+    /// no longer than that (one sent while the connection is down waits for it).
+    /// Its answer, or the last error. `None`: sent once, as a plain request.
     pub(crate) async fn across_blips<T, F, Fut>(
         &self,
         session: &Session,
-        wait: Duration,
+        until: Option<Instant>,
         mut op: F,
     ) -> Result<T, zookeeper_client::Error>
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Result<T, zookeeper_client::Error>>,
     {
-        let mut until: Option<Instant> = None;
+        let Some(until) = until else {
+            return op().await;
+        };
         loop {
-            let answered = match until {
-                None => op().await,
-                Some(until) => tokio::time::timeout_at(until.into(), op())
-                    .await
-                    .unwrap_or(Err(zookeeper_client::Error::ConnectionLoss)),
-            };
+            let answered = tokio::time::timeout_at(until.into(), op())
+                .await
+                .unwrap_or(Err(zookeeper_client::Error::ConnectionLoss));
             match answered {
-                Err(err) if connection_failure(&err) => {
-                    let until = *until.get_or_insert_with(|| Instant::now() + wait);
-                    if Instant::now() >= until
-                        || !self.back_from_blip(session, &err, Some(until)).await
-                    {
-                        return Err(err);
-                    }
-                }
+                Err(err) if self.back_from_blip(session, &err, Some(until)).await => {}
                 answered => return answered,
             }
         }
@@ -243,9 +236,9 @@ impl Sessions {
             let Some(sessions) = sessions.upgrade() else {
                 return;
             };
-            let wait = session.client.session_timeout();
+            let until = Instant::now() + session.client.session_timeout();
             let deleted = sessions
-                .across_blips(&session, wait, || session.client.delete(&path, None))
+                .across_blips(&session, Some(until), || session.client.delete(&path, None))
                 .await;
             match deleted {
                 Ok(()) | Err(zookeeper_client::Error::NoNode) => {}

@@ -45,8 +45,8 @@ use dlock_spi::{Error, ErrorKind, LockMode, Result};
 use zookeeper_client::Error as ZkError;
 
 use crate::backend::{
-    deadline_passed, delete_children, live_deadline, time_left, Contending, Enqueued, PendingNode,
-    Place, Turn, ZkBackend,
+    deadline_passed, delete_children, live_deadline, Contending, Enqueued, PendingNode, Place,
+    Turn, ZkBackend,
 };
 use crate::error::map_zk;
 use crate::layout::{self, Contender};
@@ -228,7 +228,7 @@ impl ZkBackend {
         let sessions = &self.inner.sessions;
         let list = || async {
             let listed = sessions
-                .across_blips(session, time_left(deadline), || {
+                .across_blips(session, live_deadline(deadline), || {
                     session.client.list_children(lock)
                 })
                 .await;

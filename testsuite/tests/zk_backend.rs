@@ -460,7 +460,9 @@ async fn waiters_ride_out_a_connection_blip_and_leave_no_node_behind() {
 /// to its create or to the listing sent with it lost with the connection — costs the
 /// waiter nothing once the connection is back within its wait: it finds its node (or
 /// lists the queue again), waits its turn and is granted at the release; no node is
-/// left. (Before, a lost listing failed the acquire: "cannot reach ZooKeeper".)
+/// left. (Before, a lost listing failed the acquire: "cannot reach ZooKeeper". A
+/// lost create's answer was ridden out already — its listing, sent while the
+/// connection was down, waited for it — and stays so.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_blip_that_takes_the_answer_to_a_waiters_queueing_is_ridden_out() {
     let Some(url) = url_for("zk") else { return };
@@ -575,9 +577,12 @@ async fn a_blip_that_takes_the_answer_to_a_semaphore_waiters_look_is_ridden_out(
         .expect("a free permit");
     let sem = waiter.semaphore(&sem_name, 1);
     let waiting = tokio::spawn(async move { sem.try_acquire(1, Duration::from_secs(15)).await });
-    // The waiter's lease is made and it waits on its watch of the leases.
+    // The waiter holds the recipe's mutex, its lease is made, and it waits on its
+    // watch of the leases.
+    let mutex = format!("{}/locks", leases.trim_end_matches("/leases"));
     let queued = eventually(Duration::from_secs(5), || async {
-        raw.list_children(&leases).await.is_ok_and(|c| c.len() == 2)
+        let in_mutex = raw.list_children(&mutex).await.is_ok_and(|c| c.len() == 1);
+        in_mutex && raw.list_children(&leases).await.is_ok_and(|c| c.len() == 2)
     })
     .await;
     assert!(queued, "the waiter made its lease");
