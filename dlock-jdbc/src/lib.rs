@@ -34,6 +34,14 @@
 //! `dlock_wake_sessions=4` (MariaDB/MySQL: the connections waiters block on, see
 //! [`JdbcOptions::wake_sessions`]; `0`: waiters poll).
 //!
+//! A pooled connection idle for half a second or more is checked (pinged) before
+//! it is used, and replaced if the server has ended it; one used more recently is
+//! used as it is — sqlx's default checks every one, a round trip per statement.
+//! The statement on a connection that died within that half second fails with a
+//! retryable error, and the next one gets a working connection (as with HikariCP).
+//! A pool the application hands over ([`JdbcBackend::from_pool`]) keeps its own
+//! settings.
+//!
 //! ### PostgreSQL: asynchronous commit (opt-in)
 //!
 //! By default every grant, renewal and release is a durable commit: it returns
@@ -593,6 +601,31 @@ fn sqlite_options(url: &str) -> Result<sqlx::sqlite::SqliteConnectOptions> {
     sqlx::sqlite::SqliteConnectOptions::from_str(url).map_err(|e| config_error(url, e))
 }
 
+/// How long a pooled connection may have been idle and still be handed out without
+/// a check: one used this recently is taken as live, as HikariCP does (its
+/// `aliveBypassWindowMs`, also 500 ms). One idle longer is pinged first — a round
+/// trip — and replaced if the server has gone (restarted, or ended the session).
+/// sqlx's default pings every connection it hands out, which on a busy lock costs a
+/// round trip per statement. A connection that dies within the window fails the
+/// statement on it with a retryable error, as one dying mid-statement does.
+const LIVE_WITHOUT_CHECK: Duration = Duration::from_millis(500);
+
+/// `pool`, checking only connections idle longer than [`LIVE_WITHOUT_CHECK`]
+/// before handing them out.
+fn checked_after_idle<DB: sqlx::Database>(
+    pool: sqlx::pool::PoolOptions<DB>,
+) -> sqlx::pool::PoolOptions<DB> {
+    pool.test_before_acquire(false)
+        .before_acquire(|conn, meta| {
+            Box::pin(async move {
+                if meta.idle_for >= LIVE_WITHOUT_CHECK {
+                    sqlx::Connection::ping(conn).await?;
+                }
+                Ok(true)
+            })
+        })
+}
+
 #[cfg(feature = "sqlite")]
 fn open_sqlite(url: &str, options: &JdbcOptions) -> Result<Pool> {
     use sqlx::sqlite::{SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
@@ -601,7 +634,7 @@ fn open_sqlite(url: &str, options: &JdbcOptions) -> Result<Pool> {
         .journal_mode(SqliteJournalMode::Wal)
         .synchronous(SqliteSynchronous::Normal)
         .busy_timeout(Duration::from_secs(5));
-    let pool = SqlitePoolOptions::new()
+    let pool = checked_after_idle(SqlitePoolOptions::new())
         .max_connections(options.max_connections)
         .acquire_timeout(options.acquire_timeout)
         .connect_lazy_with(connect);
@@ -614,7 +647,7 @@ fn open_mysql(url: &str, options: &JdbcOptions) -> Result<Pool> {
     use std::str::FromStr;
     let url = url.replacen("mariadb://", "mysql://", 1);
     let connect = MySqlConnectOptions::from_str(&url).map_err(|e| config_error(&url, e))?;
-    let pool = MySqlPoolOptions::new()
+    let pool = checked_after_idle(MySqlPoolOptions::new())
         .max_connections(options.max_connections)
         .acquire_timeout(options.acquire_timeout)
         .after_connect(prepare_mysql_session)
@@ -627,7 +660,7 @@ fn open_postgres(url: &str, options: &JdbcOptions) -> Result<Pool> {
     use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
     use std::str::FromStr;
     let connect = PgConnectOptions::from_str(url).map_err(|e| config_error(url, e))?;
-    let pool = PgPoolOptions::new()
+    let pool = checked_after_idle(PgPoolOptions::new())
         .max_connections(options.max_connections)
         .acquire_timeout(options.acquire_timeout)
         .connect_lazy_with(connect);

@@ -9,6 +9,8 @@ use std::fmt;
 use std::io;
 use std::net::SocketAddr;
 use std::str::FromStr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -136,6 +138,8 @@ pub struct FaultProxy {
     addr: SocketAddr,
     fault: watch::Sender<Fault>,
     upstream: watch::Sender<SocketAddr>,
+    /// Connections open through the proxy.
+    open: Arc<AtomicUsize>,
     task: JoinHandle<()>,
 }
 
@@ -159,6 +163,8 @@ impl FaultProxy {
         let addr = listener.local_addr()?;
         let (fault, watcher) = watch::channel(Fault::Pass);
         let (upstream, target) = watch::channel(upstream);
+        let open = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&open);
         let task = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 let watcher = watcher.clone();
@@ -168,13 +174,19 @@ impl FaultProxy {
                     continue;
                 }
                 let upstream = *target.borrow();
-                tokio::spawn(serve(client, upstream, watcher));
+                let counted = Arc::clone(&counted);
+                counted.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    serve(client, upstream, watcher).await;
+                    counted.fetch_sub(1, Ordering::SeqCst);
+                });
             }
         });
         Ok(FaultProxy {
             addr,
             fault,
             upstream,
+            open,
             task,
         })
     }
@@ -196,6 +208,25 @@ impl FaultProxy {
     /// Changes the fault for existing and new connections.
     pub fn set(&self, fault: Fault) {
         self.fault.send_replace(fault);
+    }
+
+    /// How many connections are open through the proxy.
+    pub fn open_connections(&self) -> usize {
+        self.open.load(Ordering::SeqCst)
+    }
+
+    /// Closes every open connection (as a server restart or an operator's kill
+    /// would), waiting (5 s at most) until they are gone, then lets new ones pass.
+    /// False if some stayed open.
+    pub async fn end_connections(&self) -> bool {
+        self.set(Fault::Reset);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while self.open_connections() > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let ended = self.open_connections() == 0;
+        self.set(Fault::Pass);
+        ended
     }
 }
 

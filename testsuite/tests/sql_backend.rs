@@ -1181,6 +1181,49 @@ async fn database_outage_is_typed_loses_on_time_and_recovers() {
     }
 }
 
+/// A pooled connection the server side ended (a restart, an operator's kill, an idle
+/// timeout — here the proxy closing it) is checked and replaced before it is handed
+/// out again once it has been idle for half a second: the next acquire is granted.
+/// A connection used more recently is handed out unchecked (a round trip per
+/// statement saved): one that died meanwhile fails its statement with a retryable
+/// error, and the next statement gets a working connection. (On PostgreSQL the
+/// `LISTEN` connection, reconnecting from the same pool, may take the dead idle
+/// connections first; MariaDB shows the check alone.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pooled_connection_that_died_is_replaced_before_use_once_idle() {
+    for (label, url) in sql_backends() {
+        if label == "sqlite" {
+            continue; // a file has no connection to end
+        }
+        let (proxy, url) = proxied(&url).await;
+        let m = manager(&url, JdbcOptions::default(), LONG_LEASE).await;
+        let lock = m.lock(&format!("idle-check-{:x}", fastrand::u64(..)));
+        take(&lock, Duration::ZERO).await.unlock().await.unwrap();
+        // The server side ends the pool's connections; new ones pass.
+        assert!(proxy.end_connections().await, "{label}: connections ended");
+        // Idle past the window (the idle time is what is tested).
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        let granted = lock.try_lock(Duration::ZERO).await;
+        let guard = granted
+            .unwrap_or_else(|e| panic!("{label}: a dead idle connection was handed out: {e}"))
+            .unwrap_or_else(|| panic!("{label}: the free lock was refused"));
+        guard.unlock().await.unwrap();
+        // Used just now, then ended: not checked; its statement fails retryably.
+        assert!(proxy.end_connections().await, "{label}: connections ended");
+        match lock.try_lock(Duration::ZERO).await {
+            Ok(Some(guard)) => guard.unlock().await.unwrap(),
+            Err(e) if e.is_retryable() => {}
+            other => panic!("{label}: a dead busy connection gave {other:?}"),
+        }
+        let guard = lock.try_lock(Duration::ZERO).await;
+        let guard = guard
+            .unwrap_or_else(|e| panic!("{label}: the next statement failed too: {e}"))
+            .unwrap_or_else(|| panic!("{label}: the free lock was refused"));
+        guard.unlock().await.unwrap();
+        m.close().await;
+    }
+}
+
 /// A database that takes the connection and never answers (a hung server, a
 /// partition after the handshake): connecting fails in the bound the URL sets
 /// (`dlock_acquire_timeout`), as a retryable `Timeout` that names the bound and the
