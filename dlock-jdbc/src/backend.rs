@@ -139,9 +139,16 @@ impl Wakeups {
         }
     }
 
-    /// Tells every observer (notifications may have been missed).
+    /// Notices may have been missed (sent while the `LISTEN` connection was down):
+    /// every local waiter looks at its lock again, every observer re-reads.
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
-    pub(crate) fn changed_all(&self) {
+    pub(crate) fn notices_missed(&self) {
+        self.wake_all();
+        self.changed_all();
+    }
+
+    /// Tells every observer (notifications may have been missed).
+    fn changed_all(&self) {
         let map = self
             .observers
             .lock()
@@ -151,10 +158,8 @@ impl Wakeups {
         }
     }
 
-    /// Wakes every local waiter once: notices may have been missed (sent while the
-    /// `LISTEN` connection was down), so each looks at its lock again.
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
-    pub(crate) fn wake_all(&self) {
+    /// Wakes every local waiter once, to look at its lock again.
+    fn wake_all(&self) {
         let map = self.waiters.lock().unwrap_or_else(PoisonError::into_inner);
         for (own, _) in map.values().flat_map(|slot| slot.by_key.values()) {
             own.notify_one();

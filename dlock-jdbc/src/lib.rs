@@ -677,28 +677,22 @@ async fn start_listener(
     #[allow(irrefutable_let_patterns)] // PostgreSQL may be the only database built in
     if let Pool::Postgres(pg) = pool {
         let channel = format!("{}release", options.table_prefix);
-        let mut listener = match sqlx::postgres::PgListener::connect_with(pg).await {
+        let change = format!("{}change", options.table_prefix);
+        let channels = [channel.clone(), change];
+        let mut listener = match listen(pg, &channels).await {
             Ok(l) => l,
             Err(e) => {
-                tracing::warn!(error = %e, "dlock-jdbc: LISTEN connection failed; waiters will poll only");
+                tracing::warn!(error = %e, "dlock-jdbc: LISTEN failed; waiters will poll only");
                 return (None, None);
             }
         };
-        let change = format!("{}change", options.table_prefix);
-        if let Err(e) = listener
-            .listen_all([channel.as_str(), change.as_str()])
-            .await
-        {
-            tracing::warn!(error = %e, "dlock-jdbc: LISTEN failed; waiters will poll only");
-            return (None, None);
-        }
         let wakeups = Arc::new(Wakeups::default());
         let target = Arc::clone(&wakeups);
+        let pg = pg.clone();
         let task = tokio::spawn(async move {
             loop {
                 // `try_recv` answers `None` when the connection dropped, once it has
-                // connected and listened again, and an error when that failed (the
-                // next call tries again).
+                // connected and listened again, and an error when that failed.
                 match listener.try_recv().await {
                     Ok(Some(note)) => {
                         if note.channel() == channel {
@@ -709,19 +703,25 @@ async fn start_listener(
                             target.changed(note.payload());
                         }
                     }
-                    // The connection dropped and listens again (sqlx reconnects
-                    // before it answers): notices sent meanwhile are lost, so every
-                    // waiter looks again and every observer re-reads.
-                    Ok(None) => {
-                        target.wake_all();
-                        target.changed_all();
-                    }
+                    // Listening again (sqlx reconnects before it answers): notices
+                    // sent meanwhile are lost.
+                    Ok(None) => target.notices_missed(),
                     Err(e) => {
-                        // recv reconnects on the next call; polling covers the gap,
-                        // and observers re-read (they may have missed changes).
+                        // A new listener, tried every 500 ms (polling covers the gap):
+                        // `try_recv` would reconnect and then wait for the next notice,
+                        // the missed ones never made up for — or, its connection reset
+                        // rather than closed, keep failing on it.
                         tracing::debug!(error = %e, "dlock-jdbc: release listener interrupted");
-                        target.changed_all();
-                        tokio::time::sleep(Duration::from_millis(500)).await;
+                        listener = loop {
+                            tokio::time::sleep(Duration::from_millis(500)).await;
+                            match listen(&pg, &channels).await {
+                                Ok(l) => break l,
+                                Err(e) => {
+                                    tracing::debug!(error = %e, "dlock-jdbc: LISTEN failed again");
+                                }
+                            }
+                        };
+                        target.notices_missed();
                     }
                 }
             }
@@ -730,6 +730,19 @@ async fn start_listener(
     }
     let _ = (pool, options);
     (None, None)
+}
+
+/// A connection of `pool` listening on `channels`.
+#[cfg(feature = "postgres")]
+async fn listen(
+    pool: &sqlx::PgPool,
+    channels: &[String],
+) -> std::result::Result<sqlx::postgres::PgListener, sqlx::Error> {
+    let mut listener = sqlx::postgres::PgListener::connect_with(pool).await?;
+    listener
+        .listen_all(channels.iter().map(String::as_str))
+        .await?;
+    Ok(listener)
 }
 
 #[cfg(test)]

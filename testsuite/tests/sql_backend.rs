@@ -864,6 +864,56 @@ async fn postgres_a_listener_that_comes_back_has_every_waiter_look() {
     waiter.close().await;
 }
 
+/// PostgreSQL: a listener whose connection cannot come back at once — the database
+/// refusing connections for longer than the pool's connect bound, so sqlx's own
+/// reconnect fails — listens again once it can, and every queued waiter then looks:
+/// a release sent while it was down costs the waiter a round trip after the outage,
+/// not its next poll (5 s here). (Before, the next `try_recv` reconnected and then
+/// waited for a notice; the lost ones were never made up for.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_listener_back_after_a_failed_reconnect_has_every_waiter_look() {
+    let Some(url) = sql_url("postgres") else {
+        return;
+    };
+    let prefix = "dlock_relisten_late_";
+    let holder = manager(
+        &url,
+        JdbcOptions::default().table_prefix(prefix),
+        LONG_LEASE,
+    )
+    .await;
+    let (proxy, via_proxy) = proxied(&url).await;
+    let slow = polling_every(5)
+        .table_prefix(prefix)
+        .waiter_liveness(Duration::from_secs(30))
+        .acquire_timeout(Duration::from_millis(300));
+    let (backend, waiter) = backend_and_manager(&via_proxy, slow, LONG_LEASE).await;
+    let name = format!("relisten-late-{:x}", fastrand::u64(..));
+    let held = take(&holder.lock(&name), Duration::ZERO).await;
+    let (waiting, _) = queued_waiter(
+        &backend,
+        waiter.lock(&name),
+        Duration::from_secs(30),
+        "postgres",
+    )
+    .await;
+    // The outage being tested: over three times the pool's connect bound. The
+    // release's notice, sent meanwhile, is lost to the waiter's backend.
+    proxy.set(Fault::Reset);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    held.unlock().await.unwrap();
+    proxy.set(Fault::Pass);
+    let got = tokio::time::timeout(Duration::from_millis(2500), waiting)
+        .await
+        .expect("postgres: the waiter did not look again once its listener was back")
+        .unwrap()
+        .unwrap()
+        .expect("postgres: the waiter's wait ended without the lock");
+    got.unlock().await.unwrap();
+    holder.close().await;
+    waiter.close().await;
+}
+
 /// PostgreSQL: a refused acquire leaves the lock's row alone. An upsert whose
 /// `DO UPDATE` condition fails still locks the row, so its transaction takes an id,
 /// writes the lock to the WAL and waits for the disk at commit — and the grant or
