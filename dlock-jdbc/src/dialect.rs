@@ -93,6 +93,7 @@ impl Stmt {
             .replace("PERMIT_ROOM", &permits::room(dialect, PERMIT_ROOM))
             .replace("PERMIT_GATE", PERMIT_GATE)
             .replace("RELEASE_PAYLOAD", RELEASE_PAYLOAD)
+            .replace("NEXT_PAYLOAD", NEXT_PAYLOAD)
             .replace("NOT_THE_HOLDER", NOT_THE_HOLDER)
             .replace("PERMITS_USED", &permits::used_by_others(dialect))
             .replace("{locks}", &format!("{prefix}locks"))
@@ -237,6 +238,13 @@ const PERMIT_GATE: &str = "NOT EXISTS (SELECT 1 FROM {waiters} w \
 pub(crate) const RELEASE_PAYLOAD: &str = "octet_length($1)::text || ':' || $1 || \
      COALESCE((SELECT w.mode || w.waiter FROM {waiters} w \
        WHERE w.name = $1 AND w.alive_until > NOW ORDER BY w.arrived, w.waiter LIMIT 1), '')";
+
+/// [`RELEASE_PAYLOAD`] naming the first live waiter other than `$2` (one leaving
+/// the queue in the same statement).
+const NEXT_PAYLOAD: &str = "octet_length($1)::text || ':' || $1 || \
+     COALESCE((SELECT w.mode || w.waiter FROM {waiters} w \
+       WHERE w.name = $1 AND w.alive_until > NOW AND w.waiter <> $2 \
+       ORDER BY w.arrived, w.waiter LIMIT 1), '')";
 
 /// Whether `$2` may take `$4` of the `$5` permits of semaphore `$1` (evaluated on its
 /// `locks` row): no live exclusive holder nor `readers` row (a read lock, or a permit
@@ -626,7 +634,19 @@ impl Statements {
                      arrived = CASE WHEN {waiters}.alive_until <= NOW THEN excluded.arrived \
                                     ELSE {waiters}.arrived END")
             }),
-            dequeue: s("DELETE FROM {waiters} WHERE name = $1 AND waiter = $2"),
+            // PostgreSQL: a waiter first in the queue that leaves while the lock is
+            // free (it gave up, or was cancelled, after the release notice named
+            // it) passes the notice on to the next one, which would otherwise
+            // wait for its next look. (The statement's own `DELETE` is not visible
+            // to its reads: the next waiter is found by skipping `$2`.)
+            dequeue: s(match dialect {
+                Dialect::Postgres => {
+                    "WITH gone AS (DELETE FROM {waiters} WHERE name = $1 AND waiter = $2                        RETURNING arrived)                      SELECT pg_notify('{channel}', NEXT_PAYLOAD) FROM gone                      WHERE EXISTS (SELECT 1 FROM {locks} l WHERE l.name = $1                          AND (l.owner IS NULL OR l.expires_at <= NOW) AND l.shared_until <= NOW)                        AND NOT EXISTS (SELECT 1 FROM {waiters} w WHERE w.name = $1                          AND w.alive_until > NOW AND w.waiter <> $2                          AND (w.arrived < gone.arrived OR (w.arrived = gone.arrived AND w.waiter < $2)))                        AND EXISTS (SELECT 1 FROM {waiters} w WHERE w.name = $1                          AND w.alive_until > NOW AND w.waiter <> $2)"
+                }
+                Dialect::Sqlite | Dialect::MySql => {
+                    "DELETE FROM {waiters} WHERE name = $1 AND waiter = $2"
+                }
+            }),
             // Written only when it would lapse soon: waiters refreshing their
             // entries leave the lock's row alone.
             mark_queue: (dialect == Dialect::MySql).then(|| {

@@ -914,6 +914,70 @@ async fn postgres_a_listener_back_after_a_failed_reconnect_has_every_waiter_look
     waiter.close().await;
 }
 
+/// PostgreSQL: a waiter first in the queue that leaves it while the lock is free —
+/// cancelled after the release notice named it, before it took the lock — passes
+/// the notice on: the writer queued behind it looks at once instead of at its next
+/// poll (5 s here). The first waiter's connections are slowed (300 ms each way), so
+/// it is cancelled before the notice reaches it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_waiter_leaving_a_free_lock_passes_the_notice_on() {
+    let Some(url) = sql_url("postgres") else {
+        return;
+    };
+    let prefix = "dlock_pass_on_";
+    let holder = manager(
+        &url,
+        JdbcOptions::default().table_prefix(prefix),
+        LONG_LEASE,
+    )
+    .await;
+    let slow = || {
+        polling_every(5)
+            .table_prefix(prefix)
+            .waiter_liveness(Duration::from_secs(30))
+    };
+    let (proxy, via_proxy) = proxied(&url).await;
+    let (first_backend, first) = backend_and_manager(&via_proxy, slow(), LONG_LEASE).await;
+    let (next_backend, next) = backend_and_manager(&url, slow(), LONG_LEASE).await;
+    let name = format!("pass-on-{:x}", fastrand::u64(..));
+    let held = take(&holder.lock(&name), Duration::ZERO).await;
+    let (first_waiting, _) = queued_waiter(
+        &first_backend,
+        first.lock(&name),
+        Duration::from_secs(30),
+        "postgres",
+    )
+    .await;
+    let (next_waiting, _) = queued_waiter(
+        &next_backend,
+        next.lock(&name),
+        Duration::from_secs(30),
+        "postgres",
+    )
+    .await;
+    proxy.set(Fault::Delay(Duration::from_millis(300)));
+    let released = Instant::now();
+    held.unlock().await.unwrap();
+    first_waiting.abort();
+    assert!(first_waiting.await.is_err_and(|e| e.is_cancelled()));
+    let got = tokio::time::timeout(Duration::from_secs(3), next_waiting)
+        .await
+        .unwrap_or_else(|_| {
+            panic!(
+                "postgres: the next writer was not told when the first left a free lock ({:?} since the release)",
+                released.elapsed()
+            )
+        })
+        .unwrap()
+        .unwrap()
+        .expect("postgres: the next writer's wait ended without the lock");
+    got.unlock().await.unwrap();
+    proxy.set(Fault::Pass);
+    holder.close().await;
+    first.close().await;
+    next.close().await;
+}
+
 /// PostgreSQL: a refused acquire leaves the lock's row alone. An upsert whose
 /// `DO UPDATE` condition fails still locks the row, so its transaction takes an id,
 /// writes the lock to the WAL and waits for the disk at commit — and the grant or
