@@ -911,11 +911,11 @@ impl LockRemoteResource for JdbcBackend {
             .then(|| QueueSlot::new(self, req));
         let liveness = self.inner.options.waiter_liveness;
         // Whether a release notice names this waiter when its turn comes: a plain
-        // writer (an upgrade passes the queue, and nobody names it), subscribed. A
-        // notice it misses — none sent because a waiter ahead left without a
-        // release, or sent while the LISTEN connection was down and it did not
-        // come back at once (a connection that does wakes every waiter) — costs
-        // it at most the backoff's longest delay.
+        // writer (an upgrade passes the queue, and nobody names it), subscribed.
+        // A waiter first in line that leaves a free lock passes the notice on, and
+        // a LISTEN connection back after an outage wakes every waiter; what is
+        // still missed — a waiter ahead that crashed and lapsed, a notice lost
+        // some other way — costs it at most the backoff's longest delay.
         let told = subscription.is_some()
             && req.mode == LockMode::Exclusive
             && req.alongside_holder().is_none();
@@ -990,8 +990,8 @@ impl LockRemoteResource for JdbcBackend {
                     last_holder = holder_key;
                     // A queued writer on PostgreSQL is named in the release notice
                     // when its turn comes: it looks on its own (a notice lost, a
-                    // waiter ahead gone without a release) only as often as the
-                    // backoff's longest delay.
+                    // waiter ahead lapsed) only as often as the backoff's longest
+                    // delay; the rounds above are for the others.
                     let round_now = if told { LONGEST_ROUND } else { round };
                     let delay = req
                         .deadline
