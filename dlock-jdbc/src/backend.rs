@@ -914,8 +914,9 @@ impl LockRemoteResource for JdbcBackend {
         // writer (an upgrade passes the queue, and nobody names it), subscribed.
         // A waiter first in line that leaves a free lock passes the notice on, and
         // a LISTEN connection back after an outage wakes every waiter; what is
-        // still missed — a waiter ahead that crashed and lapsed, a notice lost
-        // some other way — costs it at most the backoff's longest delay.
+        // still missed — a waiter ahead that crashed and lapsed, one that left
+        // while the release naming it committed — costs it at most the backoff's
+        // longest delay.
         let told = subscription.is_some()
             && req.mode == LockMode::Exclusive
             && req.alongside_holder().is_none();

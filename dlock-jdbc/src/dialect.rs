@@ -638,10 +638,22 @@ impl Statements {
             // free (it gave up, or was cancelled, after the release notice named
             // it) passes the notice on to the next one, which would otherwise
             // wait for its next look. (The statement's own `DELETE` is not visible
-            // to its reads: the next waiter is found by skipping `$2`.)
+            // to its reads: the next waiter is found by skipping `$2`. A release
+            // committing while it runs may still name the leaver, and it still see
+            // the lock held: that writer then waits for its next look.)
             dequeue: s(match dialect {
                 Dialect::Postgres => {
-                    "WITH gone AS (DELETE FROM {waiters} WHERE name = $1 AND waiter = $2                        RETURNING arrived)                      SELECT pg_notify('{channel}', NEXT_PAYLOAD) FROM gone                      WHERE EXISTS (SELECT 1 FROM {locks} l WHERE l.name = $1                          AND (l.owner IS NULL OR l.expires_at <= NOW) AND l.shared_until <= NOW)                        AND NOT EXISTS (SELECT 1 FROM {waiters} w WHERE w.name = $1                          AND w.alive_until > NOW AND w.waiter <> $2                          AND (w.arrived < gone.arrived OR (w.arrived = gone.arrived AND w.waiter < $2)))                        AND EXISTS (SELECT 1 FROM {waiters} w WHERE w.name = $1                          AND w.alive_until > NOW AND w.waiter <> $2)"
+                    "WITH gone AS (DELETE FROM {waiters} WHERE name = $1 AND waiter = $2 \
+                       RETURNING arrived, alive_until) \
+                     SELECT pg_notify('{channel}', NEXT_PAYLOAD) FROM gone \
+                     WHERE gone.alive_until > NOW \
+                       AND EXISTS (SELECT 1 FROM {locks} l WHERE l.name = $1 \
+                         AND (l.owner IS NULL OR l.expires_at <= NOW) AND l.shared_until <= NOW) \
+                       AND NOT EXISTS (SELECT 1 FROM {waiters} w WHERE w.name = $1 \
+                         AND w.alive_until > NOW AND w.waiter <> $2 \
+                         AND (w.arrived < gone.arrived OR (w.arrived = gone.arrived AND w.waiter < $2))) \
+                       AND EXISTS (SELECT 1 FROM {waiters} w WHERE w.name = $1 \
+                         AND w.alive_until > NOW AND w.waiter <> $2)"
                 }
                 Dialect::Sqlite | Dialect::MySql => {
                     "DELETE FROM {waiters} WHERE name = $1 AND waiter = $2"

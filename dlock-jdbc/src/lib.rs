@@ -37,8 +37,8 @@
 //! A pooled connection idle for half a second or more is checked (pinged) before
 //! it is used, and replaced if the server has ended it; one used more recently is
 //! used as it is — sqlx's default checks every one, a round trip per statement.
-//! The statement on a connection that died within that half second fails with a
-//! retryable error, and the next one gets a working connection (as with HikariCP).
+//! Each connection that died within that half second fails the one statement
+//! handed it with a retryable error, and is then replaced (as with HikariCP).
 //! A pool the application hands over ([`JdbcBackend::from_pool`]) keeps its own
 //! settings.
 //!
@@ -607,7 +607,8 @@ fn sqlite_options(url: &str) -> Result<sqlx::sqlite::SqliteConnectOptions> {
 /// trip — and replaced if the server has gone (restarted, or ended the session).
 /// sqlx's default pings every connection it hands out, which on a busy lock costs a
 /// round trip per statement. A connection that dies within the window fails the
-/// statement on it with a retryable error, as one dying mid-statement does.
+/// one statement handed it with a retryable error, as one dying mid-statement does,
+/// and is replaced.
 const LIVE_WITHOUT_CHECK: Duration = Duration::from_millis(500);
 
 /// `pool`, checking only connections idle longer than [`LIVE_WITHOUT_CHECK`]
@@ -618,10 +619,12 @@ fn checked_after_idle<DB: sqlx::Database>(
     pool.test_before_acquire(false)
         .before_acquire(|conn, meta| {
             Box::pin(async move {
-                if meta.idle_for >= LIVE_WITHOUT_CHECK {
-                    sqlx::Connection::ping(conn).await?;
-                }
-                Ok(true)
+                // A connection that fails its ping is closed and another one
+                // handed out (`false`: no warning logged for it).
+                Ok(
+                    meta.idle_for < LIVE_WITHOUT_CHECK
+                        || sqlx::Connection::ping(conn).await.is_ok(),
+                )
             })
         })
 }
@@ -711,11 +714,19 @@ async fn start_listener(
                         // `try_recv` would reconnect and then wait for the next notice,
                         // the missed ones never made up for — or, its connection reset
                         // rather than closed, keep failing on it.
+                        // The pool closed (an application's own pool): nothing
+                        // left to listen with.
+                        if matches!(e, sqlx::Error::PoolClosed) {
+                            return;
+                        }
                         tracing::debug!(error = %e, "dlock-jdbc: release listener interrupted");
+                        // Its connection goes back now, not after the outage.
+                        drop(listener);
                         listener = loop {
                             tokio::time::sleep(Duration::from_millis(500)).await;
                             match listen(&pg, &channels).await {
                                 Ok(l) => break l,
+                                Err(sqlx::Error::PoolClosed) => return,
                                 Err(e) => {
                                     tracing::debug!(error = %e, "dlock-jdbc: LISTEN failed again");
                                 }
