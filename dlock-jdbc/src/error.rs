@@ -6,10 +6,10 @@ use std::time::Duration;
 
 use dlock_spi::{Error, ErrorKind};
 
-/// Error codes of a statement the database aborted for a transaction conflict and
-/// rolled back whole: a deadlock victim, a serialization failure (MySQL 1213 and
-/// SQLSTATE 40001, PostgreSQL 40001 and 40P01), SQLite busy or locked.
-const CONFLICT_CODES: [&str; 6] = ["40001", "40P01", "1213", "5", "6", "517"];
+/// Codes of a statement the database aborted for a transaction conflict and rolled
+/// back whole: a deadlock victim, a serialization failure (SQLSTATE 40001 — MySQL's
+/// 1213 among them — and PostgreSQL's 40P01), SQLite busy or locked (5, 6, 517).
+const CONFLICT_CODES: [&str; 5] = ["40001", "40P01", "5", "6", "517"];
 /// How often a statement that lost a transaction conflict is run again.
 const CONFLICT_RETRIES: u32 = 5;
 
@@ -23,7 +23,7 @@ pub(crate) fn is_conflict(err: &Error) -> bool {
     std::error::Error::source(err)
         .and_then(|s| s.downcast_ref::<sqlx::Error>())
         .is_some_and(|e| match e {
-            sqlx::Error::Database(db) => db.code().is_some_and(|c| is_conflict_code(&c)),
+            sqlx::Error::Database(db) => database_failure(db.as_ref()) == DatabaseFailure::Conflict,
             _ => false,
         })
 }
@@ -57,6 +57,57 @@ where
     }
 }
 
+/// What a database's error answer means for the caller.
+#[derive(Debug, PartialEq, Eq)]
+enum DatabaseFailure {
+    /// A transaction conflict: the statement was rolled back whole (see
+    /// [`is_conflict`]).
+    Conflict,
+    /// The database stopped waiting: a row lock held by another transaction past
+    /// the session's limit, or a statement time limit. Nothing was changed.
+    GaveUp,
+    /// The statement was cut off with its connection or its server: killed, shut
+    /// down, restarting, out of connections.
+    Dropped,
+    /// Anything else: privileges, missing tables, syntax — retrying will not help.
+    Refused,
+}
+
+/// Classifies a database's error answer. PostgreSQL and SQLite are read by their
+/// codes; MySQL/MariaDB by their error numbers as well, since most of theirs share
+/// the SQLSTATE `HY000` (sqlx's `code()` is the SQLSTATE).
+fn database_failure(db: &dyn sqlx::error::DatabaseError) -> DatabaseFailure {
+    #[cfg(feature = "mysql")]
+    if let Some(mysql) = db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
+        return match mysql.number() {
+            // ER_LOCK_DEADLOCK (SQLSTATE 40001).
+            1213 => DatabaseFailure::Conflict,
+            // ER_LOCK_WAIT_TIMEOUT, MySQL's max_execution_time, MariaDB's
+            // max_statement_time.
+            1205 | 3024 | 1969 => DatabaseFailure::GaveUp,
+            // Too many connections, server shutdown, query interrupted (KILL
+            // QUERY), connection killed (MariaDB), idle client timed out (MySQL 8).
+            1040 | 1053 | 1317 | 1927 | 4031 => DatabaseFailure::Dropped,
+            _ => failure_of_code(mysql.code().unwrap_or_default()),
+        };
+    }
+    failure_of_code(db.code().as_deref().unwrap_or_default())
+}
+
+/// Classifies an SQLSTATE (or SQLite's extended result code).
+fn failure_of_code(code: &str) -> DatabaseFailure {
+    match code {
+        _ if is_conflict_code(code) => DatabaseFailure::Conflict,
+        // lock_not_available (lock_timeout), query_canceled (statement_timeout).
+        "55P03" | "57014" => DatabaseFailure::GaveUp,
+        // Connection exceptions (class 08), admin/crash shutdown, cannot connect
+        // now, too many connections, an interrupted MySQL statement.
+        _ if code.starts_with("08") => DatabaseFailure::Dropped,
+        "57P01" | "57P02" | "57P03" | "53300" | "70100" => DatabaseFailure::Dropped,
+        _ => DatabaseFailure::Refused,
+    }
+}
+
 /// Maps a driver error, naming the operation that failed.
 pub(crate) fn map_sqlx(err: sqlx::Error, backend: &'static str, op: &'static str) -> Error {
     let (kind, retryable, hint) = match &err {
@@ -80,22 +131,28 @@ pub(crate) fn map_sqlx(err: sqlx::Error, backend: &'static str, op: &'static str
             false,
             "the connection pool was closed; create a new backend",
         ),
-        sqlx::Error::Database(db) => {
-            // Deadlocks and serialization failures are worth a retry; the rest
-            // (privileges, missing tables, syntax) are not.
-            let code = db.code().map(|c| c.into_owned()).unwrap_or_default();
-            let transient = is_conflict_code(&code)
-                || matches!(code.as_str(), "1205" | "57P01" | "57P02" | "57P03");
-            if transient {
-                (ErrorKind::Backend, true, "the database aborted the statement (deadlock, busy or restarting); retry")
-            } else {
-                (
-                    ErrorKind::Backend,
-                    false,
-                    "the database refused the statement; check the user's privileges on the dlock tables and that migrations ran",
-                )
-            }
-        }
+        sqlx::Error::Database(db) => match database_failure(db.as_ref()) {
+            DatabaseFailure::Conflict => (
+                ErrorKind::Backend,
+                true,
+                "the database aborted the statement to break a deadlock or a serialization conflict; retry",
+            ),
+            DatabaseFailure::GaveUp => (
+                ErrorKind::Timeout,
+                true,
+                "the database gave up on the statement (a row lock another transaction held too long, or a statement time limit); retry",
+            ),
+            DatabaseFailure::Dropped => (
+                ErrorKind::Backend,
+                true,
+                "the database dropped the statement (connection killed, server restarting or out of connections); retry — the pool reconnects by itself",
+            ),
+            DatabaseFailure::Refused => (
+                ErrorKind::Backend,
+                false,
+                "the database refused the statement; check the user's privileges on the dlock tables and that migrations ran",
+            ),
+        },
         _ => (ErrorKind::Backend, true, "the database call failed"),
     };
     Error::new(kind, hint)
@@ -103,4 +160,27 @@ pub(crate) fn map_sqlx(err: sqlx::Error, backend: &'static str, op: &'static str
         .with_context("backend", backend)
         .with_context("op", op)
         .with_source(err)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sqlstates_are_classified_by_what_a_retry_would_do() {
+        for code in ["40001", "40P01", "5", "6", "517"] {
+            assert_eq!(failure_of_code(code), DatabaseFailure::Conflict, "{code}");
+        }
+        for code in ["55P03", "57014"] {
+            assert_eq!(failure_of_code(code), DatabaseFailure::GaveUp, "{code}");
+        }
+        for code in [
+            "08006", "08S01", "08004", "57P01", "57P02", "57P03", "53300", "70100",
+        ] {
+            assert_eq!(failure_of_code(code), DatabaseFailure::Dropped, "{code}");
+        }
+        for code in ["42501", "42P01", "42S02", "HY000", "23505", ""] {
+            assert_eq!(failure_of_code(code), DatabaseFailure::Refused, "{code}");
+        }
+    }
 }

@@ -1272,6 +1272,185 @@ async fn proxied(url: &str) -> (FaultProxy, String) {
     (proxy, url)
 }
 
+/// A manager over an application's own pool of `connections`, whose sessions first
+/// run `setup` (MySQL's are also prepared as dlock needs them), and the database's id
+/// of the session connected last.
+async fn manager_on_own_sessions(
+    label: &str,
+    url: &str,
+    setup: &'static str,
+    connections: u32,
+) -> (DistributeLockManager, Arc<AtomicU64>) {
+    use sqlx::{Executor, Row};
+    let session = Arc::new(AtomicU64::new(0));
+    let seen = Arc::clone(&session);
+    let backend = match label {
+        "mysql" => {
+            let pool = sqlx::mysql::MySqlPoolOptions::new()
+                .max_connections(connections)
+                .after_connect(move |conn, meta| {
+                    let seen = Arc::clone(&seen);
+                    Box::pin(async move {
+                        dlock_jdbc::prepare_mysql_session(conn, meta).await?;
+                        conn.execute(setup).await?;
+                        let row = conn.fetch_one("SELECT CONNECTION_ID()").await?;
+                        seen.store(row.try_get(0)?, Ordering::SeqCst);
+                        Ok(())
+                    })
+                })
+                .connect(url)
+                .await
+                .unwrap();
+            // No bell sessions: every statement of the backend runs on the pool.
+            JdbcBackend::from_pool(pool, JdbcOptions::default().wake_sessions(0)).await
+        }
+        _ => {
+            let pool = sqlx::postgres::PgPoolOptions::new()
+                .max_connections(connections)
+                .after_connect(move |conn, _| {
+                    Box::pin(async move {
+                        conn.execute(setup).await?;
+                        Ok(())
+                    })
+                })
+                .connect(url)
+                .await
+                .unwrap();
+            JdbcBackend::from_pool(pool, JdbcOptions::default()).await
+        }
+    };
+    let manager = DistributeLockManager::builder(backend.unwrap())
+        .lease(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    (manager, session)
+}
+
+/// A connection of the test's own holding a lock's row inserted and uncommitted, so
+/// that dlock's statements on that lock wait for it.
+enum RowHolder {
+    MySql(sqlx::MySqlConnection),
+    Postgres(sqlx::PgConnection),
+}
+
+impl RowHolder {
+    async fn insert_uncommitted(label: &str, url: &str, name: &str) -> Self {
+        let mut holder = match label {
+            "mysql" => Self::MySql(sqlx::MySqlConnection::connect(url).await.unwrap()),
+            _ => Self::Postgres(sqlx::PgConnection::connect(url).await.unwrap()),
+        };
+        holder.run("BEGIN".to_owned()).await;
+        // The name is the test's own hex: safe inline.
+        holder
+            .run(format!(
+                "INSERT INTO dlock_locks (name, token) VALUES ('{name}', 0)"
+            ))
+            .await;
+        holder
+    }
+
+    async fn run(&mut self, sql: String) {
+        let sql = sqlx::raw_sql(sqlx::AssertSqlSafe(sql));
+        match self {
+            Self::MySql(c) => sql.execute(c).await.map(drop),
+            Self::Postgres(c) => sql.execute(c).await.map(drop),
+        }
+        .unwrap();
+    }
+
+    async fn rollback(mut self) {
+        self.run("ROLLBACK".to_owned()).await;
+    }
+}
+
+/// A statement the database gave up on while it waited for a row lock (MySQL's
+/// `innodb_lock_wait_timeout`, error 1205; PostgreSQL's `lock_timeout`, 55P03) is a
+/// retryable error that says so — not "the database refused the statement; check the
+/// privileges" — and once the row is free the same call is granted. The pool is the
+/// application's, its sessions giving up after 1 s; another connection holds the lock
+/// row's insert uncommitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_statement_that_timed_out_on_a_row_lock_is_retryable() {
+    for (label, url) in sql_backends() {
+        let setup = match label.as_str() {
+            "sqlite" => continue, // SQLite waits for a file lock (busy), retried in place
+            "mysql" => "SET SESSION innodb_lock_wait_timeout = 1",
+            _ => "SET lock_timeout = '1s'",
+        };
+        let (m, _) = manager_on_own_sessions(&label, &url, setup, 2).await;
+        let name = format!("rowwait-{:x}", fastrand::u64(..));
+        let lock = m.lock(&name);
+        let holder = RowHolder::insert_uncommitted(&label, &url, &name).await;
+        let err = lock.try_lock(Duration::ZERO).await.map(|_| ()).unwrap_err();
+        holder.rollback().await;
+        println!("{label}: {err}");
+        assert!(err.is_retryable(), "{label}: not retryable: {err}");
+        assert_eq!(err.kind(), ErrorKind::Timeout, "{label}: {err}");
+        let guard = lock
+            .try_lock(Duration::ZERO)
+            .await
+            .unwrap_or_else(|e| panic!("{label}: the free row was not granted: {e}"))
+            .unwrap_or_else(|| panic!("{label}: the free row was refused"));
+        guard.unlock().await.unwrap();
+        m.close().await;
+    }
+}
+
+/// MySQL/MariaDB: a statement an operator (or a tool such as pt-kill) interrupts with
+/// `KILL QUERY` fails with error 1317 (SQLSTATE 70100) — a retryable error that says
+/// the statement was dropped, not a refusal. dlock's statement is made to wait on an
+/// uncommitted insert of the lock's row, found running by its session's id, and
+/// killed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_a_statement_killed_by_an_operator_is_retryable() {
+    for (label, url) in sql_backends() {
+        if label != "mysql" {
+            continue; // KILL QUERY is MySQL's; PostgreSQL's time limits are tested above
+        }
+        // One connection: the session whose id is kept runs the acquire.
+        let (m, session) = manager_on_own_sessions(&label, &url, "DO 0", 1).await;
+        let name = format!("killed-{:x}", fastrand::u64(..));
+        let holder = RowHolder::insert_uncommitted(&label, &url, &name).await;
+        let lock = m.lock(&name);
+        let attempt = tokio::spawn(async move { lock.try_lock(Duration::ZERO).await.map(|_| ()) });
+        let mut operator = sqlx::MySqlConnection::connect(&url).await.unwrap();
+        let id = session.load(Ordering::SeqCst);
+        // Bounded: the server's default lock wait is 50 s; 10 s is plenty to start waiting.
+        let end = Instant::now() + Duration::from_secs(10);
+        let mut waiting = false;
+        while !waiting && Instant::now() < end {
+            // (INNODB_TRX's thread ids do not always match the session's on MariaDB.)
+            let running: Option<String> =
+                sqlx::query_scalar("SELECT INFO FROM information_schema.PROCESSLIST WHERE ID = ?")
+                    .bind(id)
+                    .fetch_optional(&mut operator)
+                    .await
+                    .unwrap()
+                    .flatten();
+            waiting = running.is_some_and(|q| q.starts_with("INSERT INTO dlock_locks"));
+            if !waiting {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+        assert!(
+            waiting,
+            "{label}: dlock's acquire (session {id}) never waited on the row lock; ended: {}",
+            attempt.is_finished()
+        );
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("KILL QUERY {id}")))
+            .execute(&mut operator)
+            .await
+            .unwrap();
+        let err = attempt.await.unwrap().unwrap_err();
+        holder.rollback().await;
+        println!("{label}: {err}");
+        assert!(err.is_retryable(), "{label}: not retryable: {err}");
+        assert_eq!(err.kind(), ErrorKind::Backend, "{label}: {err}");
+        assert!(err.message().contains("dropped"), "{label}: {err}");
+        m.close().await;
+    }
+}
+
 /// The database goes away (connections reset, new ones refused): calls fail with
 /// typed retryable errors, the watchdog keeps trying until the lease ends and then
 /// fires lost, and once the database is back the pool reconnects.
