@@ -63,8 +63,9 @@ enum DatabaseFailure {
     /// A transaction conflict: the statement was rolled back whole (see
     /// [`is_conflict`]).
     Conflict,
-    /// The database stopped waiting: a row lock held by another transaction past
-    /// the session's limit, or a statement time limit. Nothing was changed.
+    /// The database stopped waiting or was told to stop: a row lock held by another
+    /// transaction past the session's limit, a statement time limit, a cancel
+    /// (PostgreSQL's `pg_cancel_backend`). Nothing was changed.
     GaveUp,
     /// The statement was cut off with its connection or its server: killed, shut
     /// down, restarting, out of connections.
@@ -85,9 +86,10 @@ fn database_failure(db: &dyn sqlx::error::DatabaseError) -> DatabaseFailure {
             // ER_LOCK_WAIT_TIMEOUT, MySQL's max_execution_time, MariaDB's
             // max_statement_time.
             1205 | 3024 | 1969 => DatabaseFailure::GaveUp,
-            // Too many connections, server shutdown, query interrupted (KILL
-            // QUERY), connection killed (MariaDB), idle client timed out (MySQL 8).
-            1040 | 1053 | 1317 | 1927 | 4031 => DatabaseFailure::Dropped,
+            // Too many connections (all, the user's), server shutdown, query
+            // interrupted (KILL QUERY), connection killed (MariaDB). (Not MySQL 8's
+            // idle-client 4031: MariaDB numbers its own errors from 4000 up.)
+            1040 | 1203 | 1053 | 1317 | 1927 => DatabaseFailure::Dropped,
             _ => failure_of_code(mysql.code().unwrap_or_default()),
         };
     }
@@ -98,12 +100,16 @@ fn database_failure(db: &dyn sqlx::error::DatabaseError) -> DatabaseFailure {
 fn failure_of_code(code: &str) -> DatabaseFailure {
     match code {
         _ if is_conflict_code(code) => DatabaseFailure::Conflict,
-        // lock_not_available (lock_timeout), query_canceled (statement_timeout).
+        // lock_not_available (lock_timeout), query_canceled (statement_timeout, a
+        // cancel).
         "55P03" | "57014" => DatabaseFailure::GaveUp,
         // Connection exceptions (class 08), admin/crash shutdown, cannot connect
-        // now, too many connections, an interrupted MySQL statement.
+        // now, idle session timeouts, too many connections, an interrupted MySQL
+        // statement.
         _ if code.starts_with("08") => DatabaseFailure::Dropped,
-        "57P01" | "57P02" | "57P03" | "53300" | "70100" => DatabaseFailure::Dropped,
+        "57P01" | "57P02" | "57P03" | "57P05" | "25P03" | "53300" | "70100" => {
+            DatabaseFailure::Dropped
+        }
         _ => DatabaseFailure::Refused,
     }
 }
@@ -137,10 +143,12 @@ pub(crate) fn map_sqlx(err: sqlx::Error, backend: &'static str, op: &'static str
                 true,
                 "the database aborted the statement to break a deadlock or a serialization conflict; retry",
             ),
+            // (`Backend`, not `Timeout`: that kind is the caller's own wait or the
+            // operation timeout, and metrics label it so.)
             DatabaseFailure::GaveUp => (
-                ErrorKind::Timeout,
+                ErrorKind::Backend,
                 true,
-                "the database gave up on the statement (a row lock another transaction held too long, or a statement time limit); retry",
+                "the database gave up on the statement or cancelled it (a row lock another transaction held too long, a statement time limit, an operator's cancel); retry",
             ),
             DatabaseFailure::Dropped => (
                 ErrorKind::Backend,

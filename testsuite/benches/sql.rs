@@ -49,9 +49,37 @@ fn urls(labels: &str) -> Vec<(String, testsuite::backends::TestUrl)> {
         .collect()
 }
 
-/// One lease-floor cycle of `floor`'s statements on executor `$e`: set-if-absent
-/// (must insert), a hold of `$hold` (none when zero), then the owner-guarded delete
-/// (must delete).
+/// Whether a floor's acquire granted: it inserted or updated a row — or, for a floor
+/// that hands out tokens (`by_token`) on MySQL, which reports found rows (a refusal
+/// that changes nothing counts 1), its token `LAST_INSERT_ID` is not 0.
+trait FloorGrant {
+    fn granted(&self, by_token: bool) -> bool;
+}
+
+impl FloorGrant for sqlx::sqlite::SqliteQueryResult {
+    fn granted(&self, _: bool) -> bool {
+        self.rows_affected() >= 1
+    }
+}
+
+impl FloorGrant for sqlx::postgres::PgQueryResult {
+    fn granted(&self, _: bool) -> bool {
+        self.rows_affected() >= 1
+    }
+}
+
+impl FloorGrant for sqlx::mysql::MySqlQueryResult {
+    fn granted(&self, by_token: bool) -> bool {
+        match by_token {
+            true => self.last_insert_id() > 0,
+            false => self.rows_affected() >= 1,
+        }
+    }
+}
+
+/// One floor cycle of `floor`'s statements on executor `$e`: the acquire (must
+/// grant), a hold of `$hold` (none when zero), then the owner-guarded release (must
+/// free the lock).
 macro_rules! floor_cycle {
     ($floor:expr, $e:expr, $name:expr, $owner:expr, $hold:expr) => {{
         let got = sqlx::query($floor.acquire)
@@ -60,9 +88,8 @@ macro_rules! floor_cycle {
             .execute($e)
             .await
             .unwrap();
-        // 1 row inserted or updated (MySQL counts an update as 2); 0 is a refusal.
         assert!(
-            got.rows_affected() >= 1,
+            got.granted($floor.by_token),
             "floor acquire failed: the lock is taken"
         );
         if !$hold.is_zero() {
@@ -83,6 +110,8 @@ struct LeaseFloor {
     pool: SqlPool,
     acquire: &'static str,
     release: &'static str,
+    /// Whether the acquire hands out a token (the fenced floor).
+    by_token: bool,
 }
 
 /// The fenced lease floor (a control): the minimum a lease lock needs that hands out
@@ -105,10 +134,11 @@ fn fenced_floor_statements(pool: &SqlPool) -> (&'static str, &'static str, &'sta
         ),
         SqlPool::MySql(_) => (
             "CREATE TABLE IF NOT EXISTS bench_fenced (name VARBINARY(512) PRIMARY KEY, owner VARCHAR(255) NULL, token BIGINT NOT NULL, expires_at BIGINT NOT NULL)",
-            // The token comes back as the statement's LAST_INSERT_ID, as dlock's does.
+            // The token comes back as the statement's LAST_INSERT_ID, as dlock's does
+            // (0 for a refusal: `VALUES` set it to 1 whether or not the row existed).
             "INSERT INTO bench_fenced (name, owner, token, expires_at) VALUES (?, ?, LAST_INSERT_ID(1), CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED) + 30000) \
              ON DUPLICATE KEY UPDATE \
-               token = IF(@bench_free := (owner IS NULL OR expires_at <= CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED)), LAST_INSERT_ID(token + 1), token), \
+               token = IF(@bench_free := (owner IS NULL OR expires_at <= CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED)), LAST_INSERT_ID(token + 1), token + LAST_INSERT_ID(0)), \
                owner = IF(@bench_free, VALUES(owner), owner), \
                expires_at = IF(@bench_free, VALUES(expires_at), expires_at)",
             "UPDATE bench_fenced SET owner = NULL, expires_at = 0 WHERE name = ? AND owner = ?",
@@ -129,7 +159,11 @@ impl LeaseFloor {
     /// The fenced lease floor ([`FENCED_FLOOR`]) on `pool`.
     async fn fenced(pool: SqlPool) -> Self {
         let (create, acquire, release) = fenced_floor_statements(&pool);
-        Self::with_statements(pool, create, acquire, release).await
+        let floor = Self::with_statements(pool, create, acquire, release).await;
+        LeaseFloor {
+            by_token: true,
+            ..floor
+        }
     }
 
     async fn new(pool: SqlPool) -> Self {
@@ -181,6 +215,7 @@ impl LeaseFloor {
             pool,
             acquire,
             release,
+            by_token: false,
         }
     }
 

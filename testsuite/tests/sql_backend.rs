@@ -1273,8 +1273,9 @@ async fn proxied(url: &str) -> (FaultProxy, String) {
 }
 
 /// A manager over an application's own pool of `connections`, whose sessions first
-/// run `setup` (MySQL's are also prepared as dlock needs them), and the database's id
-/// of the session connected last.
+/// run `setup` (MySQL's are also prepared as dlock needs them), and — on MySQL — the
+/// id of the session connected last (0 on PostgreSQL). Its operation timeout (60 s)
+/// is longer than any wait the tests make the database do.
 async fn manager_on_own_sessions(
     label: &str,
     url: &str,
@@ -1321,6 +1322,7 @@ async fn manager_on_own_sessions(
     };
     let manager = DistributeLockManager::builder(backend.unwrap())
         .lease(Duration::from_secs(10))
+        .operation_timeout(Duration::from_secs(60))
         .build()
         .unwrap();
     (manager, session)
@@ -1385,7 +1387,8 @@ async fn a_statement_that_timed_out_on_a_row_lock_is_retryable() {
         holder.rollback().await;
         println!("{label}: {err}");
         assert!(err.is_retryable(), "{label}: not retryable: {err}");
-        assert_eq!(err.kind(), ErrorKind::Timeout, "{label}: {err}");
+        assert_eq!(err.kind(), ErrorKind::Backend, "{label}: {err}");
+        assert!(err.message().contains("gave up"), "{label}: {err}");
         let guard = lock
             .try_lock(Duration::ZERO)
             .await
@@ -1414,15 +1417,21 @@ async fn mysql_a_statement_killed_by_an_operator_is_retryable() {
         let lock = m.lock(&name);
         let attempt = tokio::spawn(async move { lock.try_lock(Duration::ZERO).await.map(|_| ()) });
         let mut operator = sqlx::MySqlConnection::connect(&url).await.unwrap();
-        let id = session.load(Ordering::SeqCst);
-        // Bounded: the server's default lock wait is 50 s; 10 s is plenty to start waiting.
+        // Bounded: the statement waits on the row up to the server's lock wait (50 s)
+        // and the manager's operation timeout (60 s); 10 s is plenty to start.
         let end = Instant::now() + Duration::from_secs(10);
         let mut waiting = false;
+        let mut id = 0;
         while !waiting && Instant::now() < end {
-            // (INNODB_TRX's thread ids do not always match the session's on MariaDB.)
-            let running: Option<String> =
-                sqlx::query_scalar("SELECT INFO FROM information_schema.PROCESSLIST WHERE ID = ?")
-                    .bind(id)
+            // The session connected last (read again: the pool may have replaced
+            // it), executing — not preparing, which a kill may not interrupt — the
+            // grant. (INNODB_TRX's thread ids do not always match the session's on
+            // MariaDB.)
+            id = session.load(Ordering::SeqCst);
+            let running: Option<String> = sqlx::query_scalar(
+                "SELECT INFO FROM information_schema.PROCESSLIST WHERE ID = ? AND COMMAND = 'Execute'",
+            )
+            .bind(id)
                     .fetch_optional(&mut operator)
                     .await
                     .unwrap()
