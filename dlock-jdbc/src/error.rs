@@ -86,10 +86,11 @@ fn database_failure(db: &dyn sqlx::error::DatabaseError) -> DatabaseFailure {
             // ER_LOCK_WAIT_TIMEOUT, MySQL's max_execution_time, MariaDB's
             // max_statement_time.
             1205 | 3024 | 1969 => DatabaseFailure::GaveUp,
-            // Too many connections (all, the user's), server shutdown, query
-            // interrupted (KILL QUERY), connection killed (MariaDB). (Not MySQL 8's
-            // idle-client 4031: MariaDB numbers its own errors from 4000 up.)
-            1040 | 1203 | 1053 | 1317 | 1927 => DatabaseFailure::Dropped,
+            // Too many connections (all, the user's), a user's resource limit
+            // reached (connections, or per hour), server shutdown, query interrupted
+            // (KILL QUERY), connection killed (MariaDB). (Not MySQL 8's idle-client
+            // 4031: MariaDB numbers its own errors from 4000 up.)
+            1040 | 1203 | 1226 | 1053 | 1317 | 1927 => DatabaseFailure::Dropped,
             _ => failure_of_code(mysql.code().unwrap_or_default()),
         };
     }
@@ -111,6 +112,17 @@ fn failure_of_code(code: &str) -> DatabaseFailure {
             DatabaseFailure::Dropped
         }
         _ => DatabaseFailure::Refused,
+    }
+}
+
+/// Whether `err` is a database's answer that a later try may not get: a conflict,
+/// a statement it gave up on or dropped, a connection it refused for now (too many
+/// connections, starting up) — not a refusal for good (a wrong password, a missing
+/// database).
+pub(crate) fn is_transient_answer(err: &sqlx::Error) -> bool {
+    match err {
+        sqlx::Error::Database(db) => database_failure(db.as_ref()) != DatabaseFailure::Refused,
+        _ => false,
     }
 }
 

@@ -376,9 +376,15 @@ impl JdbcBackend {
             // the configuration's to fix, as a bad URL is; retrying will not help.
             let tls = matches!(&e, sqlx::Error::Tls(_))
                 || matches!(&e, sqlx::Error::Io(io) if io.kind() == std::io::ErrorKind::InvalidData);
-            let retryable =
-                !tls && !matches!(e, sqlx::Error::Configuration(_) | sqlx::Error::Database(_));
-            let hint = if tls {
+            // A database's answer is the configuration's to fix (a wrong password, a
+            // missing database) unless it refused the connection for now.
+            let transient = crate::error::is_transient_answer(&e);
+            let retryable = transient
+                || (!tls
+                    && !matches!(e, sqlx::Error::Configuration(_) | sqlx::Error::Database(_)));
+            let hint = if transient {
+                "the database refused the connection for now (too many connections, starting up or shutting down); retry later"
+            } else if tls {
                 "the TLS handshake failed: check the CA the URL names (PostgreSQL: sslrootcert=…, MySQL: ssl-ca=…), that the URL's host is the one the server's certificate names, and that dlock-jdbc's `tls` feature is on"
             } else {
                 "check that the server runs, the URL is right and the user may log in"

@@ -1460,6 +1460,57 @@ async fn mysql_a_statement_killed_by_an_operator_is_retryable() {
     }
 }
 
+/// A database that refuses a connection for now — a user at its connection limit
+/// (PostgreSQL 53300, MariaDB 1226) — fails the connect with a retryable error that
+/// says so, not a configuration error: the same URL works once a connection is free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_refused_for_now_is_a_retryable_connect_error() {
+    use sqlx::Executor;
+    for (label, url) in sql_backends() {
+        let (setup, limited) = match label.as_str() {
+            "sqlite" => continue, // a file has no connection limit
+            "mysql" => (
+                [
+                    "CREATE USER IF NOT EXISTS 'dlock_one_conn'@'%' WITH MAX_USER_CONNECTIONS 1",
+                    "GRANT ALL ON test.* TO 'dlock_one_conn'@'%'",
+                ],
+                "mysql://dlock_one_conn@127.0.0.1:3306/test",
+            ),
+            _ => (
+                [
+                    "DO $$ BEGIN CREATE ROLE dlock_one_conn LOGIN CONNECTION LIMIT 1; \
+                     EXCEPTION WHEN duplicate_object THEN NULL; END $$",
+                    "SELECT 1",
+                ],
+                "postgres://dlock_one_conn@127.0.0.1:5432/test",
+            ),
+        };
+        // The user's one connection, held by someone else.
+        let held: Box<dyn std::any::Any + Send> = match label.as_str() {
+            "mysql" => {
+                let mut admin = sqlx::MySqlConnection::connect(&url).await.unwrap();
+                for statement in setup {
+                    admin.execute(statement).await.unwrap();
+                }
+                Box::new(sqlx::MySqlConnection::connect(limited).await.unwrap())
+            }
+            _ => {
+                let mut admin = sqlx::PgConnection::connect(&url).await.unwrap();
+                for statement in setup {
+                    admin.execute(statement).await.unwrap();
+                }
+                Box::new(sqlx::PgConnection::connect(limited).await.unwrap())
+            }
+        };
+        let err = JdbcBackend::connect(limited).await.map(drop).unwrap_err();
+        drop(held);
+        println!("{label}: {err}");
+        assert!(err.is_retryable(), "{label}: not retryable: {err}");
+        assert_eq!(err.kind(), ErrorKind::Backend, "{label}: {err}");
+        assert!(err.message().contains("for now"), "{label}: {err}");
+    }
+}
+
 /// The database goes away (connections reset, new ones refused): calls fail with
 /// typed retryable errors, the watchdog keeps trying until the lease ends and then
 /// fires lost, and once the database is back the pool reconnects.
