@@ -13,10 +13,6 @@ const CONFLICT_CODES: [&str; 5] = ["40001", "40P01", "5", "6", "517"];
 /// How often a statement that lost a transaction conflict is run again.
 const CONFLICT_RETRIES: u32 = 5;
 
-fn is_conflict_code(code: &str) -> bool {
-    CONFLICT_CODES.contains(&code)
-}
-
 /// Whether `err` (made by [`map_sqlx`]) is a transaction conflict: the statement was
 /// rolled back whole, so running it again is safe and changes nothing else.
 pub(crate) fn is_conflict(err: &Error) -> bool {
@@ -100,7 +96,7 @@ fn database_failure(db: &dyn sqlx::error::DatabaseError) -> DatabaseFailure {
 /// Classifies an SQLSTATE (or SQLite's extended result code).
 fn failure_of_code(code: &str) -> DatabaseFailure {
     match code {
-        _ if is_conflict_code(code) => DatabaseFailure::Conflict,
+        _ if CONFLICT_CODES.contains(&code) => DatabaseFailure::Conflict,
         // lock_not_available (lock_timeout), query_canceled (statement_timeout, a
         // cancel).
         "55P03" | "57014" => DatabaseFailure::GaveUp,
@@ -195,7 +191,8 @@ mod tests {
             assert_eq!(failure_of_code(code), DatabaseFailure::GaveUp, "{code}");
         }
         for code in [
-            "08006", "08S01", "08004", "57P01", "57P02", "57P03", "53300", "70100",
+            "08006", "08S01", "08004", "57P01", "57P02", "57P03", "57P05", "25P03", "53300",
+            "70100",
         ] {
             assert_eq!(failure_of_code(code), DatabaseFailure::Dropped, "{code}");
         }

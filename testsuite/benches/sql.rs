@@ -159,11 +159,7 @@ impl LeaseFloor {
     /// The fenced lease floor ([`FENCED_FLOOR`]) on `pool`.
     async fn fenced(pool: SqlPool) -> Self {
         let (create, acquire, release) = fenced_floor_statements(&pool);
-        let floor = Self::with_statements(pool, create, acquire, release).await;
-        LeaseFloor {
-            by_token: true,
-            ..floor
-        }
+        Self::with_statements(pool, create, acquire, release, true).await
     }
 
     async fn new(pool: SqlPool) -> Self {
@@ -185,15 +181,17 @@ impl LeaseFloor {
             ),
             _ => unreachable!("all drivers are enabled in the testsuite"),
         };
-        Self::with_statements(pool, create, acquire, release).await
+        Self::with_statements(pool, create, acquire, release, false).await
     }
 
-    /// A floor of `acquire` and `release`, its table made by `create`.
+    /// A floor of `acquire` and `release` (handing out a token: `by_token`), its
+    /// table made by `create`.
     async fn with_statements(
         pool: SqlPool,
         create: &'static str,
         acquire: &'static str,
         release: &'static str,
+        by_token: bool,
     ) -> Self {
         // Processes that start together race to create the table, and PostgreSQL's
         // `IF NOT EXISTS` can then fail on its catalog's unique index: the loser
@@ -215,7 +213,7 @@ impl LeaseFloor {
             pool,
             acquire,
             release,
-            by_token: false,
+            by_token,
         }
     }
 
@@ -343,6 +341,22 @@ const ASYNC_COMMIT: &str = "dlock non-fair, asynchronous commit (opt-in)";
 /// waiters that block inside the server on a named lock beside it.
 const WOKEN_FLOOR: &str = "lease floor, waiters blocked in the server (control)";
 
+/// A floor's contestant: one task cycling `name` on `floor`.
+fn floor_contestant(
+    label: &'static str,
+    floor: &Arc<LeaseFloor>,
+    name: String,
+) -> Contestant<'static> {
+    let floor = Arc::clone(floor);
+    Contestant::tasks(label, 1, move |_, end| {
+        let (floor, name) = (Arc::clone(&floor), name.clone());
+        cycles((floor, name), end, |(floor, name)| async move {
+            floor.cycle(&name, "owner", Duration::ZERO).await;
+            (floor, name)
+        })
+    })
+}
+
 /// One task, uncontended, every implementation in interleaved rounds.
 async fn uncontended(
     label: &str,
@@ -355,28 +369,15 @@ async fn uncontended(
         .unwrap_or_else(|e| panic!("{label}: {e}"));
     let tag = format!("bench{:x}", fastrand::u32(..));
     let floor = Arc::new(LeaseFloor::new(backend.sqlx_pool().clone()).await);
-    let mut contestants = vec![Contestant::tasks("lease floor (1+1 statements)", 1, {
-        let t = tag.clone();
-        let floor = Arc::clone(&floor);
-        move |_, end| {
-            let (floor, name) = (Arc::clone(&floor), format!("{t}:floor"));
-            cycles((floor, name), end, |(floor, name)| async move {
-                floor.cycle(&name, "owner", Duration::ZERO).await;
-                (floor, name)
-            })
-        }
-    })];
     let fenced = Arc::new(LeaseFloor::fenced(backend.sqlx_pool().clone()).await);
-    contestants.push(Contestant::tasks(FENCED_FLOOR, 1, {
-        let t = tag.clone();
-        move |_, end| {
-            let (floor, name) = (Arc::clone(&fenced), format!("{t}:fenced"));
-            cycles((floor, name), end, |(floor, name)| async move {
-                floor.cycle(&name, "owner", Duration::ZERO).await;
-                (floor, name)
-            })
-        }
-    }));
+    let mut contestants = vec![
+        floor_contestant(
+            "lease floor (1+1 statements)",
+            &floor,
+            format!("{tag}:floor"),
+        ),
+        floor_contestant(FENCED_FLOOR, &fenced, format!("{tag}:fenced")),
+    ];
     // The advisory floor's connection, taken from the backend's own pool for the run.
     let advisory = match backend.sqlx_pool() {
         SqlPool::Postgres(p) => Some(AdvisoryConn::Postgres(p.acquire().await.unwrap())),

@@ -1328,19 +1328,24 @@ async fn manager_on_own_sessions(
     (manager, session)
 }
 
-/// A connection of the test's own holding a lock's row inserted and uncommitted, so
-/// that dlock's statements on that lock wait for it.
-enum RowHolder {
+/// A connection of the test's own (MySQL or PostgreSQL) that runs raw SQL — e.g.
+/// holding a lock's row inserted and uncommitted, so that dlock's statements on that
+/// lock wait for it.
+enum RawConn {
     MySql(sqlx::MySqlConnection),
     Postgres(sqlx::PgConnection),
 }
 
-impl RowHolder {
-    async fn insert_uncommitted(label: &str, url: &str, name: &str) -> Self {
-        let mut holder = match label {
+impl RawConn {
+    async fn connect(label: &str, url: &str) -> Self {
+        match label {
             "mysql" => Self::MySql(sqlx::MySqlConnection::connect(url).await.unwrap()),
             _ => Self::Postgres(sqlx::PgConnection::connect(url).await.unwrap()),
-        };
+        }
+    }
+
+    async fn insert_uncommitted(label: &str, url: &str, name: &str) -> Self {
+        let mut holder = Self::connect(label, url).await;
         holder.run("BEGIN".to_owned()).await;
         // The name is the test's own hex: safe inline.
         holder
@@ -1382,7 +1387,7 @@ async fn a_statement_that_timed_out_on_a_row_lock_is_retryable() {
         let (m, _) = manager_on_own_sessions(&label, &url, setup, 2).await;
         let name = format!("rowwait-{:x}", fastrand::u64(..));
         let lock = m.lock(&name);
-        let holder = RowHolder::insert_uncommitted(&label, &url, &name).await;
+        let holder = RawConn::insert_uncommitted(&label, &url, &name).await;
         let err = lock.try_lock(Duration::ZERO).await.map(|_| ()).unwrap_err();
         holder.rollback().await;
         println!("{label}: {err}");
@@ -1413,7 +1418,7 @@ async fn mysql_a_statement_killed_by_an_operator_is_retryable() {
         // One connection: the session whose id is kept runs the acquire.
         let (m, session) = manager_on_own_sessions(&label, &url, "DO 0", 1).await;
         let name = format!("killed-{:x}", fastrand::u64(..));
-        let holder = RowHolder::insert_uncommitted(&label, &url, &name).await;
+        let holder = RawConn::insert_uncommitted(&label, &url, &name).await;
         let lock = m.lock(&name);
         let attempt = tokio::spawn(async move { lock.try_lock(Duration::ZERO).await.map(|_| ()) });
         let mut operator = sqlx::MySqlConnection::connect(&url).await.unwrap();
@@ -1465,7 +1470,6 @@ async fn mysql_a_statement_killed_by_an_operator_is_retryable() {
 /// says so, not a configuration error: the same URL works once a connection is free.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_refused_for_now_is_a_retryable_connect_error() {
-    use sqlx::Executor;
     for (label, url) in sql_backends() {
         let (setup, limited) = match label.as_str() {
             "sqlite" => continue, // a file has no connection limit
@@ -1485,23 +1489,12 @@ async fn a_connection_refused_for_now_is_a_retryable_connect_error() {
                 "postgres://dlock_one_conn@127.0.0.1:5432/test",
             ),
         };
+        let mut admin = RawConn::connect(&label, &url).await;
+        for statement in setup {
+            admin.run(statement.to_owned()).await;
+        }
         // The user's one connection, held by someone else.
-        let held: Box<dyn std::any::Any + Send> = match label.as_str() {
-            "mysql" => {
-                let mut admin = sqlx::MySqlConnection::connect(&url).await.unwrap();
-                for statement in setup {
-                    admin.execute(statement).await.unwrap();
-                }
-                Box::new(sqlx::MySqlConnection::connect(limited).await.unwrap())
-            }
-            _ => {
-                let mut admin = sqlx::PgConnection::connect(&url).await.unwrap();
-                for statement in setup {
-                    admin.execute(statement).await.unwrap();
-                }
-                Box::new(sqlx::PgConnection::connect(limited).await.unwrap())
-            }
-        };
+        let held = RawConn::connect(&label, limited).await;
         let err = JdbcBackend::connect(limited).await.map(drop).unwrap_err();
         drop(held);
         println!("{label}: {err}");
