@@ -337,6 +337,30 @@ struct Granted {
     left_queue: bool,
 }
 
+/// What a grant statement answered.
+enum Answer {
+    Granted(Granted),
+    /// Refused; with the lock's row as the statement saw it, when it reads it
+    /// (PostgreSQL's exclusive grant, see [`Statements::acquire_exclusive`]).
+    Refused(Option<Seen>),
+}
+
+impl Answer {
+    /// The answer of a statement that answers a token (or none) and leaves the
+    /// queue alone.
+    fn of_token(token: Option<i64>) -> Self {
+        match token {
+            Some(token) => Answer::Granted(Granted::queue_untouched(token)),
+            None => Answer::Refused(None),
+        }
+    }
+}
+
+/// The lock's row as a refused grant saw it: the holder's stored key, its lease
+/// left (ms), the readers' horizon left (ms) — the contention statement's first
+/// columns.
+type Seen = (Option<String>, i64, i64);
+
 impl Granted {
     /// A grant by a statement that leaves the queue alone.
     fn queue_untouched(token: i64) -> Self {
@@ -355,7 +379,8 @@ enum Attempt {
         /// hold.
         holder_key: Option<String>,
         retry_after: Option<Duration>,
-        /// Live waiters queued ahead of this one (0 when not queued).
+        /// Live waiters queued ahead of this one (0 when not queued, or not read:
+        /// see [`JdbcBackend::attempt`]).
         ahead: i64,
         /// The live waiter queued just ahead of this one, if any.
         predecessor: Option<String>,
@@ -422,17 +447,16 @@ impl JdbcBackend {
         self.inner.bells.as_ref().map_or(0, Bells::taken)
     }
 
-    /// Closes the connection pool and the MariaDB/MySQL wake-up sessions; later
-    /// calls fail with `Closed`.
+    /// Closes the connection pool and the MariaDB/MySQL wake-up sessions, and stops
+    /// PostgreSQL's release-notice listener (its session ends as its task is
+    /// dropped); later calls fail with `Closed`.
     ///
     /// # Cancel safety
     ///
     /// Cancel-safe: dropped before it returns, the pool is closed all the same (it
     /// refuses new calls at once) and its connections close as they come back.
     pub async fn close(&self) {
-        // The release-notice listener holds a connection of the pool, and a pool's
-        // close waits for every connection: stop it first (its connection goes back
-        // as its task is dropped).
+        // The release-notice listener's session closes with its task.
         if let Some(task) = &self.inner.listener {
             task.abort();
         }
@@ -444,18 +468,28 @@ impl JdbcBackend {
 
     /// One attempt: the grant statement, then — refused — the waiter's place in the
     /// queue (when it is `waiting`) and what the lock is busy with. `slot`: the
-    /// caller's place in the queue, if it may wait at all.
+    /// caller's place in the queue, if it may wait at all. `placed`: the caller
+    /// paces its looks by its place in the queue (`ahead`, `predecessor`), so the
+    /// contention statement reads it; otherwise a grant statement that read the
+    /// lock's row itself (PostgreSQL) answers for it when it saw a live holder, and
+    /// nothing more is read. (A refusal it saw no holder for — the queue's, the
+    /// readers', or a grant after its snapshot — is read again, to name who has the
+    /// lock now.)
     async fn attempt(
         &self,
         req: &AcquireRequest,
         slot: Option<&mut QueueSlot>,
         waiting: bool,
+        placed: bool,
     ) -> Result<Attempt> {
         self.inner.attempts.fetch_add(1, Ordering::Relaxed);
         let queued = slot.as_deref().is_some_and(QueueSlot::is_queued);
-        if let Some(granted) = self.try_grant(req, queued).await? {
-            return Ok(Attempt::Granted(granted));
-        }
+        let seen = match self.try_grant(req, queued).await? {
+            Answer::Granted(granted) => return Ok(Attempt::Granted(granted)),
+            Answer::Refused(seen) => {
+                seen.filter(|(owner, left, _)| !placed && owner.is_some() && *left > 0)
+            }
+        };
         let just_queued = match slot.filter(|_| waiting) {
             Some(slot) => slot.keep().await?,
             None => false,
@@ -463,7 +497,9 @@ impl JdbcBackend {
         let s = &self.inner.statements;
         let holder = req.holder();
         let params = [Param::Text(req.name.as_str()), Param::Text(holder.as_str())];
-        let row: Option<ContentionRow> = on_pool!(&self.inner.pool, p => {
+        let row: Option<ContentionRow> = match seen {
+            Some((owner, left, shared_left)) => Some((owner, left, shared_left, 0, None)),
+            None => on_pool!(&self.inner.pool, p => {
             async {
                 match query!(&s.contention, &params).fetch_optional(p).await? {
                     Some(r) => Ok::<_, sqlx::Error>(Some((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?, r.try_get(3)?, r.try_get(4)?))),
@@ -471,8 +507,9 @@ impl JdbcBackend {
                 }
             }
             .await
-        })
-        .map_err(self.err("acquire"))?;
+            })
+            .map_err(self.err("acquire"))?,
+        };
         Ok(match row {
             Some((owner, left, shared_left, ahead, predecessor)) => {
                 let holder_live = owner.is_some() && left > 0;
@@ -504,7 +541,7 @@ impl JdbcBackend {
     /// statement made for a caller that is gone is released by the same task, after
     /// the statement — a release racing it on another pooled connection could land
     /// first and leave the grant held until its lease ends.
-    async fn try_grant(&self, req: &AcquireRequest, queued: bool) -> Result<Option<Granted>> {
+    async fn try_grant(&self, req: &AcquireRequest, queued: bool) -> Result<Answer> {
         let backend = self.clone();
         let req = req.clone();
         let (answer, answered) = tokio::sync::oneshot::channel();
@@ -515,12 +552,12 @@ impl JdbcBackend {
                     LockMode::Shared => backend.try_shared(&req).await,
                     LockMode::Permits(n) => backend.try_permits(&req, n).await,
                 };
-                token.map(|t| t.map(Granted::queue_untouched))
+                token.map(Answer::of_token)
             })
             .await;
             let announce = matches!(
                 (&token, req.purpose),
-                (Ok(Some(_)), HoldPurpose::Leadership)
+                (Ok(Answer::Granted(_)), HoldPurpose::Leadership)
             );
             let undelivered = answer.send(token);
             if announce {
@@ -530,7 +567,7 @@ impl JdbcBackend {
                     .notify(backend.inner.statements.notify_change.as_ref(), &req.name)
                     .await;
             }
-            if let Err(Ok(Some(_))) = undelivered {
+            if let Err(Ok(Answer::Granted(_))) = undelivered {
                 if let Err(err) = backend.release(&req.release_of_grant()).await {
                     tracing::warn!(lock = %req.name, error = %err, "dlock-jdbc: releasing the grant of a cancelled acquire failed; its lease will expire");
                 }
@@ -546,7 +583,7 @@ impl JdbcBackend {
 
     /// `queued`: the caller has an entry in the queue (its grant reads the queue).
     #[cfg_attr(not(feature = "mysql"), allow(unused_variables))]
-    async fn try_exclusive(&self, req: &AcquireRequest, queued: bool) -> Result<Option<Granted>> {
+    async fn try_exclusive(&self, req: &AcquireRequest, queued: bool) -> Result<Answer> {
         let s = &self.inner.statements;
         // The owner column holds the grant's identity.
         let holder = req.holder();
@@ -577,11 +614,29 @@ impl JdbcBackend {
             &self.inner.pool,
         ) {
             match mysql_token!(query!(unqueued, &params), p).map_err(self.err("acquire"))? {
-                None => return Ok(None),
                 // A free lock whose queue may hold live waiters: the queue decides.
                 Some(crate::dialect::ASK_THE_QUEUE) => {}
-                Some(token) => return Ok(Some(Granted::queue_untouched(token))),
+                token => return Ok(Answer::of_token(token)),
             }
+        }
+        let left_queue = s.exclusive_grant_leaves_queue;
+        // PostgreSQL's grant answers one row, with the lock's row as it saw it.
+        #[cfg(feature = "postgres")]
+        if let (None, Pool::Postgres(p)) = (&beside, &self.inner.pool) {
+            let answer = query!(&s.acquire_exclusive, &params)
+                .fetch_one(p)
+                .await
+                .and_then(|row| {
+                    Ok(match row.try_get::<Option<i64>, _>(0)? {
+                        Some(token) => Answer::Granted(Granted { token, left_queue }),
+                        None => Answer::Refused(Some((
+                            row.try_get(1)?,
+                            row.try_get(2)?,
+                            row.try_get(3)?,
+                        ))),
+                    })
+                });
+            return answer.map_err(self.err("acquire"));
         }
         if beside.is_none() {
             macro_rules! body {
@@ -591,9 +646,11 @@ impl JdbcBackend {
             }
             let token: std::result::Result<Option<i64>, sqlx::Error> =
                 with_token_reader!(&self.inner.pool, body);
-            let left_queue = s.exclusive_grant_leaves_queue;
             return token
-                .map(|t| t.map(|token| Granted { token, left_queue }))
+                .map(|t| match t {
+                    Some(token) => Answer::Granted(Granted { token, left_queue }),
+                    None => Answer::Refused(None),
+                })
                 .map_err(self.err("acquire"));
         }
         // An upgrade judges the readers table: it takes the lock's row first, in a
@@ -615,9 +672,7 @@ impl JdbcBackend {
         }
         let result: std::result::Result<Option<i64>, sqlx::Error> =
             with_token_reader!(&self.inner.pool, body);
-        result
-            .map(|t| t.map(Granted::queue_untouched))
-            .map_err(self.err("acquire"))
+        result.map(Answer::of_token).map_err(self.err("acquire"))
     }
 
     async fn try_shared(&self, req: &AcquireRequest) -> Result<Option<i64>> {
@@ -928,7 +983,10 @@ impl LockRemoteResource for JdbcBackend {
         loop {
             let sent = Instant::now();
             let waiting = req.deadline.is_some_and(|d| d > sent);
-            let attempt = match self.attempt(req, slot.as_mut(), waiting).await {
+            let attempt = match self
+                .attempt(req, slot.as_mut(), waiting, waiting && !told)
+                .await
+            {
                 // The grant statement runs itself again on a conflict; the queue and
                 // contention statements are run again with the whole attempt.
                 Err(e) if conflicts < MAX_CONFLICTED_ATTEMPTS && is_conflict(&e) => {

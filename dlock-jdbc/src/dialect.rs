@@ -95,6 +95,7 @@ impl Stmt {
             .replace("RELEASE_PAYLOAD", RELEASE_PAYLOAD)
             .replace("NEXT_PAYLOAD", NEXT_PAYLOAD)
             .replace("NOT_THE_HOLDER", NOT_THE_HOLDER)
+            .replace("COMMIT_QUICKLY", COMMIT_QUICKLY)
             .replace("PERMITS_USED", &permits::used_by_others(dialect))
             .replace("{locks}", &format!("{prefix}locks"))
             .replace("{readers}", &format!("{prefix}readers"))
@@ -165,6 +166,19 @@ pub(crate) fn validate_prefix(prefix: &str) -> Result<()> {
 /// What [`Statements::acquire_exclusive_unqueued`] answers for a free lock whose queue
 /// may hold live waiters (a token is a clock reading in microseconds, never 1).
 pub(crate) const ASK_THE_QUEUE: i64 = 1;
+
+/// PostgreSQL: a condition, always true, that makes the statement's own transaction
+/// commit asynchronously (`synchronous_commit = off` for that transaction alone, as
+/// `SET LOCAL` would: the statement runs in a transaction of its own). For the
+/// writes whose loss in a database crash is safe — a lock release (the lock stays
+/// held until its lease ends, and nobody uses it), a queue entry or its removal (a
+/// waiter's place, written again at its next refresh, or one that lapses with its
+/// liveness) — so that they do not wait for the WAL flush, nor queue the grants'
+/// flushes behind theirs. Grants and renewals stay synchronous: a grant or a lease
+/// the database forgot would let the lock be granted twice. Any later synchronous
+/// commit flushes the WAL up to its own record, so a grant that read a release
+/// makes that release durable with it.
+pub(crate) const COMMIT_QUICKLY: &str = "set_config('synchronous_commit', 'off', true) = 'off'";
 
 /// The row an exclusive grant proposes (SQLite, PostgreSQL): `$2` holds `$1` for
 /// `$3` ms (its own lease `$6`), with context `$4` and a clock-floored token.
@@ -266,7 +280,11 @@ pub(crate) struct Statements {
     /// On PostgreSQL a grant also removes `$2`'s queue entry (see
     /// `exclusive_grant_leaves_queue`), and a refusal the statement's snapshot
     /// already shows proposes no row: it locks nothing, so its transaction needs no
-    /// WAL flush and blocks no grant or release of the lock.
+    /// WAL flush and blocks no grant or release of the lock. It answers one row
+    /// either way: the token (NULL = not granted), then the lock's owner, remaining
+    /// ms and readers' horizon remaining ms as the snapshot shows them (NULL, 0, 0
+    /// without a row) — what [`Self::contention`] reads, so a refused caller that
+    /// needs no queue position (see `JdbcBackend::attempt`) does not read it again.
     pub(crate) acquire_exclusive: Stmt,
     /// MariaDB/MySQL: as `acquire_exclusive` for a caller not queued, judging the
     /// queue by its mark (`writer_wait_until`, see [`Self::mark_queue`]) instead of
@@ -305,7 +323,8 @@ pub(crate) struct Statements {
     pub(crate) mark_queue: Option<Stmt>,
     /// `$1` name, `$2` owner → rows affected (or a row on PostgreSQL, which sends the
     /// release notice only when a live waiter is queued: nobody else needs it, and
-    /// every listening connection of every process wakes for each notice).
+    /// every listening connection of every process wakes for each notice, and
+    /// commits asynchronously: [`COMMIT_QUICKLY`]).
     pub(crate) release_exclusive: Stmt,
     /// As `release_exclusive`, for a term of leadership: the notice goes out whoever
     /// waits, as the election's observers learn of a resignation from it.
@@ -445,17 +464,18 @@ impl Statements {
         let (acquire_exclusive, exclusive_grant_leaves_queue) = match dialect {
             Dialect::Postgres => (
                 s(&format!(
-                    "WITH granted AS ({}), \
+                    "WITH seen AS (SELECT l.owner, l.expires_at, l.shared_until, \
+                         COALESCE(({}), FALSE) AS grantable FROM {{locks}} l WHERE l.name = $1), \
+                       granted AS ({}), \
                        left_queue AS (DELETE FROM {{waiters}} WHERE name = $1 AND waiter = $2 \
                          AND EXISTS (SELECT 1 FROM granted)) \
-                     SELECT token FROM granted",
+                     SELECT (SELECT token FROM granted), seen.owner, \
+                       COALESCE(seen.expires_at - NOW, 0), COALESCE(seen.shared_until - NOW, 0) \
+                     FROM (SELECT 1) AS one LEFT JOIN seen ON TRUE",
+                    exclusive_grantable("l", "$2"),
                     acquire_exclusive_text.replace(
                         "VALUES (EXCLUSIVE_ROW)",
-                        &format!(
-                            "SELECT EXCLUSIVE_ROW WHERE NOT EXISTS (SELECT 1 FROM {{locks}} seen \
-                               WHERE seen.name = $1 AND NOT COALESCE(({}), FALSE))",
-                            exclusive_grantable("seen", "$2")
-                        )
+                        "SELECT EXCLUSIVE_ROW WHERE NOT EXISTS (SELECT 1 FROM seen WHERE NOT seen.grantable)"
                     )
                 )),
                 true,
@@ -543,17 +563,25 @@ impl Statements {
         let release_permits = s(&permits::release(dialect));
         let (release_exclusive, release_exclusive_announced) = match dialect {
             Dialect::Postgres => {
-                let released = "WITH released AS ( \
-                   UPDATE {locks} SET owner = NULL, context = NULL, acquired_at = 0, expires_at = 0 \
-                   WHERE name = $1 AND owner = $2 AND expires_at > NOW RETURNING name) ";
+                let released = |quickly: &str| {
+                    format!(
+                        "WITH released AS ( \
+                           UPDATE {{locks}} SET owner = NULL, context = NULL, acquired_at = 0, expires_at = 0 \
+                           WHERE name = $1 AND owner = $2 AND expires_at > NOW{quickly} RETURNING name) "
+                    )
+                };
+                // A lock's release commits asynchronously (`COMMIT_QUICKLY`); the
+                // end of a term of leadership, which observers act on, does not.
                 (
                     s(&format!(
-                        "{released}SELECT CASE WHEN EXISTS (SELECT 1 FROM {{waiters}} w \
+                        "{}SELECT CASE WHEN EXISTS (SELECT 1 FROM {{waiters}} w \
                            WHERE w.name = $1 AND w.alive_until > NOW) \
-                         THEN pg_notify('{{channel}}', RELEASE_PAYLOAD) END FROM released"
+                         THEN pg_notify('{{channel}}', RELEASE_PAYLOAD) END FROM released",
+                        released(&format!(" AND {COMMIT_QUICKLY}"))
                     )),
                     s(&format!(
-                        "{released}SELECT pg_notify('{{channel}}', RELEASE_PAYLOAD) FROM released"
+                        "{}SELECT pg_notify('{{channel}}', RELEASE_PAYLOAD) FROM released",
+                        released("")
                     )),
                 )
             }
@@ -616,9 +644,14 @@ impl Statements {
                        (SELECT l.writer_wait_until FROM {locks} l WHERE l.name = $1), NOW + $4))) \
                      ON DUPLICATE KEY UPDATE alive_until = VALUES(alive_until)"
                 }
-                Dialect::Sqlite | Dialect::Postgres => {
+                Dialect::Sqlite => {
                     "INSERT INTO {waiters} (name, waiter, mode, arrived, alive_until) \
                      VALUES ($1, $2, $3, NOW, NOW + $4) \
+                     ON CONFLICT (name, waiter) DO UPDATE SET alive_until = excluded.alive_until"
+                }
+                Dialect::Postgres => {
+                    "INSERT INTO {waiters} (name, waiter, mode, arrived, alive_until) \
+                     SELECT $1, $2, $3, NOW, NOW + $4 WHERE COMMIT_QUICKLY \
                      ON CONFLICT (name, waiter) DO UPDATE SET alive_until = excluded.alive_until"
                 }
             }),
@@ -629,7 +662,7 @@ impl Statements {
             purge_and_enqueue: (dialect == Dialect::Postgres).then(|| {
                 s("WITH purged AS (DELETE FROM {waiters} WHERE name = $1 AND alive_until <= NOW) \
                    INSERT INTO {waiters} (name, waiter, mode, arrived, alive_until) \
-                   VALUES ($1, $2, $3, NOW, NOW + $4) \
+                   SELECT $1, $2, $3, NOW, NOW + $4 WHERE COMMIT_QUICKLY \
                    ON CONFLICT (name, waiter) DO UPDATE SET alive_until = excluded.alive_until, \
                      arrived = CASE WHEN {waiters}.alive_until <= NOW THEN excluded.arrived \
                                     ELSE {waiters}.arrived END")
@@ -644,7 +677,7 @@ impl Statements {
             dequeue: s(match dialect {
                 Dialect::Postgres => {
                     "WITH gone AS (DELETE FROM {waiters} WHERE name = $1 AND waiter = $2 \
-                       RETURNING arrived, alive_until) \
+                       AND COMMIT_QUICKLY RETURNING arrived, alive_until) \
                      SELECT pg_notify('{channel}', NEXT_PAYLOAD) FROM gone \
                      WHERE gone.alive_until > NOW \
                        AND EXISTS (SELECT 1 FROM {locks} l WHERE l.name = $1 \
@@ -772,8 +805,10 @@ mod tests {
         let pg = Statements::new(Dialect::Postgres, "p_");
         // One condition, read on the snapshot and decided by the upsert.
         for grantable in [
-            "WHERE NOT EXISTS (SELECT 1 FROM p_locks seen WHERE seen.name = $1 \
-             AND NOT COALESCE((((seen.owner = $2 AND seen.expires_at > ",
+            "WITH seen AS (SELECT l.owner, l.expires_at, l.shared_until, \
+             COALESCE((((l.owner = $2 AND l.expires_at > ",
+            "FROM p_locks l WHERE l.name = $1)",
+            "WHERE NOT EXISTS (SELECT 1 FROM seen WHERE NOT seen.grantable)",
             "WHERE ((p_locks.owner = excluded.owner AND p_locks.expires_at > ",
         ] {
             let grantable = grantable.split_whitespace().collect::<Vec<_>>().join(" ");
@@ -785,13 +820,6 @@ mod tests {
                 .join(" ");
             assert!(sql.contains(&grantable), "{grantable}\n{sql}");
         }
-        assert!(
-            pg.acquire_exclusive
-                .sql
-                .contains("SELECT 1 FROM p_locks seen"),
-            "{}",
-            pg.acquire_exclusive.sql
-        );
         for dialect in [Dialect::Sqlite, Dialect::MySql, Dialect::Postgres] {
             let s = Statements::new(dialect, "p_");
             for stmt in [&s.acquire_exclusive, &s.acquire_exclusive_beside] {
@@ -808,6 +836,42 @@ mod tests {
                 !s.acquire_exclusive_beside.sql.contains(" seen"),
                 "{dialect:?}"
             );
+        }
+    }
+
+    #[test]
+    fn postgres_commits_releases_and_queue_entries_quickly_and_grants_durably() {
+        let pg = Statements::new(Dialect::Postgres, "p_");
+        let quick = [
+            &pg.release_exclusive,
+            &pg.enqueue,
+            pg.purge_and_enqueue.as_ref().expect("PostgreSQL has one"),
+            &pg.dequeue,
+        ];
+        for stmt in quick {
+            assert!(stmt.sql.contains(COMMIT_QUICKLY), "{}", stmt.sql);
+        }
+        let durable = [
+            &pg.acquire_exclusive,
+            &pg.acquire_exclusive_beside,
+            &pg.acquire_shared_row,
+            &pg.acquire_shared_reader,
+            &pg.grant_permits,
+            &pg.renew_exclusive,
+            &pg.renew_exclusive_context,
+            &pg.renew_shared_row,
+            &pg.renew_reader,
+            &pg.renew_permits,
+            &pg.release_exclusive_announced,
+        ];
+        for stmt in durable {
+            assert!(!stmt.sql.contains("synchronous_commit"), "{}", stmt.sql);
+        }
+        for dialect in [Dialect::Sqlite, Dialect::MySql] {
+            let s = Statements::new(dialect, "p_");
+            for stmt in [&s.release_exclusive, &s.enqueue, &s.dequeue] {
+                assert!(!stmt.sql.contains("set_config"), "{dialect:?}");
+            }
         }
     }
 

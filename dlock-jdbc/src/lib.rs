@@ -44,12 +44,19 @@
 //!
 //! ### PostgreSQL: asynchronous commit (opt-in)
 //!
-//! By default every grant, renewal and release is a durable commit: it returns
-//! once PostgreSQL has flushed its WAL record, which is most of an uncontended
-//! cycle's time. `options[synchronous_commit]=off` in the URL (sqlx's way of
-//! setting a session parameter; it reaches every session of the backend's pool)
-//! makes them commit asynchronously — about 1.8× the cycles per second on one
-//! task (BENCHMARKS.md) — with the lease and the fencing token unchanged. What it
+//! By default every grant and renewal is a durable commit: it returns once
+//! PostgreSQL has flushed its WAL record, which is most of an uncontended cycle's
+//! time. The release of an exclusive lock and a waiter's queue entry (and its
+//! removal) commit asynchronously whatever the setting: a crash that forgets one
+//! leaves the lock held until its lease ends (nobody uses it meanwhile), or a
+//! waiter's place to be written again at its next refresh — never a second holder
+//! — and the next grant's flush makes them durable with it. (Every other write
+//! stays durable: a term of leadership's end, which observers act on, and read-lock
+//! and permit releases.) `options[synchronous_commit]=off` in the URL (sqlx's way
+//! of setting a session parameter; it reaches every session of the backend's pool)
+//! makes every grant, renewal and other write commit asynchronously too — about
+//! 1.3× the cycles per second on one task (BENCHMARKS.md) — with the lease and the
+//! fencing token unchanged. What it
 //! costs: a PostgreSQL **crash** (not a clean shutdown) forgets the commits of up
 //! to its last `3 × wal_writer_delay` (600 ms by default), and a forgotten grant
 //! lets the lock be granted again while its first holder still works, as a Redis
@@ -154,7 +161,9 @@ pub const MAX_NAME_LEN: usize = 512;
 pub struct JdbcOptions {
     /// Prefix of the table names (identifier characters only). Default `dlock_`.
     pub table_prefix: String,
-    /// Most connections in the pool. Default 10.
+    /// Most connections in the pool the statements run on (1 is enough). Default 10.
+    /// Beside it, PostgreSQL keeps one session listening for release notices, and
+    /// MariaDB/MySQL up to [`Self::wake_sessions`] sessions waiters block on.
     pub max_connections: u32,
     /// How long to wait for a free connection of the pool, and for a new connection
     /// to be established (URL `dlock_acquire_timeout=`); on MariaDB/MySQL it also
@@ -401,10 +410,12 @@ impl JdbcBackend {
     /// Builds the backend on the application's pool — its connections, limits, TLS
     /// and credentials — and migrates the schema (unless [`JdbcOptions::migrate`]
     /// says not to). [`JdbcOptions`]' pool settings (`max_connections`,
-    /// `acquire_timeout`) do not apply to the pool: it has its own. On MariaDB/MySQL
-    /// the backend also opens up to [`JdbcOptions::wake_sessions`] connections of
-    /// its own (with the pool's connect options, without its `after_connect`: they
-    /// only run `GET_LOCK`/`RELEASE_LOCK`), bounded by `acquire_timeout`.
+    /// `acquire_timeout`) do not apply to the pool: it has its own. The backend also
+    /// opens sessions of its own beside it, with the pool's connect options (read
+    /// again at each reconnect) and without its `after_connect`, each connect
+    /// bounded by `acquire_timeout`: on MariaDB/MySQL up to
+    /// [`JdbcOptions::wake_sessions`] (they only run `GET_LOCK`/`RELEASE_LOCK`), on
+    /// PostgreSQL one listening for release notices (it only runs `LISTEN`).
     ///
     /// dlock needs of the pool's sessions what [`JdbcBackend::connect`] sets up itself:
     ///
@@ -417,8 +428,7 @@ impl JdbcBackend {
     /// * **SQLite**: a file database (not `:memory:`, which is private to one
     ///   connection); WAL mode and a busy timeout, as [`JdbcBackend::connect`] sets,
     ///   keep writers from failing with `SQLITE_BUSY` under contention.
-    /// * **PostgreSQL**: nothing; one connection of the pool listens for release
-    ///   notices for as long as the backend lives.
+    /// * **PostgreSQL**: nothing.
     ///
     /// [`JdbcBackend::close`] closes the pool, which is the application's too: drop
     /// the backend instead while the application still uses the pool.
@@ -677,7 +687,8 @@ fn open_postgres(url: &str, options: &JdbcOptions) -> Result<Pool> {
 }
 
 /// On PostgreSQL, one listener connection per backend carries release notices to
-/// local waiters. Elsewhere (or if listening fails) waiters just poll.
+/// local waiters, on a session of its own beside the statements' pool (see
+/// `listen`). Elsewhere (or if listening fails) waiters just poll.
 async fn start_listener(
     pool: &Pool,
     options: &JdbcOptions,
@@ -688,7 +699,9 @@ async fn start_listener(
         let channel = format!("{}release", options.table_prefix);
         let change = format!("{}change", options.table_prefix);
         let channels = [channel.clone(), change];
-        let mut listener = match listen(pg, &channels).await {
+        let statements = pg.clone();
+        let timeout = options.acquire_timeout;
+        let mut listener = match listen(&statements, timeout, &channels).await {
             Ok(l) => l,
             Err(e) => {
                 tracing::warn!(error = %e, "dlock-jdbc: LISTEN failed; waiters will poll only");
@@ -697,7 +710,6 @@ async fn start_listener(
         };
         let wakeups = Arc::new(Wakeups::default());
         let target = Arc::clone(&wakeups);
-        let pg = pg.clone();
         let task = tokio::spawn(async move {
             loop {
                 // `try_recv` answers `None` when the connection dropped, once it has
@@ -720,19 +732,13 @@ async fn start_listener(
                         // `try_recv` would reconnect and then wait for the next notice,
                         // the missed ones never made up for — or, its connection reset
                         // rather than closed, keep failing on it.
-                        // The pool closed (an application's own pool): nothing
-                        // left to listen with.
-                        if matches!(e, sqlx::Error::PoolClosed) {
-                            return;
-                        }
                         tracing::debug!(error = %e, "dlock-jdbc: release listener interrupted");
                         // Its connection goes back now, not after the outage.
                         drop(listener);
                         listener = loop {
                             tokio::time::sleep(Duration::from_millis(500)).await;
-                            match listen(&pg, &channels).await {
+                            match listen(&statements, timeout, &channels).await {
                                 Ok(l) => break l,
-                                Err(sqlx::Error::PoolClosed) => return,
                                 Err(e) => {
                                     tracing::debug!(error = %e, "dlock-jdbc: LISTEN failed again");
                                 }
@@ -749,13 +755,21 @@ async fn start_listener(
     (None, None)
 }
 
-/// A connection of `pool` listening on `channels`.
+/// A session listening on `channels`, with the connect options `statements` (the
+/// statements' pool) has now — an application may change them, e.g. rotating
+/// credentials — in a pool of its own: taken from `statements`, it would hold one
+/// of its connections for as long as it listens.
 #[cfg(feature = "postgres")]
 async fn listen(
-    pool: &sqlx::PgPool,
+    statements: &sqlx::PgPool,
+    timeout: Duration,
     channels: &[String],
 ) -> std::result::Result<sqlx::postgres::PgListener, sqlx::Error> {
-    let mut listener = sqlx::postgres::PgListener::connect_with(pool).await?;
+    let own = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .acquire_timeout(timeout)
+        .connect_lazy_with((*statements.connect_options()).clone());
+    let mut listener = sqlx::postgres::PgListener::connect_with(&own).await?;
     listener
         .listen_all(channels.iter().map(String::as_str))
         .await?;

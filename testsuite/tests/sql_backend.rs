@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use dlock_api::{DistributeLockManager, ErrorKind, LockGuard, LostReason};
 use dlock_jdbc::{JdbcBackend, JdbcOptions};
 use dlock_spi::{
-    AcquireRequest, Backoff, FencingToken, GrantId, Jitter, LockMode, LockName, LockRemoteResource,
-    OwnerId, ReleaseRequest, ReleaseResult,
+    AcquireRequest, AcquireResult, Backoff, FencingToken, GrantId, Jitter, LockMode, LockName,
+    LockRemoteResource, OwnerId, ReleaseRequest, ReleaseResult,
 };
 use sqlx::Connection;
 use testsuite::backends::{async_commit_url, server_url, sql_tls_url, TestUrl};
@@ -551,6 +551,68 @@ async fn postgres_asynchronous_commit_is_opted_into_in_the_url() {
     b.close().await;
 }
 
+/// PostgreSQL: a release and a waiter's queue entry and its removal commit
+/// asynchronously, each for its own transaction alone: the session they ran on
+/// (the pool's only one) is back at the server's durable setting after them, so
+/// the grants and renewals it runs next still wait for their flush.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_quick_commit_ends_with_its_own_transaction() {
+    let Some(url) = sql_url("postgres") else {
+        return;
+    };
+    let (backend, locks) =
+        backend_and_manager(&url, JdbcOptions::default().max_connections(1), LONG_LEASE).await;
+    let name = format!("quick-{:x}", fastrand::u64(..));
+    let held = take(&locks.lock(&name), Duration::ZERO).await;
+    // Refused after a short wait: queued, then out of the queue again.
+    let waited = locks.lock(&name).try_lock(Duration::from_millis(50)).await;
+    assert!(waited.unwrap().is_none(), "postgres: granted a held lock");
+    held.unlock().await.unwrap();
+    assert_eq!(synchronous_commit(&backend).await, "on");
+    locks.close().await;
+}
+
+/// A pool of one connection is enough: every statement shares it, the release
+/// notices come on PostgreSQL's own listening session (which used to hold the
+/// pool's only connection, so every statement timed out), and a waiter is woken
+/// by the release — its own pool's or the application's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_of_one_connection_is_enough() {
+    for (label, url) in sql_backends() {
+        let one = JdbcOptions::default()
+            .max_connections(1)
+            .acquire_timeout(Duration::from_secs(2));
+        let own = JdbcBackend::connect_with(&url, one.clone()).await.unwrap();
+        let shared = match label.as_str() {
+            "postgres" => {
+                let pool = sqlx::postgres::PgPoolOptions::new()
+                    .max_connections(1)
+                    .connect(&url)
+                    .await
+                    .unwrap();
+                Some(JdbcBackend::from_pool(pool, one).await.unwrap())
+            }
+            _ => None,
+        };
+        for backend in std::iter::once(own).chain(shared) {
+            let locks = DistributeLockManager::builder(backend).build().unwrap();
+            let name = format!("one-conn-{:x}", fastrand::u64(..));
+            let held = locks
+                .lock(&name)
+                .try_lock(Duration::ZERO)
+                .await
+                .unwrap_or_else(|e| panic!("{label}: a pool of one: {e}"))
+                .unwrap_or_else(|| panic!("{label}: a free lock refused"));
+            let waiting = {
+                let lock = locks.lock(&name);
+                tokio::spawn(async move { lock.try_lock(Duration::from_secs(10)).await })
+            };
+            handed_over(held, waiting, &label).await;
+            locks.close().await;
+        }
+    }
+}
+
 /// The release notices naming `lock` that reach a listener on the release channel
 /// before a marker notice sent after them (notices arrive in commit order).
 async fn release_notices_for(
@@ -1042,6 +1104,108 @@ async fn postgres_a_refused_acquire_does_not_wait_for_the_locks_row() {
         .unwrap();
     holder.close().await;
     newcomer.close().await;
+}
+
+thread_local! {
+    /// The statements sqlx has run on this thread (see [`statements_here`]).
+    static STATEMENTS_HERE: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Counts sqlx's statement events (`sqlx::query`) per thread, as the process's
+/// global subscriber. (A thread's own default subscriber is not enough: when it is
+/// the only one, a statement site another thread meets first is cached as of no
+/// interest for every thread.)
+struct StatementCounter;
+
+impl tracing::Subscriber for StatementCounter {
+    fn enabled(&self, metadata: &tracing::Metadata<'_>) -> bool {
+        metadata.target() == "sqlx::query"
+    }
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, _: &tracing::Event<'_>) {
+        STATEMENTS_HERE.with(|n| n.set(n.get() + 1));
+    }
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
+/// The statements sqlx has run on this thread since [`StatementCounter`] was
+/// installed (by the first call): on a current-thread runtime, every statement of
+/// the code under test.
+fn statements_here() -> u64 {
+    static INSTALLED: std::sync::Once = std::sync::Once::new();
+    INSTALLED.call_once(|| {
+        tracing::subscriber::set_global_default(StatementCounter)
+            .expect("no other global subscriber in this test binary");
+    });
+    STATEMENTS_HERE.with(std::cell::Cell::get)
+}
+
+/// PostgreSQL: a refused writer that needs no place in the queue — one that does not
+/// wait, or a queued writer, which waits for the release notice naming it — learns
+/// what the lock is busy with from its grant statement: one statement per refused
+/// look, not a grant and then a contention read. (Every waiter of a busy lock sends
+/// these, and they load the server the hand-over runs on.) Counted on the client:
+/// sqlx's statement events, on this test's single thread ([`statements_here`]).
+#[tokio::test]
+async fn postgres_a_refused_writer_reads_the_lock_in_its_grant_statement() {
+    let Some(url) = sql_url("postgres") else {
+        return;
+    };
+    let backend = JdbcBackend::connect(&url).await.unwrap();
+    let name = LockName::new(format!("one-read-{:x}", fastrand::u64(..))).unwrap();
+    let ask = |owner: &str| {
+        AcquireRequest::new(name.clone(), OwnerId::new(owner), GrantId::new(1))
+            .with_lease(LONG_LEASE)
+    };
+    let held = ask("holder");
+    assert!(backend.try_acquire(&held).await.unwrap().is_acquired());
+    let before = statements_here();
+
+    // Not waiting: one statement, which says who holds the lock and for how long.
+    let refused = backend.try_acquire(&ask("newcomer")).await.unwrap();
+    let sent = statements_here() - before;
+    let AcquireResult::NotAcquired {
+        holder,
+        retry_after,
+        ..
+    } = refused
+    else {
+        panic!("postgres: granted a held lock")
+    };
+    assert_eq!(
+        sent, 1,
+        "postgres: a refusal without a wait ran {sent} statements"
+    );
+    assert_eq!(holder, Some(OwnerId::new("holder")));
+    assert!(
+        retry_after.is_some_and(|left| left > LONG_LEASE - Duration::from_secs(10)),
+        "postgres: the holder's lease left read as {retry_after:?}"
+    );
+
+    // Waiting 300 ms: each look is its grant statement; the wait adds its queue
+    // entry and its removal.
+    let looks_before = backend.acquire_attempts();
+    let waited = backend
+        .try_acquire(
+            &ask("waiter").with_deadline(Some(Instant::now() + Duration::from_millis(300))),
+        )
+        .await
+        .unwrap();
+    let looks = backend.acquire_attempts() - looks_before;
+    let sent = statements_here() - before - sent;
+    assert!(!waited.is_acquired(), "postgres: granted a held lock");
+    assert!(looks >= 2, "postgres: the waiter looked {looks} times");
+    assert!(
+        sent <= looks + 2,
+        "postgres: {looks} looks ran {sent} statements (a grant each, the queue entry and its removal)"
+    );
+    backend.release(&held.release_of_grant()).await.unwrap();
+    backend.close().await;
 }
 
 /// MariaDB/MySQL: a waiter blocked on the lock's bell is granted as soon as the
