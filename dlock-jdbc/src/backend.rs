@@ -619,8 +619,8 @@ impl JdbcBackend {
                 token => return Ok(Answer::of_token(token)),
             }
         }
-        let left_queue = s.exclusive_grant_leaves_queue;
-        // PostgreSQL's grant answers one row, with the lock's row as it saw it.
+        // PostgreSQL's grant answers one row, with the lock's row as it saw it, and
+        // takes the waiter out of the queue itself.
         #[cfg(feature = "postgres")]
         if let (None, Pool::Postgres(p)) = (&beside, &self.inner.pool) {
             let answer = query!(&s.acquire_exclusive, &params)
@@ -628,7 +628,10 @@ impl JdbcBackend {
                 .await
                 .and_then(|row| {
                     Ok(match row.try_get::<Option<i64>, _>(0)? {
-                        Some(token) => Answer::Granted(Granted { token, left_queue }),
+                        Some(token) => Answer::Granted(Granted {
+                            token,
+                            left_queue: true,
+                        }),
                         None => Answer::Refused(Some((
                             row.try_get(1)?,
                             row.try_get(2)?,
@@ -638,6 +641,7 @@ impl JdbcBackend {
                 });
             return answer.map_err(self.err("acquire"));
         }
+        // SQLite, MariaDB/MySQL (PostgreSQL answered above).
         if beside.is_none() {
             macro_rules! body {
                 ($p:ident, $token:ident) => {
@@ -646,12 +650,7 @@ impl JdbcBackend {
             }
             let token: std::result::Result<Option<i64>, sqlx::Error> =
                 with_token_reader!(&self.inner.pool, body);
-            return token
-                .map(|t| match t {
-                    Some(token) => Answer::Granted(Granted { token, left_queue }),
-                    None => Answer::Refused(None),
-                })
-                .map_err(self.err("acquire"));
+            return token.map(Answer::of_token).map_err(self.err("acquire"));
         }
         // An upgrade judges the readers table: it takes the lock's row first, in a
         // transaction, so its statement reads the readers as they are once the row

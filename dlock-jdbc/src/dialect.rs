@@ -277,8 +277,8 @@ pub(crate) struct Statements {
     /// `$1` name, `$2` owner, `$3` lease ms, `$4` context, `$5` how long a queued
     /// waiter must have waited to go first (< 0: every waiter ahead goes first, fair
     /// mode), `$6` the holder's own lease ms (the lease less a transition window) → token (RETURNING, or LAST_INSERT_ID on MySQL; 0 = not granted).
-    /// On PostgreSQL a grant also removes `$2`'s queue entry (see
-    /// `exclusive_grant_leaves_queue`), and a refusal the statement's snapshot
+    /// On PostgreSQL a grant also removes `$2`'s queue entry (a data-modifying
+    /// `WITH`; elsewhere the waiter leaves with a statement of its own), and a refusal the statement's snapshot
     /// already shows proposes no row: it locks nothing, so its transaction needs no
     /// WAL flush and blocks no grant or release of the lock. It answers one row
     /// either way: the token (NULL = not granted), then the lock's owner, remaining
@@ -294,10 +294,6 @@ pub(crate) struct Statements {
     /// waiters' table costs an uncontended cycle about a fifth of its time.
     #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
     pub(crate) acquire_exclusive_unqueued: Option<Stmt>,
-    /// Whether `acquire_exclusive`'s grant takes `$2` out of the queue (PostgreSQL:
-    /// a data-modifying `WITH`); elsewhere the waiter leaves with a statement of
-    /// its own.
-    pub(crate) exclusive_grant_leaves_queue: bool,
     /// As `acquire_exclusive`, beside the same owner's live read hold `$7` (an
     /// upgrade): passes the queue, and is granted once every live reader is that
     /// hold (and no permits are held). It never leaves the queue itself: a waiting
@@ -461,9 +457,8 @@ impl Statements {
         // next grant or release of the lock waits for. (A release committing while
         // the statement runs is not waited for: the caller is refused, as if it had
         // asked a moment earlier.)
-        let (acquire_exclusive, exclusive_grant_leaves_queue) = match dialect {
-            Dialect::Postgres => (
-                s(&format!(
+        let acquire_exclusive = match dialect {
+            Dialect::Postgres => s(&format!(
                     "WITH seen AS (SELECT l.owner, l.expires_at, l.shared_until, \
                          COALESCE(({}), FALSE) AS grantable FROM {{locks}} l WHERE l.name = $1), \
                        granted AS ({}), \
@@ -478,9 +473,7 @@ impl Statements {
                         "SELECT EXCLUSIVE_ROW WHERE NOT EXISTS (SELECT 1 FROM seen WHERE NOT seen.grantable)"
                     )
                 )),
-                true,
-            ),
-            Dialect::Sqlite | Dialect::MySql => (s(&acquire_exclusive_text), false),
+            Dialect::Sqlite | Dialect::MySql => s(&acquire_exclusive_text),
         };
         // Beside the owner's live read hold `$7`: no queue gate, and the readers'
         // horizon may stand if every live reader is that hold.
@@ -598,7 +591,6 @@ impl Statements {
         Statements {
             acquire_exclusive,
             acquire_exclusive_unqueued,
-            exclusive_grant_leaves_queue,
             acquire_exclusive_beside,
             grant_permits,
             ensure_row,
