@@ -386,6 +386,10 @@ enum Attempt {
         predecessor: Option<String>,
         /// This attempt queued the waiter, for the first time: a release that began
         /// before its queue entry was visible did not see it, and notified nobody.
+        /// (Not set for a writer told by release notices queued behind a live
+        /// writer, as PostgreSQL's enqueue reads it: that writer is named first,
+        /// and its release names the next one — unless it released or left while
+        /// this entry was being written: see `told` in `try_acquire`.)
         just_queued: bool,
     },
 }
@@ -490,8 +494,13 @@ impl JdbcBackend {
                 seen.filter(|(owner, left, _)| !placed && owner.is_some() && *left > 0)
             }
         };
+        // A writer told by release notices (not `placed`) that queued behind a
+        // live writer is named in its turn: it needs no look right after queueing.
         let just_queued = match slot.filter(|_| waiting) {
-            Some(slot) => slot.keep().await?,
+            Some(slot) => slot
+                .keep()
+                .await?
+                .is_some_and(|writer_ahead| placed || !writer_ahead),
             None => false,
         };
         let s = &self.inner.statements;
@@ -800,14 +809,16 @@ impl JdbcBackend {
     }
 
     /// Queues `waiter` (or refreshes its liveness); the `first` time, forgets the
-    /// waiters that crashed while queued.
+    /// waiters that crashed while queued. Answers whether a live writer other than
+    /// `waiter` and the lock's live holder was queued ahead of it as it queued
+    /// (PostgreSQL's first entry; `false` where not read).
     pub(crate) async fn enqueue(
         &self,
         name: &LockName,
         waiter: &HolderKey,
         mode: LockMode,
         first: bool,
-    ) -> Result<()> {
+    ) -> Result<bool> {
         let s = &self.inner.statements;
         let name = Param::Text(name.as_str());
         if let Some(mark) = &s.mark_queue {
@@ -824,15 +835,6 @@ impl JdbcBackend {
             on_pool!(&self.inner.pool, p => query!(mark, &params).execute(p).await.map(drop))
                 .map_err(self.err("acquire"))?;
         }
-        let enqueue = match (first, &s.purge_and_enqueue) {
-            (true, Some(both)) => both,
-            (true, None) => {
-                on_pool!(&self.inner.pool, p => query!(&s.purge_waiters, &[name]).execute(p).await.map(drop))
-                    .map_err(self.err("acquire"))?;
-                &s.enqueue
-            }
-            (false, _) => &s.enqueue,
-        };
         let mode = match mode {
             LockMode::Shared => "s",
             LockMode::Exclusive => "x",
@@ -844,8 +846,23 @@ impl JdbcBackend {
             Param::Text(mode),
             Param::Int(ms(self.inner.options.waiter_liveness)),
         ];
+        let enqueue = match (first, &s.purge_and_enqueue) {
+            (true, Some(both)) => {
+                return on_pool!(&self.inner.pool, p => async {
+                    query!(both, &params).fetch_one(p).await?.try_get::<bool, _>(0)
+                }.await)
+                .map_err(self.err("acquire"));
+            }
+            (true, None) => {
+                on_pool!(&self.inner.pool, p => query!(&s.purge_waiters, &[name]).execute(p).await.map(drop))
+                    .map_err(self.err("acquire"))?;
+                &s.enqueue
+            }
+            (false, _) => &s.enqueue,
+        };
         on_pool!(&self.inner.pool, p => query!(enqueue, &params).execute(p).await.map(drop))
-            .map_err(self.err("acquire"))
+            .map_err(self.err("acquire"))?;
+        Ok(false)
     }
 
     /// Waits until a refused acquire looks at the lock again: on MariaDB/MySQL an
@@ -969,7 +986,9 @@ impl LockRemoteResource for JdbcBackend {
         // A waiter first in line that leaves a free lock passes the notice on, and
         // a LISTEN connection back after an outage wakes every waiter; what is
         // still missed — a waiter ahead that crashed and lapsed, one that left
-        // while the release naming it committed — costs it at most the backoff's
+        // while the release naming it committed, a writer ahead whose release or
+        // leave ran while this waiter's entry was being written (it skipped its
+        // just-queued look for that writer) — costs it at most the backoff's
         // longest delay.
         let told = subscription.is_some()
             && req.mode == LockMode::Exclusive
@@ -1064,9 +1083,10 @@ impl LockRemoteResource for JdbcBackend {
                         return Ok(AcquireResult::not_acquired(holder, retry_after));
                     };
                     let delay = Turn::look_by(retry_after, delay, liveness);
-                    // Just queued: a release that ran meanwhile may not have seen the
-                    // queue entry (PostgreSQL notifies queued waiters only), so the
-                    // first pause is short whatever the backoff.
+                    // Just queued (a told writer: with no writer ahead): a release
+                    // that ran meanwhile may not have seen the queue entry (PostgreSQL
+                    // notifies queued waiters only), so the first pause is short
+                    // whatever the backoff.
                     let delay = if just_queued {
                         delay.min(JUST_QUEUED_PAUSE)
                     } else {

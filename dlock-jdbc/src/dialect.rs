@@ -308,7 +308,10 @@ pub(crate) struct Statements {
     /// `$1` name: forgets waiters whose liveness lapsed (crashed processes).
     pub(crate) purge_waiters: Stmt,
     /// As `enqueue`, forgetting the waiters whose liveness lapsed in the same
-    /// statement (PostgreSQL only; elsewhere `purge_waiters` runs first).
+    /// statement (PostgreSQL only; elsewhere `purge_waiters` runs first). Answers
+    /// whether a live writer other than `$2` and the lock's live holder was queued
+    /// ahead of the entry (arrival order): that writer's turn comes first, and its
+    /// release names the next one.
     pub(crate) purge_and_enqueue: Option<Stmt>,
     /// `$1` name, `$2` waiter: leaves the queue.
     pub(crate) dequeue: Stmt,
@@ -650,14 +653,21 @@ impl Statements {
             purge_waiters: s("DELETE FROM {waiters} WHERE name = $1 AND alive_until <= NOW"),
             // (The `DELETE` runs after the `INSERT`, and skips a row it changed: a
             // lapsed entry under `$2`'s own key — a caller reusing a grant id — is
-            // revived by the upsert, with a new arrival as a purge would have given.)
+            // revived by the upsert, with a new arrival as a purge would have given.
+            // The writers ahead are read on the statement's snapshot.)
             purge_and_enqueue: (dialect == Dialect::Postgres).then(|| {
                 s("WITH purged AS (DELETE FROM {waiters} WHERE name = $1 AND alive_until <= NOW) \
                    INSERT INTO {waiters} (name, waiter, mode, arrived, alive_until) \
                    SELECT $1, $2, $3, NOW, NOW + $4 WHERE COMMIT_QUICKLY \
                    ON CONFLICT (name, waiter) DO UPDATE SET alive_until = excluded.alive_until, \
                      arrived = CASE WHEN {waiters}.alive_until <= NOW THEN excluded.arrived \
-                                    ELSE {waiters}.arrived END")
+                                    ELSE {waiters}.arrived END \
+                   RETURNING EXISTS (SELECT 1 FROM {waiters} w WHERE w.name = $1 AND w.mode = 'x' \
+                     AND w.alive_until > NOW AND w.waiter <> $2 \
+                     AND NOT EXISTS (SELECT 1 FROM {locks} l WHERE l.name = $1 \
+                       AND l.owner = w.waiter AND l.expires_at > NOW) \
+                     AND (w.arrived < {waiters}.arrived \
+                       OR (w.arrived = {waiters}.arrived AND w.waiter < $2)))")
             }),
             // PostgreSQL: a waiter first in the queue that leaves while the lock is
             // free (it gave up, or was cancelled, after the release notice named

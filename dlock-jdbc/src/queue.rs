@@ -46,8 +46,10 @@ impl QueueSlot {
     }
 
     /// Queues the waiter (keeping its arrival) or refreshes its liveness, unless it
-    /// did so less than a third of the liveness ago; `true` when it queued it just
-    /// now, for the first time. The statement runs in a task of
+    /// did so less than a third of the liveness ago. Queued just now, for the first
+    /// time, it answers whether a live writer (not the holder) was queued ahead of
+    /// it (PostgreSQL reads it; elsewhere `false`), else `None`. The statement runs
+    /// in a task of
     /// its own, which removes the row again if the caller is gone by its end: a
     /// removal racing it on another pooled connection could land first.
     ///
@@ -55,10 +57,10 @@ impl QueueSlot {
     ///
     /// Cancel-safe: dropped, the statement still runs to its end and the row is
     /// removed after it (the slot's drop removes it too).
-    pub(crate) async fn keep(&mut self) -> Result<bool> {
+    pub(crate) async fn keep(&mut self) -> Result<Option<bool>> {
         let liveness = self.backend.inner.options.waiter_liveness;
         if self.refreshed.is_some_and(|at| at.elapsed() < liveness / 3) {
-            return Ok(false);
+            return Ok(None);
         }
         let first = self.refreshed.is_none();
         let sent = Instant::now();
@@ -77,14 +79,14 @@ impl QueueSlot {
                 dequeue(&backend, &name, &waiter).await;
             }
         });
-        answered.await.map_err(|_| {
+        let writer_ahead = answered.await.map_err(|_| {
             Error::new(
                 dlock_spi::ErrorKind::Backend,
                 "the queue statement's task ended without an answer (the runtime is shutting down?)",
             )
         })??;
         self.refreshed = Some(sent);
-        Ok(first)
+        Ok(first.then_some(writer_ahead))
     }
 
     /// Whether the waiter's entry may be in the queue (written, not yet removed).

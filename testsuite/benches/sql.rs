@@ -14,8 +14,11 @@
 //!   with asynchronous commit (a control: the floor without waiting for the WAL
 //!   flush); dlock's SPI and user API; the peer.
 //! * **8 processes on one lock** (each holds 1 ms, waits ≤ 5 s): separate OS
-//!   processes (this binary, re-run as a child), each with its own connections;
-//!   cycles/s, per-process min and max, longest single wait, timeouts.
+//!   processes (this binary, re-run as a child), each with its own connections,
+//!   new every round, which all cycle the lock for a second (or the round, if
+//!   shorter) before their cycles count (a warm-up: connections opened, statements
+//!   prepared); cycles/s,
+//!   per-process min and max, longest single wait, timeouts.
 //!
 //! Run: `cargo bench -p testsuite --bench sql` (backends from DLOCK_TEST_BACKENDS,
 //! default sqlite,mysql,postgres; DLOCK_BENCH_SECS per implementation and scenario,
@@ -480,9 +483,14 @@ async fn uncontended(
 const PROCESSES: usize = 8;
 const MAX_WAIT: Duration = Duration::from_secs(5);
 const HOLD: Duration = Duration::from_millis(1);
+/// How long each process of a contended round cycles before its cycles count: a
+/// round's processes are new, and what a long-running process has already done —
+/// open its pool's connections, prepare its statements — is not what is measured.
+const WARMUP: Duration = Duration::from_secs(1);
 /// Rounds per implementation in the contended scenario.
 const CONTENDED_ROUNDS: u32 = 4;
-/// Set in a child process: `<implementation>|<label>|<url>|<lock>|<ms to run>`.
+/// Set in a child process: `<implementation>|<label>|<url>|<lock>|<ms to run>|<ms
+/// to warm up first>`.
 const CHILD: &str = "DLOCK_SQL_BENCH_CHILD";
 
 /// The contended implementations (the peer only where it exists).
@@ -542,21 +550,42 @@ async fn woken_floor_cycle(floor: &LeaseFloor, bell: &mut AdvisoryConn, name: &s
     true
 }
 
-/// A child process: connects, says `ready`, waits for `go`, cycles the lock for
-/// the given time and prints `<cycles in time> <cycles> <longest wait µs> <timeouts>`.
+/// A child process's lock.
+enum Side {
+    Dlock(DistributeLockManager, dlock_api::DistributeLock),
+    Peer(Peer),
+    WokenFloor(LeaseFloor, AdvisoryConn),
+}
+
+/// One contended cycle of `side` on `lock`: wait (≤ [`MAX_WAIT`]), hold [`HOLD`],
+/// release; `false` when the wait timed out.
+async fn contended_cycle(side: &mut Side, lock: &str) -> bool {
+    match side {
+        Side::Dlock(_, l) => match l.try_lock(MAX_WAIT).await.unwrap() {
+            Some(g) => {
+                tokio::time::sleep(HOLD).await;
+                g.unlock().await.unwrap();
+                true
+            }
+            None => false,
+        },
+        Side::Peer(p) => p.cycle(lock, Some(MAX_WAIT), HOLD).await,
+        Side::WokenFloor(floor, bell) => woken_floor_cycle(floor, bell, lock).await,
+    }
+}
+
+/// A child process: connects, says `ready`, waits for `go`, warms up (uncounted;
+/// [`WARMUP`], or the round's time if shorter), cycles the lock for the given time
+/// and prints `<cycles in time> <cycles> <longest wait µs> <timeouts>`.
 fn child(spec: &str) {
-    let parts: Vec<&str> = spec.splitn(5, '|').collect();
-    let [imp, label, url, lock, ms] = parts[..] else {
+    let parts: Vec<&str> = spec.splitn(6, '|').collect();
+    let [imp, label, url, lock, ms, warm_ms] = parts[..] else {
         panic!("bad {CHILD}: {spec}")
     };
     let run_for = Duration::from_millis(ms.parse().unwrap());
+    let warmup = Duration::from_millis(warm_ms.parse().unwrap());
     let rt = testsuite::bench::runtime();
     rt.block_on(async {
-        enum Side {
-            Dlock(DistributeLockManager, dlock_api::DistributeLock),
-            Peer(Peer),
-            WokenFloor(LeaseFloor, AdvisoryConn),
-        }
         let mut side = if imp == WOKEN_FLOOR {
             let backend = JdbcBackend::connect(url).await.unwrap();
             let pool = backend.sqlx_pool().clone();
@@ -601,22 +630,17 @@ fn child(spec: &str) {
         std::io::stdout().flush().unwrap();
         let mut line = String::new();
         std::io::stdin().lock().read_line(&mut line).unwrap();
+        // Every process warms up on the lock first, together (its pool opens the
+        // connections contention needs, its statements are prepared), uncounted.
+        let counted_from = Instant::now() + warmup;
+        while Instant::now() < counted_from {
+            let _ = contended_cycle(&mut side, lock).await;
+        }
         let end = Instant::now() + run_for;
         let (mut n, mut in_time, mut longest, mut timeouts) = (0u64, 0u64, Duration::ZERO, 0u64);
         while Instant::now() < end {
             let t = Instant::now();
-            let ok = match &mut side {
-                Side::Dlock(_, l) => match l.try_lock(MAX_WAIT).await.unwrap() {
-                    Some(g) => {
-                        tokio::time::sleep(HOLD).await;
-                        g.unlock().await.unwrap();
-                        true
-                    }
-                    None => false,
-                },
-                Side::Peer(p) => p.cycle(lock, Some(MAX_WAIT), HOLD).await,
-                Side::WokenFloor(floor, bell) => woken_floor_cycle(floor, bell, lock).await,
-            };
+            let ok = contended_cycle(&mut side, lock).await;
             if ok {
                 n += 1;
                 in_time += u64::from(Instant::now() <= end);
@@ -651,7 +675,10 @@ async fn contended_round(
     let mut children = Vec::new();
     for _ in 0..PROCESSES {
         let mut c = tokio::process::Command::new(&exe)
-            .env(CHILD, format!("{spec}|{}", d.as_millis()))
+            .env(
+                CHILD,
+                format!("{spec}|{}|{}", d.as_millis(), d.min(WARMUP).as_millis()),
+            )
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
             .kill_on_drop(true)

@@ -75,29 +75,58 @@ fn polling_every(secs: u64) -> JdbcOptions {
 }
 
 /// Starts `lock`'s wait (up to `wait`) in a task of its own and returns once the
-/// waiter has been refused, queued, and refused again after its first short pause —
-/// its next look is its backoff away — with its backend's attempt count by then.
+/// waiter has been refused, queued (the lock's inspection shows one more waiter),
+/// and made its `looks` looks before its backoff's pause — 2: its first, then one
+/// after the short pause that follows its queueing; 1 for a PostgreSQL writer
+/// (`lock()`, told by release notices) queued behind a writer, which skips that
+/// one — with its backend's attempt count by then.
 async fn queued_waiter(
     backend: &JdbcBackend,
     lock: dlock_api::DistributeLock,
     wait: Duration,
+    looks: u64,
     label: &str,
 ) -> (
     tokio::task::JoinHandle<dlock_api::Result<Option<LockGuard>>>,
     u64,
 ) {
+    let name = lock.name().unwrap().clone();
+    let queued = || async {
+        backend
+            .inspect(&name)
+            .await
+            .unwrap()
+            .and_then(|s| s.waiters)
+            .unwrap_or(0)
+    };
+    let before = queued().await;
     let waiting = tokio::spawn(async move { lock.try_lock(wait).await });
     assert!(
         eventually(Duration::from_secs(5), || async {
-            backend.acquire_attempts() >= 2
+            backend.acquire_attempts() >= looks && queued().await > before
         })
         .await,
-        "{label}: the waiter never looked twice"
+        "{label}: the waiter never looked {looks} times and queued"
     );
     // The counter moves as an attempt starts, and nothing marks its end: let its
     // statements finish (a few ms), well inside the pause that follows.
     tokio::time::sleep(Duration::from_millis(300)).await;
     (waiting, backend.acquire_attempts())
+}
+
+/// Expects the acquire `waiting` to end granted within `within`, and lets the lock
+/// go; `late` says what a timeout means (its failure message).
+async fn granted_within(
+    waiting: tokio::task::JoinHandle<dlock_api::Result<Option<LockGuard>>>,
+    within: Duration,
+    late: impl FnOnce() -> String,
+) {
+    let Ok(ended) = tokio::time::timeout(within, waiting).await else {
+        panic!("{}", late())
+    };
+    let got = ended.unwrap().unwrap();
+    let got = got.unwrap_or_else(|| panic!("the wait ended without the lock: {}", late()));
+    got.unlock().await.unwrap();
 }
 
 /// Releases `held` and expects the queued acquire `waiting` to be granted within
@@ -108,13 +137,10 @@ async fn handed_over(
     label: &str,
 ) {
     held.unlock().await.unwrap();
-    let got = tokio::time::timeout(Duration::from_secs(3), waiting)
-        .await
-        .unwrap_or_else(|_| panic!("{label}: the waiter was not granted after the release"))
-        .unwrap()
-        .unwrap()
-        .unwrap_or_else(|| panic!("{label}: the waiter's wait ended without the lock"));
-    got.unlock().await.unwrap();
+    granted_within(waiting, Duration::from_secs(3), || {
+        format!("{label}: the waiter was not granted after the release")
+    })
+    .await;
 }
 
 /// Waits (bounded) until SQLite's clock, in epoch ms, is past `ms`.
@@ -872,6 +898,42 @@ async fn postgres_a_queued_writer_waits_for_its_notice_not_a_climbing_backoff() 
     waiter.close().await;
 }
 
+/// PostgreSQL: a writer that queues behind another queued writer does not look again
+/// right after it queued — a release it raced would have named the writer ahead,
+/// whose own release names it — so until its turn its first look is its only one;
+/// then the chain of release notices hands the lock to both in turn. Both waiters
+/// poll only every 5 s, so each hand-over within 3 s is a notice's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_writer_queued_behind_a_writer_looks_again_only_when_told() {
+    let Some(url) = sql_url("postgres") else {
+        return;
+    };
+    let holder = manager(&url, JdbcOptions::default(), LONG_LEASE).await;
+    let slow = || polling_every(5).waiter_liveness(Duration::from_secs(30));
+    let (ahead_backend, ahead) = backend_and_manager(&url, slow(), LONG_LEASE).await;
+    let (backend, behind) = backend_and_manager(&url, slow(), LONG_LEASE).await;
+    let name = format!("behind-{:x}", fastrand::u64(..));
+    let held = take(&holder.lock(&name), Duration::ZERO).await;
+    let wait = Duration::from_secs(30);
+    let (ahead_waiting, _) =
+        queued_waiter(&ahead_backend, ahead.fair_lock(&name), wait, 2, "postgres").await;
+    // Its just-queued look would come 10 ms after its entry; its next poll, 5 s.
+    let (behind_waiting, looks) =
+        queued_waiter(&backend, behind.lock(&name), wait, 1, "postgres").await;
+    assert_eq!(
+        looks, 1,
+        "postgres: a writer queued behind a writer looked {looks} times in its first 300 ms"
+    );
+    handed_over(held, ahead_waiting, "postgres").await;
+    granted_within(behind_waiting, Duration::from_secs(3), || {
+        "postgres: the writer behind was not told when the writer ahead released".into()
+    })
+    .await;
+    holder.close().await;
+    ahead.close().await;
+    behind.close().await;
+}
+
 /// PostgreSQL: notices sent while a backend's `LISTEN` connection is down are lost;
 /// when it has connected and listened again, every queued waiter looks at once, so
 /// a release it missed costs it a round trip, not its next poll. The waiter polls
@@ -899,6 +961,7 @@ async fn postgres_a_listener_that_comes_back_has_every_waiter_look() {
         &backend,
         waiter.lock(&name),
         Duration::from_secs(30),
+        2,
         "postgres",
     )
     .await;
@@ -956,6 +1019,7 @@ async fn postgres_a_listener_back_after_a_failed_reconnect_has_every_waiter_look
         &backend,
         waiter.lock(&name),
         Duration::from_secs(30),
+        2,
         "postgres",
     )
     .await;
@@ -965,13 +1029,10 @@ async fn postgres_a_listener_back_after_a_failed_reconnect_has_every_waiter_look
     tokio::time::sleep(Duration::from_secs(1)).await;
     held.unlock().await.unwrap();
     proxy.set(Fault::Pass);
-    let got = tokio::time::timeout(Duration::from_millis(2500), waiting)
-        .await
-        .expect("postgres: the waiter did not look again once its listener was back")
-        .unwrap()
-        .unwrap()
-        .expect("postgres: the waiter's wait ended without the lock");
-    got.unlock().await.unwrap();
+    granted_within(waiting, Duration::from_millis(2500), || {
+        "postgres: the waiter did not look again once its listener was back".into()
+    })
+    .await;
     holder.close().await;
     waiter.close().await;
 }
@@ -1007,6 +1068,7 @@ async fn postgres_a_waiter_leaving_a_free_lock_passes_the_notice_on() {
         &first_backend,
         first.lock(&name),
         Duration::from_secs(30),
+        2,
         "postgres",
     )
     .await;
@@ -1014,6 +1076,7 @@ async fn postgres_a_waiter_leaving_a_free_lock_passes_the_notice_on() {
         &next_backend,
         next.lock(&name),
         Duration::from_secs(30),
+        1,
         "postgres",
     )
     .await;
@@ -1022,18 +1085,13 @@ async fn postgres_a_waiter_leaving_a_free_lock_passes_the_notice_on() {
     held.unlock().await.unwrap();
     first_waiting.abort();
     assert!(first_waiting.await.is_err_and(|e| e.is_cancelled()));
-    let got = tokio::time::timeout(Duration::from_secs(3), next_waiting)
-        .await
-        .unwrap_or_else(|_| {
-            panic!(
-                "postgres: the next writer was not told when the first left a free lock ({:?} since the release)",
-                released.elapsed()
-            )
-        })
-        .unwrap()
-        .unwrap()
-        .expect("postgres: the next writer's wait ended without the lock");
-    got.unlock().await.unwrap();
+    granted_within(next_waiting, Duration::from_secs(3), || {
+        format!(
+            "postgres: the next writer was not told when the first left a free lock ({:?} since the release)",
+            released.elapsed()
+        )
+    })
+    .await;
     proxy.set(Fault::Pass);
     holder.close().await;
     first.close().await;
@@ -1401,6 +1459,7 @@ async fn a_newcomer_stands_back_for_a_queued_waiter_in_fair_mode_only() {
             &waiter_backend,
             waiter.fair_lock(&name),
             Duration::from_secs(60),
+            2,
             &label,
         )
         .await;
