@@ -846,21 +846,18 @@ impl JdbcBackend {
             Param::Text(mode),
             Param::Int(ms(self.inner.options.waiter_liveness)),
         ];
-        let enqueue = match (first, &s.purge_and_enqueue) {
-            (true, Some(both)) => {
-                return on_pool!(&self.inner.pool, p => async {
-                    query!(both, &params).fetch_one(p).await?.try_get::<bool, _>(0)
-                }.await)
-                .map_err(self.err("acquire"));
-            }
-            (true, None) => {
-                on_pool!(&self.inner.pool, p => query!(&s.purge_waiters, &[name]).execute(p).await.map(drop))
-                    .map_err(self.err("acquire"))?;
-                &s.enqueue
-            }
-            (false, _) => &s.enqueue,
-        };
-        on_pool!(&self.inner.pool, p => query!(enqueue, &params).execute(p).await.map(drop))
+        if let (true, Some(both)) = (first, &s.purge_and_enqueue) {
+            // One statement purges, queues, and reads the writers ahead.
+            return on_pool!(&self.inner.pool, p => async {
+                query!(both, &params).fetch_one(p).await?.try_get::<bool, _>(0)
+            }.await)
+            .map_err(self.err("acquire"));
+        }
+        if first {
+            on_pool!(&self.inner.pool, p => query!(&s.purge_waiters, &[name]).execute(p).await.map(drop))
+                .map_err(self.err("acquire"))?;
+        }
+        on_pool!(&self.inner.pool, p => query!(&s.enqueue, &params).execute(p).await.map(drop))
             .map_err(self.err("acquire"))?;
         Ok(false)
     }

@@ -91,19 +91,11 @@ async fn queued_waiter(
     u64,
 ) {
     let name = lock.name().unwrap().clone();
-    let queued = || async {
-        backend
-            .inspect(&name)
-            .await
-            .unwrap()
-            .and_then(|s| s.waiters)
-            .unwrap_or(0)
-    };
-    let before = queued().await;
+    let before = waiters_of(backend, &name).await;
     let waiting = tokio::spawn(async move { lock.try_lock(wait).await });
     assert!(
         eventually(Duration::from_secs(5), || async {
-            backend.acquire_attempts() >= looks && queued().await > before
+            backend.acquire_attempts() >= looks && waiters_of(backend, &name).await > before
         })
         .await,
         "{label}: the waiter never looked {looks} times and queued"
@@ -112,6 +104,12 @@ async fn queued_waiter(
     // statements finish (a few ms), well inside the pause that follows.
     tokio::time::sleep(Duration::from_millis(300)).await;
     (waiting, backend.acquire_attempts())
+}
+
+/// The live waiters queued for `name`, as `backend` inspects it.
+async fn waiters_of(backend: &JdbcBackend, name: &LockName) -> usize {
+    let state = backend.inspect(name).await.unwrap();
+    state.and_then(|s| s.waiters).unwrap_or(0)
 }
 
 /// Expects the acquire `waiting` to end granted within `within`, and lets the lock
@@ -738,8 +736,7 @@ async fn granted_after_release(
     let lock_name = LockName::new(name).unwrap();
     assert!(
         eventually(Duration::from_secs(5), || async {
-            let state = backend.inspect(&lock_name).await.unwrap();
-            state.and_then(|s| s.waiters).unwrap_or(0) >= 1
+            waiters_of(backend, &lock_name).await >= 1
         })
         .await,
         "the waiter never queued"
@@ -816,14 +813,9 @@ async fn postgres_release_wakes_the_writer_first_in_line_only() {
             .map(JdbcBackend::acquire_attempts)
             .sum::<u64>()
     };
+    let lock_name = LockName::new(name.clone()).unwrap();
     let queued = eventually(Duration::from_secs(5), || async {
-        holder
-            .inspect(&name)
-            .await
-            .unwrap()
-            .and_then(|s| s.waiters)
-            .unwrap_or(0)
-            == WAITERS
+        waiters_of(&backends[0], &lock_name).await == WAITERS
     })
     .await;
     assert!(queued, "postgres: the waiters did not all queue");

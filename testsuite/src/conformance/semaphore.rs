@@ -334,7 +334,7 @@ pub async fn semaphore_release_wakes_only_whom_it_frees(backend: Arc<dyn TestBac
 /// no longer than one; once released the room is there again.
 pub async fn semaphore_watchdog_keeps_permits(backend: Arc<dyn TestBackend>) {
     let env = Env::new(backend);
-    let lease = Duration::from_millis(300);
+    let lease = super::WATCHED_LEASE;
     let a = env.manager_with(|b| b.lease(lease)).await;
     let b = env.manager().await;
     if !has_semaphores(&env, &a).await {
