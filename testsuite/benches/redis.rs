@@ -36,6 +36,7 @@ use dlock_api::spi::{
 };
 use dlock_api::{DistributeLockManager, LockRemoteResource};
 use dlock_redis::{RedisBackend, RedisOptions};
+use futures_util::StreamExt;
 use testsuite::bench::{
     api_contestant, backend_selected, cycles, interleaved, is_bench, spi_contestant, Contestant,
 };
@@ -103,6 +104,17 @@ const SCRIPTED_SET_LUA: &str = "return redis.call('SET', KEYS[1], ARGV[1], 'NX',
 /// one round trip (set the holder, advance the lock's counter only on a grant).
 const FENCED_LUA: &str =
     "if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', 30000) then return redis.call('INCR', KEYS[2]) end return 0";
+
+/// The hand-over floor's acquire: takes the free lock (`KEYS[1]`) for client
+/// `ARGV[1]`, or queues the client (`KEYS[2]`); 1 when taken.
+const HANDOVER_TAKE_LUA: &str = "if redis.call('SET', KEYS[1], ARGV[1], 'NX') then return 1 end \
+     redis.call('RPUSH', KEYS[2], ARGV[1]) return 0";
+
+/// The hand-over floor's release: gives the lock to the queue's head and publishes on
+/// its channel (`<lock>:<client>`), or frees it when nobody waits.
+const HANDOVER_RELEASE_LUA: &str = "local next = redis.call('LPOP', KEYS[2]) \
+     if next then redis.call('SET', KEYS[1], next) redis.call('PUBLISH', KEYS[1] .. ':' .. next, '') return 1 end \
+     redis.call('DEL', KEYS[1]) return 0";
 
 /// The fenced floor's acquire (its release is the floor's): true when granted.
 async fn fenced_acquire(
@@ -416,6 +428,70 @@ async fn contended(cfg: &Cfg) -> Vec<Contended> {
                     let g = mutex.lock().await;
                     tokio::time::sleep(HOLD).await;
                     drop(g);
+                    true
+                })
+            })
+        }),
+    ));
+
+    // The hand-over floor (a control): the least a Redis lock whose release hands the
+    // lock to the next waiter and wakes it with a notice can do — one script that
+    // takes the lock or queues the caller, one that gives it to the queue's head and
+    // publishes on the head's channel. No lease, no fencing token, no liveness, no
+    // client-side bookkeeping: dlock's contended path does this and more. It serves in
+    // queue order (a floor for the fair path; a non-fair lock may barge past it).
+    let key = Arc::new(format!("{tag}:{{handover}}"));
+    let queue = Arc::new(format!("{key}:queue"));
+    let take_or_queue = Arc::new(redis::Script::new(HANDOVER_TAKE_LUA));
+    let hand_over = Arc::new(redis::Script::new(HANDOVER_RELEASE_LUA));
+    let mut handover_clients = Vec::new();
+    for i in 0..CLIENTS {
+        let client = redis::Client::open(cfg.url.as_str()).unwrap();
+        let mut pubsub = client.get_async_pubsub().await.unwrap();
+        pubsub.subscribe(format!("{key}:{i}")).await.unwrap();
+        let conn = floor_conn(&cfg.url).await;
+        handover_clients.push(Arc::new(tokio::sync::Mutex::new((
+            conn,
+            pubsub.into_on_message(),
+        ))));
+    }
+    imps.push((
+        "hand-over floor: a script takes or queues, the release hands over and publishes (control)",
+        Box::new(move |i| {
+            let me = Arc::clone(&handover_clients[i]);
+            let (key, queue) = (Arc::clone(&key), Arc::clone(&queue));
+            let (take_or_queue, hand_over) = (Arc::clone(&take_or_queue), Arc::clone(&hand_over));
+            Box::new(move || {
+                let me = Arc::clone(&me);
+                let (key, queue) = (Arc::clone(&key), Arc::clone(&queue));
+                let (take_or_queue, hand_over) =
+                    (Arc::clone(&take_or_queue), Arc::clone(&hand_over));
+                Box::pin(async move {
+                    let mut me = me.lock().await;
+                    let (conn, notices) = &mut *me;
+                    let taken: i64 = take_or_queue
+                        .key(key.as_str())
+                        .key(queue.as_str())
+                        .arg(i)
+                        .invoke_async(conn)
+                        .await
+                        .unwrap();
+                    // A floor that waits past MAX_WAIT, or whose notices stop, is broken:
+                    // it stops the bench rather than count a cycle it did not have.
+                    if taken == 0 {
+                        match tokio::time::timeout(MAX_WAIT, notices.next()).await {
+                            Ok(Some(_)) => {}
+                            Ok(None) => panic!("the hand-over floor's notices ended"),
+                            Err(_) => panic!("the hand-over floor waited past {MAX_WAIT:?}"),
+                        }
+                    }
+                    tokio::time::sleep(HOLD).await;
+                    let _: i64 = hand_over
+                        .key(key.as_str())
+                        .key(queue.as_str())
+                        .invoke_async(conn)
+                        .await
+                        .unwrap();
                     true
                 })
             })
