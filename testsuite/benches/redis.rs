@@ -116,6 +116,51 @@ const HANDOVER_RELEASE_LUA: &str = "local next = redis.call('LPOP', KEYS[2]) \
      if next then redis.call('SET', KEYS[1], next) redis.call('PUBLISH', KEYS[1] .. ':' .. next, '') return 1 end \
      redis.call('DEL', KEYS[1]) return 0";
 
+/// The hand-over floor's lock (a control of the contended scenario): its keys and
+/// its two scripts.
+struct HandOverFloor {
+    key: String,
+    queue: String,
+    take_or_queue: redis::Script,
+    hand_over: redis::Script,
+}
+
+impl HandOverFloor {
+    /// Client `i`'s cycle: takes the lock, or queues and waits for its notice; holds
+    /// it HOLD; hands it over. A floor that waits past MAX_WAIT, or whose notices
+    /// stop, is broken: it stops the bench rather than count a cycle it did not have.
+    async fn cycle(
+        &self,
+        i: usize,
+        conn: &mut redis::aio::ConnectionManager,
+        notices: &mut redis::aio::PubSubStream,
+    ) {
+        let taken: i64 = self
+            .take_or_queue
+            .key(&self.key)
+            .key(&self.queue)
+            .arg(i)
+            .invoke_async(conn)
+            .await
+            .unwrap();
+        if taken == 0 {
+            match tokio::time::timeout(MAX_WAIT, notices.next()).await {
+                Ok(Some(_)) => {}
+                Ok(None) => panic!("the hand-over floor's notices ended"),
+                Err(_) => panic!("the hand-over floor waited past {MAX_WAIT:?}"),
+            }
+        }
+        tokio::time::sleep(HOLD).await;
+        let _: i64 = self
+            .hand_over
+            .key(&self.key)
+            .key(&self.queue)
+            .invoke_async(conn)
+            .await
+            .unwrap();
+    }
+}
+
 /// The fenced floor's acquire (its release is the floor's): true when granted.
 async fn fenced_acquire(
     conn: &mut redis::aio::ConnectionManager,
@@ -440,10 +485,7 @@ async fn contended(cfg: &Cfg) -> Vec<Contended> {
     // publishes on the head's channel. No lease, no fencing token, no liveness, no
     // client-side bookkeeping: dlock's contended path does this and more. It serves in
     // queue order (a floor for the fair path; a non-fair lock may barge past it).
-    let key = Arc::new(format!("{tag}:{{handover}}"));
-    let queue = Arc::new(format!("{key}:queue"));
-    let take_or_queue = Arc::new(redis::Script::new(HANDOVER_TAKE_LUA));
-    let hand_over = Arc::new(redis::Script::new(HANDOVER_RELEASE_LUA));
+    let key = format!("{tag}:{{handover}}");
     let mut handover_clients = Vec::new();
     for i in 0..CLIENTS {
         let client = redis::Client::open(cfg.url.as_str()).unwrap();
@@ -455,43 +497,21 @@ async fn contended(cfg: &Cfg) -> Vec<Contended> {
             pubsub.into_on_message(),
         ))));
     }
+    let floor = Arc::new(HandOverFloor {
+        queue: format!("{key}:queue"),
+        key,
+        take_or_queue: redis::Script::new(HANDOVER_TAKE_LUA),
+        hand_over: redis::Script::new(HANDOVER_RELEASE_LUA),
+    });
     imps.push((
         "hand-over floor: a script takes or queues, the release hands over and publishes (control)",
         Box::new(move |i| {
-            let me = Arc::clone(&handover_clients[i]);
-            let (key, queue) = (Arc::clone(&key), Arc::clone(&queue));
-            let (take_or_queue, hand_over) = (Arc::clone(&take_or_queue), Arc::clone(&hand_over));
+            let (floor, me) = (Arc::clone(&floor), Arc::clone(&handover_clients[i]));
             Box::new(move || {
-                let me = Arc::clone(&me);
-                let (key, queue) = (Arc::clone(&key), Arc::clone(&queue));
-                let (take_or_queue, hand_over) =
-                    (Arc::clone(&take_or_queue), Arc::clone(&hand_over));
+                let (floor, me) = (Arc::clone(&floor), Arc::clone(&me));
                 Box::pin(async move {
-                    let mut me = me.lock().await;
-                    let (conn, notices) = &mut *me;
-                    let taken: i64 = take_or_queue
-                        .key(key.as_str())
-                        .key(queue.as_str())
-                        .arg(i)
-                        .invoke_async(conn)
-                        .await
-                        .unwrap();
-                    // A floor that waits past MAX_WAIT, or whose notices stop, is broken:
-                    // it stops the bench rather than count a cycle it did not have.
-                    if taken == 0 {
-                        match tokio::time::timeout(MAX_WAIT, notices.next()).await {
-                            Ok(Some(_)) => {}
-                            Ok(None) => panic!("the hand-over floor's notices ended"),
-                            Err(_) => panic!("the hand-over floor waited past {MAX_WAIT:?}"),
-                        }
-                    }
-                    tokio::time::sleep(HOLD).await;
-                    let _: i64 = hand_over
-                        .key(key.as_str())
-                        .key(queue.as_str())
-                        .invoke_async(conn)
-                        .await
-                        .unwrap();
+                    let (conn, notices) = &mut *me.lock().await;
+                    floor.cycle(i, conn, notices).await;
                     true
                 })
             })
