@@ -71,8 +71,20 @@ async fn floor_conn(url: &str) -> redis::aio::ConnectionManager {
         .unwrap()
 }
 
+/// One multiplexed connection without a `ConnectionManager` around it (no
+/// reconnection), as rslock keeps.
+async fn bare_conn(url: &str) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(url)
+        .unwrap()
+        .get_multiplexed_async_connection_with_config(
+            &redis::AsyncConnectionConfig::new().set_response_timeout(None),
+        )
+        .await
+        .unwrap()
+}
+
 /// The floor's acquire: SET NX PX.
-async fn floor_acquire(conn: &mut redis::aio::ConnectionManager, key: &str, token: &str) -> bool {
+async fn floor_acquire(conn: &mut impl redis::aio::ConnectionLike, key: &str, token: &str) -> bool {
     let set: Option<String> = redis::cmd("SET")
         .arg(key)
         .arg(token)
@@ -86,7 +98,7 @@ async fn floor_acquire(conn: &mut redis::aio::ConnectionManager, key: &str, toke
 }
 
 /// The floor's release: EVAL compare-and-delete.
-async fn floor_release(conn: &mut redis::aio::ConnectionManager, key: &str, token: &str) {
+async fn floor_release(conn: &mut impl redis::aio::ConnectionLike, key: &str, token: &str) {
     let _: i64 = redis::cmd("EVAL")
         .arg(RELEASE_LUA)
         .arg(1)
@@ -104,6 +116,34 @@ const SCRIPTED_SET_LUA: &str = "return redis.call('SET', KEYS[1], ARGV[1], 'NX',
 /// one round trip (set the holder, advance the lock's counter only on a grant).
 const FENCED_LUA: &str =
     "if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', 30000) then return redis.call('INCR', KEYS[2]) end return 0";
+
+/// The clock-fenced floor's acquire script: the fenced floor with dlock's token — the
+/// server's clock in µs, or one above the last token if that is not less — which
+/// keeps tokens increasing when the counter is lost (a failover to a replica that
+/// missed the last grants, a restart without persistence), where `INCR` starts again
+/// from what the new master has. The least a lock whose tokens survive that can do.
+const CLOCK_FENCED_LUA: &str = r#"
+if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', 30000) then return 0 end
+local t = redis.call('TIME')
+local us = t[1] .. string.sub('00000' .. t[2], -6)
+local tok = tonumber(us)
+local last = tonumber(redis.call('SET', KEYS[2], us, 'GET'))
+if last and last >= tok then
+  tok = last + 1
+  redis.call('SET', KEYS[2], string.format('%.0f', tok))
+end
+return tok
+"#;
+
+/// The clock-fenced floor's release script: compare-and-delete, then whether anyone
+/// waits (`KEYS[2]`, the queue) — a lock that wakes its waiters must look (2: a real
+/// lock would hand over or tell the waiters here).
+const CLOCK_FENCED_RELEASE_LUA: &str = r#"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[1])
+if redis.call('EXISTS', KEYS[2]) == 0 then return 1 end
+return 2
+"#;
 
 /// The hand-over floor's acquire: takes the free lock (`KEYS[1]`) for client
 /// `ARGV[1]`, or queues the client (`KEYS[2]`); 1 when taken.
@@ -180,7 +220,7 @@ async fn fenced_acquire(
 }
 
 /// One floor cycle.
-async fn floor_cycle(conn: &mut redis::aio::ConnectionManager, key: &str, token: &str) -> bool {
+async fn floor_cycle(conn: &mut impl redis::aio::ConnectionLike, key: &str, token: &str) -> bool {
     if !floor_acquire(conn, key, token).await {
         return false;
     }
@@ -204,20 +244,76 @@ async fn dlr_provider(url: &str) -> distributed_lock_redis::RedisLockProvider {
         .unwrap()
 }
 
+/// The floor's task body on `conn`: task `i` cycles `<prefix>:<i>`.
+fn floor_tasks<C>(
+    conn: C,
+    prefix: String,
+) -> impl Fn(usize, Instant) -> Pin<Box<dyn Future<Output = u64> + Send>>
+where
+    C: redis::aio::ConnectionLike + Clone + Send + 'static,
+{
+    move |i: usize, end: Instant| {
+        let state = (conn.clone(), format!("{prefix}:{i}"));
+        Box::pin(cycles(state, end, |(mut conn, key)| async move {
+            assert!(floor_cycle(&mut conn, &key, "owner").await);
+            (conn, key)
+        }))
+    }
+}
+
 /// Scenario A (tasks = 1) and B (tasks = 64): each task cycles its own lock; the
 /// implementations run in interleaved rounds against the same server.
 async fn uncontended(cfg: &Cfg, tasks: usize) -> Vec<(&'static str, f64)> {
     let tag = format!("bench{:x}", fastrand::u32(..));
 
-    let floor = {
-        let conn = floor_conn(&cfg.url).await;
+    let floor = floor_tasks(floor_conn(&cfg.url).await, format!("{tag}:floor"));
+    // A control: the floor on one multiplexed connection without a
+    // `ConnectionManager` around it (rslock's connection: no reconnection).
+    let bare_floor = floor_tasks(bare_conn(&cfg.url).await, format!("{tag}:bfloor"));
+
+    // A control: the least a lock with dlock's guarantees — a token that keeps
+    // increasing when the counter is lost, a release that sees its waiters — can do,
+    // on rslock's connection (one multiplexed connection, no manager).
+    let clock_fenced_floor = {
+        let conn = bare_conn(&cfg.url).await;
+        let scripts = Arc::new((
+            redis::Script::new(CLOCK_FENCED_LUA),
+            redis::Script::new(CLOCK_FENCED_RELEASE_LUA),
+        ));
         let t = tag.clone();
         move |i: usize, end: Instant| {
-            let state = (conn.clone(), format!("{t}:floor:{i}"));
-            cycles(state, end, |(mut conn, key)| async move {
-                assert!(floor_cycle(&mut conn, &key, "owner").await);
-                (conn, key)
-            })
+            let key = format!("{t}:{{cfloor:{i}}}");
+            let state = (
+                conn.clone(),
+                Arc::clone(&scripts),
+                [format!("{key}:f"), format!("{key}:q")],
+                key,
+            );
+            cycles(
+                state,
+                end,
+                |(mut conn, scripts, [fence, queue], key)| async move {
+                    let token: i64 = scripts
+                        .0
+                        .key(&key)
+                        .key(&fence)
+                        .arg("owner")
+                        .invoke_async(&mut conn)
+                        .await
+                        .unwrap();
+                    assert!(token > 0);
+                    let released: i64 = scripts
+                        .1
+                        .key(&key)
+                        .key(&queue)
+                        .arg("owner")
+                        .invoke_async(&mut conn)
+                        .await
+                        .unwrap();
+                    assert_eq!(released, 1);
+                    (conn, scripts, [fence, queue], key)
+                },
+            )
         }
     };
 
@@ -308,6 +404,11 @@ async fn uncontended(cfg: &Cfg, tasks: usize) -> Vec<(&'static str, f64)> {
 
     let contestants = vec![
         Contestant::tasks("floor (SET NX PX + EVAL)", tasks, floor),
+        Contestant::tasks(
+            "floor on a bare multiplexed connection (control)",
+            tasks,
+            bare_floor,
+        ),
         Contestant::tasks("floor on 4 connections (control)", tasks, pooled_floor),
         Contestant::tasks(
             "floor with a scripted acquire (EVALSHA SET NX PX + EVAL)",
@@ -318,6 +419,11 @@ async fn uncontended(cfg: &Cfg, tasks: usize) -> Vec<(&'static str, f64)> {
             "fenced floor (EVALSHA SET NX PX + INCR, EVAL release)",
             tasks,
             fenced_floor,
+        ),
+        Contestant::tasks(
+            "clock-fenced floor: dlock's token and waiter check, bare connection (control)",
+            tasks,
+            clock_fenced_floor,
         ),
         api_contestant(tasks, manager, {
             let t = tag.clone();
