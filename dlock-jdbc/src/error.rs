@@ -6,10 +6,15 @@ use std::time::Duration;
 
 use dlock_spi::{Error, ErrorKind};
 
-/// Codes of a statement the database aborted for a transaction conflict and rolled
-/// back whole: a deadlock victim, a serialization failure (SQLSTATE 40001 — MySQL's
-/// 1213 among them — and PostgreSQL's 40P01), SQLite busy or locked (5, 6, 517).
-const CONFLICT_CODES: [&str; 5] = ["40001", "40P01", "5", "6", "517"];
+/// SQLSTATEs of a statement the database aborted for a transaction conflict and
+/// rolled back whole: a serialization failure (40001 — MySQL's deadlock victim 1213
+/// among them) and PostgreSQL's deadlock victim (40P01). (SQLite's busy and locked
+/// results: [`sqlite_failure`].)
+const CONFLICT_CODES: [&str; 2] = ["40001", "40P01"];
+/// SQLite's primary result codes for "busy" and "locked" (an extended code keeps
+/// its primary code in its low byte).
+const SQLITE_BUSY: u32 = 5;
+const SQLITE_LOCKED: u32 = 6;
 /// How often a statement that lost a transaction conflict is run again.
 const CONFLICT_RETRIES: u32 = 5;
 
@@ -70,30 +75,56 @@ enum DatabaseFailure {
     Refused,
 }
 
-/// Classifies a database's error answer. PostgreSQL and SQLite are read by their
-/// codes; MySQL/MariaDB by their error numbers as well, since most of theirs share
-/// the SQLSTATE `HY000` (sqlx's `code()` is the SQLSTATE).
+/// Classifies a database's error answer. PostgreSQL is read by its SQLSTATE,
+/// SQLite by its extended result code, MySQL/MariaDB by their error numbers first,
+/// since most of theirs share the SQLSTATE `HY000` (sqlx's `code()` is SQLite's
+/// result code, and the others' SQLSTATE).
 fn database_failure(db: &dyn sqlx::error::DatabaseError) -> DatabaseFailure {
     #[cfg(feature = "mysql")]
     if let Some(mysql) = db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
-        return match mysql.number() {
-            // ER_LOCK_DEADLOCK (SQLSTATE 40001).
-            1213 => DatabaseFailure::Conflict,
-            // ER_LOCK_WAIT_TIMEOUT, MySQL's max_execution_time, MariaDB's
-            // max_statement_time.
-            1205 | 3024 | 1969 => DatabaseFailure::GaveUp,
-            // Too many connections (all, the user's), a user's resource limit
-            // reached (connections, or per hour), server shutdown, query interrupted
-            // (KILL QUERY), connection killed (MariaDB). (Not MySQL 8's idle-client
-            // 4031: MariaDB numbers its own errors from 4000 up.)
-            1040 | 1203 | 1226 | 1053 | 1317 | 1927 => DatabaseFailure::Dropped,
-            _ => failure_of_code(mysql.code().unwrap_or_default()),
-        };
+        return mysql_failure(mysql.number(), mysql.code().unwrap_or_default());
+    }
+    #[cfg(feature = "sqlite")]
+    if db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some() {
+        return sqlite_failure(db.code().as_deref().unwrap_or_default());
     }
     failure_of_code(db.code().as_deref().unwrap_or_default())
 }
 
-/// Classifies an SQLSTATE (or SQLite's extended result code).
+/// Classifies MySQL's (or MariaDB's) error `number`, or else its SQLSTATE `code`.
+#[cfg_attr(not(any(feature = "mysql", test)), allow(dead_code))]
+fn mysql_failure(number: u16, code: &str) -> DatabaseFailure {
+    match number {
+        // ER_LOCK_DEADLOCK (SQLSTATE 40001); MySQL's
+        // ER_TRANSACTION_ROLLBACK_DURING_COMMIT (Group Replication's certification
+        // rolled the transaction back whole at its commit).
+        1213 | 3101 => DatabaseFailure::Conflict,
+        // ER_LOCK_WAIT_TIMEOUT, MySQL's max_execution_time, MariaDB's
+        // max_statement_time.
+        1205 | 3024 | 1969 => DatabaseFailure::GaveUp,
+        // Too many connections (all, the user's), a user's resource limit reached
+        // (connections, or per hour), server shutdown, query interrupted (KILL
+        // QUERY), connection killed (MariaDB). (Not MySQL 8's idle-client 4031:
+        // MariaDB numbers its own errors from 4000 up.)
+        1040 | 1203 | 1226 | 1053 | 1317 | 1927 => DatabaseFailure::Dropped,
+        _ => failure_of_code(code),
+    }
+}
+
+/// Classifies SQLite's extended result code: every kind of busy (primary code 5:
+/// another connection writes, recovers the WAL, or holds a snapshot this one cannot
+/// upgrade) and of locked (6: a conflict inside one shared cache) is a conflict —
+/// the statement did not run. Anything else (I/O, corruption, constraints, a
+/// read-only file) a retry would not change.
+#[cfg_attr(not(any(feature = "sqlite", test)), allow(dead_code))]
+fn sqlite_failure(code: &str) -> DatabaseFailure {
+    match code.parse::<u32>() {
+        Ok(code) if matches!(code & 0xff, SQLITE_BUSY | SQLITE_LOCKED) => DatabaseFailure::Conflict,
+        _ => DatabaseFailure::Refused,
+    }
+}
+
+/// Classifies an SQLSTATE.
 fn failure_of_code(code: &str) -> DatabaseFailure {
     match code {
         _ if CONFLICT_CODES.contains(&code) => DatabaseFailure::Conflict,
@@ -184,7 +215,7 @@ mod tests {
 
     #[test]
     fn sqlstates_are_classified_by_what_a_retry_would_do() {
-        for code in ["40001", "40P01", "5", "6", "517"] {
+        for code in ["40001", "40P01"] {
             assert_eq!(failure_of_code(code), DatabaseFailure::Conflict, "{code}");
         }
         for code in ["55P03", "57014"] {
@@ -199,5 +230,53 @@ mod tests {
         for code in ["42501", "42P01", "42S02", "HY000", "23505", ""] {
             assert_eq!(failure_of_code(code), DatabaseFailure::Refused, "{code}");
         }
+    }
+
+    /// Every busy (5) and locked (6) result SQLite reports, its extended codes
+    /// included: the statement did not run, and may be run again.
+    #[test]
+    fn every_sqlite_busy_and_locked_code_is_a_conflict() {
+        // BUSY, BUSY_RECOVERY, BUSY_SNAPSHOT, BUSY_TIMEOUT; LOCKED, LOCKED_SHAREDCACHE,
+        // LOCKED_VTAB.
+        for code in ["5", "261", "517", "773", "6", "262", "518"] {
+            assert_eq!(sqlite_failure(code), DatabaseFailure::Conflict, "{code}");
+        }
+        // ERROR, READONLY, IOERR_SHORT_READ, CORRUPT, CONSTRAINT_UNIQUE; none at all.
+        for code in ["1", "8", "522", "11", "2067", ""] {
+            assert_eq!(sqlite_failure(code), DatabaseFailure::Refused, "{code}");
+        }
+    }
+
+    /// MySQL's error numbers, read before the SQLSTATE most of them share.
+    #[test]
+    fn mysql_numbers_are_classified_by_what_a_retry_would_do() {
+        // ER_LOCK_DEADLOCK; ER_TRANSACTION_ROLLBACK_DURING_COMMIT (Group
+        // Replication's certification rolled the transaction back whole).
+        for number in [1213, 3101] {
+            assert_eq!(
+                mysql_failure(number, "HY000"),
+                DatabaseFailure::Conflict,
+                "{number}"
+            );
+        }
+        for number in [1205, 3024, 1969] {
+            assert_eq!(
+                mysql_failure(number, "HY000"),
+                DatabaseFailure::GaveUp,
+                "{number}"
+            );
+        }
+        for number in [1040, 1203, 1226, 1053, 1317, 1927] {
+            assert_eq!(
+                mysql_failure(number, "HY000"),
+                DatabaseFailure::Dropped,
+                "{number}"
+            );
+        }
+        // ER_DUP_ENTRY, ER_TABLEACCESS_DENIED_ERROR: by number; a number it does
+        // not know goes by its SQLSTATE.
+        assert_eq!(mysql_failure(1062, "23000"), DatabaseFailure::Refused);
+        assert_eq!(mysql_failure(1142, "42000"), DatabaseFailure::Refused);
+        assert_eq!(mysql_failure(9999, "08S01"), DatabaseFailure::Dropped);
     }
 }
