@@ -71,8 +71,10 @@ async fn floor_conn(url: &str) -> redis::aio::ConnectionManager {
         .unwrap()
 }
 
-/// One multiplexed connection without a `ConnectionManager` around it (no
-/// reconnection), as rslock keeps.
+/// One multiplexed connection without a `ConnectionManager` around it: no
+/// reconnection, no reply timer, no lock per call — less client work per call than
+/// any peer's (rslock's takes a tokio `Mutex` and arms a 500 ms reply timer per call,
+/// and reconnects after an unrecoverable error).
 async fn bare_conn(url: &str) -> redis::aio::MultiplexedConnection {
     redis::Client::open(url)
         .unwrap()
@@ -117,11 +119,11 @@ const SCRIPTED_SET_LUA: &str = "return redis.call('SET', KEYS[1], ARGV[1], 'NX',
 const FENCED_LUA: &str =
     "if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', 30000) then return redis.call('INCR', KEYS[2]) end return 0";
 
-/// The clock-fenced floor's acquire script: the fenced floor with dlock's token — the
-/// server's clock in µs, or one above the last token if that is not less — which
-/// keeps tokens increasing when the counter is lost (a failover to a replica that
-/// missed the last grants, a restart without persistence), where `INCR` starts again
-/// from what the new master has. The least a lock whose tokens survive that can do.
+/// The clock-fenced floor's acquire script: the fenced floor with dlock's token —
+/// the server's clock in µs, or one above the last token if that is not less (as
+/// dlock's `ACQUIRE_EXCLUSIVE`) — which keeps tokens increasing when the counter is
+/// lost (a failover to a replica that missed the last grants, a restart without
+/// persistence), where `INCR` starts again from what the new master has.
 const CLOCK_FENCED_LUA: &str = r#"
 if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', 30000) then return 0 end
 local t = redis.call('TIME')
@@ -135,15 +137,48 @@ end
 return tok
 "#;
 
-/// The clock-fenced floor's release script: compare-and-delete, then whether anyone
-/// waits (`KEYS[2]`, the queue) — a lock that wakes its waiters must look (2: a real
-/// lock would hand over or tell the waiters here).
-const CLOCK_FENCED_RELEASE_LUA: &str = r#"
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-redis.call('DEL', KEYS[1])
-if redis.call('EXISTS', KEYS[2]) == 0 then return 1 end
-return 2
-"#;
+/// An `EVALSHA` of `script` with `keys` and the one argument `arg`, built once and
+/// sent as it is every cycle (no per-call encoding at all).
+fn evalsha(script: &redis::Script, keys: &[&str], arg: &str) -> redis::Cmd {
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(script.get_hash())
+        .arg(keys.len())
+        .arg(keys)
+        .arg(arg);
+    cmd
+}
+
+/// A fenced control's task body on `conn`: task `i` takes `<prefix>:{i}` with
+/// `acquire` (KEYS: the lock, its counter; ARGV: the holder; a positive token when
+/// granted) and gives it back with the floor's compare-and-delete — both by `EVALSHA`
+/// commands built once (the scripts are loaded first).
+async fn fenced_tasks(
+    conn: redis::aio::MultiplexedConnection,
+    prefix: String,
+    acquire: &str,
+) -> impl Fn(usize, Instant) -> Pin<Box<dyn Future<Output = u64> + Send>> {
+    let (acquire, release) = (redis::Script::new(acquire), redis::Script::new(RELEASE_LUA));
+    for script in [&acquire, &release] {
+        script
+            .prepare_invoke()
+            .load_async(&mut conn.clone())
+            .await
+            .unwrap();
+    }
+    move |i: usize, end: Instant| {
+        let key = format!("{prefix}:{{{i}}}");
+        let take = evalsha(&acquire, &[&key, &format!("{key}:c")], "owner");
+        let give = evalsha(&release, &[&key], "owner");
+        let state = (conn.clone(), take, give);
+        Box::pin(cycles(state, end, |(mut conn, take, give)| async move {
+            let token: i64 = take.query_async(&mut conn).await.unwrap();
+            assert!(token > 0);
+            let released: i64 = give.query_async(&mut conn).await.unwrap();
+            assert_eq!(released, 1);
+            (conn, take, give)
+        }))
+    }
+}
 
 /// The hand-over floor's acquire: takes the free lock (`KEYS[1]`) for client
 /// `ARGV[1]`, or queues the client (`KEYS[2]`); 1 when taken.
@@ -267,55 +302,25 @@ async fn uncontended(cfg: &Cfg, tasks: usize) -> Vec<(&'static str, f64)> {
     let tag = format!("bench{:x}", fastrand::u32(..));
 
     let floor = floor_tasks(floor_conn(&cfg.url).await, format!("{tag}:floor"));
-    // A control: the floor on one multiplexed connection without a
-    // `ConnectionManager` around it (rslock's connection: no reconnection).
+    // Controls on one multiplexed connection without a `ConnectionManager` (the least
+    // client work per call): the floor; the least a lock whose tokens survive a lost
+    // counter can do (dlock's token rule in the acquire, a compare-and-delete
+    // release: a design whose waiters mark the holder's value needs no other read in
+    // an uncontended release); and the same with `INCR` for a token (what dropping
+    // that guarantee would buy).
     let bare_floor = floor_tasks(bare_conn(&cfg.url).await, format!("{tag}:bfloor"));
-
-    // A control: the least a lock with dlock's guarantees — a token that keeps
-    // increasing when the counter is lost, a release that sees its waiters — can do,
-    // on rslock's connection (one multiplexed connection, no manager).
-    let clock_fenced_floor = {
-        let conn = bare_conn(&cfg.url).await;
-        let scripts = Arc::new((
-            redis::Script::new(CLOCK_FENCED_LUA),
-            redis::Script::new(CLOCK_FENCED_RELEASE_LUA),
-        ));
-        let t = tag.clone();
-        move |i: usize, end: Instant| {
-            let key = format!("{t}:{{cfloor:{i}}}");
-            let state = (
-                conn.clone(),
-                Arc::clone(&scripts),
-                [format!("{key}:f"), format!("{key}:q")],
-                key,
-            );
-            cycles(
-                state,
-                end,
-                |(mut conn, scripts, [fence, queue], key)| async move {
-                    let token: i64 = scripts
-                        .0
-                        .key(&key)
-                        .key(&fence)
-                        .arg("owner")
-                        .invoke_async(&mut conn)
-                        .await
-                        .unwrap();
-                    assert!(token > 0);
-                    let released: i64 = scripts
-                        .1
-                        .key(&key)
-                        .key(&queue)
-                        .arg("owner")
-                        .invoke_async(&mut conn)
-                        .await
-                        .unwrap();
-                    assert_eq!(released, 1);
-                    (conn, scripts, [fence, queue], key)
-                },
-            )
-        }
-    };
+    let clock_fenced_floor = fenced_tasks(
+        bare_conn(&cfg.url).await,
+        format!("{tag}:cfloor"),
+        CLOCK_FENCED_LUA,
+    )
+    .await;
+    let incr_fenced_floor = fenced_tasks(
+        bare_conn(&cfg.url).await,
+        format!("{tag}:ifloor"),
+        FENCED_LUA,
+    )
+    .await;
 
     // A control: the floor on a few multiplexed connections (task i on connection
     // i mod n) — what a pool of connections would give over one.
@@ -404,11 +409,7 @@ async fn uncontended(cfg: &Cfg, tasks: usize) -> Vec<(&'static str, f64)> {
 
     let contestants = vec![
         Contestant::tasks("floor (SET NX PX + EVAL)", tasks, floor),
-        Contestant::tasks(
-            "floor on a bare multiplexed connection (control)",
-            tasks,
-            bare_floor,
-        ),
+        Contestant::tasks("floor on a bare connection (control)", tasks, bare_floor),
         Contestant::tasks("floor on 4 connections (control)", tasks, pooled_floor),
         Contestant::tasks(
             "floor with a scripted acquire (EVALSHA SET NX PX + EVAL)",
@@ -421,7 +422,12 @@ async fn uncontended(cfg: &Cfg, tasks: usize) -> Vec<(&'static str, f64)> {
             fenced_floor,
         ),
         Contestant::tasks(
-            "clock-fenced floor: dlock's token and waiter check, bare connection (control)",
+            "INCR-fenced floor, bare connection (control)",
+            tasks,
+            incr_fenced_floor,
+        ),
+        Contestant::tasks(
+            "clock-fenced floor: a TIME token, bare connection (control)",
             tasks,
             clock_fenced_floor,
         ),
