@@ -10,7 +10,9 @@
 //!   `RELEASE_LOCK` on one dedicated connection: no lease, no fencing token — the
 //!   lock lives and dies with the session); the *fenced lease floor* (a control: the
 //!   lease floor keeping its row, whose counter gives each grant a fencing token, as
-//!   dlock's rows do); on PostgreSQL the lease floor on a session
+//!   dlock's rows do); on PostgreSQL the floors' releases commit without waiting
+//!   for the WAL flush and their grants wait for it, as dlock's do; on PostgreSQL
+//!   the lease floor on a session
 //!   with asynchronous commit (a control: the floor without waiting for the WAL
 //!   flush); dlock's SPI and user API; the peer.
 //! * **8 processes on one lock** (each holds 1 ms, waits ≤ 5 s): separate OS
@@ -152,7 +154,9 @@ fn fenced_floor_statements(pool: &SqlPool) -> (&'static str, &'static str, &'sta
              ON CONFLICT (name) DO UPDATE SET owner = excluded.owner, token = bench_fenced.token + 1, expires_at = excluded.expires_at \
              WHERE bench_fenced.owner IS NULL OR bench_fenced.expires_at <= (EXTRACT(EPOCH FROM statement_timestamp()) * 1000)::BIGINT \
              RETURNING token",
-            "UPDATE bench_fenced SET owner = NULL, expires_at = 0 WHERE name = $1 AND owner = $2",
+            // Commits quickly, as dlock's release does (see `LeaseFloor::new`).
+            "UPDATE bench_fenced SET owner = NULL, expires_at = 0 WHERE name = $1 AND owner = $2 \
+             AND set_config('synchronous_commit', 'off', true) = 'off'",
         ),
         _ => unreachable!("all drivers are enabled in the testsuite"),
     }
@@ -180,7 +184,13 @@ impl LeaseFloor {
             SqlPool::Postgres(_) => (
                 "CREATE TABLE IF NOT EXISTS bench_floor (name TEXT PRIMARY KEY, owner TEXT NOT NULL, expires_at BIGINT NOT NULL)",
                 "INSERT INTO bench_floor (name, owner, expires_at) VALUES ($1, $2, (EXTRACT(EPOCH FROM statement_timestamp()) * 1000)::BIGINT + 30000) ON CONFLICT (name) DO NOTHING",
-                "DELETE FROM bench_floor WHERE name = $1 AND owner = $2",
+                // The release commits without waiting for the WAL flush, as dlock's
+                // does on PostgreSQL (its `COMMIT_QUICKLY`): a crash that forgets it
+                // leaves the lock held until its lease ends, never a second holder,
+                // and the next grant's flush makes it durable. A floor that flushed
+                // its release would do more than dlock must.
+                "DELETE FROM bench_floor WHERE name = $1 AND owner = $2 \
+                 AND set_config('synchronous_commit', 'off', true) = 'off'",
             ),
             _ => unreachable!("all drivers are enabled in the testsuite"),
         };
