@@ -279,16 +279,17 @@ async fn dlr_provider(url: &str) -> distributed_lock_redis::RedisLockProvider {
         .unwrap()
 }
 
-/// The floor's task body on `conn`: task `i` cycles `<prefix>:<i>`.
+/// The floor's task body on `conns`: task `i` cycles `<prefix>:<i>` on connection
+/// `i` mod their number.
 fn floor_tasks<C>(
-    conn: C,
+    conns: Vec<C>,
     prefix: String,
 ) -> impl Fn(usize, Instant) -> Pin<Box<dyn Future<Output = u64> + Send>>
 where
     C: redis::aio::ConnectionLike + Clone + Send + 'static,
 {
     move |i: usize, end: Instant| {
-        let state = (conn.clone(), format!("{prefix}:{i}"));
+        let state = (conns[i % conns.len()].clone(), format!("{prefix}:{i}"));
         Box::pin(cycles(state, end, |(mut conn, key)| async move {
             assert!(floor_cycle(&mut conn, &key, "owner").await);
             (conn, key)
@@ -301,14 +302,14 @@ where
 async fn uncontended(cfg: &Cfg, tasks: usize) -> Vec<(&'static str, f64)> {
     let tag = format!("bench{:x}", fastrand::u32(..));
 
-    let floor = floor_tasks(floor_conn(&cfg.url).await, format!("{tag}:floor"));
+    let floor = floor_tasks(vec![floor_conn(&cfg.url).await], format!("{tag}:floor"));
     // Controls on one multiplexed connection without a `ConnectionManager` (the least
     // client work per call): the floor; the least a lock whose tokens survive a lost
     // counter can do (dlock's token rule in the acquire, a compare-and-delete
     // release: a design whose waiters mark the holder's value needs no other read in
     // an uncontended release); and the same with `INCR` for a token (what dropping
     // that guarantee would buy).
-    let bare_floor = floor_tasks(bare_conn(&cfg.url).await, format!("{tag}:bfloor"));
+    let bare_floor = floor_tasks(vec![bare_conn(&cfg.url).await], format!("{tag}:bfloor"));
     let clock_fenced_floor = fenced_tasks(
         bare_conn(&cfg.url).await,
         format!("{tag}:cfloor"),
@@ -329,14 +330,7 @@ async fn uncontended(cfg: &Cfg, tasks: usize) -> Vec<(&'static str, f64)> {
         for _ in 0..FLOOR_POOL {
             conns.push(floor_conn(&cfg.url).await);
         }
-        let t = tag.clone();
-        move |i: usize, end: Instant| {
-            let state = (conns[i % conns.len()].clone(), format!("{t}:pfloor:{i}"));
-            cycles(state, end, |(mut conn, key)| async move {
-                assert!(floor_cycle(&mut conn, &key, "owner").await);
-                (conn, key)
-            })
-        }
+        floor_tasks(conns, format!("{tag}:pfloor"))
     };
 
     let scripted_floor = {
