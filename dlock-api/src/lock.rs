@@ -415,14 +415,16 @@ impl DistributeLock {
         if let Some(guard) = self.reenter() {
             return Ok(Some(guard));
         }
-        let _gate = match deadline {
-            Some(deadline) => {
+        // A free gate is taken at once, without arming a timer (the common case).
+        let _gate = match (self.handle.gate.try_lock(), deadline) {
+            (Ok(gate), _) => gate,
+            (Err(_), Some(deadline)) => {
                 match tokio::time::timeout_at(deadline.into(), self.handle.gate.lock()).await {
                     Ok(gate) => gate,
                     Err(_) => return Ok(None),
                 }
             }
-            None => self.handle.gate.lock().await,
+            (Err(_), None) => self.handle.gate.lock().await,
         };
         if let Some(guard) = self.reenter() {
             return Ok(Some(guard));

@@ -21,6 +21,7 @@ use crate::error::{conflict_pause, is_conflict, map_sqlx, retry_conflicts};
 use crate::permits;
 use crate::pool::{on_pool, query, Param, Pool};
 use crate::queue::{Departures, QueueSlot};
+use crate::run_to_end::{run_to_end, Where};
 use crate::JdbcOptions;
 
 /// Rows of `inspect` and `contention`: owner, token, context, remaining ms.
@@ -545,49 +546,49 @@ impl JdbcBackend {
         })
     }
 
-    /// Runs one grant statement to completion, in a task of its own: a caller whose
-    /// future is dropped mid-statement cannot abort it half-way, and a grant the
-    /// statement made for a caller that is gone is released by the same task, after
-    /// the statement — a release racing it on another pooled connection could land
-    /// first and leave the grant held until its lease ends.
+    /// Runs one grant statement to its end ([`run_to_end`]): a caller whose future is
+    /// dropped mid-statement cannot abort it half-way, and a grant the statement made
+    /// for a caller that is gone is released by the task that finishes it, after the
+    /// statement — a release racing it on another pooled connection could land first
+    /// and leave the grant held until its lease ends.
     async fn try_grant(&self, req: &AcquireRequest, queued: bool) -> Result<Answer> {
-        let backend = self.clone();
-        let req = req.clone();
-        let (answer, answered) = tokio::sync::oneshot::channel();
-        tokio::spawn(async move {
-            let token = retry_conflicts(|| async {
-                let token = match req.mode {
-                    LockMode::Exclusive => return backend.try_exclusive(&req, queued).await,
-                    LockMode::Shared => backend.try_shared(&req).await,
-                    LockMode::Permits(n) => backend.try_permits(&req, n).await,
+        let (backend, request) = (self.clone(), req.clone());
+        let grant = async move {
+            retry_conflicts(|| async {
+                let token = match request.mode {
+                    LockMode::Exclusive => return backend.try_exclusive(&request, queued).await,
+                    LockMode::Shared => backend.try_shared(&request).await,
+                    LockMode::Permits(n) => backend.try_permits(&request, n).await,
                 };
                 token.map(Answer::of_token)
             })
-            .await;
-            let announce = matches!(
-                (&token, req.purpose),
-                (Ok(Answer::Granted(_)), HoldPurpose::Leadership)
-            );
-            let undelivered = answer.send(token);
-            if announce {
-                // Observers of the election learn of the new term (after the answer:
-                // the grant does not wait for it).
-                backend
-                    .notify(backend.inner.statements.notify_change.as_ref(), &req.name)
-                    .await;
-            }
-            if let Err(Ok(Answer::Granted(_))) = undelivered {
-                if let Err(err) = backend.release(&req.release_of_grant()).await {
-                    tracing::warn!(lock = %req.name, error = %err, "dlock-jdbc: releasing the grant of a cancelled acquire failed; its lease will expire");
+            .await
+        };
+        let (backend, request) = (self.clone(), req.clone());
+        let unheard = |answer: Result<Answer>| async move {
+            if let Ok(Answer::Granted(_)) = answer {
+                if request.purpose == HoldPurpose::Leadership {
+                    backend.announce_term(&request).await;
+                }
+                if let Err(err) = backend.release(&request.release_of_grant()).await {
+                    tracing::warn!(lock = %request.name, error = %err, "dlock-jdbc: releasing the grant of a cancelled acquire failed; its lease will expire");
                 }
             }
-        });
-        answered.await.map_err(|_| {
-            Error::new(
-                dlock_spi::ErrorKind::Backend,
-                "the acquire statement's task ended without an answer (the runtime is shutting down?)",
-            )
-        })?
+        };
+        let answer = run_to_end(statement_place(req.mode), grant, unheard).await;
+        if let (Ok(Answer::Granted(_)), HoldPurpose::Leadership) = (&answer, req.purpose) {
+            // Observers of the election learn of the new term (after the answer: the
+            // grant does not wait for it).
+            let (backend, request) = (self.clone(), req.clone());
+            tokio::spawn(async move { backend.announce_term(&request).await });
+        }
+        answer
+    }
+
+    /// Tells the election's observers of the term `req` was granted.
+    async fn announce_term(&self, req: &AcquireRequest) {
+        self.notify(self.inner.statements.notify_change.as_ref(), &req.name)
+            .await;
     }
 
     /// `queued`: the caller has an entry in the queue (its grant reads the queue).
@@ -1104,7 +1105,7 @@ impl LockRemoteResource for JdbcBackend {
 
     async fn release(&self, req: &ReleaseRequest) -> Result<ReleaseResult> {
         let (this, req) = (self.clone(), req.clone());
-        detached(async move {
+        detached(statement_place(req.mode), async move {
             // The hold's queue row goes first: once the lock is free, the waiters
             // behind must not find it ahead of them.
             let holder = req.holder();
@@ -1124,7 +1125,10 @@ impl LockRemoteResource for JdbcBackend {
 
     async fn renew(&self, req: &RenewRequest) -> Result<RenewResult> {
         let (this, req) = (self.clone(), req.clone());
-        detached(async move { retry_conflicts(|| this.renew_now(&req)).await }).await
+        detached(statement_place(req.mode), async move {
+            retry_conflicts(|| this.renew_now(&req)).await
+        })
+        .await
     }
 
     async fn inspect(&self, name: &LockName) -> Result<Option<LockState>> {
@@ -1372,21 +1376,27 @@ impl JdbcBackend {
     }
 }
 
-/// Runs `op` to completion in a task of its own, whatever happens to the caller's
-/// future. Releases and renewals run transactions (shared mode): cut off between
-/// `BEGIN` and `COMMIT`/`ROLLBACK` — a `BEGIN` whose future is dropped in flight
-/// leaves sqlx nothing to roll back — the pooled connection would stay inside the
-/// transaction, and a grant later run on it would be seen by its own client only and
-/// undone when the connection dies, while another client takes the same lock.
+/// Runs `op` to its end, whatever happens to the caller's future ([`run_to_end`]),
+/// where `place` says. Releases and renewals run transactions (shared mode): cut off
+/// between `BEGIN` and `COMMIT`/`ROLLBACK` — a `BEGIN` whose future is dropped in
+/// flight leaves sqlx nothing to roll back — the pooled connection would stay inside
+/// the transaction, and a grant later run on that connection would be seen by its
+/// own client only and undone when the connection dies, while another client takes
+/// the same lock.
 async fn detached<T: Send + 'static>(
+    place: Where,
     op: impl std::future::Future<Output = Result<T>> + Send + 'static,
 ) -> Result<T> {
-    tokio::spawn(op).await.map_err(|_| {
-        Error::new(
-            dlock_spi::ErrorKind::Backend,
-            "the statement's task ended without an answer (the runtime is shutting down?)",
-        )
-    })?
+    run_to_end(place, op, |_| async {}).await
+}
+
+/// Where a statement of `mode` runs ([`run_to_end`]): a shared hold's grant, release
+/// and renewal are transactions.
+fn statement_place(mode: LockMode) -> Where {
+    match mode {
+        LockMode::Shared => Where::Apart,
+        LockMode::Exclusive | LockMode::Permits(_) => Where::Here,
+    }
 }
 
 fn holder(
@@ -1410,7 +1420,11 @@ impl LockAdmin for JdbcBackend {
     async fn force_release(&self, name: &LockName) -> Result<usize> {
         // A transaction: run to completion whatever happens to the caller.
         let (this, name) = (self.clone(), name.clone());
-        detached(async move { this.force_release_now(&name).await }).await
+        detached(
+            Where::Apart,
+            async move { this.force_release_now(&name).await },
+        )
+        .await
     }
 
     async fn live_locks(&self, prefix: &str) -> Result<usize> {

@@ -559,26 +559,25 @@ impl Statements {
         let release_permits = s(&permits::release(dialect));
         let (release_exclusive, release_exclusive_announced) = match dialect {
             Dialect::Postgres => {
-                let released = |quickly: &str| {
+                // The notice is the update's `RETURNING` expression, evaluated for the
+                // released row only (no row: not released, no notice): one plain
+                // `UPDATE`, cheaper to run than the same in a data-modifying `WITH`.
+                let released = |quickly: &str, notice: &str| {
                     format!(
-                        "WITH released AS ( \
-                           UPDATE {{locks}} SET owner = NULL, context = NULL, acquired_at = 0, expires_at = 0 \
-                           WHERE name = $1 AND owner = $2 AND expires_at > NOW{quickly} RETURNING name) "
+                        "UPDATE {{locks}} SET owner = NULL, context = NULL, acquired_at = 0, expires_at = 0 \
+                         WHERE name = $1 AND owner = $2 AND expires_at > NOW{quickly} RETURNING {notice}"
                     )
                 };
                 // A lock's release commits asynchronously (`COMMIT_QUICKLY`); the
                 // end of a term of leadership, which observers act on, does not.
                 (
-                    s(&format!(
-                        "{}SELECT CASE WHEN EXISTS (SELECT 1 FROM {{waiters}} w \
+                    s(&released(
+                        &format!(" AND {COMMIT_QUICKLY}"),
+                        "CASE WHEN EXISTS (SELECT 1 FROM {waiters} w \
                            WHERE w.name = $1 AND w.alive_until > NOW) \
-                         THEN pg_notify('{{channel}}', RELEASE_PAYLOAD) END FROM released",
-                        released(&format!(" AND {COMMIT_QUICKLY}"))
+                         THEN pg_notify('{channel}', RELEASE_PAYLOAD) END",
                     )),
-                    s(&format!(
-                        "{}SELECT pg_notify('{{channel}}', RELEASE_PAYLOAD) FROM released",
-                        released("")
-                    )),
+                    s(&released("", "pg_notify('{channel}', RELEASE_PAYLOAD)")),
                 )
             }
             Dialect::Sqlite | Dialect::MySql => {

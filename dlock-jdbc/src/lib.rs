@@ -133,6 +133,7 @@ mod migrate;
 mod permits;
 pub(crate) mod pool;
 mod queue;
+mod run_to_end;
 
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;

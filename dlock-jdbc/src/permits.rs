@@ -299,8 +299,7 @@ pub(crate) fn release(dialect: Dialect) -> String {
             )
         }
         Dialect::Postgres => format!(
-            "WITH released AS ({} RETURNING name) \
-             SELECT pg_notify('{{channel}}', RELEASE_PAYLOAD) FROM released",
+            "{} RETURNING pg_notify('{{channel}}', RELEASE_PAYLOAD)",
             rewrite()
         ),
         Dialect::Sqlite => rewrite(),

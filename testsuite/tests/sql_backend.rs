@@ -1969,6 +1969,83 @@ async fn a_cancelled_shared_call_leaves_no_open_transaction_behind() {
     }
 }
 
+/// An acquire cut off at any point — before its statement is sent, while it is in
+/// flight, after the grant committed — leaves no grant behind: the statement runs to
+/// its end, and a grant nobody took is given back at once, long before its lease
+/// (30 s) would end it. Each round cuts an acquire (exclusive, shared or permits) at
+/// a random moment through the fault proxy's 20 ms delay, and another client must
+/// then take the whole lock within 3 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_cut_off_mid_statement_leaves_no_grant_behind() {
+    use dlock_spi::{
+        AcquireRequest, GrantId, LockMode, LockName, LockRemoteResource, OwnerId, ReleaseRequest,
+    };
+    for (label, url) in sql_backends() {
+        if label == "sqlite" {
+            continue; // a file has no network between client and server
+        }
+        let (proxy, proxied_url) = proxied(&url).await;
+        proxy.set(Fault::Delay(Duration::from_millis(20)));
+        let backend = JdbcBackend::connect(&proxied_url).await.unwrap();
+        let other = JdbcBackend::connect(&url).await.unwrap();
+        let prefix = format!("cut-acquire-{:x}-", fastrand::u64(..));
+        let mut cut_in_flight = 0;
+        for round in 0..24u64 {
+            // A lock of each kind its own name; the next client takes all of it.
+            let (mode, all) = match round % 3 {
+                0 => (LockMode::Exclusive, LockMode::Exclusive),
+                1 => (LockMode::Shared, LockMode::Exclusive),
+                _ => (LockMode::Permits(1), LockMode::Permits(2)),
+            };
+            let name = LockName::new(format!("{prefix}{}", round % 3)).unwrap();
+            let req = AcquireRequest::new(name.clone(), OwnerId::new("cut"), GrantId::new(round))
+                .with_mode(mode)
+                .with_capacity(2)
+                .with_lease(Duration::from_secs(30));
+            // A cut call's connection is closed: a pooled one is connected first,
+            // so the cut falls on the statement (sent at once, answered after 40
+            // ms or more), not on connecting.
+            backend.inspect(&name).await.unwrap();
+            let cut = Duration::from_millis(fastrand::u64(10..50));
+            match tokio::time::timeout(cut, backend.try_acquire(&req)).await {
+                Err(_) => cut_in_flight += 1,
+                // Answered in time: the caller has the grant, and gives it back.
+                Ok(answer) => {
+                    if let Some(token) = answer.unwrap().token() {
+                        let release = ReleaseRequest::new(
+                            name.clone(),
+                            OwnerId::new("cut"),
+                            GrantId::new(round),
+                            mode,
+                            token,
+                        );
+                        backend.release(&release).await.unwrap();
+                    }
+                }
+            }
+            let take = AcquireRequest::new(name.clone(), OwnerId::new("next"), GrantId::new(round))
+                .with_mode(all)
+                .with_capacity(2)
+                .with_deadline(Some(Instant::now() + Duration::from_secs(3)));
+            let got = other.try_acquire(&take).await.unwrap();
+            if !got.is_acquired() {
+                let state = other.inspect(&name).await;
+                panic!("{label} round {round} ({mode:?} cut at {cut:?}): the lock is still taken after the acquire was cut off: {state:?}");
+            }
+            let token = got.token().unwrap();
+            let release =
+                ReleaseRequest::new(name, OwnerId::new("next"), GrantId::new(round), all, token);
+            other.release(&release).await.unwrap();
+        }
+        assert!(
+            cut_in_flight >= 8,
+            "{label}: only {cut_in_flight} of 24 acquires were cut before they answered"
+        );
+        backend.close().await;
+        other.close().await;
+    }
+}
+
 /// A backend built on the application's own sqlx pool shares locks with one built
 /// from the URL (the same tables, the same grants), and a MySQL pool whose sessions
 /// are not in UTC with READ COMMITTED is refused with what to do.
