@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -44,10 +44,6 @@ pub(crate) struct ManagerInner {
     next_id: AtomicU64,
     holds: Mutex<HashMap<u64, Arc<Hold>>>,
     pub(crate) watchdog: Watchdog,
-    /// Whether [`DistributeLockManager::close`] was called: read by every acquire
-    /// (one atomic load, where the signal below takes its lock).
-    is_closed: AtomicBool,
-    /// The same, for those who wait on it.
     closed: watch::Sender<bool>,
 }
 
@@ -65,9 +61,7 @@ impl ManagerInner {
     }
 
     pub(crate) fn is_closed(&self) -> bool {
-        // SeqCst, as `close` stores it: an acquire that registers its hold and then
-        // reads `false` is seen by `close`'s sweep of the holds after its store.
-        self.is_closed.load(Ordering::SeqCst)
+        *self.closed.borrow()
     }
 
     pub(crate) fn closed_signal(&self) -> watch::Receiver<bool> {
@@ -434,7 +428,6 @@ impl DistributeLockManager {
     /// Every guard reports its hold lost before the first await; dropped later, the
     /// releases not yet sent are left to expire on the server.
     pub async fn close(&self) {
-        self.inner.is_closed.store(true, Ordering::SeqCst);
         self.inner.closed.send_replace(true);
         let holds: Vec<Arc<Hold>> = self.inner.holds().values().cloned().collect();
         // All lost before any release is awaited (and before the watchdog drops
@@ -623,7 +616,6 @@ impl DistributeLockManagerBuilder {
                 config: self.config,
                 next_id: AtomicU64::new(1),
                 holds: Mutex::new(HashMap::new()),
-                is_closed: AtomicBool::new(false),
                 closed: watch::Sender::new(false),
             }),
         })

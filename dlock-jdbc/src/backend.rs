@@ -552,9 +552,11 @@ impl JdbcBackend {
     /// statement — a release racing it on another pooled connection could land first
     /// and leave the grant held until its lease ends.
     async fn try_grant(&self, req: &AcquireRequest, queued: bool) -> Result<Answer> {
+        // The statement carries the backend and the request it runs with, for what
+        // follows its answer: nothing is cloned twice.
         let (backend, request) = (self.clone(), req.clone());
         let grant = async move {
-            retry_conflicts(|| async {
+            let answer = retry_conflicts(|| async {
                 let token = match request.mode {
                     LockMode::Exclusive => return backend.try_exclusive(&request, queued).await,
                     LockMode::Shared => backend.try_shared(&request).await,
@@ -562,10 +564,14 @@ impl JdbcBackend {
                 };
                 token.map(Answer::of_token)
             })
-            .await
+            .await;
+            (answer, backend, request)
         };
-        let (backend, request) = (self.clone(), req.clone());
-        let unheard = |answer: Result<Answer>| async move {
+        let unheard = |(answer, backend, request): (
+            Result<Answer>,
+            JdbcBackend,
+            AcquireRequest,
+        )| async move {
             if let Ok(Answer::Granted(_)) = answer {
                 if request.purpose == HoldPurpose::Leadership {
                     backend.announce_term(&request).await;
@@ -575,11 +581,11 @@ impl JdbcBackend {
                 }
             }
         };
-        let answer = run_to_end(statement_place(req.mode), grant, unheard).await;
-        if let (Ok(Answer::Granted(_)), HoldPurpose::Leadership) = (&answer, req.purpose) {
+        let (answer, backend, request) =
+            run_to_end(statement_place(req.mode), grant, unheard).await?;
+        if let (Ok(Answer::Granted(_)), HoldPurpose::Leadership) = (&answer, request.purpose) {
             // Observers of the election learn of the new term (after the answer: the
             // grant does not wait for it).
-            let (backend, request) = (self.clone(), req.clone());
             tokio::spawn(async move { backend.announce_term(&request).await });
         }
         answer
@@ -1387,7 +1393,7 @@ async fn detached<T: Send + 'static>(
     place: Where,
     op: impl std::future::Future<Output = Result<T>> + Send + 'static,
 ) -> Result<T> {
-    run_to_end(place, op, |_| async {}).await
+    run_to_end(place, op, |_| async {}).await?
 }
 
 /// Where a statement of `mode` runs ([`run_to_end`]): a shared hold's grant, release

@@ -34,34 +34,32 @@ pub(crate) enum Where {
 
 /// `op`, run to its end whatever happens to the caller: where `place` says; a caller
 /// gone before the end leaves the rest of `op` running, and then `orphaned` with its
-/// output. An `op` that panics ends with an error, as a task that panicked does.
+/// output. An `op` that panics (or a runtime shutting down under it) ends with an
+/// error, as a task that panicked does.
 ///
 /// # Cancel safety
 ///
 /// Cancel-safe: that is what it is for.
-pub(crate) async fn run_to_end<F, G, H, T>(place: Where, op: F, orphaned: G) -> Result<T>
+pub(crate) async fn run_to_end<F, G, H>(place: Where, op: F, orphaned: G) -> Result<F::Output>
 where
-    F: Future<Output = Result<T>> + Send + 'static,
-    T: Send + 'static,
-    G: FnOnce(Result<T>) -> H + Send + 'static,
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+    G: FnOnce(F::Output) -> H + Send + 'static,
     H: Future<Output = ()> + Send + 'static,
 {
-    match place {
-        Where::Here => Here::new(op, orphaned)
-            .await
-            .unwrap_or_else(|_| Err(ended_without_an_answer())),
+    let answer = match place {
+        Where::Here => Here::new(op, orphaned).await.ok(),
         Where::Apart => {
             let (answer, answered) = oneshot::channel();
             tokio::spawn(async move {
-                if let Err(Ok(unheard)) = answer.send(op.await) {
-                    orphaned(Ok(unheard)).await;
+                if let Err(unheard) = answer.send(op.await) {
+                    orphaned(unheard).await;
                 }
             });
-            answered
-                .await
-                .unwrap_or_else(|_| Err(ended_without_an_answer()))
+            answered.await.ok()
         }
-    }
+    };
+    answer.ok_or_else(ended_without_an_answer)
 }
 
 fn ended_without_an_answer() -> Error {
@@ -85,11 +83,11 @@ struct Here<F: Future> {
 type Orphaned<F> = Box<dyn FnOnce(Pin<Box<F>>, &Handle) + Send>;
 
 impl<F: Future> Here<F> {
-    fn new<G, H, T>(op: F, orphaned: G) -> Self
+    fn new<G, H>(op: F, orphaned: G) -> Self
     where
-        F: Future<Output = Result<T>> + Send + 'static,
-        T: Send + 'static,
-        G: FnOnce(Result<T>) -> H + Send + 'static,
+        F: Send + 'static,
+        F::Output: Send + 'static,
+        G: FnOnce(F::Output) -> H + Send + 'static,
         H: Future<Output = ()> + Send + 'static,
     {
         Here {
@@ -156,7 +154,7 @@ mod tests {
         for place in [Where::Here, Where::Apart] {
             let followed = Arc::new(AtomicBool::new(false));
             let f = Arc::clone(&followed);
-            let out = run_to_end(place, async { Ok(7) }, move |_: Result<i32>| async move {
+            let out = run_to_end(place, async { 7 }, move |_: i32| async move {
                 f.store(true, Ordering::SeqCst);
             })
             .await;
@@ -173,12 +171,12 @@ mod tests {
             let (release, released) = oneshot::channel::<()>();
             let op = async move {
                 let _ = released.await;
-                Ok(5)
+                5
             };
             let cut = tokio::time::timeout(
                 Duration::from_millis(10),
-                run_to_end(place, op, move |out: Result<i32>| async move {
-                    let _ = went_on.send(out.ok()).await;
+                run_to_end(place, op, move |out: i32| async move {
+                    let _ = went_on.send(out).await;
                 }),
             )
             .await;
@@ -187,7 +185,7 @@ mod tests {
                 .send(())
                 .expect("the op runs on after the caller left");
             let out = tokio::time::timeout(Duration::from_secs(5), ended.recv()).await;
-            assert_eq!(out.ok().flatten(), Some(Some(5)), "{place:?}");
+            assert_eq!(out.ok().flatten(), Some(5), "{place:?}");
         }
     }
 
@@ -198,11 +196,11 @@ mod tests {
         let op = async move {
             tokio::task::yield_now().await;
             if g.load(Ordering::SeqCst) {
-                return Ok(0);
+                return 0;
             }
             panic!("the op fails");
         };
-        let out = run_to_end(Where::Here, op, move |_: Result<i32>| async move {
+        let out = run_to_end(Where::Here, op, move |_: i32| async move {
             f.store(true, Ordering::SeqCst);
         })
         .await;
