@@ -15,21 +15,40 @@ fn sqlite_url() -> TestUrl {
     TestUrl::sqlite_scratch()
 }
 
-/// The selected server backends' URLs (the test suite's), SQLite always.
-fn sql_urls() -> Vec<(String, TestUrl)> {
+/// The labels `dlock demo` runs on: SQLite always, and the selected server backends
+/// (memory has no server; redis-polling is redis' URL with an option the command
+/// does not take).
+fn demo_labels() -> Vec<String> {
     let selected = std::env::var("DLOCK_TEST_BACKENDS").unwrap_or_else(|_| "memory".to_owned());
-    let mut urls = vec![("sqlite".to_owned(), sqlite_url())];
-    for label in selected.split(',').map(str::trim) {
-        // memory has no server; redis-polling is redis' URL with an option the
-        // command does not take.
-        if matches!(label, "memory" | "sqlite" | "redis-polling") {
-            continue;
-        }
-        if let Some(url) = testsuite::backends::server_url(label) {
-            urls.push((label.to_owned(), url));
-        }
+    let mut labels = vec!["sqlite".to_owned()];
+    labels.extend(
+        selected
+            .split(',')
+            .map(str::trim)
+            .filter(|label| !matches!(*label, "" | "memory" | "sqlite" | "redis-polling"))
+            .map(str::to_owned),
+    );
+    labels
+}
+
+/// The selected backends' URLs (the test suite's), SQLite always.
+fn sql_urls() -> Vec<(String, TestUrl)> {
+    demo_labels()
+        .into_iter()
+        .map(|label| {
+            let url = demo_url(&label);
+            (label, url)
+        })
+        .collect()
+}
+
+/// The test suite's URL of `label` (a fresh SQLite file for `sqlite`).
+fn demo_url(label: &str) -> TestUrl {
+    if label == "sqlite" {
+        return sqlite_url();
     }
-    urls
+    testsuite::backends::server_url(label)
+        .unwrap_or_else(|| panic!("{label} was selected but has no URL"))
 }
 
 fn command(url: &str, namespace: &str, args: &[&str]) -> Command {
@@ -77,96 +96,92 @@ fn namespace() -> String {
 }
 
 /// Runs `dlock demo` with `workers` processes × `iterations` and `release`
-/// (`unlock` or `drop`) on every selected backend: the counter equals the
+/// (`unlock` or `drop`) on `label`'s backend: the counter equals the
 /// successful acquisitions, every attempt acquired, no two processes overlapped.
-fn demo_loses_no_update(workers: u64, iterations: u64, release: &str) {
-    for (label, url) in sql_urls() {
-        // These runs judge lost updates, not how fast a connection opens: CI once saw
-        // a connect to the TLS PostgreSQL take over the default 5 s while both load
-        // tests ran on the 2-core machine, so SQL URLs allow 30 s. The bound has its own test
-        // (sql_backend::a_connect_nobody_answers_times_out_in_the_urls_bound).
-        let sql = ["sqlite:", "mysql:", "mariadb:", "postgres:", "postgresql:"]
-            .iter()
-            .any(|scheme| url.starts_with(scheme));
-        let sep = if url.contains('?') { '&' } else { '?' };
-        let url = if sql {
-            format!("{url}{sep}dlock_acquire_timeout=30s")
-        } else {
-            url.to_string()
-        };
-        let out = dlock(
-            &url,
-            &namespace(),
-            &[
-                "demo",
-                "--workers",
-                &workers.to_string(),
-                "--iterations",
-                &iterations.to_string(),
-                "--wait",
-                "60s",
-                "--release",
-                release,
-            ],
-        );
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "{label}: demo failed\n{stdout}\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let total: Vec<u64> = stdout
-            .lines()
-            .find(|l| l.starts_with("total"))
-            .expect("total row")
-            .split_whitespace()
-            .skip(1)
-            .map(|n| n.parse().unwrap())
-            .collect();
-        let (acquired, overlaps) = (total[0], total[3]);
-        let counter: u64 = stdout
-            .lines()
-            .find(|l| l.starts_with("counter"))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|n| n.parse().ok())
-            .expect("counter line");
-        assert_eq!(
-            counter, acquired,
-            "{label} ({release}): lost updates\n{stdout}"
-        );
-        assert_eq!(
-            acquired,
-            workers * iterations,
-            "{label} ({release}): not every attempt acquired\n{stdout}"
-        );
-        assert_eq!(
-            overlaps, 0,
-            "{label} ({release}): processes overlapped\n{stdout}"
-        );
-        eprintln!(
-            "{label} ({release}): {}",
-            stdout.lines().last().unwrap_or_default()
-        );
-    }
+fn demo_loses_no_update(label: &str, workers: u64, iterations: u64, release: &str) {
+    let url = demo_url(label);
+    // These runs judge lost updates, not how fast a connection opens: CI once saw
+    // a connect to the TLS PostgreSQL take over the default 5 s while both load
+    // tests ran on the 2-core machine, so SQL URLs allow 30 s. The bound has its own test
+    // (sql_backend::a_connect_nobody_answers_times_out_in_the_urls_bound).
+    let sql = ["sqlite:", "mysql:", "mariadb:", "postgres:", "postgresql:"]
+        .iter()
+        .any(|scheme| url.starts_with(scheme));
+    let sep = if url.contains('?') { '&' } else { '?' };
+    let url = if sql {
+        format!("{url}{sep}dlock_acquire_timeout=30s")
+    } else {
+        url.to_string()
+    };
+    let out = dlock(
+        &url,
+        &namespace(),
+        &[
+            "demo",
+            "--workers",
+            &workers.to_string(),
+            "--iterations",
+            &iterations.to_string(),
+            "--wait",
+            "60s",
+            "--release",
+            release,
+        ],
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{label}: demo failed\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let total: Vec<u64> = stdout
+        .lines()
+        .find(|l| l.starts_with("total"))
+        .expect("total row")
+        .split_whitespace()
+        .skip(1)
+        .map(|n| n.parse().unwrap())
+        .collect();
+    let (acquired, overlaps) = (total[0], total[3]);
+    let counter: u64 = stdout
+        .lines()
+        .find(|l| l.starts_with("counter"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|n| n.parse().ok())
+        .expect("counter line");
+    assert_eq!(
+        counter, acquired,
+        "{label} ({release}): lost updates\n{stdout}"
+    );
+    assert_eq!(
+        acquired,
+        workers * iterations,
+        "{label} ({release}): not every attempt acquired\n{stdout}"
+    );
+    assert_eq!(
+        overlaps, 0,
+        "{label} ({release}): processes overlapped\n{stdout}"
+    );
+    eprintln!(
+        "{label} ({release}): {}",
+        stdout.lines().last().unwrap_or_default()
+    );
 }
 
 /// 3 OS processes × 200 iterations of a non-atomic read–sleep–write under one lock,
 /// released by `unlock()`.
-#[test]
-fn three_processes_share_one_counter_without_losing_updates() {
-    demo_loses_no_update(3, 200, "unlock");
+fn three_processes_share_one_counter_without_losing_updates(label: &str) {
+    demo_loses_no_update(label, 3, 200, "unlock");
 }
 
 /// The loop that double-granted before grants had an identity (issue "Safety
 /// first", item 1: 6 processes × 100, lost updates on Redis, PostgreSQL and SQLite,
 /// failed acquires on ZooKeeper): each worker drops its guard — released in the
 /// background — and locks again at once with the same handle.
-#[test]
-fn drop_then_relock_loses_no_update() {
-    demo_loses_no_update(6, 100, "drop");
+fn drop_then_relock_loses_no_update(label: &str) {
+    demo_loses_no_update(label, 6, 100, "drop");
 }
 
-#[test]
 fn exec_passes_the_exit_status_and_the_fencing_token() {
     let url = sqlite_url();
     let ns = namespace();
@@ -194,7 +209,6 @@ fn exec_passes_the_exit_status_and_the_fencing_token() {
     assert_eq!(out.status.code(), Some(127));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exec_gives_up_after_wait_and_stops_the_command_when_the_lock_is_lost() {
     let url = sqlite_url();
     let ns = namespace();
@@ -278,7 +292,6 @@ where
     false
 }
 
-#[test]
 fn status_unlock_and_input_errors() {
     let url = sqlite_url();
     let ns = namespace();
@@ -329,7 +342,6 @@ fn help_with_dlock_url(url: &str) -> String {
 
 /// `--help` (of the command and of a subcommand) does not print the password of the
 /// `DLOCK_URL` the environment holds.
-#[test]
 fn help_does_not_show_the_password_in_dlock_url() {
     let shown = help_with_dlock_url("postgres://app:help-s3cret@127.0.0.1/db");
     assert!(shown.contains("DLOCK_URL"), "{shown}");
@@ -341,7 +353,6 @@ fn help_does_not_show_the_password_in_dlock_url() {
 
 /// Every usage error clap finds exits 64 (EX_USAGE) with its message on stderr;
 /// `--help` and `--version` succeed on stdout.
-#[test]
 fn usage_errors_exit_64_and_help_succeeds() {
     let url = sqlite_url();
     let ns = namespace();
@@ -371,7 +382,6 @@ fn usage_errors_exit_64_and_help_succeeds() {
 
 /// The about text names every backend the command reaches: each URL scheme this
 /// build understands (`dlock_api::SUPPORTED`) by its backend's name.
-#[test]
 fn the_about_text_names_every_backend() {
     let out = Command::new(DLOCK).arg("--help").output().unwrap();
     let help = String::from_utf8_lossy(&out.stdout);
@@ -415,7 +425,6 @@ fn assert_free_json(out: &Output, what: &str) {
 
 /// `dlock status` on a SQLite file that does not exist says the lock is free and
 /// leaves no file behind; `unlock --force` likewise.
-#[test]
 fn status_creates_no_database_file() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("never.db");
@@ -461,7 +470,6 @@ fn status_creates_no_database_file() {
 /// `dlock status NAME --json` on every selected backend: a held lock's holder
 /// (owner, mode, token, context, lease left) as JSON with exit status 0; a free
 /// lock as `"held": false` with exit status 1.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_json_says_who_holds_and_exits_by_held_or_free() {
     for (label, url) in sql_urls() {
         let ns = namespace();
@@ -515,7 +523,6 @@ async fn status_json_says_who_holds_and_exits_by_held_or_free() {
 
 /// `dlock completions SHELL` prints a completion script the shell accepts (bash:
 /// sourced, it registers `dlock`'s completion).
-#[test]
 fn completions_register_in_bash() {
     let out = Command::new(DLOCK)
         .args(["completions", "bash"])
@@ -554,7 +561,6 @@ fn completions_register_in_bash() {
     }
 }
 
-#[test]
 fn log_and_metrics_flags_turn_the_plugins_on() {
     let url = sqlite_url();
     let ns = namespace();
@@ -608,7 +614,6 @@ fn log_and_metrics_flags_turn_the_plugins_on() {
 /// heartbeats, the server expires its session, and another client gets the lock.
 /// Thawed (SIGCONT), it learns the session is gone, reports the loss and stops its
 /// command (exit 76) instead of carrying on as if it still held the lock.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_zookeeper_holder_loses_the_lock_and_says_so_when_thawed() {
     use nix::sys::signal::{kill, Signal};
     use nix::unistd::Pid;
@@ -665,7 +670,6 @@ async fn a_frozen_zookeeper_holder_loses_the_lock_and_says_so_when_thawed() {
 /// term's fencing token and value, the exit status passes through, and `dlock
 /// status` shows the leader's value. On SQLite also: `--wait` gives up with 75, and a
 /// leadership broken behind the leader's back stops the command with 76.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn elect_runs_one_leader_at_a_time() {
     for (label, url) in sql_urls() {
         let ns = namespace();
@@ -763,7 +767,6 @@ async fn elect_runs_one_leader_at_a_time() {
 /// holder's permits, and `--take 1` runs the command (its exit status and the
 /// fencing token pass through); a count above the total, or another total while the
 /// semaphore is held, is refused (64).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sem_runs_the_command_holding_permits() {
     let code = |out: &Output| {
         (
@@ -846,7 +849,6 @@ fn with_every_port_closed(url: &str) -> String {
 /// with the password in its URL; and, for programs, `Debug` of a manager and an
 /// error's `Display`/`Debug` down its source chain. The password shows nowhere —
 /// and each surface is checked to have been produced.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_planted_password_shows_nowhere_a_user_looks() {
     for label in testsuite::runner::selected() {
         let password = format!("Pl4nted-{label}-{:08x}", fastrand::u32(..));
@@ -946,13 +948,11 @@ async fn a_planted_password_shows_nowhere_a_user_looks() {
 /// `dlock exec --context` stores its text with the hold (shown by `dlock status`),
 /// and `--max-hold` gives the lock back and stops the command at the bound (exit
 /// 76, saying why), leaving the lock free.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exec_stores_its_context_and_keeps_to_max_hold() {
     holds_with_context_until_max_hold(&["exec", "ctx"], "ctx", "lock lost (max_hold)").await;
 }
 
 /// `dlock sem` does the same with its permits.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sem_stores_its_context_and_keeps_to_max_hold() {
     holds_with_context_until_max_hold(&["sem", "slots", "--permits", "2"], "slots", "max_hold")
         .await;
@@ -1024,4 +1024,40 @@ fn metrics_port() -> u16 {
         }
     }
     panic!("no free port in 30000–32699 on 127.0.0.1 after 100 tries");
+}
+
+fn main() -> std::process::ExitCode {
+    let args = libtest_mimic::Arguments::from_args();
+    let mut trials = testsuite::trials![
+        sync exec_passes_the_exit_status_and_the_fencing_token,
+        tokio exec_gives_up_after_wait_and_stops_the_command_when_the_lock_is_lost,
+        sync status_unlock_and_input_errors,
+        sync help_does_not_show_the_password_in_dlock_url,
+        sync usage_errors_exit_64_and_help_succeeds,
+        sync the_about_text_names_every_backend,
+        sync status_creates_no_database_file,
+        tokio status_json_says_who_holds_and_exits_by_held_or_free,
+        sync completions_register_in_bash,
+        sync log_and_metrics_flags_turn_the_plugins_on,
+        tokio a_frozen_zookeeper_holder_loses_the_lock_and_says_so_when_thawed,
+        tokio elect_runs_one_leader_at_a_time,
+        tokio sem_runs_the_command_holding_permits,
+        tokio a_planted_password_shows_nowhere_a_user_looks,
+        tokio exec_stores_its_context_and_keeps_to_max_hold,
+        tokio sem_stores_its_context_and_keeps_to_max_hold,
+    ];
+    // The load runs, one trial per backend: each is minutes of lock hand-overs on
+    // its own, and none waits for another's.
+    for label in demo_labels() {
+        let l = label.clone();
+        trials.push(testsuite::runner::plain_trial(
+            format!("three_processes_share_one_counter_without_losing_updates::{label}"),
+            move || three_processes_share_one_counter_without_losing_updates(&l),
+        ));
+        trials.push(testsuite::runner::plain_trial(
+            format!("drop_then_relock_loses_no_update::{label}"),
+            move || drop_then_relock_loses_no_update(&label),
+        ));
+    }
+    libtest_mimic::run(&args, trials).exit_code()
 }

@@ -34,6 +34,15 @@ ensure_protoc() {
     || apt_install protobuf-compiler libprotobuf-dev
 }
 
+# ensure_nextest: cargo-nextest, the test runner scripts/test uses (every test in a
+# process of its own, many at once, JUnit results for the summary). This machine
+# kind has it; elsewhere it is built from crates.io.
+ensure_nextest() {
+  cargo nextest --version >/dev/null 2>&1 && return
+  log "cargo install cargo-nextest"
+  cargo install --locked cargo-nextest || fail "could not install cargo-nextest"
+}
+
 # tcp_open HOST PORT: is something listening?
 tcp_open() { (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null; }
 

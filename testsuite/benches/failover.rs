@@ -240,25 +240,43 @@ fn run_candidate(label: &str, url: &str, name: &str) {
 /// clients can live in other processes, one round each (see the module docs).
 fn killed_and_frozen_leaders(selected: &str) {
     println!("failover test: a killed and a frozen leader; lease / session {LEASE:?}");
-    for label in testsuite::backends::KNOWN
+    let labels: Vec<&str> = testsuite::backends::KNOWN
         .iter()
-        .filter(|l| **l != "memory")
-        .filter(|l| selected.split(',').any(|s| s.trim() == **l))
-    {
-        let url = url_for(label);
-        // Each round on a name of its own, shared by both of its candidates.
-        let name = format!("failover-{:016x}", fastrand::u64(..));
-        let killed = killed_leader_is_replaced(label, &|| dlock_candidate(label, &url, &name));
-        let name = format!("failover-{:016x}", fastrand::u64(..));
-        let frozen =
-            frozen_leader_is_replaced_and_told(label, &|| dlock_candidate(label, &url, &name));
-        println!(
-            "  {label}: killed → next leader {} ms, frozen → next leader {} ms",
-            killed.as_millis(),
-            frozen.as_millis()
-        );
-    }
+        .copied()
+        .filter(|l| *l != "memory")
+        .filter(|l| selected.split(',').any(|s| s.trim() == *l))
+        .collect();
+    // The backends one after another took over two minutes of waiting on leases;
+    // each round has its own names (and so its own candidates and terms), so a few
+    // backends run at once, each on a thread of its own.
+    let next = std::sync::Mutex::new(labels.into_iter());
+    std::thread::scope(|scope| {
+        for _ in 0..PARALLEL_BACKENDS {
+            scope.spawn(|| loop {
+                let Some(label) = next.lock().unwrap().next() else {
+                    break;
+                };
+                let url = url_for(label);
+                // Each round on a name of its own, shared by both of its candidates.
+                let name = format!("failover-{:016x}", fastrand::u64(..));
+                let killed =
+                    killed_leader_is_replaced(label, &|| dlock_candidate(label, &url, &name));
+                let name = format!("failover-{:016x}", fastrand::u64(..));
+                let frozen = frozen_leader_is_replaced_and_told(label, &|| {
+                    dlock_candidate(label, &url, &name)
+                });
+                println!(
+                    "  {label}: killed → next leader {} ms, frozen → next leader {} ms",
+                    killed.as_millis(),
+                    frozen.as_millis()
+                );
+            });
+        }
+    });
 }
+
+/// How many backends the test under `cargo test` runs at once.
+const PARALLEL_BACKENDS: usize = 3;
 
 /// The label's URL, the same for every candidate of the run (SQLite: one file);
 /// ZooKeeper sessions time out like the lease.

@@ -1,6 +1,9 @@
 //! Runs conformance cases on the backends `DLOCK_TEST_BACKENDS` selects.
 
+use std::future::Future;
 use std::time::Duration;
+
+use libtest_mimic::{Failed, Trial};
 
 use crate::backends;
 use crate::conformance::Case;
@@ -67,4 +70,49 @@ pub fn run_case(label: &str, case: &Case) -> Result<(), String> {
     // A task the case left stuck (a blocking call) cannot hang the trial.
     runtime.shutdown_timeout(Duration::from_secs(5));
     outcome
+}
+
+/// A test trial that runs `test` on a new runtime with two worker threads — what
+/// `#[tokio::test(flavor = "multi_thread", worker_threads = 2)]` gives a test — for
+/// test binaries whose trials are made at run time (one per selected backend, say).
+/// A panic fails the trial with its message.
+pub fn tokio_trial<F, Fut>(name: impl Into<String>, test: F) -> Trial
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: Future<Output = ()>,
+{
+    Trial::test(name, move || {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .map_err(|e| Failed::from(format!("no runtime: {e}")))?;
+        runtime.block_on(test());
+        Ok(())
+    })
+}
+
+/// A test trial that runs the plain function `test` (a `#[test]`). A panic fails
+/// the trial with its message.
+pub fn plain_trial(name: impl Into<String>, test: impl FnOnce() + Send + 'static) -> Trial {
+    Trial::test(name, move || {
+        test();
+        Ok(())
+    })
+}
+
+/// Trials for test functions named in a list, each a [`plain_trial`] (`sync name`)
+/// or a [`tokio_trial`] (`tokio name`), named after the function:
+/// `trials![sync a_plain_test, tokio an_async_test]`.
+#[macro_export]
+macro_rules! trials {
+    ($($kind:ident $name:ident),* $(,)?) => {
+        vec![$($crate::trials!(@one $kind $name)),*]
+    };
+    (@one sync $name:ident) => {
+        $crate::runner::plain_trial(stringify!($name), $name)
+    };
+    (@one tokio $name:ident) => {
+        $crate::runner::tokio_trial(stringify!($name), $name)
+    };
 }

@@ -1,14 +1,14 @@
 //! The lock-history checker: its rules on hand-made histories (violating, clean and
 //! excused histories per class, with exact counts), its self-test (the broken
-//! backend is caught, memory is clean), and a bounded pass on every backend
-//! `DLOCK_TEST_BACKENDS` selects.
+//! backend is caught, memory is clean), and bounded live runs on every backend
+//! `DLOCK_TEST_BACKENDS` selects, one trial per (backend, nemesis).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use testsuite::lockcheck::check::{check, Report, Rules};
-use testsuite::lockcheck::coordinator::check_dir;
+use testsuite::lockcheck::coordinator::{check_dir, run_bound};
 use testsuite::lockcheck::history::{
     Event, How, Kind, Mode, Op, Outcome, Reason, RegOp, Why, COORDINATOR,
 };
@@ -260,7 +260,6 @@ fn clean(report: Report, class: &str, excused: usize) -> Report {
     report
 }
 
-#[test]
 fn overlap_is_a_grant_within_the_holders_valid_lease() {
     let mut h = H::default();
     h.hold(0, 100, 1, "x0", 1, "a");
@@ -365,7 +364,6 @@ fn overlap_is_a_grant_within_the_holders_valid_lease() {
 /// downgrade, an upgrade), and may share a token; another owner's do, and may not.
 /// An upgrade goes on with its read's token: judged against earlier writers only,
 /// and its writes are not stale for a reader granted before it.
-#[test]
 fn one_owners_holds_do_not_conflict() {
     // A writer reads beside its write, then lets the write go (a downgrade): the
     // read shares the write's token.
@@ -406,7 +404,6 @@ fn one_owners_holds_do_not_conflict() {
 /// Semaphore permits held together add up to at most the total (3): holds that
 /// overlap are fine while they fit, a grant past the total is an overlap, and a
 /// holder told of its loss no longer counts.
-#[test]
 fn permits_in_use_never_exceed_the_total() {
     let mut h = H::default();
     h.grant_in(Mode::Permit2, 0, 100, 1, "s0", 1, "a");
@@ -437,7 +434,6 @@ fn permits_in_use_never_exceed_the_total() {
     only(h.check(), "overlap", 1);
 }
 
-#[test]
 fn stale_writes_are_writes_after_a_greater_token_was_granted() {
     // A writes after B (greater token) was granted; A had released already, so it is
     // not an overlap — only the write is wrong. Two writes count twice; one write
@@ -486,7 +482,6 @@ fn stale_writes_are_writes_after_a_greater_token_was_granted() {
     );
 }
 
-#[test]
 fn token_order_checks_duplicates_always_and_order_unless_the_ok_came_late() {
     let mut h = H::default();
     h.grant(0, 10, 1, "x0", 5, "a");
@@ -530,7 +525,6 @@ fn token_order_checks_duplicates_always_and_order_unless_the_ok_came_late() {
     assert_eq!((r.totals.grants, r.totals.reentries), (2, 1));
 }
 
-#[test]
 fn late_loss_is_a_signal_after_the_lease_could_end() {
     // Lost after the lease (from the acquire's send) could end: late.
     let mut h = H::default();
@@ -646,7 +640,6 @@ fn late_loss_is_a_signal_after_the_lease_could_end() {
     );
 }
 
-#[test]
 fn leaks_are_reported() {
     let mut h = H::default();
     h.hold(0, 10, 1, "x0", 1, "a");
@@ -663,7 +656,6 @@ fn leaks_are_reported() {
     only(h.check(), "leak", 1);
 }
 
-#[test]
 fn starvation_needs_a_long_free_stretch_within_the_wait() {
     let waiter = |h: &mut H, lock: &str, t: u64, wait: u64| {
         let att = h.invoke(t, 2, lock, Mode::Exclusive, false, wait);
@@ -741,7 +733,6 @@ fn starvation_needs_a_long_free_stretch_within_the_wait() {
     clean(h.check(), "starvation", 1);
 }
 
-#[test]
 fn fair_order_is_checked_among_waiters_of_one_hold() {
     let fair_wait =
         |h: &mut H, t_inv: u64, t_ok: u64, t_rel: u64, p: u32, token: u64, hold: &str| {
@@ -928,7 +919,6 @@ async fn caught(label: &str, required: &[&str], possible: &[&str]) -> Report {
     panic!("{label}: {required:?} not all reported with seeds 1–{SEEDS}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_broken_backends_are_caught() {
     let _serial = SERIAL.lock().await;
     // A release that ignores its owner: grants over live holds, and writes accepted
@@ -957,7 +947,6 @@ async fn the_broken_backends_are_caught() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_has_no_violations_and_kept_histories_check_again() {
     let _serial = SERIAL.lock().await;
     let seed = fastrand::u64(..10_000_000);
@@ -998,9 +987,15 @@ fn unsafe_by_design(label: &str, nemesis: &str) -> bool {
 }
 
 async fn bounded_run(label: &str, seconds: u64, nemesis: &str, seed: u64) -> Option<String> {
-    let limit = Duration::from_secs(seconds + 60);
+    // The run ends by its own bounds (each of which it reports); this one, past all
+    // of them, only catches a hung binary.
+    let server_faults = Nemesis::ALL
+        .iter()
+        .find(|k| k.name() == nemesis)
+        .is_some_and(|k| SERVER_SIDE.iter().any(|(s, _)| s == k));
+    let limit = run_bound(label, Duration::from_secs(seconds), server_faults) + HARNESS_SLACK;
     let started = Instant::now();
-    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_lockcheck"))
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_lockcheck"))
         .args(["--backend", label, "--seconds", &seconds.to_string()])
         .args(["--processes", "3", "--nemesis", nemesis])
         .args(["--seed", &seed.to_string()])
@@ -1009,15 +1004,38 @@ async fn bounded_run(label: &str, seconds: u64, nemesis: &str, seed: u64) -> Opt
         .kill_on_drop(true)
         .spawn()
         .expect("start lockcheck");
-    // Both pipes are drained while it runs; past the limit it is killed.
-    let output = match tokio::time::timeout(limit, child.wait_with_output()).await {
-        Ok(output) => output.expect("wait for lockcheck"),
-        Err(_) => {
-            return Some(format!(
-                "{label} {nemesis} (seed {seed}): ran over {limit:?}"
-            ))
-        }
+    // Both pipes are drained while it runs, so that what it said is there to show
+    // even if it has to be killed.
+    let drain = |pipe: Option<Box<dyn tokio::io::AsyncRead + Unpin + Send>>| {
+        tokio::spawn(async move {
+            let mut text = Vec::new();
+            if let Some(mut pipe) = pipe {
+                let _ = tokio::io::AsyncReadExt::read_to_end(&mut pipe, &mut text).await;
+            }
+            text
+        })
     };
+    let stdout = drain(child.stdout.take().map(|p| Box::new(p) as _));
+    let stderr = drain(child.stderr.take().map(|p| Box::new(p) as _));
+    let status = tokio::time::timeout(limit, child.wait()).await;
+    if status.is_err() {
+        let _ = child.kill().await;
+    }
+    let output = std::process::Output {
+        status: match status {
+            Ok(status) => status.expect("wait for lockcheck"),
+            Err(_) => child.wait().await.expect("wait for the killed lockcheck"),
+        },
+        stdout: stdout.await.unwrap_or_default(),
+        stderr: stderr.await.unwrap_or_default(),
+    };
+    if started.elapsed() >= limit {
+        return Some(format!(
+            "{label} {nemesis} (seed {seed}): ran over {limit:?}, past its own bounds; it said:\n{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        ));
+    }
     let out = String::from_utf8_lossy(&output.stdout);
     let err = String::from_utf8_lossy(&output.stderr);
     let last = out.lines().last().unwrap_or("");
@@ -1064,6 +1082,10 @@ async fn bounded_run(label: &str, seconds: u64, nemesis: &str, seed: u64) -> Opt
     ))
 }
 
+/// A process's start, the checker's own work, and scheduling on a loaded machine,
+/// past the run's own bounds ([`run_bound`]).
+const HARNESS_SLACK: Duration = Duration::from_secs(30);
+
 /// Whether `label`'s backend has semaphores (Redlock refuses them).
 async fn has_semaphores(label: &str) -> bool {
     let backend = testsuite::backends::open(label)
@@ -1073,66 +1095,78 @@ async fn has_semaphores(label: &str) -> bool {
     client.capabilities().semaphore
 }
 
-/// A bounded pass of the `lockcheck` binary on every selected server backend, one
-/// after another: 6 s, 3 processes, the `stop` nemesis. In-process labels are the
-/// runs above.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_selected_server_backend_passes_a_bounded_run() {
+/// The `stop` nemesis's bounded pass (6 s, 3 processes) on each server backend.
+const BOUNDED: (Nemesis, u64) = (Nemesis::Stop, 6);
+
+/// The worker-side nemeses, with each run's length in seconds: `kill` (SIGKILLed
+/// workers — holders, leaders, permit holders and queued waiters that die without a
+/// word — replaced by new processes) and `proxy` (a worker's connections delayed,
+/// black-holed past its leases, reset).
+const WORKER_SIDE: [(Nemesis, u64); 2] = [(Nemesis::Kill, 8), (Nemesis::Proxy, 8)];
+
+/// The server-side nemeses, with each run's length in seconds (they restart, fail
+/// over or expire the shared test servers, so scripts/test runs them apart, at most
+/// one per server at a time): `restart` (12 s: a Redis server stays down past the
+/// longest lease), `promote` (8 s), `expire` (15 s: past the 10 s session timeout),
+/// `failover` (10 s), `freeze` (10 s).
+const SERVER_SIDE: [(Nemesis, u64); 5] = [
+    (Nemesis::Restart, 12),
+    (Nemesis::Promote, 8),
+    (Nemesis::Expire, 15),
+    (Nemesis::Failover, 10),
+    (Nemesis::Freeze, 10),
+];
+
+/// One bounded run of the `lockcheck` binary (3 processes) of `nemesis` on `label`,
+/// with a seed of its own: it must inject its fault, grant locks, terms and
+/// permits, and find no violation. The runs of one process take turns (they share
+/// two cores and, for the server-side ones, the servers).
+async fn live_run(label: String, nemesis: Nemesis, seconds: u64) {
     let _serial = SERIAL.lock().await;
     let seed = fastrand::u64(..10_000_000);
-    let mut failures = Vec::new();
+    if let Some(failure) = bounded_run(&label, seconds, nemesis.name(), seed).await {
+        panic!("{failure}");
+    }
+}
+
+/// The trials of this binary: the rules on hand-made histories, the self-tests, and
+/// one live run per (server backend selected, nemesis that applies to it), named
+/// `bounded_run::LABEL::stop`, `worker_nemesis::LABEL::KIND` and
+/// `server_nemesis::LABEL::KIND`. The in-process labels are the runs above; a
+/// nemesis that does not apply to a backend (`Nemesis::not_applicable` says why)
+/// has no trial.
+fn main() -> std::process::ExitCode {
+    let args = libtest_mimic::Arguments::from_args();
+    let mut trials = testsuite::trials![
+        sync overlap_is_a_grant_within_the_holders_valid_lease,
+        sync one_owners_holds_do_not_conflict,
+        sync permits_in_use_never_exceed_the_total,
+        sync stale_writes_are_writes_after_a_greater_token_was_granted,
+        sync token_order_checks_duplicates_always_and_order_unless_the_ok_came_late,
+        sync late_loss_is_a_signal_after_the_lease_could_end,
+        sync leaks_are_reported,
+        sync starvation_needs_a_long_free_stretch_within_the_wait,
+        sync fair_order_is_checked_among_waiters_of_one_hold,
+        tokio the_broken_backends_are_caught,
+        tokio memory_has_no_violations_and_kept_histories_check_again,
+    ];
     for label in testsuite::runner::selected() {
         if testsuite::lockcheck::coordinator::in_process(&label) {
-            println!("{label}: in-process, run by memory_has_no_violations");
             continue;
         }
-        failures.extend(bounded_run(&label, 6, "stop", seed).await);
-    }
-    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
-}
-
-/// The worker-side nemeses on every selected server backend they apply to, one run
-/// each, one after another: `kill` (SIGKILLed workers — holders, leaders, permit
-/// holders and queued waiters that die without a word — replaced by new processes)
-/// and `proxy` (a worker's connections delayed, black-holed past its leases, reset).
-/// Each must inject its fault, grant terms and permits, and find no violation.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn worker_nemeses_find_no_violation() {
-    nemeses_on_every_label(&[(Nemesis::Kill, 8), (Nemesis::Proxy, 8)]).await;
-}
-
-/// Every server-side nemesis on every selected server backend it applies to, one
-/// run each, one after another (they restart, fail over or expire the shared test
-/// servers): `restart` (12 s: a Redis server stays down past the longest lease),
-/// `promote` (8 s), `expire` (15 s: past the 10 s session timeout). Each must
-/// inject its fault and find no violation.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn server_side_nemeses_find_no_violation() {
-    nemeses_on_every_label(&[
-        (Nemesis::Restart, 12),
-        (Nemesis::Promote, 8),
-        (Nemesis::Expire, 15),
-        (Nemesis::Failover, 10),
-        (Nemesis::Freeze, 10),
-    ])
-    .await;
-}
-
-/// One bounded run of each nemesis of `kinds` (with its length in seconds) on every
-/// selected backend it applies to, one after another (one seed for all); fails with
-/// every run that failed.
-async fn nemeses_on_every_label(kinds: &[(Nemesis, u64)]) {
-    let _serial = SERIAL.lock().await;
-    let seed = fastrand::u64(..10_000_000);
-    let mut failures = Vec::new();
-    for label in testsuite::runner::selected() {
-        for &(kind, seconds) in kinds {
-            if let Some(why) = kind.not_applicable(&label) {
-                println!("{label} {}: not applicable ({why})", kind.name());
+        let runs = std::iter::once(("bounded_run", BOUNDED))
+            .chain(WORKER_SIDE.map(|kind| ("worker_nemesis", kind)))
+            .chain(SERVER_SIDE.map(|kind| ("server_nemesis", kind)));
+        for (group, (kind, seconds)) in runs {
+            if kind.not_applicable(&label).is_some() {
                 continue;
             }
-            failures.extend(bounded_run(&label, seconds, kind.name(), seed).await);
+            let l = label.clone();
+            trials.push(testsuite::runner::tokio_trial(
+                format!("{group}::{label}::{}", kind.name()),
+                move || live_run(l, kind, seconds),
+            ));
         }
     }
-    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+    libtest_mimic::run(&args, trials).exit_code()
 }

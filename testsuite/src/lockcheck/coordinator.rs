@@ -175,6 +175,21 @@ impl Plan {
     }
 }
 
+/// The longest a run of `duration` on the server backend `label` lasts by its own
+/// bounds: the deadline; a server fault still in progress then
+/// ([`nemesis::SERVER_FAULT_BOUND`], when `server_faults`); the workers' exit grace
+/// ([`EXIT_GRACE`]); the leak check's quiescence. A harness that waits for a run
+/// longer than this (plus a process's start and the checker's own work) has found
+/// a hang, not a slow run.
+pub fn run_bound(label: &str, duration: Duration, server_faults: bool) -> Duration {
+    let fault = if server_faults {
+        nemesis::SERVER_FAULT_BOUND
+    } else {
+        Duration::ZERO
+    };
+    duration + fault + EXIT_GRACE + Rules::for_label(label).quiescence() + LEAK_SLACK
+}
+
 /// Runs the checker end to end. `Err` means the run itself failed (backend
 /// unreachable, a worker that could not work, no grant at all); violations are in
 /// the report.

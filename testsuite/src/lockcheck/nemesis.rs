@@ -225,7 +225,7 @@ impl std::str::FromStr for WorkerCommand {
 }
 
 /// Bound on one `scripts/server-fault` call (its own waits are bounded too).
-const SERVER_FAULT_BOUND: Duration = Duration::from_secs(180);
+pub const SERVER_FAULT_BOUND: Duration = Duration::from_secs(180);
 /// Leeway a restart needs past its down time (the server starting again).
 const RESTART_LEEWAY: Duration = Duration::from_secs(5);
 /// How long a server that keeps no state stays down: past the longest lease, so
