@@ -401,7 +401,13 @@ ensure_zookeeper_package() {
 
 
 # zk_serving PORT: the server answers requests (in an ensemble: has joined a quorum).
-zk_serving() { (exec 3<>"/dev/tcp/127.0.0.1/$1" && printf srvr >&3 && grep -q '^Mode: ' <&3) 2>/dev/null; }
+# Each probe is bounded: ZooKeeper 3.8, sent `srvr` while it is still starting
+# (before its database is loaded), fails to close the socket (a NullPointerException
+# in its log) and never answers; an unbounded read waited on it for ever, past
+# wait_for's bound (a restart in the lock-history checker's run took 180 s so).
+zk_serving() {
+  timeout 2 bash -c 'exec 3<>"/dev/tcp/127.0.0.1/$1" && printf srvr >&3 && grep -q "^Mode: " <&3' _ "$1" 2>/dev/null
+}
 
 # start_zk DIR: starts the server whose configuration is DIR/zoo.cfg, pid in DIR/pid.
 # The command is kept in DIR/start.sh, so tests that stop a server can start it again.

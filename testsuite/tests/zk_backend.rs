@@ -1175,3 +1175,41 @@ async fn a_backend_on_the_applications_connector_shares_locks_with_one_from_the_
     mine.close().await;
     theirs.close().await;
 }
+
+/// The scripts' readiness probe of a ZooKeeper server (`zk_serving`, which
+/// `scripts/server-fault restart zk` waits on, 90 s at most) gives up on a server
+/// that takes its connection and never answers — as ZooKeeper 3.8 does to a `srvr`
+/// sent while it is still starting: one restart in the lock-history checker's run
+/// waited 180 s on such a probe, past every bound around it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_scripts_readiness_probe_gives_up_on_a_server_that_never_answers() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    // Takes the connection, reads, answers nothing and keeps it open.
+    let silent = std::thread::spawn(move || {
+        let (conn, _) = listener.accept().unwrap();
+        std::thread::sleep(Duration::from_secs(8));
+        drop(conn);
+    });
+    let services = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/lib/services.sh");
+    let started = Instant::now();
+    let mut probe = tokio::process::Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "source '{}' && zk_serving {port}",
+            services.display()
+        ))
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let status = tokio::time::timeout(Duration::from_secs(6), probe.wait())
+        .await
+        .expect("the probe still waited on the silent server after 6 s")
+        .unwrap();
+    assert!(
+        !status.success(),
+        "a server that never answered counted as serving"
+    );
+    assert!(started.elapsed() < Duration::from_secs(6));
+    silent.join().unwrap();
+}
