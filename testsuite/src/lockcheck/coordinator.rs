@@ -400,16 +400,25 @@ async fn leak_check(
     // The last answer: live locks, or why there was none.
     let last: Mutex<Result<usize, String>> = Mutex::new(Ok(0));
     let quiet = eventually(bound, || async {
-        let answer = match tokio::time::timeout(INSPECT_BOUND, backend.live_state(namespace)).await
-        {
-            Ok(Ok(n)) => Ok(n),
-            Ok(Err(e)) => Err(format!("leak check: live state: {e}")),
-            Err(_) => Err(format!(
-                "leak check: live state did not answer within {INSPECT_BOUND:?}"
-            )),
-        };
-        // Done when nothing is left, or when the store cannot say.
-        let done = answer.as_ref().map_or(true, |n| *n == 0);
+        let (answer, done) =
+            match tokio::time::timeout(INSPECT_BOUND, backend.live_state(namespace)).await {
+                // Done when nothing is left ...
+                Ok(Ok(n)) => (Ok(n), n == 0),
+                // ... or when the store cannot say. A store that says "try again"
+                // (a ZooKeeper client between sessions right after a server
+                // restart, a connection being replaced) is asked again within the
+                // bound: only the last answer counts.
+                Ok(Err(e)) => (
+                    Err(format!("leak check: live state: {e}")),
+                    !e.is_retryable(),
+                ),
+                Err(_) => (
+                    Err(format!(
+                        "leak check: live state did not answer within {INSPECT_BOUND:?}"
+                    )),
+                    false,
+                ),
+            };
         *last.lock().unwrap_or_else(PoisonError::into_inner) = answer;
         done
     })
@@ -668,5 +677,99 @@ fn tail(path: &Path) -> String {
         "(no output)".to_owned()
     } else {
         shown
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use async_trait::async_trait;
+    use dlock_spi::{Error, ErrorKind, LockName, LockRemoteResource, Result};
+
+    use super::*;
+
+    /// The memory store, whose first `failures` answers of `live_state` are `error`
+    /// (a retryable one: a store between sessions, as ZooKeeper right after a
+    /// restart).
+    struct FailsFirst {
+        inner: Arc<dyn TestBackend>,
+        failures: u32,
+        error: fn() -> Error,
+        asked: AtomicU32,
+    }
+
+    #[async_trait]
+    impl TestBackend for FailsFirst {
+        fn label(&self) -> &'static str {
+            self.inner.label()
+        }
+        async fn client(&self) -> Result<Arc<dyn LockRemoteResource>> {
+            self.inner.client().await
+        }
+        async fn steal(&self, name: &LockName) -> Result<()> {
+            self.inner.steal(name).await
+        }
+        async fn live_state(&self, prefix: &str) -> Result<usize> {
+            if self.asked.fetch_add(1, Ordering::SeqCst) < self.failures {
+                return Err((self.error)());
+            }
+            self.inner.live_state(prefix).await
+        }
+        fn acquire_attempts(&self) -> Option<u64> {
+            None
+        }
+    }
+
+    /// The leak check of an empty namespace over a store whose first `failures`
+    /// answers are `error`: its result, and how often it asked.
+    async fn leak_check_over(failures: u32, error: fn() -> Error) -> (Result<(), String>, u32) {
+        let inner = backends::open("memory").await.expect("the memory store");
+        let backend = FailsFirst {
+            inner,
+            failures,
+            error,
+            asked: AtomicU32::new(0),
+        };
+        let dir = tempfile::tempdir().expect("a directory");
+        let log = EventLog::create(&dir.path().join("c.events"), COORDINATOR).expect("a log");
+        let result = leak_check(&backend, "lc-retry:", Duration::from_secs(2), &log).await;
+        (result, backend.asked.load(Ordering::SeqCst))
+    }
+
+    /// Seen in a ZooKeeper restart run (seed 4521202): the store's first answer after
+    /// the restart was "no ZooKeeper session … retry", and the run failed on it
+    /// although the store answered within the bound.
+    #[tokio::test]
+    async fn the_leak_check_asks_again_when_the_store_says_retry() {
+        let (result, asked) =
+            leak_check_over(3, || Error::backend("no ZooKeeper session yet; retry")).await;
+        assert_eq!(result, Ok(()));
+        assert_eq!(asked, 4, "three retryable answers, then the clean one");
+    }
+
+    /// A store that cannot say, and says it will not be able to, fails the run at
+    /// once: nothing is judged clean unseen.
+    #[tokio::test]
+    async fn the_leak_check_fails_on_an_answer_that_is_not_retryable() {
+        let (result, asked) = leak_check_over(u32::MAX, || {
+            Error::new(ErrorKind::Unexpected, "the namespace cannot be listed")
+        })
+        .await;
+        let err = result.expect_err("no answer is not a clean store");
+        assert!(err.contains("cannot be listed"), "{err}");
+        assert_eq!(asked, 1);
+    }
+
+    /// A store that keeps saying "retry" past the bound fails the run with its last
+    /// answer.
+    #[tokio::test]
+    async fn the_leak_check_fails_when_retry_lasts_past_the_bound() {
+        let (result, asked) =
+            leak_check_over(u32::MAX, || Error::backend("no ZooKeeper session yet; retry"))
+                .await;
+        let err = result.expect_err("no answer within the bound is not a clean store");
+        assert!(err.contains("no ZooKeeper session"), "{err}");
+        assert!(asked > 1, "asked again within the bound");
     }
 }
