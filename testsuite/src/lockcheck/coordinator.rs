@@ -765,9 +765,10 @@ mod tests {
     /// answer.
     #[tokio::test]
     async fn the_leak_check_fails_when_retry_lasts_past_the_bound() {
-        let (result, asked) =
-            leak_check_over(u32::MAX, || Error::backend("no ZooKeeper session yet; retry"))
-                .await;
+        let (result, asked) = leak_check_over(u32::MAX, || {
+            Error::backend("no ZooKeeper session yet; retry")
+        })
+        .await;
         let err = result.expect_err("no answer within the bound is not a clean store");
         assert!(err.contains("no ZooKeeper session"), "{err}");
         assert!(asked > 1, "asked again within the bound");
