@@ -775,11 +775,24 @@ fn fair_order_is_checked_among_waiters_of_one_hold() {
     // rows A's first statement waited for, so A reached the store late. Excused.
     clean(b_first(101 + margin, Some((90, 150, 1))), "fair-order", 1);
 
-    // ... but not one paused only after B arrived: judged.
-    only(
+    // ... but not one paused only after B arrived: judged. The example says what
+    // each process went through around A's wait.
+    let report = only(
         b_first(101 + margin, Some((102 + margin, 900, 1))),
         "fair-order",
         1,
+    );
+    let example = &report
+        .classes
+        .iter()
+        .find(|c| c.name == "fair-order")
+        .expect("every class is reported")
+        .examples[0];
+    assert!(
+        example.contains(&format!(
+            "p1: faults none, pauses {}.0ms–900.0ms, longest stall 0.0ms; p2: faults none, pauses none"
+        , 102 + margin)),
+        "{example}"
     );
 
     // Exclusive grants answer in the order they were granted: B's answer 2 ms

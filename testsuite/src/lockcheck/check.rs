@@ -413,6 +413,38 @@ impl ProcRec {
         let i = self.stops.partition_point(|w| w.1 < t);
         self.stops.get(i).map_or(u64::MAX, |w| w.0)
     }
+    /// What disturbed this process from `lead` before `a` until `b`, for a
+    /// violation's example: its fault and pause windows that reach into that span
+    /// (a connection cut off just before `a` is reopened after it) and its longest
+    /// stall within `a..b`.
+    fn disturbances(&self, a: u64, b: u64, lead: u64, t0: u64) -> String {
+        let from = a.saturating_sub(lead);
+        let windows = |list: &[(u64, u64)]| {
+            let near: Vec<String> = list
+                .iter()
+                .filter(|w| w.1 >= from && w.0 <= b)
+                .map(|w| format!("{}–{}", at(w.0, t0), at(w.1, t0)))
+                .collect();
+            if near.is_empty() {
+                "none".to_owned()
+            } else {
+                near.join(" ")
+            }
+        };
+        let stall = self
+            .stalls
+            .iter()
+            .filter(|w| w.1 >= a && w.0 <= b)
+            .map(|w| w.1 - w.0)
+            .max()
+            .unwrap_or(0);
+        format!(
+            "faults {}, pauses {}, longest stall {:.1}ms",
+            windows(&self.faults),
+            windows(&self.stops),
+            stall as f64 / 1e6
+        )
+    }
     fn end(&self) -> u64 {
         self.kill
             .or(self.exit)
@@ -1316,8 +1348,21 @@ pub fn check(label: &str, events: &[Event], rules: &Rules) -> Report {
                             continue;
                         }
                         fair.violation(lock, || {
+                            // What each process went through from 2 s before A's
+                            // invoke to A's grant, so that an example says whether
+                            // a cut-off connection was being reopened when A
+                            // arrived.
+                            let mut near: Vec<(u32, String)> = procs
+                                .iter()
+                                .map(|(p, rec)| {
+                                    (*p, rec.disturbances(a.inv, a.ok, 2_000_000_000, t0))
+                                })
+                                .collect();
+                            near.sort_unstable();
+                            let near: Vec<String> =
+                                near.iter().map(|(p, d)| format!("p{p}: {d}")).collect();
                             format!(
-                                "{lock}: {} arrived at {} and {} at {} while {} held it, but {} was granted first ({} vs {})",
+                                "{lock}: {} arrived at {} and {} at {} while {} held it, but {} was granted first ({} vs {}); {}",
                                 a.key,
                                 at(a.inv, t0),
                                 b.key,
@@ -1325,7 +1370,8 @@ pub fn check(label: &str, events: &[Event], rules: &Rules) -> Report {
                                 c.key,
                                 b.key,
                                 at(b.ok, t0),
-                                at(a.ok, t0)
+                                at(a.ok, t0),
+                                near.join("; ")
                             )
                         });
                     }
