@@ -143,4 +143,18 @@ mod tests {
         let err = open_backend("no-scheme").await.err().map(|e| e.kind());
         assert_eq!(err, Some(ErrorKind::Config));
     }
+
+    /// A user's mistyped URL (one `/` short) was echoed whole, password included.
+    #[tokio::test]
+    async fn a_url_without_its_slashes_is_refused_without_the_password() {
+        let err = open_backend("mysql:/root:S3cretPW@127.0.0.1/test")
+            .await
+            .err();
+        let err = err.map(|e| (e.kind(), e.to_string()));
+        assert!(
+            matches!(&err, Some((ErrorKind::Config, msg))
+                if !msg.contains("S3cretPW") && msg.contains("mysql:***@127.0.0.1/test") && msg.contains("scheme://")),
+            "{err:?}"
+        );
+    }
 }

@@ -203,9 +203,11 @@ pub(crate) async fn run(
     let (tx, mut rx) = mpsc::unbounded_channel::<String>();
     let mut children = Vec::new();
     for id in 0..args.workers {
+        // The URL goes in the worker's environment, not on its command line: a
+        // command line is for every user of the machine to read (`ps`), an
+        // environment only for the process's own user.
         let mut child = Command::new(&exe)
-            .arg("--backend")
-            .arg(backend)
+            .env(crate::BACKEND_ENV, backend)
             .arg("--namespace")
             .arg(namespace)
             .args(crate::worker_flags())

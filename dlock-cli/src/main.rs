@@ -22,6 +22,11 @@ use crate::exit::Failure;
 /// The one-line description `--help` starts with: every backend the command reaches.
 const ABOUT: &str = "Distributed locks, leader election and semaphores from the shell, on SQLite, MariaDB/MySQL, PostgreSQL, Redis (single, Cluster, Sentinel or Redlock, over TLS too), ZooKeeper, etcd (over TLS too; built with the etcd feature) or in memory";
 
+/// The environment variable that holds the backend URL when `--backend` is not
+/// given. The commands `exec`, `elect` and `sem` run do not get it (it may hold the
+/// store's password; pass a command what it needs itself).
+pub(crate) const BACKEND_ENV: &str = "DLOCK_URL";
+
 /// The command line.
 #[derive(Parser, Debug)]
 #[command(name = "dlock", version, about = ABOUT, long_about = None)]
@@ -29,7 +34,7 @@ struct Cli {
     /// Backend URL: sqlite://FILE, mysql://USER@HOST/DB, postgres://USER@HOST/DB, redis://HOST:6379, redis+cluster://H1,H2 (rediss://, rediss+cluster:// for TLS), zk://H1:2181,H2:2181/ROOT, memory://
     #[arg(
         long,
-        env = "DLOCK_URL",
+        env = BACKEND_ENV,
         // Its value may hold a password: --help names the variable, not its value.
         hide_env_values = true,
         default_value = "sqlite://dlock.db",

@@ -110,7 +110,7 @@ impl Outcome {
     }
 }
 
-/// Runs `command` with `env` until it exits, `lost` completes (the command gets
+/// Runs `command` with `env` (and without [`crate::BACKEND_ENV`]) until it exits, `lost` completes (the command gets
 /// SIGTERM, then SIGKILL after 5 s) or dlock gets SIGTERM/SIGINT (passed on; SIGKILL
 /// after 10 s). A command that cannot be started fails with exit 127.
 pub(crate) async fn supervise(
@@ -127,8 +127,11 @@ pub(crate) async fn supervise(
         signal(SignalKind::terminate()).map_err(|e| Failure::new(SOFTWARE, e.to_string()))?;
     let mut int =
         signal(SignalKind::interrupt()).map_err(|e| Failure::new(SOFTWARE, e.to_string()))?;
+    // Without the backend URL: it may hold the lock store's password, which the
+    // command has no need of (it gets its token and the lock's name in `env`).
     let mut child = Command::new(program)
         .args(rest)
+        .env_remove(crate::BACKEND_ENV)
         .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
         .spawn()
         .map_err(|e| Failure::new(127, format!("cannot run {program:?}: {e}")))?;

@@ -846,8 +846,10 @@ fn with_every_port_closed(url: &str) -> String {
 /// have none): `--help` with the URL in `DLOCK_URL`; `exec` with the access log
 /// (tracing) and the Prometheus endpoint on, running `status` while it holds the
 /// lock and fetching the metrics; `status` and `unlock` after; a connection refused,
-/// with the password in its URL; and, for programs, `Debug` of a manager and an
-/// error's `Display`/`Debug` down its source chain. The password shows nowhere —
+/// with the password in its URL; with the URL in `DLOCK_URL`, the command lines of
+/// `demo`'s workers (what `ps` shows every user) and the environment of the command
+/// `exec` runs (no `DLOCK_URL` in it); and, for programs, `Debug` of a manager and
+/// an error's `Display`/`Debug` down its source chain. The password shows nowhere —
 /// and each surface is checked to have been produced.
 async fn a_planted_password_shows_nowhere_a_user_looks() {
     for label in testsuite::runner::selected() {
@@ -937,12 +939,93 @@ async fn a_planted_password_shows_nowhere_a_user_looks() {
             source = s.source();
         }
         seen.push(chain);
+        // With the URL in DLOCK_URL, as the README advises: `demo`'s workers' command
+        // lines (what `ps` shows every user), and the environment of the command
+        // `exec` runs.
+        seen.push(format!(
+            "--- demo's command lines\n{}",
+            demo_command_lines(&url, &ns, &label)
+        ));
+        let env = command_in_env(&url, &ns, &["exec", "planted:2", "--", "env"])
+            .output()
+            .expect("run dlock");
+        let child_env = String::from_utf8_lossy(&env.stdout);
+        assert!(
+            env.status.success() && child_env.contains("DLOCK_FENCING_TOKEN="),
+            "{label}: exec env: {child_env}{}",
+            String::from_utf8_lossy(&env.stderr)
+        );
+        assert!(
+            !child_env.contains("DLOCK_URL="),
+            "{label}: the command exec runs got DLOCK_URL"
+        );
+        seen.push(format!(
+            "--- exec -- env (DLOCK_URL set)\n{child_env}{}",
+            String::from_utf8_lossy(&env.stderr)
+        ));
         let everything = seen.concat();
         assert!(
             !everything.contains(&password),
             "{label}: the password shows:\n{everything}"
         );
     }
+}
+
+/// `dlock` with the backend URL in `DLOCK_URL` (not `--backend`).
+fn command_in_env(url: &str, namespace: &str, args: &[&str]) -> Command {
+    let mut cmd = Command::new(DLOCK);
+    cmd.env("DLOCK_URL", url)
+        .arg("--namespace")
+        .arg(namespace)
+        .args(args)
+        .stdin(Stdio::null());
+    cmd
+}
+
+/// The command lines of every process on the machine while `dlock demo` (URL in
+/// `DLOCK_URL`) runs, read until both of its workers have been seen (bounded by the
+/// demo's own run: it fails the test if the demo ends first).
+fn demo_command_lines(url: &str, ns: &str, label: &str) -> String {
+    let mut demo = command_in_env(
+        url,
+        ns,
+        &[
+            "demo",
+            "--workers",
+            "2",
+            "--iterations",
+            "30",
+            "--lock",
+            "planted:3",
+        ],
+    )
+    .stdout(Stdio::null())
+    .stderr(Stdio::null())
+    .spawn()
+    .expect("run dlock demo");
+    let mut lines = std::collections::BTreeSet::new();
+    let mut workers = std::collections::BTreeSet::new();
+    while workers.len() < 2 {
+        let done = demo.try_wait().expect("the demo's status").is_some();
+        for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
+            let Ok(raw) = std::fs::read(entry.path().join("cmdline")) else {
+                continue;
+            };
+            let line = String::from_utf8_lossy(&raw).replace('\0', " ");
+            if line.contains(" worker --id ") && line.contains(ns) {
+                workers.insert(entry.file_name());
+            }
+            lines.insert(line);
+        }
+        assert!(
+            !done || workers.len() == 2,
+            "{label}: the demo ended before both its workers were seen"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let status = demo.wait().expect("the demo's status");
+    assert!(status.success(), "{label}: demo failed ({status})");
+    lines.into_iter().collect::<Vec<_>>().join("\n")
 }
 
 /// `dlock exec --context` stores its text with the hold (shown by `dlock status`),

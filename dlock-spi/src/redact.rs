@@ -5,9 +5,13 @@
 /// parameter whose name says it holds one (`password`, `pwd`, `pass`, `secret`,
 /// `token`, `auth`, … in any case, as part of a longer name too: `sslpassword`,
 /// `auth_token`).
+///
+/// A string that is not such a URL (`mysql:/root:pw@host`, a `//` missing) fails
+/// closed: whatever comes before its last `@` (where a URL's user info would end)
+/// is hidden, but for a leading `scheme:`.
 pub fn redact_url(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
+        return redact_unparsed(url);
     };
     // The user info ends at the last '@': a password may hold a '/', '?' or '#' that
     // was not percent-encoded (hiding too much is the safe side). The host part
@@ -26,6 +30,24 @@ pub fn redact_url(url: &str) -> String {
         None => host.to_owned(),
     };
     format!("{scheme}://{authority}{}", redact_query(tail))
+}
+
+/// [`redact_url`] of a string without `://`.
+fn redact_unparsed(url: &str) -> String {
+    let scheme_end = url
+        .find(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.')))
+        .filter(|&i| i > 0 && url[i..].starts_with(':'))
+        .map_or(0, |i| i + 1);
+    let (scheme, rest) = url.split_at(scheme_end);
+    match rest.rfind('@') {
+        Some(at) => {
+            let after = &rest[at + 1..];
+            let host_end = after.find(['/', '?', '#']).unwrap_or(after.len());
+            let (host, tail) = after.split_at(host_end);
+            format!("{scheme}***@{host}{}", redact_query(tail))
+        }
+        None => format!("{scheme}{}", redact_query(rest)),
+    }
 }
 
 /// Whether a query parameter's name says its value is a secret.
@@ -70,6 +92,26 @@ mod tests {
         assert_eq!(redact_url("redis://user@host"), "redis://user@host");
         assert_eq!(redact_url("sqlite://a.db"), "sqlite://a.db");
         assert_eq!(redact_url("nonsense"), "nonsense");
+    }
+
+    /// Seen in a user's error message: `backend URL "mysql:/root:S3cretPW@…" has no
+    /// scheme` echoed the password of a URL whose `//` was mistyped.
+    #[test]
+    fn a_string_that_is_not_a_url_hides_its_user_info_too() {
+        for (url, shown) in [
+            (
+                "mysql:/root:S3cretPW@127.0.0.1/test",
+                "mysql:***@127.0.0.1/test",
+            ),
+            ("mysql//root:S3cretPW@127.0.0.1/test", "***@127.0.0.1/test"),
+            ("redis:/:S3cretPW@h:6379/0?x=1", "redis:***@h:6379/0?x=1"),
+            ("root:S3cretPW@h", "root:***@h"),
+            ("etcd:/u:p@ss@h?token=k", "etcd:***@h?token=***"),
+            ("mysql:/h/db?password=S3cretPW", "mysql:/h/db?password=***"),
+            ("sqlite:dlock.db", "sqlite:dlock.db"),
+        ] {
+            assert_eq!(redact_url(url), shown, "{url}");
+        }
     }
 
     #[test]
