@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use dlock_spi::{
     Error, ErrorKind, FencingToken, LockMode, LockName, LostReason, ReleaseResult, Result,
-    MAX_LEASE,
+    MAX_LEASE, MIN_LEASE,
 };
 
 use crate::hold::Hold;
@@ -132,9 +132,9 @@ impl LockGuard {
     /// store sees them in order.
     pub async fn extend(&self, lease: Duration) -> Result<()> {
         let manager = &self.handle.manager;
-        if lease < Duration::from_millis(3) || lease > MAX_LEASE {
+        if lease < MIN_LEASE || lease > MAX_LEASE {
             return Err(Error::invalid_argument(format!(
-                "lease {lease:?} is out of range; extend by between 3 ms and {} days",
+                "lease {lease:?} is out of range; extend by between {MIN_LEASE:?} and {} days",
                 MAX_LEASE.as_secs() / 86_400
             ))
             .with_context("lock", &self.hold.name));

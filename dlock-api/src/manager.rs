@@ -10,7 +10,7 @@ use bytes::Bytes;
 use dlock_spi::{
     Backoff, Capabilities, Error, ErrorKind, Fairness, HandlerChain, HoldStatus, HoldWatch,
     LockHandler, LockMode, LockName, LockRemoteResource, LockState, LostReason, OwnerId,
-    ReleaseRequest, ReleaseResult, Result, MAX_LEASE,
+    ReleaseRequest, ReleaseResult, Result, MAX_LEASE, MIN_LEASE,
 };
 use tokio::sync::watch;
 
@@ -571,11 +571,11 @@ impl DistributeLockManagerBuilder {
     /// Checks the settings and builds the manager.
     pub fn build(self) -> Result<DistributeLockManager> {
         let lease = self.config.lease;
-        if lease < Duration::from_millis(3) || lease > MAX_LEASE {
+        if lease < MIN_LEASE || lease > MAX_LEASE {
             return Err(Error::new(
                 ErrorKind::Config,
                 format!(
-                    "default lease {lease:?} is out of range; use between 3 ms and {} days (30 s is usual)",
+                    "default lease {lease:?} is out of range; use between {MIN_LEASE:?} and {} days (30 s is usual)",
                     MAX_LEASE.as_secs() / 86_400
                 ),
             ));

@@ -107,6 +107,20 @@ pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("{e}; write durations like 500ms, 10s or 2m"))
 }
 
+/// Parses a lease: a duration within the range every manager accepts, so that a
+/// lease out of it is a usage error (64) found before anything connects.
+pub(crate) fn parse_lease(s: &str) -> Result<Duration, String> {
+    use dlock_api::spi::{MAX_LEASE, MIN_LEASE};
+    let lease = parse_duration(s)?;
+    if lease < MIN_LEASE || lease > MAX_LEASE {
+        return Err(format!(
+            "a lease of {s} is out of range; use between {MIN_LEASE:?} and {} days (30s is usual)",
+            MAX_LEASE.as_secs() / 86_400
+        ));
+    }
+    Ok(lease)
+}
+
 /// Which plugins the global flags turned on.
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct Plugins {
@@ -147,19 +161,23 @@ pub(crate) fn manager_on(
     builder.build().map_err(Failure::from)
 }
 
-/// Prints the completion script for `shell`, written whole (a closed pipe is an
-/// error, not a panic).
+/// Prints the completion script for `shell`, written whole. A reader that closed
+/// the pipe early (`dlock completions bash | head`) took what it wanted: that ends
+/// the command quietly, as it does `cat`; any other write error is a failure.
 fn completions(shell: clap_complete::Shell) -> Result<ExitCode, Failure> {
     let mut script = Vec::new();
     clap_complete::generate(shell, &mut Cli::command(), "dlock", &mut script);
-    std::io::Write::write_all(&mut std::io::stdout().lock(), &script)
-        .map(|()| ExitCode::SUCCESS)
-        .map_err(|e| {
-            Failure::new(
-                exit::SOFTWARE,
-                format!("cannot write the completion script: {e}"),
-            )
-        })
+    let mut out = std::io::stdout().lock();
+    match std::io::Write::write_all(&mut out, &script)
+        .and_then(|()| std::io::Write::flush(&mut out))
+    {
+        Ok(()) => Ok(ExitCode::SUCCESS),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(ExitCode::SUCCESS),
+        Err(e) => Err(Failure::new(
+            exit::SOFTWARE,
+            format!("cannot write the completion script: {e}"),
+        )),
+    }
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]

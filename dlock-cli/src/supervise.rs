@@ -13,13 +13,13 @@ use tokio::process::{Child, Command};
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::exit::{Failure, LOCK_LOST, NOT_ACQUIRED, SOFTWARE};
-use crate::parse_duration;
+use crate::{parse_duration, parse_lease};
 
 /// The arguments every hold-and-run command takes.
 #[derive(Args, Debug)]
 pub(crate) struct RunArgs {
     /// The lease, renewed every lease/3 while the command runs.
-    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    #[arg(long, default_value = "30s", value_parser = parse_lease)]
     pub(crate) lease: Duration,
     /// The command and its arguments, after `--`.
     #[arg(last = true, required = true)]

@@ -367,6 +367,16 @@ fn usage_errors_exit_64_and_help_succeeds() {
         ),
         (&["status", "x", "--colour"][..], "--colour"),
         (&["completions", "tcsh-ish"][..], "tcsh-ish"),
+        // A lease no manager accepts is a usage error found before connecting, not
+        // a configuration error (78) from the manager.
+        (
+            &["exec", "x", "--lease", "0s", "--", "true"][..],
+            "out of range",
+        ),
+        (
+            &["elect", "x", "--lease", "1ms", "--", "true"][..],
+            "out of range",
+        ),
     ] {
         let out = dlock(&url, &ns, args);
         let stderr = String::from_utf8_lossy(&out.stderr);
@@ -378,6 +388,26 @@ fn usage_errors_exit_64_and_help_succeeds() {
         assert_eq!(out.status.code(), Some(0), "{args:?}");
         assert!(!out.stdout.is_empty(), "{args:?}");
     }
+}
+
+/// `dlock completions` into a pipe its reader already closed (`… | head`) ends
+/// quietly with 0, as `cat` does, not with 70 and "Broken pipe".
+fn completions_into_a_closed_pipe_end_quietly() {
+    let (reader, writer) = std::io::pipe().expect("a pipe");
+    drop(reader);
+    let out = Command::new(DLOCK)
+        .args(["completions", "bash"])
+        .stdout(writer)
+        .stderr(Stdio::piped())
+        .output()
+        .expect("run dlock");
+    assert_eq!(
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).as_ref()
+        ),
+        (Some(0), ""),
+    );
 }
 
 /// The about text names every backend the command reaches: each URL scheme this
@@ -1117,6 +1147,7 @@ fn main() -> std::process::ExitCode {
         sync status_unlock_and_input_errors,
         sync help_does_not_show_the_password_in_dlock_url,
         sync usage_errors_exit_64_and_help_succeeds,
+        sync completions_into_a_closed_pipe_end_quietly,
         sync the_about_text_names_every_backend,
         sync status_creates_no_database_file,
         tokio status_json_says_who_holds_and_exits_by_held_or_free,

@@ -91,6 +91,10 @@ fn batch_member_error(err: Error, req: &RenewRequest) -> Error {
     }
 }
 
+/// The shortest lease a manager, a hold's extension or the CLI accepts: shorter
+/// ones end before a renewal could reach the store.
+pub const MIN_LEASE: Duration = Duration::from_millis(3);
+
 /// The longest lease the head accepts; longer ones are almost always a unit mistake.
 pub const MAX_LEASE: Duration = Duration::from_secs(30 * 24 * 3600);
 

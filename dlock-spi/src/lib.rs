@@ -50,7 +50,7 @@ pub use backoff::{Backoff, BackoffKind, Jitter};
 pub use capabilities::Capabilities;
 pub use chain::{
     AcquireChain, AcquireContext, AcquireOutcome, HandlerChain, LockHandler, LostEvent,
-    ReleaseChain, ReleaseContext, RenewEvent, MAX_CONTEXT_LEN, MAX_LEASE,
+    ReleaseChain, ReleaseContext, RenewEvent, MAX_CONTEXT_LEN, MAX_LEASE, MIN_LEASE,
 };
 pub use error::{Error, ErrorKind, Result};
 pub use events::{ChangeFeed, LockEvents};
