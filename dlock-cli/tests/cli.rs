@@ -986,7 +986,7 @@ async fn a_planted_password_shows_nowhere_a_user_looks() {
             String::from_utf8_lossy(&env.stderr)
         );
         assert!(
-            !child_env.contains("DLOCK_URL="),
+            !child_env.lines().any(|l| l.starts_with("DLOCK_URL=")),
             "{label}: the command exec runs got DLOCK_URL"
         );
         seen.push(format!(
