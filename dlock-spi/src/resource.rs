@@ -58,6 +58,9 @@ use crate::request::{AcquireRequest, ReleaseRequest, RenewRequest};
 ///   from then on). Session-bound backends renew nothing but still check the hold
 ///   and store the context.
 /// * **`inspect`** describes holders and waiters, or `None` when nobody holds or waits.
+///   It sees every change the store committed before the call, whichever client
+///   made it (a backend that reads from a replica which may lag brings it up to
+///   date first).
 ///
 /// Map driver errors to [`crate::Error`] in one place, with
 /// [`crate::ErrorKind::Backend`] (retryable) for connection trouble.

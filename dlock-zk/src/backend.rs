@@ -694,6 +694,15 @@ impl LockRemoteResource for ZkBackend {
     async fn inspect(&self, name: &LockName) -> Result<Option<LockState>> {
         let lock = layout::lock_path(&self.inner.root, name);
         let session = self.inner.sessions.usable(None, None).await?;
+        // A ZooKeeper server answers reads from what it has applied, and a follower
+        // may not have applied a write the ensemble committed yet: another client's
+        // acquire that has returned could be missing from the list (seen in the
+        // conformance suite on the ensemble). `sync` brings this client's server up
+        // to the leader first, so the read sees every change committed before it.
+        match session.client.sync(&lock).await {
+            Ok(()) | Err(ZkError::NoNode) => {}
+            Err(err) => return Err(map_zk(err, "sync")),
+        }
         let children = match session.client.list_children(&lock).await {
             Ok(children) => children,
             Err(ZkError::NoNode) => return Ok(None),
