@@ -946,8 +946,12 @@ async fn the_broken_backends_are_caught() {
     )
     .await;
     summary_matches(&report);
-    // Every grant carries the same token.
-    caught("broken-tokens", &["token-order"], &[]).await;
+    // Every grant carries the same token. A loss signal names its lock and token,
+    // and belongs to the last hold of that token its process was granted: with one
+    // token for all, a loss of one hold may be pinned on the process's later hold
+    // of the same lock, and the earlier one then judged not told (late-loss, seen in
+    // a full run).
+    caught("broken-tokens", &["token-order"], &["late-loss"]).await;
     // Names nobody holds are never granted.
     let report = caught("broken-starve", &["starvation"], &[]).await;
     assert!(
