@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use dlock_spi::{
-    Error, ErrorKind, FencingToken, LockMode, LockName, LostReason, ReleaseResult, Result,
-    MAX_LEASE, MIN_LEASE,
+    lease_out_of_range, Error, ErrorKind, FencingToken, LockMode, LockName, LostReason,
+    ReleaseResult, Result,
 };
 
 use crate::hold::Hold;
@@ -132,12 +132,11 @@ impl LockGuard {
     /// store sees them in order.
     pub async fn extend(&self, lease: Duration) -> Result<()> {
         let manager = &self.handle.manager;
-        if lease < MIN_LEASE || lease > MAX_LEASE {
-            return Err(Error::invalid_argument(format!(
-                "lease {lease:?} is out of range; extend by between {MIN_LEASE:?} and {} days",
-                MAX_LEASE.as_secs() / 86_400
-            ))
-            .with_context("lock", &self.hold.name));
+        if let Some(why) = lease_out_of_range(lease) {
+            return Err(
+                Error::invalid_argument(format!("extending by a lease of {why}"))
+                    .with_context("lock", &self.hold.name),
+            );
         }
         if !manager.capabilities.lease {
             return Err(Error::unsupported(format!(

@@ -8,9 +8,9 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use dlock_spi::{
-    Backoff, Capabilities, Error, ErrorKind, Fairness, HandlerChain, HoldStatus, HoldWatch,
-    LockHandler, LockMode, LockName, LockRemoteResource, LockState, LostReason, OwnerId,
-    ReleaseRequest, ReleaseResult, Result, MAX_LEASE, MIN_LEASE,
+    lease_out_of_range, Backoff, Capabilities, Error, ErrorKind, Fairness, HandlerChain,
+    HoldStatus, HoldWatch, LockHandler, LockMode, LockName, LockRemoteResource, LockState,
+    LostReason, OwnerId, ReleaseRequest, ReleaseResult, Result,
 };
 use tokio::sync::watch;
 
@@ -571,13 +571,10 @@ impl DistributeLockManagerBuilder {
     /// Checks the settings and builds the manager.
     pub fn build(self) -> Result<DistributeLockManager> {
         let lease = self.config.lease;
-        if lease < MIN_LEASE || lease > MAX_LEASE {
+        if let Some(why) = lease_out_of_range(lease) {
             return Err(Error::new(
                 ErrorKind::Config,
-                format!(
-                    "default lease {lease:?} is out of range; use between {MIN_LEASE:?} and {} days (30 s is usual)",
-                    MAX_LEASE.as_secs() / 86_400
-                ),
+                format!("default lease {why} (30 s is usual)"),
             ));
         }
         if let Some(max_hold) = self.config.max_hold {

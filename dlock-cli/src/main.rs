@@ -110,15 +110,11 @@ pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
 /// Parses a lease: a duration within the range every manager accepts, so that a
 /// lease out of it is a usage error (64) found before anything connects.
 pub(crate) fn parse_lease(s: &str) -> Result<Duration, String> {
-    use dlock_api::spi::{MAX_LEASE, MIN_LEASE};
     let lease = parse_duration(s)?;
-    if lease < MIN_LEASE || lease > MAX_LEASE {
-        return Err(format!(
-            "a lease of {s} is out of range; use between {MIN_LEASE:?} and {} days (30s is usual)",
-            MAX_LEASE.as_secs() / 86_400
-        ));
+    match dlock_api::spi::lease_out_of_range(lease) {
+        Some(why) => Err(format!("a lease of {why} (30s is usual)")),
+        None => Ok(lease),
     }
-    Ok(lease)
 }
 
 /// Which plugins the global flags turned on.

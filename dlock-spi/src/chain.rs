@@ -98,6 +98,18 @@ pub const MIN_LEASE: Duration = Duration::from_millis(3);
 /// The longest lease the head accepts; longer ones are almost always a unit mistake.
 pub const MAX_LEASE: Duration = Duration::from_secs(30 * 24 * 3600);
 
+/// Why `lease` is outside [`MIN_LEASE`]`..=`[`MAX_LEASE`] (`"… is out of range; use
+/// between 3ms and 30 days"`), or `None` when it is within: the one check of a
+/// manager's lease, a hold's extension and the CLI's `--lease`.
+pub fn lease_out_of_range(lease: Duration) -> Option<String> {
+    (lease < MIN_LEASE || lease > MAX_LEASE).then(|| {
+        format!(
+            "{lease:?} is out of range; use between {MIN_LEASE:?} and {} days",
+            MAX_LEASE.as_secs() / 86_400
+        )
+    })
+}
+
 /// The most context bytes an acquire may store with its hold: enough to say who
 /// holds it and why, small enough for every backend's column, node or value.
 pub const MAX_CONTEXT_LEN: usize = 4096;

@@ -49,8 +49,8 @@ mod url_option;
 pub use backoff::{Backoff, BackoffKind, Jitter};
 pub use capabilities::Capabilities;
 pub use chain::{
-    AcquireChain, AcquireContext, AcquireOutcome, HandlerChain, LockHandler, LostEvent,
-    ReleaseChain, ReleaseContext, RenewEvent, MAX_CONTEXT_LEN, MAX_LEASE, MIN_LEASE,
+    lease_out_of_range, AcquireChain, AcquireContext, AcquireOutcome, HandlerChain, LockHandler,
+    LostEvent, ReleaseChain, ReleaseContext, RenewEvent, MAX_CONTEXT_LEN, MAX_LEASE, MIN_LEASE,
 };
 pub use error::{Error, ErrorKind, Result};
 pub use events::{ChangeFeed, LockEvents};

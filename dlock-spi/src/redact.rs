@@ -20,8 +20,7 @@ pub fn redact_url(url: &str) -> String {
         Some(at) => (Some(&rest[..at]), &rest[at + 1..]),
         None => (None, rest),
     };
-    let host_end = after.find(['/', '?', '#']).unwrap_or(after.len());
-    let (host, tail) = after.split_at(host_end);
+    let (host, tail) = split_host(after);
     let authority = match userinfo {
         Some(userinfo) => match userinfo.split_once(':') {
             Some((user, _)) => format!("{user}:***@{host}"),
@@ -30,6 +29,12 @@ pub fn redact_url(url: &str) -> String {
         None => host.to_owned(),
     };
     format!("{scheme}://{authority}{}", redact_query(tail))
+}
+
+/// What follows a URL's user info, split where its host part ends: at the first
+/// `/`, `?` or `#`.
+fn split_host(after: &str) -> (&str, &str) {
+    after.split_at(after.find(['/', '?', '#']).unwrap_or(after.len()))
 }
 
 /// [`redact_url`] of a string without `://`.
@@ -41,9 +46,7 @@ fn redact_unparsed(url: &str) -> String {
     let (scheme, rest) = url.split_at(scheme_end);
     match rest.rfind('@') {
         Some(at) => {
-            let after = &rest[at + 1..];
-            let host_end = after.find(['/', '?', '#']).unwrap_or(after.len());
-            let (host, tail) = after.split_at(host_end);
+            let (host, tail) = split_host(&rest[at + 1..]);
             format!("{scheme}***@{host}{}", redact_query(tail))
         }
         None => format!("{scheme}{}", redact_query(rest)),
