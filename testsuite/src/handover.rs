@@ -10,7 +10,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use dlock_api::DistributeLockManagerBuilder;
-use tokio::io::AsyncReadExt;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::process::Command;
 
 use crate::backends;
@@ -20,8 +20,16 @@ use crate::lockcheck::coordinator::in_process;
 pub const RATIO_BOUND: f64 = 3.0;
 /// The environment variable that gives a worker process the backend URL.
 pub const WORKER_URL_VAR: &str = "DLOCK_HANDOVER_URL";
-/// How long workers are given to start before the common start instant.
-const START_DELAY: Duration = Duration::from_secs(3);
+/// How long the worker processes may take to start and open their managers; each
+/// says `ready` on stdout when it has, and all of them start together once every
+/// one has (a fixed start delay instead either wasted seconds on a quiet machine or
+/// started a slow process late on a busy one).
+const READY_BOUND: Duration = Duration::from_secs(30);
+/// From the last `ready` to the common start: time for every worker to read its
+/// start instant from stdin before it comes.
+const START_MARGIN: Duration = Duration::from_millis(100);
+/// What a worker process prints once its manager is open.
+pub const READY_LINE: &str = "ready";
 /// How long after its run a worker may take to report before it is killed.
 const REPORT_GRACE: Duration = Duration::from_secs(20);
 
@@ -173,25 +181,25 @@ pub async fn run(opts: &Options, worker_exe: &std::path::Path) -> Result<Summary
         .await
         .map_err(|e| format!("backend {} cannot be opened: {e}", opts.label))?;
     let namespace = format!("handover-{:08x}:", fastrand::u32(..));
-    let start_at = SystemTime::now() + START_DELAY;
-    let start_ms = start_at
-        .duration_since(UNIX_EPOCH)
-        .map_err(|e| e.to_string())?
-        .as_millis();
     let mut workers = Vec::new();
     if in_process(&opts.label) {
-        let mut tasks = Vec::new();
+        let mut managers = Vec::new();
         for _ in 0..opts.processes {
             let client = backend.client().await.map_err(|e| e.to_string())?;
             let manager = DistributeLockManagerBuilder::new(client)
                 .namespace(namespace.clone())
                 .build()
                 .map_err(|e| e.to_string())?;
-            let opts = opts.clone();
-            tasks.push(tokio::spawn(async move {
-                worker(&manager, &opts, start_at).await
-            }));
+            managers.push(manager);
         }
+        let start_at = SystemTime::now();
+        let tasks: Vec<_> = managers
+            .into_iter()
+            .map(|manager| {
+                let opts = opts.clone();
+                tokio::spawn(async move { worker(&manager, &opts, start_at).await })
+            })
+            .collect();
         for t in tasks {
             workers.push(t.await.map_err(|e| format!("worker task: {e}"))?);
         }
@@ -199,14 +207,12 @@ pub async fn run(opts: &Options, worker_exe: &std::path::Path) -> Result<Summary
     }
     let mut children = Vec::new();
     for i in 0..opts.processes {
-        let child = Command::new(worker_exe)
+        let mut child = Command::new(worker_exe)
             .arg("--worker")
             .arg("--backend")
             .arg(&opts.label)
             .arg("--namespace")
             .arg(&namespace)
-            .arg("--start-ms")
-            .arg(start_ms.to_string())
             .arg("--seconds")
             .arg(format!("{:.3}", opts.duration.as_secs_f64()))
             .arg("--hold-ms")
@@ -214,23 +220,71 @@ pub async fn run(opts: &Options, worker_exe: &std::path::Path) -> Result<Summary
             .arg("--wait-ms")
             .arg(opts.wait.as_millis().to_string())
             .env(WORKER_URL_VAR, url.as_str())
-            .stdin(Stdio::null())
+            .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true)
             .spawn()
             .map_err(|e| format!("cannot start worker {i} ({}): {e}", worker_exe.display()))?;
-        children.push(child);
+        let stdout = child.stdout.take().map(BufReader::new);
+        children.push((child, stdout));
     }
-    let bound = START_DELAY + opts.duration + opts.wait + REPORT_GRACE;
-    for (i, mut child) in children.into_iter().enumerate() {
+    // Every worker says it is ready before any starts.
+    let ready_by = tokio::time::Instant::now() + READY_BOUND;
+    for (i, (child, stdout)) in children.iter_mut().enumerate() {
+        let said = match stdout.as_mut() {
+            Some(out) => {
+                let mut line = String::new();
+                tokio::time::timeout_at(ready_by, out.read_line(&mut line))
+                    .await
+                    .map_err(|_| format!("worker {i} was not ready within {READY_BOUND:?}"))?
+                    .map_err(|e| format!("worker {i}: {e}"))?;
+                line
+            }
+            None => String::new(),
+        };
+        if said.trim() != READY_LINE {
+            let _ = child.kill().await;
+            let mut err = String::new();
+            if let Some(mut s) = child.stderr.take() {
+                let _ = s.read_to_string(&mut err).await;
+            }
+            return Err(format!(
+                "worker {i} did not start ({:?} instead of {READY_LINE:?}): {}",
+                said.trim(),
+                err.trim()
+            ));
+        }
+    }
+    let start_at = SystemTime::now() + START_MARGIN;
+    let start_ms = start_at
+        .duration_since(UNIX_EPOCH)
+        .map_err(|e| e.to_string())?
+        .as_millis();
+    for (i, (child, _)) in children.iter_mut().enumerate() {
+        // Closed once sent: the worker reads nothing else.
+        let mut stdin = child
+            .stdin
+            .take()
+            .ok_or_else(|| format!("worker {i}: no stdin"))?;
+        stdin
+            .write_all(format!("start {start_ms}\n").as_bytes())
+            .await
+            .map_err(|e| format!("worker {i}: cannot send the start: {e}"))?;
+        stdin
+            .flush()
+            .await
+            .map_err(|e| format!("worker {i}: cannot send the start: {e}"))?;
+    }
+    let bound = START_MARGIN + opts.duration + opts.wait + REPORT_GRACE;
+    for (i, (mut child, stdout)) in children.into_iter().enumerate() {
         let status = tokio::time::timeout(bound, child.wait())
             .await
             .map_err(|_| format!("worker {i} did not finish within {bound:?}"))?
             .map_err(|e| format!("worker {i}: {e}"))?;
         let mut out = String::new();
         let mut err = String::new();
-        if let Some(mut s) = child.stdout.take() {
+        if let Some(mut s) = stdout {
             let _ = s.read_to_string(&mut out).await;
         }
         if let Some(mut s) = child.stderr.take() {
@@ -246,12 +300,13 @@ pub async fn run(opts: &Options, worker_exe: &std::path::Path) -> Result<Summary
     Ok(Summary { workers })
 }
 
-/// A worker process's main: opens the backend at `url` and hands the lock over.
+/// A worker process's main: opens the backend at `url`, says [`READY_LINE`] on
+/// stdout, reads the common start (`start <unix ms>`) from stdin and hands the lock
+/// over from then on.
 pub async fn worker_process(
     opts: &Options,
     url: String,
     namespace: String,
-    start_at: SystemTime,
 ) -> Result<WorkerFigures, String> {
     let backend = backends::open_at(&opts.label, backends::TestUrl::fixed(url))
         .await
@@ -261,6 +316,22 @@ pub async fn worker_process(
         .namespace(namespace)
         .build()
         .map_err(|e| e.to_string())?;
+    let said = format!("{READY_LINE}\n");
+    let mut stdout = tokio::io::stdout();
+    let cannot_say = |e: std::io::Error| format!("cannot say ready: {e}");
+    stdout.write_all(said.as_bytes()).await.map_err(cannot_say)?;
+    stdout.flush().await.map_err(cannot_say)?;
+    let mut line = String::new();
+    BufReader::new(tokio::io::stdin())
+        .read_line(&mut line)
+        .await
+        .map_err(|e| format!("no start instant on stdin: {e}"))?;
+    let start_ms: u64 = line
+        .trim()
+        .strip_prefix("start ")
+        .and_then(|ms| ms.parse().ok())
+        .ok_or_else(|| format!("no start instant on stdin (read {:?})", line.trim()))?;
+    let start_at = UNIX_EPOCH + Duration::from_millis(start_ms);
     let figures = worker(&manager, opts, start_at).await;
     manager.close().await;
     Ok(figures)
@@ -300,4 +371,27 @@ async fn worker(
         }
     }
     f
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+
+    /// A worker process that ends without saying it is ready fails the run at once
+    /// with what it was, rather than the others starting without it.
+    #[tokio::test]
+    async fn a_worker_that_never_says_ready_fails_the_run() {
+        let opts = Options {
+            processes: 2,
+            ..Options::standard("sqlite")
+        };
+        let started = Instant::now();
+        let err = run(&opts, std::path::Path::new("/bin/true"))
+            .await
+            .expect_err("a run without ready workers");
+        assert!(err.contains("worker 0 did not start"), "{err}");
+        assert!(started.elapsed() < READY_BOUND, "{err}");
+    }
 }

@@ -9,7 +9,7 @@
 //! errors, busiest/least busy ≤ 3), 1 outside it, 2 the run itself failed.
 
 use std::process::ExitCode;
-use std::time::{Duration, UNIX_EPOCH};
+use std::time::Duration;
 
 use testsuite::handover::{run, worker_process, Options, WORKER_URL_VAR};
 
@@ -20,14 +20,13 @@ struct Args {
     opts: Options,
     worker: bool,
     namespace: String,
-    start_ms: u64,
 }
 
 fn parse_args() -> Result<Args, String> {
     let mut it = std::env::args().skip(1);
     let mut label = None;
     let (mut processes, mut seconds, mut hold, mut wait) = (None, None, None, None);
-    let (mut worker, mut namespace, mut start_ms) = (false, String::new(), 0);
+    let (mut worker, mut namespace) = (false, String::new());
     fn value<T: std::str::FromStr>(flag: &str, raw: Option<String>) -> Result<T, String> {
         let raw = raw.ok_or_else(|| format!("{flag} needs a value\n{USAGE}"))?;
         raw.parse()
@@ -42,7 +41,6 @@ fn parse_args() -> Result<Args, String> {
             "--wait-ms" => wait = Some(value::<u64>(&flag, it.next())?),
             "--worker" => worker = true,
             "--namespace" => namespace = value(&flag, it.next())?,
-            "--start-ms" => start_ms = value(&flag, it.next())?,
             _ => return Err(format!("unknown argument {flag:?}\n{USAGE}")),
         }
     }
@@ -64,7 +62,6 @@ fn parse_args() -> Result<Args, String> {
         opts,
         worker,
         namespace,
-        start_ms,
     })
 }
 
@@ -80,8 +77,7 @@ async fn main() -> ExitCode {
     };
     if args.worker {
         let url = std::env::var(WORKER_URL_VAR).unwrap_or_default();
-        let start = UNIX_EPOCH + Duration::from_millis(args.start_ms);
-        return match worker_process(&args.opts, url, args.namespace, start).await {
+        return match worker_process(&args.opts, url, args.namespace).await {
             Ok(f) => {
                 println!("{}", f.line());
                 ExitCode::SUCCESS
