@@ -319,7 +319,10 @@ pub async fn worker_process(
     let said = format!("{READY_LINE}\n");
     let mut stdout = tokio::io::stdout();
     let cannot_say = |e: std::io::Error| format!("cannot say ready: {e}");
-    stdout.write_all(said.as_bytes()).await.map_err(cannot_say)?;
+    stdout
+        .write_all(said.as_bytes())
+        .await
+        .map_err(cannot_say)?;
     stdout.flush().await.map_err(cannot_say)?;
     let mut line = String::new();
     BufReader::new(tokio::io::stdin())

@@ -15,6 +15,7 @@ use testsuite::lockcheck::history::{
 use testsuite::lockcheck::nemesis::{Choice, Nemesis};
 use testsuite::lockcheck::workload::LEASE;
 use testsuite::lockcheck::{run, RunOptions};
+use testsuite::proxy::Fault;
 
 /// The live runs share two cores: one at a time.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -774,6 +775,36 @@ fn fair_order_is_checked_among_waiters_of_one_hold() {
     // A third process (C's) paused between A's arrival and B's: it may have held
     // rows A's first statement waited for, so A reached the store late. Excused.
     clean(b_first(101 + margin, Some((90, 150, 1))), "fair-order", 1);
+
+    // A's own connections faulted until just before A arrived (seen: postgres,
+    // proxy nemesis, a black hole ending 5 ms before A's invoke): the connections
+    // the fault broke are found broken and replaced when A first uses them, so A's
+    // first statement reaches the store late. Excused within the recovery after a
+    // window's end ...
+    let faulted_until = |end: u64| {
+        let mut h = H::default();
+        fair_wait(&mut h, 0, 1, 3000, 1, 1, "c");
+        h.push(
+            0,
+            2,
+            Kind::Fault {
+                fault: Fault::Blackhole,
+            },
+        );
+        h.push(end, 2, Kind::Fault { fault: Fault::Pass });
+        fair_wait(&mut h, 1500, 3100, 3200, 2, 3, "a");
+        fair_wait(&mut h, 1501 + margin, 3001, 3090, 3, 2, "b");
+        h.exit_all(4000, &[1, 2, 3]);
+        h.check()
+    };
+    let recovery = ms(Rules::default().fault_recovery_ns);
+    clean(faulted_until(1495), "fair-order", 1);
+    // ... and judged when the window ended longer ago than that.
+    assert!(
+        recovery < 1400,
+        "the case below needs a recovery under 1.4 s"
+    );
+    only(faulted_until(1499 - recovery), "fair-order", 1);
 
     // ... but not one paused only after B arrived: judged. The example says what
     // each process went through around A's wait.

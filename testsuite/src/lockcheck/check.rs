@@ -86,7 +86,9 @@
 //!    release admitted may answer in either order (a semaphore's head, granted,
 //!    tells the next waiter, whose grant may answer first), so among permits B's
 //!    answer must come more than `permit_answer_margin` (50 ms) before A's. Excused if A's
-//!    or B's process was paused or faulted between A's invoke and A's grant, or any
+//!    or B's process was paused or faulted between A's invoke and A's grant (A's also
+//!    in the `fault_recovery` (1 s) before A's invoke: the connections a fault broke
+//!    are replaced when next used), or any
 //!    process between A's invoke and B's: a process paused (or whose connection is
 //!    held up) inside a transaction keeps the rows it locked, so A's first statement
 //!    — or the statement holding the pooled connection A waits for — may reach the
@@ -109,6 +111,14 @@ pub struct Rules {
     pub hidden_hold_ns: u64,
     /// Fair order: how much earlier A must have arrived than B (ns).
     pub fair_margin_ns: u64,
+    /// Fair order: how long after one of its fault windows ends a process's
+    /// requests may still reach the store late (ns). The connections the fault
+    /// broke are found broken and replaced when next used — a pooled connection
+    /// idle for 0.5 s is checked before use, and a new one takes its round trips
+    /// and handshake — so a waiter invoked just after the window (seen: 5 ms after
+    /// a black hole on PostgreSQL) reaches the store behind one invoked hundreds of
+    /// ms later.
+    pub fault_recovery_ns: u64,
     /// Fair order among permit grants: how much earlier B's grant must have
     /// answered than A's (ns) — grants one release admitted answer in any order.
     pub permit_answer_margin_ns: u64,
@@ -128,6 +138,7 @@ impl Default for Rules {
             hidden_hold_ns: MAX_LEASE_MS * 1_000_000,
             fair_margin_ns: 250_000_000,
             permit_answer_margin_ns: 50_000_000,
+            fault_recovery_ns: 1_000_000_000,
             session_ns: None,
             waiter_lapse_ns: 0,
         }
@@ -1337,12 +1348,19 @@ pub fn check(label: &str, events: &[Event], rules: &Rules) -> Report {
                         // its statements locked, and every statement that needs
                         // them (A's first, or one holding the pooled connection A
                         // waits for) waits with it, however early A was invoked.
-                        let disturbed = [a.proc_, b.proc_].iter().any(|p| {
-                            let rec = proc_of(*p);
-                            rec.paused(a.inv, a.ok) || rec.faulted(a.inv, a.ok)
-                        }) || procs
-                            .values()
-                            .any(|rec| rec.paused(a.inv, b.inv) || rec.faulted(a.inv, b.inv));
+                        // A's own connections broken by a fault that ended just
+                        // before A's invoke are replaced when A first uses them:
+                        // A's arrival may be late by that.
+                        let recovering = proc_of(a.proc_)
+                            .faulted(a.inv.saturating_sub(rules.fault_recovery_ns), a.inv);
+                        let disturbed = recovering
+                            || [a.proc_, b.proc_].iter().any(|p| {
+                                let rec = proc_of(*p);
+                                rec.paused(a.inv, a.ok) || rec.faulted(a.inv, a.ok)
+                            })
+                            || procs
+                                .values()
+                                .any(|rec| rec.paused(a.inv, b.inv) || rec.faulted(a.inv, b.inv));
                         if disturbed {
                             fair.excused += 1;
                             continue;
