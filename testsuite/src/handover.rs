@@ -226,23 +226,21 @@ pub async fn run(opts: &Options, worker_exe: &std::path::Path) -> Result<Summary
             .kill_on_drop(true)
             .spawn()
             .map_err(|e| format!("cannot start worker {i} ({}): {e}", worker_exe.display()))?;
-        let stdout = child.stdout.take().map(BufReader::new);
+        let stdout = child
+            .stdout
+            .take()
+            .map(BufReader::new)
+            .ok_or_else(|| format!("worker {i}: no stdout"))?;
         children.push((child, stdout));
     }
     // Every worker says it is ready before any starts.
     let ready_by = tokio::time::Instant::now() + READY_BOUND;
     for (i, (child, stdout)) in children.iter_mut().enumerate() {
-        let said = match stdout.as_mut() {
-            Some(out) => {
-                let mut line = String::new();
-                tokio::time::timeout_at(ready_by, out.read_line(&mut line))
-                    .await
-                    .map_err(|_| format!("worker {i} was not ready within {READY_BOUND:?}"))?
-                    .map_err(|e| format!("worker {i}: {e}"))?;
-                line
-            }
-            None => String::new(),
-        };
+        let mut said = String::new();
+        tokio::time::timeout_at(ready_by, stdout.read_line(&mut said))
+            .await
+            .map_err(|_| format!("worker {i} was not ready within {READY_BOUND:?}"))?
+            .map_err(|e| format!("worker {i}: {e}"))?;
         if said.trim() != READY_LINE {
             let _ = child.kill().await;
             let mut err = String::new();
@@ -267,13 +265,13 @@ pub async fn run(opts: &Options, worker_exe: &std::path::Path) -> Result<Summary
             .stdin
             .take()
             .ok_or_else(|| format!("worker {i}: no stdin"))?;
-        stdin
-            .write_all(format!("start {start_ms}\n").as_bytes())
-            .await
-            .map_err(|e| format!("worker {i}: cannot send the start: {e}"))?;
-        stdin
-            .flush()
-            .await
+        let sent = async {
+            stdin
+                .write_all(format!("start {start_ms}\n").as_bytes())
+                .await?;
+            stdin.flush().await
+        };
+        sent.await
             .map_err(|e| format!("worker {i}: cannot send the start: {e}"))?;
     }
     let bound = START_MARGIN + opts.duration + opts.wait + REPORT_GRACE;
@@ -284,9 +282,8 @@ pub async fn run(opts: &Options, worker_exe: &std::path::Path) -> Result<Summary
             .map_err(|e| format!("worker {i}: {e}"))?;
         let mut out = String::new();
         let mut err = String::new();
-        if let Some(mut s) = stdout {
-            let _ = s.read_to_string(&mut out).await;
-        }
+        let mut stdout = stdout;
+        let _ = stdout.read_to_string(&mut out).await;
         if let Some(mut s) = child.stderr.take() {
             let _ = s.read_to_string(&mut err).await;
         }

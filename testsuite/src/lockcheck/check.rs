@@ -1351,13 +1351,13 @@ pub fn check(label: &str, events: &[Event], rules: &Rules) -> Report {
                         // A's own connections broken by a fault that ended just
                         // before A's invoke are replaced when A first uses them:
                         // A's arrival may be late by that.
-                        let recovering = proc_of(a.proc_)
-                            .faulted(a.inv.saturating_sub(rules.fault_recovery_ns), a.inv);
-                        let disturbed = recovering
-                            || [a.proc_, b.proc_].iter().any(|p| {
-                                let rec = proc_of(*p);
+                        let own = proc_of(a.proc_);
+                        let disturbed = own.paused(a.inv, a.ok)
+                            || own.faulted(a.inv.saturating_sub(rules.fault_recovery_ns), a.ok)
+                            || {
+                                let rec = proc_of(b.proc_);
                                 rec.paused(a.inv, a.ok) || rec.faulted(a.inv, a.ok)
-                            })
+                            }
                             || procs
                                 .values()
                                 .any(|rec| rec.paused(a.inv, b.inv) || rec.faulted(a.inv, b.inv));
