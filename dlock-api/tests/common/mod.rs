@@ -36,6 +36,9 @@ pub(crate) struct Wrapped {
     pub error_after_grant: Arc<AtomicBool>,
     pub granted: Arc<Notify>,
     pub release_gate: Arc<Notify>,
+    /// When each grant was made: taken as the inner backend answers, before the
+    /// caller's task is scheduled again.
+    pub grants_at: Arc<Mutex<Vec<std::time::Instant>>>,
 }
 
 impl Wrapped {
@@ -63,6 +66,12 @@ impl LockRemoteResource for Wrapped {
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<AcquireResult> {
         self.requests.lock().unwrap().push(req.clone());
         let got = self.inner.try_acquire(req).await?;
+        if got.is_acquired() {
+            self.grants_at
+                .lock()
+                .unwrap()
+                .push(std::time::Instant::now());
+        }
         if got.is_acquired() && self.error_after_grant.load(Ordering::SeqCst) {
             return Err(Error::backend("connection reset after the grant (test)"));
         }
@@ -120,6 +129,9 @@ pub(crate) struct Observer {
     pub renewed: AtomicUsize,
     pub renew_failed: AtomicUsize,
     pub lost: Mutex<Vec<LostReason>>,
+    /// When each loss reached the handler: the moment the chain was told, before
+    /// the guard's owner is scheduled to see it.
+    pub lost_at: Mutex<Vec<std::time::Instant>>,
 }
 
 /// The handler that feeds an [`Observer`].
@@ -141,6 +153,11 @@ impl LockHandler for ObserverHandler {
     }
     fn on_lost(&self, event: &LostEvent<'_>) {
         self.0.lost.lock().unwrap().push(event.reason);
+        self.0
+            .lost_at
+            .lock()
+            .unwrap()
+            .push(std::time::Instant::now());
     }
 }
 
