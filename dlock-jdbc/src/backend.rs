@@ -18,6 +18,7 @@ use tokio::task::JoinHandle;
 use crate::bell::Bells;
 use crate::dialect::{Dialect, Statements, Stmt};
 use crate::error::{conflict_pause, is_conflict, map_sqlx, retry_conflicts};
+use crate::local_bus::LocalBus;
 use crate::permits;
 use crate::pool::{on_pool, query, Param, Pool};
 use crate::queue::{Departures, QueueSlot};
@@ -244,6 +245,9 @@ pub(crate) struct Inner {
     /// MariaDB/MySQL: the bells waiters block on (`None`: turned off, or another
     /// database).
     pub(crate) bells: Option<Bells>,
+    /// SQLite: where release notices go to the processes sharing the file
+    /// (`None`: another database, or the socket directory cannot be used).
+    pub(crate) bus: Option<LocalBus>,
     /// Granted writers' queue rows still being removed (see [`crate::queue`]).
     pub(crate) departures: Departures,
 }
@@ -941,10 +945,26 @@ impl JdbcBackend {
     }
 
     /// Runs a PostgreSQL `pg_notify` statement for `name` (best effort; `None`
-    /// elsewhere): `notify` wakes waiters and observers, `notify_change` observers.
+    /// on MySQL): `notify` wakes waiters and observers, `notify_change` observers.
+    /// On SQLite `notify` answers the payload of the notice, which goes out on the
+    /// local bus ([`crate::local_bus`]).
     async fn notify(&self, stmt: Option<&Stmt>, name: &LockName) {
-        if let Some(stmt) = stmt {
-            let _ = on_pool!(&self.inner.pool, p => query!(stmt, &[Param::Text(name.as_str())]).execute(p).await.map(drop));
+        let Some(stmt) = stmt else {
+            return;
+        };
+        let name = [Param::Text(name.as_str())];
+        if let Some(bus) = &self.inner.bus {
+            let payload: std::result::Result<Option<String>, sqlx::Error> = on_pool!(&self.inner.pool, p => {
+                match query!(stmt, &name).fetch_one(p).await {
+                    Ok(row) => row.try_get(0),
+                    Err(e) => Err(e),
+                }
+            });
+            if let Ok(Some(payload)) = payload {
+                bus.send(&payload);
+            }
+        } else if self.dialect() == Dialect::Postgres {
+            let _ = on_pool!(&self.inner.pool, p => query!(stmt, &name).execute(p).await.map(drop));
         }
     }
 }
@@ -1146,10 +1166,12 @@ impl LockRemoteResource for JdbcBackend {
     }
 
     fn events(&self) -> Option<&dyn dlock_spi::LockEvents> {
-        // PostgreSQL's LISTEN connection carries changes; elsewhere observers poll.
+        // PostgreSQL's LISTEN connection carries changes; elsewhere observers poll
+        // (SQLite's local bus carries release notices only).
         self.inner
             .wakeups
             .as_ref()
+            .filter(|_| self.dialect() == Dialect::Postgres)
             .map(|_| self as &dyn dlock_spi::LockEvents)
     }
 
@@ -1164,9 +1186,14 @@ impl dlock_spi::LockEvents for JdbcBackend {
     /// force-releases) notify the release channel, leadership grants and proclaims
     /// the change channel.
     async fn follow(&self, name: &LockName) -> Result<dlock_spi::ChangeFeed> {
-        let wakeups = self.inner.wakeups.as_ref().ok_or_else(|| {
-            Error::unsupported("only PostgreSQL pushes changes (LISTEN/NOTIFY); observers poll")
-        })?;
+        let wakeups = self
+            .inner
+            .wakeups
+            .as_ref()
+            .filter(|_| self.dialect() == Dialect::Postgres)
+            .ok_or_else(|| {
+                Error::unsupported("only PostgreSQL pushes changes (LISTEN/NOTIFY); observers poll")
+            })?;
         Ok(dlock_spi::ChangeFeed::new(
             wakeups.observe(name.as_str()),
             (),
@@ -1185,6 +1212,8 @@ impl JdbcBackend {
             (Dialect::MySql, LockMode::Permits(_)) => permits::search_pattern(holder.as_str()),
             _ => String::new(),
         };
+        // SQLite: the release notice to send once the release committed.
+        let mut notice: Option<String> = None;
         let released: std::result::Result<bool, sqlx::Error> = match req.mode {
             LockMode::Exclusive | LockMode::Permits(_) => on_pool!(&self.inner.pool, p => {
                 let stmt = match (req.mode, req.purpose) {
@@ -1194,11 +1223,18 @@ impl JdbcBackend {
                 };
                 // A statement binds the parameters it uses.
                 let params = [name, owner, Param::Text(&pattern)];
-                if self.dialect() == Dialect::Postgres {
+                match self.dialect() {
                     // The statement notifies waiters and returns a row when it released.
-                    query!(stmt, &params).fetch_optional(p).await.map(|r| r.is_some())
-                } else {
-                    query!(stmt, &params).execute(p).await.map(|r| r.rows_affected() == 1)
+                    Dialect::Postgres => query!(stmt, &params).fetch_optional(p).await.map(|r| r.is_some()),
+                    // A row when it released, with the notice to send (NULL: none).
+                    Dialect::Sqlite => query!(stmt, &params).fetch_optional(p).await.map(|r| match r {
+                        Some(row) => {
+                            notice = row.try_get::<Option<String>, _>(0).ok().flatten();
+                            true
+                        }
+                        None => false,
+                    }),
+                    Dialect::MySql => query!(stmt, &params).execute(p).await.map(|r| r.rows_affected() == 1),
                 }
             }),
             LockMode::Shared => on_pool!(&self.inner.pool, p => {
@@ -1209,7 +1245,11 @@ impl JdbcBackend {
                     query!(&s.purge_readers, &[name]).execute(&mut *tx).await?;
                     query!(&s.recompute_shared, &[name]).execute(&mut *tx).await?;
                     if let (true, Some(stmt)) = (removed == 1, &s.notify) {
-                        query!(stmt, &[name]).execute(&mut *tx).await?;
+                        if self.dialect() == Dialect::Sqlite {
+                            notice = query!(stmt, &[name]).fetch_one(&mut *tx).await?.try_get(0)?;
+                        } else {
+                            query!(stmt, &[name]).execute(&mut *tx).await?;
+                        }
                     }
                     tx.commit().await?;
                     Ok(removed == 1)
@@ -1218,6 +1258,9 @@ impl JdbcBackend {
             }),
         };
         let released = released.map_err(self.err("release"))?;
+        if let (Some(bus), Some(notice)) = (&self.inner.bus, notice) {
+            bus.send(&notice);
+        }
         Ok(if released {
             ReleaseResult::Released
         } else {

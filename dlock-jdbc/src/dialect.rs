@@ -57,6 +57,16 @@ impl Dialect {
         }
     }
 
+    /// The length in bytes of the name `$1`, as text (a release notice's first
+    /// field, [`RELEASE_PAYLOAD`]).
+    fn name_bytes(self) -> &'static str {
+        match self {
+            Dialect::Sqlite => "CAST(LENGTH(CAST($1 AS BLOB)) AS TEXT)",
+            Dialect::MySql => "CAST(LENGTH($1) AS CHAR)",
+            Dialect::Postgres => "octet_length($1)::text",
+        }
+    }
+
     /// The 64-bit integer type in `CAST(… AS …)` (sums are decimals otherwise).
     fn int64(self) -> &'static str {
         match self {
@@ -94,6 +104,7 @@ impl Stmt {
             .replace("PERMIT_GATE", PERMIT_GATE)
             .replace("RELEASE_PAYLOAD", RELEASE_PAYLOAD)
             .replace("NEXT_PAYLOAD", NEXT_PAYLOAD)
+            .replace("NAME_BYTES", dialect.name_bytes())
             .replace("NOT_THE_HOLDER", NOT_THE_HOLDER)
             .replace("COMMIT_QUICKLY", COMMIT_QUICKLY)
             .replace("PERMITS_USED", &permits::used_by_others(dialect))
@@ -243,19 +254,19 @@ const PERMIT_GATE: &str = "NOT EXISTS (SELECT 1 FROM {waiters} w \
        AND NOT EXISTS (SELECT 1 FROM {waiters} me WHERE me.name = $1 AND me.waiter = $2 \
          AND (me.arrived < w.arrived OR (me.arrived = w.arrived AND me.waiter < w.waiter))))";
 
-/// PostgreSQL: the payload of a release notice of lock `$1` — the name's length in
+/// PostgreSQL and SQLite: the payload of a release notice of lock `$1` — the name's length in
 /// bytes, `:`, the name, then the live waiter first in the lock's queue (arrival
 /// order, as the gates read it), if one waits, as its mode and key (`x<owner>#<grant>`).
 /// The listener wakes that waiter alone when it is a writer (nobody else can take
 /// the lock before it in fair mode, and waking more costs every other process an
 /// attempt), and one local waiter otherwise (see [`crate::backend::ReleaseNotice`]).
-pub(crate) const RELEASE_PAYLOAD: &str = "octet_length($1)::text || ':' || $1 || \
+pub(crate) const RELEASE_PAYLOAD: &str = "NAME_BYTES || ':' || $1 || \
      COALESCE((SELECT w.mode || w.waiter FROM {waiters} w \
        WHERE w.name = $1 AND w.alive_until > NOW ORDER BY w.arrived, w.waiter LIMIT 1), '')";
 
 /// [`RELEASE_PAYLOAD`] naming the first live waiter other than `$2` (one leaving
 /// the queue in the same statement).
-const NEXT_PAYLOAD: &str = "octet_length($1)::text || ':' || $1 || \
+const NEXT_PAYLOAD: &str = "NAME_BYTES || ':' || $1 || \
      COALESCE((SELECT w.mode || w.waiter FROM {waiters} w \
        WHERE w.name = $1 AND w.alive_until > NOW AND w.waiter <> $2 \
        ORDER BY w.arrived, w.waiter LIMIT 1), '')";
@@ -313,7 +324,8 @@ pub(crate) struct Statements {
     /// ahead of the entry (arrival order): that writer's turn comes first, and its
     /// release names the next one.
     pub(crate) purge_and_enqueue: Option<Stmt>,
-    /// `$1` name, `$2` waiter: leaves the queue.
+    /// `$1` name, `$2` waiter: leaves the queue (on PostgreSQL passing the release
+    /// notice on, on SQLite answering the payload of the one to pass on, if any).
     pub(crate) dequeue: Stmt,
     /// MariaDB/MySQL: `$1` name, `$2` how long the mark lasts (ms), `$3` how long it
     /// must still last to be left alone (ms): marks the lock's queue as possibly
@@ -323,7 +335,8 @@ pub(crate) struct Statements {
     /// `$1` name, `$2` owner → rows affected (or a row on PostgreSQL, which sends the
     /// release notice only when a live waiter is queued: nobody else needs it, and
     /// every listening connection of every process wakes for each notice, and
-    /// commits asynchronously: [`COMMIT_QUICKLY`]).
+    /// commits asynchronously: [`COMMIT_QUICKLY`]; on SQLite a row with the notice's
+    /// payload, NULL when nobody waits).
     pub(crate) release_exclusive: Stmt,
     /// As `release_exclusive`, for a term of leadership: the notice goes out whoever
     /// waits, as the election's observers learn of a resignation from it.
@@ -392,7 +405,8 @@ pub(crate) struct Statements {
     pub(crate) force_readers: Stmt,
     /// `$1` prefix → count of names with live state.
     pub(crate) live_locks: Stmt,
-    /// `$1` name → pg_notify (PostgreSQL only).
+    /// `$1` name → pg_notify (PostgreSQL), or the release notice's payload for the
+    /// backend to send (SQLite, [`crate::local_bus`]); `None` on MySQL.
     pub(crate) notify: Option<Stmt>,
     /// `$1` name → pg_notify on the change channel (PostgreSQL only): a leadership
     /// granted or proclaimed, for observers.
@@ -580,14 +594,31 @@ impl Statements {
                     s(&released("", "pg_notify('{channel}', RELEASE_PAYLOAD)")),
                 )
             }
-            Dialect::Sqlite | Dialect::MySql => {
+            Dialect::Sqlite => {
+                // As on PostgreSQL, the notice (here its payload, which the backend
+                // sends itself: [`crate::local_bus`]) for the released row only;
+                // NULL when nobody waits.
+                let text = "UPDATE {locks} SET owner = NULL, context = NULL, acquired_at = 0, expires_at = 0 \
+                 WHERE name = $1 AND owner = $2 AND expires_at > NOW RETURNING ";
+                (
+                    s(&format!(
+                        "{text}CASE WHEN EXISTS (SELECT 1 FROM {{waiters}} w \
+                           WHERE w.name = $1 AND w.alive_until > NOW) THEN RELEASE_PAYLOAD END"
+                    )),
+                    s(&format!("{text}RELEASE_PAYLOAD")),
+                )
+            }
+            Dialect::MySql => {
                 let text = "UPDATE {locks} SET owner = NULL, context = NULL, acquired_at = 0, expires_at = 0 \
                  WHERE name = $1 AND owner = $2 AND expires_at > NOW";
                 (s(text), s(text))
             }
         };
-        let notify = (dialect == Dialect::Postgres)
-            .then(|| s("SELECT pg_notify('{channel}', RELEASE_PAYLOAD)"));
+        let notify = match dialect {
+            Dialect::Postgres => Some(s("SELECT pg_notify('{channel}', RELEASE_PAYLOAD)")),
+            Dialect::Sqlite => Some(s("SELECT RELEASE_PAYLOAD")),
+            Dialect::MySql => None,
+        };
         let notify_change =
             (dialect == Dialect::Postgres).then(|| s("SELECT pg_notify('{change_channel}', $1)"));
         Statements {
@@ -689,9 +720,21 @@ impl Statements {
                        AND EXISTS (SELECT 1 FROM {waiters} w WHERE w.name = $1 \
                          AND w.alive_until > NOW AND w.waiter <> $2)"
                 }
-                Dialect::Sqlite | Dialect::MySql => {
-                    "DELETE FROM {waiters} WHERE name = $1 AND waiter = $2"
+                // The same test, its payload returned for the backend to send
+                // ([`crate::local_bus`]; NULL: no notice).
+                Dialect::Sqlite => {
+                    "DELETE FROM {waiters} WHERE name = $1 AND waiter = $2 \
+                     RETURNING CASE WHEN {waiters}.alive_until > NOW \
+                       AND EXISTS (SELECT 1 FROM {locks} l WHERE l.name = $1 \
+                         AND (l.owner IS NULL OR l.expires_at <= NOW) AND l.shared_until <= NOW) \
+                       AND NOT EXISTS (SELECT 1 FROM {waiters} w WHERE w.name = $1 \
+                         AND w.alive_until > NOW AND w.waiter <> $2 \
+                         AND (w.arrived < {waiters}.arrived OR (w.arrived = {waiters}.arrived AND w.waiter < $2))) \
+                       AND EXISTS (SELECT 1 FROM {waiters} w WHERE w.name = $1 \
+                         AND w.alive_until > NOW AND w.waiter <> $2) \
+                     THEN NEXT_PAYLOAD END"
                 }
+                Dialect::MySql => "DELETE FROM {waiters} WHERE name = $1 AND waiter = $2",
             }),
             // Written only when it would lapse soon: waiters refreshing their
             // entries leave the lock's row alone.

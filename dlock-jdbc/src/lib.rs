@@ -32,7 +32,9 @@
 //! connection of the pool, may take: `500ms`, `30s`, `1m`),
 //! `dlock_migrate=false` (do not create tables; an operator applied them),
 //! `dlock_wake_sessions=4` (MariaDB/MySQL: the connections waiters block on, see
-//! [`JdbcOptions::wake_sessions`]; `0`: waiters poll).
+//! [`JdbcOptions::wake_sessions`]; `0`: waiters poll), `dlock_local_notices=true`
+//! (SQLite: release notices among this host's processes, see
+//! [`JdbcOptions::local_notices`]; `false`: waiters poll).
 //!
 //! A pooled connection idle for half a second or more is checked (pinged) before
 //! it is used, and replaced if the server has ended it; one used more recently is
@@ -91,7 +93,10 @@
 //!   the election's observers), and the waiter it names wakes at once — a queued
 //!   writer there waits for that notice, pausing the backoff's longest delay between
 //!   looks of its own (half to all of it, with equal jitter; a lost notice, a waiter
-//!   ahead gone without a release, cost it that long). On
+//!   ahead gone without a release, cost it that long). SQLite's processes on one
+//!   host send each other the same notices over Unix datagram sockets beside the
+//!   database file, and its waiters wait for them as PostgreSQL's do (on Unix; see
+//!   `local_bus`). On
 //!   MariaDB/MySQL a waiter for an exclusive lock blocks inside the server on the
 //!   *bell* of the waiter just ahead of it in the queue (or of the holder): a named
 //!   lock (`GET_LOCK`) of its own that each waiter takes, and that a hold granted after
@@ -129,6 +134,11 @@ mod bell;
 mod bell;
 mod dialect;
 mod error;
+#[cfg(all(feature = "sqlite", unix))]
+mod local_bus;
+#[cfg(not(all(feature = "sqlite", unix)))]
+#[path = "local_bus_off.rs"]
+mod local_bus;
 mod migrate;
 mod permits;
 pub(crate) mod pool;
@@ -206,6 +216,17 @@ pub struct JdbcOptions {
     /// Ignored by SQLite and PostgreSQL (PostgreSQL wakes waiters with `NOTIFY`).
     /// Default 4.
     pub wake_sessions: u32,
+    /// SQLite (on Unix): whether this backend sends and receives release notices
+    /// among the processes of this host that use the database file (URL
+    /// `dlock_local_notices=`): Unix datagram sockets in a directory beside the
+    /// file (`<file>-dlock-wake/`, created with the process's umask), through
+    /// which a release wakes the waiter first in the lock's queue at once, as
+    /// `NOTIFY` does on PostgreSQL; a queued writer then waits for its notice,
+    /// pausing the backoff's longest delay between looks of its own. A notice
+    /// only says when to look at the lock: a lost or forged one costs waiting
+    /// time, never a double grant. `false`: waiters poll with [`Self::backoff`]
+    /// alone. Ignored by MariaDB/MySQL and PostgreSQL. Default true.
+    pub local_notices: bool,
 }
 
 impl Default for JdbcOptions {
@@ -219,6 +240,7 @@ impl Default for JdbcOptions {
             waiter_liveness: Duration::from_secs(3),
             starvation_after: Duration::from_millis(20),
             wake_sessions: 4,
+            local_notices: true,
         }
     }
 }
@@ -274,6 +296,13 @@ impl JdbcOptions {
         self.wake_sessions = sessions;
         self
     }
+
+    /// Sets whether SQLite waiters wake on release notices from this host's
+    /// processes ([`Self::local_notices`]; `false`: they poll).
+    pub fn local_notices(mut self, on: bool) -> Self {
+        self.local_notices = on;
+        self
+    }
 }
 
 /// Splits dlock's own `dlock_*` query parameters off a URL.
@@ -303,6 +332,9 @@ fn split_options(url: &str, mut options: JdbcOptions) -> Result<(String, JdbcOpt
                 options.wake_sessions = value
                     .parse()
                     .map_err(|_| bad("expected a number of sessions (0 turns them off)"))?;
+            }
+            "dlock_local_notices" => {
+                options.local_notices = value.parse().map_err(|_| bad("expected true or false"))?;
             }
             "dlock_migrate" => {
                 options.migrate = value.parse().map_err(|_| bad("expected true or false"))?;
@@ -479,7 +511,7 @@ impl JdbcBackend {
             migrate::migrate(&pool, &options.table_prefix).await?;
         }
         let statements = Statements::new(pool.dialect(), &options.table_prefix);
-        let (wakeups, listener) = start_listener(&pool, &options).await;
+        let (wakeups, listener, bus) = start_listener(&pool, &options).await;
         let bells = match &pool {
             #[cfg(feature = "mysql")]
             Pool::MySql(p) if options.wake_sessions > 0 => Some(bell::Bells::new(
@@ -499,6 +531,7 @@ impl JdbcBackend {
                 wakeups,
                 listener,
                 bells,
+                bus,
                 departures: Default::default(),
             }),
         })
@@ -687,13 +720,34 @@ fn open_postgres(url: &str, options: &JdbcOptions) -> Result<Pool> {
     Ok(Pool::Postgres(pool))
 }
 
+/// What carries release notices to a backend's waiters: the waiters' wake-ups, the
+/// task that receives the notices, and (SQLite) the bus they are sent on.
+type Listener = (
+    Option<Arc<Wakeups>>,
+    Option<tokio::task::JoinHandle<()>>,
+    Option<local_bus::LocalBus>,
+);
+
 /// On PostgreSQL, one listener connection per backend carries release notices to
 /// local waiters, on a session of its own beside the statements' pool (see
-/// `listen`). Elsewhere (or if listening fails) waiters just poll.
-async fn start_listener(
-    pool: &Pool,
-    options: &JdbcOptions,
-) -> (Option<Arc<Wakeups>>, Option<tokio::task::JoinHandle<()>>) {
+/// `listen`); on SQLite (Unix), the local bus of the database file
+/// ([`local_bus`]). Elsewhere (or if listening fails) waiters just poll.
+async fn start_listener(pool: &Pool, options: &JdbcOptions) -> Listener {
+    #[cfg(all(feature = "sqlite", unix))]
+    #[allow(irrefutable_let_patterns)] // SQLite may be the only database built in
+    if let (Pool::Sqlite(p), true) = (pool, options.local_notices) {
+        let wakeups = Arc::new(Wakeups::default());
+        let file = p.connect_options().get_filename().to_path_buf();
+        return match local_bus::LocalBus::open(&file, &options.table_prefix, Arc::clone(&wakeups)) {
+            // A backend that cannot receive notices has no waiters to wake: they poll.
+            Ok((bus, Some(task))) => (Some(wakeups), Some(task), Some(bus)),
+            Ok((bus, None)) => (None, None, Some(bus)),
+            Err(e) => {
+                tracing::warn!(error = %e, file = %file.display(), "dlock-jdbc: no release notices beside the SQLite file; waiters will poll only");
+                (None, None, None)
+            }
+        };
+    }
     #[cfg(feature = "postgres")]
     #[allow(irrefutable_let_patterns)] // PostgreSQL may be the only database built in
     if let Pool::Postgres(pg) = pool {
@@ -706,7 +760,7 @@ async fn start_listener(
             Ok(l) => l,
             Err(e) => {
                 tracing::warn!(error = %e, "dlock-jdbc: LISTEN failed; waiters will poll only");
-                return (None, None);
+                return (None, None, None);
             }
         };
         let wakeups = Arc::new(Wakeups::default());
@@ -750,10 +804,10 @@ async fn start_listener(
                 }
             }
         });
-        return (Some(wakeups), Some(task));
+        return (Some(wakeups), Some(task), None);
     }
     let _ = (pool, options);
-    (None, None)
+    (None, None, None)
 }
 
 /// A session listening on `channels`, with the connect options `statements` (the

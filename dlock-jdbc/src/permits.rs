@@ -277,7 +277,7 @@ pub(crate) fn grant(dialect: Dialect) -> String {
 }
 
 /// `$1` name, `$2` owner (and `$3` its [`search_pattern`], MySQL) → rows affected
-/// (or a notify row on PostgreSQL): removes `$2`'s live entry (and, but on MySQL,
+/// (or a notify row on PostgreSQL, a row with the notice's payload on SQLite): removes `$2`'s live entry (and, but on MySQL,
 /// the lapsed ones; there renewals do).
 pub(crate) fn release(dialect: Dialect) -> String {
     let j = json(dialect);
@@ -302,7 +302,8 @@ pub(crate) fn release(dialect: Dialect) -> String {
             "{} RETURNING pg_notify('{{channel}}', RELEASE_PAYLOAD)",
             rewrite()
         ),
-        Dialect::Sqlite => rewrite(),
+        // The payload, for the backend to send ([`crate::local_bus`]).
+        Dialect::Sqlite => format!("{} RETURNING RELEASE_PAYLOAD", rewrite()),
     }
 }
 

@@ -14,6 +14,7 @@ use std::sync::{Mutex, PoisonError};
 use std::time::Instant;
 
 use dlock_spi::{AcquireRequest, Error, HolderKey, LockMode, LockName, Result};
+use sqlx::Row;
 use tokio::sync::watch;
 
 use crate::backend::JdbcBackend;
@@ -205,10 +206,23 @@ async fn dequeue(backend: &JdbcBackend, name: &LockName, waiter: &HolderKey) {
     let inner = &backend.inner;
     let params = [Param::Text(name.as_str()), Param::Text(waiter.as_str())];
     let left = retry_conflicts(|| async {
-        on_pool!(&inner.pool, p => query!(&inner.statements.dequeue, &params).execute(p).await.map(drop))
-            .map_err(|e| map_sqlx(e, backend.backend(), "leave"))
+        let notice = match &inner.bus {
+            // SQLite: the statement answers the notice to pass on, if any.
+            Some(_) => on_pool!(&inner.pool, p => {
+                match query!(&inner.statements.dequeue, &params).fetch_optional(p).await {
+                    Ok(Some(row)) => row.try_get::<Option<String>, _>(0),
+                    Ok(None) => Ok(None),
+                    Err(e) => Err(e),
+                }
+            }),
+            None => on_pool!(&inner.pool, p => query!(&inner.statements.dequeue, &params).execute(p).await.map(|_| None)),
+        };
+        notice.map_err(|e| map_sqlx(e, backend.backend(), "leave"))
     })
     .await;
+    if let (Ok(Some(notice)), Some(bus)) = (&left, &inner.bus) {
+        bus.send(notice);
+    }
     if let Err(err) = left {
         tracing::debug!(lock = %name, error = %err, "dlock-jdbc: leaving the queue failed; the entry lapses with its liveness");
     }

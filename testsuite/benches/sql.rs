@@ -20,7 +20,8 @@
 //!   new every round, which all cycle the lock for a second (or the round, if
 //!   shorter) before their cycles count (a warm-up: connections opened, statements
 //!   prepared); cycles/s,
-//!   per-process min and max, longest single wait, timeouts.
+//!   per-process min and max, median wait (of the processes' medians per round),
+//!   longest single wait, timeouts.
 //!
 //! Run: `cargo bench -p testsuite --bench sql` (backends from DLOCK_TEST_BACKENDS,
 //! default sqlite,mysql,postgres; DLOCK_BENCH_SECS per implementation and scenario,
@@ -352,6 +353,9 @@ const PEER: &str = "distributed-lock 0.2 (advisory locks)";
 const ASYNC_COMMIT: &str = "dlock non-fair, asynchronous commit (opt-in)";
 /// The contended control (MySQL, PostgreSQL): the lease floor's row, taken by
 /// waiters that block inside the server on a named lock beside it.
+/// dlock on SQLite with its release notices turned off in the URL: waiters poll,
+/// as every SQLite waiter did before the notices (a control).
+const NOTICES_OFF: &str = "dlock non-fair, release notices off (control: polling)";
 const WOKEN_FLOOR: &str = "lease floor, waiters blocked in the server (control)";
 
 /// A floor's contestant: one task cycling `name` on `floor`.
@@ -509,6 +513,9 @@ fn contended_impls(label: &str) -> Vec<&'static str> {
     if label == "postgres" {
         v.push(ASYNC_COMMIT);
     }
+    if label == "sqlite" {
+        v.push(NOTICES_OFF);
+    }
     if matches!(label, "postgres" | "mysql") {
         v.push(WOKEN_FLOOR);
         v.push(PEER);
@@ -624,6 +631,9 @@ fn child(spec: &str) {
         } else {
             let url = if imp == ASYNC_COMMIT {
                 async_commit_url(url)
+            } else if imp == NOTICES_OFF {
+                let sep = if url.contains('?') { '&' } else { '?' };
+                format!("{url}{sep}dlock_local_notices=false")
             } else {
                 url.to_owned()
             };
@@ -647,19 +657,27 @@ fn child(spec: &str) {
             let _ = contended_cycle(&mut side, lock).await;
         }
         let end = Instant::now() + run_for;
-        let (mut n, mut in_time, mut longest, mut timeouts) = (0u64, 0u64, Duration::ZERO, 0u64);
+        let (mut n, mut in_time, mut timeouts) = (0u64, 0u64, 0u64);
+        let mut waits = Vec::new();
         while Instant::now() < end {
             let t = Instant::now();
             let ok = contended_cycle(&mut side, lock).await;
             if ok {
                 n += 1;
                 in_time += u64::from(Instant::now() <= end);
-                longest = longest.max(t.elapsed().saturating_sub(HOLD));
+                waits.push(t.elapsed().saturating_sub(HOLD));
             } else {
                 timeouts += 1;
             }
         }
-        println!("{in_time} {n} {} {timeouts}", longest.as_micros());
+        waits.sort_unstable();
+        let longest = waits.last().copied().unwrap_or_default();
+        let median = waits.get(waits.len() / 2).copied().unwrap_or_default();
+        println!(
+            "{in_time} {n} {} {timeouts} {}",
+            longest.as_micros(),
+            median.as_micros()
+        );
         if let Side::Dlock(m, _) = side {
             m.close().await;
         }
@@ -672,6 +690,9 @@ struct Proc {
     cycles: u64,
     longest_wait: Duration,
     timeouts: u64,
+    /// The median wait of each round.
+    medians: [Duration; CONTENDED_ROUNDS as usize],
+    rounds: usize,
 }
 
 /// One round of `imp`: `PROCESSES` children on `lock` for `d`; adds to `totals` and
@@ -717,6 +738,10 @@ async fn contended_round(
             p.cycles += v[1];
             p.longest_wait = p.longest_wait.max(Duration::from_micros(v[2]));
             p.timeouts += v[3];
+            if let Some(m) = p.medians.get_mut(p.rounds) {
+                *m = Duration::from_micros(v[4]);
+            }
+            p.rounds += 1;
         }
         assert!(c.wait().await.unwrap().success());
     }
@@ -749,9 +774,17 @@ async fn contended(label: &str, url: &str, secs: Duration, rounds: u32) {
         let p = mine.borrow();
         let min = p.iter().map(|c| c.cycles).min().unwrap_or(0);
         let max = p.iter().map(|c| c.cycles).max().unwrap_or(0);
+        // The median over every process's round medians.
+        let mut medians: Vec<Duration> = p
+            .iter()
+            .flat_map(|c| c.medians.iter().take(c.rounds).copied())
+            .collect();
+        medians.sort_unstable();
+        let median = medians.get(medians.len() / 2).copied().unwrap_or_default();
         println!(
-            "| {label} | {name} | {rate:.0} | {min} | {max} | {:.2} | {:.0} ms | {} |",
+            "| {label} | {name} | {rate:.0} | {min} | {max} | {:.2} | {:.1} ms | {:.0} ms | {} |",
             max as f64 / min.max(1) as f64,
+            median.as_secs_f64() * 1000.0,
             p.iter()
                 .map(|c| c.longest_wait)
                 .max()
@@ -804,7 +837,7 @@ fn main() {
         }
         if want("contended") {
             println!("\n**{PROCESSES} processes on one lock** (hold {HOLD:?}, wait ≤ {MAX_WAIT:?}; cycles/s of the median of {contended_rounds} rounds, the rest over all rounds)\n");
-            println!("| backend | implementation | cycles/s | per-process min | max | max/min | longest wait | timeouts |\n|---|---|---|---|---|---|---|---|");
+            println!("| backend | implementation | cycles/s | per-process min | max | max/min | median wait | longest wait | timeouts |\n|---|---|---|---|---|---|---|---|---|");
             for (label, url) in &targets {
                 contended(label, &url.to_string(), secs, contended_rounds).await;
             }

@@ -45,6 +45,15 @@ fn sql_url(label: &str) -> Option<TestUrl> {
         .map(|(_, url)| url)
 }
 
+/// The selected labels whose releases notify waiters: PostgreSQL (`LISTEN/NOTIFY`)
+/// and SQLite (the local bus of its file).
+fn notified_backends() -> Vec<(String, TestUrl)> {
+    sql_backends()
+        .into_iter()
+        .filter(|(l, _)| matches!(l.as_str(), "postgres" | "sqlite"))
+        .collect()
+}
+
 /// A lease no test outlives (the manager's default).
 const LONG_LEASE: Duration = Duration::from_secs(30);
 
@@ -747,147 +756,143 @@ async fn granted_after_release(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_release_wakes_a_slow_poller_at_once() {
-    let Some(url) = sql_url("postgres") else {
-        return;
-    };
-    // Pollers that would otherwise sleep 3 s between tries.
-    let holder = manager(&url, JdbcOptions::default(), LONG_LEASE).await;
-    let (backend, waiter) = backend_and_manager(&url, polling_every(3), LONG_LEASE).await;
-    let name = format!("notify-{:x}", fastrand::u64(..));
-    let g = holder
-        .lock(&name)
-        .try_lock(Duration::ZERO)
-        .await
-        .unwrap()
-        .unwrap();
-    let delay = granted_after_release(&waiter, &backend, &name, g).await;
-    assert!(
-        delay < Duration::from_millis(1000),
-        "woken {delay:?} after the release; NOTIFY did not arrive"
-    );
-    holder.close().await;
-    waiter.close().await;
+async fn a_release_notice_wakes_a_slow_poller_at_once() {
+    for (label, url) in notified_backends() {
+        // Pollers that would otherwise sleep 3 s between tries.
+        let holder = manager(&url, JdbcOptions::default(), LONG_LEASE).await;
+        let (backend, waiter) = backend_and_manager(&url, polling_every(3), LONG_LEASE).await;
+        let name = format!("notify-{:x}", fastrand::u64(..));
+        let g = holder
+            .lock(&name)
+            .try_lock(Duration::ZERO)
+            .await
+            .unwrap()
+            .unwrap();
+        let delay = granted_after_release(&waiter, &backend, &name, g).await;
+        assert!(
+            delay < Duration::from_millis(1000),
+            "{label}: woken {delay:?} after the release; the release notice did not arrive"
+        );
+        holder.close().await;
+        waiter.close().await;
+    }
 }
 
-/// A release on PostgreSQL wakes the writer first in the queue, not a waiter in every
-/// process: six waiters, each on a backend of its own (its own `LISTEN` connection,
-/// as a process of its own has), polling only every 10 s; one release makes at most
-/// two acquire attempts among them (the head's, and at most one more), and the lock
+/// A release on PostgreSQL or SQLite wakes the writer first in the queue, not a
+/// waiter in every process: six waiters, each on a backend of its own (its own
+/// `LISTEN` connection or notice socket, as a process of its own has), polling
+/// only every 10 s; one release makes at most two acquire attempts among them (the head's, and at most one more), and the lock
 /// passes on down the queue, one notice per release.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_release_wakes_the_writer_first_in_line_only() {
+async fn a_release_notice_wakes_the_writer_first_in_line_only() {
     const WAITERS: usize = 6;
-    let Some(url) = sql_url("postgres") else {
-        return;
-    };
-    let slow = polling_every(10).waiter_liveness(Duration::from_secs(30));
-    let holder = manager(&url, JdbcOptions::default(), LONG_LEASE).await;
-    let name = format!("head-{:x}", fastrand::u64(..));
-    let g = holder
-        .lock(&name)
-        .try_lock(Duration::ZERO)
-        .await
-        .unwrap()
-        .unwrap();
-    let (mut backends, mut managers, mut tasks) = (Vec::new(), Vec::new(), Vec::new());
-    let granted = Arc::new(tokio::sync::Semaphore::new(0));
-    for _ in 0..WAITERS {
-        let (backend, m) = backend_and_manager(&url, slow.clone(), LONG_LEASE).await;
-        let (lock, granted) = (m.lock(&name), Arc::clone(&granted));
-        tasks.push(tokio::spawn(async move {
-            let got = lock
-                .try_lock(Duration::from_secs(30))
-                .await
-                .unwrap()
-                .unwrap();
-            granted.add_permits(1);
-            got.unlock().await.unwrap();
-        }));
-        backends.push(backend);
-        managers.push(m);
-    }
-    let attempts = || {
-        backends
-            .iter()
-            .map(JdbcBackend::acquire_attempts)
-            .sum::<u64>()
-    };
-    let lock_name = LockName::new(name.clone()).unwrap();
-    let queued = eventually(Duration::from_secs(5), || async {
-        waiters_of(&backends[0], &lock_name).await == WAITERS
-    })
-    .await;
-    assert!(queued, "postgres: the waiters did not all queue");
-    let before = attempts();
-    g.unlock().await.unwrap();
-    let first = tokio::time::timeout(Duration::from_secs(5), granted.acquire())
-        .await
-        .expect("a waiter was granted the lock within 5 s of the release");
-    first.unwrap().forget();
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    // By now the first waiter has released and the next ones taken it in turn;
-    // every release woke exactly its successor.
-    let passed = granted.available_permits() + 1;
-    let woken = attempts() - before;
-    assert!(
-        woken <= passed as u64 + 1,
-        "postgres: {passed} grant(s) took {woken} acquire attempts among {WAITERS} waiters"
-    );
-    let all = tokio::time::timeout(Duration::from_secs(10), async {
-        for t in tasks {
-            t.await.unwrap();
+    for (label, url) in notified_backends() {
+        let slow = polling_every(10).waiter_liveness(Duration::from_secs(30));
+        let holder = manager(&url, JdbcOptions::default(), LONG_LEASE).await;
+        let name = format!("head-{:x}", fastrand::u64(..));
+        let g = holder
+            .lock(&name)
+            .try_lock(Duration::ZERO)
+            .await
+            .unwrap()
+            .unwrap();
+        let (mut backends, mut managers, mut tasks) = (Vec::new(), Vec::new(), Vec::new());
+        let granted = Arc::new(tokio::sync::Semaphore::new(0));
+        for _ in 0..WAITERS {
+            let (backend, m) = backend_and_manager(&url, slow.clone(), LONG_LEASE).await;
+            let (lock, granted) = (m.lock(&name), Arc::clone(&granted));
+            tasks.push(tokio::spawn(async move {
+                let got = lock
+                    .try_lock(Duration::from_secs(30))
+                    .await
+                    .unwrap()
+                    .unwrap();
+                granted.add_permits(1);
+                got.unlock().await.unwrap();
+            }));
+            backends.push(backend);
+            managers.push(m);
         }
-    })
-    .await;
-    assert!(
-        all.is_ok(),
-        "postgres: the lock did not pass down the queue"
-    );
-    holder.close().await;
-    for m in managers {
-        m.close().await;
+        let attempts = || {
+            backends
+                .iter()
+                .map(JdbcBackend::acquire_attempts)
+                .sum::<u64>()
+        };
+        let lock_name = LockName::new(name.clone()).unwrap();
+        let queued = eventually(Duration::from_secs(5), || async {
+            waiters_of(&backends[0], &lock_name).await == WAITERS
+        })
+        .await;
+        assert!(queued, "{label}: the waiters did not all queue");
+        let before = attempts();
+        g.unlock().await.unwrap();
+        let first = tokio::time::timeout(Duration::from_secs(5), granted.acquire())
+            .await
+            .unwrap_or_else(|_| {
+                panic!("{label}: no waiter was granted the lock within 5 s of the release")
+            });
+        first.unwrap().forget();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        // By now the first waiter has released and the next ones taken it in turn;
+        // every release woke exactly its successor.
+        let passed = granted.available_permits() + 1;
+        let woken = attempts() - before;
+        assert!(
+            woken <= passed as u64 + 1,
+            "{label}: {passed} grant(s) took {woken} acquire attempts among {WAITERS} waiters"
+        );
+        let all = tokio::time::timeout(Duration::from_secs(10), async {
+            for t in tasks {
+                t.await.unwrap();
+            }
+        })
+        .await;
+        assert!(all.is_ok(), "{label}: the lock did not pass down the queue");
+        holder.close().await;
+        for m in managers {
+            m.close().await;
+        }
     }
 }
 
-/// PostgreSQL: a queued writer waits for the release notice that names it, and
+/// PostgreSQL and SQLite: a queued writer waits for the release notice that names it, and
 /// looks on its own only as often as the backoff's longest delay — not climbing
 /// the backoff from its shortest, which costs every waiter of a hot lock a refused
 /// attempt every few milliseconds. With the default backoff (5 ms doubling to
 /// 250 ms, equal jitter) the climb makes 6 attempts within the first 160–320 ms of
 /// a wait; a waiter that waits for its notice makes at most 4 in 300 ms (the first,
 /// the look soon after it queued, then one every 125–250 ms). (That the release wakes
-/// it at once: `postgres_release_wakes_a_slow_poller_at_once`.)
+/// it at once: `a_release_notice_wakes_a_slow_poller_at_once`.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_a_queued_writer_waits_for_its_notice_not_a_climbing_backoff() {
-    let Some(url) = sql_url("postgres") else {
-        return;
-    };
-    let holder = manager(&url, JdbcOptions::default(), LONG_LEASE).await;
-    let (backend, waiter) = backend_and_manager(&url, JdbcOptions::default(), LONG_LEASE).await;
-    let name = format!("told-{:x}", fastrand::u64(..));
-    let held = take(&holder.lock(&name), Duration::ZERO).await;
-    let started = Instant::now();
-    let waiting = {
-        let lock = waiter.fair_lock(&name);
-        tokio::spawn(async move { lock.try_lock(Duration::from_secs(20)).await })
-    };
-    assert!(
-        eventually(Duration::from_secs(5), || async {
-            backend.acquire_attempts() >= 1
-        })
-        .await,
-        "postgres: the waiter never looked"
-    );
-    tokio::time::sleep(Duration::from_millis(300).saturating_sub(started.elapsed())).await;
-    let looks = backend.acquire_attempts();
-    assert!(
-        looks <= 4,
-        "postgres: a queued writer looked {looks} times in its first 300 ms"
-    );
-    handed_over(held, waiting, "postgres").await;
-    holder.close().await;
-    waiter.close().await;
+async fn a_queued_writer_waits_for_its_notice_not_a_climbing_backoff() {
+    for (label, url) in notified_backends() {
+        let holder = manager(&url, JdbcOptions::default(), LONG_LEASE).await;
+        let (backend, waiter) = backend_and_manager(&url, JdbcOptions::default(), LONG_LEASE).await;
+        let name = format!("told-{:x}", fastrand::u64(..));
+        let held = take(&holder.lock(&name), Duration::ZERO).await;
+        let started = Instant::now();
+        let waiting = {
+            let lock = waiter.fair_lock(&name);
+            tokio::spawn(async move { lock.try_lock(Duration::from_secs(20)).await })
+        };
+        assert!(
+            eventually(Duration::from_secs(5), || async {
+                backend.acquire_attempts() >= 1
+            })
+            .await,
+            "{label}: the waiter never looked"
+        );
+        tokio::time::sleep(Duration::from_millis(300).saturating_sub(started.elapsed())).await;
+        let looks = backend.acquire_attempts();
+        assert!(
+            looks <= 4,
+            "{label}: a queued writer looked {looks} times in its first 300 ms"
+        );
+        handed_over(held, waiting, &label).await;
+        holder.close().await;
+        waiter.close().await;
+    }
 }
 
 /// PostgreSQL: a writer that queues behind another queued writer does not look again
@@ -1429,8 +1434,9 @@ async fn mysql_a_grant_leaves_the_queue_beside_its_hold_and_its_release_waits_fo
 /// back, in non-fair mode it passes (the waiter has not starved). On MariaDB/MySQL a
 /// caller not queued judges the queue by its mark on the lock's row, which every
 /// waiter sets before it queues; without the mark the fair newcomer is granted. The
-/// waiter polls every 10 s (no bells), and the newcomers come within that pause.
-/// (Not on PostgreSQL: its release wakes the waiter, which races the newcomers.)
+/// waiter polls every 10 s (no bells, no SQLite release notices), and the newcomers
+/// come within that pause. (Not on PostgreSQL: its release wakes the waiter, which
+/// races the newcomers.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_newcomer_stands_back_for_a_queued_waiter_in_fair_mode_only() {
     for (label, url) in sql_backends() {
@@ -1440,7 +1446,8 @@ async fn a_newcomer_stands_back_for_a_queued_waiter_in_fair_mode_only() {
         let holder = manager(&url, JdbcOptions::default(), LONG_LEASE).await;
         let slow = polling_every(10)
             .waiter_liveness(Duration::from_secs(30))
-            .wake_sessions(0);
+            .wake_sessions(0)
+            .local_notices(false);
         let (waiter_backend, waiter) = backend_and_manager(&url, slow, LONG_LEASE).await;
         let patient = JdbcOptions::default().starvation_after(Duration::from_secs(60));
         let newcomer = manager(&url, patient, LONG_LEASE).await;
