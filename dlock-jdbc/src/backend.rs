@@ -1227,7 +1227,9 @@ impl JdbcBackend {
                     // The statement notifies waiters and returns a row when it released.
                     Dialect::Postgres => query!(stmt, &params).fetch_optional(p).await.map(|r| r.is_some()),
                     // A row when it released, with the notice to send (NULL: none).
-                    Dialect::Sqlite => query!(stmt, &params).fetch_optional(p).await.map(|r| match r {
+                    // All rows are read: the statement commits as it ends, and an
+                    // error there is the release's.
+                    Dialect::Sqlite => query!(stmt, &params).fetch_all(p).await.map(|rows| match rows.first() {
                         Some(row) => {
                             notice = row.try_get::<Option<String>, _>(0).ok().flatten();
                             true

@@ -225,7 +225,11 @@ pub struct JdbcOptions {
     /// pausing the backoff's longest delay between looks of its own. A notice
     /// only says when to look at the lock: a lost or forged one costs waiting
     /// time, never a double grant. `false`: waiters poll with [`Self::backoff`]
-    /// alone. Ignored by MariaDB/MySQL and PostgreSQL. Default true.
+    /// alone, and releases send no notice — turn it off in every process sharing
+    /// the file or in none, or a told waiter learns of those releases only at its
+    /// own next look. A file whose path is too long for a socket address beside it
+    /// (about 70 bytes) has no notices. Ignored by MariaDB/MySQL and PostgreSQL.
+    /// Default true.
     pub local_notices: bool,
 }
 
@@ -740,8 +744,9 @@ async fn start_listener(pool: &Pool, options: &JdbcOptions) -> Listener {
         let file = p.connect_options().get_filename().to_path_buf();
         return match local_bus::LocalBus::open(&file, &options.table_prefix, Arc::clone(&wakeups)) {
             // A backend that cannot receive notices has no waiters to wake: they poll.
-            Ok((bus, Some(task))) => (Some(wakeups), Some(task), Some(bus)),
-            Ok((bus, None)) => (None, None, Some(bus)),
+            // (The bus's own thread receives; it ends with the bus.)
+            Ok((bus, true)) => (Some(wakeups), None, Some(bus)),
+            Ok((bus, false)) => (None, None, Some(bus)),
             Err(e) => {
                 tracing::warn!(error = %e, file = %file.display(), "dlock-jdbc: no release notices beside the SQLite file; waiters will poll only");
                 (None, None, None)

@@ -209,9 +209,9 @@ async fn dequeue(backend: &JdbcBackend, name: &LockName, waiter: &HolderKey) {
         let notice = match &inner.bus {
             // SQLite: the statement answers the notice to pass on, if any.
             Some(_) => on_pool!(&inner.pool, p => {
-                match query!(&inner.statements.dequeue, &params).fetch_optional(p).await {
-                    Ok(Some(row)) => row.try_get::<Option<String>, _>(0),
-                    Ok(None) => Ok(None),
+                // All rows are read: the statement commits as it ends.
+                match query!(&inner.statements.dequeue, &params).fetch_all(p).await {
+                    Ok(rows) => rows.first().map_or(Ok(None), |row| row.try_get::<Option<String>, _>(0)),
                     Err(e) => Err(e),
                 }
             }),

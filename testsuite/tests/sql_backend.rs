@@ -54,6 +54,29 @@ fn notified_backends() -> Vec<(String, TestUrl)> {
         .collect()
 }
 
+/// SQLite on a runtime without tokio's I/O driver (SQLite never needed it): the
+/// backend opens, and a lock is taken and released — the release notices' socket
+/// is read on a thread of the backend's own. (It panicked when it was read by a
+/// task: tokio's Unix sockets need the I/O driver.)
+#[test]
+fn sqlite_works_on_a_runtime_without_the_io_driver() {
+    let Some(url) = sql_url("sqlite") else {
+        return;
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_time()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let m = manager(&url, JdbcOptions::default(), LONG_LEASE).await;
+        let name = format!("no-io-{:x}", fastrand::u64(..));
+        let g = take(&m.lock(&name), Duration::ZERO).await;
+        g.unlock().await.unwrap();
+        m.close().await;
+    });
+}
+
 /// A lease no test outlives (the manager's default).
 const LONG_LEASE: Duration = Duration::from_secs(30);
 
