@@ -26,12 +26,13 @@ pub(crate) async fn status(
 ) -> Result<ExitCode, Failure> {
     let name = args.name.as_str();
     // A bad name is a usage error even where nothing is stored.
-    LockName::with_prefix(namespace, name).map_err(Failure::from)?;
+    let full = LockName::with_prefix(namespace, name).map_err(Failure::from)?;
     let state = match dlock_api::open_existing_backend(backend)
         .await
         .map_err(Failure::from)?
     {
         ExistingBackend::NoDatabaseFile(file) => {
+            sqlite_name_check(&full)?;
             no_database_note(&file);
             LockState::default()
         }
@@ -99,6 +100,7 @@ pub(crate) async fn unlock(
     {
         ExistingBackend::Open(resource) => resource,
         ExistingBackend::NoDatabaseFile(file) => {
+            sqlite_name_check(&full)?;
             no_database_note(&file);
             println!("{name}: removed 0 hold(s)");
             return Ok(ExitCode::SUCCESS);
@@ -113,9 +115,22 @@ pub(crate) async fn unlock(
             ),
         )
     })?;
+    // The name check an acquire and `status` make.
+    resource
+        .capabilities()
+        .check_name(resource.backend_name(), &full)
+        .map_err(Failure::from)?;
     let removed = admin.force_release(&full).await.map_err(Failure::from)?;
     println!("{name}: removed {removed} hold(s)");
     Ok(ExitCode::SUCCESS)
+}
+
+/// Where no SQLite file exists, the name check the SQLite backend's acquire would
+/// make (a name no acquire could take is not "free").
+fn sqlite_name_check(full: &LockName) -> Result<(), Failure> {
+    let mut caps = dlock_api::Capabilities::default();
+    caps.max_name_len = Some(dlock_api::jdbc::MAX_NAME_LEN);
+    caps.check_name("sqlite", full).map_err(Failure::from)
 }
 
 /// Says on stderr that the SQLite file was not there (a mistyped path, another

@@ -19,10 +19,10 @@ use etcd_client::{
 };
 use tonic::transport::{Channel, Endpoint};
 
-use crate::error::{map_etcd, map_sign_in, timed_out, transport_failure};
+use crate::error::{is_old_auth_revision, map_etcd, map_sign_in, timed_out, transport_failure};
 use crate::keepalive::KeepAlives;
 use crate::keys::{permit_total, prefix_end, stored_value, Keys, Side};
-use crate::resend::{resending, Repeat, Sent};
+use crate::resend::{resending, Repeat, Sent, Unanswered};
 use crate::{parse_url, EtcdOptions};
 
 /// How often a waiter whose key vanished (force-released, its lease lost in a
@@ -288,15 +288,36 @@ impl EtcdBackend {
     {
         let deadline = tokio::time::Instant::now() + self.inner.timeout;
         let client = &self.inner.client;
-        resending(
-            deadline,
-            self.inner.resends,
-            repeat,
-            transport_failure,
-            || send(make(client)),
-        )
-        .await
-        .map_err(|u| u.into_error(|e| map_etcd(e, op), || timed_out(op)))
+        let mut signed_in_again = 0;
+        loop {
+            let sent = resending(
+                deadline,
+                self.inner.resends,
+                repeat,
+                transport_failure,
+                || send(make(client)),
+            )
+            .await;
+            match sent {
+                // Refused unapplied for a user or role change in flight: signed in
+                // again (a new token), sent again — a few times, within the deadline.
+                Err(Unanswered::Failed(e))
+                    if is_old_auth_revision(&e)
+                        && signed_in_again < AUTH_CHANGE_RESENDS
+                        && tokio::time::Instant::now() < deadline =>
+                {
+                    signed_in_again += 1;
+                    if let Ok(Err(e)) =
+                        tokio::time::timeout_at(deadline, client.refresh_token()).await
+                    {
+                        tracing::debug!(error = %e, "dlock-etcd: signing in again after a change of users failed; sending the request again as it is");
+                    }
+                }
+                other => {
+                    return other.map_err(|u| u.into_error(|e| map_etcd(e, op), || timed_out(op)))
+                }
+            }
+        }
     }
 
     fn guard(&self, lease: i64) -> LeaseGuard {
@@ -750,6 +771,10 @@ fn first_kv(responses: &[TxnOpResponse]) -> Option<KeyValue> {
         _ => None,
     })
 }
+
+/// How many times one request refused for a change of users in flight
+/// ([`is_old_auth_revision`]) is sent again, signed in anew each time.
+const AUTH_CHANGE_RESENDS: u32 = 3;
 
 #[async_trait]
 impl LockRemoteResource for EtcdBackend {

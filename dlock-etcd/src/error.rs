@@ -24,6 +24,11 @@ pub(crate) fn map_etcd(err: EtcdError, op: &'static str) -> Error {
                 false,
                 "etcd refused to sign in again (was the password changed?); check the user and password",
             ),
+            Code::InvalidArgument if is_old_auth_revision(&err) => (
+                ErrorKind::Backend,
+                true,
+                "etcd refused the request, unapplied, as its users or roles changed while it was in flight; retry",
+            ),
             Code::InvalidArgument | Code::OutOfRange => (
                 ErrorKind::InvalidArgument,
                 false,
@@ -50,6 +55,16 @@ pub(crate) fn map_etcd(err: EtcdError, op: &'static str) -> Error {
         .set_retryable(retryable)
         .with_context("op", op)
         .with_source(err)
+}
+
+/// Whether etcd refused `err`'s request because a user or role changed between
+/// its proposal and its application (`ErrAuthOldRevision`): nothing was applied,
+/// and the request may be sent again (after signing in again, as etcd's own
+/// client does).
+pub(crate) fn is_old_auth_revision(err: &EtcdError) -> bool {
+    matches!(err, EtcdError::GRpcStatus(status)
+        if status.code() == Code::InvalidArgument
+            && status.message().contains("revision of auth store is old"))
 }
 
 /// A request that got no answer within the backend's request timeout.

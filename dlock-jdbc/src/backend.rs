@@ -250,6 +250,9 @@ pub(crate) struct Inner {
     pub(crate) bus: Option<LocalBus>,
     /// Granted writers' queue rows still being removed (see [`crate::queue`]).
     pub(crate) departures: Departures,
+    /// The session mode's sessions: every lock call goes to them (`None`: the row
+    /// mode).
+    pub(crate) session: Option<crate::session::Sessions>,
 }
 
 impl Drop for Inner {
@@ -465,6 +468,9 @@ impl JdbcBackend {
     /// Cancel-safe: dropped before it returns, the pool is closed all the same (it
     /// refuses new calls at once) and its connections close as they come back.
     pub async fn close(&self) {
+        if let Some(sessions) = &self.inner.session {
+            sessions.close().await;
+        }
         // The release-notice listener's session closes with its task.
         if let Some(task) = &self.inner.listener {
             task.abort();
@@ -976,6 +982,9 @@ impl LockRemoteResource for JdbcBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
+        if let Some(sessions) = &self.inner.session {
+            return sessions.capabilities();
+        }
         let mut caps = Capabilities::default();
         caps.fair = true;
         caps.lease = true;
@@ -991,6 +1000,9 @@ impl LockRemoteResource for JdbcBackend {
     }
 
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<AcquireResult> {
+        if let Some(sessions) = &self.inner.session {
+            return sessions.try_acquire(req).await;
+        }
         let backoff: Backoff = self.inner.options.backoff;
         // Subscribe before the first attempt, so a release between the attempt and
         // the wait is not missed.
@@ -1130,6 +1142,9 @@ impl LockRemoteResource for JdbcBackend {
     }
 
     async fn release(&self, req: &ReleaseRequest) -> Result<ReleaseResult> {
+        if let Some(sessions) = &self.inner.session {
+            return sessions.release(req).await;
+        }
         let (this, req) = (self.clone(), req.clone());
         detached(statement_place(req.mode), async move {
             // The hold's queue row goes first: once the lock is free, the waiters
@@ -1150,6 +1165,9 @@ impl LockRemoteResource for JdbcBackend {
     }
 
     async fn renew(&self, req: &RenewRequest) -> Result<RenewResult> {
+        if let Some(sessions) = &self.inner.session {
+            return sessions.renew(req).await;
+        }
         let (this, req) = (self.clone(), req.clone());
         detached(statement_place(req.mode), async move {
             retry_conflicts(|| this.renew_now(&req)).await
@@ -1158,6 +1176,9 @@ impl LockRemoteResource for JdbcBackend {
     }
 
     async fn inspect(&self, name: &LockName) -> Result<Option<LockState>> {
+        if let Some(sessions) = &self.inner.session {
+            return sessions.inspect(name).await;
+        }
         self.inspect_now(name).await
     }
 
@@ -1168,10 +1189,7 @@ impl LockRemoteResource for JdbcBackend {
     fn events(&self) -> Option<&dyn dlock_spi::LockEvents> {
         // PostgreSQL's LISTEN connection carries changes; elsewhere observers poll
         // (SQLite's local bus carries release notices only).
-        self.inner
-            .wakeups
-            .as_ref()
-            .filter(|_| self.dialect() == Dialect::Postgres)
+        self.change_feed()
             .map(|_| self as &dyn dlock_spi::LockEvents)
     }
 
@@ -1186,14 +1204,9 @@ impl dlock_spi::LockEvents for JdbcBackend {
     /// force-releases) notify the release channel, leadership grants and proclaims
     /// the change channel.
     async fn follow(&self, name: &LockName) -> Result<dlock_spi::ChangeFeed> {
-        let wakeups = self
-            .inner
-            .wakeups
-            .as_ref()
-            .filter(|_| self.dialect() == Dialect::Postgres)
-            .ok_or_else(|| {
-                Error::unsupported("only PostgreSQL pushes changes (LISTEN/NOTIFY); observers poll")
-            })?;
+        let wakeups = self.change_feed().ok_or_else(|| {
+            Error::unsupported("only PostgreSQL pushes changes (LISTEN/NOTIFY); observers poll")
+        })?;
         Ok(dlock_spi::ChangeFeed::new(
             wakeups.observe(name.as_str()),
             (),
@@ -1202,6 +1215,15 @@ impl dlock_spi::LockEvents for JdbcBackend {
 }
 
 impl JdbcBackend {
+    /// The wake-ups that carry changes to observers: PostgreSQL's `LISTEN`
+    /// connection only (SQLite's local bus carries release notices alone).
+    fn change_feed(&self) -> Option<&Arc<Wakeups>> {
+        self.inner
+            .wakeups
+            .as_ref()
+            .filter(|_| self.dialect() == Dialect::Postgres)
+    }
+
     async fn release_now(&self, req: &ReleaseRequest) -> Result<ReleaseResult> {
         let s = &self.inner.statements;
         let name = Param::Text(req.name.as_str());
@@ -1248,7 +1270,10 @@ impl JdbcBackend {
                     query!(&s.recompute_shared, &[name]).execute(&mut *tx).await?;
                     if let (true, Some(stmt)) = (removed == 1, &s.notify) {
                         if self.dialect() == Dialect::Sqlite {
-                            notice = query!(stmt, &[name]).fetch_one(&mut *tx).await?.try_get(0)?;
+                            // No bus (notices off, or none beside this file): nobody to tell.
+                            if self.inner.bus.is_some() {
+                                notice = query!(stmt, &[name]).fetch_one(&mut *tx).await?.try_get(0)?;
+                            }
                         } else {
                             query!(stmt, &[name]).execute(&mut *tx).await?;
                         }
@@ -1469,6 +1494,9 @@ fn holder(
 #[async_trait]
 impl LockAdmin for JdbcBackend {
     async fn force_release(&self, name: &LockName) -> Result<usize> {
+        if let Some(sessions) = &self.inner.session {
+            return sessions.force_release(name).await;
+        }
         // A transaction: run to completion whatever happens to the caller.
         let (this, name) = (self.clone(), name.clone());
         detached(
@@ -1479,6 +1507,9 @@ impl LockAdmin for JdbcBackend {
     }
 
     async fn live_locks(&self, prefix: &str) -> Result<usize> {
+        if let Some(sessions) = &self.inner.session {
+            return sessions.live_locks(prefix).await;
+        }
         let s = &self.inner.statements;
         let count: std::result::Result<i64, sqlx::Error> = on_pool!(&self.inner.pool, p => {
             match query!(&s.live_locks, &[Param::Text(prefix)]).fetch_one(p).await {

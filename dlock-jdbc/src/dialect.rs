@@ -264,6 +264,11 @@ pub(crate) const RELEASE_PAYLOAD: &str = "NAME_BYTES || ':' || $1 || \
      COALESCE((SELECT w.mode || w.waiter FROM {waiters} w \
        WHERE w.name = $1 AND w.alive_until > NOW ORDER BY w.arrived, w.waiter LIMIT 1), '')";
 
+/// SQLite: [`RELEASE_PAYLOAD`] when a live waiter is queued for lock `$1`, NULL
+/// otherwise (nobody to tell).
+pub(crate) const PAYLOAD_IF_WAITED: &str = "CASE WHEN EXISTS (SELECT 1 FROM {waiters} w \
+       WHERE w.name = $1 AND w.alive_until > NOW) THEN RELEASE_PAYLOAD END";
+
 /// [`RELEASE_PAYLOAD`] naming the first live waiter other than `$2` (one leaving
 /// the queue in the same statement).
 const NEXT_PAYLOAD: &str = "NAME_BYTES || ':' || $1 || \
@@ -598,15 +603,13 @@ impl Statements {
                 // As on PostgreSQL, the notice (here its payload, which the backend
                 // sends itself: [`crate::local_bus`]) for the released row only;
                 // NULL when nobody waits.
-                let text = "UPDATE {locks} SET owner = NULL, context = NULL, acquired_at = 0, expires_at = 0 \
-                 WHERE name = $1 AND owner = $2 AND expires_at > NOW RETURNING ";
-                (
-                    s(&format!(
-                        "{text}CASE WHEN EXISTS (SELECT 1 FROM {{waiters}} w \
-                           WHERE w.name = $1 AND w.alive_until > NOW) THEN RELEASE_PAYLOAD END"
-                    )),
-                    s(&format!("{text}RELEASE_PAYLOAD")),
-                )
+                // No observer follows a SQLite lock (they poll `inspect`), so a
+                // term's end is a release as any other.
+                let text = format!(
+                    "UPDATE {{locks}} SET owner = NULL, context = NULL, acquired_at = 0, expires_at = 0 \
+                     WHERE name = $1 AND owner = $2 AND expires_at > NOW RETURNING {PAYLOAD_IF_WAITED}"
+                );
+                (s(&text), s(&text))
             }
             Dialect::MySql => {
                 let text = "UPDATE {locks} SET owner = NULL, context = NULL, acquired_at = 0, expires_at = 0 \

@@ -34,7 +34,31 @@
 //! `dlock_wake_sessions=4` (MariaDB/MySQL: the connections waiters block on, see
 //! [`JdbcOptions::wake_sessions`]; `0`: waiters poll), `dlock_local_notices=true`
 //! (SQLite: release notices among this host's processes, see
-//! [`JdbcOptions::local_notices`]; `false`: waiters poll).
+//! [`JdbcOptions::local_notices`]; `false`: waiters poll), `dlock_mode=session`
+//! (PostgreSQL: advisory locks; MariaDB: named locks; see below) with
+//! `dlock_session_timeout=10s`.
+//!
+//! ### PostgreSQL and MariaDB: the session mode (opt-in)
+//!
+//! `dlock_mode=session` ([`JdbcMode::Session`]) holds each lock as a session-level
+//! advisory lock on a connection kept for the hold: one round trip per acquire and
+//! per release, no commit, waits blocked in the server (`pg_advisory_lock` with a
+//! `lock_timeout`), exclusive and shared locks, fencing tokens from a sequence. A
+//! hold has no lease: it lasts until released or its session ends, and a client
+//! that vanishes has its locks freed by the server within the session timeout
+//! (PostgreSQL 14+'s `idle_session_timeout`). No fair queues, semaphores,
+//! downgrades or upgrades (`Unsupported`). Refused behind a transaction pooler. A
+//! session ended from outside (`pg_terminate_backend`, a restart, a reset
+//! connection) frees the lock with no margin: guard writes with the fencing token
+//! (SAFETY.md, "The SQL session modes"). The row mode stays the default.
+//!
+//! On MariaDB (10.3 or later: its tokens come from a `SEQUENCE`; MySQL has none and
+//! is refused) a hold is a named lock (`GET_LOCK`): exclusive only (a shared
+//! request is `Unsupported`), one multi-statement round trip per acquire and per
+//! release, holders recorded in a `MEMORY` table (no commit), waits blocked in the
+//! server in slices of at most a second (a dropped wait is ended with `KILL
+//! QUERY`), and the session timeout as the hold session's `wait_timeout` (whole
+//! seconds, rounded up).
 //!
 //! A pooled connection idle for half a second or more is checked (pinged) before
 //! it is used, and replaced if the server has ended it; one used more recently is
@@ -144,6 +168,7 @@ mod permits;
 pub(crate) mod pool;
 mod queue;
 mod run_to_end;
+mod session;
 
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
@@ -231,6 +256,34 @@ pub struct JdbcOptions {
     /// (about 70 bytes) has no notices. Ignored by MariaDB/MySQL and PostgreSQL.
     /// Default true.
     pub local_notices: bool,
+    /// How locks are held (URL `dlock_mode=row|session`). Default
+    /// [`JdbcMode::Row`].
+    pub mode: JdbcMode,
+    /// Session mode: how long the server keeps the session of a client that went
+    /// silent (URL `dlock_session_timeout=`; PostgreSQL's `idle_session_timeout`,
+    /// MariaDB's `wait_timeout` in whole seconds rounded up, on each hold session). A vanished client's locks come free within it; a
+    /// holder that cannot reach its session for half of it declares the hold lost.
+    /// At least 1 s. Default 10 s.
+    pub session_timeout: Duration,
+}
+
+/// How a SQL backend holds its locks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum JdbcMode {
+    /// A row per hold, with a lease the watchdog renews (every database; works
+    /// behind a transaction pooler). Fair queues, semaphores, read-write locks
+    /// with downgrades and upgrades.
+    #[default]
+    Row,
+    /// PostgreSQL and MariaDB 10.3+: a hold is a session-level lock of the
+    /// database's own (PostgreSQL's advisory locks, MariaDB's named locks) on a
+    /// connection kept for it — one round trip per acquire and per release, no
+    /// commit, waits blocked in the server; lost when its session ends (no lease).
+    /// Fencing tokens from a sequence; shared locks on PostgreSQL only; no fair
+    /// queues, semaphores, downgrades or upgrades. Refused behind a pooler that
+    /// shares sessions. See the crate docs.
+    Session,
 }
 
 impl Default for JdbcOptions {
@@ -245,6 +298,8 @@ impl Default for JdbcOptions {
             starvation_after: Duration::from_millis(20),
             wake_sessions: 4,
             local_notices: true,
+            mode: JdbcMode::Row,
+            session_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -301,6 +356,19 @@ impl JdbcOptions {
         self
     }
 
+    /// Sets how locks are held ([`JdbcMode`]).
+    pub fn mode(mut self, mode: JdbcMode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// Sets the session mode's session timeout (at least 1 s; shorter values are
+    /// raised to it).
+    pub fn session_timeout(mut self, timeout: Duration) -> Self {
+        self.session_timeout = timeout.max(Duration::from_secs(1));
+        self
+    }
+
     /// Sets whether SQLite waiters wake on release notices from this host's
     /// processes ([`Self::local_notices`]; `false`: they poll).
     pub fn local_notices(mut self, on: bool) -> Self {
@@ -340,6 +408,18 @@ fn split_options(url: &str, mut options: JdbcOptions) -> Result<(String, JdbcOpt
             "dlock_local_notices" => {
                 options.local_notices = value.parse().map_err(|_| bad("expected true or false"))?;
             }
+            "dlock_mode" => {
+                options.mode = match value {
+                    "row" => JdbcMode::Row,
+                    "session" => JdbcMode::Session,
+                    _ => return Err(bad("expected row or session")),
+                };
+            }
+            "dlock_session_timeout" => {
+                options.session_timeout = dlock_spi::parse_url_duration(value)
+                    .filter(|d| *d >= Duration::from_secs(1))
+                    .ok_or_else(|| bad("expected a duration of at least 1s, such as 10s or 1m"))?;
+            }
             "dlock_migrate" => {
                 options.migrate = value.parse().map_err(|_| bad("expected true or false"))?;
             }
@@ -371,6 +451,17 @@ impl JdbcBackend {
         let (url, options) = split_options(url, options)?;
         validate_prefix(&options.table_prefix)?;
         let scheme = url.split(':').next().unwrap_or("").to_ascii_lowercase();
+        if options.mode == JdbcMode::Session
+            && !matches!(
+                scheme.as_str(),
+                "postgres" | "postgresql" | "mysql" | "mariadb"
+            )
+        {
+            return Err(Error::new(
+                ErrorKind::Config,
+                format!("dlock_mode=session (JdbcMode::Session) is for PostgreSQL and MariaDB; {scheme}:// holds its locks in rows (drop the option)"),
+            ));
+        }
         let pool = match scheme.as_str() {
             #[cfg(feature = "sqlite")]
             "sqlite" => open_sqlite(&url, &options)?,
@@ -511,6 +602,9 @@ impl JdbcBackend {
 
     /// Migrates (if asked), prepares the statements and starts the listener.
     async fn assemble(pool: Pool, options: JdbcOptions) -> Result<Self> {
+        if options.mode == JdbcMode::Session {
+            return Self::assemble_session(pool, options).await;
+        }
         if options.migrate {
             migrate::migrate(&pool, &options.table_prefix).await?;
         }
@@ -537,8 +631,74 @@ impl JdbcBackend {
                 bells,
                 bus,
                 departures: Default::default(),
+                session: None,
             }),
         })
+    }
+
+    /// The session mode's backend: its sessions beside the pool (which it uses
+    /// for nothing else), no row tables, no listener.
+    #[cfg_attr(
+        not(any(feature = "postgres", feature = "mysql")),
+        allow(unused_variables)
+    )]
+    async fn assemble_session(pool: Pool, options: JdbcOptions) -> Result<Self> {
+        // The mode of the pool's database, opened with the pool's connect options.
+        #[cfg_attr(
+            not(any(feature = "postgres", feature = "mysql")),
+            allow(unused_macros)
+        )]
+        macro_rules! open {
+            ($p:expr, $variant:ident, $db:ident) => {{
+                let sessions = session::$db::Sessions::open(
+                    (*$p.connect_options()).clone(),
+                    &options.table_prefix,
+                    options.session_timeout,
+                    options.acquire_timeout,
+                    options.migrate,
+                )
+                .await?;
+                let session = session::Sessions::$variant(Box::new(sessions));
+                return Ok(Self::on_sessions(pool, options, session));
+            }};
+        }
+        #[cfg(feature = "postgres")]
+        #[allow(irrefutable_let_patterns)] // PostgreSQL may be the only database built in
+        if let Pool::Postgres(p) = &pool {
+            open!(p, Postgres, postgres);
+        }
+        #[cfg(feature = "mysql")]
+        #[allow(irrefutable_let_patterns)] // MariaDB may be the only database built in
+        if let Pool::MySql(p) = &pool {
+            open!(p, Mysql, mysql);
+        }
+        Err(Error::new(
+            ErrorKind::Config,
+            format!(
+                "dlock_mode=session (JdbcMode::Session) is for PostgreSQL and MariaDB; the {} backend holds its locks in rows (drop the option)",
+                pool.dialect().name()
+            ),
+        ))
+    }
+
+    /// A backend whose every lock call goes to `session`.
+    #[cfg(any(feature = "postgres", feature = "mysql"))]
+    fn on_sessions(pool: Pool, options: JdbcOptions, session: session::Sessions) -> Self {
+        let statements = Statements::new(pool.dialect(), &options.table_prefix);
+        JdbcBackend {
+            inner: Arc::new(Inner {
+                pool,
+                statements,
+                options,
+                attempts: AtomicU64::new(0),
+                wakeups: None,
+                listener: None,
+                bells: None,
+                bus: None,
+                departures: Default::default(),
+                session: Some(session),
+            }),
+        }
     }
 }
 
@@ -867,7 +1027,23 @@ mod tests {
         )
         .unwrap();
         assert_eq!((url.as_str(), o.wake_sessions), ("mysql://u@h/db", 0));
+        let (url, o) = split_options(
+            "postgres://u@h/db?dlock_mode=session&dlock_session_timeout=4s&sslmode=require",
+            JdbcOptions::default(),
+        )
+        .unwrap();
+        assert_eq!(
+            (url.as_str(), o.mode, o.session_timeout),
+            (
+                "postgres://u@h/db?sslmode=require",
+                JdbcMode::Session,
+                Duration::from_secs(4)
+            )
+        );
         for bad in [
+            "postgres://u@h/db?dlock_mode=advisory",
+            "postgres://u@h/db?dlock_session_timeout=500ms",
+            "postgres://u@h/db?dlock_session_timeout=later",
             "sqlite://a?dlock_wake_sessions=-1",
             "sqlite://a?dlock_wake_sessions=many",
             "sqlite://a?dlock_pool_max=0",
@@ -890,6 +1066,8 @@ mod tests {
             "redis://x",
             "sqlite::memory:",
             "sqlite://x.db?dlock_table_prefix=a-b",
+            // The session mode is PostgreSQL's.
+            "sqlite://x.db?dlock_mode=session",
         ] {
             let err = JdbcBackend::connect(url).await.err().map(|e| e.kind());
             assert_eq!(err, Some(ErrorKind::Config), "{url}");

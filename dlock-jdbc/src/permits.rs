@@ -302,8 +302,12 @@ pub(crate) fn release(dialect: Dialect) -> String {
             "{} RETURNING pg_notify('{{channel}}', RELEASE_PAYLOAD)",
             rewrite()
         ),
-        // The payload, for the backend to send ([`crate::local_bus`]).
-        Dialect::Sqlite => format!("{} RETURNING RELEASE_PAYLOAD", rewrite()),
+        // The payload, for the backend to send ([`crate::local_bus`]), if a waiter waits.
+        Dialect::Sqlite => format!(
+            "{} RETURNING {}",
+            rewrite(),
+            crate::dialect::PAYLOAD_IF_WAITED
+        ),
     }
 }
 

@@ -568,21 +568,11 @@ impl LockRemoteResource for RedlockBackend {
             return Err(self.short_of_quorum(&answers, answered, "answered", "inspect", name));
         }
         let waiting = self.waiters(name, None).await.len();
-        // A holder is one a quorum of the nodes shows.
         let states: Vec<LockState> = answers
             .into_iter()
             .filter_map(|a| a.ok().flatten())
             .collect();
-        let mut holders: Vec<HolderInfo> = Vec::new();
-        for state in &states {
-            for h in &state.holders {
-                let same = |o: &HolderInfo| o.owner == h.owner && o.grant == h.grant;
-                let seen = states.iter().filter(|s| s.holders.iter().any(same)).count();
-                if seen >= self.inner.quorum && !holders.iter().any(same) {
-                    holders.push(h.clone());
-                }
-            }
-        }
+        let holders = quorum_holders(&states, self.inner.quorum);
         Ok((!holders.is_empty() || waiting > 0).then(|| LockState::new(holders, Some(waiting))))
     }
 
@@ -640,6 +630,47 @@ impl RedlockBackend {
         }
         all
     }
+}
+
+/// The holders a quorum of the nodes' `states` shows, each as the quorum sees it:
+/// its token the largest any node shows (the hold's token is the largest of its
+/// granting quorum's, written back to the nodes only after the grant: a node may
+/// show its own, smaller, meanwhile), its context one a quorum shows (a proclaimed
+/// value counts once a quorum has it; until then the earlier one, if a quorum
+/// still has that), its remaining lease the quorum's (a hold lasts while a quorum
+/// keeps it: the quorum-th longest).
+fn quorum_holders(states: &[LockState], quorum: usize) -> Vec<HolderInfo> {
+    let mut holders: Vec<HolderInfo> = Vec::new();
+    for state in states {
+        for h in &state.holders {
+            let same = |o: &HolderInfo| o.owner == h.owner && o.grant == h.grant;
+            if holders.iter().any(same) {
+                continue;
+            }
+            let seen: Vec<&HolderInfo> = states
+                .iter()
+                .filter_map(|s| s.holders.iter().find(|o| same(o)))
+                .collect();
+            if seen.len() < quorum {
+                continue;
+            }
+            let mut holder = h.clone();
+            holder.token = seen.iter().map(|o| o.token).max().unwrap_or(h.token);
+            if let Some(agreed) = seen
+                .iter()
+                .find(|o| seen.iter().filter(|p| p.context == o.context).count() >= quorum)
+            {
+                holder.context = agreed.context.clone();
+            }
+            let mut leases: Vec<Duration> = seen.iter().filter_map(|o| o.remaining_lease).collect();
+            if leases.len() >= quorum {
+                leases.sort_unstable_by(|a, b| b.cmp(a));
+                holder.remaining_lease = Some(leases[quorum - 1]);
+            }
+            holders.push(holder);
+        }
+    }
+    holders
 }
 
 /// Stops showing a waiter whose acquire is dropped mid-wait.

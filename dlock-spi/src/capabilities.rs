@@ -48,3 +48,33 @@ pub struct Capabilities {
     /// The longest name the backend stores, when shorter than `LockName::MAX_LEN`.
     pub max_name_len: Option<usize>,
 }
+
+impl Capabilities {
+    /// Refuses a name longer than the backend stores ([`Self::max_name_len`]) with
+    /// [`crate::ErrorKind::InvalidName`], saying what to do. The one check every
+    /// entry that takes a name runs (acquire, `inspect`, force-release), so a name
+    /// one command refuses is refused by all (`backend`: the backend's name, for
+    /// the message).
+    ///
+    /// ```
+    /// # use dlock_spi::{Capabilities, ErrorKind, LockName};
+    /// let mut caps = Capabilities::default();
+    /// caps.max_name_len = Some(4);
+    /// assert!(caps.check_name("sql", &LockName::new("abcd").unwrap()).is_ok());
+    /// let err = caps.check_name("sql", &LockName::new("abcde").unwrap()).unwrap_err();
+    /// assert_eq!(err.kind(), ErrorKind::InvalidName);
+    /// ```
+    pub fn check_name(&self, backend: &str, name: &crate::LockName) -> crate::Result<()> {
+        match self.max_name_len {
+            Some(max) if name.len() > max => Err(crate::Error::new(
+                crate::ErrorKind::InvalidName,
+                format!(
+                    "lock name is {} bytes; the {backend} backend stores at most {max} — use a shorter name or hash it",
+                    name.len()
+                ),
+            )
+            .with_context("lock", name)),
+            _ => Ok(()),
+        }
+    }
+}

@@ -614,6 +614,9 @@ impl HandlerChain {
     /// Describes a lock's holders and waiters, straight from the backend (no
     /// handlers), bounded by the operation timeout like every backend call.
     pub async fn inspect(&self, name: &LockName) -> Result<Option<LockState>> {
+        // A name no acquire could take is refused here too, not answered "free".
+        self.capabilities
+            .check_name(self.tail.resource.backend_name(), name)?;
         self.tail
             .bounded(
                 self.tail.operation_timeout,
@@ -637,18 +640,7 @@ impl HandlerChain {
     fn head_acquire(&self, req: &mut AcquireRequest) -> Result<()> {
         let caps = &self.capabilities;
         let backend = self.tail.resource.backend_name();
-        if let Some(max) = caps.max_name_len {
-            if req.name.len() > max {
-                return Err(Error::new(
-                    ErrorKind::InvalidName,
-                    format!(
-                        "lock name is {} bytes; the {backend} backend stores at most {max} — use a shorter name or hash it",
-                        req.name.len()
-                    ),
-                )
-                .with_context("lock", &req.name));
-            }
-        }
+        caps.check_name(backend, &req.name)?;
         if req.mode == LockMode::Shared && !caps.shared {
             return Err(Error::unsupported(format!(
                 "the {backend} backend has no shared (read) mode; use an exclusive lock or a backend that supports read-write locks"

@@ -134,6 +134,43 @@ ensure_postgres() {
   log "PostgreSQL ready at 127.0.0.1:5432"
 }
 
+# PgBouncer in transaction pooling (the default of most managed poolers) on
+# 127.0.0.1:6432 in front of the test PostgreSQL, from Debian's package: the
+# session mode must refuse it. Run as the postgres user (PgBouncer will not run
+# as root), its files in PGBOUNCER_DIR.
+PGBOUNCER_DIR="${TMPDIR:-/tmp}/dlock-pgbouncer"
+
+ensure_pgbouncer() {
+  export DLOCK_PGBOUNCER_URL="postgres://postgres@127.0.0.1:6432/test"
+  if psql "postgresql://postgres@127.0.0.1:6432/test" -tAc "SELECT 1" >/dev/null 2>&1; then
+    return 0
+  fi
+  command -v pgbouncer >/dev/null 2>&1 || apt_install pgbouncer
+  mkdir -p "$PGBOUNCER_DIR"
+  cat >"$PGBOUNCER_DIR/pgbouncer.ini" <<INI
+[databases]
+test = host=127.0.0.1 port=5432 dbname=test
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = 6432
+auth_type = trust
+auth_file = $PGBOUNCER_DIR/users.txt
+pool_mode = transaction
+ignore_startup_parameters = extra_float_digits
+max_client_conn = 500
+default_pool_size = 20
+logfile = $PGBOUNCER_DIR/pgbouncer.log
+pidfile = $PGBOUNCER_DIR/pgbouncer.pid
+INI
+  echo '"postgres" ""' >"$PGBOUNCER_DIR/users.txt"
+  as_root chown -R postgres "$PGBOUNCER_DIR"
+  log "starting PgBouncer (transaction pooling) on 127.0.0.1:6432"
+  as_root runuser -u postgres -- pgbouncer -d "$PGBOUNCER_DIR/pgbouncer.ini" \
+    || fail "cannot start PgBouncer (log: $PGBOUNCER_DIR/pgbouncer.log)"
+  wait_for 30 "PgBouncer" psql "postgresql://postgres@127.0.0.1:6432/test" -tAc "SELECT 1"
+  log "PgBouncer ready at 127.0.0.1:6432"
+}
+
 # A second MariaDB on 127.0.0.1:3307 that takes TLS connections only
 # (require_secure_transport), its certificate signed by a throwaway CA (DIR/ca.crt);
 # DIR/other-ca.crt is a CA that did not sign it. Data in DIR/data, owned by mysql.
@@ -808,6 +845,8 @@ ensure_backend() {
     postgres) ensure_postgres && ensure_postgres_tls ;;
     mysql-tls) ensure_mysql && ensure_mysql_tls ;;
     postgres-tls) ensure_postgres && ensure_postgres_tls ;;
+    postgres-session) ensure_postgres && ensure_pgbouncer ;;
+    mysql-session) ensure_mysql ;;
 
     redis | redis-polling) ensure_redis ;;
     redis-cluster) ensure_redis_cluster ;;

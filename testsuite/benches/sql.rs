@@ -356,6 +356,15 @@ const ASYNC_COMMIT: &str = "dlock non-fair, asynchronous commit (opt-in)";
 /// dlock on SQLite with its release notices turned off in the URL: waiters poll,
 /// as every SQLite waiter did before the notices (a control).
 const NOTICES_OFF: &str = "dlock non-fair, release notices off (control: polling)";
+/// dlock in its session mode (PostgreSQL's advisory locks, MariaDB's named locks),
+/// opted into in the URL.
+const SESSION: &str = "dlock session mode (opt-in)";
+
+/// `url` with dlock's session mode asked for.
+fn session_url(url: &str) -> String {
+    let sep = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{sep}dlock_mode=session")
+}
 const WOKEN_FLOOR: &str = "lease floor, waiters blocked in the server (control)";
 
 /// A floor's contestant: one task cycling `name` on `floor`.
@@ -464,6 +473,7 @@ async fn uncontended(
         move |_| format!("{t}:api")
     }));
     let mut async_manager = None;
+    let mut session_manager = None;
     if label == "postgres" {
         let backend = JdbcBackend::connect(&async_commit_url(url)).await.unwrap();
         let m = DistributeLockManager::builder(backend).build().unwrap();
@@ -473,6 +483,26 @@ async fn uncontended(
         });
         contestants.push(contestant.labelled("dlock (user API), asynchronous commit (opt-in)"));
         async_manager = Some(m);
+    }
+    if matches!(label, "postgres" | "mysql") {
+        let session = JdbcBackend::connect(&session_url(url)).await.unwrap();
+        let resource: Arc<dyn LockRemoteResource> = Arc::new(session.clone());
+        contestants.push(
+            spi_contestant(1, resource, {
+                let t = tag.clone();
+                move |_| format!("{t}:session-spi")
+            })
+            .labelled("dlock SPI, session mode (opt-in)"),
+        );
+        let m = DistributeLockManager::builder(session).build().unwrap();
+        contestants.push(
+            api_contestant(1, m.clone(), {
+                let t = tag.clone();
+                move |_| format!("{t}:session-api")
+            })
+            .labelled("dlock (user API), session mode (opt-in)"),
+        );
+        session_manager = Some(m);
     }
     if let Some(peer) = Peer::connect(label, url).await {
         let peer = Arc::new(peer);
@@ -486,7 +516,7 @@ async fn uncontended(
         }));
     }
     let rows = interleaved(contestants, rounds, secs / rounds).await;
-    if let Some(m) = async_manager {
+    for m in [async_manager, session_manager].into_iter().flatten() {
         m.close().await;
     }
     manager.close().await;
@@ -512,6 +542,9 @@ fn contended_impls(label: &str) -> Vec<&'static str> {
     let mut v = vec!["dlock non-fair", "dlock fair"];
     if label == "postgres" {
         v.push(ASYNC_COMMIT);
+    }
+    if matches!(label, "postgres" | "mysql") {
+        v.push(SESSION);
     }
     if label == "sqlite" {
         v.push(NOTICES_OFF);
@@ -631,6 +664,8 @@ fn child(spec: &str) {
         } else {
             let url = if imp == ASYNC_COMMIT {
                 async_commit_url(url)
+            } else if imp == SESSION {
+                session_url(url)
             } else if imp == NOTICES_OFF {
                 let sep = if url.contains('?') { '&' } else { '?' };
                 format!("{url}{sep}dlock_local_notices=false")

@@ -17,6 +17,17 @@ use dlock_zk::ZkBackend;
 use crate::lockcheck::broken::{BrokenBackend, Flaw};
 use crate::TestBackend;
 
+/// The session timeout of the session-mode labels (`postgres-session`,
+/// `mysql-session`): a vanished client's locks come free within it (the
+/// lock-history checker's hold life there).
+pub const SESSION_MODE_TIMEOUT: Duration = Duration::from_secs(4);
+
+/// Whether `label` runs a SQL backend in its session mode (a hold lives as long as
+/// its server session).
+pub fn is_session_mode(label: &str) -> bool {
+    matches!(label, "postgres-session" | "mysql-session")
+}
+
 /// Replicas of the Sentinel deployment's master (scripts/lib/services.sh).
 pub const SENTINEL_REPLICAS: u32 = 2;
 
@@ -28,6 +39,8 @@ pub const KNOWN: &[&str] = &[
     "postgres",
     "mysql-tls",
     "postgres-tls",
+    "postgres-session",
+    "mysql-session",
     "redis",
     "redis-polling",
     "redis-cluster",
@@ -135,6 +148,17 @@ pub fn url_of(label: &str) -> Option<TestUrl> {
     let url = match label {
         "mysql" => Some("mysql://root@127.0.0.1:3306/test".to_owned()),
         "postgres" => Some("postgres://postgres@127.0.0.1:5432/test".to_owned()),
+        // The session mode (advisory locks), with a session timeout short enough
+        // for the checker's black holes and kills to see locks come free.
+        "postgres-session" => Some(format!(
+            "postgres://postgres@127.0.0.1:5432/test?dlock_mode=session&dlock_session_timeout={}ms",
+            SESSION_MODE_TIMEOUT.as_millis()
+        )),
+        // MariaDB's session mode (named locks), likewise.
+        "mysql-session" => Some(format!(
+            "mysql://root@127.0.0.1:3306/test?dlock_mode=session&dlock_session_timeout={}ms",
+            SESSION_MODE_TIMEOUT.as_millis()
+        )),
         "redis" | "redis-polling" => std::env::var("DLOCK_REDIS_URL")
             .ok()
             .or_else(|| Some("redis://127.0.0.1:6379".to_owned())),
@@ -384,9 +408,8 @@ pub async fn open_at(label: &str, url: TestUrl) -> Result<Arc<dyn TestBackend>> 
     let label = known(label)?;
     Ok(match label {
         "memory" => Arc::new(MemoryTestBackend::default()),
-        "sqlite" | "mysql" | "postgres" | "mysql-tls" | "postgres-tls" => {
-            Arc::new(SqlTestBackend::open(label, url).await?)
-        }
+        "sqlite" | "mysql" | "postgres" | "mysql-tls" | "postgres-tls" | "postgres-session"
+        | "mysql-session" => Arc::new(SqlTestBackend::open(label, url).await?),
         "redis" | "redis-polling" | "redis-cluster" | "redis-tls" | "redis-cluster-tls"
         | "redis-sentinel" | "redis-sentinel-ack" | "redis-sentinel-tls" => {
             Arc::new(RedisTestBackend::open(label, url).await?)

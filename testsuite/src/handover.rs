@@ -275,14 +275,13 @@ pub async fn run(opts: &Options, worker_exe: &std::path::Path) -> Result<Summary
             .map_err(|e| format!("worker {i}: cannot send the start: {e}"))?;
     }
     let bound = START_MARGIN + opts.duration + opts.wait + REPORT_GRACE;
-    for (i, (mut child, stdout)) in children.into_iter().enumerate() {
+    for (i, (mut child, mut stdout)) in children.into_iter().enumerate() {
         let status = tokio::time::timeout(bound, child.wait())
             .await
             .map_err(|_| format!("worker {i} did not finish within {bound:?}"))?
             .map_err(|e| format!("worker {i}: {e}"))?;
         let mut out = String::new();
         let mut err = String::new();
-        let mut stdout = stdout;
         let _ = stdout.read_to_string(&mut out).await;
         if let Some(mut s) = child.stderr.take() {
             let _ = s.read_to_string(&mut err).await;

@@ -446,6 +446,100 @@ fn permits_in_use_never_exceed_the_total() {
     only(h.check(), "overlap", 1);
 }
 
+/// A server outage ends every hold of a session-mode store with no notice: a grant
+/// after it began beside a hold alive in it, and that hold's write after the grant,
+/// are excused if the holder was told within half the session after the server
+/// came back — and only then (no outage, an ordinary store, told late, or a grant
+/// before the outage began: violations).
+fn an_outage_ends_session_holds_without_notice() {
+    let session = Rules::for_label("postgres-session");
+    assert!(session.outage_ends_holds);
+    let notice = ms(session.session_ns.expect("a session store")) / 2;
+    // A holds from 0 until it is told at `told`; the server is down 1000..1300;
+    // B is granted at `b_at`, A writes at 1250 (accepted).
+    let history = |outage: bool, told: u64, b_at: u64| {
+        let mut h = H::default();
+        h.hold(0, told, 1, "x0", 1, "a");
+        if outage {
+            h.push(
+                1000,
+                COORDINATOR,
+                Kind::Down {
+                    what: "restart postgres".to_owned(),
+                },
+            );
+            h.push(1300, COORDINATOR, Kind::Up);
+        }
+        h.hold(b_at, b_at + 10, 2, "x0", 2, "b");
+        h.reg(1250, RegOp::Write, "x0", 1, "a", true);
+        h.exit_all(told + 100, &[1, 2]);
+        h
+    };
+    let excused = |r: &Report, class: usize| r.classes[class].excused;
+
+    let r = check("hand-made", &history(true, 1400, 1200).events, &session);
+    let r = clean(r, "overlap", 1);
+    assert_eq!(excused(&r, 1), 1, "the write: {}", r.table());
+
+    // Told at the last instant the rule allows, and just after it.
+    let r = check(
+        "hand-made",
+        &history(true, 1300 + notice, 1200).events,
+        &session,
+    );
+    clean(r, "overlap", 1);
+    let r = check(
+        "hand-made",
+        &history(true, 1301 + notice, 1200).events,
+        &session,
+    );
+    assert_eq!(r.count("overlap"), 1, "{}", r.table());
+
+    // No outage: the same grant is an overlap and the write a stale one.
+    let r = check("hand-made", &history(false, 1400, 1200).events, &session);
+    assert_eq!(r.count("overlap"), 1, "{}", r.table());
+    assert_eq!(r.count("stale-write"), 1, "{}", r.table());
+
+    // A store whose holds outlive an outage (its leases are stored): no excuse.
+    let mut lease_store = session;
+    lease_store.outage_ends_holds = false;
+    let r = check("hand-made", &history(true, 1400, 1200).events, &lease_store);
+    assert_eq!(r.count("overlap"), 1, "{}", r.table());
+
+    // B granted before the outage began: nothing excuses it.
+    let r = check("hand-made", &history(true, 1400, 900).events, &session);
+    assert_eq!(r.count("overlap"), 1, "{}", r.table());
+
+    // A reset of the holder's own connections ends its session as an outage does:
+    // a grant after it is excused if the holder was told in time, not otherwise,
+    // and not a grant before it.
+    for (told, b_at, overlaps) in [(1200, 1150, 0), (1101 + notice, 1150, 1), (1200, 1050, 1)] {
+        let mut h = history(false, told, b_at);
+        h.push(
+            1080,
+            1,
+            Kind::Fault {
+                fault: Fault::Blackhole,
+            },
+        );
+        h.push(
+            1100,
+            1,
+            Kind::Fault {
+                fault: Fault::Reset,
+            },
+        );
+        h.push(1110, 1, Kind::Fault { fault: Fault::Pass });
+        let r = check("hand-made", &h.events, &session);
+        assert_eq!(
+            r.count("overlap"),
+            overlaps,
+            "told {told}, B at {b_at}: {}",
+            r.table()
+        );
+    }
+}
+
 fn stale_writes_are_writes_after_a_greater_token_was_granted() {
     // A writes after B (greater token) was granted; A had released already, so it is
     // not an overlap — only the write is wrong. Two writes count twice; one write
@@ -690,6 +784,19 @@ fn starvation_needs_a_long_free_stretch_within_the_wait() {
     waiter(&mut h, "x0", 1000, end - 1000);
     h.exit_all(end + 1000, &[1, 2]);
     only(h.check(), "starvation", 1);
+
+    // The waiter's process stalled (got no CPU) for most of the free stretch: it
+    // ran for less than the slack of it, excused; stalled for a little: starved.
+    let free_from = 500 + hidden();
+    for (stalled, starved) in [(end - free_from - 500, 0), (300, 1)] {
+        let mut h = H::default();
+        h.hold(0, 500, 1, "x0", 1, "a");
+        waiter(&mut h, "x0", 1000, end - 1000);
+        h.stalled(free_from + 100, free_from + 100 + stalled, 2);
+        h.exit_all(end + 1000, &[1, 2]);
+        let r = only(h.check(), "starvation", starved);
+        assert_eq!(r.classes[5].excused, 1 - starved, "{}", r.table());
+    }
 
     // The release confirmed: free at once. A waiter within `hidden` of the release
     // is starved only with the confirmation.
@@ -1234,6 +1341,7 @@ fn main() -> std::process::ExitCode {
         sync one_owners_holds_do_not_conflict,
         sync permits_in_use_never_exceed_the_total,
         sync stale_writes_are_writes_after_a_greater_token_was_granted,
+        sync an_outage_ends_session_holds_without_notice,
         sync token_order_checks_duplicates_always_and_order_unless_the_ok_came_late,
         sync late_loss_is_a_signal_after_the_lease_could_end,
         sync leaks_are_reported,

@@ -1202,7 +1202,13 @@ async fn readers_coming_and_going_in_a_readers_last_millisecond_keep_it() {
     let backend = RedisBackend::connect(&url).await.unwrap();
     let mut c = raw_connection(&url).await;
     let mut in_last_ms = 0;
-    for round in 0..10 {
+    // At least 10 rounds, and more (at most 60) until a release fell in a first
+    // reader's last millisecond: a cycle of several ms on a loaded machine may
+    // step over that millisecond in 10 rounds (seen once in a full run).
+    for round in 0..60 {
+        if round >= 10 && in_last_ms > 0 {
+            break;
+        }
         let lock = LockName::new(name("reader-horizon")).unwrap();
         let ask = |owner: &str, lease: u64| {
             AcquireRequest::new(

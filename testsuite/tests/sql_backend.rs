@@ -285,12 +285,7 @@ async fn fencing_tokens_survive_the_row_being_deleted() {
         let name = format!("fence-del-{:x}", fastrand::u64(..));
         let mut last = 0;
         for round in 0..4 {
-            let g = m
-                .lock(&name)
-                .try_lock(Duration::ZERO)
-                .await
-                .unwrap()
-                .unwrap();
+            let g = take(&m.lock(&name), Duration::ZERO).await;
             let token = g.fencing_token().get();
             assert!(
                 token > last,
@@ -367,7 +362,10 @@ async fn a_permit_holder_from_schema_4_keeps_the_permits_from_being_granted() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lapsed_permit_holders_leave_the_semaphores_row() {
     for (label, url) in sql_backends() {
-        let lease = Duration::from_millis(300);
+        // Short, so the lapses are quick, yet long enough for the live holder's
+        // renewals (every third) on a loaded machine: at 300 ms one came too late
+        // once, the live holder lapsed too and nobody renewed to drop the entries.
+        let lease = Duration::from_millis(900);
         let live = manager(&url, JdbcOptions::default(), lease).await;
         let dead = DistributeLockManager::builder(JdbcBackend::connect(&url).await.unwrap())
             .lease(lease)
@@ -595,12 +593,7 @@ async fn postgres_asynchronous_commit_is_opted_into_in_the_url() {
         .is_none());
     let token = first.fencing_token();
     first.unlock().await.unwrap();
-    let second = b
-        .lock(&name)
-        .try_lock(Duration::ZERO)
-        .await
-        .unwrap()
-        .unwrap();
+    let second = take(&b.lock(&name), Duration::ZERO).await;
     assert!(second.fencing_token() > token);
     second.unlock().await.unwrap();
     a.close().await;
@@ -785,12 +778,7 @@ async fn a_release_notice_wakes_a_slow_poller_at_once() {
         let holder = manager(&url, JdbcOptions::default(), LONG_LEASE).await;
         let (backend, waiter) = backend_and_manager(&url, polling_every(3), LONG_LEASE).await;
         let name = format!("notify-{:x}", fastrand::u64(..));
-        let g = holder
-            .lock(&name)
-            .try_lock(Duration::ZERO)
-            .await
-            .unwrap()
-            .unwrap();
+        let g = take(&holder.lock(&name), Duration::ZERO).await;
         let delay = granted_after_release(&waiter, &backend, &name, g).await;
         assert!(
             delay < Duration::from_millis(1000),
@@ -813,12 +801,7 @@ async fn a_release_notice_wakes_the_writer_first_in_line_only() {
         let slow = polling_every(10).waiter_liveness(Duration::from_secs(30));
         let holder = manager(&url, JdbcOptions::default(), LONG_LEASE).await;
         let name = format!("head-{:x}", fastrand::u64(..));
-        let g = holder
-            .lock(&name)
-            .try_lock(Duration::ZERO)
-            .await
-            .unwrap()
-            .unwrap();
+        let g = take(&holder.lock(&name), Duration::ZERO).await;
         let (mut backends, mut managers, mut tasks) = (Vec::new(), Vec::new(), Vec::new());
         let granted = Arc::new(tokio::sync::Semaphore::new(0));
         for _ in 0..WAITERS {
@@ -848,6 +831,18 @@ async fn a_release_notice_wakes_the_writer_first_in_line_only() {
         })
         .await;
         assert!(queued, "{label}: the waiters did not all queue");
+        // Each waiter looks once more soon after it queued (a release may have
+        // missed its entry), then waits for its notice (its own next look is 10 s
+        // off): count from when those looks are over — no attempt for 100 ms.
+        let settled = eventually(Duration::from_secs(5), || {
+            let last = attempts();
+            async move {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                attempts() == last
+            }
+        })
+        .await;
+        assert!(settled, "{label}: the queued waiters kept looking");
         let before = attempts();
         g.unlock().await.unwrap();
         let first = tokio::time::timeout(Duration::from_secs(5), granted.acquire())
@@ -1305,12 +1300,7 @@ async fn mysql_a_release_rings_the_bell_its_waiter_blocks_on() {
     let name = format!("bell-{:x}", fastrand::u64(..));
 
     // The holder waits for `first`'s hold: it takes the free bell and keeps it.
-    let g = first
-        .lock(&name)
-        .try_lock(Duration::ZERO)
-        .await
-        .unwrap()
-        .unwrap();
+    let g = take(&first.lock(&name), Duration::ZERO).await;
     let lock = holder.lock(&name);
     let holding = tokio::spawn(async move { lock.try_lock(Duration::from_secs(20)).await });
     assert!(
@@ -1337,6 +1327,148 @@ async fn mysql_a_release_rings_the_bell_its_waiter_blocks_on() {
     for m in [first, holder, waiter] {
         m.close().await;
     }
+}
+
+/// The session modes: a new context (a leader proclaiming) whose statement fails
+/// (here: on a session an operator killed) closes the hold's connection: the hold's
+/// feed reports the loss within its next ask — it read the empty slot as a release
+/// and ended quietly before — and another client gets the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_mode_a_failed_context_write_is_reported_lost() {
+    for label in ["postgres-session", "mysql-session"] {
+        if !selected().iter().any(|l| l == label) {
+            continue;
+        }
+        let url = server_url(label).unwrap();
+        let backend = JdbcBackend::connect(&url).await.unwrap();
+        let rival = JdbcBackend::connect(&url).await.unwrap();
+        let name = LockName::new(format!("ctx-drop-{:x}", fastrand::u64(..))).unwrap();
+        let req = AcquireRequest::new(
+            name.clone(),
+            OwnerId::new("holder".to_owned()),
+            GrantId::new(1),
+        );
+        let AcquireResult::Acquired { token, watch, .. } = backend.try_acquire(&req).await.unwrap()
+        else {
+            panic!("{label}: uncontended grant refused");
+        };
+        let mut feed = watch
+            .and_then(|w| w.take())
+            .expect("a session hold has a feed");
+        let renew = dlock_spi::RenewRequest::new(
+            name.clone(),
+            req.owner.clone(),
+            req.grant,
+            LockMode::Exclusive,
+            Duration::from_secs(4),
+            token,
+        )
+        .with_context(dlock_spi::Bytes::from_static(b"proclaimed"));
+        // The session ended from outside (an operator's kill), then a new
+        // context: its statement fails on the dead connection, which closes.
+        let killed = dlock_spi::LockAdmin::force_release(&rival, &name)
+            .await
+            .unwrap();
+        assert_eq!(killed, 1, "{label}: kill");
+        assert!(
+            backend.renew(&renew).await.is_err(),
+            "{label}: a context written on a killed session"
+        );
+        let status = tokio::time::timeout(Duration::from_secs(3), feed.next())
+            .await
+            .unwrap_or_else(|_| panic!("{label}: no status within 3 s"));
+        assert!(
+            matches!(status, Some(dlock_spi::HoldStatus::Lost(_))),
+            "{label}: the broken hold's feed said {status:?}"
+        );
+        let other = AcquireRequest::new(
+            name.clone(),
+            OwnerId::new("rival".to_owned()),
+            GrantId::new(1),
+        )
+        .with_deadline(Some(Instant::now() + Duration::from_secs(2)));
+        assert!(
+            matches!(
+                rival.try_acquire(&other).await.unwrap(),
+                AcquireResult::Acquired { .. }
+            ),
+            "{label}: the lock did not come free with the broken session"
+        );
+        backend.close().await;
+        rival.close().await;
+    }
+}
+
+/// PostgreSQL's session mode behind a transaction pooler (PgBouncer in transaction
+/// mode, which `scripts/test` starts with the `postgres-session` label) is refused
+/// with a `Config` error that names the pooler, before any lock is granted: each
+/// statement may reach another server session, so an advisory lock would outlive
+/// or miss its hold. (It granted a lock there before: `dlock exec` ran its
+/// command.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_session_refuses_a_transaction_pooler() {
+    if !selected().iter().any(|l| l == "postgres-session") {
+        return;
+    }
+    let pooler = std::env::var("DLOCK_PGBOUNCER_URL")
+        .expect("DLOCK_PGBOUNCER_URL: scripts/test starts PgBouncer for postgres-session");
+    for round in 0..3 {
+        let url = format!("{pooler}?dlock_mode=session&dlock_session_timeout=4s");
+        let err = match JdbcBackend::connect(&url).await {
+            Ok(backend) => {
+                backend.close().await;
+                panic!("round {round}: the session mode opened behind a transaction pooler");
+            }
+            Err(err) => err,
+        };
+        assert_eq!(
+            err.kind(),
+            dlock_spi::ErrorKind::Config,
+            "round {round}: {err}"
+        );
+        assert!(err.message().contains("pooler"), "round {round}: {err}");
+    }
+}
+
+/// MariaDB's session mode: a dropped wait ends its statement in the server at once
+/// (`KILL QUERY` from a task of its own), not when its `GET_LOCK` slice (1 s) runs
+/// out — the server does not notice a client gone while a statement runs. The wait
+/// is dropped as soon as the server shows it waiting, with most of its slice left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_session_a_dropped_wait_ends_its_statement_at_once() {
+    if !selected().iter().any(|l| l == "mysql-session") {
+        return;
+    }
+    let url = server_url("mysql-session").unwrap();
+    let holder = manager(&url, JdbcOptions::default(), LONG_LEASE).await;
+    let (backend, waiter) = backend_and_manager(&url, JdbcOptions::default(), LONG_LEASE).await;
+    let name = format!("dropped-wait-{:x}", fastrand::u64(..));
+    let g = take(&holder.lock(&name), Duration::ZERO).await;
+    let full = g.name().clone();
+    for round in 0..3 {
+        let lock = waiter.lock(&name);
+        let waiting = tokio::spawn(async move { lock.try_lock(Duration::from_secs(10)).await });
+        assert!(
+            eventually(Duration::from_secs(5), || async {
+                waiters_of(&backend, &full).await == 1
+            })
+            .await,
+            "round {round}: the wait never showed in the server"
+        );
+        waiting.abort();
+        let dropped = Instant::now();
+        assert!(
+            eventually(Duration::from_millis(400), || async {
+                waiters_of(&backend, &full).await == 0
+            })
+            .await,
+            "round {round}: the dropped wait still waited in the server {:?} later",
+            dropped.elapsed()
+        );
+    }
+    g.unlock().await.unwrap();
+    holder.close().await;
+    waiter.close().await;
 }
 
 /// MariaDB/MySQL: a granted writer's queue entry is removed beside its hold, off the

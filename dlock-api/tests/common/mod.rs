@@ -132,6 +132,8 @@ pub(crate) struct Observer {
     /// When each loss reached the handler: the moment the chain was told, before
     /// the guard's owner is scheduled to see it.
     pub lost_at: Mutex<Vec<std::time::Instant>>,
+    /// When each successful renewal reached the handler, with its lock's name.
+    pub renewed_at: Mutex<Vec<(String, std::time::Instant)>>,
 }
 
 /// The handler that feeds an [`Observer`].
@@ -147,7 +149,13 @@ impl LockHandler for ObserverHandler {
     }
     fn on_renew(&self, event: &RenewEvent<'_>) {
         match event.outcome {
-            Ok(RenewResult::Renewed { .. }) => self.0.renewed.fetch_add(1, Ordering::SeqCst),
+            Ok(RenewResult::Renewed { .. }) => {
+                self.0.renewed_at.lock().unwrap().push((
+                    event.request.name.as_str().to_owned(),
+                    std::time::Instant::now(),
+                ));
+                self.0.renewed.fetch_add(1, Ordering::SeqCst)
+            }
             _ => self.0.renew_failed.fetch_add(1, Ordering::SeqCst),
         };
     }

@@ -231,15 +231,24 @@ pub async fn acquisitions_say_how_and_refusals_say_who(backend: Arc<dyn TestBack
 
     if caps.lease {
         // A holder whose fixed lease ran out, replaced.
+        let short = Duration::from_millis(200);
         let fixed = lock
-            .try_lock_with_lease(Duration::ZERO, Duration::from_millis(200))
+            .try_lock_with_lease(Duration::ZERO, short)
             .await
             .expect("no error")
             .expect("free");
         tokio::time::timeout(Duration::from_secs(2), fixed.lost())
             .await
             .expect("the fixed lease ends");
-        let next = take(&b.lock("who"), Duration::from_secs(2)).await;
+        // The local signal fires at the lease asked for; the store may hold it to
+        // its own minimum (etcd: whole seconds) and finds it expired on its own
+        // round (etcd: every 500 ms), so the rival waits the store's lease and a
+        // margin for that round.
+        let next = take(
+            &b.lock("who"),
+            store_lease(&caps, short) + Duration::from_secs(2),
+        )
+        .await;
         let expected = if caps.takeover {
             Acquisition::TookOver
         } else {

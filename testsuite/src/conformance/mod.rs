@@ -178,7 +178,13 @@ pub async fn take(lock: &dlock_api::DistributeLock, wait: Duration) -> LockGuard
     lock.try_lock(wait)
         .await
         .expect("acquire without error")
-        .unwrap_or_else(|| panic!("lock {:?} not acquired within {wait:?}", lock.name().ok()))
+        .unwrap_or_else(|| {
+            panic!(
+                "lock {:?} not acquired ({:?}) within {wait:?}",
+                lock.name().ok(),
+                lock.mode()
+            )
+        })
 }
 
 /// The error a try-once acquire of `lock` gets, failing the test if it gets none.

@@ -351,6 +351,12 @@ impl Servers {
     }
 }
 
+/// Whether `label`'s sessions are its connections, so that a reset connection
+/// ends the session on the server at once (the SQL session modes).
+pub(crate) fn resets_end_sessions(label: &str) -> bool {
+    crate::backends::is_session_mode(label)
+}
+
 /// Injects `kinds` in rotation into random live workers (or the servers) until
 /// `until`, logging SIGSTOP, SIGCONT and SIGKILL in `log` (on the target's process
 /// number; proxy faults are logged by the worker that applies them) and server-side
@@ -385,7 +391,16 @@ pub(crate) async fn run(
         let done = match kinds[slot] {
             Nemesis::Proxy => {
                 let lease_ms = u64::try_from(lease.as_millis()).unwrap_or(u64::MAX);
-                let (fault, window) = match rng.u32(0..3) {
+                // Where the session is the connection, a reset ends the session —
+                // and frees its locks — at once on the server, as an operator's
+                // kill does: no margin is possible there (fencing is the defence,
+                // SAFETY.md), so no reset is drawn; delays and black holes are.
+                let draws = if resets_end_sessions(&servers.label) {
+                    2
+                } else {
+                    3
+                };
+                let (fault, window) = match rng.u32(0..draws) {
                     0 => (
                         Fault::Delay(Duration::from_millis(rng.u64(50..=300))),
                         rng.u64(500..=2000),
@@ -427,6 +442,11 @@ pub(crate) async fn run(
                 true
             }
             Nemesis::Kill => {
+                // Not within a lease of the end: the last victim's holds lapse (and
+                // the locks are seen moving on after it) before the run is over.
+                if Instant::now() + lease >= until {
+                    continue;
+                }
                 procs.kill_and_replace(target).await?;
                 true
             }
@@ -577,10 +597,18 @@ pub fn follow_commands(proxies: Arc<Vec<FaultProxy>>, log: EventLog) {
             let Ok(line) = line else { return };
             match line.parse::<WorkerCommand>() {
                 Ok(WorkerCommand::Fault(fault)) => {
+                    // A fault is logged from just before it applies (a reset's
+                    // server may end the session at once), healing once done.
+                    let before = now_ns();
                     for proxy in proxies.iter() {
                         proxy.set(fault);
                     }
-                    log.log(Kind::Fault { fault });
+                    let t = if fault == Fault::Pass {
+                        now_ns()
+                    } else {
+                        before
+                    };
+                    log.log_at(t, Kind::Fault { fault });
                 }
                 Ok(WorkerCommand::Upstream(addr)) => {
                     for proxy in proxies.iter() {
