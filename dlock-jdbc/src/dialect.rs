@@ -92,10 +92,20 @@ impl Dialect {
 pub(crate) struct Stmt {
     pub(crate) sql: std::sync::Arc<str>,
     pub(crate) order: Vec<usize>,
+    /// PostgreSQL behind a transaction pooler: the statement runs with its
+    /// parameters written into its text, in the simple protocol ([`crate::inline`]).
+    pub(crate) inline: bool,
 }
 
 impl Stmt {
-    fn new(dialect: Dialect, template: &str, prefix: &str) -> Self {
+    /// The text to run in the simple protocol, with `params` written in, when the
+    /// statement runs so ([`Self::inline`]); `None` when it is bound.
+    pub(crate) fn inlined(&self, params: &[crate::pool::Param<'_>]) -> Option<String> {
+        self.inline
+            .then(|| crate::inline::render(&self.sql, params))
+    }
+
+    fn new(dialect: Dialect, template: &str, prefix: &str, inline: bool) -> Self {
         let template = template
             .replace("EXCLUSIVE_ROW", EXCLUSIVE_ROW)
             .replace("EXCLUSIVE_GATE", EXCLUSIVE_GATE)
@@ -150,6 +160,7 @@ impl Stmt {
         Stmt {
             sql: sql.into(),
             order,
+            inline: inline && dialect == Dialect::Postgres,
         }
     }
 }
@@ -419,8 +430,11 @@ pub(crate) struct Statements {
 }
 
 impl Statements {
-    pub(crate) fn new(dialect: Dialect, prefix: &str) -> Self {
-        let s = |t: &str| Stmt::new(dialect, t, prefix);
+    /// The statements of `dialect` on the tables of `prefix`; `inline`: written
+    /// with their parameters, for PostgreSQL behind a transaction pooler
+    /// ([`Stmt::inline`]).
+    pub(crate) fn new(dialect: Dialect, prefix: &str, inline: bool) -> Self {
+        let s = |t: &str| Stmt::new(dialect, t, prefix, inline);
         let acquire_exclusive_text = match dialect {
             Dialect::MySql => {
                 // LAST_INSERT_ID(expr) carries the granted token (or 0) back in the OK
@@ -813,21 +827,21 @@ mod tests {
     #[test]
     fn placeholders_follow_the_dialect() {
         let t = "SELECT $2, $1, $2 FROM {locks} WHERE x < NOW";
-        let pg = Stmt::new(Dialect::Postgres, t, "p_");
+        let pg = Stmt::new(Dialect::Postgres, t, "p_", false);
         assert!(pg
             .sql
             .starts_with("SELECT $2, $1, $2 FROM p_locks WHERE x < (EXTRACT"));
         assert_eq!(pg.order, [0, 1]);
-        let lite = Stmt::new(Dialect::Sqlite, t, "p_");
+        let lite = Stmt::new(Dialect::Sqlite, t, "p_", false);
         assert!(lite.sql.starts_with("SELECT ?2, ?1, ?2 FROM p_locks"));
-        let my = Stmt::new(Dialect::MySql, t, "p_");
+        let my = Stmt::new(Dialect::MySql, t, "p_", false);
         assert!(my.sql.starts_with("SELECT ?, ?, ? FROM p_locks"));
         assert_eq!(my.order, [1, 0, 1]);
     }
 
     #[test]
     fn the_unqueued_grant_reads_the_mark_not_the_queue() {
-        let s = Statements::new(Dialect::MySql, "p_");
+        let s = Statements::new(Dialect::MySql, "p_", false);
         let unqueued = s.acquire_exclusive_unqueued.expect("MySQL has one");
         assert!(!unqueued.sql.contains("p_waiters"), "{}", unqueued.sql);
         assert!(
@@ -842,14 +856,14 @@ mod tests {
         );
         assert!(s.acquire_exclusive.sql.contains("p_waiters"));
         for dialect in [Dialect::Sqlite, Dialect::Postgres] {
-            let s = Statements::new(dialect, "p_");
+            let s = Statements::new(dialect, "p_", false);
             assert!(s.acquire_exclusive_unqueued.is_none() && s.mark_queue.is_none());
         }
     }
 
     #[test]
     fn postgres_proposes_the_exclusive_row_only_when_its_snapshot_allows() {
-        let pg = Statements::new(Dialect::Postgres, "p_");
+        let pg = Statements::new(Dialect::Postgres, "p_", false);
         // One condition, read on the snapshot and decided by the upsert.
         for grantable in [
             "WITH seen AS (SELECT l.owner, l.expires_at, l.shared_until, \
@@ -868,7 +882,7 @@ mod tests {
             assert!(sql.contains(&grantable), "{grantable}\n{sql}");
         }
         for dialect in [Dialect::Sqlite, Dialect::MySql, Dialect::Postgres] {
-            let s = Statements::new(dialect, "p_");
+            let s = Statements::new(dialect, "p_", false);
             for stmt in [&s.acquire_exclusive, &s.acquire_exclusive_beside] {
                 assert!(
                     !stmt.sql.contains("EXCLUSIVE_"),
@@ -888,7 +902,7 @@ mod tests {
 
     #[test]
     fn postgres_commits_releases_and_queue_entries_quickly_and_grants_durably() {
-        let pg = Statements::new(Dialect::Postgres, "p_");
+        let pg = Statements::new(Dialect::Postgres, "p_", false);
         let quick = [
             &pg.release_exclusive,
             &pg.enqueue,
@@ -915,7 +929,7 @@ mod tests {
             assert!(!stmt.sql.contains("synchronous_commit"), "{}", stmt.sql);
         }
         for dialect in [Dialect::Sqlite, Dialect::MySql] {
-            let s = Statements::new(dialect, "p_");
+            let s = Statements::new(dialect, "p_", false);
             for stmt in [&s.release_exclusive, &s.enqueue, &s.dequeue] {
                 assert!(!stmt.sql.contains("set_config"), "{dialect:?}");
             }

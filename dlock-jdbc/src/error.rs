@@ -71,6 +71,11 @@ enum DatabaseFailure {
     /// The statement was cut off with its connection or its server: killed, shut
     /// down, restarting, out of connections.
     Dropped,
+    /// PostgreSQL: a prepared statement the connection made is gone or another's
+    /// (`duplicate_prepared_statement` 42P05, `invalid_sql_statement_name` 26000) —
+    /// what sqlx's statements meet behind a pooler in transaction mode, which hands
+    /// each transaction another server session. A configuration to fix.
+    Pooled,
     /// Anything else: privileges, missing tables, syntax — retrying will not help.
     Refused,
 }
@@ -138,6 +143,7 @@ fn failure_of_code(code: &str) -> DatabaseFailure {
         "57P01" | "57P02" | "57P03" | "57P05" | "25P03" | "53300" | "70100" => {
             DatabaseFailure::Dropped
         }
+        "42P05" | "26000" => DatabaseFailure::Pooled,
         _ => DatabaseFailure::Refused,
     }
 }
@@ -148,7 +154,10 @@ fn failure_of_code(code: &str) -> DatabaseFailure {
 /// database).
 pub(crate) fn is_transient_answer(err: &sqlx::Error) -> bool {
     match err {
-        sqlx::Error::Database(db) => database_failure(db.as_ref()) != DatabaseFailure::Refused,
+        sqlx::Error::Database(db) => !matches!(
+            database_failure(db.as_ref()),
+            DatabaseFailure::Refused | DatabaseFailure::Pooled
+        ),
         _ => false,
     }
 }
@@ -194,6 +203,11 @@ pub(crate) fn map_sqlx(err: sqlx::Error, backend: &'static str, op: &'static str
                 true,
                 "the database dropped the statement (connection killed, server restarting or out of connections); retry — the pool reconnects by itself",
             ),
+            DatabaseFailure::Pooled => (
+                ErrorKind::Config,
+                false,
+                "a prepared statement of this connection is gone or another session's: a pooler in transaction mode (PgBouncer's pool_mode = transaction) stands between dlock and PostgreSQL; add dlock_pooler=transaction to the URL (JdbcPooler::Transaction)",
+            ),
             DatabaseFailure::Refused => (
                 ErrorKind::Backend,
                 false,
@@ -226,6 +240,9 @@ mod tests {
             "70100",
         ] {
             assert_eq!(failure_of_code(code), DatabaseFailure::Dropped, "{code}");
+        }
+        for code in ["42P05", "26000"] {
+            assert_eq!(failure_of_code(code), DatabaseFailure::Pooled, "{code}");
         }
         for code in ["42501", "42P01", "42S02", "HY000", "23505", ""] {
             assert_eq!(failure_of_code(code), DatabaseFailure::Refused, "{code}");

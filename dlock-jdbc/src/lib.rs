@@ -158,6 +158,7 @@ mod bell;
 mod bell;
 mod dialect;
 mod error;
+mod inline;
 #[cfg(all(feature = "sqlite", unix))]
 mod local_bus;
 #[cfg(not(all(feature = "sqlite", unix)))]
@@ -265,6 +266,31 @@ pub struct JdbcOptions {
     /// holder that cannot reach its session for half of it declares the hold lost.
     /// At least 1 s. Default 10 s.
     pub session_timeout: Duration,
+    /// What stands between dlock and the database (URL `dlock_pooler=none|transaction`).
+    /// Default [`JdbcPooler::None`].
+    pub pooler: JdbcPooler,
+}
+
+/// A connection pooler between dlock and the database ([`JdbcOptions::pooler`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum JdbcPooler {
+    /// None: each connection of the pool is a session of the database's own.
+    #[default]
+    None,
+    /// PostgreSQL behind a pooler in transaction mode (PgBouncer's
+    /// `pool_mode = transaction`, the default of most managed poolers), which gives
+    /// each transaction whichever server session is free. The row mode then keeps
+    /// nothing in a session: each statement goes in the simple protocol, its
+    /// parameters written into its text as escaped, typed literals (sqlx's prepared
+    /// statements are per session: behind such a pooler they fail with `prepared
+    /// statement "sqlx_s_1" already exists` or `does not exist`); the migration
+    /// runs in one transaction under a transaction-scoped advisory lock; and there
+    /// is no `LISTEN` session, so waiters poll with [`JdbcOptions::backoff`]
+    /// instead of waking on release notices. Guarantees are those of the row mode
+    /// (every hold is a row with its lease). The session mode needs a session and
+    /// refuses this ([`ErrorKind::Config`]), as do MariaDB/MySQL and SQLite.
+    Transaction,
 }
 
 /// How a SQL backend holds its locks.
@@ -300,6 +326,7 @@ impl Default for JdbcOptions {
             local_notices: true,
             mode: JdbcMode::Row,
             session_timeout: Duration::from_secs(10),
+            pooler: JdbcPooler::None,
         }
     }
 }
@@ -369,6 +396,12 @@ impl JdbcOptions {
         self
     }
 
+    /// Sets what stands between dlock and the database ([`JdbcPooler`]).
+    pub fn pooler(mut self, pooler: JdbcPooler) -> Self {
+        self.pooler = pooler;
+        self
+    }
+
     /// Sets whether SQLite waiters wake on release notices from this host's
     /// processes ([`Self::local_notices`]; `false`: they poll).
     pub fn local_notices(mut self, on: bool) -> Self {
@@ -413,6 +446,13 @@ fn split_options(url: &str, mut options: JdbcOptions) -> Result<(String, JdbcOpt
                     "row" => JdbcMode::Row,
                     "session" => JdbcMode::Session,
                     _ => return Err(bad("expected row or session")),
+                };
+            }
+            "dlock_pooler" => {
+                options.pooler = match value {
+                    "none" => JdbcPooler::None,
+                    "transaction" => JdbcPooler::Transaction,
+                    _ => return Err(bad("expected none or transaction (a pooler in transaction mode, such as PgBouncer's)")),
                 };
             }
             "dlock_session_timeout" => {
@@ -602,14 +642,35 @@ impl JdbcBackend {
 
     /// Migrates (if asked), prepares the statements and starts the listener.
     async fn assemble(pool: Pool, options: JdbcOptions) -> Result<Self> {
+        let pooled = options.pooler == JdbcPooler::Transaction;
+        if pooled && pool.dialect() != Dialect::Postgres {
+            return Err(Error::new(
+                ErrorKind::Config,
+                format!(
+                    "dlock_pooler=transaction (JdbcPooler::Transaction) is for PostgreSQL behind a pooler such as PgBouncer; the {} backend connects to its database directly (drop the option)",
+                    pool.dialect().name()
+                ),
+            ));
+        }
+        if pooled && options.mode == JdbcMode::Session {
+            return Err(Error::new(
+                ErrorKind::Config,
+                "dlock_mode=session holds each lock on a session of its own, which a pooler in transaction mode does not keep; behind the pooler use the row mode (drop dlock_mode=session), or connect the session mode to PostgreSQL directly",
+            ));
+        }
         if options.mode == JdbcMode::Session {
             return Self::assemble_session(pool, options).await;
         }
         if options.migrate {
             migrate::migrate(&pool, &options.table_prefix).await?;
         }
-        let statements = Statements::new(pool.dialect(), &options.table_prefix);
-        let (wakeups, listener, bus) = start_listener(&pool, &options).await;
+        let statements = Statements::new(pool.dialect(), &options.table_prefix, pooled);
+        // Behind a transaction pooler a LISTEN session is not kept: waiters poll.
+        let (wakeups, listener, bus) = if pooled {
+            (None, None, None)
+        } else {
+            start_listener(&pool, &options).await
+        };
         let bells = match &pool {
             #[cfg(feature = "mysql")]
             Pool::MySql(p) if options.wake_sessions > 0 => Some(bell::Bells::new(
@@ -684,7 +745,7 @@ impl JdbcBackend {
     /// A backend whose every lock call goes to `session`.
     #[cfg(any(feature = "postgres", feature = "mysql"))]
     fn on_sessions(pool: Pool, options: JdbcOptions, session: session::Sessions) -> Self {
-        let statements = Statements::new(pool.dialect(), &options.table_prefix);
+        let statements = Statements::new(pool.dialect(), &options.table_prefix, false);
         JdbcBackend {
             inner: Arc::new(Inner {
                 pool,

@@ -2,7 +2,8 @@
 //!
 //! Versioned and idempotent: `{prefix}schema_version` records each applied version;
 //! every statement is `CREATE … IF NOT EXISTS`, and concurrent first connects are
-//! serialised (PostgreSQL advisory lock, MySQL `GET_LOCK`, SQLite's write lock).
+//! serialised (PostgreSQL: one transaction under a transaction-scoped advisory lock;
+//! MySQL `GET_LOCK`; SQLite's write lock).
 //!
 //! Tables (prefix `dlock_` by default):
 //! * `locks` — one row per lock name ever taken: the exclusive holder (`owner` NULL
@@ -44,7 +45,7 @@ use sqlx::{AssertSqlSafe, Row};
 
 use crate::dialect::Dialect;
 use crate::error::map_sqlx;
-use crate::pool::{on_pool, Pool};
+use crate::pool::Pool;
 
 struct Migration {
     version: i64,
@@ -191,31 +192,30 @@ fn fill(sql: &str, prefix: &str) -> String {
 }
 
 /// Brings the schema up to [`SCHEMA_VERSION`].
+///
+/// Every statement goes in the simple protocol (`raw_sql`), without parameters:
+/// no prepared statement is left in a session. On PostgreSQL the whole migration
+/// is one transaction under a transaction-scoped advisory lock: the schema changes
+/// all at once or not at all (its DDL is transactional), and nothing of it outlives
+/// the transaction — behind a transaction pooler ([`crate::JdbcPooler`]), a
+/// session's advisory lock or prepared statement would be left on a server session
+/// other clients use next.
 pub(crate) async fn migrate(pool: &Pool, prefix: &str) -> Result<()> {
     let dialect = pool.dialect();
     let backend = dialect.name();
     let err = |e| map_sqlx(e, backend, "migrate");
-    let create_version = fill(
-        "CREATE TABLE IF NOT EXISTS {schema} (version BIGINT NOT NULL PRIMARY KEY, applied_at BIGINT NOT NULL)",
-        prefix,
-    );
+    // The key is the validated prefix (identifier characters) and a suffix of ours.
     let lock_key = format!("{prefix}migrate");
-    on_pool!(pool, p => {
-        let mut conn = p.acquire().await.map_err(err)?;
-        // Serialise concurrent first connects.
-        match dialect {
-            Dialect::Postgres => {
-                sqlx::query("SELECT pg_advisory_lock(hashtext($1))").bind(&lock_key).execute(&mut *conn).await.map_err(err)?;
-            }
-            Dialect::MySql => {
-                sqlx::query("SELECT GET_LOCK(?, 30)").bind(&lock_key).execute(&mut *conn).await.map_err(err)?;
-            }
-            Dialect::Sqlite => {}
-        }
-        let result: Result<()> = async {
-            sqlx::query(AssertSqlSafe(create_version.as_str())).execute(&mut *conn).await.map_err(err)?;
-            let current: i64 = sqlx::query(AssertSqlSafe(fill("SELECT COALESCE(MAX(version), 0) FROM {schema}", prefix)))
-                .fetch_one(&mut *conn).await.map_err(err)?
+    /// Applies the migrations not yet recorded, on `$conn`.
+    macro_rules! apply {
+        ($conn:expr) => {{
+            let create_version = fill(
+                "CREATE TABLE IF NOT EXISTS {schema} (version BIGINT NOT NULL PRIMARY KEY, applied_at BIGINT NOT NULL)",
+                prefix,
+            );
+            sqlx::raw_sql(AssertSqlSafe(create_version)).execute(&mut *$conn).await.map_err(err)?;
+            let current: i64 = sqlx::raw_sql(AssertSqlSafe(fill("SELECT COALESCE(MAX(version), 0) FROM {schema}", prefix)))
+                .fetch_one(&mut *$conn).await.map_err(err)?
                 .try_get(0).map_err(err)?;
             if current > SCHEMA_VERSION {
                 return Err(Error::new(ErrorKind::Config, format!(
@@ -229,30 +229,59 @@ pub(crate) async fn migrate(pool: &Pool, prefix: &str) -> Result<()> {
                     Dialect::Postgres => m.postgres,
                 };
                 for sql in statements {
-                    match sqlx::query(AssertSqlSafe(fill(sql, prefix))).execute(&mut *conn).await {
+                    match sqlx::raw_sql(AssertSqlSafe(fill(sql, prefix))).execute(&mut *$conn).await {
                         Err(e) if !already_applied(&e) => return Err(err(e)),
                         _ => {}
                     }
                 }
                 let record = match dialect {
-                    Dialect::Sqlite => "INSERT OR IGNORE INTO {schema} (version, applied_at) VALUES (?, 0)",
-                    Dialect::MySql => "INSERT IGNORE INTO {schema} (version, applied_at) VALUES (?, 0)",
-                    Dialect::Postgres => "INSERT INTO {schema} (version, applied_at) VALUES ($1, 0) ON CONFLICT DO NOTHING",
+                    Dialect::Sqlite => "INSERT OR IGNORE INTO {schema} (version, applied_at) VALUES (VERSION, 0)",
+                    Dialect::MySql => "INSERT IGNORE INTO {schema} (version, applied_at) VALUES (VERSION, 0)",
+                    Dialect::Postgres => "INSERT INTO {schema} (version, applied_at) VALUES (VERSION, 0) ON CONFLICT DO NOTHING",
                 };
-                sqlx::query(AssertSqlSafe(fill(record, prefix))).bind(m.version).execute(&mut *conn).await.map_err(err)?;
+                let record = fill(record, prefix).replace("VERSION", &m.version.to_string());
+                sqlx::raw_sql(AssertSqlSafe(record)).execute(&mut *$conn).await.map_err(err)?;
             }
-            Ok(())
+            Ok::<(), Error>(())
+        }};
+    }
+    match pool {
+        #[cfg(feature = "postgres")]
+        Pool::Postgres(p) => {
+            // Dropped before the commit, the transaction is rolled back (sqlx's
+            // `Transaction`), and its lock goes with it.
+            let mut tx = p.begin().await.map_err(err)?;
+            let lock = format!("SELECT pg_advisory_xact_lock(hashtext('{lock_key}'))");
+            sqlx::raw_sql(AssertSqlSafe(lock))
+                .execute(&mut *tx)
+                .await
+                .map_err(err)?;
+            let applied: Result<()> = async { apply!(tx) }.await;
+            applied?;
+            tx.commit().await.map_err(err)
         }
-        .await;
-        match dialect {
-            Dialect::Postgres => {
-                let _ = sqlx::query("SELECT pg_advisory_unlock(hashtext($1))").bind(&lock_key).execute(&mut *conn).await;
-            }
-            Dialect::MySql => {
-                let _ = sqlx::query("SELECT RELEASE_LOCK(?)").bind(&lock_key).execute(&mut *conn).await;
-            }
-            Dialect::Sqlite => {}
+        #[cfg(feature = "mysql")]
+        Pool::MySql(p) => {
+            let mut conn = p.acquire().await.map_err(err)?;
+            // Serialise concurrent first connects.
+            let lock = format!("SELECT GET_LOCK('{lock_key}', 30)");
+            sqlx::raw_sql(AssertSqlSafe(lock))
+                .execute(&mut *conn)
+                .await
+                .map_err(err)?;
+            let applied: Result<()> = async { apply!(conn) }.await;
+            let unlock = format!("SELECT RELEASE_LOCK('{lock_key}')");
+            let _ = sqlx::raw_sql(AssertSqlSafe(unlock))
+                .execute(&mut *conn)
+                .await;
+            applied
         }
-        result
-    })
+        // SQLite's write lock serialises concurrent first connects.
+        #[cfg(feature = "sqlite")]
+        Pool::Sqlite(p) => {
+            let mut conn = p.acquire().await.map_err(err)?;
+            let applied: Result<()> = async { apply!(conn) }.await;
+            applied
+        }
+    }
 }

@@ -81,23 +81,98 @@ macro_rules! on_pool {
 }
 pub(crate) use on_pool;
 
-/// `sqlx::query(stmt)` with `params` bound in the statement's order.
+/// A statement ready to run on an executor: bound (the extended protocol, prepared
+/// once per connection), or with its parameters written into its text (the simple
+/// protocol; PostgreSQL behind a transaction pooler, [`crate::inline`]).
+pub(crate) enum Query<'q, DB: sqlx::Database> {
+    /// `sqlx::query` with its parameters bound.
+    Bound(sqlx::query::Query<'q, DB, <DB as sqlx::Database>::Arguments>),
+    /// `sqlx::raw_sql` of the statement with its parameters written in.
+    Inline(sqlx::RawSql),
+}
+
+impl<'q, DB> Query<'q, DB>
+where
+    DB: sqlx::Database,
+    <DB as sqlx::Database>::Arguments: sqlx::IntoArguments<DB> + Send,
+{
+    /// Runs it, for the rows it changed.
+    pub(crate) async fn execute<'e, 'c: 'e, E>(self, e: E) -> Result<DB::QueryResult, sqlx::Error>
+    where
+        'q: 'e,
+        E: sqlx::Executor<'c, Database = DB>,
+    {
+        match self {
+            Query::Bound(q) => q.execute(e).await,
+            Query::Inline(q) => q.execute(e).await,
+        }
+    }
+
+    /// Runs it, for its first row if it has one.
+    pub(crate) async fn fetch_optional<'e, 'c: 'e, E>(
+        self,
+        e: E,
+    ) -> Result<Option<DB::Row>, sqlx::Error>
+    where
+        'q: 'e,
+        E: sqlx::Executor<'c, Database = DB>,
+    {
+        match self {
+            Query::Bound(q) => q.fetch_optional(e).await,
+            Query::Inline(q) => q.fetch_optional(e).await,
+        }
+    }
+
+    /// Runs it, for its one row (an error if it has none).
+    pub(crate) async fn fetch_one<'e, 'c: 'e, E>(self, e: E) -> Result<DB::Row, sqlx::Error>
+    where
+        'q: 'e,
+        E: sqlx::Executor<'c, Database = DB>,
+    {
+        match self {
+            Query::Bound(q) => q.fetch_one(e).await,
+            Query::Inline(q) => q.fetch_one(e).await,
+        }
+    }
+
+    /// Runs it, for all its rows.
+    pub(crate) async fn fetch_all<'e, 'c: 'e, E>(self, e: E) -> Result<Vec<DB::Row>, sqlx::Error>
+    where
+        'q: 'e,
+        E: sqlx::Executor<'c, Database = DB>,
+    {
+        match self {
+            Query::Bound(q) => q.fetch_all(e).await,
+            Query::Inline(q) => q.fetch_all(e).await,
+        }
+    }
+}
+
+/// The statement `stmt` with `params`, as a [`Query`]: bound in the statement's
+/// order, or written into its text where the statement says so ([`Stmt::inline`]).
+///
+/// [`Stmt::inline`]: crate::dialect::Stmt::inline
 macro_rules! query {
     ($stmt:expr, $params:expr) => {{
         let stmt: &$crate::dialect::Stmt = $stmt;
         let params: &[$crate::pool::Param<'_>] = $params;
-        // The text is the statement's own, built once (an `Arc`: nothing copied).
-        let mut q = sqlx::query(sqlx::AssertSqlSafe(std::sync::Arc::clone(&stmt.sql)));
-        for &i in &stmt.order {
-            // A missing parameter (a bug) reaches the database as a bind error, not a panic.
-            q = match params.get(i) {
-                Some($crate::pool::Param::Text(v)) => q.bind(*v),
-                Some($crate::pool::Param::Int(v)) => q.bind(*v),
-                Some($crate::pool::Param::Bytes(v)) => q.bind(*v),
-                None => q,
-            };
+        match stmt.inlined(params) {
+            Some(text) => $crate::pool::Query::Inline(sqlx::raw_sql(sqlx::AssertSqlSafe(text))),
+            None => {
+                // The text is the statement's own, built once (an `Arc`: nothing copied).
+                let mut q = sqlx::query(sqlx::AssertSqlSafe(std::sync::Arc::clone(&stmt.sql)));
+                for &i in &stmt.order {
+                    // A missing parameter (a bug) reaches the database as a bind error, not a panic.
+                    q = match params.get(i) {
+                        Some($crate::pool::Param::Text(v)) => q.bind(*v),
+                        Some($crate::pool::Param::Int(v)) => q.bind(*v),
+                        Some($crate::pool::Param::Bytes(v)) => q.bind(*v),
+                        None => q,
+                    };
+                }
+                $crate::pool::Query::Bound(q)
+            }
         }
-        q
     }};
 }
 pub(crate) use query;

@@ -136,7 +136,7 @@ ensure_postgres() {
 
 # PgBouncer in transaction pooling (the default of most managed poolers) on
 # 127.0.0.1:6432 in front of the test PostgreSQL, from Debian's package: the
-# session mode must refuse it. Run as the postgres user (PgBouncer will not run
+# row mode runs through it (postgres-pgbouncer), the session mode must refuse it. Run as the postgres user (PgBouncer will not run
 # as root), its files in PGBOUNCER_DIR.
 PGBOUNCER_DIR="${TMPDIR:-/tmp}/dlock-pgbouncer"
 
@@ -845,7 +845,7 @@ ensure_backend() {
     postgres) ensure_postgres && ensure_postgres_tls ;;
     mysql-tls) ensure_mysql && ensure_mysql_tls ;;
     postgres-tls) ensure_postgres && ensure_postgres_tls ;;
-    postgres-session) ensure_postgres && ensure_pgbouncer ;;
+    postgres-session | postgres-pgbouncer) ensure_postgres && ensure_pgbouncer ;;
     mysql-session) ensure_mysql ;;
 
     redis | redis-polling) ensure_redis ;;

@@ -41,6 +41,7 @@ pub const KNOWN: &[&str] = &[
     "postgres-tls",
     "postgres-session",
     "mysql-session",
+    "postgres-pgbouncer",
     "redis",
     "redis-polling",
     "redis-cluster",
@@ -154,6 +155,10 @@ pub fn url_of(label: &str) -> Option<TestUrl> {
             "postgres://postgres@127.0.0.1:5432/test?dlock_mode=session&dlock_session_timeout={}ms",
             SESSION_MODE_TIMEOUT.as_millis()
         )),
+        // The row mode through PgBouncer in transaction pooling (scripts/lib/services.sh).
+        "postgres-pgbouncer" => {
+            Some("postgres://postgres@127.0.0.1:6432/test?dlock_pooler=transaction".to_owned())
+        }
         // MariaDB's session mode (named locks), likewise.
         "mysql-session" => Some(format!(
             "mysql://root@127.0.0.1:3306/test?dlock_mode=session&dlock_session_timeout={}ms",
@@ -409,7 +414,9 @@ pub async fn open_at(label: &str, url: TestUrl) -> Result<Arc<dyn TestBackend>> 
     Ok(match label {
         "memory" => Arc::new(MemoryTestBackend::default()),
         "sqlite" | "mysql" | "postgres" | "mysql-tls" | "postgres-tls" | "postgres-session"
-        | "mysql-session" => Arc::new(SqlTestBackend::open(label, url).await?),
+        | "mysql-session" | "postgres-pgbouncer" => {
+            Arc::new(SqlTestBackend::open(label, url).await?)
+        }
         "redis" | "redis-polling" | "redis-cluster" | "redis-tls" | "redis-cluster-tls"
         | "redis-sentinel" | "redis-sentinel-ack" | "redis-sentinel-tls" => {
             Arc::new(RedisTestBackend::open(label, url).await?)
