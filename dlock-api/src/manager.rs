@@ -106,11 +106,14 @@ impl ManagerInner {
 
     /// Drives a session-bound hold's status feed: suspended while the backend's
     /// connection is down, lost when the backend says so. One small task per hold,
-    /// ending when the hold is released or lost, or the feed ends.
+    /// ending when the hold is released or lost, or the feed ends — started when
+    /// the feed's quiet time ends ([`dlock_spi::HoldFeed::quiet_for`], by the
+    /// watchdog's scheduler), so a hold released sooner starts none.
     fn follow(self: &Arc<Self>, hold: &Arc<Hold>, watch: HoldWatch) {
         let Some(mut feed) = watch.take() else {
             return;
         };
+        let (quiet, id) = (feed.quiet_for(), hold.id);
         let manager = Arc::downgrade(self);
         let hold = Arc::clone(hold);
         let watched = Arc::clone(&hold);
@@ -133,7 +136,7 @@ impl ManagerInner {
             }
             true
         };
-        tokio::spawn(async move {
+        let work = async move {
             loop {
                 tokio::select! {
                     status = feed.next() => match status {
@@ -143,7 +146,13 @@ impl ManagerInner {
                     _ = watched.wait_lost() => return,
                 }
             }
-        });
+        };
+        if quiet.is_zero() {
+            tokio::spawn(work);
+        } else {
+            self.watchdog
+                .defer(id, Instant::now() + quiet, Box::pin(work));
+        }
     }
 
     /// Releases a hold through the chain and forgets it. A release the backend could

@@ -33,6 +33,10 @@ use crate::hold::Hold;
 /// Told how an explicit extend's renewal went.
 type ExtendWaiter = oneshot::Sender<Result<()>>;
 
+/// Work for a hold that starts later ([`Watchdog::defer`]): spawned when due, dropped
+/// unstarted if the hold is released first.
+pub(crate) type Deferred = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+
 struct Entry {
     hold: Arc<Hold>,
     /// The lease every renewal asks for (transition included); an extend changes it.
@@ -130,6 +134,9 @@ struct State {
     queue: BTreeSet<(Instant, u64)>,
     task: Option<JoinHandle<()>>,
     closed: bool,
+    /// Deferred work by hold, with its start ([`Watchdog::defer`]), and its queue.
+    deferred: HashMap<u64, (Instant, Deferred)>,
+    deferred_queue: BTreeSet<(Instant, u64)>,
     /// When the scheduler will next wake by itself; a new entry due later needs no
     /// wake-up (so taking a lock does not cost a cross-thread wake).
     sleeping_until: Option<Instant>,
@@ -257,10 +264,16 @@ impl Watchdog {
         }
         state.entries.insert(id, Entry { due, ..entry });
         state.queue.insert((due, id));
+        self.look_at(&mut state, due);
+    }
+
+    /// Has the scheduler look at the queues by `at`: starts it, or wakes it if it
+    /// sleeps past `at` (one due later costs no wake-up: it looks by itself).
+    fn look_at(&self, state: &mut State, at: Instant) {
         if state.task.is_none() {
             let shared = Arc::clone(&self.shared);
             state.task = Some(tokio::spawn(run(shared)));
-        } else if state.sleeping_until.is_none_or(|until| due < until) {
+        } else if state.sleeping_until.is_none_or(|until| at < until) {
             self.shared.wake.notify_one();
         }
     }
@@ -333,11 +346,32 @@ impl Watchdog {
         state.queue.insert((due, id));
     }
 
-    /// Stops watching a hold (it is being released).
+    /// Starts `work` for the hold `id` at `at` (in a task of its own), unless the
+    /// hold is unregistered first — then it is dropped unstarted. The scheduler
+    /// already wakes by itself at least every [`IDLE_HORIZON`]: work due later than
+    /// its next wake costs no wake-up now, so a hold released before its work is due
+    /// costs neither a task nor a cross-thread wake (a session-bound hold's status
+    /// feed that is quiet for a while, [`dlock_spi::HoldFeed::quiet_for`]).
+    pub(crate) fn defer(&self, id: u64, at: Instant, work: Deferred) {
+        let mut state = self.shared.lock();
+        if state.closed {
+            return;
+        }
+        if let Some((old, _)) = state.deferred.insert(id, (at, work)) {
+            state.deferred_queue.remove(&(old, id));
+        }
+        state.deferred_queue.insert((at, id));
+        self.look_at(&mut state, at);
+    }
+
+    /// Stops watching a hold (it is being released), and drops its deferred work.
     pub(crate) fn unregister(&self, id: u64) {
         let mut state = self.shared.lock();
         if let Some(entry) = state.entries.remove(&id) {
             state.queue.remove(&(entry.due, id));
+        }
+        if let Some((at, _)) = state.deferred.remove(&id) {
+            state.deferred_queue.remove(&(at, id));
         }
     }
 
@@ -352,6 +386,8 @@ impl Watchdog {
         state.closed = true;
         state.entries.clear();
         state.queue.clear();
+        state.deferred.clear();
+        state.deferred_queue.clear();
         if let Some(task) = state.task.take() {
             task.abort();
         }
@@ -403,7 +439,10 @@ async fn run(shared: Arc<Shared>) {
     let mut tasks: HashMap<tokio::task::Id, Vec<u64>> = HashMap::new();
     loop {
         let now = Instant::now();
-        let (due, next) = take_due(&shared, now, batches);
+        let (due, next, started) = take_due(&shared, now, batches);
+        for work in started {
+            tokio::spawn(work);
+        }
         let mut renewals = Vec::new();
         for d in due {
             let id = d.renewal.id;
@@ -533,8 +572,20 @@ const MAX_BATCH_AHEAD: Duration = Duration::from_secs(2);
 /// Pops every due entry that is not already being renewed — with `batches`, when
 /// any is due, also the renewed ones due within their [`batch_ahead`] — and decides
 /// (under the same lock `register` takes) when the scheduler wakes next.
-fn take_due(shared: &Shared, now: Instant, batches: bool) -> (Vec<Due>, Instant) {
+/// Takes off the queues what is due at `now` — renewals (with the renewals a batch
+/// may take early) and deferred work — and says when the scheduler looks next.
+fn take_due(shared: &Shared, now: Instant, batches: bool) -> (Vec<Due>, Instant, Vec<Deferred>) {
     let mut state = shared.lock();
+    let mut started = Vec::new();
+    while let Some(&(at, id)) = state.deferred_queue.first() {
+        if at > now {
+            break;
+        }
+        state.deferred_queue.pop_first();
+        if let Some((_, work)) = state.deferred.remove(&id) {
+            started.push(work);
+        }
+    }
     let mut due = Vec::new();
     while let Some(&(at, id)) = state.queue.first() {
         if at > now {
@@ -573,12 +624,13 @@ fn take_due(shared: &Shared, now: Instant, batches: bool) -> (Vec<Due>, Instant)
             }
         }
     }
-    let next = state
-        .queue
-        .first()
-        .map_or(now + IDLE_HORIZON, |(at, _)| (*at).min(now + IDLE_HORIZON));
+    let next = [state.queue.first(), state.deferred_queue.first()]
+        .into_iter()
+        .flatten()
+        .map(|(at, _)| *at)
+        .fold(now + IDLE_HORIZON, Instant::min);
     state.sleeping_until = Some(next);
-    (due, next)
+    (due, next, started)
 }
 
 impl Due {

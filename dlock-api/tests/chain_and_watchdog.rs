@@ -3,7 +3,7 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use dlock_api::spi::async_trait;
 use dlock_api::spi::{
@@ -345,6 +345,56 @@ fn dropping_a_guard_after_its_runtime_is_gone_does_not_panic() {
     });
     drop(rt);
     drop(g);
+}
+
+/// A status feed quiet for its first 300 ms (as the SQL session modes' probe) is
+/// followed from then, not before: holds released sooner never have their feed
+/// polled — it is dropped unpolled, and no task ran for it — and a kept hold's
+/// feed, told of a loss at once, reports it once its quiet time is over and not
+/// sooner. (The follower used to start a task per hold at the grant.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quiet_feed_is_followed_only_once_its_quiet_time_ends() {
+    const QUIET: Duration = Duration::from_millis(300);
+    let backend = Wrapped {
+        quiet: Some(QUIET),
+        ..Wrapped::session_bound()
+    };
+    let m = DistributeLockManager::builder(backend.clone())
+        .build()
+        .unwrap();
+    for _ in 0..20 {
+        let g = m.lock("q").try_lock(Duration::ZERO).await.unwrap().unwrap();
+        g.unlock().await.unwrap();
+    }
+    tokio::time::sleep(QUIET * 2).await;
+    assert_eq!(
+        backend.polls.load(Ordering::SeqCst),
+        0,
+        "a released hold's feed was polled"
+    );
+    let feeds: Vec<_> = std::mem::take(&mut *backend.feeds.lock().unwrap());
+    assert_eq!(feeds.len(), 20);
+    assert!(
+        feeds.iter().all(|tx| tx.is_closed()),
+        "a released hold's feed was kept"
+    );
+
+    let taken = Instant::now();
+    let g = m.lock("q").try_lock(Duration::ZERO).await.unwrap().unwrap();
+    let feed = backend.feeds.lock().unwrap().pop().unwrap();
+    feed.send_replace(HoldStatus::Lost(LostReason::SessionExpired));
+    let reason = tokio::time::timeout(QUIET * 4, g.lost())
+        .await
+        .expect("the loss was never reported");
+    let after = taken.elapsed();
+    assert_eq!(reason, LostReason::SessionExpired);
+    assert!(
+        after >= QUIET - Duration::from_millis(10),
+        "the feed was followed {after:?} after the grant, within its quiet time"
+    );
+    assert_eq!(backend.polls.load(Ordering::SeqCst), 1);
+    drop(g);
+    m.close().await;
 }
 
 /// The manager follows a grant's status feed: suspended and back, then lost — the

@@ -5,7 +5,9 @@
 //! the node. Such backends attach a [`HoldWatch`] to each grant
 //! ([`crate::AcquireResult::with_watch`]). The manager drives the feed in one task per
 //! hold: it marks the guard suspended while the status is [`HoldStatus::Suspended`]
-//! and fires its lost signal on [`HoldStatus::Lost`].
+//! and fires its lost signal on [`HoldStatus::Lost`]. A feed that has nothing to say
+//! for a while after the grant ([`HoldFeed::quiet_for`]) is first polled that late,
+//! and a hold released sooner costs no task at all.
 
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -34,7 +36,23 @@ pub enum HoldStatus {
 pub trait HoldFeed: Send + 'static {
     /// Waits for the next change of status; `None` once the hold has ended without a
     /// loss (it was released) and nothing more will come.
+    ///
+    /// # Cancel safety
+    ///
+    /// The follower drops a pending call when the hold is released or lost; a feed
+    /// is not asked again after that.
     async fn next(&mut self) -> Option<HoldStatus>;
+
+    /// How long from now the feed will report nothing, whatever happens: a feed
+    /// that first looks at its session some time after the grant (a probe every
+    /// few seconds) says how long until that look. The follower may poll it first
+    /// that late, and drops it unpolled if the hold is released sooner — so
+    /// [`next`](Self::next) must not count on being polled before then (a probe
+    /// due then, polled late, looks at once). Default zero: polled at once, as a
+    /// feed that may report at any moment (a pushed session event) must be.
+    fn quiet_for(&self) -> std::time::Duration {
+        std::time::Duration::ZERO
+    }
 }
 
 /// A grant's status feed. Clones share one feed, which the follower

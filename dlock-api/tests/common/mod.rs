@@ -29,6 +29,10 @@ pub(crate) struct Wrapped {
     pub renew_delay_ms: Arc<std::sync::atomic::AtomicU64>,
     pub swallow_renewals: Arc<AtomicBool>,
     pub session_bound: bool,
+    /// Session-bound grants carry a [`QuietFeed`] quiet for this long.
+    pub quiet: Option<std::time::Duration>,
+    /// How often the grants' quiet feeds were polled.
+    pub polls: Arc<AtomicUsize>,
     pub feeds: Arc<Mutex<Vec<tokio::sync::watch::Sender<HoldStatus>>>>,
     pub requests: Arc<Mutex<Vec<AcquireRequest>>>,
     pub stall_after_grant: Arc<AtomicBool>,
@@ -82,8 +86,22 @@ impl LockRemoteResource for Wrapped {
         if !self.session_bound || !got.is_acquired() {
             return Ok(got);
         }
-        let (tx, watch) = HoldWatch::channel();
-        self.feeds.lock().unwrap().push(tx);
+        let watch = match self.quiet {
+            Some(quiet) => {
+                let (tx, rx) = tokio::sync::watch::channel(HoldStatus::Held);
+                self.feeds.lock().unwrap().push(tx);
+                HoldWatch::new(QuietFeed {
+                    until: std::time::Instant::now() + quiet,
+                    polls: Arc::clone(&self.polls),
+                    rx,
+                })
+            }
+            None => {
+                let (tx, watch) = HoldWatch::channel();
+                self.feeds.lock().unwrap().push(tx);
+                watch
+            }
+        };
         Ok(got.with_watch(watch))
     }
     async fn release(&self, req: &ReleaseRequest) -> Result<ReleaseResult> {
@@ -120,6 +138,29 @@ impl LockRemoteResource for Wrapped {
 
     fn batch_renew(&self) -> Option<&dyn dlock_spi::BatchRenew> {
         None
+    }
+}
+
+/// A status feed that says it is quiet until `until` (as the SQL session modes'
+/// probe, which first asks its session a fifth of the session timeout after the
+/// grant): counts its polls, and once polled reports what the test sends.
+pub(crate) struct QuietFeed {
+    pub until: std::time::Instant,
+    pub polls: Arc<AtomicUsize>,
+    pub rx: tokio::sync::watch::Receiver<HoldStatus>,
+}
+
+#[async_trait]
+impl dlock_api::spi::HoldFeed for QuietFeed {
+    fn quiet_for(&self) -> std::time::Duration {
+        self.until
+            .saturating_duration_since(std::time::Instant::now())
+    }
+
+    async fn next(&mut self) -> Option<HoldStatus> {
+        self.polls.fetch_add(1, Ordering::SeqCst);
+        self.rx.changed().await.ok()?;
+        Some(*self.rx.borrow_and_update())
     }
 }
 

@@ -193,11 +193,13 @@ impl<C: SessionConn, K: Send + Sync + 'static> Holds<C, K> {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .insert(holder.to_owned(), Arc::clone(&held));
+        let now = Instant::now();
         HoldWatch::new(Probe {
             held,
             every: timeout / 5,
             keep: timeout / 2,
-            last_ok: Instant::now(),
+            last_ok: now,
+            next_at: now + timeout / 5,
             suspended: false,
         })
     }
@@ -227,17 +229,26 @@ struct Probe<C, K> {
     every: Duration,
     keep: Duration,
     last_ok: Instant,
+    /// When the next ask is due (every `every` from the last one's send): the
+    /// feed is quiet until then ([`HoldFeed::quiet_for`]), and one polled late
+    /// asks at once.
+    next_at: Instant,
     suspended: bool,
 }
 
 #[async_trait]
 impl<C: SessionConn, K: Send + Sync + 'static> HoldFeed for Probe<C, K> {
+    fn quiet_for(&self) -> Duration {
+        self.next_at.saturating_duration_since(Instant::now())
+    }
+
     async fn next(&mut self) -> Option<HoldStatus> {
         loop {
             if !self.suspended {
-                tokio::time::sleep(self.every).await;
+                tokio::time::sleep_until(self.next_at.into()).await;
             }
             let sent = Instant::now();
+            self.next_at = sent + self.every;
             let lost_at = self.last_ok + self.keep;
             // A statement of the hold's own that holds the connection past the
             // loss (hung: the server may end the silent session at K) does not

@@ -3,17 +3,20 @@
 //!
 //! * **A hold is a connection.** A grant takes a connection from this backend's idle
 //!   ones (or opens one) and keeps it until the release, which gives it back. The
-//!   grant is one round trip of three statements (a multi-statement query): it takes
-//!   the named lock (`GET_LOCK`, the name a hash of the database, the table prefix
-//!   and the lock's name: named locks are server-wide), draws the fencing token
-//!   from a sequence (`NEXTVAL`), records the holder (owner, grant, token, context)
-//!   in the session's own row of a `MEMORY` table (keyed by connection id,
-//!   rewritten in place) — no commit, no disk — and returns the token. The release
+//!   grant is one round trip: one prepared statement (`REPLACE … SELECT … WHERE
+//!   GET_LOCK(…, 0) = 1 RETURNING token`; a wait: the `GET_LOCK` in a statement of
+//!   its own before it, in one multi-statement query) that takes the named lock
+//!   (`GET_LOCK`, the name a hash of the database, the table prefix and the lock's
+//!   name: named locks are server-wide) and, only if it got it, draws the fencing
+//!   token from a sequence (`NEXTVAL`), records the holder (owner, grant, token,
+//!   context) in the session's own row of a `MEMORY` table (keyed by connection id,
+//!   replaced in place) — no commit, no disk — and returns the token. The release
 //!   lets the lock go (`RELEASE_LOCK`), one statement; it leaves the row, which names a holder only while its session holds the lock
 //!   (rows that name none are deleted when a backend opens). A statement that
 //!   fails, or is dropped before it answers, closes its connection: the session
-//!   ends, and with it any lock it took. Values are written into the statements as hexadecimal literals
-//!   (`X'…'`) and numbers this module formats: nothing a caller passes is SQL.
+//!   ends, and with it any lock it took. Values are bound, or (in the
+//!   multi-statement queries) written in as hexadecimal literals (`X'…'`) and
+//!   numbers this module formats: nothing a caller passes is SQL.
 //! * **Waits block in the server**: `GET_LOCK(name, t)` waits up to `t` (MariaDB
 //!   takes fractions of a second), in slices of at most [`SLICE`]. The server does
 //!   not notice a client gone while a statement runs, so a dropped wait sends
@@ -99,6 +102,19 @@ fn seconds(d: Duration) -> String {
     format!("{}.{:03}", d.as_secs(), d.subsec_millis())
 }
 
+/// The try's grant statement (no wait) on the tables `holders` and `fence`: one
+/// prepared statement with the lock key (twice), the holder, the name and the
+/// context bound. It takes the named lock and, only if it got it, draws the token
+/// and records the holder in the session's row, returning the token (no row: not
+/// granted).
+fn try_grant(holders: &str, fence: &str) -> String {
+    format!(
+        "REPLACE INTO {holders} (conn, lk, holder, name, token, context) \
+           SELECT CONNECTION_ID(), ?, ?, ?, NEXTVAL({fence}), ? FROM DUAL \
+           WHERE GET_LOCK(?, 0) = 1 RETURNING token"
+    )
+}
+
 /// The session mode's state of one backend.
 pub(crate) struct Sessions {
     connect: MySqlConnectOptions,
@@ -106,6 +122,8 @@ pub(crate) struct Sessions {
     namespace: String,
     holders: String,
     fence: String,
+    /// [`try_grant`]'s statement, built once (the statement cache keys on its text).
+    try_grant: String,
     timeout: Duration,
     connect_timeout: Duration,
     idle: Idle<MySqlConnection>,
@@ -129,6 +147,10 @@ impl Sessions {
         let sessions = Sessions {
             connect,
             namespace,
+            try_grant: try_grant(
+                &format!("{prefix}session_holds"),
+                &format!("{prefix}session_fence"),
+            ),
             holders: format!("{prefix}session_holds"),
             fence: format!("{prefix}session_fence"),
             timeout,
@@ -284,39 +306,24 @@ impl Sessions {
         super::hold::capabilities(false)
     }
 
-    /// The grant statement: waits up to `wait` for the named lock; the token (or
-    /// NULL) is the last result's. The wait is a statement of its own: one that
-    /// names the sequence keeps a metadata lock on it while it runs, and a DDL
-    /// statement waiting for that lock (another client's `CREATE … IF NOT EXISTS`)
-    /// holds up every later statement that names it — every grant — until the
-    /// wait ends (seen: a grant 680 ms late while another client started).
-    fn grant(&self, lk: &str, req: &AcquireRequest, wait: Duration) -> String {
-        let holder = req.holder();
-        // A try (no wait) takes the lock and the token in one statement; a wait
-        // takes the lock in a statement of its own (above).
-        let take = if wait.is_zero() {
-            format!(
-                "SET @dlock_t = IF(GET_LOCK('{lk}', 0) = 1, NEXTVAL({}), NULL); ",
-                self.fence
-            )
-        } else {
-            format!(
-                "SET @dlock_t = GET_LOCK('{lk}', {}); \
-                 SET @dlock_t = IF(@dlock_t = 1, NEXTVAL({}), NULL); ",
-                seconds(wait),
-                self.fence
-            )
-        };
+    /// The waiting grant: waits up to `wait` for the named lock, then (granted)
+    /// draws the token and records the holder as [`try_grant`] does; the
+    /// token is the last result's (none: not granted). The wait is a statement of
+    /// its own: one that names the sequence keeps a metadata lock on it while it
+    /// runs, and a DDL statement waiting for that lock (another client's
+    /// `CREATE … IF NOT EXISTS`) holds up every later statement that names it —
+    /// every grant — until the wait ends (seen: a grant 680 ms late while another
+    /// client started).
+    fn waiting_grant(&self, lk: &str, req: &AcquireRequest, wait: Duration) -> String {
         format!(
-            "{take}\
-             INSERT INTO {h} (conn, lk, holder, name, token, context) \
-               SELECT CONNECTION_ID(), '{lk}', {holder}, {name}, @dlock_t, {context} FROM DUAL \
-               WHERE @dlock_t IS NOT NULL ON DUPLICATE KEY UPDATE lk = VALUES(lk), \
-               holder = VALUES(holder), name = VALUES(name), token = VALUES(token), \
-               context = VALUES(context); \
-             SELECT CAST(@dlock_t AS SIGNED) AS token",
+            "SET @dlock_t = GET_LOCK('{lk}', {wait}); \
+             REPLACE INTO {h} (conn, lk, holder, name, token, context) \
+               SELECT CONNECTION_ID(), '{lk}', {holder}, {name}, NEXTVAL({f}), {context} \
+               FROM DUAL WHERE @dlock_t = 1 RETURNING token",
+            wait = seconds(wait),
             h = self.holders,
-            holder = hex(holder.as_str().as_bytes()),
+            f = self.fence,
+            holder = hex(req.holder().as_str().as_bytes()),
             name = hex(req.name.as_str().as_bytes()),
             context = hex(&req.context),
         )
@@ -356,20 +363,33 @@ impl Sessions {
             } else {
                 left.min(SLICE)
             };
-            let statement = self.grant(&lk, req, wait);
             let mut stop = StopWait {
                 connect: (!wait.is_zero()).then(|| (self.connect.clone(), self.connect_timeout)),
                 id: session.id,
             };
-            let rows: Vec<MySqlRow> = sqlx::raw_sql(sqlx::AssertSqlSafe(statement))
-                .fetch_all(&mut session.conn)
-                .await
-                .map_err(|e| map_sqlx(e, BACKEND, "acquire"))?;
+            let rows: Vec<MySqlRow> = if wait.is_zero() {
+                let holder = req.holder();
+                sqlx::query(sqlx::AssertSqlSafe(self.try_grant.as_str()))
+                    .bind(lk.as_str())
+                    .bind(holder.as_str().as_bytes())
+                    .bind(req.name.as_str().as_bytes())
+                    .bind(&req.context[..])
+                    .bind(lk.as_str())
+                    .fetch_all(&mut session.conn)
+                    .await
+            } else {
+                let statement = self.waiting_grant(&lk, req, wait);
+                sqlx::raw_sql(sqlx::AssertSqlSafe(statement))
+                    .fetch_all(&mut session.conn)
+                    .await
+            }
+            .map_err(|e| map_sqlx(e, BACKEND, "acquire"))?;
             stop.connect = None;
             let token = match rows.last() {
-                Some(row) => row
-                    .try_get::<Option<i64>, _>("token")
-                    .map_err(|e| map_sqlx(e, BACKEND, "acquire"))?,
+                Some(row) => Some(
+                    row.try_get::<i64, _>("token")
+                        .map_err(|e| map_sqlx(e, BACKEND, "acquire"))?,
+                ),
                 None => None,
             };
             if let Some(token) = token {
