@@ -54,8 +54,9 @@
 //!
 //! On MariaDB (10.3 or later: its tokens come from a `SEQUENCE`; MySQL has none and
 //! is refused) a hold is a named lock (`GET_LOCK`): exclusive only (a shared
-//! request is `Unsupported`), one multi-statement round trip per acquire and per
-//! release, holders recorded in a `MEMORY` table (no commit), waits blocked in the
+//! request is `Unsupported`), one round trip per acquire (a try: one prepared
+//! statement; a wait: two statements in one query) and per release, holders
+//! recorded in a `MEMORY` table (no commit), waits blocked in the
 //! server in slices of at most a second (a dropped wait is ended with `KILL
 //! QUERY`), and the session timeout as the hold session's `wait_timeout` (whole
 //! seconds, rounded up).
