@@ -346,22 +346,30 @@ impl Watchdog {
         state.queue.insert((due, id));
     }
 
-    /// Starts `work` for the hold `id` at `at` (in a task of its own), unless the
-    /// hold is unregistered first — then it is dropped unstarted. The scheduler
-    /// already wakes by itself at least every [`IDLE_HORIZON`]: work due later than
-    /// its next wake costs no wake-up now, so a hold released before its work is due
-    /// costs neither a task nor a cross-thread wake (a session-bound hold's status
-    /// feed that is quiet for a while, [`dlock_spi::HoldFeed::quiet_for`]).
+    /// Starts `work` for the hold `id` at `at` (in a task of its own, on the
+    /// scheduler's runtime), unless the hold is unregistered first — then it is
+    /// dropped unstarted. The scheduler wakes by itself at least every
+    /// [`IDLE_HORIZON`]: work due no sooner than its next wake costs no wake-up now,
+    /// so a hold released before its work is due costs no task, and — when `at` is
+    /// at least [`IDLE_HORIZON`] away (a SQL session mode's probe with the default
+    /// 10 s session timeout: 2 s) — no cross-thread wake either (a session-bound
+    /// hold's status feed that is quiet for a while,
+    /// [`dlock_spi::HoldFeed::quiet_for`]).
     pub(crate) fn defer(&self, id: u64, at: Instant, work: Deferred) {
         let mut state = self.shared.lock();
         if state.closed {
             return;
         }
-        if let Some((old, _)) = state.deferred.insert(id, (at, work)) {
-            state.deferred_queue.remove(&(old, id));
+        // (Work replaced or dropped goes after the lock: dropping it may drop a
+        // hold, whose own drop must not find the scheduler's lock taken.)
+        let replaced = state.deferred.insert(id, (at, work));
+        if let Some((old, _)) = &replaced {
+            state.deferred_queue.remove(&(*old, id));
         }
         state.deferred_queue.insert((at, id));
         self.look_at(&mut state, at);
+        drop(state);
+        drop(replaced);
     }
 
     /// Stops watching a hold (it is being released), and drops its deferred work.
@@ -370,9 +378,12 @@ impl Watchdog {
         if let Some(entry) = state.entries.remove(&id) {
             state.queue.remove(&(entry.due, id));
         }
-        if let Some((at, _)) = state.deferred.remove(&id) {
-            state.deferred_queue.remove(&(at, id));
+        let dropped = state.deferred.remove(&id);
+        if let Some((at, _)) = &dropped {
+            state.deferred_queue.remove(&(*at, id));
         }
+        drop(state);
+        drop(dropped);
     }
 
     /// How many holds are watched (for tests and status).
@@ -386,11 +397,13 @@ impl Watchdog {
         state.closed = true;
         state.entries.clear();
         state.queue.clear();
-        state.deferred.clear();
+        let deferred = std::mem::take(&mut state.deferred);
         state.deferred_queue.clear();
         if let Some(task) = state.task.take() {
             task.abort();
         }
+        drop(state);
+        drop(deferred);
     }
 }
 

@@ -52,7 +52,7 @@
 //! connection) frees the lock with no margin: guard writes with the fencing token
 //! (SAFETY.md, "The SQL session modes"). The row mode stays the default.
 //!
-//! On MariaDB (10.3 or later: its tokens come from a `SEQUENCE`; MySQL has none and
+//! On MariaDB (10.5 or later: its tokens come from a `SEQUENCE`; MySQL has none and
 //! is refused) a hold is a named lock (`GET_LOCK`): exclusive only (a shared
 //! request is `Unsupported`), one round trip per acquire (a try: one prepared
 //! statement; a wait: two statements in one query) and per release, holders
@@ -288,7 +288,10 @@ pub enum JdbcPooler {
     /// statement "sqlx_s_1" already exists` or `does not exist`); the migration
     /// runs in one transaction under a transaction-scoped advisory lock; and there
     /// is no `LISTEN` session, so waiters poll with [`JdbcOptions::backoff`]
-    /// instead of waking on release notices. Guarantees are those of the row mode
+    /// instead of waking on release notices, and election followers and observers
+    /// poll too (the backend offers no change events). Rows come back as text
+    /// there: contexts are read in PostgreSQL's `bytea_output = hex` (its default
+    /// since 9.0; a role or database set to `escape` makes `inspect` fail). Guarantees are those of the row mode
     /// (every hold is a row with its lease). The session mode needs a session and
     /// refuses this ([`ErrorKind::Config`]), as do MariaDB/MySQL and SQLite.
     Transaction,
@@ -303,7 +306,7 @@ pub enum JdbcMode {
     /// with downgrades and upgrades.
     #[default]
     Row,
-    /// PostgreSQL and MariaDB 10.3+: a hold is a session-level lock of the
+    /// PostgreSQL and MariaDB 10.5+: a hold is a session-level lock of the
     /// database's own (PostgreSQL's advisory locks, MariaDB's named locks) on a
     /// connection kept for it — one round trip per acquire and per release, no
     /// commit, waits blocked in the server; lost when its session ends (no lease).

@@ -230,7 +230,11 @@ pub(crate) async fn migrate(pool: &Pool, prefix: &str) -> Result<()> {
                 };
                 for sql in statements {
                     match sqlx::raw_sql(AssertSqlSafe(fill(sql, prefix))).execute(&mut *$conn).await {
-                        Err(e) if !already_applied(&e) => return Err(err(e)),
+                        // (PostgreSQL's statements say `IF NOT EXISTS`, and a failed
+                        // one aborts its transaction: nothing to pass over there.)
+                        Err(e) if dialect == Dialect::Postgres || !already_applied(&e) => {
+                            return Err(err(e))
+                        }
                         _ => {}
                     }
                 }
@@ -249,8 +253,15 @@ pub(crate) async fn migrate(pool: &Pool, prefix: &str) -> Result<()> {
         #[cfg(feature = "postgres")]
         Pool::Postgres(p) => {
             // Dropped before the commit, the transaction is rolled back (sqlx's
-            // `Transaction`), and its lock goes with it.
-            let mut tx = p.begin().await.map_err(err)?;
+            // `Transaction`), and its lock goes with it. READ COMMITTED whatever the
+            // server's default: each statement sees what a migration that held the
+            // lock before committed (under REPEATABLE READ the snapshot would be the
+            // lock statement's, taken before its wait: the versions read as not
+            // applied, and recording them again a serialization failure).
+            let mut tx = p
+                .begin_with("BEGIN ISOLATION LEVEL READ COMMITTED")
+                .await
+                .map_err(err)?;
             let lock = format!("SELECT pg_advisory_xact_lock(hashtext('{lock_key}'))");
             sqlx::raw_sql(AssertSqlSafe(lock))
                 .execute(&mut *tx)

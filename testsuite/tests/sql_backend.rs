@@ -1625,6 +1625,46 @@ async fn postgres_migrations_through_a_pooler_leave_no_lock_behind() {
     }
 }
 
+/// PostgreSQL's migration reads what an earlier migrator committed whatever the
+/// server's default isolation: four backends migrating a fresh table prefix at once,
+/// their sessions `SERIALIZABLE` by default (`default_transaction_isolation`), all
+/// open. (The migration's transaction took its snapshot at its lock statement,
+/// before the wait: a migrator that waited read the versions as not applied and
+/// failed recording them again — `could not serialize access`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_migrations_see_each_other_under_serializable_defaults() {
+    let Some(url) = sql_url("postgres") else {
+        return;
+    };
+    let prefix = format!("ser{:x}_", fastrand::u32(..));
+    let sep = if url.contains('?') { '&' } else { '?' };
+    let url = format!(
+        "{}{sep}options=-c%20default_transaction_isolation%3Dserializable&dlock_table_prefix={prefix}",
+        &*url
+    );
+    let opens = (0..4).map(|_| JdbcBackend::connect(&url));
+    let opened = futures_util::future::join_all(opens).await;
+    let mut direct = sqlx::PgConnection::connect("postgres://postgres@127.0.0.1:5432/test")
+        .await
+        .unwrap();
+    let failures: Vec<String> = opened
+        .iter()
+        .filter_map(|b| b.as_ref().err().map(ToString::to_string))
+        .collect();
+    for b in opened.into_iter().flatten() {
+        b.close().await;
+    }
+    for table in ["waiters", "readers", "locks", "schema_version"] {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "DROP TABLE IF EXISTS {prefix}{table}"
+        )))
+        .execute(&mut direct)
+        .await
+        .unwrap();
+    }
+    assert!(failures.is_empty(), "migrations failed: {failures:?}");
+}
+
 /// MariaDB's session mode: a dropped wait ends its statement in the server at once
 /// (`KILL QUERY` from a task of its own), not when its `GET_LOCK` slice (1 s) runs
 /// out — the server does not notice a client gone while a statement runs. The wait

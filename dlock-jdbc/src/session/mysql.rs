@@ -34,7 +34,7 @@
 //!   id every `K/5` and declares the hold lost at `K/2` without an answer
 //!   ([`super::hold`]). An operator's `KILL` or a server restart ends the session at
 //!   once, with no margin: fencing tokens are the defence (SAFETY.md).
-//! * **Fencing tokens** come from one `SEQUENCE` (MariaDB 10.3+): strictly
+//! * **Fencing tokens** come from one `SEQUENCE` (MariaDB 10.3+; the mode needs 10.5+ for `REPLACE … RETURNING`): strictly
 //!   increasing across clients and names; after a restart it resumes past its
 //!   cached block (`next_not_cached_value`, stored when a block is taken), so it
 //!   may skip values, never repeat one. MySQL has no sequences: the mode refuses
@@ -43,6 +43,11 @@
 //!   session sets a marker in a user variable and reads it back in a second
 //!   statement; a different answer refuses the backend, and the feed's connection
 //!   id check ends a hold whose statements reach another session.
+//!
+//! **Replication**: the grant runs `GET_LOCK` inside a `REPLACE` of a `MEMORY`
+//! table; with `binlog_format = STATEMENT` a replica would replay it and keep the
+//! named lock (no `RELEASE_LOCK` is replicated). `MIXED` (the default) and `ROW`
+//! log the row instead.
 //!
 //! Not in this mode: leases, shared (read) locks — MariaDB's named locks are
 //! exclusive only —, fair queues, semaphores (`Unsupported`). `inspect` counts as
@@ -133,7 +138,7 @@ pub(crate) struct Sessions {
 }
 
 impl Sessions {
-    /// Opens the mode: checks that the server is MariaDB 10.3+ (sequences) and that
+    /// Opens the mode: checks that the server is MariaDB 10.5+ (sequences, `REPLACE … RETURNING`) and that
     /// a session is the client's own, creates its table and sequence (if `migrate`),
     /// and keeps that session for the first grant.
     pub(crate) async fn open(
@@ -164,11 +169,11 @@ impl Sessions {
             .fetch_one(&mut first.conn)
             .await
             .map_err(|e| map_sqlx(e, BACKEND, "connect"))?;
-        if !has_sequences(&version) {
+        if !supported(&version) {
             return Err(Error::new(
                 ErrorKind::Config,
                 format!(
-                    "the session mode needs MariaDB 10.3 or later (its fencing tokens come from a SEQUENCE), and the server is {version}; use the row mode (drop dlock_mode=session)"
+                    "the session mode needs MariaDB 10.5 or later (its fencing tokens come from a SEQUENCE, drawn in a REPLACE … RETURNING), and the server is {version}; use the row mode (drop dlock_mode=session)"
                 ),
             )
             .with_context("backend", BACKEND)
@@ -629,15 +634,16 @@ impl Drop for StopWait {
     }
 }
 
-/// Whether a server of `version` (`SELECT VERSION()`) has sequences: MariaDB 10.3+.
-fn has_sequences(version: &str) -> bool {
+/// Whether a server of `version` (`SELECT VERSION()`) has what the mode's statements
+/// use: sequences (MariaDB 10.3+) and `REPLACE … RETURNING` (10.5+).
+fn supported(version: &str) -> bool {
     if !version.contains("MariaDB") {
         return false;
     }
     let mut parts = version.split(|c: char| !c.is_ascii_digit());
     let major: u32 = parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
     let minor: u32 = parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
-    (major, minor) >= (10, 3)
+    (major, minor) >= (10, 5)
 }
 
 #[cfg(test)]
@@ -653,10 +659,14 @@ mod tests {
     }
 
     #[test]
-    fn sequences_are_mariadb_10_3_on() {
-        assert!(has_sequences("10.11.19-MariaDB-0+deb12u1"));
-        assert!(has_sequences("11.4.2-MariaDB"));
-        assert!(!has_sequences("10.2.44-MariaDB"));
-        assert!(!has_sequences("8.0.36"));
+    fn the_mode_needs_mariadb_10_5_on() {
+        assert!(supported("10.11.19-MariaDB-0+deb12u1"));
+        assert!(supported("10.5.27-MariaDB"));
+        assert!(supported("11.4.2-MariaDB"));
+        // Sequences, but no REPLACE … RETURNING (a syntax error at every grant).
+        assert!(!supported("10.4.34-MariaDB"));
+        assert!(!supported("10.3.39-MariaDB"));
+        assert!(!supported("10.2.44-MariaDB"));
+        assert!(!supported("8.0.36"));
     }
 }
