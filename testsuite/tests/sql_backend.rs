@@ -1615,11 +1615,16 @@ async fn postgres_migrations_through_a_pooler_leave_no_lock_behind() {
     for b in &backends {
         b.close().await;
     }
+    drop_row_tables(&mut direct, &prefix).await;
+}
+
+/// Drops the row mode's tables of a test's own `prefix` on PostgreSQL.
+async fn drop_row_tables(direct: &mut sqlx::PgConnection, prefix: &str) {
     for table in ["waiters", "readers", "locks", "schema_version"] {
         sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
             "DROP TABLE IF EXISTS {prefix}{table}"
         )))
-        .execute(&mut direct)
+        .execute(&mut *direct)
         .await
         .unwrap();
     }
@@ -1654,14 +1659,7 @@ async fn postgres_migrations_see_each_other_under_serializable_defaults() {
     for b in opened.into_iter().flatten() {
         b.close().await;
     }
-    for table in ["waiters", "readers", "locks", "schema_version"] {
-        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-            "DROP TABLE IF EXISTS {prefix}{table}"
-        )))
-        .execute(&mut direct)
-        .await
-        .unwrap();
-    }
+    drop_row_tables(&mut direct, &prefix).await;
     assert!(failures.is_empty(), "migrations failed: {failures:?}");
 }
 
