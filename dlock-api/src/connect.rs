@@ -99,15 +99,20 @@ pub enum ExistingBackend {
     /// The SQLite database file the URL names does not exist (and none was made):
     /// nothing is held there.
     NoDatabaseFile(std::path::PathBuf),
+    /// The SQL database has no dlock tables of the URL's table prefix (and none were
+    /// made): nothing was ever locked there with that prefix.
+    NoTables,
 }
 
-/// Opens the backend a URL names only where its store already exists, creating no
-/// database file: a `sqlite:` URL whose file does not exist is
-/// [`ExistingBackend::NoDatabaseFile`] (and no file is made); every other URL is
-/// [`open_backend`]'s (a server is there or the call fails). For readers — status pages, `dlock status`, `dlock unlock --force` —
-/// that must not leave a database file behind where nothing was ever locked. A store
-/// that exists is opened as [`open_backend`] opens it (SQL: dlock's tables are
-/// created there unless the URL says `dlock_migrate=false`).
+/// Opens the backend a URL names only where its store already exists, creating
+/// nothing in it: a `sqlite:` URL whose file does not exist is
+/// [`ExistingBackend::NoDatabaseFile`] (and no file is made); a SQL database is
+/// opened with its migrations off (`dlock_migrate=false`: no DDL, so a user with
+/// `SELECT` only can read it), and one without dlock's tables of the URL's prefix
+/// is [`ExistingBackend::NoTables`]; every other URL is [`open_backend`]'s (a server
+/// is there or the call fails). For readers — status pages, `dlock status`, `dlock
+/// unlock --force` — that must not leave a database file or tables behind where
+/// nothing was ever locked.
 ///
 /// Errors as for [`open_backend`].
 ///
@@ -116,15 +121,31 @@ pub enum ExistingBackend {
 /// Cancel-safe: dropped before it returns, nothing is left open (no file is made
 /// by the existence check).
 pub async fn open_existing_backend(url: &str) -> Result<ExistingBackend> {
-    #[cfg(feature = "sqlite")]
-    if url
+    #[cfg_attr(
+        not(any(feature = "sqlite", feature = "mysql", feature = "postgres")),
+        allow(unused_variables)
+    )]
+    let scheme = url
         .split_once("://")
-        .is_some_and(|(scheme, _)| scheme.eq_ignore_ascii_case("sqlite"))
-    {
+        .map(|(scheme, _)| scheme.to_ascii_lowercase());
+    #[cfg(feature = "sqlite")]
+    if scheme.as_deref() == Some("sqlite") {
         let file = dlock_jdbc::sqlite_file(url)?;
         if !file.exists() {
             return Ok(ExistingBackend::NoDatabaseFile(file));
         }
+    }
+    #[cfg(any(feature = "sqlite", feature = "mysql", feature = "postgres"))]
+    if let Some("sqlite" | "mysql" | "mariadb" | "postgres" | "postgresql") = scheme.as_deref() {
+        // The last `dlock_migrate` wins: the URL's own is overridden.
+        let sep = if url.contains('?') { '&' } else { '?' };
+        let reader = format!("{url}{sep}dlock_migrate=false");
+        let backend = dlock_jdbc::JdbcBackend::connect(&reader).await?;
+        if !backend.has_tables().await? {
+            backend.close().await;
+            return Ok(ExistingBackend::NoTables);
+        }
+        return Ok(ExistingBackend::Open(Arc::new(backend)));
     }
     open_backend(url).await.map(ExistingBackend::Open)
 }

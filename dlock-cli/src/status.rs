@@ -1,5 +1,7 @@
-//! `dlock status` and `dlock unlock --force`. Neither creates a database file: on a
-//! SQLite file that does not exist, nothing is held.
+//! `dlock status` and `dlock unlock --force`. Neither creates a database file or
+//! tables (SQL databases are opened with migrations off, so `status` needs only
+//! `SELECT`): on a SQLite file that does not exist, or a database without dlock's
+//! tables, nothing is held.
 
 use std::process::ExitCode;
 
@@ -34,6 +36,11 @@ pub(crate) async fn status(
         ExistingBackend::NoDatabaseFile(file) => {
             sqlite_name_check(&full)?;
             no_database_note(&file);
+            LockState::default()
+        }
+        ExistingBackend::NoTables => {
+            sql_name_check(&full)?;
+            no_tables_note(backend);
             LockState::default()
         }
         ExistingBackend::Open(resource) => {
@@ -105,6 +112,20 @@ pub(crate) async fn unlock(
             println!("{name}: removed 0 hold(s)");
             return Ok(ExitCode::SUCCESS);
         }
+        ExistingBackend::NoTables => {
+            sql_name_check(&full)?;
+            no_tables_note(backend);
+            println!("{name}: removed 0 hold(s)");
+            return Ok(ExitCode::SUCCESS);
+        }
+        // (`ExistingBackend` may grow.)
+        #[allow(unreachable_patterns)]
+        _ => {
+            return Err(Failure::new(
+                SOFTWARE,
+                "the backend's store was found in a state this dlock does not know",
+            ))
+        }
     };
     let admin = resource.admin().ok_or_else(|| {
         Failure::new(
@@ -128,9 +149,28 @@ pub(crate) async fn unlock(
 /// Where no SQLite file exists, the name check the SQLite backend's acquire would
 /// make (a name no acquire could take is not "free").
 fn sqlite_name_check(full: &LockName) -> Result<(), Failure> {
+    name_check("sqlite", full)
+}
+
+/// Where no dlock tables exist, the name check the SQL backends' acquire would make.
+fn sql_name_check(full: &LockName) -> Result<(), Failure> {
+    name_check("sql", full)
+}
+
+/// The SQL backends' name check, reported as `backend`'s.
+fn name_check(backend: &str, full: &LockName) -> Result<(), Failure> {
     let mut caps = dlock_api::Capabilities::default();
     caps.max_name_len = Some(dlock_api::jdbc::MAX_NAME_LEN);
-    caps.check_name("sqlite", full).map_err(Failure::from)
+    caps.check_name(backend, full).map_err(Failure::from)
+}
+
+/// Says on stderr that the database has no dlock tables (another table prefix?
+/// another database?), so a "free" is not mistaken for one read from them.
+fn no_tables_note(backend: &str) {
+    eprintln!(
+        "dlock: no dlock tables in the database at {}: nothing is held there (none were created; another dlock_table_prefix?)",
+        dlock_api::spi::redact_url(backend)
+    );
 }
 
 /// Says on stderr that the SQLite file was not there (a mistyped path, another

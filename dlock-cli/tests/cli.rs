@@ -1168,6 +1168,177 @@ async fn holds_with_context_until_max_hold(command: &[&str], name: &str, says: &
     holder.close().await;
 }
 
+/// `dlock status` and `dlock unlock` on MariaDB and PostgreSQL create nothing and
+/// need only what they do: on a database without dlock's tables of the URL's
+/// prefix, both answer "nothing held" (saying so on stderr) and leave no table
+/// behind; a user allowed `SELECT` only reads a held lock's status, and its `unlock
+/// --force` is refused as a permission error (exit 78, "permission denied") that
+/// leaves the lock held. (Both ran the migrations: a fresh database got the tables,
+/// and the read-only user failed with exit 69 at `op=migrate`.)
+async fn status_and_unlock_create_no_tables_and_need_select_only() {
+    use dlock_api::jdbc::sqlx::{self, Connection};
+    let chosen: Vec<String> = demo_labels()
+        .into_iter()
+        .filter(|l| matches!(l.as_str(), "mysql" | "postgres"))
+        .collect();
+    if chosen.is_empty() {
+        eprintln!("neither mysql nor postgres is selected; nothing to check here");
+        return;
+    }
+    for label in chosen {
+        let run = format!("{:x}", fastrand::u32(..));
+        let prefix = format!("ro{run}_");
+        let user = format!("dlock_ro_{run}");
+        let (admin, reader, tables_like) = match label.as_str() {
+            "mysql" => (
+                "mysql://root@127.0.0.1:3306/test".to_owned(),
+                format!("mysql://{user}@127.0.0.1:3306/test"),
+                "SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = 'test' AND table_name LIKE ?",
+            ),
+            _ => (
+                "postgres://postgres@127.0.0.1:5432/test".to_owned(),
+                format!("postgres://{user}@127.0.0.1:5432/test"),
+                "SELECT COUNT(*) FROM pg_tables WHERE tablename LIKE $1",
+            ),
+        };
+        let tables = || async {
+            let like = format!("{prefix}%");
+            let n: i64 = match label.as_str() {
+                "mysql" => {
+                    let mut c = sqlx::MySqlConnection::connect(&admin).await.unwrap();
+                    sqlx::query_scalar(tables_like)
+                        .bind(like)
+                        .fetch_one(&mut c)
+                        .await
+                        .unwrap()
+                }
+                _ => {
+                    let mut c = sqlx::PgConnection::connect(&admin).await.unwrap();
+                    sqlx::query_scalar(tables_like)
+                        .bind(like)
+                        .fetch_one(&mut c)
+                        .await
+                        .unwrap()
+                }
+            };
+            n
+        };
+        let url = format!("{admin}?dlock_table_prefix={prefix}");
+        let out = dlock(&url, "", &["status", "x"]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{label}: {stderr}");
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains("x: free"),
+            "{label}"
+        );
+        assert!(stderr.contains("no dlock tables"), "{label}: {stderr}");
+        let out = dlock(&url, "", &["unlock", "x", "--force"]);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{label}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(
+            tables().await,
+            0,
+            "{label}: status or unlock created tables"
+        );
+
+        // The tables, a held lock, and a user allowed SELECT only.
+        let holder = holder_on(&url, "").await;
+        let g = holder
+            .lock("x")
+            .try_lock(Duration::ZERO)
+            .await
+            .unwrap()
+            .unwrap();
+        let setup: Vec<String> = match label.as_str() {
+            "mysql" => vec![
+                format!("CREATE USER '{user}'@'127.0.0.1'"),
+                format!("GRANT SELECT ON test.* TO '{user}'@'127.0.0.1'"),
+            ],
+            _ => {
+                let mut v = vec![format!("CREATE ROLE {user} LOGIN")];
+                for t in ["locks", "readers", "waiters", "schema_version"] {
+                    v.push(format!("GRANT SELECT ON {prefix}{t} TO {user}"));
+                }
+                v
+            }
+        };
+        let run_admin = |statements: Vec<String>| async {
+            match label.as_str() {
+                "mysql" => {
+                    let mut c = sqlx::MySqlConnection::connect(&admin).await.unwrap();
+                    for sql in statements {
+                        sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+                            .execute(&mut c)
+                            .await
+                            .unwrap();
+                    }
+                }
+                _ => {
+                    let mut c = sqlx::PgConnection::connect(&admin).await.unwrap();
+                    for sql in statements {
+                        sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+                            .execute(&mut c)
+                            .await
+                            .unwrap();
+                    }
+                }
+            }
+        };
+        run_admin(setup).await;
+        let read_only = format!("{reader}?dlock_table_prefix={prefix}");
+        let out = dlock(&read_only, "", &["status", "x"]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{label}: a read-only status: {stderr}"
+        );
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains("x: held"),
+            "{label}"
+        );
+        let out = dlock(&read_only, "", &["unlock", "x", "--force"]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            out.status.code(),
+            Some(78),
+            "{label}: a read-only unlock: {stderr}"
+        );
+        assert!(stderr.contains("permission denied"), "{label}: {stderr}");
+        assert!(!g.is_lost(), "{label}");
+        let state = holder.inspect("x").await.unwrap().unwrap_or_default();
+        assert_eq!(
+            state.holders.len(),
+            1,
+            "{label}: the refused unlock freed the lock"
+        );
+        g.unlock().await.unwrap();
+        holder.close().await;
+        let teardown: Vec<String> = match label.as_str() {
+            "mysql" => {
+                let mut v = vec![format!("DROP USER '{user}'@'127.0.0.1'")];
+                for t in ["waiters", "readers", "locks", "schema_version"] {
+                    v.push(format!("DROP TABLE IF EXISTS {prefix}{t}"));
+                }
+                v
+            }
+            _ => {
+                let mut v = Vec::new();
+                for t in ["waiters", "readers", "locks", "schema_version"] {
+                    v.push(format!("DROP TABLE IF EXISTS {prefix}{t}"));
+                }
+                v.push(format!("DROP ROLE {user}"));
+                v
+            }
+        };
+        run_admin(teardown).await;
+    }
+}
+
 /// A loopback port for `--metrics-addr` that is free now, below the kernel's range
 /// of ephemeral ports (32768 and up here), so no connection's own local port can take
 /// it before the command binds it (a random port up to 40000 once did).
@@ -1192,6 +1363,7 @@ fn main() -> std::process::ExitCode {
         sync completions_into_a_closed_pipe_end_quietly,
         sync the_about_text_names_every_backend,
         sync status_creates_no_database_file,
+        tokio status_and_unlock_create_no_tables_and_need_select_only,
         sync a_name_too_long_for_the_backend_is_refused_by_every_command,
         tokio status_json_says_who_holds_and_exits_by_held_or_free,
         sync completions_register_in_bash,

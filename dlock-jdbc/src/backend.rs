@@ -446,6 +446,41 @@ impl JdbcBackend {
         &self.inner.pool
     }
 
+    /// Whether dlock's tables of this backend's prefix are in the database (its
+    /// schema-version table; the session mode's holder table in that mode): a
+    /// reader opened without migrations ([`crate::JdbcOptions::migrate`] off) learns
+    /// that nothing was ever locked here, rather than a "no such table" error. One
+    /// read of the catalog; writes nothing.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: a read.
+    pub async fn has_tables(&self) -> Result<bool> {
+        let prefix = &self.inner.options.table_prefix;
+        let table = if self.inner.session.is_some() {
+            format!("{prefix}session_holds")
+        } else {
+            format!("{prefix}schema_version")
+        };
+        // The prefix is validated (identifier characters), the rest is ours.
+        let sql = match self.dialect() {
+            Dialect::Postgres => format!("SELECT to_regclass('{table}') IS NOT NULL"),
+            Dialect::MySql => format!(
+                "SELECT COUNT(*) > 0 FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name = '{table}'"
+            ),
+            Dialect::Sqlite => format!(
+                "SELECT COUNT(*) > 0 FROM sqlite_master WHERE type = 'table' AND name = '{table}'"
+            ),
+        };
+        let found: std::result::Result<bool, sqlx::Error> = on_pool!(&self.inner.pool, p => {
+            match sqlx::raw_sql(sqlx::AssertSqlSafe(sql)).fetch_one(p).await {
+                Ok(row) => row.try_get::<bool, _>(0),
+                Err(e) => Err(e),
+            }
+        });
+        found.map_err(self.err("has_tables"))
+    }
+
     /// Test hook: acquire statements sent so far by this backend.
     pub fn acquire_attempts(&self) -> u64 {
         self.inner.attempts.load(Ordering::Relaxed)

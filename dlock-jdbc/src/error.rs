@@ -76,6 +76,9 @@ enum DatabaseFailure {
     /// what sqlx's statements meet behind a pooler in transaction mode, which hands
     /// each transaction another server session. A configuration to fix.
     Pooled,
+    /// The database user lacks a privilege the statement needs (PostgreSQL
+    /// 42501; MariaDB/MySQL 1044, 1142, 1143, 1227): a configuration to fix.
+    Denied,
     /// Anything else: privileges, missing tables, syntax — retrying will not help.
     Refused,
 }
@@ -112,6 +115,9 @@ fn mysql_failure(number: u16, code: &str) -> DatabaseFailure {
         // QUERY), connection killed (MariaDB). (Not MySQL 8's idle-client 4031:
         // MariaDB numbers its own errors from 4000 up.)
         1040 | 1203 | 1226 | 1053 | 1317 | 1927 => DatabaseFailure::Dropped,
+        // ER_DBACCESS_DENIED_ERROR, ER_TABLEACCESS_DENIED_ERROR,
+        // ER_COLUMNACCESS_DENIED_ERROR, ER_SPECIFIC_ACCESS_DENIED_ERROR.
+        1044 | 1142 | 1143 | 1227 => DatabaseFailure::Denied,
         _ => failure_of_code(code),
     }
 }
@@ -144,6 +150,7 @@ fn failure_of_code(code: &str) -> DatabaseFailure {
             DatabaseFailure::Dropped
         }
         "42P05" | "26000" => DatabaseFailure::Pooled,
+        "42501" => DatabaseFailure::Denied,
         _ => DatabaseFailure::Refused,
     }
 }
@@ -156,7 +163,7 @@ pub(crate) fn is_transient_answer(err: &sqlx::Error) -> bool {
     match err {
         sqlx::Error::Database(db) => !matches!(
             database_failure(db.as_ref()),
-            DatabaseFailure::Refused | DatabaseFailure::Pooled
+            DatabaseFailure::Refused | DatabaseFailure::Pooled | DatabaseFailure::Denied
         ),
         _ => false,
     }
@@ -208,6 +215,11 @@ pub(crate) fn map_sqlx(err: sqlx::Error, backend: &'static str, op: &'static str
                 false,
                 "a prepared statement of this connection is gone or another session's: a pooler in transaction mode (PgBouncer's pool_mode = transaction) stands between dlock and PostgreSQL; add dlock_pooler=transaction to the URL (JdbcPooler::Transaction)",
             ),
+            DatabaseFailure::Denied => (
+                ErrorKind::Config,
+                false,
+                "permission denied: the database user lacks a privilege this needs — SELECT on the dlock tables to read locks (status), SELECT, INSERT, UPDATE and DELETE to take and release them, CREATE for the first connect's migration (or connect with dlock_migrate=false once an owner applied it)",
+            ),
             DatabaseFailure::Refused => (
                 ErrorKind::Backend,
                 false,
@@ -244,7 +256,8 @@ mod tests {
         for code in ["42P05", "26000"] {
             assert_eq!(failure_of_code(code), DatabaseFailure::Pooled, "{code}");
         }
-        for code in ["42501", "42P01", "42S02", "HY000", "23505", ""] {
+        assert_eq!(failure_of_code("42501"), DatabaseFailure::Denied);
+        for code in ["42P01", "42S02", "HY000", "23505", ""] {
             assert_eq!(failure_of_code(code), DatabaseFailure::Refused, "{code}");
         }
     }
@@ -290,10 +303,15 @@ mod tests {
                 "{number}"
             );
         }
-        // ER_DUP_ENTRY, ER_TABLEACCESS_DENIED_ERROR: by number; a number it does
-        // not know goes by its SQLSTATE.
+        for number in [1044, 1142, 1143, 1227] {
+            assert_eq!(
+                mysql_failure(number, "42000"),
+                DatabaseFailure::Denied,
+                "{number}"
+            );
+        }
+        // ER_DUP_ENTRY: by number; a number it does not know goes by its SQLSTATE.
         assert_eq!(mysql_failure(1062, "23000"), DatabaseFailure::Refused);
-        assert_eq!(mysql_failure(1142, "42000"), DatabaseFailure::Refused);
         assert_eq!(mysql_failure(9999, "08S01"), DatabaseFailure::Dropped);
     }
 }

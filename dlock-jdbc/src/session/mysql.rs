@@ -198,10 +198,15 @@ impl Sessions {
                 .await
                 .map_err(|e| map_sqlx(e, BACKEND, "migrate"))?;
         }
-        sessions.sweep(&mut first.conn).await?;
-        sessions
-            .schema_ready
-            .store(true, std::sync::atomic::Ordering::SeqCst);
+        // Housekeeping, best effort: a reader (`dlock status`: no migration, perhaps
+        // no tables, perhaps `SELECT` only) opens all the same, and new sessions
+        // then sweep nothing.
+        match sessions.sweep(&mut first.conn).await {
+            Ok(()) => sessions
+                .schema_ready
+                .store(true, std::sync::atomic::Ordering::SeqCst),
+            Err(e) => tracing::debug!(error = %e, "dlock-jdbc: the holders' table was not swept"),
+        }
         sessions.idle.put_back(first);
         Ok(sessions)
     }
