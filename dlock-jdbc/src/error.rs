@@ -169,6 +169,19 @@ pub(crate) fn is_transient_answer(err: &sqlx::Error) -> bool {
     }
 }
 
+/// The startup parameter a pooler refused, if that is what `err` says: PgBouncer
+/// refuses any it does not know unless its `ignore_startup_parameters` lists it,
+/// and sqlx sends `extra_float_digits` (PgBouncer's answer: `unsupported startup
+/// parameter: extra_float_digits`). A configuration to fix, however often tried.
+pub(crate) fn refused_startup_parameter(err: &sqlx::Error) -> Option<String> {
+    let sqlx::Error::Database(db) = err else {
+        return None;
+    };
+    let param = db.message().strip_prefix("unsupported startup parameter")?;
+    let param = param.trim_start_matches([':', ' ']).trim();
+    Some(if param.is_empty() { "extra_float_digits" } else { param }.to_owned())
+}
+
 /// Maps a driver error, naming the operation that failed.
 pub(crate) fn map_sqlx(err: sqlx::Error, backend: &'static str, op: &'static str) -> Error {
     let (kind, retryable, hint) = match &err {

@@ -557,6 +557,15 @@ impl JdbcBackend {
             // the configuration's to fix, as a bad URL is; retrying will not help.
             let tls = matches!(&e, sqlx::Error::Tls(_))
                 || matches!(&e, sqlx::Error::Io(io) if io.kind() == std::io::ErrorKind::InvalidData);
+            if let Some(param) = crate::error::refused_startup_parameter(&e) {
+                return Error::new(
+                    ErrorKind::Config,
+                    format!(
+                        "cannot connect to {}: {e}; a pooler between dlock and PostgreSQL (PgBouncer) refuses the startup parameter {param} that the driver sends: add `ignore_startup_parameters = {param}` to its configuration (pgbouncer.ini)",
+                        redact_url(&url)
+                    ),
+                );
+            }
             // A database's answer is the configuration's to fix (a wrong password, a
             // missing database) unless it refused the connection for now.
             let transient = crate::error::is_transient_answer(&e);

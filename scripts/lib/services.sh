@@ -136,39 +136,54 @@ ensure_postgres() {
 
 # PgBouncer in transaction pooling (the default of most managed poolers) on
 # 127.0.0.1:6432 in front of the test PostgreSQL, from Debian's package: the
-# row mode runs through it (postgres-pgbouncer), the session mode must refuse it. Run as the postgres user (PgBouncer will not run
-# as root), its files in PGBOUNCER_DIR.
+# row mode runs through it (postgres-pgbouncer), the session mode must refuse it.
+# A second one on 127.0.0.1:6433 as PgBouncer ships (no
+# `ignore_startup_parameters`): it refuses sqlx's startup, and dlock must say it is
+# the pooler's configuration. Run as the postgres user (PgBouncer will not run as
+# root), their files in PGBOUNCER_DIR-PORT.
 PGBOUNCER_DIR="${TMPDIR:-/tmp}/dlock-pgbouncer"
 
-ensure_pgbouncer() {
-  export DLOCK_PGBOUNCER_URL="postgres://postgres@127.0.0.1:6432/test"
-  if psql "postgresql://postgres@127.0.0.1:6432/test" -tAc "SELECT 1" >/dev/null 2>&1; then
+# start_pgbouncer PORT IGNORED: a PgBouncer on 127.0.0.1:PORT (reused if it
+# answers) with `ignore_startup_parameters = IGNORED` (none if empty).
+start_pgbouncer() {
+  local port=$1 ignored=$2 dir="$PGBOUNCER_DIR-$1"
+  if psql "postgresql://postgres@127.0.0.1:$port/test" -tAc "SELECT 1" >/dev/null 2>&1; then
     return 0
   fi
   command -v pgbouncer >/dev/null 2>&1 || apt_install pgbouncer
-  mkdir -p "$PGBOUNCER_DIR"
-  cat >"$PGBOUNCER_DIR/pgbouncer.ini" <<INI
+  mkdir -p "$dir"
+  {
+    cat <<INI
 [databases]
 test = host=127.0.0.1 port=5432 dbname=test
 [pgbouncer]
 listen_addr = 127.0.0.1
-listen_port = 6432
+listen_port = $port
 auth_type = trust
-auth_file = $PGBOUNCER_DIR/users.txt
+auth_file = $dir/users.txt
 pool_mode = transaction
-ignore_startup_parameters = extra_float_digits
 max_client_conn = 500
 default_pool_size = 20
-logfile = $PGBOUNCER_DIR/pgbouncer.log
-pidfile = $PGBOUNCER_DIR/pgbouncer.pid
+logfile = $dir/pgbouncer.log
+pidfile = $dir/pgbouncer.pid
 INI
-  echo '"postgres" ""' >"$PGBOUNCER_DIR/users.txt"
-  as_root chown -R postgres "$PGBOUNCER_DIR"
-  log "starting PgBouncer (transaction pooling) on 127.0.0.1:6432"
-  as_root runuser -u postgres -- pgbouncer -d "$PGBOUNCER_DIR/pgbouncer.ini" \
-    || fail "cannot start PgBouncer (log: $PGBOUNCER_DIR/pgbouncer.log)"
-  wait_for 30 "PgBouncer" psql "postgresql://postgres@127.0.0.1:6432/test" -tAc "SELECT 1"
-  log "PgBouncer ready at 127.0.0.1:6432"
+    [ -n "$ignored" ] && echo "ignore_startup_parameters = $ignored"
+  } >"$dir/pgbouncer.ini"
+  echo '"postgres" ""' >"$dir/users.txt"
+  as_root chown -R postgres "$dir"
+  log "starting PgBouncer (transaction pooling) on 127.0.0.1:$port"
+  as_root runuser -u postgres -- pgbouncer -d "$dir/pgbouncer.ini" \
+    || fail "cannot start PgBouncer (log: $dir/pgbouncer.log)"
+  # (psql sends no extra_float_digits: the strict one answers it too.)
+  wait_for 30 "PgBouncer on port $port" psql "postgresql://postgres@127.0.0.1:$port/test" -tAc "SELECT 1"
+  log "PgBouncer ready at 127.0.0.1:$port"
+}
+
+ensure_pgbouncer() {
+  export DLOCK_PGBOUNCER_URL="postgres://postgres@127.0.0.1:6432/test"
+  export DLOCK_PGBOUNCER_STRICT_URL="postgres://postgres@127.0.0.1:6433/test"
+  start_pgbouncer 6432 extra_float_digits
+  start_pgbouncer 6433 ""
 }
 
 # A second MariaDB on 127.0.0.1:3307 that takes TLS connections only

@@ -1545,6 +1545,25 @@ async fn postgres_row_mode_behind_a_pooler_without_the_option_says_what_to_set()
     assert!(err.message().contains("dlock_pooler=transaction"), "{err}");
 }
 
+/// A PgBouncer as it ships refuses a startup parameter sqlx sends
+/// (`extra_float_digits`): connecting through it is a `Config` error that names the
+/// pooler's setting to add, not "refused for now" (retryable: a caller would retry
+/// a configuration forever).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pooler_refusing_sqlx_startup_is_a_configuration_error() {
+    if !selected().iter().any(|l| l == "postgres-pgbouncer") {
+        return;
+    }
+    let strict = std::env::var("DLOCK_PGBOUNCER_STRICT_URL")
+        .expect("DLOCK_PGBOUNCER_STRICT_URL: scripts/test starts a second PgBouncer");
+    let err = JdbcBackend::connect(&format!("{strict}?dlock_pooler=transaction"))
+        .await
+        .expect_err("sqlx's startup went through a PgBouncer that refuses it");
+    assert_eq!(err.kind(), dlock_spi::ErrorKind::Config, "{err}");
+    assert!(!err.is_retryable(), "{err}");
+    assert!(err.message().contains("ignore_startup_parameters"), "{err}");
+}
+
 /// `dlock_pooler=transaction` is for PostgreSQL's row mode only: with the session
 /// mode, and on SQLite, it is refused with a `Config` error that says why.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
