@@ -179,7 +179,14 @@ pub(crate) fn refused_startup_parameter(err: &sqlx::Error) -> Option<String> {
     };
     let param = db.message().strip_prefix("unsupported startup parameter")?;
     let param = param.trim_start_matches([':', ' ']).trim();
-    Some(if param.is_empty() { "extra_float_digits" } else { param }.to_owned())
+    Some(
+        if param.is_empty() {
+            "extra_float_digits"
+        } else {
+            param
+        }
+        .to_owned(),
+    )
 }
 
 /// Maps a driver error, naming the operation that failed.
