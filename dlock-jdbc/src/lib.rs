@@ -291,7 +291,12 @@ pub enum JdbcPooler {
     /// instead of waking on release notices, and election followers and observers
     /// poll too (the backend offers no change events). Rows come back as text
     /// there: contexts are read in PostgreSQL's `bytea_output = hex` (its default
-    /// since 9.0; a role or database set to `escape` makes `inspect` fail). Guarantees are those of the row mode
+    /// since 9.0; a role or database set to `escape` makes `inspect` fail). No
+    /// client may `LISTEN` through the pooler — a dlock connected there without this
+    /// option does: the server session it listened on keeps listening after it
+    /// leaves and hands its notifications to whichever client the pooler gives it
+    /// next, which sqlx refuses (`unexpected message: NotificationResponse`). Set
+    /// the option on every dlock behind the pooler. Guarantees are those of the row mode
     /// (every hold is a row with its lease). The session mode needs a session and
     /// refuses this ([`ErrorKind::Config`]), as do MariaDB/MySQL and SQLite.
     Transaction,

@@ -139,7 +139,10 @@ ensure_postgres() {
 # row mode runs through it (postgres-pgbouncer), the session mode must refuse it.
 # A second one on 127.0.0.1:6433 as PgBouncer ships (no
 # `ignore_startup_parameters`): it refuses sqlx's startup, and dlock must say it is
-# the pooler's configuration. Run as the postgres user (PgBouncer will not run as
+# the pooler's configuration. A third on 127.0.0.1:6434 for the clients that
+# misuse a pooler on purpose (the row mode without `dlock_pooler`, which LISTENs):
+# a server session left listening would hand its notifications to the next client
+# of 6432, which sqlx refuses ("unexpected message: NotificationResponse"). Run as the postgres user (PgBouncer will not run as
 # root), their files in PGBOUNCER_DIR-PORT.
 PGBOUNCER_DIR="${TMPDIR:-/tmp}/dlock-pgbouncer"
 
@@ -182,8 +185,10 @@ INI
 ensure_pgbouncer() {
   export DLOCK_PGBOUNCER_URL="postgres://postgres@127.0.0.1:6432/test"
   export DLOCK_PGBOUNCER_STRICT_URL="postgres://postgres@127.0.0.1:6433/test"
+  export DLOCK_PGBOUNCER_SCRATCH_URL="postgres://postgres@127.0.0.1:6434/test"
   start_pgbouncer 6432 extra_float_digits
   start_pgbouncer 6433 ""
+  start_pgbouncer 6434 extra_float_digits
 }
 
 # A second MariaDB on 127.0.0.1:3307 that takes TLS connections only

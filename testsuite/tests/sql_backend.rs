@@ -1503,14 +1503,15 @@ async fn postgres_pooler_mode_keeps_names_owners_and_contexts_as_given() {
 /// such failure is a `Config` error that names the option, not an opaque driver
 /// message or a retryable one. Two backends take turns (the pooler hands the second
 /// the server session the first just prepared its statements on); the failure comes
-/// within a few rounds.
+/// within a few rounds. (On a PgBouncer of its own: these backends LISTEN, and a
+/// server session left listening would break the other tests' pooled clients.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_row_mode_behind_a_pooler_without_the_option_says_what_to_set() {
     if !selected().iter().any(|l| l == "postgres-pgbouncer") {
         return;
     }
-    let pooler = std::env::var("DLOCK_PGBOUNCER_URL")
-        .expect("DLOCK_PGBOUNCER_URL: scripts/test starts PgBouncer for postgres-pgbouncer");
+    let pooler = std::env::var("DLOCK_PGBOUNCER_SCRATCH_URL")
+        .expect("DLOCK_PGBOUNCER_SCRATCH_URL: scripts/test starts a third PgBouncer");
     let opened = [
         JdbcBackend::connect(&pooler).await,
         JdbcBackend::connect(&pooler).await,
