@@ -96,8 +96,10 @@
 //!    tells the next waiter, whose grant may answer first), so among permits B's
 //!    answer must come more than `permit_answer_margin` (50 ms) before A's. Excused if A's
 //!    or B's process was paused or faulted between A's invoke and A's grant (A's also
-//!    in the `fault_recovery` (1 s) before A's invoke: the connections a fault broke
-//!    are replaced when next used), or if A's process stalled (its timers late)
+//!    in the `fault_recovery` (1 s) before A's invoke: the connections a fault broke,
+//!    or the keepalives and leases a pause let lapse, are renewed when next used —
+//!    seen: etcd-tls, A invoked 63 ms after its process was continued from a 3 s
+//!    stop), or if A's process stalled (its timers late)
 //!    between A's invoke and B's for so long that A's lead less the stall is within
 //!    the margin (seen: MySQL over TLS, A 371 ms ahead of B in one process whose
 //!    timers ran up to 180 ms late while the machine was loaded), or any
@@ -1440,8 +1442,12 @@ pub fn check(label: &str, events: &[Event], rules: &Rules) -> Report {
                         // without the stall, A would have been invoked within the
                         // margin of B: A's requests reached the store that late.
                         let lead = b.inv - a.inv;
-                        let disturbed = own.paused(a.inv, a.ok)
-                            || own.faulted(a.inv.saturating_sub(rules.fault_recovery_ns), a.ok)
+                        // A pause of A's own process ending just before A's invoke
+                        // likewise: the connections, keepalives and leases it let
+                        // lapse are renewed when A first uses them.
+                        let recovered_from = a.inv.saturating_sub(rules.fault_recovery_ns);
+                        let disturbed = own.paused(recovered_from, a.ok)
+                            || own.faulted(recovered_from, a.ok)
                             || own.stalled_for(a.inv, b.inv) + rules.fair_margin_ns >= lead
                             || {
                                 let rec = proc_of(b.proc_);
