@@ -34,12 +34,12 @@ pub(crate) async fn status(
         .map_err(Failure::from)?
     {
         ExistingBackend::NoDatabaseFile(file) => {
-            sqlite_name_check(&full)?;
+            name_check("sqlite", &full)?;
             no_database_note(&file);
             LockState::default()
         }
         ExistingBackend::NoTables => {
-            sql_name_check(&full)?;
+            name_check("sql", &full)?;
             no_tables_note(backend);
             LockState::default()
         }
@@ -107,13 +107,13 @@ pub(crate) async fn unlock(
     {
         ExistingBackend::Open(resource) => resource,
         ExistingBackend::NoDatabaseFile(file) => {
-            sqlite_name_check(&full)?;
+            name_check("sqlite", &full)?;
             no_database_note(&file);
             println!("{name}: removed 0 hold(s)");
             return Ok(ExitCode::SUCCESS);
         }
         ExistingBackend::NoTables => {
-            sql_name_check(&full)?;
+            name_check("sql", &full)?;
             no_tables_note(backend);
             println!("{name}: removed 0 hold(s)");
             return Ok(ExitCode::SUCCESS);
@@ -146,18 +146,9 @@ pub(crate) async fn unlock(
     Ok(ExitCode::SUCCESS)
 }
 
-/// Where no SQLite file exists, the name check the SQLite backend's acquire would
-/// make (a name no acquire could take is not "free").
-fn sqlite_name_check(full: &LockName) -> Result<(), Failure> {
-    name_check("sqlite", full)
-}
-
-/// Where no dlock tables exist, the name check the SQL backends' acquire would make.
-fn sql_name_check(full: &LockName) -> Result<(), Failure> {
-    name_check("sql", full)
-}
-
-/// The SQL backends' name check, reported as `backend`'s.
+/// Where no SQLite file or no dlock tables exist, the name check the SQL backends'
+/// acquire would make (a name no acquire could take is not "free"), reported as
+/// `backend`'s.
 fn name_check(backend: &str, full: &LockName) -> Result<(), Failure> {
     let mut caps = dlock_api::Capabilities::default();
     caps.max_name_len = Some(dlock_api::jdbc::MAX_NAME_LEN);

@@ -267,8 +267,7 @@ pub(crate) async fn migrate(pool: &Pool, prefix: &str) -> Result<()> {
                 .execute(&mut *tx)
                 .await
                 .map_err(err)?;
-            let applied: Result<()> = async { apply!(tx) }.await;
-            applied?;
+            async { apply!(tx) }.await?;
             tx.commit().await.map_err(err)
         }
         #[cfg(feature = "mysql")]
@@ -291,8 +290,7 @@ pub(crate) async fn migrate(pool: &Pool, prefix: &str) -> Result<()> {
         #[cfg(feature = "sqlite")]
         Pool::Sqlite(p) => {
             let mut conn = p.acquire().await.map_err(err)?;
-            let applied: Result<()> = async { apply!(conn) }.await;
-            applied
+            async { apply!(conn) }.await
         }
     }
 }

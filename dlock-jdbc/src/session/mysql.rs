@@ -149,15 +149,16 @@ impl Sessions {
         migrate: bool,
     ) -> Result<Self> {
         let namespace = format!("{}\0{prefix}", connect.get_database().unwrap_or(""));
+        let (holders, fence) = (
+            format!("{prefix}session_holds"),
+            format!("{prefix}session_fence"),
+        );
         let sessions = Sessions {
             connect,
             namespace,
-            try_grant: try_grant(
-                &format!("{prefix}session_holds"),
-                &format!("{prefix}session_fence"),
-            ),
-            holders: format!("{prefix}session_holds"),
-            fence: format!("{prefix}session_fence"),
+            try_grant: try_grant(&holders, &fence),
+            holders,
+            fence,
             timeout,
             connect_timeout,
             idle: Idle::new(),
