@@ -15,7 +15,9 @@ use dlock_spi::{
     LockRemoteResource, OwnerId, ReleaseRequest, ReleaseResult,
 };
 use sqlx::Connection;
-use testsuite::backends::{async_commit_url, server_url, sql_tls_url, TestUrl};
+use testsuite::backends::{
+    async_commit_url, server_url, sql_tls_url, TestUrl, SESSION_MODE_TIMEOUT,
+};
 use testsuite::conformance::{eventually, take, take_permits};
 use testsuite::proxy::{split_url, Fault, FaultProxy};
 use testsuite::runner::selected;
@@ -1396,6 +1398,90 @@ async fn session_mode_a_failed_context_write_is_reported_lost() {
         );
         backend.close().await;
         rival.close().await;
+    }
+}
+
+/// The session modes: a holder whose process stood still past half the session
+/// timeout `K` (4 s) — here its runtime is not run for 2.5 s, as under a SIGSTOP or
+/// a long pause: its feed's asks at `K/5` and its loss at `K/2` fall due meanwhile —
+/// is told its hold is lost as soon as it runs again, and the lock passes to the
+/// waiter only when the server would have ended the silent session on its own (`K`
+/// after the hold's last answered ask): the lost signal leads the next grant by `K`
+/// less the stall (1.5 s). The feed used to close the session the moment it
+/// declared the loss, and the waiter was granted within milliseconds of the signal
+/// — the lock-history checker's `mysql-session` stop run (seed 3702187) saw a
+/// process continued from a 3 s stop write 5 ms after its lost signal, 2 ms after
+/// the next grant.
+#[test]
+fn session_mode_a_stalled_holder_is_told_before_its_lock_passes_on() {
+    const STALL: Duration = Duration::from_millis(2500);
+    for label in ["postgres-session", "mysql-session"] {
+        if !selected().iter().any(|l| l == label) {
+            continue;
+        }
+        let url = server_url(label).unwrap().to_string();
+        let name = format!("stalled-{:x}", fastrand::u64(..));
+        // The holder's runtime runs only inside its `block_on` calls.
+        let holder_rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let (holder, guard) = holder_rt.block_on(async {
+            let m = manager(&url, JdbcOptions::default(), LONG_LEASE).await;
+            let g = take(&m.lock(&name), Duration::ZERO).await;
+            (m, g)
+        });
+        let granted = Instant::now();
+        let waiter = std::thread::spawn({
+            let (url, name) = (url.clone(), name.clone());
+            move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap();
+                rt.block_on(async {
+                    let m = manager(&url, JdbcOptions::default(), LONG_LEASE).await;
+                    let g = take(&m.lock(&name), Duration::from_secs(10)).await;
+                    let at = Instant::now();
+                    g.unlock().await.unwrap();
+                    m.close().await;
+                    at
+                })
+            }
+        });
+        // The stall is the fault under test: nothing of the holder's runs.
+        std::thread::sleep(STALL);
+        // From here on the holder's runtime runs (its tasks close what it must)
+        // until the waiter is done.
+        let (told, next_grant) = holder_rt.block_on(async {
+            tokio::time::timeout(Duration::from_secs(1), guard.lost())
+                .await
+                .unwrap_or_else(|_| panic!("{label}: not told of the loss once running again"));
+            let told = Instant::now();
+            let next_grant = tokio::task::spawn_blocking(move || waiter.join().unwrap())
+                .await
+                .unwrap();
+            (told, next_grant)
+        });
+        let lead = next_grant.saturating_duration_since(told);
+        println!(
+            "{label}: told {:?} after the grant, the next grant {:?} after it",
+            told - granted,
+            lead
+        );
+        assert!(
+            lead >= Duration::from_secs(1),
+            "{label}: the lost signal led the next grant by {lead:?}, not K less the stall (1.5 s)"
+        );
+        assert!(
+            next_grant - granted < SESSION_MODE_TIMEOUT + Duration::from_secs(1),
+            "{label}: the lock passed on {:?} after the grant, not by K",
+            next_grant - granted
+        );
+        holder_rt.block_on(async {
+            drop(guard);
+            holder.close().await;
+        });
     }
 }
 

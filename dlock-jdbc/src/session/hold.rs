@@ -7,6 +7,8 @@
 //! `K/5` (which keeps the session from idling out), is suspended when an answer is
 //! late, and declares the hold lost when no answer came within `K/2` of the last
 //! answered ask's send — before the server can have ended the session on its own.
+//! A hold lost so keeps its session open until `K` after that send, when the
+//! server would end it anyway: the lost signal leads the lock's release by `K/2`.
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -265,6 +267,13 @@ impl<C: SessionConn, K: Send + Sync + 'static> HoldFeed for Probe<C, K> {
                     .load(Ordering::SeqCst)
                     .then_some(HoldStatus::Lost(LostReason::SessionExpired));
             };
+            // Woken past the loss (this process stood still: a stop, a pause, a
+            // starved runtime): lost by the rule, whatever an ask sent now would
+            // bring back — an answer cannot come in no time, and which of it and
+            // the late timer the runtime sees first is chance.
+            if Instant::now() >= lost_at {
+                return Some(self.lost(&mut slot));
+            }
             // An answer is due within `every`; once late, by the loss.
             let due = if self.suspended {
                 lost_at
@@ -283,13 +292,51 @@ impl<C: SessionConn, K: Send + Sync + 'static> HoldFeed for Probe<C, K> {
                     self.suspended = true;
                     return Some(HoldStatus::Suspended);
                 }
-                // Gone, another session's (a pooler), or silent past the margin: the
-                // session is closed here, so that whatever it still holds ends too.
-                _ => {
+                // Silent past the margin: lost. The server may still have the
+                // session, and the lock, until `K` after the last statement it
+                // received: the session is closed then, not now. Closed at once,
+                // its lock would pass to a waiter while the holder is only being
+                // told — seen: a process continued from a 3 s stop (the feed's
+                // asks due while it stood still) wrote 5 ms after its lost signal,
+                // 2 ms after the next grant.
+                Err(_) => return Some(self.lost(&mut slot)),
+                // Gone, or another session's (a pooler): closed at once, so that
+                // whatever it still holds ends too.
+                Ok(_) => {
                     slot.take();
                     return Some(HoldStatus::Lost(LostReason::SessionExpired));
                 }
             }
         }
     }
+}
+
+impl<C: Send + 'static, K> Probe<C, K> {
+    /// The hold is lost: its session is closed when the server would have ended
+    /// it on its own, `K` after the last answered ask's send ([`close_at`]).
+    fn lost(&self, slot: &mut Option<C>) -> HoldStatus {
+        if let Some(conn) = slot.take() {
+            close_at(conn, self.last_ok + self.keep * 2);
+        }
+        HoldStatus::Lost(LostReason::SessionExpired)
+    }
+}
+
+/// Closes a lost hold's connection (ending its session, and the lock with it) at
+/// `at`: when the server would have ended the silent session on its own, so that
+/// the lost signal leads the lock's next grant by the margin the feed keeps
+/// (`K/2`; less only the part of a stall of this process past `K/2`). A task
+/// owns the connection until then; past `at`, or with no runtime to run the task
+/// (the feed polled outside tokio), it closes at once.
+fn close_at<C: Send + 'static>(conn: C, at: Instant) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return drop(conn);
+    };
+    if at <= Instant::now() {
+        return drop(conn);
+    }
+    drop(runtime.spawn(async move {
+        tokio::time::sleep_until(at.into()).await;
+        drop(conn);
+    }));
 }
