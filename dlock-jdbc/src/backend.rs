@@ -702,27 +702,6 @@ impl JdbcBackend {
                 });
             return answer.map_err(self.err("acquire"));
         }
-        // SQLite, for an acquire that may wait: a refusal is read, not written
-        // ([`Statements::exclusive_seen`]); a grant the row allows is the upsert's
-        // to make (it judges the row again under the write lock).
-        #[cfg(feature = "sqlite")]
-        if let (None, Some(seen), Pool::Sqlite(p), Some(_)) =
-            (&beside, &s.exclusive_seen, &self.inner.pool, req.deadline)
-        {
-            let refused = query!(seen, &params)
-                .fetch_optional(p)
-                .await
-                .and_then(|row| match row {
-                    Some(row) if row.try_get::<i64, _>(3)? == 0 => {
-                        Ok(Some((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?)))
-                    }
-                    _ => Ok(None),
-                })
-                .map_err(self.err("acquire"))?;
-            if let Some(seen) = refused {
-                return Ok(Answer::Refused(Some(seen)));
-            }
-        }
         // SQLite, MariaDB/MySQL (PostgreSQL answered above).
         if beside.is_none() {
             macro_rules! body {
@@ -732,15 +711,7 @@ impl JdbcBackend {
             }
             let token: std::result::Result<Option<i64>, sqlx::Error> =
                 with_token_reader!(&self.inner.pool, body);
-            // SQLite's grant takes the waiter out of the queue in its own
-            // statement (schema 6's trigger, see `crate::migrate`).
-            let left_queue = self.dialect() == Dialect::Sqlite;
-            return token
-                .map(|token| match token {
-                    Some(token) => Answer::Granted(Granted { token, left_queue }),
-                    None => Answer::Refused(None),
-                })
-                .map_err(self.err("acquire"));
+            return token.map(Answer::of_token).map_err(self.err("acquire"));
         }
         // An upgrade judges the readers table: it takes the lock's row first, in a
         // transaction, so its statement reads the readers as they are once the row
@@ -934,10 +905,7 @@ impl JdbcBackend {
             }.await)
             .map_err(self.err("acquire"));
         }
-        // SQLite's exclusive grants forget the lapsed waiters of their lock (schema
-        // 6's trigger): a writer queueing writes its entry alone.
-        let purged_by_grants = self.dialect() == Dialect::Sqlite && mode == "x";
-        if first && !purged_by_grants {
+        if first {
             on_pool!(&self.inner.pool, p => query!(&s.purge_waiters, &[name]).execute(p).await.map(drop))
                 .map_err(self.err("acquire"))?;
         }

@@ -21,7 +21,7 @@ pub enum Dialect {
 
 impl Dialect {
     /// The database clock in epoch milliseconds, constant within a statement.
-    pub(crate) fn now_ms(self) -> &'static str {
+    fn now_ms(self) -> &'static str {
         match self {
             Dialect::Sqlite => "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)",
             // Connections run with time_zone = '+00:00', so this is exact.
@@ -321,16 +321,6 @@ pub(crate) struct Statements {
     /// waiters' table costs an uncontended cycle about a fifth of its time.
     #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
     pub(crate) acquire_exclusive_unqueued: Option<Stmt>,
-    /// SQLite: `acquire_exclusive`'s parameters → the lock's owner, remaining ms,
-    /// readers' horizon remaining ms (as [`Self::contention`] reads them), and
-    /// whether the row lets `$2` in (0/1) — no row when the lock has none (a grant
-    /// inserts it). Read before the grant by an acquire that may wait: SQLite takes
-    /// its one write lock for every `INSERT`, one that writes nothing too, so a
-    /// refusal read here leaves the write lock to the grants and releases of a
-    /// hand-over (a writer that finds it taken sleeps in SQLite's busy handler,
-    /// 1 ms at the least).
-    #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
-    pub(crate) exclusive_seen: Option<Stmt>,
     /// As `acquire_exclusive`, beside the same owner's live read hold `$7` (an
     /// upgrade): passes the queue, and is granted once every live reader is that
     /// hold (and no permits are held). It never leaves the queue itself: a waiting
@@ -521,14 +511,6 @@ impl Statements {
                 )),
             Dialect::Sqlite | Dialect::MySql => s(&acquire_exclusive_text),
         };
-        let exclusive_seen = (dialect == Dialect::Sqlite).then(|| {
-            s(&format!(
-                "SELECT l.owner, l.expires_at - NOW, l.shared_until - NOW, \
-                   CASE WHEN {} THEN 1 ELSE 0 END \
-                 FROM {{locks}} l WHERE l.name = $1",
-                exclusive_grantable("l", "$2")
-            ))
-        });
         // Beside the owner's live read hold `$7`: no queue gate, and the readers'
         // horizon may stand if every live reader is that hold.
         let acquire_exclusive_beside = s(&acquire_exclusive_text
@@ -659,7 +641,6 @@ impl Statements {
         Statements {
             acquire_exclusive,
             acquire_exclusive_unqueued,
-            exclusive_seen,
             acquire_exclusive_beside,
             grant_permits,
             ensure_row,
@@ -705,15 +686,10 @@ impl Statements {
                        (SELECT l.writer_wait_until FROM {locks} l WHERE l.name = $1), NOW + $4))) \
                      ON DUPLICATE KEY UPDATE alive_until = VALUES(alive_until)"
                 }
-                // A lapsed entry under `$2`'s own key (a caller reusing a grant id)
-                // arrives anew, as the purge before it would have made it (a grant
-                // forgets lapsed entries: schema 6's trigger, see `crate::migrate`).
                 Dialect::Sqlite => {
                     "INSERT INTO {waiters} (name, waiter, mode, arrived, alive_until) \
                      VALUES ($1, $2, $3, NOW, NOW + $4) \
-                     ON CONFLICT (name, waiter) DO UPDATE SET alive_until = excluded.alive_until, \
-                       arrived = CASE WHEN {waiters}.alive_until <= NOW THEN excluded.arrived \
-                                      ELSE {waiters}.arrived END"
+                     ON CONFLICT (name, waiter) DO UPDATE SET alive_until = excluded.alive_until"
                 }
                 Dialect::Postgres => {
                     "INSERT INTO {waiters} (name, waiter, mode, arrived, alive_until) \

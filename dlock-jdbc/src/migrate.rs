@@ -39,9 +39,6 @@
 //!   written; a live `readers` row (a version-4 permit holder) keeps permits from
 //!   being granted until it lapses. Upgrade every process that uses a semaphore
 //!   together: a version-4 process does not see version-5 holders.
-//! * SQLite triggers (version 6) — an exclusive grant (the `locks` row's `owner`
-//!   set) deletes its waiter's queue row and the lapsed ones of the lock, in the
-//!   granting statement's own write transaction.
 
 use dlock_spi::{Error, ErrorKind, Result};
 use sqlx::{AssertSqlSafe, Row};
@@ -172,32 +169,10 @@ const MIGRATIONS: &[Migration] = &[
         mysql: &["ALTER TABLE {locks} ADD COLUMN holders JSON NULL"],
         postgres: &["ALTER TABLE {locks} ADD COLUMN IF NOT EXISTS holders JSONB NULL"],
     },
-    // SQLite: an exclusive grant takes its waiter out of the queue, and forgets the
-    // waiters whose liveness lapsed, in the granting statement itself (SQLite has
-    // no data-modifying `WITH`): one write transaction per hand-over fewer, and no
-    // purge before each first queue entry. (PostgreSQL's grant statement does the
-    // first itself; MariaDB/MySQL's waiters leave with a statement of their own.)
-    Migration {
-        version: 6,
-        sqlite: &[
-            "CREATE TRIGGER IF NOT EXISTS {locks}_granted AFTER UPDATE OF owner ON {locks} \
-             WHEN NEW.owner IS NOT NULL BEGIN \
-               DELETE FROM {waiters} WHERE name = NEW.name \
-                 AND (waiter = NEW.owner OR alive_until <= SQLITE_NOW); \
-             END",
-            "CREATE TRIGGER IF NOT EXISTS {locks}_granted_new AFTER INSERT ON {locks} \
-             WHEN NEW.owner IS NOT NULL BEGIN \
-               DELETE FROM {waiters} WHERE name = NEW.name \
-                 AND (waiter = NEW.owner OR alive_until <= SQLITE_NOW); \
-             END",
-        ],
-        mysql: &[],
-        postgres: &[],
-    },
 ];
 
 /// The newest schema version this crate knows.
-pub const SCHEMA_VERSION: i64 = 6;
+pub const SCHEMA_VERSION: i64 = 5;
 
 /// Whether a migration statement failed only because an earlier, interrupted run
 /// already applied it (`ADD COLUMN` has no `IF NOT EXISTS` on SQLite and MySQL).
@@ -214,7 +189,6 @@ fn fill(sql: &str, prefix: &str) -> String {
         .replace("{readers}", &format!("{prefix}readers"))
         .replace("{waiters}", &format!("{prefix}waiters"))
         .replace("{schema}", &format!("{prefix}schema_version"))
-        .replace("SQLITE_NOW", Dialect::Sqlite.now_ms())
 }
 
 /// Brings the schema up to [`SCHEMA_VERSION`].
