@@ -264,8 +264,10 @@ pub struct JdbcOptions {
     /// Session mode: how long the server keeps the session of a client that went
     /// silent (URL `dlock_session_timeout=`; PostgreSQL's `idle_session_timeout`,
     /// MariaDB's `wait_timeout` in whole seconds rounded up, on each hold session). A vanished client's locks come free within it; a
-    /// holder that cannot reach its session for half of it declares the hold lost.
-    /// At least 1 s. Default 10 s.
+    /// holder that cannot reach its session for half of it declares the hold lost,
+    /// and closes the session only when the server would have ended it (the whole
+    /// timeout after its last answered probe), so the lost signal leads the next
+    /// grant by half of it. At least 1 s. Default 10 s.
     pub session_timeout: Duration,
     /// What stands between dlock and the database (URL `dlock_pooler=none|transaction`).
     /// Default [`JdbcPooler::None`].
