@@ -176,6 +176,19 @@ fn completions(shell: clap_complete::Shell) -> Result<ExitCode, Failure> {
     }
 }
 
+/// The Prometheus exporter of `--metrics-addr`: histograms with
+/// [`SECONDS_BUCKETS`](dlock_api::metrics::SECONDS_BUCKETS) bounds, so the shipped
+/// dashboard's `histogram_quantile(…_bucket)` panels have series to read (without
+/// buckets the exporter writes summaries).
+fn prometheus(
+    addr: std::net::SocketAddr,
+) -> Result<metrics_exporter_prometheus::PrometheusBuilder, metrics_exporter_prometheus::BuildError>
+{
+    metrics_exporter_prometheus::PrometheusBuilder::new()
+        .with_http_listener(addr)
+        .set_buckets(dlock_api::metrics::SECONDS_BUCKETS)
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> ExitCode {
     // The process' rustls crypto provider, which the redis crate's TLS uses (an
@@ -200,10 +213,7 @@ async fn main() -> ExitCode {
             .init();
     }
     if let Some(addr) = cli.metrics_addr {
-        if let Err(e) = metrics_exporter_prometheus::PrometheusBuilder::new()
-            .with_http_listener(addr)
-            .install()
-        {
+        if let Err(e) = prometheus(addr).and_then(|p| p.install()) {
             eprintln!("dlock: cannot serve metrics on {addr}: {e}");
             return ExitCode::from(exit::CONFIG);
         }
@@ -229,6 +239,31 @@ async fn main() -> ExitCode {
         Err(failure) => {
             eprintln!("dlock: {}", failure.message);
             ExitCode::from(failure.code)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// Both histograms the dashboard reads come out of the CLI's exporter as
+    /// `_bucket` series (the hold's is recorded at a release, after the CLI's own
+    /// command ended, so the scrape in `tests/cli.rs` sees only the wait's).
+    #[test]
+    fn the_exporter_writes_buckets_for_the_dashboards_histograms() {
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+        let recorder = super::prometheus(addr)
+            .map(|p| p.build_recorder())
+            .unwrap_or_else(|e| panic!("exporter: {e}"));
+        metrics::with_local_recorder(&recorder, || {
+            metrics::histogram!("dlock_acquire_wait_seconds", "group" => "orders").record(0.003);
+            metrics::histogram!("dlock_hold_seconds", "group" => "orders").record(0.2);
+        });
+        let body = recorder.handle().render();
+        for name in ["dlock_acquire_wait_seconds", "dlock_hold_seconds"] {
+            assert!(
+                body.contains(&format!("{name}_bucket{{group=\"orders\",le=\"0.005\"}}")),
+                "{name}: {body}"
+            );
         }
     }
 }

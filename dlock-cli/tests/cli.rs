@@ -673,6 +673,16 @@ fn log_and_metrics_flags_turn_the_plugins_on() {
     );
     assert!(body.contains("group=\"orders\""), "{body}");
     assert!(body.contains("dlock_held"), "{body}");
+    // The shipped dashboard's quantile panels read `_bucket` series
+    // (`histogram_quantile(…, rate(dlock_acquire_wait_seconds_bucket…))`): the
+    // exporter must give the histograms buckets (a summary has none).
+    assert!(
+        body.lines()
+            .any(|l| l.starts_with("dlock_acquire_wait_seconds_bucket{")
+                && l.contains("le=\"0.005\"")
+                && l.contains("group=\"orders\"")),
+        "no dlock_acquire_wait_seconds_bucket series: {body}"
+    );
 }
 
 /// A `dlock exec` holding a ZooKeeper lock is frozen (SIGSTOP): it can send no
