@@ -36,7 +36,9 @@
 //! (SQLite: release notices among this host's processes, see
 //! [`JdbcOptions::local_notices`]; `false`: waiters poll), `dlock_mode=session`
 //! (PostgreSQL: advisory locks; MariaDB: named locks; see below) with
-//! `dlock_session_timeout=10s`.
+//! `dlock_session_timeout=10s`, `dlock_tls=verified` (refuse a connection that does
+//! not verify the server's certificate — the drivers' default `prefer` and
+//! `require` do not: see [`JdbcOptions::verified_tls`]).
 //!
 //! ### PostgreSQL and MariaDB: the session mode (opt-in)
 //!
@@ -272,6 +274,19 @@ pub struct JdbcOptions {
     /// What stands between dlock and the database (URL `dlock_pooler=none|transaction`).
     /// Default [`JdbcPooler::None`].
     pub pooler: JdbcPooler,
+    /// Refuse a connection that does not verify the server's certificate (URL
+    /// `dlock_tls=verified`): the URL's TLS mode must verify it — PostgreSQL
+    /// `sslmode=verify-full` or `verify-ca`, MySQL/MariaDB `ssl-mode=VERIFY_IDENTITY`
+    /// or `VERIFY_CA` — and one that names none gets `verify-full` /
+    /// `VERIFY_IDENTITY` (checked against the Mozilla roots, or the CA the URL
+    /// names with `sslrootcert=` / `ssl-ca=`). A weaker mode in the URL
+    /// (`prefer`, the drivers' default, and `require` encrypt without checking
+    /// who answers) is a [`ErrorKind::Config`] error, as is the option on SQLite
+    /// (a file: nothing to verify) and without the `tls` feature. Applies to
+    /// [`JdbcBackend::connect`] and its kin, not to an application's own pool
+    /// ([`JdbcBackend::from_pool`]). Default false: the URL's mode as the driver
+    /// reads it.
+    pub verified_tls: bool,
 }
 
 /// A connection pooler between dlock and the database ([`JdbcOptions::pooler`]).
@@ -338,6 +353,7 @@ impl Default for JdbcOptions {
             mode: JdbcMode::Row,
             session_timeout: Duration::from_secs(10),
             pooler: JdbcPooler::None,
+            verified_tls: false,
         }
     }
 }
@@ -419,6 +435,61 @@ impl JdbcOptions {
         self.local_notices = on;
         self
     }
+
+    /// Sets whether a connection that does not verify the server's certificate is
+    /// refused ([`Self::verified_tls`]).
+    pub fn verified_tls(mut self, on: bool) -> Self {
+        self.verified_tls = on;
+        self
+    }
+}
+
+/// `url` (dlock's options already taken off) with a TLS mode that verifies the
+/// server's certificate ([`JdbcOptions::verified_tls`]): the mode it names if that
+/// one verifies, the strictest one if it names none; an error naming the mode
+/// otherwise (and for SQLite, or without the `tls` feature). Nothing else of the
+/// URL is echoed.
+fn verified_tls_url(url: &str, scheme: &str) -> Result<String> {
+    let refuse = |what: String| Err(Error::new(ErrorKind::Config, what));
+    let (keys, verifying, strictest, example): (&[&str], &[&str], &str, &str) = match scheme {
+        "postgres" | "postgresql" => (
+            &["sslmode"],
+            &["verify-full", "verify-ca"],
+            "sslmode=verify-full",
+            "sslmode=verify-full&sslrootcert=ca.pem",
+        ),
+        "mysql" | "mariadb" => (
+            &["ssl-mode", "sslmode"],
+            &["verify_identity", "verify_ca"],
+            "ssl-mode=VERIFY_IDENTITY",
+            "ssl-mode=VERIFY_IDENTITY&ssl-ca=ca.pem",
+        ),
+        _ => {
+            return refuse(format!(
+                "dlock_tls=verified (JdbcOptions::verified_tls) is for MySQL/MariaDB and PostgreSQL; {scheme}:// opens a file, with no connection to verify (drop the option)"
+            ))
+        }
+    };
+    if !cfg!(feature = "tls") {
+        return refuse(
+            "dlock_tls=verified (JdbcOptions::verified_tls) needs dlock-jdbc's \"tls\" feature (dlock-api: \"sql-tls\"); enable it in Cargo.toml".to_owned(),
+        );
+    }
+    let query = url.split_once('?').map_or("", |(_, q)| q);
+    let named = query
+        .split('&')
+        .filter_map(|pair| pair.split_once('='))
+        .find(|(key, _)| keys.iter().any(|k| key.eq_ignore_ascii_case(k)));
+    match named {
+        Some((_, value)) if verifying.iter().any(|v| value.eq_ignore_ascii_case(v)) => {
+            Ok(url.to_owned())
+        }
+        Some((key, value)) => refuse(format!(
+            "dlock_tls=verified: the URL's {key}={value} does not verify the server's certificate (it encrypts without checking who answers); use {example} (the CA that signed the server's certificate), or drop dlock_tls=verified"
+        )),
+        None if url.contains('?') => Ok(format!("{url}&{strictest}")),
+        None => Ok(format!("{url}?{strictest}")),
+    }
 }
 
 /// Splits dlock's own `dlock_*` query parameters off a URL.
@@ -474,6 +545,13 @@ fn split_options(url: &str, mut options: JdbcOptions) -> Result<(String, JdbcOpt
             "dlock_migrate" => {
                 options.migrate = value.parse().map_err(|_| bad("expected true or false"))?;
             }
+            "dlock_tls" => {
+                options.verified_tls = match value {
+                    "verified" => true,
+                    "driver" => false,
+                    _ => return Err(bad("expected verified (refuse a connection that does not verify the server's certificate) or driver (the URL's TLS mode as the driver reads it)")),
+                };
+            }
             "dlock_acquire_timeout" => {
                 options.acquire_timeout = dlock_spi::parse_url_duration(value)
                     .filter(|d| !d.is_zero())
@@ -502,6 +580,11 @@ impl JdbcBackend {
         let (url, options) = split_options(url, options)?;
         validate_prefix(&options.table_prefix)?;
         let scheme = url.split(':').next().unwrap_or("").to_ascii_lowercase();
+        let url = if options.verified_tls {
+            verified_tls_url(&url, &scheme)?
+        } else {
+            url
+        };
         if options.mode == JdbcMode::Session
             && !matches!(
                 scheme.as_str(),
@@ -1131,6 +1214,7 @@ mod tests {
             "sqlite://a?dlock_migrate=maybe",
             "sqlite://a?dlock_acquire_timeout=soon",
             "sqlite://a?dlock_acquire_timeout=0",
+            "postgres://u@h/db?dlock_tls=yes",
         ] {
             assert_eq!(
                 split_options(bad, JdbcOptions::default())
@@ -1139,6 +1223,64 @@ mod tests {
                 Err(ErrorKind::Config)
             );
         }
+    }
+
+    /// `dlock_tls=verified`: a verifying mode named in the URL is kept, none gets
+    /// the strictest, a weaker one is refused naming it (and nothing else of the
+    /// URL: its password stays out), as is SQLite.
+    #[cfg(feature = "tls")]
+    #[test]
+    fn verified_tls_asks_for_a_verifying_mode_or_refuses() {
+        let (url, o) = split_options(
+            "postgres://u@h/db?dlock_tls=verified",
+            JdbcOptions::default(),
+        )
+        .unwrap();
+        assert!(o.verified_tls);
+        assert_eq!(
+            verified_tls_url(&url, "postgres").unwrap(),
+            "postgres://u@h/db?sslmode=verify-full"
+        );
+        for kept in [
+            "postgres://u@h/db?sslmode=verify-ca&sslrootcert=/ca.pem",
+            "postgres://u@h/db?sslmode=verify-full",
+            "mysql://u@h/db?ssl-mode=VERIFY_IDENTITY&ssl-ca=/ca.pem",
+            "mariadb://u@h/db?sslmode=verify_ca",
+        ] {
+            let scheme = kept.split(':').next().unwrap();
+            assert_eq!(verified_tls_url(kept, scheme).unwrap(), kept);
+        }
+        assert_eq!(
+            verified_tls_url("mysql://u@h/db?ssl-ca=/ca.pem", "mysql").unwrap(),
+            "mysql://u@h/db?ssl-ca=/ca.pem&ssl-mode=VERIFY_IDENTITY"
+        );
+        for (weak, mode) in [
+            (
+                "postgres://u:S3cret@h/db?sslmode=require",
+                "sslmode=require",
+            ),
+            ("postgres://u:S3cret@h/db?sslmode=prefer", "sslmode=prefer"),
+            (
+                "mysql://u:S3cret@h/db?ssl-mode=REQUIRED",
+                "ssl-mode=REQUIRED",
+            ),
+            (
+                "mysql://u:S3cret@h/db?ssl-mode=PREFERRED",
+                "ssl-mode=PREFERRED",
+            ),
+            (
+                "mysql://u:S3cret@h/db?ssl-mode=DISABLED",
+                "ssl-mode=DISABLED",
+            ),
+        ] {
+            let scheme = weak.split(':').next().unwrap();
+            let err = verified_tls_url(weak, scheme).unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::Config, "{weak}");
+            assert!(err.message().contains(mode), "{weak}: {err}");
+            assert!(!err.message().contains("S3cret"), "{weak}: {err}");
+        }
+        let err = verified_tls_url("sqlite://a.db", "sqlite").unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Config);
     }
 
     #[tokio::test]

@@ -2671,6 +2671,66 @@ async fn sql_over_tls_verifies_the_server_certificate() {
     }
 }
 
+/// `dlock_tls=verified` on the TLS-only servers (certificate signed by the script's
+/// throwaway CA): a URL that encrypts without verifying (`sslmode=require`,
+/// `ssl-mode=REQUIRED`) connects without the option — the server is not checked —
+/// and is refused with it (a `Config` error naming the mode); a URL naming no
+/// mode gets the strictest, which checks the server against the Mozilla roots and
+/// so refuses this one; the verifying URL with the script's CA works with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verified_tls_refuses_a_url_that_does_not_verify_the_server() {
+    for label in ["mysql", "postgres"] {
+        if !selected().iter().any(|l| l == label) {
+            continue;
+        }
+        let verifying = sql_tls_url(label, "ca.crt").unwrap();
+        let (unverified, unnamed) = match label {
+            "mysql" => (
+                "mysql://root@127.0.0.1:3307/test?ssl-mode=REQUIRED",
+                "mysql://root@127.0.0.1:3307/test",
+            ),
+            _ => (
+                "postgres://postgres@127.0.0.1:5433/postgres?sslmode=require",
+                "postgres://postgres@127.0.0.1:5433/postgres",
+            ),
+        };
+        // The gap the option closes: the server's certificate is not checked.
+        JdbcBackend::connect(unverified)
+            .await
+            .unwrap_or_else(|e| panic!("{label}: {unverified} without the option: {e:#}"))
+            .close()
+            .await;
+        let err = JdbcBackend::connect(&format!("{unverified}&dlock_tls=verified"))
+            .await
+            .map(drop)
+            .expect_err("an unverified mode with dlock_tls=verified");
+        assert_eq!(err.kind(), ErrorKind::Config, "{label}: {err:#}");
+        assert!(
+            err.message().contains("does not verify"),
+            "{label}: {err:#}"
+        );
+        let err = JdbcBackend::connect(&format!("{unnamed}?dlock_tls=verified"))
+            .await
+            .map(drop)
+            .expect_err("the strictest mode against a CA the Mozilla roots do not hold");
+        assert!(
+            format!("{err:#}").to_lowercase().contains("certificate"),
+            "{label}: {err:#}"
+        );
+        let backend = JdbcBackend::connect(&format!("{verifying}&dlock_tls=verified"))
+            .await
+            .unwrap_or_else(|e| panic!("{label}: the verifying URL with the option: {e:#}"));
+        let m = DistributeLockManager::builder(backend).build().unwrap();
+        let name = format!("verified-{:x}", fastrand::u64(..));
+        take(&m.lock(&name), Duration::ZERO)
+            .await
+            .unlock()
+            .await
+            .unwrap();
+        m.close().await;
+    }
+}
+
 /// An upgrade (a write beside the owner's own read) is judged on the readers as
 /// they are once the lock's row is free, not as they were when its statement
 /// began: a reader whose transaction held the row and committed while the upgrade
