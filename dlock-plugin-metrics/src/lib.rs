@@ -2,15 +2,15 @@
 //!
 //! [`MetricsHandler`] records through the [`metrics`] facade (install any recorder,
 //! e.g. `metrics-exporter-prometheus`). Every series carries `backend` and `group`;
-//! every counter and histogram also carries `outcome`:
+//! every counter and histogram also carries `outcome` (`dlock_lost_total`: `reason`):
 //!
-//! | metric | kind (unit) | `outcome` |
+//! | metric | kind (unit) | `outcome` (`reason` for `dlock_lost_total`) |
 //! |---|---|---|
 //! | `dlock_acquire_total` | counter | `acquired`; `busy` (a try-once found it held); `timeout` (waited, gave up); or the error kind (`rejected` by a handler further in, `backend`, …) |
 //! | `dlock_acquire_wait_seconds` | histogram (seconds) — from the call to its outcome | as `dlock_acquire_total` |
 //! | `dlock_hold_seconds` | histogram (seconds) — first acquire to last release of a (reentrant) hold | the release's: `released`, `not_owner` (the hold had been lost), or the error kind |
 //! | `dlock_held` | gauge — holds acquired and not yet released | — |
-//! | `dlock_lost_total` | counter — holds lost without their owner releasing | the reason: `lease_expired`, `not_owner`, `session_expired`, … |
+//! | `dlock_lost_total` | counter — holds lost without their owner releasing | (in `reason`) `lease_expired`, `not_owner`, `session_expired`, … |
 //! | `dlock_renew_total` | counter — the watchdog's renewals | `renewed`, `not_owner`, or the error kind |
 //!
 //! Each metric is described (help text and unit) to the recorder when the handler
@@ -75,7 +75,7 @@ fn describe() {
     metrics::describe_counter!(
         LOST_TOTAL,
         Unit::Count,
-        "Holds lost without their owner releasing them, by reason (outcome)"
+        "Holds lost without their owner releasing them, by reason"
     );
     metrics::describe_counter!(
         RENEW_TOTAL,
@@ -243,7 +243,7 @@ impl LockHandler for MetricsHandler {
 
     fn on_lost(&self, event: &LostEvent<'_>) {
         let group = self.group_of(event.name).to_owned();
-        metrics::counter!(LOST_TOTAL, "backend" => event.backend, "group" => group, "outcome" => event.reason.as_str())
+        metrics::counter!(LOST_TOTAL, "backend" => event.backend, "group" => group, "reason" => event.reason.as_str())
             .increment(1);
     }
 }

@@ -156,7 +156,7 @@ fn records_acquires_holds_losses_and_groups_by_prefix() {
             MetricKind::Counter,
             "dlock_lost_total",
             &[
-                ("outcome", "not_owner"),
+                ("reason", "not_owner"),
                 ("group", "orders"),
                 ("backend", "memory")
             ]
@@ -164,12 +164,14 @@ fn records_acquires_holds_losses_and_groups_by_prefix() {
         Some(V::Counter(1))
     );
     // One label set: backend and group on every series, outcome on every counter and
-    // histogram; each metric described with a unit and help; the full name never a
-    // label value.
+    // histogram (reason on the losses'); each metric described with a unit and help;
+    // the full name never a label value.
     for (key, unit, help, _) in &snap {
         let labels: Vec<&str> = key.key().labels().map(|l| l.key()).collect();
         let mut want = vec!["backend", "group"];
-        if key.kind() != MetricKind::Gauge {
+        if key.key().name() == "dlock_lost_total" {
+            want.push("reason");
+        } else if key.kind() != MetricKind::Gauge {
             want.push("outcome");
         }
         let mut have = labels.clone();

@@ -134,7 +134,11 @@ fn every_dashboard_query_names_an_exported_series() {
                     .filter_map(|m| m.split(['=', '!']).next().map(str::trim)),
             );
         }
-        for label in labels.into_iter().filter(|l| !l.is_empty() && *l != "le") {
+        // `job` and `instance` are Prometheus's own, put on every series it scrapes.
+        for label in labels
+            .into_iter()
+            .filter(|l| !l.is_empty() && !matches!(*l, "le" | "job" | "instance"))
+        {
             assert!(
                 rendered
                     .lines()
@@ -152,4 +156,86 @@ fn every_dashboard_query_names_an_exported_series() {
             }
         }
     }
+}
+
+/// How the dashboard reads as a dashboard: every panel says its unit; every rate
+/// uses Grafana's `$__rate_interval` (a fixed `[1m]` is empty below a 15 s scrape
+/// interval's four samples, and coarse above); `backend`, `job` and `instance`
+/// variables beside `group`, and every query filtered on all four; a lock lost is
+/// counted by its `reason`, not an `outcome`.
+#[test]
+fn the_dashboard_has_units_rate_intervals_and_filters() {
+    let raw = include_str!("../../dashboards/dlock-grafana.json");
+    let dashboard: serde_json::Value = serde_json::from_str(raw).unwrap();
+    let variables: Vec<&str> = dashboard["templating"]["list"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|v| v["name"].as_str())
+        .collect();
+    for wanted in ["group", "backend", "job", "instance"] {
+        assert!(
+            variables.contains(&wanted),
+            "no ${wanted} variable: {variables:?}"
+        );
+    }
+    for panel in dashboard["panels"].as_array().unwrap() {
+        let title = panel["title"].as_str().unwrap_or_default();
+        let unit = panel["fieldConfig"]["defaults"]["unit"].as_str();
+        assert!(
+            unit.is_some_and(|u| !u.is_empty()),
+            "panel {title:?} has no unit"
+        );
+        for target in panel["targets"].as_array().unwrap() {
+            let expr = target["expr"].as_str().unwrap();
+            if expr.contains("rate(") {
+                assert!(
+                    expr.contains("[$__rate_interval]") && !expr.contains("[1m]"),
+                    "panel {title:?}: {expr}"
+                );
+            }
+            for (label, variable) in [
+                ("group", "$group"),
+                ("backend", "$backend"),
+                ("job", "$job"),
+                ("instance", "$instance"),
+            ] {
+                assert!(
+                    expr.contains(&format!("{label}=~\"{variable}\"")),
+                    "panel {title:?} does not filter on {label}: {expr}"
+                );
+            }
+            if expr.contains("dlock_lost_total") {
+                assert!(expr.contains("by (reason)"), "panel {title:?}: {expr}");
+            }
+        }
+    }
+}
+
+/// A lost hold is counted with its reason in a `reason` label.
+#[test]
+fn a_lost_hold_is_counted_by_reason() {
+    let recorder = PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    metrics::with_local_recorder(&recorder, || {
+        let chain = HandlerChain::new(
+            Arc::new(InMemoryBackend::new()),
+            vec![Arc::new(MetricsHandler::default())],
+        );
+        chain.notify_lost(&LostEvent::new(
+            "memory",
+            &LockName::new("orders:1").unwrap(),
+            &OwnerId::new("o"),
+            LockMode::Exclusive,
+            dlock_spi::FencingToken::new(7),
+            LostReason::LeaseExpired,
+        ));
+    });
+    let rendered = handle.render();
+    assert!(
+        rendered.lines().any(|l| l.starts_with("dlock_lost_total{")
+            && l.contains("reason=\"lease_expired\"")
+            && !l.contains("outcome=")),
+        "{rendered}"
+    );
 }
