@@ -39,9 +39,9 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use dlock_spi::{
-    redact_url, AcquireRequest, AcquireResult, Backoff, Capabilities, Error, ErrorKind,
-    FencingToken, HolderInfo, LockAdmin, LockEvents, LockMode, LockName, LockRemoteResource,
-    LockState, ReleaseRequest, ReleaseResult, RenewRequest, RenewResult, Result,
+    redact_url, AcquireRequest, AcquireResult, Capabilities, Error, ErrorKind, FencingToken,
+    HolderInfo, LockAdmin, LockEvents, LockMode, LockName, LockRemoteResource, LockState,
+    ReleaseRequest, ReleaseResult, RenewRequest, RenewResult, Result,
 };
 use futures_util::future::join_all;
 use tokio::sync::OnceCell;
@@ -97,8 +97,9 @@ return redis.call('ZRANGE', KEYS[1], 0, -1)
     )
 });
 
-/// How long a waiter stays shown without re-checking; waiters re-check at least
-/// every [`Backoff::default`]'s longest delay (250 ms), far within it.
+/// How long a waiter stays shown without re-checking; waiters re-check at the pace
+/// of their backoff ([`RedisOptions::polling`](crate::RedisOptions::polling); by
+/// default at most every 250 ms) and at least every third of it.
 const WAITER_LIVENESS: Duration = Duration::from_secs(3);
 
 /// How long a waiter may be passed by callers that came after it (barging, for
@@ -244,8 +245,10 @@ impl RedlockBackend {
     }
 
     /// Connects with `options` for every node (their key prefix, TLS and connect
-    /// timeout; `polling` is always on, `replica_ack` is refused: Redlock's nodes are
-    /// independent masters).
+    /// timeout) and its waiters (they poll — Redlock has no pub/sub — at the pace of
+    /// `polling`'s backoff, [`Backoff::default`](dlock_spi::Backoff::default) when
+    /// none is given). `replica_ack` is refused: Redlock's nodes are independent
+    /// masters.
     ///
     /// # Cancel safety
     ///
@@ -466,7 +469,8 @@ impl LockRemoteResource for RedlockBackend {
                 "Redlock has no semaphores: permits counted on each node do not add up across quorums",
             ));
         }
-        let backoff = Backoff::default();
+        // The pace the options ask for (`connect_with` makes polling the default).
+        let backoff = self.inner.options.polling.unwrap_or_default();
         let me = Waiter::new(req.mode == LockMode::Exclusive, req.holder().as_str());
         let mut shown = WaiterSlot {
             backend: self.clone(),
@@ -491,7 +495,12 @@ impl LockRemoteResource for RedlockBackend {
             } else {
                 self.attempt(req).await
             };
-            let delay = req.deadline.and_then(|d| backoff.delay_within(round, d));
+            // Never longer than a third of the shown waiter's liveness, whatever the
+            // backoff: it re-checks (and stays shown) well within it.
+            let delay = req
+                .deadline
+                .and_then(|d| backoff.delay_within(round, d))
+                .map(|d| d.min(WAITER_LIVENESS / 3));
             if shown.armed && (delay.is_none() || !matches!(granted, Ok(None))) {
                 // Disarmed only once the nodes answered: cut short before, the slot's
                 // drop sends the removal again (a waiter left shown would hold back

@@ -210,3 +210,45 @@ async fn an_acquire_cut_while_confirming_its_grant_gives_it_back() {
     stalled.close().await;
     other.close().await;
 }
+
+/// A waiter's pace is the backoff its options give (`RedisOptions::polling`), as on
+/// every other Redis deployment: one polling every 400 ms makes 3 attempts in
+/// 1.2 s — Redlock used the default backoff (5 ms doubling to 250 ms) whatever was
+/// asked, about ten attempts in the same wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_polls_at_the_backoff_it_was_given() {
+    use dlock_redis::RedisOptions;
+    use dlock_spi::{Backoff, GrantId, Jitter, OwnerId};
+    use std::time::Instant;
+
+    let Some(url) = redlock_url() else { return };
+    let holder = RedlockBackend::connect(&url).await.unwrap();
+    let pace = Backoff::constant(Duration::from_millis(400)).with_jitter(Jitter::None);
+    let waiter = RedlockBackend::connect_with(&url, RedisOptions::default().polling(pace))
+        .await
+        .unwrap();
+    let name = LockName::new(format!("redlock-pace-{:x}", fastrand::u64(..))).unwrap();
+    let held = AcquireRequest::new(name.clone(), OwnerId::new("holder"), GrantId::new(1))
+        .with_lease(Duration::from_secs(10));
+    assert!(matches!(
+        holder.try_acquire(&held).await.unwrap(),
+        AcquireResult::Acquired { .. }
+    ));
+    let before = waiter.acquire_attempts();
+    let req = AcquireRequest::new(name.clone(), OwnerId::new("waiter"), GrantId::new(1))
+        .with_lease(Duration::from_secs(10))
+        .with_deadline(Some(Instant::now() + Duration::from_millis(1200)));
+    assert!(matches!(
+        waiter.try_acquire(&req).await.unwrap(),
+        AcquireResult::NotAcquired { .. }
+    ));
+    let attempts = waiter.acquire_attempts() - before;
+    assert!(
+        (2..=4).contains(&attempts),
+        "{attempts} attempts in a 1.2 s wait at a 400 ms pace"
+    );
+    assert_eq!(
+        holder.release(&held.release_of_grant()).await.unwrap(),
+        ReleaseResult::Released
+    );
+}
