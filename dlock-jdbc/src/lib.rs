@@ -451,9 +451,11 @@ impl JdbcOptions {
 /// URL is echoed.
 fn verified_tls_url(url: &str, scheme: &str) -> Result<String> {
     let refuse = |what: String| Err(Error::new(ErrorKind::Config, what));
+    // The keys and values as sqlx reads them (`sqlx-postgres`, `sqlx-mysql`: either
+    // key, the value in any case).
     let (keys, verifying, strictest, example): (&[&str], &[&str], &str, &str) = match scheme {
         "postgres" | "postgresql" => (
-            &["sslmode"],
+            &["sslmode", "ssl-mode"],
             &["verify-full", "verify-ca"],
             "sslmode=verify-full",
             "sslmode=verify-full&sslrootcert=ca.pem",
@@ -475,11 +477,12 @@ fn verified_tls_url(url: &str, scheme: &str) -> Result<String> {
             "dlock_tls=verified (JdbcOptions::verified_tls) needs dlock-jdbc's \"tls\" feature (dlock-api: \"sql-tls\"); enable it in Cargo.toml".to_owned(),
         );
     }
+    // Decoded as the driver decodes the query, and the last one named: the driver
+    // applies each in turn, so the last is the one that holds.
     let query = url.split_once('?').map_or("", |(_, q)| q);
-    let named = query
-        .split('&')
-        .filter_map(|pair| pair.split_once('='))
-        .find(|(key, _)| keys.iter().any(|k| key.eq_ignore_ascii_case(k)));
+    let named = url::form_urlencoded::parse(query.as_bytes())
+        .filter(|(key, _)| keys.contains(&key.as_ref()))
+        .last();
     match named {
         Some((_, value)) if verifying.iter().any(|v| value.eq_ignore_ascii_case(v)) => {
             Ok(url.to_owned())
@@ -1254,6 +1257,11 @@ mod tests {
             verified_tls_url("mysql://u@h/db?ssl-ca=/ca.pem", "mysql").unwrap(),
             "mysql://u@h/db?ssl-ca=/ca.pem&ssl-mode=VERIFY_IDENTITY"
         );
+        // A key the driver does not read names no mode: the strictest is added.
+        assert_eq!(
+            verified_tls_url("postgres://u@h/db?SSLMODE=verify-full", "postgres").unwrap(),
+            "postgres://u@h/db?SSLMODE=verify-full&sslmode=verify-full"
+        );
         for (weak, mode) in [
             (
                 "postgres://u:S3cret@h/db?sslmode=require",
@@ -1271,6 +1279,20 @@ mod tests {
             (
                 "mysql://u:S3cret@h/db?ssl-mode=DISABLED",
                 "ssl-mode=DISABLED",
+            ),
+            // The driver reads either key and applies the last one named.
+            (
+                "postgres://u:S3cret@h/db?ssl-mode=require",
+                "ssl-mode=require",
+            ),
+            (
+                "postgres://u:S3cret@h/db?sslmode=verify-full&sslmode=prefer",
+                "sslmode=prefer",
+            ),
+            // Percent-encoded as the driver decodes it.
+            (
+                "postgres://u:S3cret@h/db?ssl%2Dmode=allow",
+                "ssl-mode=allow",
             ),
         ] {
             let scheme = weak.split(':').next().unwrap();
