@@ -453,16 +453,19 @@ fn verified_tls_url(url: &str, scheme: &str) -> Result<String> {
     let refuse = |what: String| Err(Error::new(ErrorKind::Config, what));
     // The keys and values as sqlx reads them (`sqlx-postgres`, `sqlx-mysql`: either
     // key, the value in any case).
-    let (keys, verifying, strictest, example): (&[&str], &[&str], &str, &str) = match scheme {
+    #[allow(clippy::type_complexity)]
+    let (keys, verifying, ca_keys, strictest, example): (&[&str], [&str; 2], &[&str], &str, &str) = match scheme {
         "postgres" | "postgresql" => (
             &["sslmode", "ssl-mode"],
-            &["verify-full", "verify-ca"],
+            ["verify-full", "verify-ca"],
+            &["sslrootcert", "ssl-root-cert", "ssl-ca"],
             "sslmode=verify-full",
             "sslmode=verify-full&sslrootcert=ca.pem",
         ),
         "mysql" | "mariadb" => (
             &["ssl-mode", "sslmode"],
-            &["verify_identity", "verify_ca"],
+            ["verify_identity", "verify_ca"],
+            &["ssl-ca"],
             "ssl-mode=VERIFY_IDENTITY",
             "ssl-mode=VERIFY_IDENTITY&ssl-ca=ca.pem",
         ),
@@ -477,13 +480,32 @@ fn verified_tls_url(url: &str, scheme: &str) -> Result<String> {
             "dlock_tls=verified (JdbcOptions::verified_tls) needs dlock-jdbc's \"tls\" feature (dlock-api: \"sql-tls\"); enable it in Cargo.toml".to_owned(),
         );
     }
+    // A fragment ends the query for the driver (whatever follows `#` is not read),
+    // and it drops tabs and line breaks: a URL with either is not read here as the
+    // driver reads it, so it is refused rather than judged.
+    if url.contains('#') || url.chars().any(|c| c.is_ascii_control()) {
+        return refuse(
+            "dlock_tls=verified: the URL has a fragment (#…) or a control character, which the driver reads differently; remove it".to_owned(),
+        );
+    }
     // Decoded as the driver decodes the query, and the last one named: the driver
     // applies each in turn, so the last is the one that holds.
     let query = url.split_once('?').map_or("", |(_, q)| q);
     let named = url::form_urlencoded::parse(query.as_bytes())
         .filter(|(key, _)| keys.contains(&key.as_ref()))
         .last();
+    // `verify-ca` checks the chain, not the name: against the public roots any
+    // publicly issued certificate passes, so it counts only with a CA of the URL's.
+    let names_a_ca = url::form_urlencoded::parse(query.as_bytes())
+        .any(|(key, _)| ca_keys.contains(&key.as_ref()));
     match named {
+        Some((key, value))
+            if value.eq_ignore_ascii_case(verifying[1]) && !names_a_ca =>
+        {
+            refuse(format!(
+                "dlock_tls=verified: the URL's {key}={value} checks the certificate's chain but not the server's name, and names no CA: against the public roots any publicly issued certificate passes; name the CA that signed the server's certificate ({example}) or use {strictest}"
+            ))
+        }
         Some((_, value)) if verifying.iter().any(|v| value.eq_ignore_ascii_case(v)) => {
             Ok(url.to_owned())
         }
@@ -493,6 +515,16 @@ fn verified_tls_url(url: &str, scheme: &str) -> Result<String> {
         None if url.contains('?') => Ok(format!("{url}&{strictest}")),
         None => Ok(format!("{url}?{strictest}")),
     }
+}
+
+/// [`JdbcOptions::verified_tls`]'s second guard: the driver read the URL (after
+/// [`verified_tls_url`]) as a mode that does not verify the server.
+#[cfg(any(feature = "mysql", feature = "postgres"))]
+fn unverified_as_read() -> Error {
+    Error::new(
+        ErrorKind::Config,
+        "dlock_tls=verified: the driver reads the URL's TLS mode as one that does not verify the server's certificate; name sslmode=verify-full (PostgreSQL) or ssl-mode=VERIFY_IDENTITY (MySQL) once, with the CA",
+    )
 }
 
 /// Splits dlock's own `dlock_*` query parameters off a URL.
@@ -725,6 +757,12 @@ impl JdbcBackend {
     pub async fn from_pool(pool: impl Into<SqlPool>, options: JdbcOptions) -> Result<Self> {
         let pool = pool.into();
         validate_prefix(&options.table_prefix)?;
+        if options.verified_tls {
+            return Err(Error::new(
+                ErrorKind::Config,
+                "dlock_tls=verified (JdbcOptions::verified_tls) is for the connections dlock opens; an application's own pool connects as its options say (sslmode=verify-full / ssl-mode=VERIFY_IDENTITY there), so the option is refused here",
+            ));
+        }
         // (With one database feature, each pattern below is the only one.)
         #[cfg(feature = "sqlite")]
         #[allow(irrefutable_let_patterns)]
@@ -1031,6 +1069,14 @@ fn open_mysql(url: &str, options: &JdbcOptions) -> Result<Pool> {
     use std::str::FromStr;
     let url = url.replacen("mariadb://", "mysql://", 1);
     let connect = MySqlConnectOptions::from_str(&url).map_err(|e| config_error(&url, e))?;
+    if options.verified_tls
+        && !matches!(
+            connect.get_ssl_mode(),
+            sqlx::mysql::MySqlSslMode::VerifyIdentity | sqlx::mysql::MySqlSslMode::VerifyCa
+        )
+    {
+        return Err(unverified_as_read());
+    }
     let pool = checked_after_idle(MySqlPoolOptions::new())
         .max_connections(options.max_connections)
         .acquire_timeout(options.acquire_timeout)
@@ -1044,6 +1090,14 @@ fn open_postgres(url: &str, options: &JdbcOptions) -> Result<Pool> {
     use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
     use std::str::FromStr;
     let connect = PgConnectOptions::from_str(url).map_err(|e| config_error(url, e))?;
+    if options.verified_tls
+        && !matches!(
+            connect.get_ssl_mode(),
+            sqlx::postgres::PgSslMode::VerifyFull | sqlx::postgres::PgSslMode::VerifyCa
+        )
+    {
+        return Err(unverified_as_read());
+    }
     let pool = checked_after_idle(PgPoolOptions::new())
         .max_connections(options.max_connections)
         .acquire_timeout(options.acquire_timeout)
@@ -1248,7 +1302,7 @@ mod tests {
             "postgres://u@h/db?sslmode=verify-ca&sslrootcert=/ca.pem",
             "postgres://u@h/db?sslmode=verify-full",
             "mysql://u@h/db?ssl-mode=VERIFY_IDENTITY&ssl-ca=/ca.pem",
-            "mariadb://u@h/db?sslmode=verify_ca",
+            "mariadb://u@h/db?sslmode=verify_ca&ssl-ca=/ca.pem",
         ] {
             let scheme = kept.split(':').next().unwrap();
             assert_eq!(verified_tls_url(kept, scheme).unwrap(), kept);
@@ -1257,6 +1311,22 @@ mod tests {
             verified_tls_url("mysql://u@h/db?ssl-ca=/ca.pem", "mysql").unwrap(),
             "mysql://u@h/db?ssl-ca=/ca.pem&ssl-mode=VERIFY_IDENTITY"
         );
+        for refused in [
+            // A fragment ends the driver's query; a tab is dropped by it.
+            "postgres://u@h/db?sslmode=prefer#&sslmode=verify-full",
+            "postgres://u@h/db#?sslmode=verify-full",
+            "postgres://u@h/db?sslmode=verify-full&ssl\tmode=prefer",
+            // verify-ca with no CA of the URL's: the public roots, no name check.
+            "postgres://u@h/db?sslmode=verify-ca",
+            "mysql://u@h/db?ssl-mode=VERIFY_CA",
+        ] {
+            let scheme = refused.split(':').next().unwrap();
+            assert_eq!(
+                verified_tls_url(refused, scheme).map_err(|e| e.kind()),
+                Err(ErrorKind::Config),
+                "{refused}"
+            );
+        }
         // A key the driver does not read names no mode: the strictest is added.
         assert_eq!(
             verified_tls_url("postgres://u@h/db?SSLMODE=verify-full", "postgres").unwrap(),
