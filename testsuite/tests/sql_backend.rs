@@ -18,7 +18,7 @@ use sqlx::Connection;
 use testsuite::backends::{
     async_commit_url, server_url, sql_tls_url, TestUrl, SESSION_MODE_TIMEOUT,
 };
-use testsuite::conformance::{eventually, take, take_permits};
+use testsuite::conformance::{eventually, lock_once, take, take_permits};
 use testsuite::proxy::{split_url, Fault, FaultProxy};
 use testsuite::runner::selected;
 
@@ -2720,14 +2720,7 @@ async fn verified_tls_refuses_a_url_that_does_not_verify_the_server() {
         let backend = JdbcBackend::connect(&format!("{verifying}&dlock_tls=verified"))
             .await
             .unwrap_or_else(|e| panic!("{label}: the verifying URL with the option: {e:#}"));
-        let m = DistributeLockManager::builder(backend).build().unwrap();
-        let name = format!("verified-{:x}", fastrand::u64(..));
-        take(&m.lock(&name), Duration::ZERO)
-            .await
-            .unlock()
-            .await
-            .unwrap();
-        m.close().await;
+        lock_once(backend).await;
     }
 }
 

@@ -10,16 +10,14 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
 
-use dlock_api::DistributeLockManager;
 use dlock_etcd::EtcdBackend;
 use dlock_jdbc::JdbcBackend;
 use dlock_redis::RedisBackend;
-use dlock_spi::{ErrorKind, LockRemoteResource};
+use dlock_spi::ErrorKind;
 use rustls::crypto::{CryptoProvider, GetRandomFailed, SecureRandom};
 use testsuite::backends::{sql_tls_url, url_of};
-use testsuite::conformance::take;
+use testsuite::conformance::lock_once;
 use testsuite::runner::selected;
 
 /// Ring's randomness, counting its calls: a TLS handshake made with the provider
@@ -37,18 +35,6 @@ impl SecureRandom for CountingRandom {
             .secure_random
             .fill(buf)
     }
-}
-
-/// One lock taken and released on `backend`.
-async fn lock_once(backend: impl LockRemoteResource) {
-    let m = DistributeLockManager::builder(backend).build().unwrap();
-    let name = format!("provider-{:x}", fastrand::u64(..));
-    take(&m.lock(&name), Duration::ZERO)
-        .await
-        .unlock()
-        .await
-        .unwrap();
-    m.close().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

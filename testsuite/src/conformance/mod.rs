@@ -173,6 +173,21 @@ async fn holders(m: &DistributeLockManager, name: &str) -> Vec<OwnerId> {
         .unwrap_or_default()
 }
 
+/// One lock taken and released on `backend` through a manager of its own, failing
+/// the test if it is not granted at once or its release fails.
+pub async fn lock_once(backend: impl dlock_spi::LockRemoteResource) {
+    let m = dlock_api::DistributeLockManager::builder(backend)
+        .build()
+        .expect("a manager with default options");
+    let name = format!("once-{:x}", fastrand::u64(..));
+    take(&m.lock(&name), Duration::ZERO)
+        .await
+        .unlock()
+        .await
+        .expect("release");
+    m.close().await;
+}
+
 /// Takes `lock` within `wait`, failing the test if it is not granted.
 pub async fn take(lock: &dlock_api::DistributeLock, wait: Duration) -> LockGuard {
     lock.try_lock(wait)
