@@ -13,9 +13,9 @@ use dlock_spi::{
     ReleaseResult, RenewRequest, RenewResult, Result,
 };
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, DeleteOptions, GetOptions, KeyValue, LeaseClient,
-    PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, TxnResponse, WatchFilterType,
-    WatchOptions,
+    Client, Compare, CompareOp, ConnectOptions, DeleteOptions, EventType, GetOptions, KeyValue,
+    LeaseClient, PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, TxnResponse,
+    WatchFilterType, WatchOptions, WatchResponse,
 };
 use tonic::transport::{Channel, Endpoint};
 
@@ -115,13 +115,15 @@ enum Look {
     Granted,
     /// The key is gone.
     Gone,
-    /// Not yet: watch `key` (to `end` if set; only deletions if `deletes`) from
-    /// revision `after + 1`.
+    /// Not yet: watch the deletions of `key` (to `end` if set) from revision
+    /// `after + 1`. With `ahead` (permits: the keys created up to the waiter's own,
+    /// oldest first, its own last), only a deletion that leaves them all holding, or
+    /// deletes the waiter's own, calls for a new look; otherwise any deletion does.
     Watch {
         after: i64,
         key: Vec<u8>,
         end: Option<Vec<u8>>,
-        deletes: bool,
+        ahead: Option<Vec<Vec<u8>>>,
     },
 }
 
@@ -132,6 +134,18 @@ enum Turn {
     Gone,
     /// The deadline passed first.
     TimedOut,
+}
+
+/// A waiter's lease refresh in flight ([`KeepAlives::refresh`]).
+type Refreshing = std::pin::Pin<Box<dyn Future<Output = Result<i64>> + Send>>;
+
+/// The answer of the refresh in flight, with its send time; never resolves while
+/// none is.
+async fn refreshed(refreshing: &mut Option<(Instant, Refreshing)>) -> (Instant, Result<i64>) {
+    match refreshing {
+        Some((sent, refresh)) => (*sent, refresh.await),
+        None => std::future::pending().await,
+    }
 }
 
 impl EtcdBackend {
@@ -409,7 +423,7 @@ impl EtcdBackend {
                 Side::Permits => {
                     let all = gets(&responses).next().unwrap_or_default();
                     let mine = all.iter().position(|kv| kv.key() == key);
-                    mine.is_some_and(|i| i < self.held_prefix(all, Some(req.capacity)))
+                    mine.is_some_and(|i| i < self.held_prefix(keys_of(all), Some(req.capacity)))
                 }
             };
             let placed = Placed {
@@ -480,18 +494,22 @@ impl EtcdBackend {
                 after,
                 key: before.key().to_vec(),
                 end: None,
-                deletes: true,
+                ahead: None,
             },
         })
     }
 
     /// Looks at the contenders before a key for permits: it holds when they all
     /// hold permits that leave room for its own in the semaphore's total (the
-    /// request's: every permit key was placed under it). Otherwise the
-    /// first waiter (all before it hold) watches the lock's deletions; a later
-    /// waiter watches the waiter before it, which touches its key once granted, so
-    /// a release wakes one waiter, not all. A key granted here touches itself if
-    /// someone queues behind it.
+    /// request's: every permit key was placed under it). Otherwise it watches the
+    /// lock's deletions and counts them against the keys it saw ahead of it (no key
+    /// is ever created ahead of it later: create revisions only grow), looking again
+    /// only when one leaves those ahead holding with room for its own — a release
+    /// wakes the waiters it frees, not all, and each one is told by the release
+    /// itself, whatever the waiters ahead of it are doing. (Told instead by the
+    /// waiter ahead once that one was granted, a waiter waited for that one's client:
+    /// stalled or paused, it held back the answer of the waiter behind, while a
+    /// request placed later was answered at once.)
     async fn look_permits(&self, req: &AcquireRequest, key: &[u8], revision: i64) -> Result<Look> {
         let lock = self.inner.keys.lock(&req.name);
         let end = prefix_end(&lock);
@@ -500,60 +518,56 @@ impl EtcdBackend {
             .with_max_create_revision(revision)
             .with_sort(SortTarget::Create, SortOrder::Ascend)
             .with_keys_only();
-        // (etcd counts a range without its revision filters: a limit of 1 it is.)
-        let behind = GetOptions::new()
-            .with_range(end.clone())
-            .with_min_create_revision(revision + 1)
-            .with_limit(1)
-            .with_keys_only();
         let same = Compare::create_revision(key, CompareOp::Equal, revision);
-        let txn = Txn::new().when([same.clone()]).and_then([
-            TxnOp::get(lock.clone(), Some(up_to_mine)),
-            TxnOp::get(lock.clone(), Some(behind)),
-        ]);
+        let txn = Txn::new()
+            .when([same])
+            .and_then([TxnOp::get(lock.clone(), Some(up_to_mine))]);
         let answer = self.txn("acquire", Repeat::Safe, &txn).await?;
         if !answer.succeeded() {
             return Ok(Look::Gone);
         }
         let after = answer.header().map_or(0, |h| h.revision());
         let responses = answer.op_responses();
-        let mut gets = gets(&responses);
-        let up_to_mine = gets.next().unwrap_or_default();
-        let queued_behind = gets.next().is_some_and(|kvs| !kvs.is_empty());
-        let held = self.held_prefix(up_to_mine, Some(req.capacity));
-        if held >= up_to_mine.len() {
-            if queued_behind {
-                // Wake the waiter behind (it watches this key): a touch changes
-                // neither value nor lease. If it fails, the acquire fails and its
-                // key goes (the guard revokes it): that wakes the waiter too.
-                let touch = PutOptions::new().with_ignore_value().with_ignore_lease();
-                let txn =
-                    Txn::new()
-                        .when([same])
-                        .and_then([TxnOp::put(key, Vec::new(), Some(touch))]);
-                let touched = self.txn("acquire", Repeat::Safe, &txn).await?;
-                if !touched.succeeded() {
-                    return Ok(Look::Gone);
-                }
-            }
+        let up_to_mine = gets(&responses).next().unwrap_or_default();
+        if self.held_prefix(keys_of(up_to_mine), Some(req.capacity)) >= up_to_mine.len() {
             return Ok(Look::Granted);
         }
-        let before = up_to_mine.len().saturating_sub(2);
-        Ok(if held > before {
-            Look::Watch {
-                after,
-                key: lock,
-                end: Some(end),
-                deletes: true,
-            }
-        } else {
-            Look::Watch {
-                after,
-                key: up_to_mine.get(before).map_or(lock, |kv| kv.key().to_vec()),
-                end: None,
-                deletes: false,
-            }
+        Ok(Look::Watch {
+            after,
+            key: lock,
+            end: Some(end),
+            ahead: Some(up_to_mine.iter().map(|kv| kv.key().to_vec()).collect()),
         })
+    }
+
+    /// Whether watch message `m` calls for a new look by the waiter with `key`: a
+    /// deletion of the watched key, or (with `ahead`, which it updates) one that
+    /// deletes the waiter's own key or leaves every key ahead holding with room for
+    /// its own.
+    fn woken_by(
+        &self,
+        m: &WatchResponse,
+        key: &[u8],
+        ahead: Option<&mut Vec<Vec<u8>>>,
+        total: u32,
+    ) -> bool {
+        let deleted = m
+            .events()
+            .iter()
+            .filter(|e| e.event_type() == EventType::Delete)
+            .filter_map(|e| e.kv().map(KeyValue::key));
+        let Some(ahead) = ahead else {
+            return deleted.count() > 0;
+        };
+        let before = ahead.len();
+        for gone in deleted {
+            if gone == key {
+                return true;
+            }
+            ahead.retain(|k| k.as_slice() != gone);
+        }
+        ahead.len() < before
+            && self.held_prefix(ahead.iter().map(Vec::as_slice), Some(total)) >= ahead.len()
     }
 
     /// The compare that places a permit request only under the semaphore's total as
@@ -606,27 +620,26 @@ impl EtcdBackend {
                 Side::Permits => self.look_permits(req, key, placed.revision).await?,
                 Side::Write | Side::Read => self.look_lock(req, key, side, placed.revision).await?,
             };
-            let (after, watched, end, deletes) = match look {
+            let (after, watched, end, mut ahead) = match look {
                 Look::Granted => return Ok(Turn::Granted),
                 Look::Gone => return Ok(Turn::Gone),
                 Look::Watch {
                     after,
                     key,
                     end,
-                    deletes,
-                } => (after, key, end, deletes),
+                    ahead,
+                } => (after, key, end, ahead),
             };
             let deadline = match req.deadline {
                 Some(d) if Instant::now() < d => d,
                 _ => return Ok(Turn::TimedOut),
             };
-            // Watch from just after the look.
-            let mut options = WatchOptions::new().with_start_revision(after + 1);
+            // Deletions, from just after the look.
+            let mut options = WatchOptions::new()
+                .with_start_revision(after + 1)
+                .with_filters([WatchFilterType::NoPut]);
             if let Some(end) = end {
                 options = options.with_range(end);
-            }
-            if deletes {
-                options = options.with_filters([WatchFilterType::NoPut]);
             }
             let (watched, options) = (&watched, &options);
             let mut watch = self
@@ -638,11 +651,18 @@ impl EtcdBackend {
                 )
                 .await?;
             let mut refresh_at = placed.refreshed + placed.ttl / 3;
+            // A refresh in flight runs beside the watch: a deletion that grants the
+            // key is heard while the keep-alive stream is slow to answer.
+            let mut refreshing: Option<(Instant, Refreshing)> = None;
             loop {
                 tokio::select! {
                     message = watch.message() => match message {
-                        Ok(Some(m)) if m.canceled() || !m.events().is_empty() => break,
-                        Ok(Some(_)) => {}
+                        Ok(Some(m)) if m.canceled() => break,
+                        Ok(Some(m)) => {
+                            if self.woken_by(&m, key, ahead.as_mut(), req.capacity) {
+                                break;
+                            }
+                        }
                         // The watch failed: look again (after a pause, so a broken
                         // connection does not spin).
                         Ok(None) | Err(_) => {
@@ -650,9 +670,15 @@ impl EtcdBackend {
                             break;
                         }
                     },
-                    _ = tokio::time::sleep_until(refresh_at.into()) => {
-                        let sent = Instant::now();
-                        match self.inner.keep_alives.refresh(placed.guard.lease).await {
+                    _ = tokio::time::sleep_until(refresh_at.into()), if refreshing.is_none() => {
+                        let (keep_alives, lease) = (self.inner.keep_alives.clone(), placed.guard.lease);
+                        let refresh: Refreshing = Box::pin(async move { keep_alives.refresh(lease).await });
+                        refreshing = Some((Instant::now(), refresh));
+                    }
+                    refreshed = refreshed(&mut refreshing) => {
+                        let (sent, answer) = refreshed;
+                        refreshing = None;
+                        match answer {
                             Ok(ttl) if ttl > 0 => {
                                 placed.refreshed = sent;
                                 refresh_at = sent + placed.ttl / 3;
@@ -692,10 +718,10 @@ impl EtcdBackend {
 
     /// The mode a stored contender holds or waits for; a key that is not one
     /// counts as a writer: it blocks everyone behind it.
-    fn mode_of(&self, kv: &KeyValue) -> LockMode {
+    fn mode_of(&self, key: &[u8]) -> LockMode {
         self.inner
             .keys
-            .parse(kv.key())
+            .parse(key)
             .map_or(LockMode::Exclusive, |c| c.mode)
     }
 
@@ -704,7 +730,7 @@ impl EtcdBackend {
     fn total_among(&self, contenders: &[KeyValue]) -> Option<u32> {
         let oldest = contenders
             .iter()
-            .position(|kv| self.mode_of(kv).permits().is_some())?;
+            .position(|kv| self.mode_of(kv.key()).permits().is_some())?;
         total_of(&contenders[oldest..=oldest])
     }
 
@@ -712,12 +738,18 @@ impl EtcdBackend {
     /// a writer when first; a reader when no writer or permits came before it;
     /// permits when only permits came before them and all of them fit in the
     /// semaphore's `total` (none fit without one).
-    fn held_prefix(&self, contenders: &[KeyValue], total: Option<u32>) -> usize {
+    fn held_prefix<'k>(
+        &self,
+        contenders: impl IntoIterator<Item = &'k [u8]>,
+        total: Option<u32>,
+    ) -> usize {
         let total = u64::from(total.unwrap_or(0));
         let mut used = 0u64;
         let (mut only_readers, mut only_permits) = (true, true);
-        for (i, kv) in contenders.iter().enumerate() {
-            let mode = self.mode_of(kv);
+        let mut count = 0;
+        for (i, key) in contenders.into_iter().enumerate() {
+            count = i + 1;
+            let mode = self.mode_of(key);
             let holds = match mode {
                 LockMode::Exclusive => i == 0,
                 LockMode::Shared => only_readers,
@@ -732,8 +764,13 @@ impl EtcdBackend {
             only_readers &= mode == LockMode::Shared;
             only_permits &= mode.permits().is_some();
         }
-        contenders.len()
+        count
     }
+}
+
+/// The keys of `kvs`, in their order.
+fn keys_of(kvs: &[KeyValue]) -> impl Iterator<Item = &[u8]> {
+    kvs.iter().map(KeyValue::key)
 }
 
 /// The semaphore's total: the one in the value of its oldest permit key, if any.
@@ -990,7 +1027,7 @@ impl LockRemoteResource for EtcdBackend {
         if contenders.is_empty() {
             return Ok(None);
         }
-        let holding = self.held_prefix(&contenders, self.total_among(&contenders));
+        let holding = self.held_prefix(keys_of(&contenders), self.total_among(&contenders));
         let mut holders = Vec::with_capacity(holding);
         for kv in &contenders[..holding] {
             let Some(contender) = self.inner.keys.parse(kv.key()) else {
@@ -1074,7 +1111,7 @@ impl LockAdmin for EtcdBackend {
         for was in &removed {
             drop(self.guard(was.lease()));
         }
-        Ok(self.held_prefix(&removed, self.total_among(&removed)))
+        Ok(self.held_prefix(keys_of(&removed), self.total_among(&removed)))
     }
 
     async fn live_locks(&self, prefix: &str) -> Result<usize> {

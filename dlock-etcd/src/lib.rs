@@ -39,10 +39,10 @@
 //!   no key of the lock was created before its own, a reader when no writer or
 //!   permits were, permits when only permits were and all of them, its own
 //!   included, fit in the total. Each waiter watches only the deletion of the last
-//!   such key before it (no herd) and looks again; for permits, the first waiter
-//!   watches the lock's deletions and each later one the waiter before it, which
-//!   touches its key when granted — a release wakes the first waiter, which wakes
-//!   the next if it is granted (a waiter leaving also wakes the first waiter).
+//!   such key before it (no herd) and looks again; a permit waiter watches the
+//!   lock's deletions and counts them against the keys it saw ahead of it, looking
+//!   again only when they leave room for its own — a release wakes the waiters it
+//!   frees, each told by the release itself, never through another waiter's client.
 //!   Fair by construction; non-fair requests get the same order (permits always go
 //!   in arrival order).
 //! * **Semaphore totals**: the semaphore's total is its oldest permit key's. A

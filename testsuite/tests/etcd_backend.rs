@@ -167,6 +167,108 @@ async fn a_semaphore_in_use_keeps_its_total_and_refusals_write_nothing() {
     assert_eq!(written.len(), 3, "{written:?}");
 }
 
+/// A permit waiter is told of its grant by the lock's deletions, not by the waiter
+/// ahead of it: with the runtime of the waiter ahead stalled, a release that frees
+/// both is answered to the one behind at once — before a request placed after the
+/// release is (which is granted too: the permits fit), give or take lockcheck's
+/// margin for permits one release admits. (It was told by a touch of
+/// the waiter ahead once that one was granted: a stalled waiter ahead held back
+/// the answer of the one behind for its whole stall, while a later request was
+/// answered at once — a fair queue answered out of order, as a lockcheck run saw
+/// after a paused process resumed.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_waiter_is_told_without_the_waiter_ahead_of_it() {
+    const STALL: Duration = Duration::from_millis(1500);
+    let Some((url, _prefix)) = url_and_prefix() else {
+        return;
+    };
+    let name = LockName::new("told").unwrap();
+    let waiting = |owner: &str, grant: u64| {
+        permits(&name, owner, grant, 1, 3)
+            .with_deadline(Some(Instant::now() + Duration::from_secs(20)))
+    };
+    let holder = EtcdBackend::connect(&url).await.unwrap();
+    let all = granted(&holder, &permits(&name, "h", 1, 3, 3)).await;
+    // The waiter ahead, on a runtime of its own that stalls when told to.
+    let (stall, stall_rx) = tokio::sync::oneshot::channel::<()>();
+    let (stalled_tx, stalled) = std::sync::mpsc::channel::<()>();
+    let ahead = {
+        let (url, req) = (url.clone(), waiting("p", 2));
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                let etcd = EtcdBackend::connect(&url).await.unwrap();
+                tokio::spawn(async move {
+                    if stall_rx.await.is_ok() {
+                        stalled_tx.send(()).unwrap();
+                        std::thread::sleep(STALL);
+                    }
+                });
+                etcd.try_acquire(&req).await.unwrap().is_acquired()
+            })
+        })
+    };
+    let behind_etcd = EtcdBackend::connect(&url).await.unwrap();
+    let queued = |n: usize| {
+        let holder = &holder;
+        let name = &name;
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while holder.inspect(name).await.unwrap().and_then(|s| s.waiters) != Some(n) {
+                assert!(Instant::now() < deadline, "{n} waiters never queued");
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+    };
+    queued(1).await;
+    let behind = {
+        let req = waiting("a", 3);
+        tokio::spawn(async move {
+            let got = behind_etcd.try_acquire(&req).await.unwrap();
+            (got.is_acquired(), Instant::now())
+        })
+    };
+    queued(2).await;
+    stall.send(()).unwrap();
+    stalled.recv_timeout(Duration::from_secs(5)).unwrap();
+    let release = ReleaseRequest::new(
+        name.clone(),
+        OwnerId::new("h"),
+        GrantId::new(1),
+        LockMode::Permits(3),
+        all.token().unwrap(),
+    );
+    let later = EtcdBackend::connect(&url).await.unwrap();
+    assert_eq!(
+        holder.release(&release).await.unwrap(),
+        ReleaseResult::Released
+    );
+    let released = Instant::now();
+    let later_got = later
+        .try_acquire(&permits(&name, "b", 4, 1, 3))
+        .await
+        .unwrap();
+    let later_at = Instant::now();
+    let (behind_got, behind_at) = behind.await.unwrap();
+    assert!(ahead.join().unwrap(), "the waiter ahead was granted");
+    assert!(
+        behind_got && later_got.is_acquired(),
+        "all three fit in the total"
+    );
+    let (told, later_told) = (behind_at - released, later_at - released);
+    eprintln!("after the release: the waiter behind told in {told:?}, the later request in {later_told:?}");
+    // Told within a third of the stall, and not after the later request by more
+    // than lockcheck's margin for permits one release admitted (either may answer
+    // first).
+    assert!(
+        told < STALL / 3 && told <= later_told + Duration::from_millis(50),
+        "the waiter behind was told {told:?} after the release, the request placed after it {later_told:?} (the waiter ahead stalled {STALL:?})"
+    );
+}
+
 /// A permit key of another total that got there anyway (written by something
 /// else): a grant retried over it is refused, and it does not get the semaphore's
 /// own total refused.
