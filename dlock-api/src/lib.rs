@@ -64,6 +64,7 @@ mod election;
 mod group;
 mod guard;
 mod hold;
+mod ids;
 mod lock;
 mod manager;
 mod multi;

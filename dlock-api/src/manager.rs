@@ -1,6 +1,5 @@
 //! The manager: one per backend connection, handing out locks.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -17,6 +16,7 @@ use tokio::sync::watch;
 use crate::election::{Contender, Contention, Election};
 use crate::group::LockGroup;
 use crate::hold::Hold;
+use crate::ids::{id_map, IdMap};
 use crate::lock::DistributeLock;
 use crate::rwlock::ReadWriteLock;
 use crate::semaphore::Semaphore;
@@ -42,7 +42,7 @@ pub(crate) struct ManagerInner {
     pub(crate) capabilities: Capabilities,
     pub(crate) config: Config,
     next_id: AtomicU64,
-    holds: Mutex<HashMap<u64, Arc<Hold>>>,
+    holds: Mutex<IdMap<Arc<Hold>>>,
     pub(crate) watchdog: Watchdog,
     closed: watch::Sender<bool>,
 }
@@ -56,7 +56,7 @@ impl ManagerInner {
         OwnerId::new(format!("{}:{}", self.id, self.next_id()))
     }
 
-    fn holds(&self) -> MutexGuard<'_, HashMap<u64, Arc<Hold>>> {
+    fn holds(&self) -> MutexGuard<'_, IdMap<Arc<Hold>>> {
         self.holds.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -621,7 +621,7 @@ impl DistributeLockManagerBuilder {
                 capabilities,
                 config: self.config,
                 next_id: AtomicU64::new(1),
-                holds: Mutex::new(HashMap::new()),
+                holds: Mutex::new(id_map()),
                 closed: watch::Sender::new(false),
             }),
         })

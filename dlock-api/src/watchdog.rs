@@ -29,6 +29,7 @@ use tokio::sync::{oneshot, Notify};
 use tokio::task::{JoinHandle, JoinSet};
 
 use crate::hold::Hold;
+use crate::ids::IdMap;
 
 /// Told how an explicit extend's renewal went.
 type ExtendWaiter = oneshot::Sender<Result<()>>;
@@ -130,12 +131,12 @@ fn loss_margin(fixed: Option<Duration>, lease: Duration, round_trip: Duration) -
 
 #[derive(Default)]
 struct State {
-    entries: HashMap<u64, Entry>,
+    entries: IdMap<Entry>,
     queue: BTreeSet<(Instant, u64)>,
     task: Option<JoinHandle<()>>,
     closed: bool,
     /// Deferred work by hold, with its start ([`Watchdog::defer`]), and its queue.
-    deferred: HashMap<u64, (Instant, Deferred)>,
+    deferred: IdMap<(Instant, Deferred)>,
     deferred_queue: BTreeSet<(Instant, u64)>,
     /// When the scheduler will next wake by itself; a new entry due later needs no
     /// wake-up (so taking a lock does not cost a cross-thread wake).
