@@ -406,8 +406,13 @@ struct Tail {
 
 impl Tail {
     async fn acquire(&self, req: &AcquireRequest) -> Result<AcquireResult> {
-        let budget = req.remaining_wait() + self.operation_timeout;
-        self.bounded(budget, "acquire", &req.name, self.resource.try_acquire(req))
+        // The operation timeout past the wait's end, or past now when the wait has
+        // none or it has passed (one clock read).
+        let now = Instant::now();
+        let wait_end = req.deadline.map_or(now, |d| d.max(now));
+        let budget = wait_end.saturating_duration_since(now) + self.operation_timeout;
+        let fut = self.resource.try_acquire(req);
+        self.bounded_from(now, budget, "acquire", &req.name, fut)
             .await
     }
 
@@ -428,7 +433,25 @@ impl Tail {
         name: &LockName,
         fut: impl std::future::Future<Output = Result<T>>,
     ) -> Result<T> {
-        match tokio::time::timeout(budget, fut).await {
+        self.bounded_from(Instant::now(), budget, op, name, fut)
+            .await
+    }
+
+    /// [`Self::bounded`], the budget counted from `start` (a clock read the caller
+    /// made already).
+    async fn bounded_from<T>(
+        &self,
+        start: Instant,
+        budget: Duration,
+        op: &'static str,
+        name: &LockName,
+        fut: impl std::future::Future<Output = Result<T>>,
+    ) -> Result<T> {
+        // A budget past the clock's range: no bound but the caller's.
+        let Some(until) = start.checked_add(budget) else {
+            return fut.await;
+        };
+        match tokio::time::timeout_at(until.into(), fut).await {
             Ok(result) => result,
             Err(_) => Err(self
                 .timed_out(budget)

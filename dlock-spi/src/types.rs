@@ -120,8 +120,9 @@ impl HolderKey {
         let mut key = String::with_capacity(owner.as_str().len() + 1 + digits.len() - at);
         key.push_str(owner.as_str());
         key.push('#');
-        for &d in &digits[at..] {
-            key.push(char::from(d));
+        // (ASCII digits: always UTF-8.)
+        if let Ok(digits) = std::str::from_utf8(&digits[at..]) {
+            key.push_str(digits);
         }
         HolderKey(key)
     }

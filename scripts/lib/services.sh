@@ -857,6 +857,22 @@ ensure_redlock() {
   log "Redlock nodes ready at 127.0.0.1:6410, 6411, 6412"
 }
 
+# ensure_redlock_tls: three independent TLS-only Redis masters on 127.0.0.1:6420–6422
+# (client certificates required, the redis-tls certificates) for Redlock over TLS
+# (`redlocks://`).
+ensure_redlock_tls() {
+  ensure_redis_tls # the certificates
+  local p
+  for p in 6420 6421 6422; do
+    if ! redis_tls_cli -h 127.0.0.1 -p "$p" ping >/dev/null 2>&1; then
+      log "starting a Redlock node with TLS on 127.0.0.1:$p"
+      stop_redis_at "$p"
+      start_redis_tls "$p"
+    fi
+  done
+  log "Redlock nodes with TLS ready at 127.0.0.1:6420, 6421, 6422"
+}
+
 # ensure_backend LABEL: make the backend behind a DLOCK_TEST_BACKENDS label usable.
 ensure_backend() {
   case "$1" in
@@ -879,6 +895,7 @@ ensure_backend() {
     redis-sentinel | redis-sentinel-ack) ensure_redis_sentinel ;;
     redis-sentinel-tls) ensure_redis_sentinel_tls ;;
     redlock) ensure_redlock ;;
+    redlock-tls) ensure_redlock_tls ;;
     *) fail "unknown backend '$1' in DLOCK_TEST_BACKENDS (known: $ALL_BACKENDS)" ;;
   esac
 }

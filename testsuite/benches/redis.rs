@@ -17,7 +17,8 @@
 //! redis://127.0.0.1:6379; DLOCK_BENCH_SECS per implementation and scenario, default
 //! 8, split into 24 rounds for the uncontended ones and 6 for the contended one;
 //! DLOCK_BENCH_ONLY=one,many,latency,
-//! contended,held picks scenarios, DLOCK_BENCH_IMPL=floor,dlock implementations).
+//! contended,held picks scenarios, DLOCK_BENCH_IMPL=floor,dlock implementations;
+//! DLOCK_BENCH_HOLD_MS the contended scenario's hold, default 1, 0 for none).
 //! Under `cargo test` it runs a short smoke pass.
 #![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
 
@@ -225,7 +226,7 @@ impl HandOverFloor {
                 Err(_) => panic!("the hand-over floor waited past {MAX_WAIT:?}"),
             }
         }
-        tokio::time::sleep(HOLD).await;
+        hold_it().await;
         let _: i64 = self
             .hand_over
             .key(&self.key)
@@ -460,7 +461,26 @@ struct Contended {
 
 const CLIENTS: usize = 8;
 const MAX_WAIT: Duration = Duration::from_secs(5);
-const HOLD: Duration = Duration::from_millis(1);
+/// The contended scenario's hold: `DLOCK_BENCH_HOLD_MS` (default 1; 0 holds not at
+/// all: release right after the grant).
+fn hold() -> Duration {
+    static HOLD: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+    *HOLD.get_or_init(|| {
+        let ms = std::env::var("DLOCK_BENCH_HOLD_MS")
+            .ok()
+            .map(|v| v.parse::<u64>().expect("DLOCK_BENCH_HOLD_MS: milliseconds"))
+            .unwrap_or(1);
+        Duration::from_millis(ms)
+    })
+}
+
+/// Holds for [`hold`] (not at all when it is zero).
+async fn hold_it() {
+    let hold = hold();
+    if !hold.is_zero() {
+        tokio::time::sleep(hold).await;
+    }
+}
 /// Rounds per implementation in the contended scenario (each `secs / ROUNDS`).
 const CONTENDED_ROUNDS: u32 = 6;
 
@@ -486,7 +506,7 @@ async fn contend_round(clients: &Clients, totals: &RefCell<Vec<Client>>, secs: D
                     if cycle().await {
                         c.cycles += 1;
                         c.in_time += u64::from(Instant::now() <= end);
-                        c.longest_wait = c.longest_wait.max(t.elapsed().saturating_sub(HOLD));
+                        c.longest_wait = c.longest_wait.max(t.elapsed().saturating_sub(hold()));
                     } else {
                         c.timeouts += 1;
                     }
@@ -554,7 +574,7 @@ async fn contended(cfg: &Cfg) -> Vec<Contended> {
                     Box::pin(async move {
                         match lock.try_lock(MAX_WAIT).await.unwrap() {
                             Some(g) => {
-                                tokio::time::sleep(HOLD).await;
+                                hold_it().await;
                                 g.unlock().await.unwrap();
                                 true
                             }
@@ -577,7 +597,7 @@ async fn contended(cfg: &Cfg) -> Vec<Contended> {
                 let mutex = Arc::clone(&mutex);
                 Box::pin(async move {
                     let g = mutex.lock().await;
-                    tokio::time::sleep(HOLD).await;
+                    hold_it().await;
                     drop(g);
                     true
                 })
@@ -641,7 +661,7 @@ async fn contended(cfg: &Cfg) -> Vec<Contended> {
                     let until = Instant::now() + MAX_WAIT;
                     while Instant::now() < until {
                         if let Ok(l) = rl.lock(name.as_bytes(), Duration::from_secs(30)).await {
-                            tokio::time::sleep(HOLD).await;
+                            hold_it().await;
                             rl.unlock(&l).await;
                             return true;
                         }
@@ -666,7 +686,7 @@ async fn contended(cfg: &Cfg) -> Vec<Contended> {
                 Box::pin(async move {
                     match lock.acquire(Some(MAX_WAIT)).await {
                         Ok(h) => {
-                            tokio::time::sleep(HOLD).await;
+                            hold_it().await;
                             h.release().await.unwrap();
                             true
                         }
@@ -1042,7 +1062,8 @@ fn main() {
         if want("contended") {
         let rows = contended(&cfg).await;
         println!(
-            "\n**{CLIENTS} clients on one lock** (hold {HOLD:?}, wait ≤ {MAX_WAIT:?}; cycles/s of the median of {} rounds, the rest over all rounds)\n\n| implementation | cycles/s | per-client min | per-client max | max/min | longest wait | timeouts |\n|---|---|---|---|---|---|---|",
+            "\n**{CLIENTS} clients on one lock** (hold {:?}, wait ≤ {MAX_WAIT:?}; cycles/s of the median of {} rounds, the rest over all rounds)\n\n| implementation | cycles/s | per-client min | per-client max | max/min | longest wait | timeouts |\n|---|---|---|---|---|---|---|",
+            hold(),
             contended_rounds(&cfg)
         );
         for c in rows {

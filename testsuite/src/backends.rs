@@ -51,6 +51,7 @@ pub const KNOWN: &[&str] = &[
     "redis-sentinel-ack",
     "redis-sentinel-tls",
     "redlock",
+    "redlock-tls",
     "zk",
     "zk-ensemble",
     "etcd",
@@ -176,6 +177,11 @@ pub fn url_of(label: &str) -> Option<TestUrl> {
         // The deployment scripts/lib/services.sh starts: 3 sentinels, a master and 2 replicas.
         // Three independent masters (scripts/lib/services.sh).
         "redlock" => Some("redlock://127.0.0.1:6410,127.0.0.1:6411,127.0.0.1:6412".to_owned()),
+        // The same over TLS: three TLS-only masters on the redis-tls certificates.
+        "redlock-tls" => Some(format!(
+            "redlocks://127.0.0.1:6420,127.0.0.1:6421,127.0.0.1:6422/?{}",
+            redis_tls_params()
+        )),
         "redis-sentinel" | "redis-sentinel-ack" => Some(
             "redis+sentinel://127.0.0.1:26400,127.0.0.1:26401,127.0.0.1:26402/dlock-master"
                 .to_owned(),
@@ -421,7 +427,7 @@ pub async fn open_at(label: &str, url: TestUrl) -> Result<Arc<dyn TestBackend>> 
         | "redis-sentinel" | "redis-sentinel-ack" | "redis-sentinel-tls" => {
             Arc::new(RedisTestBackend::open(label, url).await?)
         }
-        "redlock" => Arc::new(RedlockTestBackend::open(label, url).await?),
+        "redlock" | "redlock-tls" => Arc::new(RedlockTestBackend::open(label, url).await?),
         "zk" | "zk-ensemble" => Arc::new(ZkTestBackend::open(label, url).await?),
         "etcd" | "etcd-tls" => Arc::new(EtcdTestBackend::open(label, url).await?),
         other => {

@@ -209,7 +209,7 @@ impl Rules {
             rules.waiter_lapse_ns = rules.hidden_hold_ns;
         }
         // Redlock shows its waiters for the same liveness.
-        if label.starts_with("redis") || label == "redlock" {
+        if label.starts_with("redis") || label.starts_with("redlock") {
             let liveness = dlock_redis::RedisOptions::default().waiter_liveness;
             rules.waiter_lapse_ns = nanos(liveness * 2);
         }

@@ -174,7 +174,7 @@ impl Nemesis {
             }
             Nemesis::Failover => (!label.starts_with("redis-sentinel"))
                 .then_some("no Sentinel deployment (only the redis-sentinel labels)"),
-            Nemesis::Freeze => (label != "redlock")
+            Nemesis::Freeze => (!label.starts_with("redlock"))
                 .then_some("scripts/server-fault freezes Redlock's nodes only"),
         }
         .map(str::to_owned)
@@ -328,7 +328,7 @@ impl Servers {
     /// How long to keep the server down, and which node (`scripts/server-fault
     /// restart` arguments after the label).
     fn restart_plan(&self, rng: &mut fastrand::Rng) -> (Duration, Option<String>) {
-        let down = if self.label.starts_with("redis") || self.label == "redlock" {
+        let down = if self.label.starts_with("redis") || self.label.starts_with("redlock") {
             STATELESS_DOWN
         } else {
             Duration::from_millis(rng.u64(200..=1500))
@@ -344,7 +344,7 @@ impl Servers {
             (None, "redis-sentinel" | "redis-sentinel-ack" | "redis-sentinel-tls") => {
                 Some("master".to_owned())
             }
-            (None, "redlock") => Some(rng.u32(0..3).to_string()),
+            (None, "redlock" | "redlock-tls") => Some(rng.u32(0..3).to_string()),
             _ => None,
         };
         (down, member)
