@@ -6,8 +6,9 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use dlock_spi::{
-    AcquireContext, AcquireRequest, AcquireResult, Error, Fairness, GrantId, HoldPurpose,
-    HolderInfo, LockMode, LockName, OwnerId, ReleaseRequest, RenewRequest, RenewResult, Result,
+    AcquireContext, AcquireRequest, AcquireResult, Error, Fairness, FencingToken, GrantId,
+    HoldPurpose, HolderInfo, LockMode, LockName, OwnerId, ReleaseRequest, RenewRequest,
+    RenewResult, Result,
 };
 
 use crate::guard::{Acquisition, LockGuard};
@@ -467,7 +468,13 @@ impl DistributeLock {
             // Dropped while the backend may be granting, the grant is given back.
             let mut in_flight = InFlightAcquire {
                 manager,
-                release: Some(ctx.request.release_of_grant()),
+                grant: Some(AskedGrant {
+                    name: &name,
+                    owner: &self.handle.owner,
+                    grant,
+                    mode: self.handle.mode,
+                    purpose: spec.purpose,
+                }),
             };
             let result = {
                 let acquire = manager.chain.acquire(&mut ctx);
@@ -506,7 +513,7 @@ impl DistributeLock {
                     ..
                 } => (token, lease_until, watch, took_over),
                 AcquireResult::NotAcquired { .. } => {
-                    in_flight.release = None;
+                    in_flight.grant = None;
                     return Ok(None);
                 }
             };
@@ -606,7 +613,7 @@ impl DistributeLock {
                 }
             }
             // Tracked from here on: the manager releases it (guard, close, loss).
-            in_flight.release = None;
+            in_flight.grant = None;
             manager.track(&hold, watching, watch);
             if manager.is_closed() {
                 // `close` ran while the grant was in flight and may have missed it:
@@ -649,16 +656,35 @@ pub enum TryLock {
 /// gives back the grant the backend may have made.
 struct InFlightAcquire<'a> {
     manager: &'a ManagerInner,
-    /// The release of the grant asked for; `None` once the backend has refused or
-    /// the manager tracks the grant (an error keeps it: the grant may have been
-    /// made).
-    release: Option<ReleaseRequest>,
+    /// The grant asked for; `None` once the backend has refused or the manager
+    /// tracks the grant (an error keeps it: the grant may have been made).
+    grant: Option<AskedGrant<'a>>,
+}
+
+/// What the release of an asked-for grant names (built only when one is given back:
+/// not on every acquire).
+struct AskedGrant<'a> {
+    name: &'a LockName,
+    owner: &'a OwnerId,
+    grant: GrantId,
+    mode: LockMode,
+    purpose: HoldPurpose,
 }
 
 impl InFlightAcquire<'_> {
-    /// Gives the grant back now (in the background), if it is still in its care.
+    /// Gives the grant back now (in the background), if it is still in its care:
+    /// the release names the grant with token 0, as
+    /// [`AcquireRequest::release_of_grant`] would.
     fn give_back(&mut self) {
-        if let Some(release) = self.release.take() {
+        if let Some(g) = self.grant.take() {
+            let release = ReleaseRequest::new(
+                g.name.clone(),
+                g.owner.clone(),
+                g.grant,
+                g.mode,
+                FencingToken::new(0),
+            )
+            .with_purpose(g.purpose);
             self.manager.abandon(release);
         }
     }

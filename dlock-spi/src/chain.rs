@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 
 use crate::capabilities::Capabilities;
+use crate::deadline::Deadlines;
 use crate::error::{Error, ErrorKind, Result};
 use crate::extensions::Extensions;
 use crate::name::LockName;
@@ -402,6 +403,8 @@ impl fmt::Debug for ReleaseChain<'_> {
 struct Tail {
     resource: Arc<dyn LockRemoteResource>,
     operation_timeout: Duration,
+    /// The bounds of the calls in flight ([`crate::deadline`]: no timer per call).
+    deadlines: Deadlines,
 }
 
 impl Tail {
@@ -451,9 +454,9 @@ impl Tail {
         let Some(until) = start.checked_add(budget) else {
             return fut.await;
         };
-        match tokio::time::timeout_at(until.into(), fut).await {
-            Ok(result) => result,
-            Err(_) => Err(self
+        match self.deadlines.within(until, fut).await {
+            Some(result) => result,
+            None => Err(self
                 .timed_out(budget)
                 .with_context("op", op)
                 .with_context("lock", name)),
@@ -494,6 +497,7 @@ impl HandlerChain {
             tail: Arc::new(Tail {
                 resource,
                 operation_timeout: Self::DEFAULT_OPERATION_TIMEOUT,
+                deadlines: Deadlines::new(Self::DEFAULT_OPERATION_TIMEOUT),
             }),
             capabilities,
         }
@@ -505,6 +509,7 @@ impl HandlerChain {
         self.tail = Arc::new(Tail {
             resource,
             operation_timeout: timeout,
+            deadlines: Deadlines::new(timeout),
         });
         self
     }

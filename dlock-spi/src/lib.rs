@@ -30,6 +30,7 @@
 mod backoff;
 mod capabilities;
 mod chain;
+mod deadline;
 mod error;
 mod events;
 mod extensions;
