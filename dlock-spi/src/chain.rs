@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 
 use crate::capabilities::Capabilities;
-use crate::deadline::Deadlines;
+use crate::deadline;
 use crate::error::{Error, ErrorKind, Result};
 use crate::extensions::Extensions;
 use crate::name::LockName;
@@ -403,8 +403,6 @@ impl fmt::Debug for ReleaseChain<'_> {
 struct Tail {
     resource: Arc<dyn LockRemoteResource>,
     operation_timeout: Duration,
-    /// The bounds of the calls in flight ([`crate::deadline`]: no timer per call).
-    deadlines: Deadlines,
 }
 
 impl Tail {
@@ -413,7 +411,9 @@ impl Tail {
         // none or it has passed (one clock read).
         let now = Instant::now();
         let wait_end = req.deadline.map_or(now, |d| d.max(now));
-        let budget = wait_end.saturating_duration_since(now) + self.operation_timeout;
+        let budget = wait_end
+            .saturating_duration_since(now)
+            .saturating_add(self.operation_timeout);
         let fut = self.resource.try_acquire(req);
         self.bounded_from(now, budget, "acquire", &req.name, fut)
             .await
@@ -454,7 +454,8 @@ impl Tail {
         let Some(until) = start.checked_add(budget) else {
             return fut.await;
         };
-        match self.deadlines.within(until, fut).await {
+        // (No timer per call: one sweeper bounds them all, `crate::deadline`.)
+        match deadline::within(until, fut).await {
             Some(result) => result,
             None => Err(self
                 .timed_out(budget)
@@ -497,7 +498,6 @@ impl HandlerChain {
             tail: Arc::new(Tail {
                 resource,
                 operation_timeout: Self::DEFAULT_OPERATION_TIMEOUT,
-                deadlines: Deadlines::new(Self::DEFAULT_OPERATION_TIMEOUT),
             }),
             capabilities,
         }
@@ -509,7 +509,6 @@ impl HandlerChain {
         self.tail = Arc::new(Tail {
             resource,
             operation_timeout: timeout,
-            deadlines: Deadlines::new(timeout),
         });
         self
     }
