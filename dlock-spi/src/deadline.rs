@@ -185,7 +185,11 @@ impl Sweeper {
             state.looks_at = next;
             if !due.is_empty() {
                 drop(state);
-                due.drain(..).for_each(Waker::wake);
+                for waker in due.drain(..) {
+                    // A waker that panics (an executor's bug) must not end the thread:
+                    // every later call would go unbounded.
+                    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| waker.wake()));
+                }
                 state = self.lock();
                 continue;
             }
@@ -304,6 +308,36 @@ mod tests {
             assert!(start.elapsed() < Duration::from_millis(600));
         }
         drop(idle);
+    }
+
+    /// A waker that panics when woken does not end the sweeper: later calls are
+    /// still bounded.
+    #[tokio::test]
+    async fn a_panicking_waker_does_not_end_the_sweeper() {
+        struct Panics;
+        impl std::task::Wake for Panics {
+            fn wake(self: std::sync::Arc<Self>) {
+                panic!("a waker that panics (as a test wants)");
+            }
+        }
+        let waker = Waker::from(std::sync::Arc::new(Panics));
+        let mut cx = std::task::Context::from_waker(&waker);
+        let call = within(
+            Instant::now() + Duration::from_millis(20),
+            std::future::pending::<()>(),
+        );
+        let mut call = std::pin::pin!(call);
+        assert!(call.as_mut().poll(&mut cx).is_pending());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(call.as_mut().poll(&mut cx), Poll::Ready(None));
+        let start = Instant::now();
+        let later = bounded(within(
+            start + Duration::from_millis(50),
+            std::future::pending::<()>(),
+        ))
+        .await;
+        assert_eq!(later, None);
+        assert!(start.elapsed() < Duration::from_millis(600));
     }
 
     /// Slots are given back: many calls, answered or timed out or dropped, leave
