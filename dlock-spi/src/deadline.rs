@@ -284,10 +284,7 @@ mod tests {
             .enable_all()
             .build()
             .unwrap_or_else(|e| panic!("runtime: {e}"));
-        let _ = idle.block_on(within(
-            Instant::now() + Duration::from_millis(10),
-            std::future::pending::<()>(),
-        ));
+        idle.block_on(times_out_on_time(Duration::from_millis(10)));
         for _ in 0..2 {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
