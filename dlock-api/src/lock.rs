@@ -6,9 +6,8 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use dlock_spi::{
-    AcquireContext, AcquireRequest, AcquireResult, Error, Fairness, FencingToken, GrantId,
-    HoldPurpose, HolderInfo, LockMode, LockName, OwnerId, ReleaseRequest, RenewRequest,
-    RenewResult, Result,
+    AcquireContext, AcquireRequest, AcquireResult, Error, Fairness, GrantId, HoldPurpose,
+    HolderInfo, LockMode, LockName, OwnerId, ReleaseRequest, RenewRequest, RenewResult, Result,
 };
 
 use crate::guard::{Acquisition, LockGuard};
@@ -672,19 +671,11 @@ struct AskedGrant<'a> {
 }
 
 impl InFlightAcquire<'_> {
-    /// Gives the grant back now (in the background), if it is still in its care:
-    /// the release names the grant with token 0, as
-    /// [`AcquireRequest::release_of_grant`] would.
+    /// Gives the grant back now (in the background), if it is still in its care.
     fn give_back(&mut self) {
         if let Some(g) = self.grant.take() {
-            let release = ReleaseRequest::new(
-                g.name.clone(),
-                g.owner.clone(),
-                g.grant,
-                g.mode,
-                FencingToken::new(0),
-            )
-            .with_purpose(g.purpose);
+            let release =
+                ReleaseRequest::of_grant(g.name, g.owner, g.grant, g.mode).with_purpose(g.purpose);
             self.manager.abandon(release);
         }
     }

@@ -738,17 +738,17 @@ impl EtcdBackend {
     /// a writer when first; a reader when no writer or permits came before it;
     /// permits when only permits came before them and all of them fit in the
     /// semaphore's `total` (none fit without one).
-    fn held_prefix<'k>(
-        &self,
-        contenders: impl IntoIterator<Item = &'k [u8]>,
-        total: Option<u32>,
-    ) -> usize {
+    fn held_prefix<'k, I>(&self, contenders: I, total: Option<u32>) -> usize
+    where
+        I: IntoIterator<Item = &'k [u8]>,
+        I::IntoIter: ExactSizeIterator,
+    {
+        let contenders = contenders.into_iter();
+        let count = contenders.len();
         let total = u64::from(total.unwrap_or(0));
         let mut used = 0u64;
         let (mut only_readers, mut only_permits) = (true, true);
-        let mut count = 0;
-        for (i, key) in contenders.into_iter().enumerate() {
-            count = i + 1;
+        for (i, key) in contenders.enumerate() {
             let mode = self.mode_of(key);
             let holds = match mode {
                 LockMode::Exclusive => i == 0,
@@ -769,7 +769,7 @@ impl EtcdBackend {
 }
 
 /// The keys of `kvs`, in their order.
-fn keys_of(kvs: &[KeyValue]) -> impl Iterator<Item = &[u8]> {
+fn keys_of(kvs: &[KeyValue]) -> impl ExactSizeIterator<Item = &[u8]> {
     kvs.iter().map(KeyValue::key)
 }
 

@@ -149,14 +149,8 @@ impl AcquireRequest {
     /// backend or manager that must give back a grant whose caller is gone. Harmless
     /// if the grant was never made: it answers `NotOwner`.
     pub fn release_of_grant(&self) -> ReleaseRequest {
-        ReleaseRequest::new(
-            self.name.clone(),
-            self.owner.clone(),
-            self.grant,
-            self.mode,
-            FencingToken::new(0),
-        )
-        .with_purpose(self.purpose)
+        ReleaseRequest::of_grant(&self.name, &self.owner, self.grant, self.mode)
+            .with_purpose(self.purpose)
     }
 
     /// How long the backend may still wait, from now (zero when trying once).
@@ -202,6 +196,20 @@ impl ReleaseRequest {
             token,
             purpose: HoldPurpose::Lock,
         }
+    }
+
+    /// The release of a grant whose token is not known (0), for a caller that gives
+    /// back a grant it asked for and never saw answered (see
+    /// [`AcquireRequest::release_of_grant`]). Harmless if the grant was never made: it
+    /// answers `NotOwner`.
+    pub fn of_grant(name: &LockName, owner: &OwnerId, grant: GrantId, mode: LockMode) -> Self {
+        ReleaseRequest::new(
+            name.clone(),
+            owner.clone(),
+            grant,
+            mode,
+            FencingToken::new(0),
+        )
     }
 
     /// Sets what the hold was for.

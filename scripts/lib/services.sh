@@ -847,14 +847,22 @@ start_sentinel_deployment() {
 ensure_redlock() {
   export DLOCK_REDLOCK_URL="${DLOCK_REDLOCK_URL:-redlock://127.0.0.1:6410,127.0.0.1:6411,127.0.0.1:6412}"
   ensure_redis_server_binary
-  local p
-  for p in 6410 6411 6412; do
-    if ! redis-cli -h 127.0.0.1 -p "$p" ping >/dev/null 2>&1; then
-      log "starting a Redlock node on 127.0.0.1:$p"
-      start_redis "$p"
+  ensure_redlock_nodes "" redis-cli start_redis 6410 6411 6412
+}
+
+# ensure_redlock_nodes WHAT CLI START PORT…: a Redis node on each PORT that CLI can
+# ping, each started with START when it does not answer (WHAT: " with TLS" or "").
+ensure_redlock_nodes() {
+  local what=$1 cli=$2 start=$3 p
+  shift 3
+  for p in "$@"; do
+    if ! "$cli" -h 127.0.0.1 -p "$p" ping >/dev/null 2>&1; then
+      log "starting a Redlock node$what on 127.0.0.1:$p"
+      stop_redis_at "$p"
+      "$start" "$p"
     fi
   done
-  log "Redlock nodes ready at 127.0.0.1:6410, 6411, 6412"
+  log "Redlock nodes$what ready at 127.0.0.1:$(echo "$@" | sed 's/ /, /g')"
 }
 
 # ensure_redlock_tls: three independent TLS-only Redis masters on 127.0.0.1:6420–6422
@@ -862,15 +870,7 @@ ensure_redlock() {
 # (`redlocks://`).
 ensure_redlock_tls() {
   ensure_redis_tls # the certificates
-  local p
-  for p in 6420 6421 6422; do
-    if ! redis_tls_cli -h 127.0.0.1 -p "$p" ping >/dev/null 2>&1; then
-      log "starting a Redlock node with TLS on 127.0.0.1:$p"
-      stop_redis_at "$p"
-      start_redis_tls "$p"
-    fi
-  done
-  log "Redlock nodes with TLS ready at 127.0.0.1:6420, 6421, 6422"
+  ensure_redlock_nodes " with TLS" redis_tls_cli start_redis_tls 6420 6421 6422
 }
 
 # ensure_backend LABEL: make the backend behind a DLOCK_TEST_BACKENDS label usable.
