@@ -520,8 +520,8 @@ impl DistributeLock {
             // reports as the lease's end; a wait before it does not count. A grant a
             // release handed over has a provisional lease that may end sooner than
             // `lease` after this call began: the watchdog counts it as granted
-            // `lease` before its end (so its first renewal, which extends it, is due
-            // at once); the hold itself dates from the call.
+            // `lease` before its end, and renews it a third into what is left (its
+            // first renewal extends it); the hold itself dates from the call.
             let counted_from = lease_until.map(|until| until.checked_sub(lease));
             let mut granted_at = match counted_from {
                 Some(Some(at)) => at.min(Instant::now()),

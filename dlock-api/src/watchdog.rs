@@ -255,7 +255,16 @@ impl Watchdog {
             floor: None,
             lingering: None,
         };
-        let due = entry.next_due(sent_at, sent_at);
+        let mut due = entry.next_due(sent_at, sent_at);
+        // A hold whose lease is less than its own from here on — a grant a release
+        // handed over on a provisional lease, counted as granted a whole lease before
+        // that lease's end, or an answer that took over a third of the lease — is
+        // renewed a third into what is left of it, as any lease: a hold released
+        // before then (a hand-over's common case) sends no renewal at all.
+        let now = Instant::now();
+        if renew && due < now {
+            due = (now + lost_at.saturating_duration_since(now) / 3).min(cap.unwrap_or(lost_at));
+        }
         if watch.lease.is_some() {
             entry.publish();
         }

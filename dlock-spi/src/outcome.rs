@@ -21,7 +21,8 @@ pub enum AcquireResult {
         /// so its lost signal — from it, not from the start of a long wait. It may
         /// be sooner than the lease after the call began: a grant the store made on
         /// the waiter's behalf (a release handing the lock over) with a shorter,
-        /// provisional lease; the manager then renews the hold at once. `None`
+        /// provisional lease; the manager then renews the hold a third into that lease
+        /// (a hold released sooner sends no renewal). `None`
         /// when the hold is tied to a session rather than a lease.
         lease_until: Option<Instant>,
         /// How the hold stands, pushed by session-bound backends (ZooKeeper); `None`

@@ -725,6 +725,50 @@ async fn a_release_hands_the_lock_to_the_queued_writer() {
     }
 }
 
+/// A handed-over hold on its provisional lease (the waiter's remaining liveness, at
+/// least two thirds of 3 s here) is renewed a third into that lease, as any lease —
+/// not at once: a hold released within a few hundred ms (the common hand-over)
+/// costs no renewal. Held on, it is renewed before its provisional lease ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handed_over_hold_is_renewed_a_third_into_its_provisional_lease() {
+    let Some(url) = redis_url() else { return };
+    let lock = name("hand-over-renewal");
+    let (_, m1) = dlock_client(&url, RedisOptions::default()).await;
+    let (waiter_side, m2) = dlock_client(&url, RedisOptions::default()).await;
+    let a = take(&m1.lock(&lock), Duration::ZERO).await;
+    let waiter = m2.lock(&lock);
+    let mut b = Box::pin(waiter.try_lock(Duration::from_secs(20)));
+    park(&mut b, || waiter_side.acquire_attempts() == 1).await;
+    a.unlock().await.unwrap();
+    let g = b.await.unwrap().expect("handed over");
+    let valid = g.valid_until().expect("a lease");
+    let left = valid.saturating_duration_since(Instant::now());
+    assert!(
+        left < RedisOptions::default().waiter_liveness,
+        "not on a provisional lease: valid for {left:?}"
+    );
+    // A third of what is left is at least 500 ms away: nothing is sent before.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        waiter_side.renewal_calls(),
+        0,
+        "the handed-over hold was renewed at once"
+    );
+    // Renewed before the provisional lease ends: the guard's validity moves on.
+    let deadline = valid;
+    while g.valid_until().is_some_and(|v| v <= valid) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        waiter_side.renewal_calls() >= 1 && g.valid_until().is_some_and(|v| v > valid),
+        "not renewed within its provisional lease"
+    );
+    assert!(!g.is_lost());
+    g.unlock().await.unwrap();
+    m1.close().await;
+    m2.close().await;
+}
+
 /// A hold the watchdog would not extend at once — a fixed lease (never renewed) with
 /// a `max_hold` cap — that a release hands over on its provisional lease gets its
 /// whole lease and cap all the same: the manager extends the lease before the guard
