@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use std::sync::Mutex;
 
 use dlock_etcd::EtcdBackend;
-use dlock_jdbc::JdbcBackend;
+use dlock_jdbc::{JdbcBackend, JdbcOptions};
 use dlock_redis::{RedisBackend, RedisOptions, RedlockBackend};
 use dlock_spi::{
     Error, ErrorKind, InMemoryBackend, LockAdmin, LockName, LockRemoteResource, Result,
@@ -493,6 +493,22 @@ pub trait ServerClient: LockRemoteResource + LockAdmin + Clone {
     async fn open(label: &str, url: &str) -> Result<Self>;
     /// Backend-side acquire attempts this client has made.
     fn attempts(&self) -> u64;
+    /// Opens a new client whose waiters are told of releases and look on their own
+    /// only seconds apart ([`TestBackend::told_client`]); `None` when waiters on
+    /// `label` only poll. The default: [`Self::open`].
+    async fn open_told(label: &str, url: &str) -> Option<Result<Self>> {
+        Some(Self::open(label, url).await)
+    }
+}
+
+/// The SQL waiters' own looks in the herd checks: polls 1–2 s apart (equal
+/// jitter) and liveness re-checks every 10 s, so that within a check's window (the
+/// 200 ms after a release) only a release's notice (PostgreSQL `NOTIFY`, SQLite's
+/// host-local notices) or bell (MariaDB `GET_LOCK`) makes a waiter look.
+fn told_sql_options() -> JdbcOptions {
+    JdbcOptions::default()
+        .backoff(dlock_spi::Backoff::constant(Duration::from_secs(2)))
+        .waiter_liveness(Duration::from_secs(30))
 }
 
 /// The clients whose label adds nothing to the URL: `connect(url)`.
@@ -510,7 +526,41 @@ macro_rules! url_clients {
     )+};
 }
 
-url_clients!(JdbcBackend, ZkBackend, EtcdBackend, RedlockBackend);
+url_clients!(ZkBackend, EtcdBackend);
+
+#[async_trait]
+impl ServerClient for JdbcBackend {
+    async fn open(_label: &str, url: &str) -> Result<Self> {
+        JdbcBackend::connect(url).await
+    }
+    fn attempts(&self) -> u64 {
+        self.acquire_attempts()
+    }
+    async fn open_told(label: &str, url: &str) -> Option<Result<Self>> {
+        // Behind a transaction pooler there is no LISTEN session: waiters poll. In
+        // the session modes a waiter blocks inside the server (`pg_advisory_lock`,
+        // `GET_LOCK`) and the database's own queue hands the lock to one of them:
+        // the wake-up is the server's, not an attempt dlock makes or could count.
+        if label == "postgres-pgbouncer" || is_session_mode(label) {
+            return None;
+        }
+        Some(JdbcBackend::connect_with(url, told_sql_options()).await)
+    }
+}
+
+#[async_trait]
+impl ServerClient for RedlockBackend {
+    async fn open(_label: &str, url: &str) -> Result<Self> {
+        RedlockBackend::connect(url).await
+    }
+    fn attempts(&self) -> u64 {
+        self.acquire_attempts()
+    }
+    /// Redlock's waiters poll every node.
+    async fn open_told(_label: &str, _url: &str) -> Option<Result<Self>> {
+        None
+    }
+}
 
 #[async_trait]
 impl ServerClient for RedisBackend {
@@ -528,6 +578,13 @@ impl ServerClient for RedisBackend {
     }
     fn attempts(&self) -> u64 {
         self.acquire_attempts()
+    }
+    async fn open_told(label: &str, url: &str) -> Option<Result<Self>> {
+        // Polling by choice: no notices.
+        if label == "redis-polling" {
+            return None;
+        }
+        Some(Self::open(label, url).await)
     }
 }
 
@@ -590,6 +647,16 @@ impl<C: ServerClient> TestBackend for ServerTestBackend<C> {
     fn acquire_attempts(&self) -> Option<u64> {
         let clients = self.clients.lock().expect("clients");
         Some(clients.iter().map(ServerClient::attempts).sum())
+    }
+
+    async fn told_client(&self) -> Option<Result<Arc<dyn LockRemoteResource>>> {
+        Some(match C::open_told(self.label, &self.url).await? {
+            Ok(client) => {
+                self.clients.lock().expect("clients").push(client.clone());
+                Ok(Arc::new(client))
+            }
+            Err(e) => Err(e),
+        })
     }
 }
 

@@ -53,4 +53,14 @@ pub trait TestBackend: Send + Sync + 'static {
     /// Backend-side acquire evaluations since this test backend was opened, when the
     /// backend can count them (shows whether a release woke one waiter or all).
     fn acquire_attempts(&self) -> Option<u64>;
+
+    /// A new client (as [`Self::client`]) whose waiters look at a lock again only
+    /// when the backend tells them of a release — a notice, a bell, a watch — their
+    /// own periodic looks (polls, liveness re-checks) put seconds apart; `None` when
+    /// this backend's waiters learn of releases only by polling. The herd checks
+    /// count the acquire attempts one release causes among such clients' waiters.
+    /// The default is [`Self::client`]: a backend whose waiters do not poll.
+    async fn told_client(&self) -> Option<Result<Arc<dyn LockRemoteResource>>> {
+        Some(self.client().await)
+    }
 }

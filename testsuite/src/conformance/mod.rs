@@ -103,6 +103,31 @@ impl Env {
             .expect("manager builds")
     }
 
+    /// Managers on `n` new clients whose waiters look again only when told of a
+    /// release ([`TestBackend::told_client`]), and `true`; or on plain clients and
+    /// `false` when this backend's waiters only poll (no wake-up to count).
+    pub async fn told_managers(&self, n: usize) -> (Vec<DistributeLockManager>, bool) {
+        let mut managers = Vec::with_capacity(n);
+        for _ in 0..n {
+            let Some(client) = self.backend.told_client().await else {
+                managers.clear();
+                for _ in 0..n {
+                    managers.push(self.manager().await);
+                }
+                return (managers, false);
+            };
+            let client = client
+                .unwrap_or_else(|e| panic!("cannot open a {} client: {e}", self.backend.label()));
+            managers.push(
+                DistributeLockManagerBuilder::new(client)
+                    .namespace(self.namespace.clone())
+                    .build()
+                    .expect("manager builds"),
+            );
+        }
+        (managers, true)
+    }
+
     /// The full name of `name` in this namespace.
     pub fn full(&self, name: &str) -> LockName {
         LockName::with_prefix(&self.namespace, name).expect("valid test name")
@@ -675,7 +700,10 @@ pub async fn fair_mode_grants_in_order(backend: Arc<dyn TestBackend>) {
 
 /// A release wakes one waiter, not all: with several waiters parked, each on a
 /// client of its own (as processes of their own are), the backend evaluates the lock
-/// once per release (push backends), and the lock passes on.
+/// at most twice per release, and the lock passes on. Counted on every backend
+/// whose waiters are told of releases (a notice, a bell, a watch; SQL waiters'
+/// own polls put seconds apart for the check), not where waiters only poll
+/// (`redis-polling`, Redlock, PostgreSQL behind a transaction pooler).
 pub async fn release_wakes_one(backend: Arc<dyn TestBackend>) {
     const WAITERS: usize = 6;
     let env = Env::new(backend);
@@ -685,10 +713,7 @@ pub async fn release_wakes_one(backend: Arc<dyn TestBackend>) {
     let acquired = Arc::new(tokio::sync::Notify::new());
     let release_now = Arc::new(tokio::sync::Semaphore::new(0));
     let mut tasks = Vec::new();
-    let mut waiter_managers = Vec::new();
-    for _ in 0..WAITERS {
-        waiter_managers.push(env.manager().await);
-    }
+    let (waiter_managers, told) = env.told_managers(WAITERS).await;
     for m in &waiter_managers {
         let lock = m.lock("herd");
         let (acquired, release_now) = (Arc::clone(&acquired), Arc::clone(&release_now));
@@ -703,13 +728,14 @@ pub async fn release_wakes_one(backend: Arc<dyn TestBackend>) {
             g.unlock().await.expect("unlock");
         }));
     }
-    let push = a.capabilities().push_wakeup;
-    let before = all_parked(&env, push, base, WAITERS).await;
+    let before = all_parked(&env, told, base, WAITERS).await;
     holder.unlock().await.expect("unlock");
+    // Counted from the release: a waiter that learns of it only at its own next
+    // look (seconds away) has not looked yet, a told one has, and a herd shows.
+    no_herd_since(&env, told, before, 2, "one release", WAITERS).await;
     tokio::time::timeout(Duration::from_secs(10), acquired.notified())
         .await
         .expect("a waiter got the lock after the release");
-    no_herd_since(&env, push, before, 2, "one release", WAITERS).await;
     for _ in 0..WAITERS {
         release_now.add_permits(1);
     }
@@ -721,39 +747,62 @@ pub async fn release_wakes_one(backend: Arc<dyn TestBackend>) {
     env.finish(&all).await;
 }
 
-/// On a push backend that counts attempts: waits until `waiters` have each tried
-/// once (and parked) since `base`, and answers the count then, to measure a
-/// release's wake-ups from.
+/// With waiters that are told of releases (`told`) on a backend that counts
+/// attempts: waits until `waiters` have each tried once since `base` and then
+/// made no attempt for [`SETTLED`] (parked: a SQL waiter that queued with nobody
+/// seen ahead looks once more 10 ms later, for a release that may have missed its
+/// queue entry), and answers the count then, to measure a release's wake-ups from.
 pub(crate) async fn all_parked(
     env: &Env,
-    push: bool,
+    told: bool,
     base: Option<u64>,
     waiters: usize,
 ) -> Option<u64> {
-    if let (true, Some(base)) = (push, base) {
+    if let (true, Some(base)) = (told, base) {
+        let count = || env.backend().acquire_attempts().unwrap_or(0);
         let parked = eventually(Duration::from_secs(5), || async {
-            env.backend().acquire_attempts().unwrap_or(0) >= base + waiters as u64
+            count() >= base + waiters as u64
         })
         .await;
         assert!(parked, "waiters did not all try once");
+        let started = tokio::time::Instant::now();
+        let mut seen = count();
+        loop {
+            tokio::time::sleep(SETTLED).await;
+            let now = count();
+            if now == seen {
+                break;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "the waiters kept trying ({} attempts in 5 s): not parked",
+                now - base
+            );
+            seen = now;
+        }
     }
     env.backend().acquire_attempts()
 }
 
-/// Waits 200 ms after `what` is done — time for a herd of `waiters`, or a grant
-/// too many, to show itself — and on a push backend that counts attempts checks
-/// that at most `most` acquire attempts were made since `before` (what
-/// `all_parked` answered).
+/// How long parked waiters make no attempt before a release is counted against
+/// them: well past a waiter's first re-look after queueing (10 ms), well short of
+/// a told SQL waiter's own looks (seconds apart).
+const SETTLED: Duration = Duration::from_millis(100);
+
+/// Waits 200 ms after `what` is done — time for a herd of `waiters` to show
+/// itself — and with told waiters on a backend that counts
+/// attempts checks that at most `most` acquire attempts were made since `before`
+/// (what `all_parked` answered).
 pub(crate) async fn no_herd_since(
     env: &Env,
-    push: bool,
+    told: bool,
     before: Option<u64>,
     most: u64,
     what: &str,
     waiters: usize,
 ) {
     tokio::time::sleep(Duration::from_millis(200)).await;
-    if let (true, Some(before)) = (push, before) {
+    if let (true, Some(before)) = (told, before) {
         let woken = env.backend().acquire_attempts().unwrap_or(0) - before;
         assert!(
             woken <= most,
