@@ -30,6 +30,8 @@ pub const SUPPORTED: &[&str] = &[
     "redlocks://",
     #[cfg(feature = "zk")]
     "zk://",
+    #[cfg(feature = "zk")]
+    "zks://",
     #[cfg(feature = "etcd")]
     "etcd://",
     #[cfg(feature = "etcd")]
@@ -48,7 +50,7 @@ pub const SUPPORTED: &[&str] = &[
 /// | `redis+cluster://h1:p1,h2:p2,…`, `rediss+cluster://…` | Redis Cluster via `dlock-redis` (`rediss`: TLS, feature `redis-tls`) | `redis` |
 /// | `redis+sentinel://s1:p1,s2:p2/<master>`, `rediss+sentinel://…` | the master Redis Sentinel names, via `dlock-redis` | `redis` |
 /// | `redlock://h1:p1,h2:p2,h3:p3`, `redlocks://…` | Redlock over independent Redis masters, via `dlock-redis` | `redis` |
-/// | `zk://h1:p1,h2:p2/root`, `zookeeper://…` | ZooKeeper via `dlock-zk` | `zk` |
+/// | `zk://h1:p1,h2:p2/root`, `zookeeper://…`, `zks://…` | ZooKeeper via `dlock-zk` (`zks`: TLS, feature `zk-tls`) | `zk` |
 /// | `etcd://[user:pass@]h1:p1,h2:p2/prefix`, `etcds://…` | etcd via `dlock-etcd` (needs `protoc` to build; `etcds`: TLS, feature `etcd-tls`) | `etcd` |
 ///
 /// Unknown schemes, and schemes whose feature is not enabled, fail with
@@ -78,7 +80,7 @@ pub async fn open_backend(url: &str) -> Result<Arc<dyn LockRemoteResource>> {
         #[cfg(feature = "redis")]
         "redlock" | "redlocks" => Ok(Arc::new(dlock_redis::RedlockBackend::connect(url).await?)),
         #[cfg(feature = "zk")]
-        "zk" | "zookeeper" => Ok(Arc::new(dlock_zk::ZkBackend::connect(url).await?)),
+        "zk" | "zookeeper" | "zks" => Ok(Arc::new(dlock_zk::ZkBackend::connect(url).await?)),
         #[cfg(feature = "etcd")]
         "etcd" | "etcds" => Ok(Arc::new(dlock_etcd::EtcdBackend::connect(url).await?)),
         other => Err(Error::new(

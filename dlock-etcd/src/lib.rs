@@ -90,7 +90,7 @@ mod tls;
 use std::time::Duration;
 
 use dlock_spi::{
-    parse_url_duration, percent_decode, read_pem_file, redact_url, Error, ErrorKind, Result,
+    parse_url_duration, percent_decode, redact_url, Error, ErrorKind, Result, TlsFiles,
 };
 
 pub use backend::EtcdBackend;
@@ -293,7 +293,7 @@ fn parse_url(url: &str, mut options: EtcdOptions) -> Result<EtcdUrl> {
             "the prefix must be non-empty, without control characters".into(),
         ));
     }
-    let (mut cert, mut key) = (None, None);
+    let mut tls_files = TlsFiles::default();
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         let (key_name, value) = pair.split_once('=').unwrap_or((pair, ""));
         let duration = || {
@@ -314,12 +314,12 @@ fn parse_url(url: &str, mut options: EtcdOptions) -> Result<EtcdUrl> {
                 "{key_name} is given for a plain etcd:// URL; use etcds://"
             )));
         }
+        if key_name.starts_with("tls_") && tls_files.take(url, key_name, &path()?)? {
+            continue;
+        }
         match key_name {
             "timeout" => options.timeout = duration()?,
             "connect_timeout" => options.connect_timeout = duration()?,
-            "tls_ca" => options.tls_root_certificate = Some(read_pem_file(url, key_name, &path()?)?),
-            "tls_cert" => cert = Some(read_pem_file(url, key_name, &path()?)?),
-            "tls_key" => key = Some(read_pem_file(url, key_name, &path()?)?),
             _ => {
                 return Err(bad(format!(
                     "unknown option {key_name:?} (known: timeout, connect_timeout, tls_ca, tls_cert, tls_key)"
@@ -327,15 +327,9 @@ fn parse_url(url: &str, mut options: EtcdOptions) -> Result<EtcdUrl> {
             }
         }
     }
-    match (cert, key) {
-        (Some(cert), Some(key)) => options.tls_identity = Some(TlsIdentity::new(cert, key)),
-        (None, None) => {}
-        _ => {
-            return Err(bad(
-                "only one of tls_cert and tls_key is given; give both (a client certificate and its key) or neither".into(),
-            ))
-        }
-    }
+    let (ca, identity) = tls_files.finish(url)?;
+    options.tls_root_certificate = ca.or(options.tls_root_certificate);
+    options.tls_identity = identity.or(options.tls_identity);
     Ok(EtcdUrl { hosts, options })
 }
 

@@ -4,7 +4,7 @@
 //! them too); without a CA the system's roots verify the server (loaded once per
 //! process, not per connection). Needs the crate's `tls` feature.
 
-use dlock_spi::{read_pem_file, redact_url, Error, ErrorKind, Result, TlsIdentity};
+use dlock_spi::{redact_url, Error, ErrorKind, Result, TlsFiles};
 
 use crate::error::config_error;
 use crate::RedisOptions;
@@ -29,28 +29,18 @@ pub(crate) fn split(url: &str, mut options: RedisOptions) -> Result<(String, Red
         return Ok((url.to_owned(), options));
     };
     let mut kept = Vec::new();
-    let (mut cert, mut key) = (None, None);
+    let mut files = TlsFiles::default();
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         let Some((name, value)) = url::form_urlencoded::parse(pair.as_bytes()).next() else {
             continue;
         };
-        match name.as_ref() {
-            "tls_ca" => options.tls_root_certificate = Some(read_pem_file(url, "tls_ca", &value)?),
-            "tls_cert" => cert = Some(read_pem_file(url, "tls_cert", &value)?),
-            "tls_key" => key = Some(read_pem_file(url, "tls_key", &value)?),
-            _ => kept.push(pair),
+        if !files.take(url, &name, &value)? {
+            kept.push(pair);
         }
     }
-    match (cert, key) {
-        (Some(cert), Some(key)) => options.tls_identity = Some(TlsIdentity::new(cert, key)),
-        (None, None) => {}
-        _ => {
-            return Err(config(format!(
-                "{} gives only one of tls_cert and tls_key; give both (a client certificate and its key) or neither",
-                redact_url(url)
-            )))
-        }
-    }
+    let (ca, identity) = files.finish(url)?;
+    options.tls_root_certificate = ca.or(options.tls_root_certificate);
+    options.tls_identity = identity.or(options.tls_identity);
     let mut out = base.to_owned();
     if !kept.is_empty() {
         out.push('?');

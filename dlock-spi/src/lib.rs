@@ -63,7 +63,7 @@ pub use outcome::{AcquireResult, HolderInfo, LockState, ReleaseResult, RenewResu
 pub use redact::redact_url;
 pub use request::{AcquireRequest, ReleaseRequest, RenewRequest};
 pub use resource::{BatchRenew, LockAdmin, LockRemoteResource};
-pub use tls::{read_pem_file, TlsIdentity};
+pub use tls::{read_pem_file, TlsFiles, TlsIdentity};
 pub use types::{
     Fairness, FencingToken, GrantId, HoldPurpose, HolderKey, LockMode, LostReason, OwnerId,
 };

@@ -55,6 +55,51 @@ pub fn read_pem_file(url: &str, param: &str, path: &str) -> Result<Vec<u8>> {
     })
 }
 
+/// The TLS files a backend URL names — `tls_ca`, `tls_cert`, `tls_key`, paths of PEM
+/// files — read as the parameters are met, and judged together once all are: a
+/// client certificate comes with its key. One home for what every backend's URL
+/// takes the same way.
+#[derive(Debug, Default)]
+pub struct TlsFiles {
+    ca: Option<Vec<u8>>,
+    identity: (Option<Vec<u8>>, Option<Vec<u8>>),
+}
+
+impl TlsFiles {
+    /// Reads the file that URL parameter `name` (of `url`) names at `path`, if `name`
+    /// is one of the three; `Ok(false)` for any other parameter, left to the caller.
+    pub fn take(&mut self, url: &str, name: &str, path: &str) -> Result<bool> {
+        let slot = match name {
+            "tls_ca" => &mut self.ca,
+            "tls_cert" => &mut self.identity.0,
+            "tls_key" => &mut self.identity.1,
+            _ => return Ok(false),
+        };
+        *slot = Some(read_pem_file(url, name, path)?);
+        Ok(true)
+    }
+
+    /// The CA's PEM and the client identity the parameters gave; a `Config` error
+    /// (naming `url` without its secrets) when only one of `tls_cert` and `tls_key`
+    /// was given.
+    pub fn finish(self, url: &str) -> Result<(Option<Vec<u8>>, Option<TlsIdentity>)> {
+        let identity = match self.identity {
+            (Some(cert), Some(key)) => Some(TlsIdentity::new(cert, key)),
+            (None, None) => None,
+            _ => {
+                return Err(Error::new(
+                    ErrorKind::Config,
+                    format!(
+                        "{} gives only one of tls_cert and tls_key; give both (a client certificate and its key) or neither",
+                        redact_url(url)
+                    ),
+                ))
+            }
+        };
+        Ok((self.ca, identity))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -64,6 +109,25 @@ mod tests {
         let id = TlsIdentity::new(b"CERT".to_vec(), b"PRIVATE KEY".to_vec());
         assert!(!format!("{id:?}").contains("PRIVATE"));
         assert_eq!(id.key_pem(), b"PRIVATE KEY");
+    }
+
+    #[test]
+    fn a_certificate_without_its_key_is_refused() {
+        let url = "x://u:secret@h/?tls_cert=/etc/hostname";
+        let mut files = TlsFiles::default();
+        assert!(files.take(url, "tls_cert", "/etc/hostname").unwrap());
+        assert!(!files.take(url, "timeout", "5s").unwrap());
+        let e = files.finish(url).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Config);
+        assert!(
+            e.to_string().contains("tls_key") && !e.to_string().contains("secret"),
+            "{e}"
+        );
+        let mut both = TlsFiles::default();
+        both.take(url, "tls_cert", "/etc/hostname").unwrap();
+        both.take(url, "tls_key", "/etc/hostname").unwrap();
+        let (ca, id) = both.finish(url).unwrap();
+        assert!(ca.is_none() && id.is_some());
     }
 
     #[test]

@@ -19,7 +19,7 @@ use zookeeper_client::{
 
 use crate::error::{connection_failure, map_zk};
 use crate::layout::{self, Contender, ExclusiveNode};
-use crate::session::{ConnectSpec, Session, SessionPhase, Sessions};
+use crate::session::{ConnectSpec, Session, SessionPhase, Sessions, Tls};
 use crate::{parse_url, ZkOptions};
 
 /// The ACLs of the nodes dlock creates: open, or — when the URL carries digest
@@ -191,11 +191,29 @@ impl ZkBackend {
     /// Connects with `options`; what the URL sets overrides them.
     pub async fn connect_with(url: &str, options: ZkOptions) -> Result<Self> {
         let parsed = parse_url(url, options)?;
+        let tls = match (&parsed.options.tls_root_certificate, parsed.options.tls) {
+            (Some(ca), true) => Some(Tls {
+                ca: ca.clone(),
+                identity: parsed.options.tls_identity.clone(),
+            }),
+            (None, true) => {
+                return Err(Error::new(
+                    dlock_spi::ErrorKind::Config,
+                    "ZooKeeper over TLS needs the CA that signed the servers' certificates (ZkOptions::tls, or tls_ca= in a zks:// URL)",
+                ))
+            }
+            (_, false) => None,
+        };
+        // A TLS setup that cannot work is refused before any connection is tried.
+        if let Some(tls) = &tls {
+            tls.options()?;
+        }
         let spec = ConnectSpec {
             hosts: parsed.hosts,
             session_timeout: parsed.options.session_timeout,
             digest: parsed.options.digest.clone(),
             connector: None,
+            tls,
         };
         Self::assemble(spec, parsed.options, url).await
     }
@@ -234,6 +252,7 @@ impl ZkBackend {
             session_timeout: options.session_timeout,
             digest: options.digest.clone(),
             connector: Some(connector),
+            tls: None,
         };
         let shown = format!("zk://{hosts}");
         Self::assemble(spec, options, &shown).await

@@ -12,6 +12,20 @@
 //! # Ok(()) }
 //! ```
 //!
+//! ## TLS
+//!
+//! With the `tls` feature, `zks://` connects over TLS (a server's
+//! `secureClientPort`): `zks://host:2281/root?tls_ca=ca.pem&tls_cert=client.pem&tls_key=client-key.pem`.
+//! The servers are verified against the CA of `tls_ca` (a PEM file; required, as
+//! ZooKeeper's certificates come from a private CA) and by their address;
+//! `tls_cert` and `tls_key` give a client certificate for servers that require one
+//! (`ssl.clientAuth=need`). The digest password of the URL then travels encrypted.
+//! The `zookeeper-client` crate builds its TLS on the process's default rustls
+//! crypto provider and takes no other: install one early in `main`
+//! (`rustls::crypto::ring::default_provider().install_default()`); without one
+//! `zks://` is refused with a `Config` error rather than a panic. The layout stays
+//! Curator's: a Java service on the same ensemble (over TLS or not) shares the locks.
+//!
 //! ## How it works
 //!
 //! * **Layout** `<root>/<escaped name>/_c_<owner uuid>-lock-<sequence>`: one ephemeral
@@ -71,7 +85,7 @@ mod upgrade;
 
 use std::time::Duration;
 
-use dlock_spi::{parse_url_duration, redact_url, Error, ErrorKind, Result};
+use dlock_spi::{parse_url_duration, redact_url, Error, ErrorKind, Result, TlsFiles, TlsIdentity};
 
 pub use backend::ZkBackend;
 pub use layout::ExclusiveNode;
@@ -92,6 +106,14 @@ pub struct ZkOptions {
     pub digest: Option<String>,
     /// How exclusive holds are named, for interoperating with Curator recipes.
     pub exclusive_node: ExclusiveNode,
+    /// Connect over TLS (what `zks://` sets; needs the crate's `tls` feature).
+    pub tls: bool,
+    /// The CA certificates (PEM) that verify the servers over TLS (what `tls_ca`
+    /// names); required with TLS.
+    pub tls_root_certificate: Option<Vec<u8>>,
+    /// A client certificate and its key (PEM), for servers that require one
+    /// (`ssl.clientAuth=need`; what `tls_cert` and `tls_key` name).
+    pub tls_identity: Option<TlsIdentity>,
 }
 
 impl std::fmt::Debug for ZkOptions {
@@ -105,6 +127,9 @@ impl std::fmt::Debug for ZkOptions {
             .field("session_timeout", &self.session_timeout)
             .field("digest", &digest)
             .field("exclusive_node", &self.exclusive_node)
+            .field("tls", &self.tls)
+            .field("tls_root_certificate", &self.tls_root_certificate.is_some())
+            .field("tls_identity", &self.tls_identity)
             .finish()
     }
 }
@@ -116,6 +141,9 @@ impl Default for ZkOptions {
             session_timeout: Duration::from_secs(10),
             digest: None,
             exclusive_node: ExclusiveNode::Mutex,
+            tls: false,
+            tls_root_certificate: None,
+            tls_identity: None,
         }
     }
 }
@@ -144,6 +172,20 @@ impl ZkOptions {
         self.exclusive_node = node;
         self
     }
+
+    /// Connects over TLS, verifying the servers against `root_certificate` (PEM; what
+    /// `zks://` with `tls_ca` sets). Needs the crate's `tls` feature.
+    pub fn tls(mut self, root_certificate: impl Into<Vec<u8>>) -> Self {
+        self.tls = true;
+        self.tls_root_certificate = Some(root_certificate.into());
+        self
+    }
+
+    /// Presents `identity` to servers that require a client certificate.
+    pub fn tls_identity(mut self, identity: TlsIdentity) -> Self {
+        self.tls_identity = Some(identity);
+        self
+    }
 }
 
 /// A parsed `zk://` URL: the hosts and the options it sets.
@@ -153,9 +195,11 @@ struct ZkUrl {
     options: ZkOptions,
 }
 
-/// Parses `zk://[user:password@]host:port[,host:port…][/root][?option=value&…]`.
+/// Parses `zk://[user:password@]host:port[,host:port…][/root][?option=value&…]`
+/// (`zks://` for TLS).
 ///
-/// Options: `session_timeout` (`10s`, `2500ms`), `exclusive` (`mutex` or `rw`).
+/// Options: `session_timeout` (`10s`, `2500ms`), `exclusive` (`mutex` or `rw`);
+/// `tls_ca`, `tls_cert`, `tls_key` (paths of PEM files, `zks://` only).
 fn parse_url(url: &str, mut options: ZkOptions) -> Result<ZkUrl> {
     let shown = redact_url(url);
     let bad = |what: String| {
@@ -164,10 +208,16 @@ fn parse_url(url: &str, mut options: ZkOptions) -> Result<ZkUrl> {
             format!("ZooKeeper URL {shown:?}: {what}; write it as zk://host:2181,host2:2181/root?session_timeout=10s"),
         )
     };
-    let rest = url
-        .strip_prefix("zk://")
-        .or_else(|| url.strip_prefix("zookeeper://"))
-        .ok_or_else(|| bad("the scheme must be zk://".into()))?;
+    let rest = match url.strip_prefix("zks://") {
+        Some(rest) => {
+            options.tls = true;
+            rest
+        }
+        None => url
+            .strip_prefix("zk://")
+            .or_else(|| url.strip_prefix("zookeeper://"))
+            .ok_or_else(|| bad("the scheme must be zk:// (zks:// for TLS)".into()))?,
+    };
     let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
     let (authority, root) = match rest.find('/') {
         Some(i) => (&rest[..i], &rest[i..]),
@@ -189,8 +239,15 @@ fn parse_url(url: &str, mut options: ZkOptions) -> Result<ZkUrl> {
     if !root.is_empty() && root != "/" {
         options.root = root.trim_end_matches('/').to_owned();
     }
+    let mut tls_files = TlsFiles::default();
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        if key.starts_with("tls_") && !options.tls {
+            return Err(bad(format!("{key} is for TLS; use zks://")));
+        }
+        if tls_files.take(url, key, value)? {
+            continue;
+        }
         match key {
             "session_timeout" => {
                 options.session_timeout = parse_url_duration(value)
@@ -210,10 +267,18 @@ fn parse_url(url: &str, mut options: ZkOptions) -> Result<ZkUrl> {
             }
             _ => {
                 return Err(bad(format!(
-                    "unknown option {key:?} (known: session_timeout, exclusive)"
+                    "unknown option {key:?} (known: session_timeout, exclusive, tls_ca, tls_cert, tls_key)"
                 )))
             }
         }
+    }
+    let (ca, identity) = tls_files.finish(url)?;
+    options.tls_root_certificate = ca.or(options.tls_root_certificate);
+    options.tls_identity = identity.or(options.tls_identity);
+    if options.tls && options.tls_root_certificate.is_none() {
+        return Err(bad(
+            "zks:// needs tls_ca=<pem file>: the CA that signed the servers' certificates".into(),
+        ));
     }
     layout::validate_root(&options.root)?;
     Ok(ZkUrl {
@@ -247,6 +312,39 @@ mod tests {
     }
 
     #[test]
+    fn zks_urls_read_the_tls_files() {
+        // Any readable file stands in for PEM here: parsing reads, it does not judge.
+        let u = parse_url(
+            "zks://h:2281/r?tls_ca=/etc/hostname&tls_cert=/etc/hostname&tls_key=/etc/hostname",
+            ZkOptions::default(),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert!(u.options.tls);
+        assert!(u.options.tls_root_certificate.is_some() && u.options.tls_identity.is_some());
+        assert_eq!(
+            (u.hosts.as_str(), u.options.root.as_str()),
+            ("h:2281", "/r")
+        );
+        let plain =
+            parse_url("zk://h:2181", ZkOptions::default()).unwrap_or_else(|e| panic!("{e}"));
+        assert!(!plain.options.tls);
+        // The options' Debug shows that there is TLS material, not the material.
+        let key = std::env::temp_dir().join(format!("dlock-zk-key-{}", std::process::id()));
+        std::fs::write(&key, "SECRET-KEY-MATERIAL").unwrap_or_else(|e| panic!("{e}"));
+        let url = format!(
+            "zks://h:2281?tls_ca=/etc/hostname&tls_cert=/etc/hostname&tls_key={}",
+            key.display()
+        );
+        let parsed = parse_url(&url, ZkOptions::default());
+        let _ = std::fs::remove_file(&key);
+        let shown = format!("{:?}", parsed.unwrap_or_else(|e| panic!("{e}")).options);
+        assert!(
+            !shown.contains("SECRET-KEY-MATERIAL") && shown.contains("tls: true"),
+            "{shown}"
+        );
+    }
+
+    #[test]
     fn debug_of_options_hides_the_digest_password() {
         let options = ZkOptions::default().digest("alice:s3cr3t-zk");
         let shown = format!("{options:?}");
@@ -272,6 +370,11 @@ mod tests {
             "zk://h:1?nope=1",
             "zk://justuser@h:1",
             "zk://u:topsecret@h:1?nope=1",
+            // TLS options: only on zks://, a CA required, a certificate with its key.
+            "zk://u:topsecret@h:1?tls_ca=/etc/hostname",
+            "zks://u:topsecret@h:1",
+            "zks://u:topsecret@h:1?tls_ca=/etc/hostname&tls_cert=/etc/hostname",
+            "zks://u:topsecret@h:1?tls_ca=/no/such/ca.pem",
         ] {
             let err = parse_url(url, ZkOptions::default()).err();
             let err = err.map(|e| (e.kind(), e.to_string()));

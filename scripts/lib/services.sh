@@ -516,6 +516,46 @@ ensure_zookeeper() {
   log "ZooKeeper ready at 127.0.0.1:2181"
 }
 
+# ZooKeeper over TLS on 127.0.0.1:2281 (its only client port): Netty, PEM key and
+# trust stores, client certificates required (ssl.clientAuth=need). Certificates
+# as make_server_tls_dir's: DIR/ca.crt, DIR/client.{crt,key}, DIR/other-ca.crt (a
+# CA that did not sign the server's certificate).
+ZK_TLS_DIR="${TMPDIR:-/tmp}/dlock-zookeeper-tls"
+
+# zk_tls_serving: the TLS server answers `srvr` through a verified TLS connection.
+zk_tls_serving() {
+  local d=$ZK_TLS_DIR/certs
+  printf srvr | timeout 3 openssl s_client -quiet -connect 127.0.0.1:2281 -verify_return_error \
+    -CAfile "$d/ca.crt" -cert "$d/client.crt" -key "$d/client.key" 2>/dev/null | grep -q "^Mode: "
+}
+
+ensure_zookeeper_tls() {
+  local d=$ZK_TLS_DIR/certs dir=$ZK_TLS_DIR/server
+  export DLOCK_ZK_TLS_DIR="$d"
+  export DLOCK_ZK_TLS_URL="${DLOCK_ZK_TLS_URL:-zks://127.0.0.1:2281/dlock-test?tls_ca=$d/ca.crt&tls_cert=$d/client.crt&tls_key=$d/client.key}"
+  ensure_zookeeper_package
+  if [ -f "$d/ca.crt" ] && zk_tls_serving; then
+    log "ZooKeeper with TLS already running on 127.0.0.1:2281"
+    return
+  fi
+  log "starting ZooKeeper with TLS (client certificates required) on 127.0.0.1:2281"
+  stop_zk "$dir"
+  make_tls_certs "$d"
+  make_tls_certs "$d/other" && cp "$d/other/ca.crt" "$d/other-ca.crt"
+  cat "$d/server.key" "$d/server.crt" >"$d/server.pem"
+  rm -rf "$dir" && mkdir -p "$dir/data"
+  printf '%s\n' "tickTime=250" "initLimit=20" "syncLimit=8" "dataDir=$dir/data" \
+    "secureClientPort=2281" "secureClientPortAddress=127.0.0.1" \
+    "serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory" \
+    "ssl.keyStore.location=$d/server.pem" "ssl.keyStore.type=PEM" \
+    "ssl.trustStore.location=$d/ca.crt" "ssl.trustStore.type=PEM" "ssl.clientAuth=need" \
+    "maxClientCnxns=0" "4lw.commands.whitelist=ruok,srvr,stat,cons" \
+    "admin.enableServer=false" "standaloneEnabled=true" >"$dir/zoo.cfg"
+  start_zk "$dir"
+  wait_for 60 "ZooKeeper with TLS on 127.0.0.1:2281" zk_tls_serving
+  log "ZooKeeper with TLS ready at 127.0.0.1:2281"
+}
+
 ensure_zookeeper_ensemble() {
   export DLOCK_ZK_ENSEMBLE_URL="${DLOCK_ZK_ENSEMBLE_URL:-zk://127.0.0.1:2191,127.0.0.1:2192,127.0.0.1:2193/dlock-test}"
   export DLOCK_ZK_ENSEMBLE_DIR="$ZK_RUN_DIR/ensemble"
@@ -890,6 +930,7 @@ ensure_backend() {
     redis-cluster-tls) ensure_redis_cluster_tls ;;
     zk) ensure_zookeeper ;;
     zk-ensemble) ensure_zookeeper_ensemble ;;
+    zk-tls) ensure_zookeeper_tls ;;
     etcd) ensure_etcd ;;
     etcd-tls) ensure_etcd_tls ;;
     redis-sentinel | redis-sentinel-ack) ensure_redis_sentinel ;;

@@ -54,6 +54,7 @@ pub const KNOWN: &[&str] = &[
     "redlock-tls",
     "zk",
     "zk-ensemble",
+    "zk-tls",
     "etcd",
     "etcd-tls",
 ];
@@ -201,6 +202,12 @@ pub fn url_of(label: &str) -> Option<TestUrl> {
         "zk-ensemble" => {
             Some("zk://127.0.0.1:2191,127.0.0.1:2192,127.0.0.1:2193/dlock-test".to_owned())
         }
+        // The TLS-only server scripts/lib/services.sh starts (client certificates
+        // required), with the CA and client certificate it made.
+        "zk-tls" => Some(format!(
+            "zks://127.0.0.1:2281/dlock-test?{}",
+            zk_tls_params("ca.crt")
+        )),
         // The 3-member cluster scripts/test starts.
         "etcd" => {
             Some("etcd://127.0.0.1:2379,127.0.0.1:12379,127.0.0.1:22379/dlock-test".to_owned())
@@ -338,6 +345,25 @@ fn redis_tls_dir() -> String {
     tls_dir("DLOCK_REDIS_TLS_DIR", "dlock-redis-tls")
 }
 
+/// The URL parameters naming a CA (`ca`: `ca.crt`, or `other-ca.crt`, which did not
+/// sign the server's certificate) and the client certificate of the TLS ZooKeeper
+/// server (in DLOCK_ZK_TLS_DIR).
+pub fn zk_tls_params(ca: &str) -> String {
+    let dir = tls_dir("DLOCK_ZK_TLS_DIR", "dlock-zookeeper-tls/certs");
+    format!("tls_ca={dir}/{ca}&tls_cert={dir}/client.crt&tls_key={dir}/client.key")
+}
+
+/// Checks that `node` is named as Curator's protected `InterProcessMutex` node:
+/// `_c_<36-char uuid>-lock-<10 digits>`.
+pub fn assert_curator_mutex_node(node: &str) {
+    assert!(
+        node.starts_with("_c_") && node.len() == 3 + 36 + 1 + 5 + 10,
+        "{node}"
+    );
+    assert_eq!(&node[39..45], "-lock-", "{node}");
+    assert!(node[45..].bytes().all(|b| b.is_ascii_digit()), "{node}");
+}
+
 /// Where `scripts/test` keeps the CA and client certificate of its TLS etcd member
 /// (DLOCK_ETCD_TLS_DIR).
 fn etcd_tls_dir() -> String {
@@ -428,7 +454,7 @@ pub async fn open_at(label: &str, url: TestUrl) -> Result<Arc<dyn TestBackend>> 
             Arc::new(RedisTestBackend::open(label, url).await?)
         }
         "redlock" | "redlock-tls" => Arc::new(RedlockTestBackend::open(label, url).await?),
-        "zk" | "zk-ensemble" => Arc::new(ZkTestBackend::open(label, url).await?),
+        "zk" | "zk-ensemble" | "zk-tls" => Arc::new(ZkTestBackend::open(label, url).await?),
         "etcd" | "etcd-tls" => Arc::new(EtcdTestBackend::open(label, url).await?),
         other => {
             return Err(Error::new(

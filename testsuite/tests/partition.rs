@@ -43,7 +43,9 @@ const SLACK: Duration = Duration::from_secs(3);
 fn url_for(label: &str, lease: Duration) -> TestUrl {
     let url = backends::server_url(label).expect("a URL for the label");
     if label.starts_with("zk") {
-        url.with_suffix(&format!("?session_timeout={}ms", lease.as_millis()))
+        // zk-tls's URL has a query already (its TLS files).
+        let sep = if url.as_str().contains('?') { '&' } else { '?' };
+        url.with_suffix(&format!("{sep}session_timeout={}ms", lease.as_millis()))
     } else {
         url
     }

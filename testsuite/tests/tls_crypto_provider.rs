@@ -15,6 +15,7 @@ use dlock_etcd::EtcdBackend;
 use dlock_jdbc::JdbcBackend;
 use dlock_redis::RedisBackend;
 use dlock_spi::ErrorKind;
+use dlock_zk::ZkBackend;
 use rustls::crypto::{CryptoProvider, GetRandomFailed, SecureRandom};
 use testsuite::backends::{sql_tls_url, url_of};
 use testsuite::conformance::lock_once;
@@ -52,7 +53,8 @@ async fn tls_uses_the_applications_crypto_provider_and_installs_none() {
         .map(|l| (l, url_of(l).unwrap().to_string()))
         .collect();
     let etcd = is("etcd-tls").then(|| url_of("etcd-tls").unwrap().to_string());
-    if sql.is_empty() && redis.is_empty() && etcd.is_none() {
+    let zk = is("zk-tls").then(|| url_of("zk-tls").unwrap().to_string());
+    if sql.is_empty() && redis.is_empty() && etcd.is_none() && zk.is_none() {
         eprintln!("no backend with TLS is selected in DLOCK_TEST_BACKENDS; nothing to check here");
         return;
     }
@@ -100,6 +102,21 @@ async fn tls_uses_the_applications_crypto_provider_and_installs_none() {
         );
     }
 
+    // ZooKeeper over TLS likewise (zookeeper-client uses the process default and
+    // takes no other).
+    if let Some(url) = &zk {
+        let err = ZkBackend::connect(url).await.map(drop).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Config, "zk-tls: {err:#}");
+        assert!(
+            err.message().contains("install_default()"),
+            "zk-tls: the error says how to install one: {err:#}"
+        );
+        assert!(
+            CryptoProvider::get_default().is_none(),
+            "zk-tls: connecting installed a process-wide crypto provider"
+        );
+    }
+
     // The application's provider, once installed, is the one the handshakes use.
     let provider = CryptoProvider {
         secure_random: &COUNTING_RANDOM,
@@ -115,6 +132,17 @@ async fn tls_uses_the_applications_crypto_provider_and_installs_none() {
         assert!(
             DRAWS.load(Ordering::SeqCst) > before,
             "etcd-tls: the TLS handshakes did not use the application's provider"
+        );
+    }
+    if let Some(url) = &zk {
+        let before = DRAWS.load(Ordering::SeqCst);
+        let backend = ZkBackend::connect(url)
+            .await
+            .unwrap_or_else(|e| panic!("zk-tls: {e:#}"));
+        lock_once(backend).await;
+        assert!(
+            DRAWS.load(Ordering::SeqCst) > before,
+            "zk-tls: the TLS handshakes did not use the application's provider"
         );
     }
     for (label, url) in &redis {

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use dlock_api::{DistributeLockManager, LockMode, LostReason};
 use dlock_spi::{AcquireRequest, HolderKey, LockName, LockRemoteResource, OwnerId};
 use dlock_zk::{ZkBackend, ZkOptions};
-use testsuite::backends::server_url;
+use testsuite::backends::{assert_curator_mutex_node, server_url};
 use testsuite::conformance::{eventually, take};
 use testsuite::curator;
 use testsuite::proxy::{join_hosts, split_url, Fault, FaultProxy};
@@ -115,13 +115,7 @@ async fn nodes_follow_curators_layout_and_names_stay_under_the_root() {
         let children = raw.list_children(&path).await.unwrap();
         assert_eq!(children.len(), 1, "{children:?}");
         let node = &children[0];
-        // _c_<36-char uuid>-lock-<10 digits>, as Curator's protected InterProcessMutex node.
-        assert!(
-            node.starts_with("_c_") && node.len() == 3 + 36 + 1 + 5 + 10,
-            "{node}"
-        );
-        assert_eq!(&node[39..45], "-lock-", "{node}");
-        assert!(node[45..].bytes().all(|b| b.is_ascii_digit()), "{node}");
+        assert_curator_mutex_node(node);
         // The fencing token is the node's creation zxid.
         let (_, stat) = raw.get_data(&format!("{path}/{node}")).await.unwrap();
         assert_eq!(g.fencing_token().get(), stat.czxid as u64);
