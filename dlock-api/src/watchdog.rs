@@ -260,9 +260,11 @@ impl Watchdog {
         // handed over on a provisional lease, counted as granted a whole lease before
         // that lease's end, or an answer that took over a third of the lease — is
         // renewed a third into what is left of it, as any lease: a hold released
-        // before then (a hand-over's common case) sends no renewal at all.
+        // before then (a hand-over's common case) sends no renewal at all. With a
+        // transition window it is renewed at once: it is suspended at the end of its
+        // own lease, which a third of the whole lease's rest may pass.
         let now = Instant::now();
-        if renew && due < now {
+        if renew && transition.is_zero() && due < now {
             due = (now + lost_at.saturating_duration_since(now) / 3).min(cap.unwrap_or(lost_at));
         }
         if watch.lease.is_some() {

@@ -434,7 +434,7 @@ fn the_about_text_names_every_backend() {
             "redis+cluster" | "rediss+cluster" => &["Redis", "Cluster"],
             "redis+sentinel" | "rediss+sentinel" => &["Redis", "Sentinel"],
             "redlock" | "redlocks" => &["Redlock"],
-            "zk" => &["ZooKeeper"],
+            "zk" | "zks" => &["ZooKeeper"],
             "etcd" | "etcds" => &["etcd"],
             other => panic!("scheme {other:?} is new: name its backend in the about text and here"),
         };

@@ -202,7 +202,18 @@ impl ZkBackend {
                     "ZooKeeper over TLS needs the CA that signed the servers' certificates (ZkOptions::tls, or tls_ca= in a zks:// URL)",
                 ))
             }
-            (_, false) => None,
+            (ca, false) => {
+                if ca.is_some() || parsed.options.tls_identity.is_some() {
+                    return Err(Error::new(
+                        dlock_spi::ErrorKind::Config,
+                        format!(
+                            "TLS certificates were given for {}, which is not a TLS URL; use zks://",
+                            dlock_spi::redact_url(url)
+                        ),
+                    ));
+                }
+                None
+            }
         };
         // A TLS setup that cannot work is refused before any connection is tried.
         if let Some(tls) = &tls {

@@ -85,7 +85,9 @@ mod upgrade;
 
 use std::time::Duration;
 
-use dlock_spi::{parse_url_duration, redact_url, Error, ErrorKind, Result, TlsFiles, TlsIdentity};
+use dlock_spi::{
+    parse_url_duration, percent_decode, redact_url, Error, ErrorKind, Result, TlsFiles, TlsIdentity,
+};
 
 pub use backend::ZkBackend;
 pub use layout::ExclusiveNode;
@@ -213,6 +215,14 @@ fn parse_url(url: &str, mut options: ZkOptions) -> Result<ZkUrl> {
             options.tls = true;
             rest
         }
+        // The scheme says whether the connection is TLS: options that ask for it
+        // under a plain scheme are a contradiction, not a choice to make silently.
+        None if options.tls => {
+            return Err(bad(
+                "the options ask for TLS (ZkOptions::tls) but the scheme is plain; use zks://"
+                    .into(),
+            ))
+        }
         None => url
             .strip_prefix("zk://")
             .or_else(|| url.strip_prefix("zookeeper://"))
@@ -245,8 +255,12 @@ fn parse_url(url: &str, mut options: ZkOptions) -> Result<ZkUrl> {
         if key.starts_with("tls_") && !options.tls {
             return Err(bad(format!("{key} is for TLS; use zks://")));
         }
-        if tls_files.take(url, key, value)? {
-            continue;
+        if key.starts_with("tls_") {
+            let path = percent_decode(value)
+                .ok_or_else(|| bad(format!("{key}: not valid percent-encoded UTF-8")))?;
+            if tls_files.take(url, key, &path)? {
+                continue;
+            }
         }
         match key {
             "session_timeout" => {
@@ -328,6 +342,17 @@ mod tests {
         let plain =
             parse_url("zk://h:2181", ZkOptions::default()).unwrap_or_else(|e| panic!("{e}"));
         assert!(!plain.options.tls);
+        // Paths are percent-decoded, as in the other backends' URLs.
+        let encoded = parse_url(
+            "zks://h:2281?tls_ca=%2Fetc%2Fhostname",
+            ZkOptions::default(),
+        );
+        assert!(encoded.is_ok_and(|u| u.options.tls_root_certificate.is_some()));
+        // TLS asked for in the options under a plain scheme is refused.
+        let clash = parse_url("zk://h:2181", ZkOptions::default().tls(b"PEM".to_vec()));
+        assert!(
+            clash.is_err_and(|e| e.kind() == ErrorKind::Config && e.message().contains("zks://"))
+        );
         // The options' Debug shows that there is TLS material, not the material.
         let key = std::env::temp_dir().join(format!("dlock-zk-key-{}", std::process::id()));
         std::fs::write(&key, "SECRET-KEY-MATERIAL").unwrap_or_else(|e| panic!("{e}"));

@@ -154,16 +154,23 @@ impl ConnectSpec {
             None => connector.connect(&self.hosts).await,
         };
         connected.map_err(|e| {
+            // The client reports a failed TLS handshake as an unreachable server.
+            let handshake = self.tls.is_some()
+                && (crate::error::connection_failure(&e)
+                    || matches!(e, zookeeper_client::Error::NoHosts | zookeeper_client::Error::Timeout));
             let err = map_zk(e, "connect");
-            if self.tls.is_none() {
+            if !handshake {
                 return err;
             }
-            // The client reports a failed TLS handshake as an unreachable server.
             let hint = format!(
                 "{} (over TLS a failed handshake reads the same: check that tls_ca signed the servers' certificates, which must name the address connected to, and that the servers accept the client's certificate, tls_cert)",
                 err.message()
             );
-            dlock_spi::Error::new(err.kind(), hint).set_retryable(err.is_retryable())
+            let mut hinted = dlock_spi::Error::new(err.kind(), hint).set_retryable(err.is_retryable());
+            for (key, value) in err.context() {
+                hinted = hinted.with_context(key, value);
+            }
+            hinted
         })
     }
 }

@@ -526,7 +526,7 @@ ZK_TLS_DIR="${TMPDIR:-/tmp}/dlock-zookeeper-tls"
 zk_tls_serving() {
   local d=$ZK_TLS_DIR/certs
   printf srvr | timeout 3 openssl s_client -quiet -connect 127.0.0.1:2281 -verify_return_error \
-    -CAfile "$d/ca.crt" -cert "$d/client.crt" -key "$d/client.key" 2>/dev/null | grep -q "^Mode: "
+    -CAfile "$d/ca.crt" -cert "$d/client.crt" -key "$d/client.key" 2>/dev/null | grep "^Mode: " >/dev/null
 }
 
 ensure_zookeeper_tls() {

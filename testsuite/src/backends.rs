@@ -527,14 +527,15 @@ pub trait ServerClient: LockRemoteResource + LockAdmin + Clone {
     }
 }
 
-/// The SQL waiters' own looks in the herd checks: polls 1–2 s apart (equal
-/// jitter) and liveness re-checks every 10 s, so that within a check's window (the
-/// 200 ms after a release) only a release's notice (PostgreSQL `NOTIFY`, SQLite's
+/// The SQL waiters' own looks in the herd checks: polls 2–4 s apart (equal
+/// jitter) and liveness re-checks every 20 s, so that within a check's window (the
+/// 200 ms after a release, a second or so after the waiters' first looks even on
+/// a loaded machine) only a release's notice (PostgreSQL `NOTIFY`, SQLite's
 /// host-local notices) or bell (MariaDB `GET_LOCK`) makes a waiter look.
 fn told_sql_options() -> JdbcOptions {
     JdbcOptions::default()
-        .backoff(dlock_spi::Backoff::constant(Duration::from_secs(2)))
-        .waiter_liveness(Duration::from_secs(30))
+        .backoff(dlock_spi::Backoff::constant(Duration::from_secs(4)))
+        .waiter_liveness(Duration::from_secs(60))
 }
 
 /// The clients whose label adds nothing to the URL: `connect(url)`.

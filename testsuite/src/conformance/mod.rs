@@ -728,6 +728,16 @@ pub async fn release_wakes_one(backend: Arc<dyn TestBackend>) {
             g.unlock().await.expect("unlock");
         }));
     }
+    // Every waiter queued (the count of attempts alone could be met by some
+    // waiters' second looks before the others' first).
+    let queued = eventually(Duration::from_secs(10), || async {
+        waiters(&a, "herd").await == WAITERS
+    })
+    .await;
+    assert!(
+        queued,
+        "the {WAITERS} waiters never all showed up in the queue"
+    );
     let before = all_parked(&env, told, base, WAITERS).await;
     holder.unlock().await.expect("unlock");
     // Counted from the release: a waiter that learns of it only at its own next
