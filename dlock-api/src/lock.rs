@@ -593,6 +593,9 @@ impl DistributeLock {
                 renew,
                 sent_at: granted_at,
                 cap: max_hold.map(|d| acquired_at + d),
+                // Still on the provisional lease a release handed over (not
+                // confirmed above).
+                provisional: granted_at < sent_at,
             };
             // An upgrade keeps its owner's read until it is released itself. That
             // read gone meanwhile, the grant stands on nothing (on ZooKeeper the

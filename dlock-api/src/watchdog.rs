@@ -114,6 +114,9 @@ pub(crate) struct Watch {
     pub(crate) sent_at: Instant,
     /// The `max_hold` bound, if any.
     pub(crate) cap: Option<Instant>,
+    /// The grant came on a provisional lease, shorter than `lease` from `sent_at`
+    /// on (a release handed it over): renewed a third into that lease, not at once.
+    pub(crate) provisional: bool,
 }
 
 /// Added to every loss margin when scheduling the lost signal, so a timer that fires a
@@ -228,6 +231,7 @@ impl Watchdog {
             renew,
             sent_at,
             cap,
+            provisional,
         } = watch;
         let (lease, lost_at, renew) = match lease {
             Some(lease) => {
@@ -256,15 +260,15 @@ impl Watchdog {
             lingering: None,
         };
         let mut due = entry.next_due(sent_at, sent_at);
-        // A hold whose lease is less than its own from here on — a grant a release
-        // handed over on a provisional lease, counted as granted a whole lease before
-        // that lease's end, or an answer that took over a third of the lease — is
+        // A grant a release handed over on a provisional lease (counted as granted a
+        // whole lease before that lease's end, so due at once by the rule above) is
         // renewed a third into what is left of it, as any lease: a hold released
         // before then (a hand-over's common case) sends no renewal at all. With a
-        // transition window it is renewed at once: it is suspended at the end of its
-        // own lease, which a third of the whole lease's rest may pass.
+        // transition window it is renewed at once (it is suspended at the end of its
+        // own lease, which a third of the whole lease's rest may pass), and so is a
+        // grant whose answer took over a third of its lease.
         let now = Instant::now();
-        if renew && transition.is_zero() && due < now {
+        if renew && provisional && transition.is_zero() && due < now {
             due = (now + lost_at.saturating_duration_since(now) / 3).min(cap.unwrap_or(lost_at));
         }
         if watch.lease.is_some() {
