@@ -267,9 +267,13 @@ impl Watchdog {
         // transition window it is renewed at once (it is suspended at the end of its
         // own lease, which a third of the whole lease's rest may pass), and so is a
         // grant whose answer took over a third of its lease.
-        let now = Instant::now();
-        if renew && provisional && transition.is_zero() && due < now {
-            due = (now + lost_at.saturating_duration_since(now) / 3).min(cap.unwrap_or(lost_at));
+        // (The clock is read only then: not on the uncontended hot path.)
+        if renew && provisional && transition.is_zero() {
+            let now = Instant::now();
+            if due < now {
+                due =
+                    (now + lost_at.saturating_duration_since(now) / 3).min(cap.unwrap_or(lost_at));
+            }
         }
         if watch.lease.is_some() {
             entry.publish();

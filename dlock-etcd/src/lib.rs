@@ -327,9 +327,11 @@ fn parse_url(url: &str, mut options: EtcdOptions) -> Result<EtcdUrl> {
             }
         }
     }
-    let (ca, identity) = tls_files.finish(url)?;
-    options.tls_root_certificate = ca.or(options.tls_root_certificate);
-    options.tls_identity = identity.or(options.tls_identity);
+    tls_files.finish(
+        url,
+        &mut options.tls_root_certificate,
+        &mut options.tls_identity,
+    )?;
     Ok(EtcdUrl { hosts, options })
 }
 

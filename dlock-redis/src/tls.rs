@@ -38,9 +38,11 @@ pub(crate) fn split(url: &str, mut options: RedisOptions) -> Result<(String, Red
             kept.push(pair);
         }
     }
-    let (ca, identity) = files.finish(url)?;
-    options.tls_root_certificate = ca.or(options.tls_root_certificate);
-    options.tls_identity = identity.or(options.tls_identity);
+    files.finish(
+        url,
+        &mut options.tls_root_certificate,
+        &mut options.tls_identity,
+    )?;
     let mut out = base.to_owned();
     if !kept.is_empty() {
         out.push('?');

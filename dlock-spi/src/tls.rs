@@ -90,13 +90,18 @@ impl TlsFiles {
         Ok(true)
     }
 
-    /// The CA's PEM and the client identity the parameters gave; a `Config` error
-    /// (naming `url` without its secrets) when only one of `tls_cert` and `tls_key`
-    /// was given.
-    pub fn finish(self, url: &str) -> Result<(Option<Vec<u8>>, Option<TlsIdentity>)> {
-        let identity = match self.identity {
-            (Some(cert), Some(key)) => Some(TlsIdentity::new(cert, key)),
-            (None, None) => None,
+    /// Puts the CA's PEM and the client identity the parameters gave into `ca` and
+    /// `identity` (the URL's win over what they held); a `Config` error (naming
+    /// `url` without its secrets) when only one of `tls_cert` and `tls_key` was given.
+    pub fn finish(
+        self,
+        url: &str,
+        ca: &mut Option<Vec<u8>>,
+        identity: &mut Option<TlsIdentity>,
+    ) -> Result<()> {
+        match self.identity {
+            (Some(cert), Some(key)) => *identity = Some(TlsIdentity::new(cert, key)),
+            (None, None) => {}
             _ => {
                 return Err(Error::new(
                     ErrorKind::Config,
@@ -106,8 +111,11 @@ impl TlsFiles {
                     ),
                 ))
             }
-        };
-        Ok((self.ca, identity))
+        }
+        if self.ca.is_some() {
+            *ca = self.ca;
+        }
+        Ok(())
     }
 }
 
@@ -128,7 +136,7 @@ mod tests {
         let mut files = TlsFiles::default();
         assert!(files.take(url, "tls_cert", "/etc/hostname").unwrap());
         assert!(!files.take(url, "timeout", "5s").unwrap());
-        let e = files.finish(url).unwrap_err();
+        let e = files.finish(url, &mut None, &mut None).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::Config);
         assert!(
             e.to_string().contains("tls_key") && !e.to_string().contains("secret"),
@@ -138,8 +146,9 @@ mod tests {
         both.take(url, "tls_cert", "/etc/hostname").unwrap();
         both.take(url, "tls_key", "/etc/hostname").unwrap();
         assert!(!format!("{both:?}").contains('['), "{both:?}");
-        let (ca, id) = both.finish(url).unwrap();
-        assert!(ca.is_none() && id.is_some());
+        let (mut ca, mut id) = (Some(b"kept".to_vec()), None);
+        both.finish(url, &mut ca, &mut id).unwrap();
+        assert!(ca.as_deref() == Some(&b"kept"[..]) && id.is_some());
     }
 
     #[test]

@@ -19,7 +19,7 @@ use zookeeper_client::{
 
 use crate::error::{connection_failure, map_zk};
 use crate::layout::{self, Contender, ExclusiveNode};
-use crate::session::{ConnectSpec, Session, SessionPhase, Sessions, Tls};
+use crate::session::{tls_config, ConnectSpec, Session, SessionPhase, Sessions};
 use crate::{parse_url, ZkOptions};
 
 /// The ACLs of the nodes dlock creates: open, or — when the URL carries digest
@@ -191,34 +191,12 @@ impl ZkBackend {
     /// Connects with `options`; what the URL sets overrides them.
     pub async fn connect_with(url: &str, options: ZkOptions) -> Result<Self> {
         let parsed = parse_url(url, options)?;
+        // parse_url has checked that TLS is asked for with a CA, and certificates
+        // only with TLS.
         let tls = match (&parsed.options.tls_root_certificate, parsed.options.tls) {
-            (Some(ca), true) => Some(Tls {
-                ca: ca.clone(),
-                identity: parsed.options.tls_identity.clone(),
-            }),
-            (None, true) => {
-                return Err(Error::new(
-                    dlock_spi::ErrorKind::Config,
-                    "ZooKeeper over TLS needs the CA that signed the servers' certificates (ZkOptions::tls, or tls_ca= in a zks:// URL)",
-                ))
-            }
-            (ca, false) => {
-                if ca.is_some() || parsed.options.tls_identity.is_some() {
-                    return Err(Error::new(
-                        dlock_spi::ErrorKind::Config,
-                        format!(
-                            "TLS certificates were given for {}, which is not a TLS URL; use zks://",
-                            dlock_spi::redact_url(url)
-                        ),
-                    ));
-                }
-                None
-            }
+            (Some(ca), true) => Some(tls_config(ca, parsed.options.tls_identity.as_ref())?),
+            _ => None,
         };
-        // A TLS setup that cannot work is refused before any connection is tried.
-        if let Some(tls) = &tls {
-            tls.options()?;
-        }
         let spec = ConnectSpec {
             hosts: parsed.hosts,
             session_timeout: parsed.options.session_timeout,

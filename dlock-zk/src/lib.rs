@@ -286,9 +286,16 @@ fn parse_url(url: &str, mut options: ZkOptions) -> Result<ZkUrl> {
             }
         }
     }
-    let (ca, identity) = tls_files.finish(url)?;
-    options.tls_root_certificate = ca.or(options.tls_root_certificate);
-    options.tls_identity = identity.or(options.tls_identity);
+    tls_files.finish(
+        url,
+        &mut options.tls_root_certificate,
+        &mut options.tls_identity,
+    )?;
+    if !options.tls && (options.tls_root_certificate.is_some() || options.tls_identity.is_some()) {
+        return Err(bad(
+            "TLS certificates are given (ZkOptions) for a plain connection; use zks://".into(),
+        ));
+    }
     if options.tls && options.tls_root_certificate.is_none() {
         return Err(bad(
             "zks:// needs tls_ca=<pem file>: the CA that signed the servers' certificates".into(),
@@ -353,6 +360,12 @@ mod tests {
         assert!(
             clash.is_err_and(|e| e.kind() == ErrorKind::Config && e.message().contains("zks://"))
         );
+        // So are certificates without TLS.
+        let certs =
+            ZkOptions::default().tls_identity(TlsIdentity::new(b"C".to_vec(), b"K".to_vec()));
+        let plain_certs = parse_url("zk://h:2181", certs);
+        assert!(plain_certs
+            .is_err_and(|e| e.kind() == ErrorKind::Config && e.message().contains("zks://")));
         // The options' Debug shows that there is TLS material, not the material.
         let key = std::env::temp_dir().join(format!("dlock-zk-key-{}", std::process::id()));
         std::fs::write(&key, "SECRET-KEY-MATERIAL").unwrap_or_else(|e| panic!("{e}"));

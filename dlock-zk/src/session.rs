@@ -57,76 +57,70 @@ pub(crate) struct ConnectSpec {
     /// The application's connector (its TLS, authentication and timeouts), used
     /// instead of one built from `session_timeout`.
     pub(crate) connector: Option<zookeeper_client::Connector>,
-    /// TLS for a connector dlock builds (`zks://`).
-    pub(crate) tls: Option<Tls>,
+    /// TLS for a connector dlock builds (`zks://`), made once by [`tls_config`].
+    pub(crate) tls: Option<TlsConfig>,
 }
 
-/// The TLS material of a `zks://` URL (or [`crate::ZkOptions::tls`]).
-#[cfg_attr(not(feature = "tls"), allow(dead_code))]
-#[derive(Clone)]
-pub(crate) struct Tls {
-    /// The CA certificates (PEM) that verify the servers.
-    pub(crate) ca: Vec<u8>,
-    /// A client certificate and key, for servers that require one.
-    pub(crate) identity: Option<dlock_spi::TlsIdentity>,
+/// What a TLS connection is made with: zookeeper-client's options (whose `Debug`
+/// leaves the client key out); without the `tls` feature there is none.
+#[cfg(feature = "tls")]
+pub(crate) type TlsConfig = zookeeper_client::TlsOptions;
+/// What a TLS connection is made with; without the `tls` feature there is none.
+#[cfg(not(feature = "tls"))]
+pub(crate) type TlsConfig = std::convert::Infallible;
+
+/// The TLS of a `zks://` URL (or [`crate::ZkOptions::tls`]): the servers verified
+/// against `ca` (PEM), `identity` presented to servers that require a client
+/// certificate. Checked here, once, before any connection is tried: the `tls`
+/// feature, a process crypto provider, PEM that parses — a `Config` error saying
+/// what to do if not.
+#[cfg(feature = "tls")]
+pub(crate) fn tls_config(
+    ca: &[u8],
+    identity: Option<&dlock_spi::TlsIdentity>,
+) -> Result<TlsConfig> {
+    use dlock_spi::{Error, ErrorKind};
+    let config = |what: String| Error::new(ErrorKind::Config, what);
+    // zookeeper-client builds its rustls config from the process's default crypto
+    // provider and takes no other. Choosing it is the application's call; dlock
+    // installs none, and refuses rather than let rustls panic.
+    if rustls::crypto::CryptoProvider::get_default().is_none() {
+        return Err(config(
+            "ZooKeeper over TLS (zks://) needs a rustls crypto provider installed for this process (the zookeeper-client crate uses the process default and takes no other); \
+             install one before connecting, early in main: rustls::crypto::ring::default_provider().install_default()"
+                .to_owned(),
+        ));
+    }
+    let text = |pem: &[u8], what: &str| {
+        std::str::from_utf8(pem)
+            .map(str::to_owned)
+            .map_err(|_| config(format!("the {what} is not PEM text")))
+    };
+    let options = zookeeper_client::TlsOptions::new()
+        .with_pem_ca(&text(ca, "TLS CA (tls_ca)")?)
+        .map_err(|e| config(format!("the TLS CA (tls_ca) is not usable PEM: {e}")))?;
+    let Some(id) = identity else {
+        return Ok(options);
+    };
+    options
+        .with_pem_identity(
+            &text(id.cert_pem(), "client certificate (tls_cert)")?,
+            &text(id.key_pem(), "client key (tls_key)")?,
+        )
+        .map_err(|e| {
+            config(format!(
+                "the client certificate and key (tls_cert, tls_key) are not usable PEM: {e}"
+            ))
+        })
 }
 
-impl std::fmt::Debug for Tls {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Tls")
-            .field("identity", &self.identity)
-            .finish_non_exhaustive()
-    }
-}
-
-impl Tls {
-    /// Checks that a connection can be made with it: the `tls` feature, a process
-    /// crypto provider, PEM that parses. A `Config` error saying what to do if not.
-    #[cfg(feature = "tls")]
-    pub(crate) fn options(&self) -> Result<zookeeper_client::TlsOptions> {
-        use dlock_spi::{Error, ErrorKind};
-        let config = |what: String| Error::new(ErrorKind::Config, what);
-        // zookeeper-client builds its rustls config from the process's default
-        // crypto provider and takes no other. Choosing it is the application's call;
-        // dlock installs none, and refuses rather than let rustls panic.
-        if rustls::crypto::CryptoProvider::get_default().is_none() {
-            return Err(config(
-                "ZooKeeper over TLS (zks://) needs a rustls crypto provider installed for this process (the zookeeper-client crate uses the process default and takes no other); \
-                 install one before connecting, early in main: rustls::crypto::ring::default_provider().install_default()"
-                    .to_owned(),
-            ));
-        }
-        let text = |pem: &[u8], what: &str| {
-            std::str::from_utf8(pem)
-                .map(str::to_owned)
-                .map_err(|_| config(format!("the {what} is not PEM text")))
-        };
-        let mut options = zookeeper_client::TlsOptions::new()
-            .with_pem_ca(&text(&self.ca, "TLS CA (tls_ca)")?)
-            .map_err(|e| config(format!("the TLS CA (tls_ca) is not usable PEM: {e}")))?;
-        if let Some(id) = &self.identity {
-            options = options
-                .with_pem_identity(
-                    &text(id.cert_pem(), "client certificate (tls_cert)")?,
-                    &text(id.key_pem(), "client key (tls_key)")?,
-                )
-                .map_err(|e| {
-                    config(format!(
-                        "the client certificate and key (tls_cert, tls_key) are not usable PEM: {e}"
-                    ))
-                })?;
-        }
-        Ok(options)
-    }
-
-    /// Without the `tls` feature there is no TLS to connect with.
-    #[cfg(not(feature = "tls"))]
-    pub(crate) fn options(&self) -> Result<std::convert::Infallible> {
-        Err(dlock_spi::Error::new(
-            dlock_spi::ErrorKind::Config,
-            "ZooKeeper over TLS (zks://) needs dlock-zk's tls feature (dlock-api's zk-tls)",
-        ))
-    }
+/// Without the `tls` feature there is no TLS to connect with.
+#[cfg(not(feature = "tls"))]
+pub(crate) fn tls_config(_: &[u8], _: Option<&dlock_spi::TlsIdentity>) -> Result<TlsConfig> {
+    Err(dlock_spi::Error::new(
+        dlock_spi::ErrorKind::Config,
+        "ZooKeeper over TLS (zks://) needs dlock-zk's tls feature (dlock-api's zk-tls)",
+    ))
 }
 
 impl ConnectSpec {
@@ -145,12 +139,12 @@ impl ConnectSpec {
             #[cfg(feature = "tls")]
             Some(tls) => {
                 connector
-                    .with_tls(tls.options()?)
+                    .with_tls(tls.clone())
                     .secure_connect(&self.hosts)
                     .await
             }
             #[cfg(not(feature = "tls"))]
-            Some(tls) => match tls.options()? {},
+            Some(never) => match *never {},
             None => connector.connect(&self.hosts).await,
         };
         connected.map_err(|e| {

@@ -483,7 +483,8 @@ EOF
 # stop_zk DIR: stops the server started from DIR, if its pid is still that server.
 stop_zk() { stop_pid "$1/pid" QuorumPeerMain ZooKeeper; }
 
-# write_zk_cfg DIR CLIENT_PORT [SERVER LINES…]
+# write_zk_cfg DIR CLIENT_PORT [SERVER LINES…] (CLIENT_PORT empty: no plain client
+# port, e.g. a TLS-only server whose lines name its secureClientPort)
 write_zk_cfg() {
   local dir=$1 port=$2
   shift 2
@@ -493,8 +494,10 @@ write_zk_cfg() {
     echo "initLimit=20"
     echo "syncLimit=8"
     echo "dataDir=$dir/data"
-    echo "clientPort=$port"
-    echo "clientPortAddress=127.0.0.1"
+    if [ -n "$port" ]; then
+      echo "clientPort=$port"
+      echo "clientPortAddress=127.0.0.1"
+    fi
     echo "maxClientCnxns=0"
     echo "4lw.commands.whitelist=ruok,srvr,stat,cons"
     echo "admin.enableServer=false"
@@ -540,17 +543,12 @@ ensure_zookeeper_tls() {
   fi
   log "starting ZooKeeper with TLS (client certificates required) on 127.0.0.1:2281"
   stop_zk "$dir"
-  make_tls_certs "$d"
-  make_tls_certs "$d/other" && cp "$d/other/ca.crt" "$d/other-ca.crt"
+  make_server_tls_dir "$d" "$(id -un)"
   cat "$d/server.key" "$d/server.crt" >"$d/server.pem"
-  rm -rf "$dir" && mkdir -p "$dir/data"
-  printf '%s\n' "tickTime=250" "initLimit=20" "syncLimit=8" "dataDir=$dir/data" \
-    "secureClientPort=2281" "secureClientPortAddress=127.0.0.1" \
+  write_zk_cfg "$dir" "" "secureClientPort=2281" "secureClientPortAddress=127.0.0.1" \
     "serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory" \
     "ssl.keyStore.location=$d/server.pem" "ssl.keyStore.type=PEM" \
-    "ssl.trustStore.location=$d/ca.crt" "ssl.trustStore.type=PEM" "ssl.clientAuth=need" \
-    "maxClientCnxns=0" "4lw.commands.whitelist=ruok,srvr,stat,cons" \
-    "admin.enableServer=false" "standaloneEnabled=true" >"$dir/zoo.cfg"
+    "ssl.trustStore.location=$d/ca.crt" "ssl.trustStore.type=PEM" "ssl.clientAuth=need"
   start_zk "$dir"
   wait_for 60 "ZooKeeper with TLS on 127.0.0.1:2281" zk_tls_serving
   log "ZooKeeper with TLS ready at 127.0.0.1:2281"

@@ -349,19 +349,38 @@ fn redis_tls_dir() -> String {
 /// sign the server's certificate) and the client certificate of the TLS ZooKeeper
 /// server (in DLOCK_ZK_TLS_DIR).
 pub fn zk_tls_params(ca: &str) -> String {
-    let dir = tls_dir("DLOCK_ZK_TLS_DIR", "dlock-zookeeper-tls/certs");
+    let dir = zk_tls_dir();
     format!("tls_ca={dir}/{ca}&tls_cert={dir}/client.crt&tls_key={dir}/client.key")
 }
 
-/// Checks that `node` is named as Curator's protected `InterProcessMutex` node:
-/// `_c_<36-char uuid>-lock-<10 digits>`.
-pub fn assert_curator_mutex_node(node: &str) {
+/// Checks, through `raw`, that the lock at `path` is held by one node, named as
+/// Curator's protected `InterProcessMutex` node (`_c_<36-char uuid>-lock-<10
+/// digits>`), whose creation zxid is the holder's fencing token `token`.
+pub async fn assert_held_by_a_curator_node(raw: &zookeeper_client::Client, path: &str, token: u64) {
+    let children = raw.list_children(path).await.expect("list the lock's node");
+    assert_eq!(children.len(), 1, "{children:?}");
+    let node = &children[0];
     assert!(
         node.starts_with("_c_") && node.len() == 3 + 36 + 1 + 5 + 10,
         "{node}"
     );
     assert_eq!(&node[39..45], "-lock-", "{node}");
     assert!(node[45..].bytes().all(|b| b.is_ascii_digit()), "{node}");
+    let (_, stat) = raw
+        .get_data(&format!("{path}/{node}"))
+        .await
+        .expect("read the holder's node");
+    assert_eq!(
+        u64::try_from(stat.czxid).ok(),
+        Some(token),
+        "the token is not the node's czxid"
+    );
+}
+
+/// Where `scripts/test` keeps the CA and client certificate of its TLS ZooKeeper
+/// server (DLOCK_ZK_TLS_DIR).
+pub fn zk_tls_dir() -> String {
+    tls_dir("DLOCK_ZK_TLS_DIR", "dlock-zookeeper-tls/certs")
 }
 
 /// Where `scripts/test` keeps the CA and client certificate of its TLS etcd member
@@ -520,10 +539,10 @@ pub trait ServerClient: LockRemoteResource + LockAdmin + Clone {
     /// Backend-side acquire attempts this client has made.
     fn attempts(&self) -> u64;
     /// Opens a new client whose waiters are told of releases and look on their own
-    /// only seconds apart ([`TestBackend::told_client`]); `None` when waiters on
-    /// `label` only poll. The default: [`Self::open`].
-    async fn open_told(label: &str, url: &str) -> Option<Result<Self>> {
-        Some(Self::open(label, url).await)
+    /// only seconds apart ([`TestBackend::told_client`]; asked only for labels
+    /// whose waiters are told, see [`waiters_only_poll`]). The default: [`Self::open`].
+    async fn open_told(label: &str, url: &str) -> Result<Self> {
+        Self::open(label, url).await
     }
 }
 
@@ -553,7 +572,19 @@ macro_rules! url_clients {
     )+};
 }
 
-url_clients!(ZkBackend, EtcdBackend);
+url_clients!(ZkBackend, EtcdBackend, RedlockBackend);
+
+/// Whether waiters on `label` learn of releases only by polling — nothing for the
+/// herd checks to count: Redis with `polling`, Redlock (its waiters poll every
+/// node), PostgreSQL behind a transaction pooler (no `LISTEN` session); nor in the
+/// SQL session modes, where a waiter blocks inside the server (`pg_advisory_lock`,
+/// `GET_LOCK`) and the database's own queue hands the lock to one of them.
+pub fn waiters_only_poll(label: &str) -> bool {
+    matches!(
+        label,
+        "redis-polling" | "redlock" | "redlock-tls" | "postgres-pgbouncer"
+    ) || is_session_mode(label)
+}
 
 #[async_trait]
 impl ServerClient for JdbcBackend {
@@ -563,29 +594,8 @@ impl ServerClient for JdbcBackend {
     fn attempts(&self) -> u64 {
         self.acquire_attempts()
     }
-    async fn open_told(label: &str, url: &str) -> Option<Result<Self>> {
-        // Behind a transaction pooler there is no LISTEN session: waiters poll. In
-        // the session modes a waiter blocks inside the server (`pg_advisory_lock`,
-        // `GET_LOCK`) and the database's own queue hands the lock to one of them:
-        // the wake-up is the server's, not an attempt dlock makes or could count.
-        if label == "postgres-pgbouncer" || is_session_mode(label) {
-            return None;
-        }
-        Some(JdbcBackend::connect_with(url, told_sql_options()).await)
-    }
-}
-
-#[async_trait]
-impl ServerClient for RedlockBackend {
-    async fn open(_label: &str, url: &str) -> Result<Self> {
-        RedlockBackend::connect(url).await
-    }
-    fn attempts(&self) -> u64 {
-        self.acquire_attempts()
-    }
-    /// Redlock's waiters poll every node.
-    async fn open_told(_label: &str, _url: &str) -> Option<Result<Self>> {
-        None
+    async fn open_told(_label: &str, url: &str) -> Result<Self> {
+        JdbcBackend::connect_with(url, told_sql_options()).await
     }
 }
 
@@ -605,13 +615,6 @@ impl ServerClient for RedisBackend {
     }
     fn attempts(&self) -> u64 {
         self.acquire_attempts()
-    }
-    async fn open_told(label: &str, url: &str) -> Option<Result<Self>> {
-        // Polling by choice: no notices.
-        if label == "redis-polling" {
-            return None;
-        }
-        Some(Self::open(label, url).await)
     }
 }
 
@@ -637,6 +640,12 @@ pub type ZkTestBackend = ServerTestBackend<ZkBackend>;
 pub type EtcdTestBackend = ServerTestBackend<EtcdBackend>;
 
 impl<C: ServerClient> ServerTestBackend<C> {
+    /// Keeps `client` (its attempts count) and hands it out.
+    fn keep(&self, client: C) -> Arc<dyn LockRemoteResource> {
+        self.clients.lock().expect("clients").push(client.clone());
+        Arc::new(client)
+    }
+
     /// Connects once — and makes one round trip — so an unreachable server fails here.
     pub async fn open(label: &str, url: TestUrl) -> Result<Self> {
         let label = known(label)?;
@@ -658,9 +667,7 @@ impl<C: ServerClient> TestBackend for ServerTestBackend<C> {
     }
 
     async fn client(&self) -> Result<Arc<dyn LockRemoteResource>> {
-        let client = C::open(self.label, &self.url).await?;
-        self.clients.lock().expect("clients").push(client.clone());
-        Ok(Arc::new(client))
+        Ok(self.keep(C::open(self.label, &self.url).await?))
     }
 
     async fn steal(&self, name: &LockName) -> Result<()> {
@@ -677,13 +684,14 @@ impl<C: ServerClient> TestBackend for ServerTestBackend<C> {
     }
 
     async fn told_client(&self) -> Option<Result<Arc<dyn LockRemoteResource>>> {
-        Some(match C::open_told(self.label, &self.url).await? {
-            Ok(client) => {
-                self.clients.lock().expect("clients").push(client.clone());
-                Ok(Arc::new(client))
-            }
-            Err(e) => Err(e),
-        })
+        if waiters_only_poll(self.label) {
+            return None;
+        }
+        Some(
+            C::open_told(self.label, &self.url)
+                .await
+                .map(|c| self.keep(c)),
+        )
     }
 }
 

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use dlock_api::{DistributeLockManager, LockMode, LostReason};
 use dlock_spi::{AcquireRequest, HolderKey, LockName, LockRemoteResource, OwnerId};
 use dlock_zk::{ZkBackend, ZkOptions};
-use testsuite::backends::{assert_curator_mutex_node, server_url};
+use testsuite::backends::{assert_held_by_a_curator_node, server_url};
 use testsuite::conformance::{eventually, take};
 use testsuite::curator;
 use testsuite::proxy::{join_hosts, split_url, Fault, FaultProxy};
@@ -112,13 +112,7 @@ async fn nodes_follow_curators_layout_and_names_stay_under_the_root() {
             "{lock:?} left its segment: {path}"
         );
         let g = take(&m.lock(&lock), Duration::ZERO).await;
-        let children = raw.list_children(&path).await.unwrap();
-        assert_eq!(children.len(), 1, "{children:?}");
-        let node = &children[0];
-        assert_curator_mutex_node(node);
-        // The fencing token is the node's creation zxid.
-        let (_, stat) = raw.get_data(&format!("{path}/{node}")).await.unwrap();
-        assert_eq!(g.fencing_token().get(), stat.czxid as u64);
+        assert_held_by_a_curator_node(&raw, &path, g.fencing_token().get()).await;
         g.unlock().await.unwrap();
         assert!(raw
             .list_children(&path)

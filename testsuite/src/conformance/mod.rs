@@ -93,11 +93,18 @@ impl Env {
         &self,
         configure: impl FnOnce(DistributeLockManagerBuilder) -> DistributeLockManagerBuilder,
     ) -> DistributeLockManager {
-        let client = self
-            .backend
-            .client()
-            .await
-            .unwrap_or_else(|e| panic!("cannot open a {} client: {e}", self.backend.label()));
+        let client = self.backend.client().await;
+        self.manager_on(client, configure)
+    }
+
+    /// A manager on `client` (as opened), configured by `configure`.
+    fn manager_on(
+        &self,
+        client: dlock_spi::Result<Arc<dyn dlock_spi::LockRemoteResource>>,
+        configure: impl FnOnce(DistributeLockManagerBuilder) -> DistributeLockManagerBuilder,
+    ) -> DistributeLockManager {
+        let client =
+            client.unwrap_or_else(|e| panic!("cannot open a {} client: {e}", self.backend.label()));
         configure(DistributeLockManagerBuilder::new(client).namespace(self.namespace.clone()))
             .build()
             .expect("manager builds")
@@ -108,24 +115,23 @@ impl Env {
     /// `false` when this backend's waiters only poll (no wake-up to count).
     pub async fn told_managers(&self, n: usize) -> (Vec<DistributeLockManager>, bool) {
         let mut managers = Vec::with_capacity(n);
-        for _ in 0..n {
-            let Some(client) = self.backend.told_client().await else {
-                managers.clear();
-                for _ in 0..n {
-                    managers.push(self.manager().await);
-                }
-                return (managers, false);
-            };
-            let client = client
-                .unwrap_or_else(|e| panic!("cannot open a {} client: {e}", self.backend.label()));
-            managers.push(
-                DistributeLockManagerBuilder::new(client)
-                    .namespace(self.namespace.clone())
-                    .build()
-                    .expect("manager builds"),
-            );
+        let told = self.backend.told_client().await.is_some_and(|first| {
+            managers.push(self.manager_on(first, |b| b));
+            true
+        });
+        while managers.len() < n {
+            managers.push(if told {
+                let client = self
+                    .backend
+                    .told_client()
+                    .await
+                    .expect("told once, told always");
+                self.manager_on(client, |b| b)
+            } else {
+                self.manager().await
+            });
         }
-        (managers, true)
+        (managers, told)
     }
 
     /// The full name of `name` in this namespace.
