@@ -366,6 +366,24 @@ fn session_url(url: &str) -> String {
     format!("{url}{sep}dlock_mode=session")
 }
 const WOKEN_FLOOR: &str = "lease floor, waiters blocked in the server (control)";
+/// The contended controls of the session mode on MariaDB (where it misses the peer at
+/// 8 processes): the peer's protocol with the least client work — `GET_LOCK(name, t)`
+/// on a dedicated connection, `RELEASE_LOCK` — and the same with dlock's grant
+/// around it (a multi-statement query: the wait, then the token from a sequence and
+/// the holder row in a `MEMORY` table, `REPLACE … RETURNING`, as the session mode
+/// sends it), to price the fencing token and the holder record apart.
+const NAMED_WAIT: &str = "named-lock wait floor: GET_LOCK(name, t) + RELEASE_LOCK (control)";
+const NAMED_WAIT_FENCED: &str =
+    "named-lock wait floor + token and holder row, as dlock's grant (control)";
+/// The same with the token alone (no holder row): prices the row apart.
+const NAMED_WAIT_TOKEN: &str = "named-lock wait floor + token only (control)";
+/// The token alone in one prepared statement, `SELECT IF(GET_LOCK(?, ?) = 1,
+/// NEXTVAL(…), NULL)` (binary protocol, no multi-statement query).
+const NAMED_WAIT_TOKEN_PREPARED: &str =
+    "named-lock wait floor + token only, one prepared statement (control)";
+/// The fenced control's tables (the parent creates them once).
+const FENCED_HOLDS: &str = "bench_session_holds";
+const FENCED_SEQ: &str = "bench_session_fence";
 
 /// A floor's contestant: one task cycling `name` on `floor`.
 fn floor_contestant(
@@ -553,7 +571,102 @@ fn contended_impls(label: &str) -> Vec<&'static str> {
         v.push(WOKEN_FLOOR);
         v.push(PEER);
     }
+    if label == "mysql" {
+        v.push(NAMED_WAIT);
+        v.push(NAMED_WAIT_TOKEN);
+        v.push(NAMED_WAIT_TOKEN_PREPARED);
+        v.push(NAMED_WAIT_FENCED);
+    }
     v
+}
+
+/// Creates the fenced named-lock control's tables, as the session mode's own.
+async fn create_fenced_tables(url: &str) {
+    use sqlx::Connection;
+    let mut c = sqlx::MySqlConnection::connect(url).await.unwrap();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "CREATE TABLE IF NOT EXISTS {FENCED_HOLDS} (conn BIGINT UNSIGNED NOT NULL PRIMARY KEY, \
+           lk CHAR(44) CHARACTER SET ascii NOT NULL, holder VARBINARY(255) NOT NULL, \
+           name VARBINARY(512) NOT NULL, token BIGINT NOT NULL, context VARBINARY(1024) NOT NULL) \
+           ENGINE=MEMORY; \
+         CREATE SEQUENCE IF NOT EXISTS {FENCED_SEQ}"
+    )))
+    .execute(&mut c)
+    .await
+    .unwrap();
+}
+
+/// One cycle of a named-lock control on its own connection: wait for `name`
+/// (≤ [`MAX_WAIT`]) — with the token and the holder row in the same round trip when
+/// `fenced`, the token alone when `token` — hold [`HOLD`], release.
+async fn named_wait_cycle(
+    c: &mut sqlx::MySqlConnection,
+    name: &str,
+    fenced: bool,
+    token: bool,
+    prepared: bool,
+) -> bool {
+    let secs = MAX_WAIT.as_secs_f64();
+    let got = if prepared || !(token || fenced) {
+        let statement = if prepared {
+            format!("SELECT IF(GET_LOCK(?, ?) = 1, NEXTVAL({FENCED_SEQ}), NULL)")
+        } else {
+            "SELECT GET_LOCK(?, ?)".to_owned()
+        };
+        let (got,): (Option<i64>,) = sqlx::query_as(sqlx::AssertSqlSafe(statement))
+            .bind(name)
+            .bind(secs)
+            .fetch_one(&mut *c)
+            .await
+            .unwrap();
+        // GET_LOCK answers 1 when granted; the prepared control, the token (NULL
+        // when not granted).
+        if prepared {
+            got.is_some()
+        } else {
+            got == Some(1)
+        }
+    } else {
+        // Built per call, hexadecimal literals, as the session mode's waiting grant.
+        let hex = |b: &[u8]| {
+            let mut out = String::from("X'");
+            for x in b {
+                out.push_str(&format!("{x:02x}"));
+            }
+            out + "'"
+        };
+        let after = if fenced {
+            format!(
+                "REPLACE INTO {FENCED_HOLDS} (conn, lk, holder, name, token, context) \
+                   SELECT CONNECTION_ID(), '{name}', {holder}, {lname}, NEXTVAL({FENCED_SEQ}), {context} \
+                   FROM DUAL WHERE @dlock_t = 1 RETURNING token",
+                holder = hex(b"16|0123456789abcdef:1"),
+                lname = hex(name.as_bytes()),
+                context = hex(b""),
+            )
+        } else {
+            format!("SELECT NEXTVAL({FENCED_SEQ}) AS token FROM DUAL WHERE @dlock_t = 1")
+        };
+        let statement = format!("SET @dlock_t = GET_LOCK('{name}', {secs:.3}); {after}");
+        let rows = sqlx::raw_sql(sqlx::AssertSqlSafe(statement))
+            .fetch_all(&mut *c)
+            .await
+            .unwrap();
+        rows.last()
+            .map(|r| sqlx::Row::get::<i64, _>(r, "token"))
+            .is_some()
+    };
+    if !got {
+        return false;
+    }
+    tokio::time::sleep(HOLD).await;
+    let (gone,): (Option<i64>,) = sqlx::query_as("SELECT RELEASE_LOCK(?)")
+        .bind(name)
+        .fetch_one(&mut *c)
+        .await
+        .unwrap();
+    assert_eq!(gone, Some(1));
+    true
 }
 
 /// The contended control's wake-up: a session-level named lock beside the row, on
@@ -605,6 +718,9 @@ enum Side {
     Dlock(DistributeLockManager, dlock_api::DistributeLock),
     Peer(Peer),
     WokenFloor(LeaseFloor, AdvisoryConn),
+    /// A named-lock control's connection, whether it is the fenced one, whether
+    /// the token-only one.
+    NamedWait(sqlx::MySqlConnection, bool, bool, bool),
 }
 
 /// One contended cycle of `side` on `lock`: wait (≤ [`MAX_WAIT`]), hold [`HOLD`],
@@ -621,6 +737,9 @@ async fn contended_cycle(side: &mut Side, lock: &str) -> bool {
         },
         Side::Peer(p) => p.cycle(lock, Some(MAX_WAIT), HOLD).await,
         Side::WokenFloor(floor, bell) => woken_floor_cycle(floor, bell, lock).await,
+        Side::NamedWait(c, fenced, token, prepared) => {
+            named_wait_cycle(c, lock, *fenced, *token, *prepared).await
+        }
     }
 }
 
@@ -636,7 +755,23 @@ fn child(spec: &str) {
     let warmup = Duration::from_millis(warm_ms.parse().unwrap());
     let rt = testsuite::bench::runtime();
     rt.block_on(async {
-        let mut side = if imp == WOKEN_FLOOR {
+        let mut side = if [
+            NAMED_WAIT,
+            NAMED_WAIT_TOKEN,
+            NAMED_WAIT_TOKEN_PREPARED,
+            NAMED_WAIT_FENCED,
+        ]
+        .contains(&imp)
+        {
+            use sqlx::Connection;
+            let c = sqlx::MySqlConnection::connect(url).await.unwrap();
+            Side::NamedWait(
+                c,
+                imp == NAMED_WAIT_FENCED,
+                imp == NAMED_WAIT_TOKEN,
+                imp == NAMED_WAIT_TOKEN_PREPARED,
+            )
+        } else if imp == WOKEN_FLOOR {
             let backend = JdbcBackend::connect(url).await.unwrap();
             let pool = backend.sqlx_pool().clone();
             let bell = match &pool {
@@ -787,6 +922,9 @@ async fn contended_round(
 /// Every contended implementation on `label`, interleaved; prints the table rows.
 async fn contended(label: &str, url: &str, secs: Duration, rounds: u32) {
     let tag = format!("bench{:x}", fastrand::u32(..));
+    if contended_impls(label).contains(&NAMED_WAIT_FENCED) {
+        create_fenced_tables(url).await;
+    }
     let mut totals = Vec::new();
     let mut contestants = Vec::new();
     for imp in contended_impls(label) {
