@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use dlock_spi::{
-    async_trait, ChangeFeed, Error, ErrorKind, Fairness, FencingToken, HoldPurpose, HolderInfo,
-    LockMode, LockName, LostReason, OwnerId, RenewRequest, RenewResult, Result,
+    async_trait, Backoff, ChangeFeed, Error, ErrorKind, Fairness, FencingToken, HoldPurpose,
+    HolderInfo, LockMode, LockName, LostReason, OwnerId, Pacer, RenewRequest, RenewResult, Result,
 };
 use futures_util::FutureExt as _;
 use tokio::sync::watch;
@@ -690,11 +690,10 @@ impl fmt::Debug for Contention {
     }
 }
 
-/// Pause after a failed campaign (backend unreachable): doubling up to 2 s, jittered.
-fn campaign_pause(failures: u32) -> Duration {
-    let ms = 50u64.saturating_mul(1 << failures.min(6)).min(2_000);
-    Duration::from_millis(ms / 2 + fastrand::u64(..=ms / 2))
-}
+/// Pauses after failed campaigns in a row (backend unreachable): 100 ms doubling to
+/// 2 s, jittered.
+const CAMPAIGN_PAUSE: Backoff =
+    Backoff::exponential(Duration::from_millis(100), Duration::from_secs(2));
 
 /// Clears the contention's "leading" state when a term ends, however it ends.
 struct NotLeading<'a>(&'a watch::Sender<Option<FencingToken>>);
@@ -712,7 +711,7 @@ async fn contend_loop(
     mut stop: watch::Receiver<bool>,
     leading: watch::Sender<Option<FencingToken>>,
 ) {
-    let mut failures = 0u32;
+    let mut pacer = Pacer::new(CAMPAIGN_PAUSE);
     loop {
         let campaign = tokio::select! {
             biased;
@@ -721,16 +720,15 @@ async fn contend_loop(
         };
         let leadership = match campaign {
             Ok(l) => {
-                failures = 0;
+                pacer.reset();
                 l
             }
             Err(err) if err.kind() == ErrorKind::Closed => return,
             Err(err) => {
-                failures = failures.saturating_add(1);
                 tracing::warn!(election = %election.name, error = &err as &dyn std::error::Error, "dlock: campaign failed; trying again");
                 tokio::select! {
                     _ = stop.wait_for(|s| *s) => return,
-                    () = tokio::time::sleep(campaign_pause(failures)) => continue,
+                    () = pacer.pause() => continue,
                 }
             }
         };

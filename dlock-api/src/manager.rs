@@ -7,9 +7,9 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use dlock_spi::{
-    lease_out_of_range, Backoff, Capabilities, Error, ErrorKind, Fairness, HandlerChain,
-    HoldStatus, HoldWatch, LockHandler, LockMode, LockName, LockRemoteResource, LockState,
-    LostReason, OwnerId, ReleaseRequest, ReleaseResult, Result,
+    lease_out_of_range, spawn_cleanup, Backoff, Capabilities, Error, ErrorKind, Fairness,
+    HandlerChain, HoldStatus, HoldWatch, LockHandler, LockMode, LockName, LockRemoteResource,
+    LockState, LostReason, OwnerId, ReleaseRequest, ReleaseResult, Result,
 };
 use tokio::sync::watch;
 
@@ -187,18 +187,18 @@ impl ManagerInner {
         hold: Arc<Hold>,
         runtime: Option<tokio::runtime::Handle>,
     ) {
-        let Some(rt) = tokio::runtime::Handle::try_current().ok().or(runtime) else {
-            tracing::warn!(lock = %hold.name, "dlock: hold released outside a tokio runtime; the lease will expire on the server");
-            // The read an upgrade kept goes too (it refers back to the manager).
-            drop(hold.take_kept());
-            return;
-        };
-        rt.spawn(async move {
+        let kept = Arc::clone(&hold);
+        let work = async move {
             match self.release_now(&hold).await {
                 Err(err) if err.is_retryable() => self.finish_release(&hold).await,
                 answered => warn_unreleased(&hold.name, answered),
             }
-        });
+        };
+        let what = format_args!("the release of lock {}", kept.name);
+        if !spawn_cleanup(&what, runtime.as_ref(), work) {
+            // The read an upgrade kept goes too (it refers back to the manager).
+            drop(kept.take_kept());
+        }
     }
 
     async fn release_now(&self, hold: &Hold) -> Result<ReleaseResult> {
@@ -238,12 +238,13 @@ impl ManagerInner {
     /// nothing changes — the release names the grant, so it cannot touch anyone
     /// else's.
     pub(crate) fn abandon(&self, request: ReleaseRequest) {
-        let Ok(rt) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
         let resource = Arc::clone(self.chain.resource());
         let limit = self.chain.operation_timeout();
-        rt.spawn(async move {
+        let what = format!(
+            "the give-back of a cancelled acquire's grant of lock {}",
+            request.name
+        );
+        spawn_cleanup(&what, None, async move {
             let until = Instant::now() + RELEASE_RETRIES;
             if let Err(err) = resend_release(&resource, limit, &request, until).await {
                 tracing::warn!(lock = %request.name, error = &err as &dyn std::error::Error, "dlock: releasing a cancelled acquire's grant failed; it ends with its lease or session");
@@ -647,31 +648,20 @@ const RELEASE_RETRIES: Duration = Duration::from_secs(60);
 
 /// Sends a release (`send`) until the backend answers it: after a retryable error
 /// (the connection broke, the server restarts, a Sentinel fails over) it is sent
-/// again, pausing from 50 ms doubling to 2 s (jittered), while the next attempt
-/// starts before `until`; returns the answer or the last error. Sending a release
-/// again is safe: it names the grant, and a grant gone answers `NotOwner`. Curator
-/// does the same (`guaranteed()` deletes); without it a dropped ZooKeeper guard
-/// whose delete met a reconnect kept the lock for the rest of the session.
-async fn send_until_answered<F, Fut>(until: Instant, mut send: F) -> Result<ReleaseResult>
+/// again ([`Backoff::retry`]), pausing from 50 ms doubling to 2 s (jittered), while
+/// the next attempt starts before `until`; returns the answer or the last error.
+/// Sending a release again is safe: it names the grant, and a grant gone answers
+/// `NotOwner`. Curator does the same (`guaranteed()` deletes); without it a dropped
+/// ZooKeeper guard whose delete met a reconnect kept the lock for the rest of the
+/// session.
+async fn send_until_answered<F, Fut>(until: Instant, send: F) -> Result<ReleaseResult>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<ReleaseResult>>,
 {
-    let backoff = Backoff::exponential(Duration::from_millis(50), Duration::from_secs(2));
-    let mut attempt = 0u32;
-    loop {
-        match send().await {
-            Err(err) if err.is_retryable() => {
-                let pause = backoff.delay(attempt);
-                if Instant::now() + pause >= until {
-                    return Err(err);
-                }
-                tokio::time::sleep(pause).await;
-                attempt = attempt.saturating_add(1);
-            }
-            answered => return answered,
-        }
-    }
+    Backoff::exponential(Duration::from_millis(50), Duration::from_secs(2))
+        .retry(until, send)
+        .await
 }
 
 /// [`send_until_answered`] of `request` straight to `resource`, each call bounded by

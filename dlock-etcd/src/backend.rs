@@ -82,10 +82,10 @@ impl LeaseGuard {
 
 impl Drop for LeaseGuard {
     fn drop(&mut self) {
-        if let (Some(leases), Ok(rt)) = (self.leases.take(), tokio::runtime::Handle::try_current())
-        {
+        if let Some(leases) = self.leases.take() {
             let (lease, resends) = (self.lease, self.resends);
-            rt.spawn(async move {
+            let what = format_args!("the revoke of a cancelled acquire's lease {lease:x}");
+            dlock_spi::spawn_cleanup(&what, None, async move {
                 let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
                 let revoke = || {
                     let mut leases = leases.clone();

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use dlock_spi::{ChangeFeed, Error, ErrorKind, Result};
+use dlock_spi::{Backoff, ChangeFeed, Error, ErrorKind, Jitter, Pacer, Result};
 use etcd_client::{Client, WatchOptions, WatchStream};
 use tokio::sync::watch;
 
@@ -19,19 +19,16 @@ const RESTARTS: u32 = 20;
 /// How long a restarted watch must last for its restart to count as a success.
 const STEADY: Duration = Duration::from_secs(10);
 
+/// The pauses between restarts: 100 ms doubling to 2 s (from the first again after
+/// a watch that lasted [`STEADY`]).
+const RESTART_PAUSE: Backoff =
+    Backoff::exponential(Duration::from_millis(100), Duration::from_secs(2))
+        .with_jitter(Jitter::None);
+
 /// The range `[start, end)` a feed watches.
 pub(crate) struct Range {
     pub(crate) start: Vec<u8>,
     pub(crate) end: Vec<u8>,
-}
-
-/// Aborts the feed's task when the feed is dropped.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
 }
 
 /// Starts following `range`; live (the watch created) on return.
@@ -39,7 +36,7 @@ pub(crate) async fn follow(client: Client, range: Range, timeout: Duration) -> R
     let stream = start(&client, &range, timeout).await?;
     let (tx, rx) = watch::channel(0u64);
     let task = tokio::spawn(run(client, range, timeout, stream, tx));
-    Ok(ChangeFeed::new(rx, AbortOnDrop(task)))
+    Ok(ChangeFeed::new(rx, dlock_spi::TaskGuard::new(task)))
 }
 
 /// Creates the watch and waits until etcd says it is created: every change after
@@ -97,7 +94,7 @@ async fn run(
     let ping = |tx: &watch::Sender<u64>| tx.send_modify(|n| *n = n.wrapping_add(1));
     let mut started = tokio::time::Instant::now();
     let mut failures = 0u32;
-    let mut pause = Duration::from_millis(100);
+    let mut pacer = Pacer::new(RESTART_PAUSE);
     loop {
         match stream.message().await {
             Ok(Some(m)) if !m.canceled() => {
@@ -112,7 +109,7 @@ async fn run(
         if started.elapsed() >= STEADY {
             // It had been up a while: a fresh break.
             failures = 0;
-            pause = Duration::from_millis(100);
+            pacer.reset();
         } else {
             failures += 1;
         }
@@ -120,8 +117,7 @@ async fn run(
             if failures >= RESTARTS || tx.is_closed() {
                 return;
             }
-            tokio::time::sleep(pause).await;
-            pause = (pause * 2).min(Duration::from_secs(2));
+            pacer.pause().await;
             if let Ok(again) = start(&client, &range, timeout).await {
                 stream = again;
                 started = tokio::time::Instant::now();

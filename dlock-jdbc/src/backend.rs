@@ -13,7 +13,6 @@ use dlock_spi::{
 };
 use sqlx::Row;
 use tokio::sync::Notify;
-use tokio::task::JoinHandle;
 
 use crate::bell::Bells;
 use crate::dialect::{Dialect, Statements, Stmt};
@@ -241,7 +240,7 @@ pub(crate) struct Inner {
     pub(crate) options: JdbcOptions,
     pub(crate) attempts: AtomicU64,
     pub(crate) wakeups: Option<Arc<Wakeups>>,
-    pub(crate) listener: Option<JoinHandle<()>>,
+    pub(crate) listener: Option<dlock_spi::TaskGuard>,
     /// MariaDB/MySQL: the bells waiters block on (`None`: turned off, or another
     /// database).
     pub(crate) bells: Option<Bells>,
@@ -253,14 +252,6 @@ pub(crate) struct Inner {
     /// The session mode's sessions: every lock call goes to them (`None`: the row
     /// mode).
     pub(crate) session: Option<crate::session::Sessions>,
-}
-
-impl Drop for Inner {
-    fn drop(&mut self) {
-        if let Some(task) = self.listener.take() {
-            task.abort();
-        }
-    }
 }
 
 /// The longest first pause of a waiter that has just queued (see

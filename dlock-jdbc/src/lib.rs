@@ -1109,9 +1109,15 @@ fn open_postgres(url: &str, options: &JdbcOptions) -> Result<Pool> {
 /// task that receives the notices, and (SQLite) the bus they are sent on.
 type Listener = (
     Option<Arc<Wakeups>>,
-    Option<tokio::task::JoinHandle<()>>,
+    Option<dlock_spi::TaskGuard>,
     Option<local_bus::LocalBus>,
 );
+
+/// The pause before each try to listen again after the listener broke (waiters poll
+/// meanwhile).
+#[cfg(feature = "postgres")]
+const RELISTEN_PAUSE: dlock_spi::Backoff =
+    dlock_spi::Backoff::constant(Duration::from_millis(500)).with_jitter(dlock_spi::Jitter::None);
 
 /// On PostgreSQL, one listener connection per backend carries release notices to
 /// local waiters, on a session of its own beside the statements' pool (see
@@ -1176,8 +1182,9 @@ async fn start_listener(pool: &Pool, options: &JdbcOptions) -> Listener {
                         tracing::debug!(error = %e, "dlock-jdbc: release listener interrupted");
                         // Its connection goes back now, not after the outage.
                         drop(listener);
+                        let mut pacer = dlock_spi::Pacer::new(RELISTEN_PAUSE);
                         listener = loop {
-                            tokio::time::sleep(Duration::from_millis(500)).await;
+                            pacer.pause().await;
                             match listen(&statements, timeout, &channels).await {
                                 Ok(l) => break l,
                                 Err(e) => {
@@ -1190,7 +1197,7 @@ async fn start_listener(pool: &Pool, options: &JdbcOptions) -> Listener {
                 }
             }
         });
-        return (Some(wakeups), Some(task), None);
+        return (Some(wakeups), Some(dlock_spi::TaskGuard::new(task)), None);
     }
     let _ = (pool, options);
     (None, None, None)

@@ -122,22 +122,23 @@ impl QueueSlot {
     /// Cancel-safe: dropped, the removal still runs to its end.
     pub(crate) async fn leave(mut self) {
         if self.refreshed.take().is_some() {
-            let _ = self.spawn_removal().await;
+            let _ = tokio::spawn(self.removal()).await;
         }
     }
 
-    /// Removes the row in a task of its own.
-    fn spawn_removal(&self) -> tokio::task::JoinHandle<()> {
+    /// The row's removal, to run in a task of its own.
+    fn removal(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
         let (backend, name, waiter) =
             (self.backend.clone(), self.name.clone(), self.waiter.clone());
-        tokio::spawn(async move { dequeue(&backend, &name, &waiter).await })
+        async move { dequeue(&backend, &name, &waiter).await }
     }
 }
 
 impl Drop for QueueSlot {
     fn drop(&mut self) {
-        if self.refreshed.is_some() && tokio::runtime::Handle::try_current().is_ok() {
-            drop(self.spawn_removal());
+        if self.refreshed.is_some() {
+            let what = format_args!("leaving lock {}'s queue", self.name);
+            dlock_spi::spawn_cleanup(&what, None, self.removal());
         }
     }
 }

@@ -162,13 +162,12 @@ impl Drop for QueueSlot {
         let backend = self.backend.clone();
         let keys = self.keys.clone();
         let owner = std::mem::take(&mut self.owner);
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            rt.spawn(async move {
-                if let Err(e) = backend.leave_queue(&keys, &owner).await {
-                    tracing::debug!(error = %e, "dlock-redis: leaving the queue failed; the entry (and a lock handed over to it) lapses with its liveness");
-                }
-            });
-        }
+        let what = format_args!("leaving a lock's queue");
+        dlock_spi::spawn_cleanup(&what, None, async move {
+            if let Err(e) = backend.leave_queue(&keys, &owner).await {
+                tracing::debug!(error = %e, "dlock-redis: leaving the queue failed; the entry (and a lock handed over to it) lapses with its liveness");
+            }
+        });
     }
 }
 

@@ -26,9 +26,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 
+use dlock_spi::{Backoff, Jitter, Pacer};
 use futures_util::StreamExt;
 use tokio::sync::Notify;
-use tokio::task::JoinHandle;
 
 use crate::sentinel::SentinelMaster;
 
@@ -106,7 +106,8 @@ pub(crate) struct Notices {
     waiters: Mutex<HashMap<Vec<u8>, Vec<Waiter>>>,
     next_id: AtomicU64,
     connected: AtomicBool,
-    task: Mutex<Option<JoinHandle<()>>>,
+    /// The listener, stopped with the notices.
+    task: Mutex<Option<dlock_spi::TaskGuard>>,
 }
 
 /// The message that names `owner` waiting for the lock whose exclusive key is `key`.
@@ -147,7 +148,8 @@ impl Notices {
             endpoint,
             Some((epoch, first)),
         ));
-        *notices.task.lock().unwrap_or_else(PoisonError::into_inner) = Some(task);
+        *notices.task.lock().unwrap_or_else(PoisonError::into_inner) =
+            Some(dlock_spi::TaskGuard::new(task));
         Ok(notices)
     }
 
@@ -216,19 +218,6 @@ impl Notices {
     }
 }
 
-impl Drop for Notices {
-    fn drop(&mut self) {
-        if let Some(task) = self
-            .task
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take()
-        {
-            task.abort();
-        }
-    }
-}
-
 /// A waiter's registration; removed on drop.
 pub(crate) struct Registration {
     notices: Arc<Notices>,
@@ -274,12 +263,16 @@ impl Drop for Registration {
 
 /// How long one attempt to connect the notice connection again may take.
 const RECONNECT_BOUND: Duration = Duration::from_secs(5);
+/// The pause before connecting the notice connection again (waiters poll meanwhile).
+const RECONNECT_PAUSE: Backoff =
+    Backoff::constant(Duration::from_millis(250)).with_jitter(Jitter::None);
 
 async fn run(
     notices: Weak<Notices>,
     endpoint: Endpoint,
     mut first: Option<(u64, redis::aio::PubSub)>,
 ) {
+    let mut pacer = Pacer::new(RECONNECT_PAUSE);
     loop {
         let (epoch, pubsub) = match first.take() {
             Some(p) => p,
@@ -305,7 +298,7 @@ async fn run(
                     }
                     Err(e) => {
                         tracing::debug!(error = %e, "dlock-redis: release-notice connection failed; retrying");
-                        tokio::time::sleep(Duration::from_millis(250)).await;
+                        pacer.pause().await;
                         continue;
                     }
                 }
@@ -323,7 +316,7 @@ async fn run(
         n.wake_all();
         drop(n);
         tracing::debug!("dlock-redis: release-notice connection lost; reconnecting");
-        tokio::time::sleep(Duration::from_millis(250)).await;
+        pacer.pause().await;
     }
 }
 

@@ -698,9 +698,10 @@ impl Drop for WaiterSlot {
         let backend = self.backend.clone();
         let name = self.name.clone();
         let member = std::mem::take(&mut self.member);
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            rt.spawn(async move { backend.waiters(&name, Some((&member, false))).await });
-        }
+        let what = format!("leaving lock {name}'s waiters");
+        dlock_spi::spawn_cleanup(&what, None, async move {
+            backend.waiters(&name, Some((&member, false))).await;
+        });
     }
 }
 

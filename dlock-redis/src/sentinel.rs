@@ -26,12 +26,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
-use dlock_spi::{redact_url, Error, ErrorKind, Result};
+use dlock_spi::{redact_url, Backoff, Error, ErrorKind, Jitter, Pacer, Result};
 use futures_util::StreamExt;
 use redis::aio::MultiplexedConnection;
 use redis::{FromRedisValue, RedisResult, Value};
 use tokio::sync::watch;
-use tokio::task::JoinHandle;
 
 use crate::backend::{bounded, connection_config};
 use crate::RedisOptions;
@@ -204,7 +203,8 @@ pub(crate) struct SentinelMaster {
     looking_up: tokio::sync::Mutex<()>,
     /// The epoch of the newest connection (0: none yet).
     epoch: watch::Sender<u64>,
-    watcher: Mutex<Option<JoinHandle<()>>>,
+    /// The failover watcher, stopped with the master's handle.
+    watcher: Mutex<Option<dlock_spi::TaskGuard>>,
 }
 
 /// Whether `e` says the connection no longer reaches the master.
@@ -261,7 +261,7 @@ impl SentinelMaster {
         *master
             .watcher
             .lock()
-            .unwrap_or_else(PoisonError::into_inner) = Some(task);
+            .unwrap_or_else(PoisonError::into_inner) = Some(dlock_spi::TaskGuard::new(task));
         Ok(master)
     }
 
@@ -491,19 +491,6 @@ impl SentinelMaster {
     }
 }
 
-impl Drop for SentinelMaster {
-    fn drop(&mut self) {
-        if let Some(task) = self
-            .watcher
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take()
-        {
-            task.abort();
-        }
-    }
-}
-
 /// Percent-encodes a credential for a URL's userinfo.
 fn encode(s: &str) -> String {
     url::form_urlencoded::byte_serialize(s.as_bytes())
@@ -512,7 +499,8 @@ fn encode(s: &str) -> String {
 }
 
 /// How long the switch watcher waits before trying the next sentinel.
-const WATCH_RETRY: Duration = Duration::from_millis(500);
+const WATCH_RETRY: Backoff =
+    Backoff::constant(Duration::from_millis(500)).with_jitter(Jitter::None);
 /// How often the watcher checks that the master connection answers.
 const HEALTH_EVERY: Duration = Duration::from_secs(1);
 /// How long the watcher keeps one subscription before subscribing again (a
@@ -524,6 +512,7 @@ const RESUBSCRIBE_EVERY: Duration = Duration::from_secs(30);
 /// this master moves the connection to the announced one at once, so the release
 /// notices follow too. Every [`HEALTH_EVERY`] it checks that the master answers.
 async fn watch_switches(master: Weak<SentinelMaster>) {
+    let mut pacer = Pacer::new(WATCH_RETRY);
     for round in 0usize.. {
         let (sentinel, name) = match master.upgrade() {
             Some(m) => {
@@ -583,7 +572,7 @@ async fn watch_switches(master: Weak<SentinelMaster>) {
                 tracing::debug!(error = %e, "dlock-redis: cannot watch a sentinel for master switches; trying the next");
             }
         }
-        tokio::time::sleep(WATCH_RETRY).await;
+        pacer.pause().await;
     }
 }
 

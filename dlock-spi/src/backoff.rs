@@ -1,6 +1,11 @@
-//! Reusable retry delays for backends that wait by polling.
+//! Reusable retry delays for backends that wait by polling, reconnect or send again:
+//! a [`Backoff`] policy, a [`Pacer`] that counts a loop's attempts and pauses by it,
+//! and [`Backoff::retry`], which sends again after retryable errors up to a deadline.
 
+use std::future::Future;
 use std::time::{Duration, Instant};
+
+use crate::error::Result;
 
 /// How the delay grows between attempts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,7 +62,7 @@ impl Default for Backoff {
 
 impl Backoff {
     /// A constant delay with equal jitter.
-    pub fn constant(delay: Duration) -> Self {
+    pub const fn constant(delay: Duration) -> Self {
         Backoff {
             kind: BackoffKind::Constant(delay),
             jitter: Jitter::Equal,
@@ -65,7 +70,7 @@ impl Backoff {
     }
 
     /// Doubling from `initial` up to `max`, with equal jitter.
-    pub fn exponential(initial: Duration, max: Duration) -> Self {
+    pub const fn exponential(initial: Duration, max: Duration) -> Self {
         Backoff {
             kind: BackoffKind::Exponential {
                 initial,
@@ -77,7 +82,7 @@ impl Backoff {
     }
 
     /// Replaces the jitter.
-    pub fn with_jitter(mut self, jitter: Jitter) -> Self {
+    pub const fn with_jitter(mut self, jitter: Jitter) -> Self {
         self.jitter = jitter;
         self
     }
@@ -122,6 +127,138 @@ impl Backoff {
             return None;
         }
         Some(self.delay(attempt).min(left))
+    }
+}
+
+impl Backoff {
+    /// Runs `attempt` until it is answered: after a retryable error
+    /// ([`crate::Error::is_retryable`]) it pauses by this backoff and tries again,
+    /// as long as the next try would start before `until`; returns the answer, or the
+    /// last error. For calls that are safe to send again (they name what they
+    /// change, so a repeat changes nothing — a release naming its grant, say).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe as far as `attempt` is: dropped, it sends nothing more.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// use std::time::{Duration, Instant};
+    /// use dlock_spi::{Backoff, Error, ErrorKind, Jitter};
+    /// let backoff = Backoff::constant(Duration::from_millis(1)).with_jitter(Jitter::None);
+    /// let mut sent = 0;
+    /// let answer = backoff
+    ///     .retry(Instant::now() + Duration::from_secs(5), || {
+    ///         sent += 1;
+    ///         let n = sent;
+    ///         async move {
+    ///             if n < 3 {
+    ///                 Err(Error::new(ErrorKind::Backend, "the connection broke").set_retryable(true))
+    ///             } else {
+    ///                 Ok(n)
+    ///             }
+    ///         }
+    ///     })
+    ///     .await;
+    /// assert_eq!(answer.ok(), Some(3));
+    /// # }
+    /// ```
+    pub async fn retry<T, F, Fut>(&self, until: Instant, mut attempt: F) -> Result<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T>>,
+    {
+        let mut pacer = Pacer::new(*self);
+        loop {
+            match attempt().await {
+                Err(err) if err.is_retryable() => {
+                    if !pacer.pause_before(until).await {
+                        return Err(err);
+                    }
+                }
+                answered => return answered,
+            }
+        }
+    }
+}
+
+/// A loop's pauses by a [`Backoff`]: it counts the attempts, so each pause is the
+/// backoff's delay for the attempts so far, and starts again from the first delay
+/// after [`Pacer::reset`] (a connection that came back, say).
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// use std::time::Duration;
+/// use dlock_spi::{Backoff, Jitter, Pacer};
+/// let mut pacer = Pacer::new(
+///     Backoff::exponential(Duration::from_millis(1), Duration::from_millis(4)).with_jitter(Jitter::None),
+/// );
+/// assert_eq!(pacer.next_delay(), Duration::from_millis(1));
+/// pacer.pause().await;
+/// pacer.pause().await;
+/// assert_eq!((pacer.attempts(), pacer.next_delay()), (2, Duration::from_millis(4)));
+/// pacer.reset();
+/// assert_eq!(pacer.next_delay(), Duration::from_millis(1));
+/// # }
+/// ```
+#[derive(Debug, Clone)]
+pub struct Pacer {
+    backoff: Backoff,
+    attempts: u32,
+}
+
+impl Pacer {
+    /// A pacer at its first delay.
+    pub const fn new(backoff: Backoff) -> Self {
+        Pacer {
+            backoff,
+            attempts: 0,
+        }
+    }
+
+    /// The pauses taken since the start or the last [`Pacer::reset`].
+    pub fn attempts(&self) -> u32 {
+        self.attempts
+    }
+
+    /// The delay the next pause is drawn for (before jitter, which only shortens
+    /// it: with [`Jitter::None`], exactly the next pause).
+    pub fn next_delay(&self) -> Duration {
+        self.backoff.with_jitter(Jitter::None).delay(self.attempts)
+    }
+
+    /// Back to the first delay.
+    pub fn reset(&mut self) {
+        self.attempts = 0;
+    }
+
+    /// Sleeps the next delay, and counts it.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: dropped mid-sleep, the pause is not counted.
+    pub async fn pause(&mut self) {
+        tokio::time::sleep(self.backoff.delay(self.attempts)).await;
+        self.attempts = self.attempts.saturating_add(1);
+    }
+
+    /// Sleeps the next delay and counts it, if the pause would end before `until`;
+    /// otherwise returns `false` at once (give up: the next attempt would start too
+    /// late).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: dropped mid-sleep, the pause is not counted.
+    pub async fn pause_before(&mut self, until: Instant) -> bool {
+        let pause = self.backoff.delay(self.attempts);
+        if Instant::now() + pause >= until {
+            return false;
+        }
+        tokio::time::sleep(pause).await;
+        self.attempts = self.attempts.saturating_add(1);
+        true
     }
 }
 

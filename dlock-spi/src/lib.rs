@@ -15,7 +15,10 @@
 //!   (one grant's identity), [`FencingToken`],
 //!   [`LockMode`], [`Fairness`], requests, results, [`Capabilities`].
 //! * [`Error`] with a non-exhaustive [`ErrorKind`] and [`Error::is_retryable`].
-//! * [`Backoff`] policies for backends that wait by polling.
+//! * [`Backoff`] policies for backends that wait by polling, with [`Pacer`] for a
+//!   loop's pauses and [`Backoff::retry`] for calls sent again up to a deadline.
+//! * [`TaskGuard`] for a task that stops with its owner, and [`spawn_cleanup`] for
+//!   work a dropped call leaves to finish.
 //! * [`InMemoryBackend`] — the reference backend, for tests and single-process use.
 //!
 //! ## Writing a backend
@@ -43,11 +46,12 @@ mod request;
 mod resource;
 #[cfg(feature = "serde")]
 mod serde_impls;
+mod task;
 mod tls;
 mod types;
 mod url_option;
 
-pub use backoff::{Backoff, BackoffKind, Jitter};
+pub use backoff::{Backoff, BackoffKind, Jitter, Pacer};
 pub use capabilities::Capabilities;
 pub use chain::{
     lease_out_of_range, AcquireChain, AcquireContext, AcquireOutcome, HandlerChain, LockHandler,
@@ -63,6 +67,7 @@ pub use outcome::{AcquireResult, HolderInfo, LockState, ReleaseResult, RenewResu
 pub use redact::redact_url;
 pub use request::{AcquireRequest, ReleaseRequest, RenewRequest};
 pub use resource::{BatchRenew, LockAdmin, LockRemoteResource};
+pub use task::{spawn_cleanup, TaskGuard};
 pub use tls::{read_pem_file, TlsFiles, TlsIdentity};
 pub use types::{
     Fairness, FencingToken, GrantId, HoldPurpose, HolderKey, LockMode, LostReason, OwnerId,

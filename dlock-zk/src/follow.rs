@@ -5,13 +5,17 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlock_spi::{ChangeFeed, Result};
+use dlock_spi::{Backoff, ChangeFeed, Jitter, Pacer, Result};
 use tokio::sync::watch;
 use zookeeper_client::{Client, Error as ZkError, OneshotWatcher};
 
 use crate::error::map_zk;
 use crate::layout;
 use crate::session::Sessions;
+
+/// The pause between tries to set a feed's watches again.
+const REARM_PAUSE: Backoff =
+    Backoff::constant(Duration::from_millis(250)).with_jitter(Jitter::None);
 
 /// The watches of one round: the lock's children (or its creation), and the
 /// holder's data when there is a holder.
@@ -59,15 +63,6 @@ async fn arm(client: &Client, lock: &str) -> std::result::Result<Armed, ZkError>
     }
 }
 
-/// Aborts the feed's task when the feed is dropped.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
 /// Starts following the lock node `lock`; live (first watches set) on return.
 pub(crate) async fn follow(sessions: Arc<Sessions>, lock: String) -> Result<ChangeFeed> {
     let session = sessions.usable(None, None).await?;
@@ -76,7 +71,7 @@ pub(crate) async fn follow(sessions: Arc<Sessions>, lock: String) -> Result<Chan
         .map_err(|e| map_zk(e, "watch"))?;
     let (tx, rx) = watch::channel(0u64);
     let task = tokio::spawn(run(sessions, lock, tx, armed));
-    Ok(ChangeFeed::new(rx, AbortOnDrop(task)))
+    Ok(ChangeFeed::new(rx, dlock_spi::TaskGuard::new(task)))
 }
 
 async fn run(sessions: Arc<Sessions>, lock: String, tx: watch::Sender<u64>, mut armed: Armed) {
@@ -107,6 +102,7 @@ async fn run(sessions: Arc<Sessions>, lock: String, tx: watch::Sender<u64>, mut 
         // Re-arm, on whatever session is usable, then ping: the observer's read
         // after the ping sees the change that fired the watch and any made while
         // no watch was set; later ones fire the new watches.
+        let mut pacer = Pacer::new(REARM_PAUSE);
         armed = loop {
             let attempt = async {
                 let session = sessions.usable(None, None).await.ok()?;
@@ -120,7 +116,7 @@ async fn run(sessions: Arc<Sessions>, lock: String, tx: watch::Sender<u64>, mut 
                 }
                 () = tx.closed() => return,
             }
-            tokio::time::sleep(Duration::from_millis(250)).await;
+            pacer.pause().await;
         };
         tx.send_modify(|n| *n = n.wrapping_add(1));
     }

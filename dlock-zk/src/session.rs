@@ -21,11 +21,16 @@
 use std::sync::{Arc, PoisonError, RwLock, Weak};
 use std::time::{Duration, Instant};
 
-use dlock_spi::{Error, ErrorKind, Result};
+use dlock_spi::{Backoff, Error, ErrorKind, Jitter, Pacer, Result};
 use tokio::sync::watch;
 use zookeeper_client::{Client, SessionState};
 
 use crate::error::{connection_failure, map_zk};
+
+/// The pauses between tries to open a new session: 50 ms doubling to 2 s.
+const NEW_SESSION_PAUSE: Backoff =
+    Backoff::exponential(Duration::from_millis(50), Duration::from_secs(2))
+        .with_jitter(Jitter::None);
 
 /// Identifies one session of this backend (ZooKeeper's session id).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -318,12 +323,10 @@ impl Sessions {
     /// If the connection is down, the delete is sent again once it is back; if the
     /// session ends instead, the server removes the (ephemeral) node itself.
     pub(crate) fn delete_later(self: &Arc<Self>, session: &Arc<Session>, path: String) {
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
         let sessions = Arc::downgrade(self);
         let session = Arc::clone(session);
-        runtime.spawn(async move {
+        let what = format!("the delete of abandoned contender node {path}");
+        dlock_spi::spawn_cleanup(&what, None, async move {
             let Some(sessions) = sessions.upgrade() else {
                 return;
             };
@@ -410,7 +413,7 @@ async fn supervise(sessions: Weak<Sessions>, mut shutdown: watch::Receiver<()>) 
         }
         drop(session);
         // Open a new session, retrying with backoff until it works or the backend ends.
-        let mut delay = Duration::from_millis(50);
+        let mut pacer = Pacer::new(NEW_SESSION_PAUSE);
         loop {
             let Some(strong) = sessions.upgrade() else {
                 return;
@@ -439,10 +442,9 @@ async fn supervise(sessions: Weak<Sessions>, mut shutdown: watch::Receiver<()>) 
                 Err(err) => {
                     tracing::warn!(error = %err, "dlock-zk: cannot open a new session yet");
                     tokio::select! {
-                        () = tokio::time::sleep(delay) => {}
+                        () = pacer.pause() => {}
                         _ = shutdown.changed() => return,
                     }
-                    delay = (delay * 2).min(Duration::from_secs(2));
                 }
             }
         }

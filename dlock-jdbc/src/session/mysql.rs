@@ -622,11 +622,9 @@ impl Drop for StopWait {
         let Some((connect, within)) = self.connect.take() else {
             return;
         };
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
         let id = self.id;
-        runtime.spawn(async move {
+        let what = format_args!("ending session {id}'s cancelled wait (KILL QUERY)");
+        dlock_spi::spawn_cleanup(&what, None, async move {
             // Best effort: the wait's slice bounds it anyway.
             let _ = tokio::time::timeout(within, async move {
                 let mut conn = connect.connect().await?;
