@@ -194,7 +194,7 @@ impl ManagerInner {
                 answered => warn_unreleased(&hold.name, answered),
             }
         };
-        let what = format_args!("the release of lock {}", kept.name);
+        let what = format_args!("the hold of lock {}", kept.name);
         if !spawn_cleanup(&what, runtime.as_ref(), work) {
             // The read an upgrade kept goes too (it refers back to the manager).
             drop(kept.take_kept());
@@ -240,10 +240,8 @@ impl ManagerInner {
     pub(crate) fn abandon(&self, request: ReleaseRequest) {
         let resource = Arc::clone(self.chain.resource());
         let limit = self.chain.operation_timeout();
-        let what = format!(
-            "the give-back of a cancelled acquire's grant of lock {}",
-            request.name
-        );
+        let name = request.name.clone();
+        let what = format_args!("the give-back of a cancelled acquire's grant of lock {name}");
         spawn_cleanup(&what, None, async move {
             let until = Instant::now() + RELEASE_RETRIES;
             if let Err(err) = resend_release(&resource, limit, &request, until).await {

@@ -84,7 +84,7 @@ impl Drop for LeaseGuard {
     fn drop(&mut self) {
         if let Some(leases) = self.leases.take() {
             let (lease, resends) = (self.lease, self.resends);
-            let what = format_args!("the revoke of a cancelled acquire's lease {lease:x}");
+            let what = format_args!("lease {lease:x} of an abandoned acquire");
             dlock_spi::spawn_cleanup(&what, None, async move {
                 let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
                 let revoke = || {

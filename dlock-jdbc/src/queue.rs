@@ -137,7 +137,7 @@ impl QueueSlot {
 impl Drop for QueueSlot {
     fn drop(&mut self) {
         if self.refreshed.is_some() {
-            let what = format_args!("leaving lock {}'s queue", self.name);
+            let what = format_args!("lock {}'s queue entry of a cancelled waiter", self.name);
             dlock_spi::spawn_cleanup(&what, None, self.removal());
         }
     }

@@ -162,7 +162,10 @@ impl Drop for QueueSlot {
         let backend = self.backend.clone();
         let keys = self.keys.clone();
         let owner = std::mem::take(&mut self.owner);
-        let what = format_args!("leaving a lock's queue");
+        let what = format_args!(
+            "{}'s entry of a cancelled waiter",
+            self.keys.key(crate::keys::QUEUE)
+        );
         dlock_spi::spawn_cleanup(&what, None, async move {
             if let Err(e) = backend.leave_queue(&keys, &owner).await {
                 tracing::debug!(error = %e, "dlock-redis: leaving the queue failed; the entry (and a lock handed over to it) lapses with its liveness");

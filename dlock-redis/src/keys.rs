@@ -90,6 +90,13 @@ impl ToRedisArgs for Key<'_> {
     }
 }
 
+impl std::fmt::Display for Key<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.base)?;
+        f.write_str(self.suffix)
+    }
+}
+
 impl Key<'_> {
     /// The key as a string (for release-notice addresses).
     pub(crate) fn to_string_lossy(self) -> String {

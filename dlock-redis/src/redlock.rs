@@ -698,7 +698,7 @@ impl Drop for WaiterSlot {
         let backend = self.backend.clone();
         let name = self.name.clone();
         let member = std::mem::take(&mut self.member);
-        let what = format!("leaving lock {name}'s waiters");
+        let what = format_args!("lock {}'s entry of a cancelled waiter", self.name);
         dlock_spi::spawn_cleanup(&what, None, async move {
             backend.waiters(&name, Some((&member, false))).await;
         });

@@ -325,7 +325,9 @@ impl Sessions {
     pub(crate) fn delete_later(self: &Arc<Self>, session: &Arc<Session>, path: String) {
         let sessions = Arc::downgrade(self);
         let session = Arc::clone(session);
-        let what = format!("the delete of abandoned contender node {path}");
+        // (A copy of the path for the warning: a rare path, a cancelled contender.)
+        let node = path.clone();
+        let what = format_args!("abandoned contender node {node}");
         dlock_spi::spawn_cleanup(&what, None, async move {
             let Some(sessions) = sessions.upgrade() else {
                 return;

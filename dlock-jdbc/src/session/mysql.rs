@@ -623,7 +623,7 @@ impl Drop for StopWait {
             return;
         };
         let id = self.id;
-        let what = format_args!("ending session {id}'s cancelled wait (KILL QUERY)");
+        let what = format_args!("session {id}'s cancelled GET_LOCK wait (its KILL QUERY)");
         dlock_spi::spawn_cleanup(&what, None, async move {
             // Best effort: the wait's slice bounds it anyway.
             let _ = tokio::time::timeout(within, async move {
