@@ -151,7 +151,9 @@ impl LockGuard {
             None => return Err(self.gone()),
         };
         match answer {
-            Ok(result) => result.map_err(|e| e.with_context("lock", &self.hold.name)),
+            // (Stamped with the lock where the error arose: the chain's tail, or the
+            // watchdog's batch.)
+            Ok(result) => result,
             Err(_) => Err(self.gone()),
         }
     }

@@ -566,16 +566,19 @@ async fn renew_together(chain: HandlerChain, renewals: Vec<Due>) -> Vec<RenewOut
     };
     let now = Instant::now();
     let mut answers = answers.map(Vec::into_iter);
+    let backend = chain.resource().backend_name();
     renewals
         .into_iter()
-        .map(|d| {
+        .zip(reqs)
+        .map(|(d, req)| {
             let result = match answers.as_mut() {
                 Some(answers) => answers.next(),
                 None if now >= d.lost_at => None,
                 None => Some(Err(Error::new(
                     dlock_spi::ErrorKind::Timeout,
                     "a batch of renewals was not answered before the loss instant of one of its holds; renewing again",
-                ))),
+                )
+                .locate(backend, "renew", &req.name))),
             };
             RenewOutcome {
                 renewal: d.renewal,

@@ -454,3 +454,59 @@ async fn a_session_bound_hold_follows_its_status_feed() {
     assert_eq!(observer.lost.lock().unwrap().len(), 1);
     m.close().await;
 }
+
+/// Every error a backend returns reaches the caller stamped once, first, with the
+/// backend, the operation and the lock (the chain's tail stamps them: a backend only
+/// classifies its errors), whatever path it took — an acquire, or an extension the
+/// watchdog sent as a renewal.
+#[tokio::test]
+async fn backend_errors_name_the_backend_the_operation_and_the_lock_once() {
+    let backend = Wrapped::default();
+    let m = DistributeLockManager::builder(backend.clone())
+        .build()
+        .unwrap();
+    let located = |err: &dlock_api::spi::Error| {
+        err.context()
+            .iter()
+            .map(|(k, v)| (*k, v.clone()))
+            .collect::<Vec<_>>()
+    };
+
+    backend.error_after_grant.store(true, Ordering::SeqCst);
+    let lock = m.lock("stamped");
+    let err = lock
+        .try_lock(Duration::ZERO)
+        .await
+        .expect_err("the acquire fails");
+    backend.error_after_grant.store(false, Ordering::SeqCst);
+    let name = lock.name().unwrap().to_string();
+    assert_eq!(
+        located(&err),
+        [
+            ("backend", "memory".to_owned()),
+            ("op", "acquire".to_owned()),
+            ("lock", name)
+        ],
+        "{err}"
+    );
+
+    let other = m.lock("stamped-too");
+    let guard = other.try_lock(Duration::ZERO).await.unwrap().unwrap();
+    backend.renew_fails.store(true, Ordering::SeqCst);
+    let err = guard
+        .extend(Duration::from_secs(20))
+        .await
+        .expect_err("the extension fails");
+    backend.renew_fails.store(false, Ordering::SeqCst);
+    assert_eq!(
+        located(&err),
+        [
+            ("backend", "memory".to_owned()),
+            ("op", "renew".to_owned()),
+            ("lock", guard.name().to_string())
+        ],
+        "{err}"
+    );
+    guard.unlock().await.unwrap();
+    m.close().await;
+}

@@ -932,8 +932,7 @@ impl LockRemoteResource for EtcdBackend {
                     ErrorKind::Backend,
                     "the connection to etcd broke under the release, and the key was gone when it was sent again: the first send may have released it, or the lease ended; nothing of this grant is held now — retry, and a \"not owner\" answer means the same",
                 )
-                .set_retryable(true)
-                .with_context("op", "release"));
+                .set_retryable(true));
             }
             return Ok(ReleaseResult::NotOwner);
         };

@@ -4,7 +4,8 @@ use dlock_spi::{Error, ErrorKind};
 use etcd_client::Error as EtcdError;
 use tonic::Code;
 
-/// Classifies an etcd client error; the chain's error context adds lock and backend.
+/// Classifies an etcd client error, stamped with the backend and `op` (the chain's
+/// tail adds the lock to the errors of lock calls).
 pub(crate) fn map_etcd(err: EtcdError, op: &'static str) -> Error {
     let (kind, retryable, hint) = match &err {
         EtcdError::InvalidArgs(_) | EtcdError::InvalidUri(_) | EtcdError::EndpointError(_) => (
@@ -53,6 +54,7 @@ pub(crate) fn map_etcd(err: EtcdError, op: &'static str) -> Error {
     };
     Error::new(kind, hint)
         .set_retryable(retryable)
+        .with_context("backend", "etcd")
         .with_context("op", op)
         .with_source(err)
 }
@@ -73,6 +75,7 @@ pub(crate) fn timed_out(op: &'static str) -> Error {
         ErrorKind::Timeout,
         "etcd did not answer within the request timeout (set timeout= in the URL) — retry",
     )
+    .with_context("backend", "etcd")
     .with_context("op", op)
 }
 
@@ -99,6 +102,7 @@ pub(crate) fn map_sign_in(err: EtcdError, credentials: Option<&crate::EtcdCreden
                 ),
             )
             .set_retryable(false)
+            .with_context("backend", "etcd")
             .with_context("op", "connect")
         }
         _ => map_etcd(err, "connect"),

@@ -754,8 +754,7 @@ impl RedisBackend {
             ErrorKind::Backend,
             format!("{why}; the lock was released — check replication, or lower replica_ack"),
         )
-        .set_retryable(retry)
-        .with_context("lock", &req.name))
+        .set_retryable(retry))
     }
 }
 
@@ -1032,9 +1031,7 @@ impl LockRemoteResource for RedisBackend {
         let epoch = self.inner.conn.epoch();
         self.count_renewal_call();
         Ok(if self.run_flag(&inv, "renew").await? {
-            self.check_renewals_acknowledged(epoch)
-                .await
-                .map_err(|e| e.with_context("lock", &req.name))?;
+            self.check_renewals_acknowledged(epoch).await?;
             RenewResult::renewed(Some(sent + req.lease))
         } else {
             RenewResult::NotOwner

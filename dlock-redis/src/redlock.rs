@@ -356,14 +356,7 @@ impl RedlockBackend {
 
     /// The error for a call that `got` of the nodes answered as needed, short of a
     /// quorum: what each failing node said, so the reader knows which to check.
-    fn short_of_quorum<T>(
-        &self,
-        answers: &[Result<T>],
-        got: usize,
-        what: &str,
-        op: &'static str,
-        name: &LockName,
-    ) -> Error {
+    fn short_of_quorum<T>(&self, answers: &[Result<T>], got: usize, what: &str) -> Error {
         let failing = self.failing_nodes(answers);
         let detail = if failing.is_empty() {
             String::new()
@@ -375,8 +368,6 @@ impl RedlockBackend {
             self.inner.nodes.len(),
             self.inner.quorum
         ))
-        .with_context("op", op)
-        .with_context("lock", name)
     }
 
     /// The per-node bound for a hold of `lease`: the node timeout, and at most a
@@ -435,7 +426,7 @@ impl RedlockBackend {
         let _ = self.on_all(limit, |b| b.release(&release)).await;
         if failed > self.inner.nodes.len() - self.inner.quorum {
             let answered = self.inner.nodes.len() - failed;
-            return Err(self.short_of_quorum(&answers, answered, "answered", "acquire", &req.name));
+            return Err(self.short_of_quorum(&answers, answered, "answered"));
         }
         Ok(None)
     }
@@ -538,13 +529,7 @@ impl LockRemoteResource for RedlockBackend {
         if answered >= self.inner.quorum {
             return Ok(ReleaseResult::NotOwner);
         }
-        Err(self.short_of_quorum(
-            &answers,
-            answered,
-            "answered the release",
-            "release",
-            &req.name,
-        ))
+        Err(self.short_of_quorum(&answers, answered, "answered the release"))
     }
 
     async fn renew(&self, req: &RenewRequest) -> Result<RenewResult> {
@@ -565,7 +550,7 @@ impl LockRemoteResource for RedlockBackend {
         if gone > self.inner.nodes.len() - self.inner.quorum {
             return Ok(RenewResult::NotOwner);
         }
-        Err(self.short_of_quorum(&answers, renewed, "renewed in time", "renew", &req.name))
+        Err(self.short_of_quorum(&answers, renewed, "renewed in time"))
     }
 
     async fn inspect(&self, name: &LockName) -> Result<Option<LockState>> {
@@ -574,7 +559,7 @@ impl LockRemoteResource for RedlockBackend {
             .await;
         let answered = answers.iter().filter(|a| a.is_ok()).count();
         if answered < self.inner.quorum {
-            return Err(self.short_of_quorum(&answers, answered, "answered", "inspect", name));
+            return Err(self.short_of_quorum(&answers, answered, "answered"));
         }
         let waiting = self.waiters(name, None).await.len();
         let states: Vec<LockState> = answers

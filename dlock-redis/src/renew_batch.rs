@@ -134,15 +134,12 @@ impl BatchRenew for RedisBackend {
             }
         }
         out.into_iter()
-            .zip(reqs)
-            .map(|(result, req)| {
-                result
-                    .unwrap_or_else(|| {
-                        Err(Error::backend(
-                            "a renewal of the batch got no answer (a bug)",
-                        ))
-                    })
-                    .map_err(|e| e.with_context("lock", &req.name))
+            .map(|result| {
+                result.unwrap_or_else(|| {
+                    Err(Error::backend(
+                        "a renewal of the batch got no answer (a bug)",
+                    ))
+                })
             })
             .collect()
     }

@@ -67,10 +67,10 @@ async fn join_all<F: std::future::Future>(futures: impl Iterator<Item = F>) -> V
 }
 
 /// A batched renewal's error as the watchdog may act on it: stamped with the
-/// operation and its own lock (if the backend did not), and never of a kind that
-/// says the hold is gone — a batch's failure says nothing about one hold's owner
-/// (a `NotOwner` answer does), so such kinds become a plain backend error.
-fn batch_member_error(err: Error, req: &RenewRequest) -> Error {
+/// backend, the operation and its own lock ([`Error::locate`]), and never of a kind
+/// that says the hold is gone — a batch's failure says nothing about one hold's
+/// owner (a `NotOwner` answer does), so such kinds become a plain backend error.
+fn batch_member_error(err: Error, backend: &str, req: &RenewRequest) -> Error {
     let err = if matches!(err.kind(), ErrorKind::NotOwner | ErrorKind::LockLost) {
         Error::new(ErrorKind::Backend, err.message().to_owned())
             .set_retryable(err.is_retryable())
@@ -78,18 +78,7 @@ fn batch_member_error(err: Error, req: &RenewRequest) -> Error {
     } else {
         err
     };
-    let has = |key: &str| err.context().iter().any(|(k, _)| *k == key);
-    let (op, lock) = (has("op"), has("lock"));
-    let err = if op {
-        err
-    } else {
-        err.with_context("op", "renew")
-    };
-    if lock {
-        err
-    } else {
-        err.with_context("lock", &req.name)
-    }
+    err.locate(backend, "renew", &req.name)
 }
 
 /// The shortest lease a manager, a hold's extension or the CLI accepts: shorter
@@ -451,17 +440,15 @@ impl Tail {
         fut: impl std::future::Future<Output = Result<T>>,
     ) -> Result<T> {
         // A budget past the clock's range: no bound but the caller's.
-        let Some(until) = start.checked_add(budget) else {
-            return fut.await;
+        let result = match start.checked_add(budget) {
+            None => fut.await,
+            // (No timer per call: one sweeper bounds them all, `crate::deadline`.)
+            Some(until) => deadline::within(until, fut)
+                .await
+                .unwrap_or_else(|| Err(self.timed_out(budget))),
         };
-        // (No timer per call: one sweeper bounds them all, `crate::deadline`.)
-        match deadline::within(until, fut).await {
-            Some(result) => result,
-            None => Err(self
-                .timed_out(budget)
-                .with_context("op", op)
-                .with_context("lock", name)),
-        }
+        // Every error stamped here, once: backends only classify theirs.
+        result.map_err(|e| e.locate(self.resource.backend_name(), op, name))
     }
 
     /// The error of a call the backend did not answer within `budget`.
@@ -616,14 +603,14 @@ impl HandlerChain {
             }
             Err(_) => reqs
                 .iter()
-                .map(|req| Err(self.tail.timed_out(timeout).with_context("lock", &req.name)))
+                .map(|_| Err(self.tail.timed_out(timeout)))
                 .collect(),
         };
         let elapsed = started.elapsed();
         reqs.iter()
             .zip(answers)
             .map(|(req, result)| {
-                let result = result.map_err(|e| batch_member_error(e, req));
+                let result = result.map_err(|e| batch_member_error(e, backend, req));
                 let event = RenewEvent {
                     backend,
                     request: req,

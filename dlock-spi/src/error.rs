@@ -128,6 +128,39 @@ impl Error {
         self
     }
 
+    /// Stamps where the error happened — the backend, the operation and the lock —
+    /// as its first three context entries, keeping any of the three it names already
+    /// (a backend's finer step, say `op=list`) and every other entry after them, in
+    /// their order. The chain's tail stamps every error a backend returns this way,
+    /// so a backend only classifies its errors; errors of calls past the chain (a
+    /// backend's `connect`, its admin calls) are stamped by the backend.
+    ///
+    /// ```
+    /// use dlock_spi::{Error, ErrorKind};
+    /// let err = Error::new(ErrorKind::Backend, "the connection broke")
+    ///     .with_context("node", "10.0.0.7")
+    ///     .with_context("op", "list")
+    ///     .locate("zookeeper", "acquire", "orders:1");
+    /// assert_eq!(
+    ///     err.to_string(),
+    ///     "backend: the connection broke (backend=zookeeper, op=list, lock=orders:1, node=10.0.0.7)"
+    /// );
+    /// ```
+    pub fn locate(mut self, backend: &str, op: &str, lock: impl fmt::Display) -> Self {
+        let mut take = |key: &'static str| {
+            let at = self.context.iter().position(|(k, _)| *k == key)?;
+            Some(self.context.remove(at))
+        };
+        let (b, o, l) = (take("backend"), take("op"), take("lock"));
+        let mut context = Vec::with_capacity(3 + self.context.len());
+        context.push(b.unwrap_or_else(|| ("backend", backend.to_owned())));
+        context.push(o.unwrap_or_else(|| ("op", op.to_owned())));
+        context.push(l.unwrap_or_else(|| ("lock", lock.to_string())));
+        context.append(&mut self.context);
+        self.context = context;
+        self
+    }
+
     /// Attaches the underlying cause.
     pub fn with_source(mut self, source: impl Into<Source>) -> Self {
         self.source = Some(source.into());

@@ -353,10 +353,7 @@ impl InMemoryBackend {
                 if entry.is_idle() {
                     state.locks.remove(&req.name);
                 }
-                return Step::Fail(
-                    crate::Error::semaphore_total_differs(held, req.capacity)
-                        .with_context("lock", &req.name),
-                );
+                return Step::Fail(crate::Error::semaphore_total_differs(held, req.capacity));
             }
         }
         let pos = entry.position(slot.id);
