@@ -89,9 +89,7 @@ mod tls;
 
 use std::time::Duration;
 
-use dlock_spi::{
-    parse_url_duration, percent_decode, redact_url, Error, ErrorKind, Result, TlsFiles,
-};
+use dlock_spi::{BackendUrl, Result, TlsFiles, UrlSpec};
 
 pub use backend::EtcdBackend;
 pub use dlock_spi::TlsIdentity;
@@ -212,118 +210,56 @@ struct EtcdUrl {
     options: EtcdOptions,
 }
 
+/// How etcd URLs are written ([`BackendUrl`]).
+const URL: UrlSpec = UrlSpec {
+    label: "etcd URL",
+    schemes: &["etcd", "etcds"],
+    default_port: Some(2379),
+    example: "etcd[s]://[user:password@]host:2379,host2:2379/prefix?timeout=5s",
+};
+
 /// Parses `etcd[s]://[user:password@]host:port[,host:port…][/prefix][?option=value&…]`.
 ///
 /// Options: `timeout`, `connect_timeout` (`5s`, `2500ms`); `tls_ca`, `tls_cert`,
 /// `tls_key` (paths of PEM files, `etcds://` only). The user and password may be
 /// percent-encoded.
 fn parse_url(url: &str, mut options: EtcdOptions) -> Result<EtcdUrl> {
-    let shown = redact_url(url);
-    let bad = |what: String| {
-        Error::new(
-            ErrorKind::Config,
-            format!("etcd URL {shown:?}: {what}; write it as etcd[s]://[user:password@]host:2379,host2:2379/prefix?timeout=5s"),
-        )
-    };
-    let rest = if let Some(rest) = url.strip_prefix("etcds://") {
-        options.tls = true;
-        rest
-    } else {
-        url.strip_prefix("etcd://")
-            .ok_or_else(|| bad("the scheme must be etcd:// (etcds:// for TLS)".into()))?
-    };
-    if rest.contains('#') {
-        return Err(bad(
-            "it holds a '#' (etcd URLs have no fragment): percent-encode it as %23 in a user or password".into(),
-        ));
+    let u = BackendUrl::parse(url, &URL)?;
+    options.tls = u.scheme() == "etcds";
+    if let Some((user, password)) = u.credentials() {
+        options.credentials = Some(EtcdCredentials::new(user.to_owned(), password.to_owned()));
     }
-    let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
-    if query.contains('@') && !rest.contains('@') {
-        return Err(bad(
-            "a user or password holds a '?': percent-encode it as %3F".into(),
-        ));
-    }
-    // The user info ends at the last '@' (a password may hold a '/').
-    let (userinfo, rest) = match rest.rsplit_once('@') {
-        Some((userinfo, rest)) => (Some(userinfo), rest),
-        None => (None, rest),
-    };
-    let (authority, prefix) = match rest.find('/') {
-        Some(i) => (&rest[..i], &rest[i + 1..]),
-        None => (rest, ""),
-    };
-    let authority = match userinfo.map(|u| (u, authority)) {
-        Some((userinfo, hosts)) => {
-            let (user, password) = userinfo.split_once(':').ok_or_else(|| {
-                bad("credentials need a user and a password (user:password@)".into())
-            })?;
-            let decoded = |part: &str, what: &str| {
-                percent_decode(part)
-                    .ok_or_else(|| bad(format!("the {what} is not valid percent-encoded UTF-8")))
-            };
-            let user = decoded(user, "user")?;
-            if user.is_empty() {
-                return Err(bad("the user is empty".into()));
-            }
-            options.credentials = Some(EtcdCredentials::new(user, decoded(password, "password")?));
-            hosts
-        }
-        None => authority,
-    };
-    if authority.is_empty() || authority.split(',').any(|h| h.trim().is_empty()) {
-        return Err(bad("no host given (or an empty one between commas)".into()));
-    }
-    let hosts = authority
-        .split(',')
-        .map(|h| {
-            let h = h.trim();
-            if h.contains(':') {
-                h.to_owned()
-            } else {
-                format!("{h}:2379")
-            }
-        })
-        .collect();
-    let prefix = prefix.trim_end_matches('/');
+    let prefix = u.path().trim_start_matches('/').trim_end_matches('/');
     if !prefix.is_empty() {
         options.prefix = prefix.to_owned();
     }
     if options.prefix.is_empty() || options.prefix.chars().any(char::is_control) {
-        return Err(bad(
-            "the prefix must be non-empty, without control characters".into(),
-        ));
+        return Err(u.error("the prefix must be non-empty, without control characters"));
     }
     let mut tls_files = TlsFiles::default();
-    for pair in query.split('&').filter(|p| !p.is_empty()) {
-        let (key_name, value) = pair.split_once('=').unwrap_or((pair, ""));
-        let duration = || {
-            parse_url_duration(value)
-                .filter(|d| !d.is_zero())
-                .ok_or_else(|| {
-                    bad(format!(
-                        "{key_name}={value:?} is not a duration like 5s or 2500ms"
-                    ))
-                })
-        };
-        let path = || {
-            percent_decode(value)
-                .ok_or_else(|| bad(format!("{key_name}: not valid percent-encoded UTF-8")))
-        };
-        if key_name.starts_with("tls_") && !options.tls {
-            return Err(bad(format!(
-                "{key_name} is given for a plain etcd:// URL; use etcds://"
+    for (key, value) in u.options() {
+        if key.starts_with("tls_") && !options.tls {
+            return Err(u.error(format_args!(
+                "{key} is given for a plain etcd:// URL; use etcds://"
             )));
         }
-        if key_name.starts_with("tls_") && tls_files.take(url, key_name, &path()?)? {
+        if key.starts_with("tls_") && tls_files.take(url, key, value)? {
             continue;
         }
-        match key_name {
-            "timeout" => options.timeout = duration()?,
-            "connect_timeout" => options.connect_timeout = duration()?,
+        match key.as_str() {
+            "timeout" => options.timeout = u.duration(key, value)?,
+            "connect_timeout" => options.connect_timeout = u.duration(key, value)?,
             _ => {
-                return Err(bad(format!(
-                    "unknown option {key_name:?} (known: timeout, connect_timeout, tls_ca, tls_cert, tls_key)"
-                )))
+                return Err(u.unknown_option(
+                    key,
+                    &[
+                        "timeout",
+                        "connect_timeout",
+                        "tls_ca",
+                        "tls_cert",
+                        "tls_key",
+                    ],
+                ))
             }
         }
     }
@@ -332,7 +268,10 @@ fn parse_url(url: &str, mut options: EtcdOptions) -> Result<EtcdUrl> {
         &mut options.tls_root_certificate,
         &mut options.tls_identity,
     )?;
-    Ok(EtcdUrl { hosts, options })
+    Ok(EtcdUrl {
+        hosts: u.hosts().to_vec(),
+        options,
+    })
 }
 
 #[cfg(test)]

@@ -49,6 +49,7 @@ mod serde_impls;
 mod task;
 mod tls;
 mod types;
+mod url;
 mod url_option;
 
 pub use backoff::{Backoff, BackoffKind, Jitter, Pacer};
@@ -72,6 +73,7 @@ pub use tls::{read_pem_file, TlsFiles, TlsIdentity};
 pub use types::{
     Fairness, FencingToken, GrantId, HoldPurpose, HolderKey, LockMode, LostReason, OwnerId,
 };
+pub use url::{BackendUrl, UrlSpec};
 pub use url_option::{parse_url_duration, percent_decode};
 
 /// Re-exported so implementors use the same `async_trait` and `bytes` as the traits.

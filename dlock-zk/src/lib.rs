@@ -85,9 +85,7 @@ mod upgrade;
 
 use std::time::Duration;
 
-use dlock_spi::{
-    parse_url_duration, percent_decode, redact_url, Error, ErrorKind, Result, TlsFiles, TlsIdentity,
-};
+use dlock_spi::{BackendUrl, Result, TlsFiles, TlsIdentity, UrlSpec};
 
 pub use backend::ZkBackend;
 pub use layout::ExclusiveNode;
@@ -197,92 +195,67 @@ struct ZkUrl {
     options: ZkOptions,
 }
 
+/// How ZooKeeper URLs are written ([`BackendUrl`]).
+const URL: UrlSpec = UrlSpec {
+    label: "ZooKeeper URL",
+    schemes: &["zk", "zks", "zookeeper"],
+    default_port: None,
+    example: "zk://host:2181,host2:2181/root?session_timeout=10s",
+};
+
 /// Parses `zk://[user:password@]host:port[,host:port…][/root][?option=value&…]`
-/// (`zks://` for TLS).
+/// (`zks://` for TLS); user and password may be percent-encoded.
 ///
 /// Options: `session_timeout` (`10s`, `2500ms`), `exclusive` (`mutex` or `rw`);
 /// `tls_ca`, `tls_cert`, `tls_key` (paths of PEM files, `zks://` only).
 fn parse_url(url: &str, mut options: ZkOptions) -> Result<ZkUrl> {
-    let shown = redact_url(url);
-    let bad = |what: String| {
-        Error::new(
-            ErrorKind::Config,
-            format!("ZooKeeper URL {shown:?}: {what}; write it as zk://host:2181,host2:2181/root?session_timeout=10s"),
-        )
-    };
-    let rest = match url.strip_prefix("zks://") {
-        Some(rest) => {
-            options.tls = true;
-            rest
-        }
+    let u = BackendUrl::parse(url, &URL)?;
+    if u.scheme() == "zks" {
+        options.tls = true;
+    } else if options.tls {
         // The scheme says whether the connection is TLS: options that ask for it
         // under a plain scheme are a contradiction, not a choice to make silently.
-        None if options.tls => {
-            return Err(bad(
-                "the options ask for TLS (ZkOptions::tls) but the scheme is plain; use zks://"
-                    .into(),
-            ))
-        }
-        None => url
-            .strip_prefix("zk://")
-            .or_else(|| url.strip_prefix("zookeeper://"))
-            .ok_or_else(|| bad("the scheme must be zk:// (zks:// for TLS)".into()))?,
-    };
-    let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
-    let (authority, root) = match rest.find('/') {
-        Some(i) => (&rest[..i], &rest[i..]),
-        None => (rest, ""),
-    };
-    let hosts = match authority.rsplit_once('@') {
-        Some((credentials, hosts)) => {
-            if !credentials.contains(':') {
-                return Err(bad("credentials must be user:password".into()));
-            }
-            options.digest = Some(credentials.to_owned());
-            hosts
-        }
-        None => authority,
-    };
-    if hosts.is_empty() || hosts.split(',').any(|h| h.trim().is_empty()) {
-        return Err(bad("no host given (or an empty one between commas)".into()));
+        return Err(u.error(
+            "the options ask for TLS (ZkOptions::tls) but the scheme is plain; use zks://",
+        ));
     }
+    if let Some((user, password)) = u.credentials() {
+        options.digest = Some(format!("{user}:{password}"));
+    }
+    let root = u.path();
     if !root.is_empty() && root != "/" {
         options.root = root.trim_end_matches('/').to_owned();
     }
     let mut tls_files = TlsFiles::default();
-    for pair in query.split('&').filter(|p| !p.is_empty()) {
-        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+    for (key, value) in u.options() {
         if key.starts_with("tls_") && !options.tls {
-            return Err(bad(format!("{key} is for TLS; use zks://")));
+            return Err(u.error(format_args!("{key} is for TLS; use zks://")));
         }
-        if key.starts_with("tls_") {
-            let path = percent_decode(value)
-                .ok_or_else(|| bad(format!("{key}: not valid percent-encoded UTF-8")))?;
-            if tls_files.take(url, key, &path)? {
-                continue;
-            }
+        if key.starts_with("tls_") && tls_files.take(url, key, value)? {
+            continue;
         }
-        match key {
-            "session_timeout" => {
-                options.session_timeout = parse_url_duration(value)
-                    .filter(|d| !d.is_zero())
-                    .ok_or_else(|| {
-                        bad(format!(
-                            "session_timeout={value:?} is not a duration like 10s or 2500ms"
-                        ))
-                    })?;
-            }
+        match key.as_str() {
+            "session_timeout" => options.session_timeout = u.duration(key, value)?,
             "exclusive" => {
-                options.exclusive_node = match value {
+                options.exclusive_node = match value.as_str() {
                     "mutex" => ExclusiveNode::Mutex,
                     "rw" | "readwrite" => ExclusiveNode::ReadWrite,
-                    _ => return Err(bad(format!("exclusive={value:?} must be mutex or rw"))),
+                    _ => {
+                        return Err(u.error(format_args!("exclusive={value:?} must be mutex or rw")))
+                    }
                 };
             }
             _ => {
-                return Err(bad(format!(
-                    "unknown option {key:?} (known: session_timeout, exclusive, tls_ca, tls_cert, tls_key)"
-                )))
+                return Err(u.unknown_option(
+                    key,
+                    &[
+                        "session_timeout",
+                        "exclusive",
+                        "tls_ca",
+                        "tls_cert",
+                        "tls_key",
+                    ],
+                ))
             }
         }
     }
@@ -292,18 +265,18 @@ fn parse_url(url: &str, mut options: ZkOptions) -> Result<ZkUrl> {
         &mut options.tls_identity,
     )?;
     if !options.tls && (options.tls_root_certificate.is_some() || options.tls_identity.is_some()) {
-        return Err(bad(
-            "TLS certificates are given (ZkOptions) for a plain connection; use zks://".into(),
-        ));
+        return Err(
+            u.error("TLS certificates are given (ZkOptions) for a plain connection; use zks://")
+        );
     }
     if options.tls && options.tls_root_certificate.is_none() {
-        return Err(bad(
-            "zks:// needs tls_ca=<pem file>: the CA that signed the servers' certificates".into(),
+        return Err(u.error(
+            "zks:// needs tls_ca=<pem file>: the CA that signed the servers' certificates",
         ));
     }
     layout::validate_root(&options.root)?;
     Ok(ZkUrl {
-        hosts: hosts.to_owned(),
+        hosts: u.hosts().join(","),
         options,
     })
 }
@@ -311,6 +284,19 @@ fn parse_url(url: &str, mut options: ZkOptions) -> Result<ZkUrl> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use dlock_spi::ErrorKind;
+
+    #[test]
+    fn credentials_are_percent_decoded_and_may_hold_a_slash() {
+        let u = parse_url(
+            "zk://app:p%40ss/w%3Ard@10.0.0.1:2181/locks",
+            ZkOptions::default(),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(u.options.digest.as_deref(), Some("app:p@ss/w:rd"));
+        assert_eq!(u.options.root, "/locks");
+        assert_eq!(u.hosts, "10.0.0.1:2181");
+    }
 
     #[test]
     fn urls_parse_hosts_root_credentials_and_options() {
