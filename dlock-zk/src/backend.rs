@@ -558,7 +558,7 @@ impl Inner {
         }
         let mut lock = layout::lock_path(&self.root, &key.name);
         if key.mode.permits().is_some() {
-            lock = crate::semaphore::leases_dir(&lock);
+            lock = crate::layout::leases_dir(&lock);
         }
         // The protection id alone names the grant's node, whatever its marker.
         self.find(&lock, &layout::protected_prefix(&key.holder))
@@ -716,7 +716,7 @@ impl LockRemoteResource for ZkBackend {
             Err(ZkError::NoNode) => return Ok(None),
             Err(err) => return Err(map_zk(err, "list")),
         };
-        if crate::semaphore::is_semaphore(&children) {
+        if crate::layout::is_semaphore(&children) {
             return self.inspect_semaphore(&session, &lock).await;
         }
         let queue = layout::contenders(&children);
@@ -1033,7 +1033,7 @@ impl LockAdmin for ZkBackend {
             Err(ZkError::NoNode) => return Ok(0),
             Err(err) => return Err(map_zk(err, "list")),
         };
-        if crate::semaphore::is_semaphore(&children) {
+        if crate::layout::is_semaphore(&children) {
             return self.force_release_semaphore(&session, &lock).await;
         }
         let queue = layout::contenders(&children);
@@ -1064,7 +1064,7 @@ impl LockAdmin for ZkBackend {
         let mut live = 0;
         for (path, list) in paths.iter().zip(lists) {
             match list.await {
-                Ok(children) if crate::semaphore::is_semaphore(&children) => {
+                Ok(children) if crate::layout::is_semaphore(&children) => {
                     if self.semaphore_live(&session, path).await? {
                         live += 1;
                     }

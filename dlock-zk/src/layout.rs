@@ -311,6 +311,35 @@ pub(crate) fn holders(queue: &[Contender]) -> &[Contender] {
     }
 }
 
+/// Curator's semaphore (`InterProcessSemaphoreV2`) layout: its mutex node, below the
+/// semaphore's node.
+pub(crate) const LOCKS: &str = "locks";
+/// The recipe's lease nodes' parent, below the semaphore's node.
+pub(crate) const LEASES: &str = "leases";
+/// `InterProcessSemaphoreV2`'s lease name.
+pub(crate) const LEASE_MARKER: &str = "lease-";
+
+/// The parent of a semaphore's lease nodes.
+pub(crate) fn leases_dir(lock: &str) -> String {
+    format!("{lock}/{LEASES}")
+}
+
+/// The parent of a semaphore's mutex nodes.
+pub(crate) fn locks_dir(lock: &str) -> String {
+    format!("{lock}/{LOCKS}")
+}
+
+/// Whether a lock node's children are a semaphore's (`locks`, `leases`).
+pub(crate) fn is_semaphore(children: &[String]) -> bool {
+    children.iter().any(|c| c == LOCKS || c == LEASES)
+}
+
+/// A lease node's sequence number (`…lease-<digits>`).
+pub(crate) fn lease_sequence(node: &str) -> Option<i64> {
+    let at = node.rfind(LEASE_MARKER)?;
+    node[at + LEASE_MARKER.len()..].parse().ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -30,35 +30,8 @@ use crate::backend::{
     PendingNode, ZkBackend,
 };
 use crate::error::map_zk;
-use crate::layout;
+use crate::layout::{self, lease_sequence, leases_dir, locks_dir, LEASE_MARKER};
 use crate::session::Session;
-
-/// The recipe's mutex node, below the semaphore's node.
-const LOCKS: &str = "locks";
-/// The recipe's lease nodes' parent, below the semaphore's node.
-const LEASES: &str = "leases";
-/// `InterProcessSemaphoreV2`'s lease name.
-const LEASE_MARKER: &str = "lease-";
-
-/// The parent of a semaphore's lease nodes.
-pub(crate) fn leases_dir(lock: &str) -> String {
-    format!("{lock}/{LEASES}")
-}
-
-fn locks_dir(lock: &str) -> String {
-    format!("{lock}/{LOCKS}")
-}
-
-/// Whether a lock node's children are a semaphore's (`locks`, `leases`).
-pub(crate) fn is_semaphore(children: &[String]) -> bool {
-    children.iter().any(|c| c == LOCKS || c == LEASES)
-}
-
-/// A lease node's sequence number (`…lease-<digits>`).
-fn lease_sequence(node: &str) -> Option<i64> {
-    let at = node.rfind(LEASE_MARKER)?;
-    node[at + LEASE_MARKER.len()..].parse().ok()
-}
 
 /// The total recorded in `…/leases` by dlock clients (`None` when none is).
 fn recorded_total(data: &[u8]) -> Option<u32> {
