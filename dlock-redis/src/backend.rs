@@ -15,7 +15,9 @@ use redis::aio::ConnectionManager;
 use redis::cluster_async::ClusterConnection;
 use redis::{FromRedisValue, Value};
 
+use crate::connection::{bounded, connection_config};
 use crate::error::{config_error, map_redis};
+use crate::keys::ms;
 use crate::keys::{
     scan_pattern, HolderValue, LockKeys, OwnerPart, ScriptCall, ACQUIRE_EXCLUSIVE_KEYS, ALL,
     EXCLUSIVE, LEAN_KEYS, OBSERVERS, RELEASE_EXCLUSIVE_KEYS, RENEW_EXCLUSIVE_KEYS,
@@ -229,10 +231,6 @@ fn bytes(v: Option<&Value>) -> Vec<u8> {
         Some(Value::SimpleString(s)) => s.clone().into_bytes(),
         _ => Vec::new(),
     }
-}
-
-pub(crate) fn ms(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
 }
 
 impl RedisBackend {
@@ -781,28 +779,6 @@ fn owner_call<'s>(
             call
         }
     }
-}
-
-/// `fut`, failing with a timeout error after `limit`.
-pub(crate) async fn bounded<T>(
-    limit: Duration,
-    fut: impl std::future::Future<Output = redis::RedisResult<T>>,
-) -> redis::RedisResult<T> {
-    tokio::time::timeout(limit, fut).await.unwrap_or_else(|_| {
-        Err(redis::RedisError::from(std::io::Error::new(
-            std::io::ErrorKind::TimedOut,
-            format!("no answer within {limit:?}"),
-        )))
-    })
-}
-
-/// dlock's settings for a multiplexed connection: connecting bounded by `connect`,
-/// no reply timeout (a script that ran but answered late must not be reported as
-/// failed; the chain bounds every call).
-pub(crate) fn connection_config(connect: Duration) -> redis::AsyncConnectionConfig {
-    redis::AsyncConnectionConfig::new()
-        .set_connection_timeout(Some(connect))
-        .set_response_timeout(None)
 }
 
 /// How messages name a client the application gave (it has no URL to show).

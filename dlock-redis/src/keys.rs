@@ -256,6 +256,12 @@ pub(crate) fn scan_pattern(prefix: &str, name_prefix: &str) -> String {
     glob
 }
 
+/// A duration in whole milliseconds for a command (at least 1: a `PX` of 0 is an
+/// error, and a lease is never shorter).
+pub(crate) fn ms(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

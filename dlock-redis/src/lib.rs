@@ -95,6 +95,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod backend;
+mod connection;
 mod error;
 mod keys;
 mod notices;

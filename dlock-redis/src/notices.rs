@@ -287,7 +287,7 @@ async fn run(
                     let mut p = client.get_async_pubsub().await?;
                     p.subscribe(&channel).await.map(|()| (epoch, p))
                 };
-                let connected = crate::backend::bounded(RECONNECT_BOUND, connect).await;
+                let connected = crate::connection::bounded(RECONNECT_BOUND, connect).await;
                 match connected {
                     Ok(p) => {
                         let Some(n) = notices.upgrade() else { return };

@@ -19,29 +19,6 @@ use futures_util::future::join_all;
 use crate::backend::RedisBackend;
 use crate::keys::{OwnerPart, ScriptCall, EXCLUSIVE, READERS};
 
-/// The batch script. KEYS: per hold, its exclusive key and its readers key. ARGV: per
-/// hold, the owner part of its holder value and the lease in ms (so hold *i* has
-/// `KEYS[2i-1], KEYS[2i]` and `ARGV[2i-1], ARGV[2i]`). Answers per hold: 0 — not the
-/// holder; 1 — renewed; 2 — readers are beside the writer (its owner's own: a writer
-/// reading, an upgrade), whose horizon the single renewal keeps in the same step, so
-/// nothing is written here and the client sends that renewal. Only a renewal writes.
-pub(crate) const RENEW_BATCH: &str = r#"
-local out = {}
-for i = 1, #KEYS, 2 do
-  local owner = ARGV[i]
-  local v = redis.call('GET', KEYS[i])
-  if not v or string.sub(v, 1, #owner) ~= owner then
-    out[#out + 1] = 0
-  elseif redis.call('EXISTS', KEYS[i + 1]) == 1 then
-    out[#out + 1] = 2
-  else
-    redis.call('PEXPIRE', KEYS[i], ARGV[i + 1])
-    out[#out + 1] = 1
-  end
-end
-return out
-"#;
-
 /// The most holds one script call renews: a script runs alone on the server, so a
 /// batch of thousands is sent as several calls (pipelined) rather than one that
 /// holds every other client up for milliseconds.
@@ -161,7 +138,7 @@ impl RedisBackend {
         }
         for r in reqs {
             cmd.arg(OwnerPart(r.holder().as_str()))
-                .arg(crate::backend::ms(r.lease));
+                .arg(crate::keys::ms(r.lease));
         }
         ScriptCall { script, cmd }
     }

@@ -763,7 +763,7 @@ pub(crate) struct Scripts {
     pub(crate) inspect: redis::Script,
     pub(crate) force_release: redis::Script,
     pub(crate) observe: redis::Script,
-    /// [`crate::renew_batch::RENEW_BATCH`].
+    /// [`RENEW_BATCH`].
     pub(crate) renew_batch: redis::Script,
 }
 
@@ -846,10 +846,34 @@ impl Scripts {
             inspect: i,
             force_release: f,
             observe: o,
-            renew_batch: redis::Script::new(crate::renew_batch::RENEW_BATCH),
+            renew_batch: redis::Script::new(RENEW_BATCH),
         }
     }
 }
+
+/// The batch script. KEYS: per hold, its exclusive key and its readers key. ARGV: per
+/// hold, the owner part of its holder value and the lease in ms (so hold *i* has
+/// `KEYS[2i-1], KEYS[2i]` and `ARGV[2i-1], ARGV[2i]`). Answers per hold: 0 — not the
+/// holder; 1 — renewed; 2 — readers are beside the writer (its owner's own: a writer
+/// reading, an upgrade), whose horizon the single renewal keeps in the same step, so
+/// nothing is written here and the client sends that renewal. Only a renewal writes.
+/// (Kept beside the other scripts; `crate::renew_batch` sends it.)
+pub(crate) const RENEW_BATCH: &str = r#"
+local out = {}
+for i = 1, #KEYS, 2 do
+  local owner = ARGV[i]
+  local v = redis.call('GET', KEYS[i])
+  if not v or string.sub(v, 1, #owner) ~= owner then
+    out[#out + 1] = 0
+  elseif redis.call('EXISTS', KEYS[i + 1]) == 1 then
+    out[#out + 1] = 2
+  else
+    redis.call('PEXPIRE', KEYS[i], ARGV[i + 1])
+    out[#out + 1] = 1
+  end
+end
+return out
+"#;
 
 #[cfg(test)]
 mod tests {

@@ -32,7 +32,7 @@ use redis::aio::MultiplexedConnection;
 use redis::{FromRedisValue, RedisResult, Value};
 use tokio::sync::watch;
 
-use crate::backend::{bounded, connection_config};
+use crate::connection::{bounded, connection_config};
 use crate::RedisOptions;
 
 /// The sentinels' own credentials ([`RedisOptions::sentinel_auth`]); its `Debug`
