@@ -15,13 +15,15 @@ use sqlx::Row;
 use tokio::sync::Notify;
 
 use crate::bell::Bells;
-use crate::dialect::{Dialect, Statements, Stmt};
+use crate::dialect::Dialect;
 use crate::error::{conflict_pause, is_conflict, map_sqlx, retry_conflicts};
 use crate::local_bus::LocalBus;
+use crate::param::Param;
 use crate::permits;
-use crate::pool::{on_pool, query, Param, Pool};
+use crate::pool::{on_pool, query, Pool};
 use crate::queue::{Departures, QueueSlot};
 use crate::run_to_end::{run_to_end, Where};
+use crate::statements::{Statements, Stmt};
 use crate::JdbcOptions;
 
 /// Rows of `inspect` and `contention`: owner, token, context, remaining ms.
@@ -84,7 +86,7 @@ struct NameWaiters {
 }
 
 /// What a release notice on PostgreSQL says: the lock, and the writer first in its
-/// queue if one waits (the payload [`crate::dialect::RELEASE_PAYLOAD`] builds).
+/// queue if one waits (the payload [`crate::statements::RELEASE_PAYLOAD`] builds).
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) struct ReleaseNotice<'a> {
     /// The released lock's name.
@@ -667,7 +669,7 @@ impl JdbcBackend {
         ) {
             match mysql_token!(query!(unqueued, &params), p).map_err(self.err("acquire"))? {
                 // A free lock whose queue may hold live waiters: the queue decides.
-                Some(crate::dialect::ASK_THE_QUEUE) => {}
+                Some(crate::statements::ASK_THE_QUEUE) => {}
                 token => return Ok(Answer::of_token(token)),
             }
         }

@@ -20,7 +20,7 @@
 
 use std::fmt::Write;
 
-use crate::pool::Param;
+use crate::param::Param;
 
 /// `sql` (PostgreSQL placeholders `$1…$n`) with each `$k` replaced by the literal
 /// of `params[k - 1]`. A placeholder without a parameter (a bug) is left as it is:

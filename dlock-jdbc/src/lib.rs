@@ -168,11 +168,13 @@ mod local_bus;
 #[path = "local_bus_off.rs"]
 mod local_bus;
 mod migrate;
+mod param;
 mod permits;
 pub(crate) mod pool;
 mod queue;
 mod run_to_end;
 mod session;
+mod statements;
 
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
@@ -189,8 +191,8 @@ pub use pool::Pool as SqlPool;
 pub use sqlx;
 
 use crate::backend::{Inner, Wakeups};
-use crate::dialect::{validate_prefix, Statements};
 use crate::pool::Pool;
+use crate::statements::{validate_prefix, Statements};
 
 /// The longest lock name stored, in bytes (the width of MySQL's key column).
 pub const MAX_NAME_LEN: usize = 512;

@@ -11,7 +11,7 @@
 //! with the next renewal of any holder, or sooner.
 //!
 //! This module holds the layout, each dialect's JSON fragments and the statements
-//! built from them; [`crate::dialect::Statements`] carries the statements.
+//! built from them; [`crate::statements::Statements`] carries the statements.
 
 use crate::dialect::Dialect;
 
@@ -303,11 +303,8 @@ pub(crate) fn release(dialect: Dialect) -> String {
             rewrite()
         ),
         // The payload, for the backend to send ([`crate::local_bus`]), if a waiter waits.
-        Dialect::Sqlite => format!(
-            "{} RETURNING {}",
-            rewrite(),
-            crate::dialect::PAYLOAD_IF_WAITED
-        ),
+        // (`PAYLOAD_IF_WAITED`: a template name, filled in with the statement.)
+        Dialect::Sqlite => format!("{} RETURNING PAYLOAD_IF_WAITED", rewrite()),
     }
 }
 

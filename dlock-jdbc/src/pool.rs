@@ -58,14 +58,6 @@ impl Pool {
     }
 }
 
-/// A bound parameter.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Param<'a> {
-    Text(&'a str),
-    Int(i64),
-    Bytes(&'a [u8]),
-}
-
 /// Runs `$body` with `$p` bound to the concrete pool of whichever driver `$pool` holds.
 macro_rules! on_pool {
     ($pool:expr, $p:ident => $body:expr) => {
@@ -151,11 +143,11 @@ where
 /// The statement `stmt` with `params`, as a [`Query`]: bound in the statement's
 /// order, or written into its text where the statement says so ([`Stmt::inline`]).
 ///
-/// [`Stmt::inline`]: crate::dialect::Stmt::inline
+/// [`Stmt::inline`]: crate::statements::Stmt::inline
 macro_rules! query {
     ($stmt:expr, $params:expr) => {{
-        let stmt: &$crate::dialect::Stmt = $stmt;
-        let params: &[$crate::pool::Param<'_>] = $params;
+        let stmt: &$crate::statements::Stmt = $stmt;
+        let params: &[$crate::param::Param<'_>] = $params;
         match stmt.inlined(params) {
             Some(text) => $crate::pool::Query::Inline(sqlx::raw_sql(sqlx::AssertSqlSafe(text))),
             None => {
@@ -164,9 +156,9 @@ macro_rules! query {
                 for &i in &stmt.order {
                     // A missing parameter (a bug) reaches the database as a bind error, not a panic.
                     q = match params.get(i) {
-                        Some($crate::pool::Param::Text(v)) => q.bind(*v),
-                        Some($crate::pool::Param::Int(v)) => q.bind(*v),
-                        Some($crate::pool::Param::Bytes(v)) => q.bind(*v),
+                        Some($crate::param::Param::Text(v)) => q.bind(*v),
+                        Some($crate::param::Param::Int(v)) => q.bind(*v),
+                        Some($crate::param::Param::Bytes(v)) => q.bind(*v),
                         None => q,
                     };
                 }

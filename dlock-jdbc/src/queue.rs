@@ -19,7 +19,8 @@ use tokio::sync::watch;
 
 use crate::backend::JdbcBackend;
 use crate::error::{map_sqlx, retry_conflicts};
-use crate::pool::{on_pool, query, Param};
+use crate::param::Param;
+use crate::pool::{on_pool, query};
 
 /// A waiting acquire's row in the lock's queue: written at its first refusal,
 /// refreshed at least every third of its liveness, and removed when the acquire ends
