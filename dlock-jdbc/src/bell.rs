@@ -50,7 +50,7 @@ use sqlx::mysql::{MySqlConnectOptions, MySqlConnection};
 use sqlx::{ConnectOptions, Connection, Row};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use crate::backend::Next;
+use crate::wakeups::Next;
 
 /// The bells of one backend: its wake-up sessions, and the bells its holds keep.
 pub(crate) struct Bells {

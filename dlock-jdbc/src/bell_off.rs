@@ -5,7 +5,7 @@
 
 use std::time::Instant;
 
-use crate::backend::Next;
+use crate::wakeups::Next;
 
 /// Never built without the `mysql` feature.
 pub(crate) enum Bells {}

@@ -175,6 +175,7 @@ mod queue;
 mod run_to_end;
 mod session;
 mod statements;
+mod wakeups;
 
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
@@ -190,9 +191,10 @@ pub use pool::Pool as SqlPool;
 /// The sqlx version dlock-jdbc is built on, for code that uses [`SqlPool`].
 pub use sqlx;
 
-use crate::backend::{Inner, Wakeups};
+use crate::backend::Inner;
 use crate::pool::Pool;
 use crate::statements::{validate_prefix, Statements};
+use crate::wakeups::Wakeups;
 
 /// The longest lock name stored, in bytes (the width of MySQL's key column).
 pub const MAX_NAME_LEN: usize = 512;
@@ -1166,7 +1168,7 @@ async fn start_listener(pool: &Pool, options: &JdbcOptions) -> Listener {
                 match listener.try_recv().await {
                     Ok(Some(note)) => {
                         if note.channel() == channel {
-                            let notice = backend::ReleaseNotice::parse(note.payload());
+                            let notice = wakeups::ReleaseNotice::parse(note.payload());
                             target.wake(&notice);
                             target.changed(notice.name);
                         } else {

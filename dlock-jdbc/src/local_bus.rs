@@ -8,7 +8,7 @@
 //! * Every backend on a database file binds a Unix datagram socket of its own,
 //!   under a random name, in one directory beside the file (`<file>-dlock-wake/`),
 //!   and a thread of its own wakes its waiters on what arrives
-//!   ([`crate::backend::Wakeups::wake`]; a thread, not a task, so that a runtime
+//!   ([`crate::wakeups::Wakeups::wake`]; a thread, not a task, so that a runtime
 //!   without tokio's I/O driver, which SQLite never needed, still works). Where the
 //!   file's path is too long for a socket address there is no bus: waiters poll.
 //! * A release that leaves a waiter behind (and a waiter first in line that
@@ -43,7 +43,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::backend::{ReleaseNotice, Wakeups};
+use crate::wakeups::{ReleaseNotice, Wakeups};
 
 /// The longest socket path a Unix socket address takes on every Unix (`sun_path`
 /// is 104 bytes on the BSDs and macOS, 108 on Linux, with its terminating NUL).

@@ -195,7 +195,7 @@ const PERMIT_GATE: &str = "NOT EXISTS (SELECT 1 FROM {waiters} w \
 /// order, as the gates read it), if one waits, as its mode and key (`x<owner>#<grant>`).
 /// The listener wakes that waiter alone when it is a writer (nobody else can take
 /// the lock before it in fair mode, and waking more costs every other process an
-/// attempt), and one local waiter otherwise (see [`crate::backend::ReleaseNotice`]).
+/// attempt), and one local waiter otherwise (see [`crate::wakeups::ReleaseNotice`]).
 pub(crate) const RELEASE_PAYLOAD: &str = "NAME_BYTES || ':' || $1 || \
      COALESCE((SELECT w.mode || w.waiter FROM {waiters} w \
        WHERE w.name = $1 AND w.alive_until > NOW ORDER BY w.arrived, w.waiter LIMIT 1), '')";
