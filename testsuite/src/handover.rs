@@ -14,7 +14,7 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::process::Command;
 
 use crate::backends;
-use crate::lockcheck::coordinator::in_process;
+use crate::lockcheck::broken::in_process;
 
 /// The most grants the busiest process may have per grant of the least busy.
 pub const RATIO_BOUND: f64 = 3.0;

@@ -1369,7 +1369,7 @@ fn main() -> std::process::ExitCode {
         tokio memory_has_no_violations_and_kept_histories_check_again,
     ];
     for label in testsuite::runner::selected() {
-        if testsuite::lockcheck::coordinator::in_process(&label) {
+        if testsuite::lockcheck::broken::in_process(&label) {
             continue;
         }
         let runs = std::iter::once(("bounded_run", BOUNDED))

@@ -144,3 +144,9 @@ impl LockRemoteResource for BrokenBackend {
         None
     }
 }
+
+/// Whether `label` runs its "processes" as tasks of one process (its store cannot be
+/// shared between processes): `memory` and the broken backends.
+pub fn in_process(label: &str) -> bool {
+    label == "memory" || Flaw::of(label).is_some()
+}

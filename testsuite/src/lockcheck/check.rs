@@ -183,7 +183,7 @@ impl Rules {
     /// looked at.)
     pub fn for_label(label: &str) -> Rules {
         let mut rules = Rules::default();
-        if super::coordinator::in_process(label) {
+        if super::broken::in_process(label) {
             // No network: the background release of a dropped guard, a cancelled
             // unlock or a cancelled acquire's grant reaches the store at once.
             rules.hidden_hold_ns = IN_PROCESS_RELEASE_NS;

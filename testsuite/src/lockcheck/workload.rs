@@ -1260,3 +1260,22 @@ impl Task {
         false
     }
 }
+
+/// What every worker of a run shares: the seed, the namespace, the register.
+pub(crate) struct Plan {
+    pub(crate) seed: u64,
+    pub(crate) namespace: String,
+    pub(crate) register: std::net::SocketAddr,
+}
+
+impl Plan {
+    pub(crate) fn spec(&self, proc_: u32, duration: Duration) -> WorkerSpec {
+        WorkerSpec {
+            proc_,
+            seed: self.seed.wrapping_add(u64::from(proc_)),
+            duration,
+            namespace: self.namespace.clone(),
+            register: self.register,
+        }
+    }
+}
