@@ -793,3 +793,25 @@ async fn contend_loop(
         }
     }
 }
+
+/// The manager's constructor of this primitive.
+impl crate::DistributeLockManager {
+    /// The election `name` (prefixed with the manager's namespace): campaign to lead
+    /// it, see who leads, follow the changes. It shares its name with the lock
+    /// `name` — `dlock status name` shows the leader.
+    pub fn election(&self, name: &str) -> Election {
+        Election::new(self.clone(), name)
+    }
+
+    /// Keeps `contender` in the running for the leadership of `name` (Simba's
+    /// contention service), with the manager's context as its leader value: whenever
+    /// it wins a term, [`Contender::on_acquired`] runs the leader's work; when the
+    /// term ends, [`Contender::on_released`] follows, then the leadership is given
+    /// back, and the contender queues again — until [`Contention::stop`].
+    ///
+    /// Errors: the name is invalid, or there is no tokio runtime to run it in.
+    pub fn contend<C: Contender>(&self, name: &str, contender: C) -> Result<Contention> {
+        self.election(name)
+            .contend_as(self.inner.config.context.clone(), contender)
+    }
+}

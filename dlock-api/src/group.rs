@@ -211,3 +211,13 @@ impl fmt::Debug for LockGroup {
             .finish()
     }
 }
+
+/// The manager's constructor of this primitive.
+impl crate::DistributeLockManager {
+    /// A family of locks whose names share `prefix` (ylock's `Locks`): `group.lock(id)`
+    /// locks `"<prefix>:<id>"`, the same owner for the same id (handles kept in a
+    /// bounded cache; see [`LockGroup`]).
+    pub fn group(&self, prefix: &str) -> LockGroup {
+        LockGroup::new(self.clone(), prefix)
+    }
+}

@@ -172,7 +172,7 @@ impl LockGuard {
     }
 
     /// The manager that granted it.
-    pub(crate) fn manager(&self) -> &Arc<crate::manager::ManagerInner> {
+    pub(crate) fn manager(&self) -> &Arc<crate::inner::ManagerInner> {
         &self.handle.manager
     }
 

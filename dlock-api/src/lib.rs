@@ -65,6 +65,7 @@ mod group;
 mod guard;
 mod hold;
 mod ids;
+mod inner;
 mod lock;
 mod manager;
 mod multi;

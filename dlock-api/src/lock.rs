@@ -12,7 +12,7 @@ use dlock_spi::{
 
 use crate::guard::{Acquisition, LockGuard};
 use crate::hold::Hold;
-use crate::manager::{Config, ManagerInner};
+use crate::inner::{Config, ManagerInner};
 pub(crate) use crate::options::check_max_hold;
 use crate::options::LockOptions;
 use crate::watchdog::Watch;
@@ -699,5 +699,31 @@ impl fmt::Debug for DistributeLock {
             .field("fairness", &self.handle.fairness)
             .field("held", &self.is_held())
             .finish()
+    }
+}
+
+/// The manager's constructor of this primitive.
+impl crate::DistributeLockManager {
+    /// A lock handle for `name` (prefixed with the manager's namespace). Each call gives
+    /// a new owner: two handles for the same name exclude each other, while a handle and
+    /// its clones share ownership and re-enter. An invalid name is reported by the first
+    /// operation on the handle as [`ErrorKind::InvalidName`](dlock_spi::ErrorKind::InvalidName).
+    pub fn lock(&self, name: &str) -> DistributeLock {
+        DistributeLock::new(
+            Arc::clone(&self.inner),
+            self.inner.full_name(name),
+            LockMode::Exclusive,
+            self.inner.config.fairness,
+        )
+    }
+
+    /// Like [`lock`](Self::lock) but granted in arrival order (needs a backend with fair locks).
+    pub fn fair_lock(&self, name: &str) -> DistributeLock {
+        DistributeLock::new(
+            Arc::clone(&self.inner),
+            self.inner.full_name(name),
+            LockMode::Exclusive,
+            Fairness::Fair,
+        )
     }
 }

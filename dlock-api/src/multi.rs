@@ -228,3 +228,17 @@ impl fmt::Debug for MultiGuard {
         f.debug_list().entries(self.guards.iter()).finish()
     }
 }
+
+/// The manager's constructor of this primitive.
+impl crate::DistributeLockManager {
+    /// Several locks taken together, all or none, in a fixed order (see
+    /// [`MultiLock`](crate::MultiLock)); one guard and one lost signal for all.
+    pub fn multi_lock<I>(&self, names: I) -> crate::MultiLock
+    where
+        I: IntoIterator,
+        I::Item: AsRef<str>,
+    {
+        let names = names.into_iter().map(|n| n.as_ref().to_owned()).collect();
+        crate::MultiLock::new(self, names)
+    }
+}

@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 use dlock_spi::{Error, Fairness, FencingToken, LockMode, LockName, Result};
 
 use crate::guard::{parts_accessors, LockGuard};
+use crate::inner::ManagerInner;
 use crate::lock::{DistributeLock, HoldSpec, Place, Side, Slot};
-use crate::manager::ManagerInner;
 
 /// What the upgradeable side's lock name adds to the read-write lock's name. The
 /// upgradeable hold is an exclusive lock of its own on `<name>` + this suffix (so
@@ -419,5 +419,17 @@ impl fmt::Debug for UpgradeableReadGuard {
             .field("token", &self.fencing_token())
             .field("lost", &self.is_lost())
             .finish()
+    }
+}
+
+/// The manager's constructor of this primitive.
+impl crate::DistributeLockManager {
+    /// A read-write lock for `name`: many readers together, or one writer.
+    pub fn read_write_lock(&self, name: &str) -> ReadWriteLock {
+        ReadWriteLock::new(
+            Arc::clone(&self.inner),
+            self.inner.full_name(name),
+            self.inner.config.fairness,
+        )
     }
 }

@@ -196,3 +196,14 @@ impl fmt::Debug for SemaphorePermit {
             .finish()
     }
 }
+
+/// The manager's constructor of this primitive.
+impl crate::DistributeLockManager {
+    /// The semaphore `name` with `permits` permits in total (every client must name
+    /// the same total while it is in use; see [`Semaphore`]). Needs a backend with
+    /// semaphores ([`Capabilities::semaphore`](dlock_spi::Capabilities::semaphore)); others refuse its acquires with
+    /// [`ErrorKind::Unsupported`](dlock_spi::ErrorKind::Unsupported).
+    pub fn semaphore(&self, name: &str, permits: u32) -> Semaphore {
+        Semaphore::new(self.clone(), name, permits)
+    }
+}
