@@ -211,12 +211,13 @@ struct EtcdUrl {
 }
 
 /// How etcd URLs are written ([`BackendUrl`]).
-const URL: UrlSpec = UrlSpec {
-    label: "etcd URL",
-    schemes: &["etcd", "etcds"],
-    default_port: Some(2379),
-    example: "etcd[s]://[user:password@]host:2379,host2:2379/prefix?timeout=5s",
-};
+const URL: UrlSpec = UrlSpec::new(
+    "etcd URL",
+    &["etcd", "etcds"],
+    "etcd[s]://[user:password@]host:2379,host2:2379/prefix?timeout=5s",
+)
+.default_port(2379)
+.raw_slash_in_password();
 
 /// Parses `etcd[s]://[user:password@]host:port[,host:port…][/prefix][?option=value&…]`.
 ///
@@ -225,11 +226,14 @@ const URL: UrlSpec = UrlSpec {
 /// percent-encoded.
 fn parse_url(url: &str, mut options: EtcdOptions) -> Result<EtcdUrl> {
     let u = BackendUrl::parse(url, &URL)?;
-    options.tls = u.scheme() == "etcds";
+    if u.scheme() == "etcds" {
+        options.tls = true;
+    }
     if let Some((user, password)) = u.credentials() {
         options.credentials = Some(EtcdCredentials::new(user.to_owned(), password.to_owned()));
     }
-    let prefix = u.path().trim_start_matches('/').trim_end_matches('/');
+    let path = u.path();
+    let prefix = path.strip_prefix('/').unwrap_or(path).trim_end_matches('/');
     if !prefix.is_empty() {
         options.prefix = prefix.to_owned();
     }
@@ -277,6 +281,20 @@ fn parse_url(url: &str, mut options: EtcdOptions) -> Result<EtcdUrl> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tls_asked_for_in_the_options_is_kept_under_a_plain_scheme() {
+        let u = parse_url("etcd://h", EtcdOptions::default().tls(None));
+        let Ok(u) = u else { panic!("{u:?}") };
+        assert!(
+            u.options.tls,
+            "EtcdOptions::tls was dropped by an etcd:// URL"
+        );
+        // A prefix after more than one slash keeps the ones past the first.
+        let u = parse_url("etcd://h//x", EtcdOptions::default());
+        let Ok(u) = u else { panic!("{u:?}") };
+        assert_eq!(u.options.prefix, "/x");
+    }
 
     #[test]
     fn urls_parse_and_bad_ones_say_what_is_wrong() {

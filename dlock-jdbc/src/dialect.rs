@@ -51,7 +51,7 @@ impl Dialect {
     }
 
     /// The length in bytes of the name `$1`, as text (a release notice's first
-    /// field, [`RELEASE_PAYLOAD`]).
+    /// field, [`crate::statements::RELEASE_PAYLOAD`]).
     pub(crate) fn name_bytes(self) -> &'static str {
         match self {
             Dialect::Sqlite => "CAST(LENGTH(CAST($1 AS BLOB)) AS TEXT)",

@@ -8,45 +8,78 @@ use crate::redact::redact_url;
 use crate::url_option::{parse_url_duration, percent_decode};
 
 /// What a backend's URLs look like: the schemes it takes, the port a host without
-/// one gets, and how its errors name the URL and show it written right.
+/// one gets, where the user information ends, and how its errors name the URL and
+/// show it written right. Built in a `const`:
+///
+/// ```
+/// use dlock_spi::UrlSpec;
+/// const URL: UrlSpec = UrlSpec::new("etcd URL", &["etcd", "etcds"], "etcd://host:2379/prefix")
+///     .default_port(2379);
+/// ```
 #[derive(Debug, Clone, Copy)]
 pub struct UrlSpec {
-    /// How errors name the URL, e.g. `"etcd URL"`.
-    pub label: &'static str,
-    /// The schemes accepted, without `://`.
-    pub schemes: &'static [&'static str],
-    /// The port given to a host written without one; `None`: hosts are kept as
-    /// written.
-    pub default_port: Option<u16>,
-    /// The URL written right, shown in every error, e.g.
-    /// `"etcd://host:2379,host2:2379/prefix?timeout=5s"`.
-    pub example: &'static str,
+    label: &'static str,
+    schemes: &'static [&'static str],
+    default_port: Option<u16>,
+    raw_slash_in_password: bool,
+    example: &'static str,
+}
+
+impl UrlSpec {
+    /// URLs that errors call `label` (e.g. `"etcd URL"`), with one of `schemes`
+    /// (without `://`), shown written right as `example` in every error; hosts kept
+    /// as written, the user information within the authority.
+    pub const fn new(
+        label: &'static str,
+        schemes: &'static [&'static str],
+        example: &'static str,
+    ) -> Self {
+        UrlSpec {
+            label,
+            schemes,
+            default_port: None,
+            raw_slash_in_password: false,
+            example,
+        }
+    }
+
+    /// A host written without a port gets `port`.
+    pub const fn default_port(mut self, port: u16) -> Self {
+        self.default_port = Some(port);
+        self
+    }
+
+    /// The user information ends at the **last** `@` before the query, so a
+    /// password may hold a `/` as it is — and a path may not hold an `@`. Without
+    /// it (RFC 3986), the user information ends within the authority (before the
+    /// first `/`): a `/` in a password is written `%2F`, and a path may hold `@`.
+    pub const fn raw_slash_in_password(mut self) -> Self {
+        self.raw_slash_in_password = true;
+        self
+    }
 }
 
 /// A backend URL, taken apart: `scheme://[user:password@]host[:port][,host[:port]…]
 /// [/path][?key=value&…]`.
 ///
-/// * The user information ends at the **last** `@` before the query (a password
-///   may hold a `/`); user and password are percent-decoded, and the user may not be
-///   empty. A `?` or `#` inside them must be percent-encoded (`%3F`, `%23`): such a
-///   URL is refused, saying so.
-/// * Hosts are separated by commas; none may be empty. A host without a port gets
-///   [`UrlSpec::default_port`].
+/// * The user information ends at the last `@` of the authority (or, with
+///   [`UrlSpec::raw_slash_in_password`], the last `@` before the query); user and
+///   password are percent-decoded, and the user may not be empty. A `?` or `#`
+///   inside them must be percent-encoded (`%3F`, `%23`): such a URL is refused,
+///   saying so.
+/// * Hosts are separated by commas; none may be empty, a port is digits, an IPv6
+///   address is in brackets. A host without a port gets [`UrlSpec::default_port`].
 /// * The path is kept as written (from its `/`), for the backend to read.
 /// * Option values are percent-decoded; keys are kept as written, in order, for the
 ///   backend to take one by one (and refuse the ones it does not know).
 ///
 /// Every error is [`ErrorKind::Config`], shows the URL with its secrets hidden
-/// ([`redact_url`]) and how to write it ([`UrlSpec::example`]).
+/// ([`redact_url`]) and how to write it (the example given to [`UrlSpec::new`]).
 ///
 /// ```
 /// use dlock_spi::{BackendUrl, UrlSpec};
-/// const SPEC: UrlSpec = UrlSpec {
-///     label: "example URL",
-///     schemes: &["ex", "exs"],
-///     default_port: Some(7000),
-///     example: "ex://host:7000/path?timeout=5s",
-/// };
+/// const SPEC: UrlSpec = UrlSpec::new("example URL", &["ex", "exs"], "ex://host:7000/path?timeout=5s")
+///     .default_port(7000);
 /// let url = BackendUrl::parse("exs://app:p%40ss@h1,h2:7001/locks?timeout=2s", &SPEC).unwrap();
 /// assert_eq!(url.scheme(), "exs");
 /// assert_eq!(url.credentials(), Some(("app", "p@ss")));
@@ -103,15 +136,26 @@ impl BackendUrl {
             ));
         }
         let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
-        if query.contains('@') && !rest.contains('@') {
+        // An '@' in the query's first key, before any '=': the '?' was a password's.
+        let first_key = query.split(['=', '&']).next().unwrap_or("");
+        if first_key.contains('@') {
             return Err(parsed.error("a user or password holds a '?': percent-encode it as %3F"));
         }
-        // The user information ends at the last '@' (a password may hold a '/').
-        let (userinfo, rest) = match rest.rsplit_once('@') {
-            Some((userinfo, rest)) => (Some(userinfo), rest),
-            None => (None, rest),
+        let (userinfo, authority, path) = if spec.raw_slash_in_password {
+            // The user information ends at the last '@' (a password may hold a '/').
+            let (userinfo, rest) = match rest.rsplit_once('@') {
+                Some((userinfo, rest)) => (Some(userinfo), rest),
+                None => (None, rest),
+            };
+            let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+            (userinfo, authority, path)
+        } else {
+            let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+            match authority.rsplit_once('@') {
+                Some((userinfo, hosts)) => (Some(userinfo), hosts, path),
+                None => (None, authority, path),
+            }
         };
-        let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
         if let Some(userinfo) = userinfo {
             let (user, password) = userinfo.split_once(':').ok_or_else(|| {
                 parsed.error("credentials need a user and a password (user:password@)")
@@ -126,14 +170,24 @@ impl BackendUrl {
         if authority.split(',').any(|h| h.trim().is_empty()) {
             return Err(parsed.error("no host given (or an empty one between commas)"));
         }
-        if let Some(h) = authority
-            .split(',')
-            .map(str::trim)
-            .find(|h| h.matches(':').count() > 1 && !h.starts_with('['))
-        {
-            return Err(parsed.error(format_args!(
-                "host {h:?} is an IPv6 address without brackets: write it as [{h}] (a port after them: [{h}]:port)"
-            )));
+        for h in authority.split(',').map(str::trim) {
+            if h.matches(':').count() > 1 && !h.starts_with('[') {
+                return Err(parsed.error(format_args!(
+                    "host {h:?} is an IPv6 address without brackets: write it as [{h}] (a port after them: [{h}]:port)"
+                )));
+            }
+            // The port written, if any: after "]:" for an IPv6 address, else the last ':'.
+            let port = match h.strip_prefix('[') {
+                Some(v6) => v6
+                    .split_once(']')
+                    .and_then(|(_, after)| after.strip_prefix(':')),
+                None => h.rsplit_once(':').map(|(_, port)| port),
+            };
+            if port.is_some_and(|p| p.is_empty() || !p.bytes().all(|b| b.is_ascii_digit())) {
+                return Err(parsed.error(format_args!(
+                    "host {h:?}: a port is digits (a '/' in a password is written %2F)"
+                )));
+            }
         }
         parsed.hosts = authority
             .split(',')
@@ -238,15 +292,31 @@ impl fmt::Debug for BackendUrl {
 mod tests {
     use super::*;
 
-    const SPEC: UrlSpec = UrlSpec {
-        label: "test URL",
-        schemes: &["t", "ts"],
-        default_port: Some(1),
-        example: "t://host:1/path",
-    };
+    const SPEC: UrlSpec = UrlSpec::new("test URL", &["t", "ts"], "t://host:1/path")
+        .default_port(1)
+        .raw_slash_in_password();
+    /// As RFC 3986 reads a URL: the user information within the authority.
+    const RFC: UrlSpec = UrlSpec::new("test URL", &["t"], "t://host:1/path").default_port(1);
 
     fn parse(url: &str) -> Result<BackendUrl> {
         BackendUrl::parse(url, &SPEC)
+    }
+
+    #[test]
+    fn without_raw_slashes_in_passwords_a_path_may_hold_an_at() {
+        let u = BackendUrl::parse("t://u:p%2Fw@h/app@v2?ca=/c/ca@2.pem", &RFC)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(u.credentials(), Some(("u", "p/w")));
+        assert_eq!((u.hosts(), u.path()), (&["h:1".to_owned()][..], "/app@v2"));
+        assert_eq!(u.options()[0].1, "/c/ca@2.pem");
+        let u = BackendUrl::parse("t://h/app@v2", &RFC).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!((u.credentials(), u.path()), (None, "/app@v2"));
+        let err = BackendUrl::parse("t://u:p/w@h", &RFC).err();
+        assert!(
+            err.as_ref()
+                .is_some_and(|e| e.message().contains("written %2F")),
+            "{err:?}"
+        );
     }
 
     #[test]
@@ -269,6 +339,8 @@ mod tests {
             ("t://u:p@", "no host given"),
             ("t://h1,,h2", "no host given"),
             ("t://fe80::1", "without brackets: write it as [fe80::1]"),
+            ("t://h:", "a port is digits"),
+            ("t://h:abc", "a port is digits"),
             ("t://alone@h", "need a user and a password"),
             ("t://:secret@h", "the user is empty"),
             (

@@ -25,9 +25,6 @@ use std::time::Duration;
 pub fn parse_url_duration(s: &str) -> Option<Duration> {
     let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
     let (number, unit) = s.split_at(split);
-    if number.is_empty() {
-        return None;
-    }
     let n: u64 = number.parse().ok()?;
     match unit {
         "us" => Some(Duration::from_micros(n)),

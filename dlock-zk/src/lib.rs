@@ -196,15 +196,15 @@ struct ZkUrl {
 }
 
 /// How ZooKeeper URLs are written ([`BackendUrl`]).
-const URL: UrlSpec = UrlSpec {
-    label: "ZooKeeper URL",
-    schemes: &["zk", "zks", "zookeeper"],
-    default_port: None,
-    example: "zk://host:2181,host2:2181/root?session_timeout=10s",
-};
+const URL: UrlSpec = UrlSpec::new(
+    "ZooKeeper URL",
+    &["zk", "zks", "zookeeper"],
+    "zk://host:2181,host2:2181/root?session_timeout=10s",
+);
 
 /// Parses `zk://[user:password@]host:port[,host:port…][/root][?option=value&…]`
-/// (`zks://` for TLS); user and password may be percent-encoded.
+/// (`zks://` for TLS); user and password may be percent-encoded (a `/` in the password
+/// as `%2F`: the root may hold an `@`).
 ///
 /// Options: `session_timeout` (`10s`, `2500ms`), `exclusive` (`mutex` or `rw`);
 /// `tls_ca`, `tls_cert`, `tls_key` (paths of PEM files, `zks://` only).
@@ -220,6 +220,10 @@ fn parse_url(url: &str, mut options: ZkOptions) -> Result<ZkUrl> {
         ));
     }
     if let Some((user, password)) = u.credentials() {
+        if user.contains(':') {
+            // The digest is "user:password", split at its first ':'.
+            return Err(u.error("the user holds a ':' (ZooKeeper's digest is user:password)"));
+        }
         options.digest = Some(format!("{user}:{password}"));
     }
     let root = u.path();
@@ -289,13 +293,22 @@ mod tests {
     #[test]
     fn credentials_are_percent_decoded_and_may_hold_a_slash() {
         let u = parse_url(
-            "zk://app:p%40ss/w%3Ard@10.0.0.1:2181/locks",
+            "zk://app:p%40ss%2Fw%3Ard@10.0.0.1:2181/locks",
             ZkOptions::default(),
         )
         .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(u.options.digest.as_deref(), Some("app:p@ss/w:rd"));
         assert_eq!(u.options.root, "/locks");
         assert_eq!(u.hosts, "10.0.0.1:2181");
+        // A root may hold an '@' (it is no user information).
+        let u = parse_url("zk://10.0.0.1:2181/app@v2", ZkOptions::default())
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            (u.options.digest, u.options.root.as_str()),
+            (None, "/app@v2")
+        );
+        let refused = parse_url("zk://a%3Ab:pw@h:2181", ZkOptions::default());
+        assert!(refused.is_err_and(|e| e.message().contains("holds a ':'")));
     }
 
     #[test]
