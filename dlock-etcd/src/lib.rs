@@ -89,7 +89,7 @@ mod tls;
 
 use std::time::Duration;
 
-use dlock_spi::{BackendUrl, Result, TlsFiles, UrlSpec};
+use dlock_spi::{BackendUrl, Result, UrlSpec};
 
 pub use backend::EtcdBackend;
 pub use dlock_spi::TlsIdentity;
@@ -240,17 +240,14 @@ fn parse_url(url: &str, mut options: EtcdOptions) -> Result<EtcdUrl> {
     if options.prefix.is_empty() || options.prefix.chars().any(char::is_control) {
         return Err(u.error("the prefix must be non-empty, without control characters"));
     }
-    let mut tls_files = TlsFiles::default();
-    for (key, value) in u.options() {
-        if key.starts_with("tls_") && !options.tls {
-            return Err(u.error(format_args!(
-                "{key} is given for a plain etcd:// URL; use etcds://"
-            )));
-        }
-        if key.starts_with("tls_") && tls_files.take(url, key, value)? {
-            continue;
-        }
-        match key.as_str() {
+    let options_left = u.take_tls_files(
+        options.tls,
+        "etcds",
+        &mut options.tls_root_certificate,
+        &mut options.tls_identity,
+    )?;
+    for (key, value) in options_left {
+        match key {
             "timeout" => options.timeout = u.duration(key, value)?,
             "connect_timeout" => options.connect_timeout = u.duration(key, value)?,
             _ => {
@@ -267,11 +264,6 @@ fn parse_url(url: &str, mut options: EtcdOptions) -> Result<EtcdUrl> {
             }
         }
     }
-    tls_files.finish(
-        url,
-        &mut options.tls_root_certificate,
-        &mut options.tls_identity,
-    )?;
     Ok(EtcdUrl {
         hosts: u.hosts().to_vec(),
         options,

@@ -5,6 +5,7 @@ use std::fmt;
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::redact::redact_url;
+use crate::tls::{TlsFiles, TlsIdentity};
 use crate::url_option::{parse_url_duration, percent_decode};
 
 /// What a backend's URLs look like: the schemes it takes, the port a host without
@@ -268,6 +269,33 @@ impl BackendUrl {
         ))
     }
 
+    /// Reads the TLS file options (`tls_ca`, `tls_cert`, `tls_key`: PEM files, see
+    /// [`TlsFiles`]) into `ca` and `identity` — the URL's win over what they held —
+    /// and returns the other options, in order, for the backend to take. Without
+    /// `tls` (a plain connection) a TLS option is refused, saying to use
+    /// `tls_scheme`.
+    pub fn take_tls_files(
+        &self,
+        tls: bool,
+        tls_scheme: &str,
+        ca: &mut Option<Vec<u8>>,
+        identity: &mut Option<TlsIdentity>,
+    ) -> Result<Vec<(&str, &str)>> {
+        let mut files = TlsFiles::default();
+        let mut rest = Vec::with_capacity(self.options.len());
+        for (key, value) in &self.options {
+            if !key.starts_with("tls_") {
+                rest.push((key.as_str(), value.as_str()));
+            } else if !tls {
+                return Err(self.error(format_args!("{key} is for TLS; use {tls_scheme}://")));
+            } else if !files.take(&self.shown, key, value)? {
+                rest.push((key.as_str(), value.as_str()));
+            }
+        }
+        files.finish(&self.shown, ca, identity)?;
+        Ok(rest)
+    }
+
     fn decoded(&self, part: &str, what: &str) -> Result<String> {
         percent_decode(part)
             .ok_or_else(|| self.error(format_args!("{what} is not valid percent-encoded UTF-8")))
@@ -362,6 +390,23 @@ mod tests {
                 "{err}"
             );
         }
+    }
+
+    #[test]
+    fn tls_file_options_are_refused_on_a_plain_connection_and_the_rest_passed_on() {
+        let u = parse("t://h?tls_ca=/nowhere.pem&k=v").unwrap_or_else(|e| panic!("{e}"));
+        let (mut ca, mut identity) = (None, None);
+        let err = u.take_tls_files(false, "ts", &mut ca, &mut identity).err();
+        assert!(
+            err.as_ref()
+                .is_some_and(|e| e.message().contains("tls_ca is for TLS; use ts://")),
+            "{err:?}"
+        );
+        let u = parse("ts://h?k=v&tls_other=x").unwrap_or_else(|e| panic!("{e}"));
+        let rest = u
+            .take_tls_files(true, "ts", &mut ca, &mut identity)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(rest, [("k", "v"), ("tls_other", "x")]);
     }
 
     #[test]

@@ -85,7 +85,7 @@ mod upgrade;
 
 use std::time::Duration;
 
-use dlock_spi::{BackendUrl, Result, TlsFiles, TlsIdentity, UrlSpec};
+use dlock_spi::{BackendUrl, Result, TlsIdentity, UrlSpec};
 
 pub use backend::ZkBackend;
 pub use layout::ExclusiveNode;
@@ -230,18 +230,17 @@ fn parse_url(url: &str, mut options: ZkOptions) -> Result<ZkUrl> {
     if !root.is_empty() && root != "/" {
         options.root = root.trim_end_matches('/').to_owned();
     }
-    let mut tls_files = TlsFiles::default();
-    for (key, value) in u.options() {
-        if key.starts_with("tls_") && !options.tls {
-            return Err(u.error(format_args!("{key} is for TLS; use zks://")));
-        }
-        if key.starts_with("tls_") && tls_files.take(url, key, value)? {
-            continue;
-        }
-        match key.as_str() {
+    let options_left = u.take_tls_files(
+        options.tls,
+        "zks",
+        &mut options.tls_root_certificate,
+        &mut options.tls_identity,
+    )?;
+    for (key, value) in options_left {
+        match key {
             "session_timeout" => options.session_timeout = u.duration(key, value)?,
             "exclusive" => {
-                options.exclusive_node = match value.as_str() {
+                options.exclusive_node = match value {
                     "mutex" => ExclusiveNode::Mutex,
                     "rw" | "readwrite" => ExclusiveNode::ReadWrite,
                     _ => {
@@ -263,11 +262,6 @@ fn parse_url(url: &str, mut options: ZkOptions) -> Result<ZkUrl> {
             }
         }
     }
-    tls_files.finish(
-        url,
-        &mut options.tls_root_certificate,
-        &mut options.tls_identity,
-    )?;
     if !options.tls && (options.tls_root_certificate.is_some() || options.tls_identity.is_some()) {
         return Err(
             u.error("TLS certificates are given (ZkOptions) for a plain connection; use zks://")

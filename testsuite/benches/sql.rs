@@ -596,18 +596,38 @@ async fn create_fenced_tables(url: &str) {
     .unwrap();
 }
 
-/// One cycle of a named-lock control on its own connection: wait for `name`
-/// (≤ [`MAX_WAIT`]) — with the token and the holder row in the same round trip when
-/// `fenced`, the token alone when `token` — hold [`HOLD`], release.
-async fn named_wait_cycle(
-    c: &mut sqlx::MySqlConnection,
-    name: &str,
-    fenced: bool,
-    token: bool,
-    prepared: bool,
-) -> bool {
+/// What a named-lock control sends with its wait (its implementation's name).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum NamedWait {
+    /// The wait alone ([`NAMED_WAIT`]).
+    Bare,
+    /// The token in the wait's prepared statement ([`NAMED_WAIT_TOKEN_PREPARED`]).
+    TokenPrepared,
+    /// The token after the wait, one multi-statement query ([`NAMED_WAIT_TOKEN`]).
+    Token,
+    /// The token and the holder row after it, as dlock's grant ([`NAMED_WAIT_FENCED`]).
+    TokenAndRow,
+}
+
+impl NamedWait {
+    fn of(imp: &str) -> Option<Self> {
+        [
+            (NAMED_WAIT, NamedWait::Bare),
+            (NAMED_WAIT_TOKEN_PREPARED, NamedWait::TokenPrepared),
+            (NAMED_WAIT_TOKEN, NamedWait::Token),
+            (NAMED_WAIT_FENCED, NamedWait::TokenAndRow),
+        ]
+        .into_iter()
+        .find_map(|(name, kind)| (name == imp).then_some(kind))
+    }
+}
+
+/// One cycle of a named-lock control of `kind` on its own connection: wait for
+/// `name` (≤ [`MAX_WAIT`]), hold [`HOLD`], release.
+async fn named_wait_cycle(c: &mut sqlx::MySqlConnection, name: &str, kind: NamedWait) -> bool {
     let secs = MAX_WAIT.as_secs_f64();
-    let got = if prepared || !(token || fenced) {
+    let prepared = kind == NamedWait::TokenPrepared;
+    let got = if matches!(kind, NamedWait::Bare | NamedWait::TokenPrepared) {
         let statement = if prepared {
             format!("SELECT IF(GET_LOCK(?, ?) = 1, NEXTVAL({FENCED_SEQ}), NULL)")
         } else {
@@ -635,7 +655,7 @@ async fn named_wait_cycle(
             }
             out + "'"
         };
-        let after = if fenced {
+        let after = if kind == NamedWait::TokenAndRow {
             format!(
                 "REPLACE INTO {FENCED_HOLDS} (conn, lk, holder, name, token, context) \
                    SELECT CONNECTION_ID(), '{name}', {holder}, {lname}, NEXTVAL({FENCED_SEQ}), {context} \
@@ -718,9 +738,8 @@ enum Side {
     Dlock(DistributeLockManager, dlock_api::DistributeLock),
     Peer(Peer),
     WokenFloor(LeaseFloor, AdvisoryConn),
-    /// A named-lock control's connection, whether it is the fenced one, whether
-    /// the token-only one.
-    NamedWait(sqlx::MySqlConnection, bool, bool, bool),
+    /// A named-lock control's connection and what it sends with its wait.
+    NamedWait(sqlx::MySqlConnection, NamedWait),
 }
 
 /// One contended cycle of `side` on `lock`: wait (≤ [`MAX_WAIT`]), hold [`HOLD`],
@@ -737,9 +756,7 @@ async fn contended_cycle(side: &mut Side, lock: &str) -> bool {
         },
         Side::Peer(p) => p.cycle(lock, Some(MAX_WAIT), HOLD).await,
         Side::WokenFloor(floor, bell) => woken_floor_cycle(floor, bell, lock).await,
-        Side::NamedWait(c, fenced, token, prepared) => {
-            named_wait_cycle(c, lock, *fenced, *token, *prepared).await
-        }
+        Side::NamedWait(c, kind) => named_wait_cycle(c, lock, *kind).await,
     }
 }
 
@@ -755,22 +772,10 @@ fn child(spec: &str) {
     let warmup = Duration::from_millis(warm_ms.parse().unwrap());
     let rt = testsuite::bench::runtime();
     rt.block_on(async {
-        let mut side = if [
-            NAMED_WAIT,
-            NAMED_WAIT_TOKEN,
-            NAMED_WAIT_TOKEN_PREPARED,
-            NAMED_WAIT_FENCED,
-        ]
-        .contains(&imp)
-        {
+        let mut side = if let Some(kind) = NamedWait::of(imp) {
             use sqlx::Connection;
             let c = sqlx::MySqlConnection::connect(url).await.unwrap();
-            Side::NamedWait(
-                c,
-                imp == NAMED_WAIT_FENCED,
-                imp == NAMED_WAIT_TOKEN,
-                imp == NAMED_WAIT_TOKEN_PREPARED,
-            )
+            Side::NamedWait(c, kind)
         } else if imp == WOKEN_FLOOR {
             let backend = JdbcBackend::connect(url).await.unwrap();
             let pool = backend.sqlx_pool().clone();
