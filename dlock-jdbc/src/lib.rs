@@ -531,19 +531,31 @@ fn unverified_as_read() -> Error {
     )
 }
 
-/// Splits dlock's own `dlock_*` query parameters off a URL.
+/// dlock's own URL options, each `dlock_*`: what [`split_options`] takes.
+const OWN_OPTIONS: &[&str] = &[
+    "dlock_table_prefix",
+    "dlock_pool_max",
+    "dlock_wake_sessions",
+    "dlock_local_notices",
+    "dlock_mode",
+    "dlock_pooler",
+    "dlock_session_timeout",
+    "dlock_migrate",
+    "dlock_tls",
+    "dlock_acquire_timeout",
+];
+
+/// Splits dlock's own `dlock_*` query parameters off a URL (the rest is the
+/// driver's, as written); a `dlock_*` key dlock does not know is refused.
 fn split_options(url: &str, mut options: JdbcOptions) -> Result<(String, JdbcOptions)> {
-    let Some((base, query)) = url.split_once('?') else {
-        return Ok((url.to_owned(), options));
-    };
-    let mut kept = Vec::new();
-    for pair in query.split('&').filter(|p| !p.is_empty()) {
-        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-        let bad = |what: &str| {
-            Error::new(
-                ErrorKind::Config,
-                format!("URL option {key}={value:?} is invalid: {what}"),
-            )
+    let url = dlock_spi::DriverUrl::split(url, |key| key.starts_with("dlock_"))?;
+    for (key, value) in url.own_options() {
+        let (key, value) = (key.as_str(), value.as_str());
+        let bad = |what: &str| url.option_error(key, value, what);
+        let flag = || {
+            value
+                .parse::<bool>()
+                .map_err(|_| bad("expected true or false"))
         };
         match key {
             "dlock_table_prefix" => options.table_prefix = value.to_owned(),
@@ -559,9 +571,7 @@ fn split_options(url: &str, mut options: JdbcOptions) -> Result<(String, JdbcOpt
                     .parse()
                     .map_err(|_| bad("expected a number of sessions (0 turns them off)"))?;
             }
-            "dlock_local_notices" => {
-                options.local_notices = value.parse().map_err(|_| bad("expected true or false"))?;
-            }
+            "dlock_local_notices" => options.local_notices = flag()?,
             "dlock_mode" => {
                 options.mode = match value {
                     "row" => JdbcMode::Row,
@@ -577,13 +587,9 @@ fn split_options(url: &str, mut options: JdbcOptions) -> Result<(String, JdbcOpt
                 };
             }
             "dlock_session_timeout" => {
-                options.session_timeout = dlock_spi::parse_url_duration(value)
-                    .filter(|d| *d >= Duration::from_secs(1))
-                    .ok_or_else(|| bad("expected a duration of at least 1s, such as 10s or 1m"))?;
+                options.session_timeout = url.duration(key, value, Duration::from_secs(1))?;
             }
-            "dlock_migrate" => {
-                options.migrate = value.parse().map_err(|_| bad("expected true or false"))?;
-            }
+            "dlock_migrate" => options.migrate = flag()?,
             "dlock_tls" => {
                 options.verified_tls = match value {
                     "verified" => true,
@@ -592,19 +598,17 @@ fn split_options(url: &str, mut options: JdbcOptions) -> Result<(String, JdbcOpt
                 };
             }
             "dlock_acquire_timeout" => {
-                options.acquire_timeout = dlock_spi::parse_url_duration(value)
-                    .filter(|d| !d.is_zero())
-                    .ok_or_else(|| bad("expected a positive duration such as 500ms, 30s or 1m"))?;
+                options.acquire_timeout = url.duration(key, value, Duration::ZERO)?;
             }
-            _ => kept.push(pair),
+            _ => {
+                return Err(bad(&format!(
+                    "dlock has no such option (known: {}); the driver's own options have no dlock_ prefix",
+                    OWN_OPTIONS.join(", ")
+                )))
+            }
         }
     }
-    let url = if kept.is_empty() {
-        base.to_owned()
-    } else {
-        format!("{base}?{}", kept.join("&"))
-    };
-    Ok((url, options))
+    Ok((url.driver_url().to_owned(), options))
 }
 
 impl JdbcBackend {
@@ -1283,7 +1287,14 @@ mod tests {
             "sqlite://a?dlock_acquire_timeout=soon",
             "sqlite://a?dlock_acquire_timeout=0",
             "postgres://u@h/db?dlock_tls=yes",
+            "postgres://u:secret@h/db?dlock_tabel_prefix=x_",
+            "postgres://u:secret@h/db?dlock_table_prefix=50%",
         ] {
+            let message = split_options(bad, JdbcOptions::default())
+                .err()
+                .map(|e| e.message().to_owned())
+                .unwrap_or_default();
+            assert!(!message.contains("secret"), "{bad}: {message}");
             assert_eq!(
                 split_options(bad, JdbcOptions::default())
                     .map(drop)

@@ -15,6 +15,7 @@ use redis::aio::ConnectionManager;
 use redis::cluster_async::ClusterConnection;
 use redis::{FromRedisValue, Value};
 
+use crate::config::Target;
 use crate::connection::{bounded, connection_config};
 use crate::error::{config_error, map_redis};
 use crate::keys::ms;
@@ -24,7 +25,7 @@ use crate::keys::{
 };
 use crate::notices::{address, Endpoint, Notices, Registration};
 use crate::scripts::Scripts;
-use crate::sentinel::{parse_sentinel_url, split_sentinel_url, SentinelMaster};
+use crate::sentinel::SentinelMaster;
 use crate::RedisOptions;
 
 /// How often a parked non-fair waiter re-checks even without a notice: a safety net
@@ -176,44 +177,6 @@ impl Drop for QueueSlot {
     }
 }
 
-/// A Cluster URL's part after the scheme and the scheme of its nodes:
-/// `redis+cluster://` → `redis`, `rediss+cluster://` (TLS) → `rediss`.
-fn split_cluster_url(url: &str) -> Option<(&str, &'static str)> {
-    if let Some(rest) = url.strip_prefix("rediss+cluster://") {
-        return Some((rest, "rediss"));
-    }
-    url.strip_prefix("redis+cluster://")
-        .map(|rest| (rest, "redis"))
-}
-
-/// The node URLs (`<scheme>://[user:pass@]host:port` each) of a Cluster URL whose
-/// part after the scheme is `rest`; `url` is the whole URL, for messages.
-fn parse_cluster_url(url: &str, rest: &str, scheme: &str) -> Result<Vec<String>> {
-    let (userinfo, hosts) = match rest.rfind('@') {
-        Some(at) => (Some(&rest[..at]), &rest[at + 1..]),
-        None => (None, rest),
-    };
-    let hosts = hosts.split(['/', '?']).next().unwrap_or("");
-    let nodes: Vec<String> = hosts
-        .split(',')
-        .filter(|h| !h.is_empty())
-        .map(|h| match userinfo {
-            Some(u) => format!("{scheme}://{u}@{h}"),
-            None => format!("{scheme}://{h}"),
-        })
-        .collect();
-    if nodes.is_empty() {
-        return Err(Error::new(
-            ErrorKind::Config,
-            format!(
-                "{:?} names no node; write redis+cluster://host1:port,host2:port",
-                redact_url(url)
-            ),
-        ));
-    }
-    Ok(nodes)
-}
-
 fn int(v: Option<&Value>) -> i64 {
     match v {
         Some(Value::Int(i)) => *i,
@@ -254,48 +217,50 @@ impl RedisBackend {
     /// Connects with `options`.
     pub async fn connect_with(url: &str, options: RedisOptions) -> Result<Self> {
         let shown = url;
-        let (url, options) = crate::tls::split(url, options)?;
-        let url = url.as_str();
-        let (conn, nodes) = if let Some((rest, scheme)) = split_cluster_url(url) {
-            if options.replica_ack.is_some() {
-                return Err(replica_ack_on_cluster());
+        let (target, options) = crate::config::parse(url, options)?;
+        let (conn, nodes) = match target {
+            Target::Cluster { nodes: node_urls, tls } => {
+                if options.replica_ack.is_some() {
+                    return Err(replica_ack_on_cluster());
+                }
+                let nodes = node_urls
+                    .iter()
+                    .map(|u| crate::tls::client(u, shown, &options))
+                    .collect::<Result<Vec<_>>>()?;
+                let builder = redis::cluster::ClusterClientBuilder::new(node_urls)
+                    .connection_timeout(options.connect_timeout);
+                let client = crate::tls::cluster(builder, &options, tls)?
+                    .build()
+                    .map_err(|e| config_error(shown, e))?;
+                let conn = bounded(options.connect_timeout, client.get_async_connection())
+                    .await
+                    .map_err(|e| unreachable(shown, e))?;
+                (Conn::Cluster(conn), nodes)
             }
-            let node_urls = parse_cluster_url(url, rest, scheme)?;
-            let nodes = node_urls
-                .iter()
-                .map(|u| crate::tls::client(u, shown, &options))
-                .collect::<Result<Vec<_>>>()?;
-            let builder = redis::cluster::ClusterClientBuilder::new(node_urls.clone())
-                .connection_timeout(options.connect_timeout);
-            let client = crate::tls::cluster(builder, &options, scheme == "rediss")?
-                .build()
-                .map_err(|e| config_error(shown, e))?;
-            let conn = bounded(options.connect_timeout, client.get_async_connection())
-                .await
-                .map_err(|e| unreachable(shown, e))?;
-            (Conn::Cluster(conn), nodes)
-        } else if let Some((rest, scheme)) = split_sentinel_url(url) {
-            let sentinel = parse_sentinel_url(rest, scheme, shown)?;
-            let master = SentinelMaster::new(sentinel, shown, &options)?;
-            master
-                .connection()
-                .await
-                .map_err(|e| unreachable(shown, e))?;
-            (Conn::Sentinel(master), Vec::new())
-        } else if url.starts_with("redis://") || url.starts_with("rediss://") {
-            let client = crate::tls::client(url, shown, &options)?;
-            let conn = connection_manager(&client, &options)
-                .await
-                .map_err(|e| unreachable(shown, e))?;
-            (Conn::Single(conn), vec![client])
-        } else {
-            return Err(Error::new(
-                ErrorKind::Config,
-                format!(
-                    "{:?} is not a Redis URL; use redis://host:6379, rediss://host:6380 (TLS), redis+cluster://host1:7000,host2:7001, rediss+cluster://… (Cluster over TLS), redis+sentinel://s1:26379,s2:26379/<master> or rediss+sentinel://… (Sentinel, over TLS)",
-                    redact_url(shown)
-                ),
-            ));
+            Target::Sentinel(sentinel) => {
+                let master = SentinelMaster::new(sentinel, shown, &options)?;
+                master
+                    .connection()
+                    .await
+                    .map_err(|e| unreachable(shown, e))?;
+                (Conn::Sentinel(master), Vec::new())
+            }
+            Target::Single(url) => {
+                let client = crate::tls::client(&url, shown, &options)?;
+                let conn = connection_manager(&client, &options)
+                    .await
+                    .map_err(|e| unreachable(shown, e))?;
+                (Conn::Single(conn), vec![client])
+            }
+            Target::Redlock(_) => {
+                return Err(Error::new(
+                    ErrorKind::Config,
+                    format!(
+                        "{:?} is a Redlock URL: connect it with RedlockBackend::connect (dlock_api::open_backend takes it too)",
+                        redact_url(shown)
+                    ),
+                ))
+            }
         };
         Self::assemble(conn, nodes, options, shown).await
     }
@@ -1219,30 +1184,5 @@ impl std::fmt::Debug for RedisBackend {
             .field("key_prefix", &self.inner.options.key_prefix)
             .field("push_wakeup", &self.inner.notices.is_some())
             .finish()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn cluster_urls_name_their_nodes_with_the_right_scheme() {
-        let nodes = |url: &str| {
-            let (rest, scheme) = split_cluster_url(url).expect("a Cluster URL");
-            parse_cluster_url(url, rest, scheme)
-        };
-        assert_eq!(
-            nodes("redis+cluster://u:p@h1:7000,h2:7001/?x=1").unwrap(),
-            vec!["redis://u:p@h1:7000", "redis://u:p@h2:7001"]
-        );
-        assert_eq!(
-            nodes("rediss+cluster://h1:7100,h2:7101").unwrap(),
-            vec!["rediss://h1:7100", "rediss://h2:7101"]
-        );
-        assert!(split_cluster_url("rediss://h1:7100").is_none());
-        let err = nodes("rediss+cluster://u:secret@/").unwrap_err();
-        assert_eq!(err.kind(), ErrorKind::Config);
-        assert!(!err.message().contains("secret"), "{}", err.message());
     }
 }

@@ -95,6 +95,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod backend;
+mod config;
 mod connection;
 mod error;
 mod keys;
@@ -105,114 +106,10 @@ mod scripts;
 mod sentinel;
 mod tls;
 
-use std::time::Duration;
-
-use dlock_spi::Backoff;
-
 pub use backend::RedisBackend;
+pub use config::{RedisOptions, SentinelAuth};
 pub use dlock_spi::TlsIdentity;
 pub use redlock::RedlockBackend;
-pub use sentinel::SentinelAuth;
-
-/// Settings of a [`RedisBackend`].
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub struct RedisOptions {
-    /// Prefix of every key. Default `dlock:`.
-    pub key_prefix: String,
-    /// `None` (default): waiters are woken by pub/sub release notices. `Some`: they
-    /// poll with this backoff instead (for deployments that forbid pub/sub).
-    pub polling: Option<Backoff>,
-    /// After each acquire and renewal, require this many replicas to acknowledge
-    /// within the timeout (`WAIT`); otherwise an acquire is released and fails, a
-    /// renewal fails. Single node or Sentinel (not Cluster).
-    pub replica_ack: Option<(u32, Duration)>,
-    /// How long a queued waiter stays in the queue without re-checking (it re-checks
-    /// every third of this): a crashed waiter is skipped at most this long after it
-    /// died. Default 3 s.
-    pub waiter_liveness: Duration,
-    /// How long connecting may take (each connection: commands, notices) before
-    /// `connect` fails. Default 5 s.
-    pub connect_timeout: Duration,
-    /// TLS URLs (`rediss://`, `rediss+cluster://`) only: the CA (PEM) that verifies
-    /// the server, instead of the system's roots. The URL parameter `tls_ca=<file>`
-    /// does the same.
-    pub tls_root_certificate: Option<Vec<u8>>,
-    /// TLS URLs only: the client certificate and key to present. The URL parameters
-    /// `tls_cert=<file>&tls_key=<file>` do the same.
-    pub tls_identity: Option<TlsIdentity>,
-    /// Sentinel URLs only: the sentinels' own user (`None`: the default user) and
-    /// password, when they require one. The URL parameters `sentinel_user` and
-    /// `sentinel_password` do the same; these win. The URL's `user:pass@` are the
-    /// master's and replicas' credentials.
-    pub sentinel_auth: Option<SentinelAuth>,
-}
-
-impl Default for RedisOptions {
-    fn default() -> Self {
-        RedisOptions {
-            key_prefix: "dlock:".to_owned(),
-            polling: None,
-            replica_ack: None,
-            waiter_liveness: Duration::from_secs(3),
-            connect_timeout: Duration::from_secs(5),
-            tls_root_certificate: None,
-            tls_identity: None,
-            sentinel_auth: None,
-        }
-    }
-}
-
-impl RedisOptions {
-    /// Sets the key prefix.
-    pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.key_prefix = prefix.into();
-        self
-    }
-
-    /// Waits by polling with `backoff` instead of pub/sub notices.
-    pub fn polling(mut self, backoff: Backoff) -> Self {
-        self.polling = Some(backoff);
-        self
-    }
-
-    /// Sets how long a queued waiter stays queued without re-checking.
-    pub fn waiter_liveness(mut self, liveness: Duration) -> Self {
-        self.waiter_liveness = liveness;
-        self
-    }
-
-    /// Sets how long connecting may take.
-    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
-        self.connect_timeout = timeout;
-        self
-    }
-
-    /// Verifies the server (`rediss://`) with this CA certificate (PEM).
-    pub fn tls_root_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {
-        self.tls_root_certificate = Some(pem.into());
-        self
-    }
-
-    /// Presents this client certificate (`rediss://`).
-    pub fn tls_identity(mut self, identity: TlsIdentity) -> Self {
-        self.tls_identity = Some(identity);
-        self
-    }
-
-    /// Sentinel URLs: authenticates to the sentinels as `user` (`None`: the default
-    /// user) with `password`.
-    pub fn sentinel_auth(mut self, user: Option<String>, password: impl Into<String>) -> Self {
-        self.sentinel_auth = Some(SentinelAuth::new(user, password));
-        self
-    }
-
-    /// Requires `replicas` acknowledgements within `timeout` after each acquire and renewal.
-    pub fn replica_ack(mut self, replicas: u32, timeout: Duration) -> Self {
-        self.replica_ack = Some((replicas, timeout));
-        self
-    }
-}
 
 /// The README's examples, compiled and run as doctests.
 #[cfg(doctest)]

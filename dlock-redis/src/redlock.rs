@@ -46,6 +46,7 @@ use dlock_spi::{
 use futures_util::future::join_all;
 use tokio::sync::OnceCell;
 
+use crate::config::Target;
 use crate::keys::{EXCLUSIVE, FENCE, READERS, REDLOCK_WAITERS};
 use crate::{RedisBackend, RedisOptions};
 
@@ -185,48 +186,6 @@ pub struct RedlockBackend {
     inner: Arc<Inner>,
 }
 
-/// The node URLs (`redis://…` or, for `redlocks://`, `rediss://…`) of a Redlock URL.
-fn node_urls(url: &str) -> Result<Vec<String>> {
-    let (scheme, rest) = if let Some(rest) = url.strip_prefix("redlocks://") {
-        ("rediss", rest)
-    } else if let Some(rest) = url.strip_prefix("redlock://") {
-        ("redis", rest)
-    } else {
-        return Err(bad_url(url, "is not a Redlock URL"));
-    };
-    let (rest, query) = match rest.split_once('?') {
-        Some((rest, query)) => (rest, format!("?{query}")),
-        None => (rest, String::new()),
-    };
-    let (authority, path) = match rest.split_once('/') {
-        Some((authority, path)) => (authority, format!("/{path}")),
-        None => (rest, String::new()),
-    };
-    let (userinfo, hosts) = match authority.rfind('@') {
-        Some(at) => (format!("{}@", &authority[..at]), &authority[at + 1..]),
-        None => (String::new(), authority),
-    };
-    let nodes: Vec<String> = hosts
-        .split(',')
-        .filter(|h| !h.is_empty())
-        .map(|h| format!("{scheme}://{userinfo}{h}{path}{query}"))
-        .collect();
-    if nodes.is_empty() {
-        return Err(bad_url(url, "names no node"));
-    }
-    Ok(nodes)
-}
-
-fn bad_url(url: &str, what: &str) -> Error {
-    Error::new(
-        ErrorKind::Config,
-        format!(
-            "{:?} {what}; write redlock://[user:pass@]host1:6379,host2:6379,host3:6379[/<db>] (redlocks:// for TLS)",
-            redact_url(url)
-        ),
-    )
-}
-
 fn node_error(what: String) -> Error {
     Error::new(ErrorKind::Backend, what)
         .set_retryable(true)
@@ -261,8 +220,17 @@ impl RedlockBackend {
             ));
         }
         let backoff = options.polling.unwrap_or_default();
-        let options = options.polling(backoff);
-        let nodes: Vec<Node> = node_urls(url)?
+        let (target, options) = crate::config::parse(url, options.polling(backoff))?;
+        let Target::Redlock(node_urls) = target else {
+            return Err(Error::new(
+                ErrorKind::Config,
+                format!(
+                    "{:?} is not a Redlock URL; write redlock://[user:pass@]host1:6379,host2:6379,host3:6379[/<db>] (redlocks:// for TLS)",
+                    redact_url(url)
+                ),
+            ));
+        };
+        let nodes: Vec<Node> = node_urls
             .into_iter()
             .map(|url| Node {
                 url,
@@ -741,21 +709,6 @@ impl std::fmt::Debug for RedlockBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn redlock_urls_name_every_node_with_the_credentials_and_db() {
-        assert_eq!(
-            node_urls("redlock://u:p@h1:6379,h2:6380/2").unwrap(),
-            vec!["redis://u:p@h1:6379/2", "redis://u:p@h2:6380/2"]
-        );
-        assert_eq!(
-            node_urls("redlocks://h1:6379?tls_ca=/ca.pem").unwrap(),
-            vec!["rediss://h1:6379?tls_ca=/ca.pem"]
-        );
-        let e = node_urls("redlock://u:secret@/0").unwrap_err();
-        assert_eq!(e.kind(), ErrorKind::Config);
-        assert!(!e.to_string().contains("secret"), "{e}");
-    }
 
     #[test]
     fn waiters_go_first_when_they_conflict_and_came_first() {

@@ -26,162 +26,15 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
-use dlock_spi::{redact_url, Backoff, Error, ErrorKind, Jitter, Pacer, Result};
+use dlock_spi::{Backoff, Jitter, Pacer, Result};
 use futures_util::StreamExt;
 use redis::aio::MultiplexedConnection;
 use redis::{FromRedisValue, RedisResult, Value};
 use tokio::sync::watch;
 
+use crate::config::SentinelUrl;
 use crate::connection::{bounded, connection_config};
 use crate::RedisOptions;
-
-/// The sentinels' own credentials ([`RedisOptions::sentinel_auth`]); its `Debug`
-/// shows no password.
-#[derive(Clone)]
-pub struct SentinelAuth {
-    user: Option<String>,
-    password: String,
-}
-
-impl SentinelAuth {
-    /// `user` (`None`: the default user) with `password`.
-    pub fn new(user: Option<String>, password: impl Into<String>) -> Self {
-        SentinelAuth {
-            user,
-            password: password.into(),
-        }
-    }
-}
-
-impl std::fmt::Debug for SentinelAuth {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SentinelAuth")
-            .field("user", &self.user)
-            .field("password", &"<redacted>")
-            .finish()
-    }
-}
-
-/// Where the sentinels are and what they are asked for, from a Sentinel URL. Its
-/// `Debug` shows no credentials.
-#[derive(Clone, PartialEq, Eq)]
-pub(crate) struct SentinelUrl {
-    /// `redis` or `rediss` (TLS to sentinels and data nodes).
-    pub(crate) scheme: &'static str,
-    /// `host:port` of each sentinel.
-    pub(crate) sentinels: Vec<String>,
-    /// The master's name, as the sentinels monitor it.
-    pub(crate) master: String,
-    /// The data nodes' `user:pass` (URL-encoded as written), if any.
-    pub(crate) userinfo: Option<String>,
-    /// The database number on the data nodes.
-    pub(crate) db: i64,
-    /// The sentinels' own credentials (`sentinel_user`, `sentinel_password`).
-    pub(crate) sentinel_user: Option<String>,
-    pub(crate) sentinel_password: Option<String>,
-}
-
-impl std::fmt::Debug for SentinelUrl {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SentinelUrl")
-            .field("scheme", &self.scheme)
-            .field("sentinels", &self.sentinels)
-            .field("master", &self.master)
-            .field("db", &self.db)
-            .field("credentials", &self.userinfo.is_some())
-            .field("sentinel_user", &self.sentinel_user)
-            .finish_non_exhaustive()
-    }
-}
-
-/// A Sentinel URL's part after the scheme and the scheme of its nodes, if `url` is one.
-pub(crate) fn split_sentinel_url(url: &str) -> Option<(&str, &'static str)> {
-    if let Some(rest) = url.strip_prefix("rediss+sentinel://") {
-        return Some((rest, "rediss"));
-    }
-    url.strip_prefix("redis+sentinel://")
-        .map(|rest| (rest, "redis"))
-}
-
-fn bad_url(shown: &str, what: &str) -> Error {
-    Error::new(
-        ErrorKind::Config,
-        format!(
-            "{:?} {what}; write redis+sentinel://[user:pass@]host1:26379,host2:26379/<master name>[/<db>] (rediss+sentinel:// for TLS)",
-            redact_url(shown)
-        ),
-    )
-}
-
-/// Parses the part of a Sentinel URL after its scheme (`rest`); `shown` is the URL as
-/// the user wrote it (for messages, without its password).
-pub(crate) fn parse_sentinel_url(
-    rest: &str,
-    scheme: &'static str,
-    shown: &str,
-) -> Result<SentinelUrl> {
-    let (rest, query) = match rest.split_once('?') {
-        Some((rest, query)) => (rest, Some(query)),
-        None => (rest, None),
-    };
-    let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
-    let (userinfo, hosts) = match authority.rfind('@') {
-        Some(at) => (Some(authority[..at].to_owned()), &authority[at + 1..]),
-        None => (None, authority),
-    };
-    let sentinels: Vec<String> = hosts
-        .split(',')
-        .filter(|h| !h.is_empty())
-        .map(|h| {
-            if h.contains(':') {
-                h.to_owned()
-            } else {
-                format!("{h}:26379")
-            }
-        })
-        .collect();
-    if sentinels.is_empty() {
-        return Err(bad_url(shown, "names no sentinel"));
-    }
-    let mut parts = path.split('/').filter(|p| !p.is_empty());
-    let master = parts
-        .next()
-        .map(str::to_owned)
-        .ok_or_else(|| bad_url(shown, "names no master (the path)"))?;
-    let db = match parts.next() {
-        Some(db) => db
-            .parse()
-            .map_err(|_| bad_url(shown, &format!("has database {db:?}, not a number")))?,
-        None => 0,
-    };
-    if parts.next().is_some() {
-        return Err(bad_url(shown, "has a path of more than <master>/<db>"));
-    }
-    let (mut sentinel_user, mut sentinel_password) = (None, None);
-    for (name, value) in url::form_urlencoded::parse(query.unwrap_or("").as_bytes()) {
-        match name.as_ref() {
-            "sentinel_user" => sentinel_user = Some(value.into_owned()),
-            "sentinel_password" => sentinel_password = Some(value.into_owned()),
-            other => {
-                return Err(bad_url(
-                    shown,
-                    &format!(
-                        "has the parameter {other:?}; a Sentinel URL takes sentinel_user, sentinel_password and (TLS) tls_ca, tls_cert, tls_key"
-                    ),
-                ))
-            }
-        }
-    }
-    Ok(SentinelUrl {
-        scheme,
-        sentinels,
-        master,
-        userinfo,
-        db,
-        sentinel_user,
-        sentinel_password,
-    })
-}
 
 /// The connection to the master as now known.
 struct Current {
@@ -232,19 +85,10 @@ impl SentinelMaster {
     /// Builds the follower (no connection yet) and starts watching for
     /// `+switch-master`; [`SentinelMaster::connection`] looks the master up.
     pub(crate) fn new(url: SentinelUrl, shown: &str, options: &RedisOptions) -> Result<Arc<Self>> {
-        let (user, password) = match &options.sentinel_auth {
-            Some(auth) => (auth.user.clone(), Some(auth.password.clone())),
-            None => (url.sentinel_user.clone(), url.sentinel_password.clone()),
-        };
-        let userinfo = match (user, password) {
-            (user, Some(p)) => format!("{}:{}@", encode(user.as_deref().unwrap_or("")), encode(&p)),
-            (Some(u), None) => format!("{}@", encode(&u)),
-            (None, None) => String::new(),
-        };
         let sentinels = url
             .sentinels
             .iter()
-            .map(|h| crate::tls::client(&format!("{}://{userinfo}{h}", url.scheme), shown, options))
+            .map(|h| crate::tls::client(&url.sentinel(h), shown, options))
             .collect::<Result<Vec<_>>>()?;
         let master = Arc::new(SentinelMaster {
             url,
@@ -458,21 +302,7 @@ impl SentinelMaster {
         port: u16,
     ) -> RedisResult<(redis::Client, MultiplexedConnection)> {
         let limit = self.options.connect_timeout;
-        let host = if host.contains(':') {
-            format!("[{host}]")
-        } else {
-            host
-        };
-        let userinfo = self
-            .url
-            .userinfo
-            .as_deref()
-            .map(|u| format!("{u}@"))
-            .unwrap_or_default();
-        let data = format!(
-            "{}://{userinfo}{host}:{port}/{}",
-            self.url.scheme, self.url.db
-        );
+        let data = self.url.data_node(&host, port);
         let client = crate::tls::client(&data, &self.shown, &self.options)
             .map_err(|e| failed(e.to_string()))?;
         let mut conn = bounded(
@@ -489,13 +319,6 @@ impl SentinelMaster {
             ))),
         }
     }
-}
-
-/// Percent-encodes a credential for a URL's userinfo.
-fn encode(s: &str) -> String {
-    url::form_urlencoded::byte_serialize(s.as_bytes())
-        .collect::<String>()
-        .replace('+', "%20")
 }
 
 /// How long the switch watcher waits before trying the next sentinel.
@@ -573,48 +396,5 @@ async fn watch_switches(master: Weak<SentinelMaster>) {
             }
         }
         pacer.pause().await;
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn parse(url: &str) -> Result<SentinelUrl> {
-        let (rest, scheme) = split_sentinel_url(url).ok_or_else(|| bad_url(url, "x"))?;
-        parse_sentinel_url(rest, scheme, url)
-    }
-
-    #[test]
-    fn sentinel_urls_name_sentinels_master_db_and_credentials() {
-        let u =
-            parse("redis+sentinel://u:p%40ss@h1:26379,h2/mymaster/3?sentinel_password=s3").unwrap();
-        assert_eq!(u.scheme, "redis");
-        assert_eq!(u.sentinels, vec!["h1:26379", "h2:26379"]);
-        assert_eq!(u.master, "mymaster");
-        assert_eq!(u.db, 3);
-        assert_eq!(u.userinfo.as_deref(), Some("u:p%40ss"));
-        assert_eq!(u.sentinel_password.as_deref(), Some("s3"));
-        assert_eq!(u.sentinel_user, None);
-        let t = parse("rediss+sentinel://127.0.0.1:26379/m").unwrap();
-        assert_eq!((t.scheme, t.db, t.userinfo), ("rediss", 0, None));
-    }
-
-    #[test]
-    fn bad_sentinel_urls_say_what_is_wrong_without_the_password() {
-        for (url, says) in [
-            ("redis+sentinel://u:secret@/m", "names no sentinel"),
-            ("redis+sentinel://u:secret@h1:26379", "names no master"),
-            ("redis+sentinel://u:secret@h1:26379/", "names no master"),
-            ("redis+sentinel://u:secret@h1/m/x", "not a number"),
-            ("redis+sentinel://u:secret@h1/m/1/2", "more than"),
-            ("redis+sentinel://u:secret@h1/m?bogus=1", "\"bogus\""),
-        ] {
-            let e = parse(url).unwrap_err();
-            let text = e.to_string();
-            assert_eq!(e.kind(), ErrorKind::Config, "{url}");
-            assert!(text.contains(says), "{url}: {text}");
-            assert!(!text.contains("secret"), "{url}: {text}");
-        }
     }
 }

@@ -4,7 +4,7 @@
 //! them too); without a CA the system's roots verify the server (loaded once per
 //! process, not per connection). Needs the crate's `tls` feature.
 
-use dlock_spi::{redact_url, Error, ErrorKind, Result, TlsFiles};
+use dlock_spi::{redact_url, Error, ErrorKind, Result};
 
 use crate::error::config_error;
 use crate::RedisOptions;
@@ -16,43 +16,6 @@ fn has_certificates(options: &RedisOptions) -> bool {
 
 fn config(message: String) -> Error {
     Error::new(ErrorKind::Config, message)
-}
-
-/// Takes dlock's TLS parameters off `url`, reading their files into `options` (the
-/// URL's win over what the options already hold). Returns the URL for the redis crate.
-pub(crate) fn split(url: &str, mut options: RedisOptions) -> Result<(String, RedisOptions)> {
-    let (rest, fragment) = match url.split_once('#') {
-        Some((rest, fragment)) => (rest, Some(fragment)),
-        None => (url, None),
-    };
-    let Some((base, query)) = rest.split_once('?') else {
-        return Ok((url.to_owned(), options));
-    };
-    let mut kept = Vec::new();
-    let mut files = TlsFiles::default();
-    for pair in query.split('&').filter(|p| !p.is_empty()) {
-        let Some((name, value)) = url::form_urlencoded::parse(pair.as_bytes()).next() else {
-            continue;
-        };
-        if !files.take(url, &name, &value)? {
-            kept.push(pair);
-        }
-    }
-    files.finish(
-        url,
-        &mut options.tls_root_certificate,
-        &mut options.tls_identity,
-    )?;
-    let mut out = base.to_owned();
-    if !kept.is_empty() {
-        out.push('?');
-        out.push_str(&kept.join("&"));
-    }
-    if let Some(fragment) = fragment {
-        out.push('#');
-        out.push_str(fragment);
-    }
-    Ok((out, options))
 }
 
 /// A client for one node: plain, or TLS with the options' certificates. `shown` is
@@ -173,39 +136,16 @@ mod tests {
     use super::*;
 
     #[test]
-    fn tls_parameters_are_taken_off_the_url_and_the_rest_kept() {
-        let dir = tempfile::tempdir().unwrap();
-        let ca = dir.path().join("ca a.pem");
-        std::fs::write(&ca, b"CA").unwrap();
-        let url = format!(
-            "rediss://u:secret@127.0.0.1:6390/0?protocol=resp3&tls_ca={}#insecure",
-            ca.display().to_string().replace(' ', "%20")
-        );
-        let (left, options) = split(&url, RedisOptions::default()).unwrap();
-        assert_eq!(
-            left,
-            "rediss://u:secret@127.0.0.1:6390/0?protocol=resp3#insecure"
-        );
-        assert_eq!(options.tls_root_certificate.as_deref(), Some(&b"CA"[..]));
-    }
-
-    #[test]
-    fn bad_tls_parameters_are_config_errors_without_the_password() {
-        for url in [
-            "rediss://u:secret@h:1/?tls_ca=/nonexistent/ca.pem",
-            "rediss://u:secret@h:1/?tls_cert=/etc/hostname",
-        ] {
-            let err = match split(url, RedisOptions::default()) {
-                Ok(_) => panic!("{url} was accepted"),
-                Err(e) => e,
-            };
-            assert_eq!(err.kind(), ErrorKind::Config);
-            assert!(!err.message().contains("secret"), "{}", err.message());
-        }
+    fn certificates_for_a_plain_url_are_refused() {
         let with_ca = RedisOptions::default().tls_root_certificate(b"CA".to_vec());
-        let (url, options) = split("redis://h:1", with_ca).unwrap();
-        let err = client(&url, &url, &options).map(drop).unwrap_err();
-        assert!(err.message().contains("rediss://"), "{}", err.message());
+        let err = client("redis://h:1", "redis://h:1", &with_ca)
+            .map(drop)
+            .err();
+        assert!(
+            err.as_ref()
+                .is_some_and(|e| e.message().contains("rediss://")),
+            "{err:?}"
+        );
     }
 
     /// The roots handed to the redis crate are the system's, every one of them, as

@@ -34,6 +34,7 @@ mod backoff;
 mod capabilities;
 mod chain;
 mod deadline;
+mod driver_url;
 mod error;
 mod events;
 mod extensions;
@@ -58,6 +59,7 @@ pub use chain::{
     lease_out_of_range, AcquireChain, AcquireContext, AcquireOutcome, HandlerChain, LockHandler,
     LostEvent, ReleaseChain, ReleaseContext, RenewEvent, MAX_CONTEXT_LEN, MAX_LEASE, MIN_LEASE,
 };
+pub use driver_url::DriverUrl;
 pub use error::{Error, ErrorKind, Result};
 pub use events::{ChangeFeed, LockEvents};
 pub use extensions::Extensions;

@@ -119,6 +119,35 @@ impl TlsFiles {
     }
 }
 
+/// Takes the TLS file options (`tls_ca`, `tls_cert`, `tls_key`) off `options` of
+/// the URL `shown` into `ca` and `identity` (the URL's win over what they held) and
+/// returns the others, in order. Without `tls` (a plain connection) a TLS option is
+/// refused with `refuse(key)`. The one loop behind
+/// [`BackendUrl::take_tls_files`](crate::BackendUrl::take_tls_files) and
+/// [`DriverUrl::take_tls_files`](crate::DriverUrl::take_tls_files).
+pub(crate) fn take_tls_options<'a>(
+    shown: &str,
+    options: &'a [(String, String)],
+    tls: bool,
+    ca: &mut Option<Vec<u8>>,
+    identity: &mut Option<TlsIdentity>,
+    refuse: impl Fn(&str) -> Error,
+) -> Result<Vec<(&'a str, &'a str)>> {
+    let mut files = TlsFiles::default();
+    let mut rest = Vec::with_capacity(options.len());
+    for (key, value) in options {
+        if !key.starts_with("tls_") {
+            rest.push((key.as_str(), value.as_str()));
+        } else if !tls {
+            return Err(refuse(key));
+        } else if !files.take(shown, key, value)? {
+            rest.push((key.as_str(), value.as_str()));
+        }
+    }
+    files.finish(shown, ca, identity)?;
+    Ok(rest)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -5,7 +5,7 @@ use std::fmt;
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::redact::redact_url;
-use crate::tls::{TlsFiles, TlsIdentity};
+use crate::tls::{take_tls_options, TlsIdentity};
 use crate::url_option::{parse_url_duration, percent_decode};
 
 /// What a backend's URLs look like: the schemes it takes, the port a host without
@@ -23,6 +23,7 @@ pub struct UrlSpec {
     schemes: &'static [&'static str],
     default_port: Option<u16>,
     raw_slash_in_password: bool,
+    optional_credentials: bool,
     example: &'static str,
 }
 
@@ -40,6 +41,7 @@ impl UrlSpec {
             schemes,
             default_port: None,
             raw_slash_in_password: false,
+            optional_credentials: false,
             example,
         }
     }
@@ -56,6 +58,14 @@ impl UrlSpec {
     /// first `/`): a `/` in a password is written `%2F`, and a path may hold `@`.
     pub const fn raw_slash_in_password(mut self) -> Self {
         self.raw_slash_in_password = true;
+        self
+    }
+
+    /// Either credential may be left out, as Redis' URLs allow: `:password@` (the
+    /// server's default user; [`BackendUrl::credentials`] gives an empty user) or
+    /// `user@` (no password: an empty one). Without it both are required.
+    pub const fn optional_credentials(mut self) -> Self {
+        self.optional_credentials = true;
         self
     }
 }
@@ -158,11 +168,17 @@ impl BackendUrl {
             }
         };
         if let Some(userinfo) = userinfo {
-            let (user, password) = userinfo.split_once(':').ok_or_else(|| {
-                parsed.error("credentials need a user and a password (user:password@)")
-            })?;
+            let (user, password) = match userinfo.split_once(':') {
+                Some(both) => both,
+                None if spec.optional_credentials => (userinfo, ""),
+                None => {
+                    return Err(
+                        parsed.error("credentials need a user and a password (user:password@)")
+                    )
+                }
+            };
             let user = parsed.decoded(user, "the user")?;
-            if user.is_empty() {
+            if user.is_empty() && !spec.optional_credentials {
                 return Err(parsed.error("the user is empty"));
             }
             let password = parsed.decoded(password, "the password")?;
@@ -214,7 +230,8 @@ impl BackendUrl {
         &self.scheme
     }
 
-    /// The user and password, decoded.
+    /// The user and password, decoded (either may be empty only with
+    /// [`UrlSpec::optional_credentials`]).
     pub fn credentials(&self) -> Option<(&str, &str)> {
         self.credentials
             .as_ref()
@@ -270,7 +287,7 @@ impl BackendUrl {
     }
 
     /// Reads the TLS file options (`tls_ca`, `tls_cert`, `tls_key`: PEM files, see
-    /// [`TlsFiles`]) into `ca` and `identity` — the URL's win over what they held —
+    /// [`TlsFiles`](crate::TlsFiles)) into `ca` and `identity` — the URL's win over what they held —
     /// and returns the other options, in order, for the backend to take. Without
     /// `tls` (a plain connection) a TLS option is refused, saying to use
     /// `tls_scheme`.
@@ -281,19 +298,9 @@ impl BackendUrl {
         ca: &mut Option<Vec<u8>>,
         identity: &mut Option<TlsIdentity>,
     ) -> Result<Vec<(&str, &str)>> {
-        let mut files = TlsFiles::default();
-        let mut rest = Vec::with_capacity(self.options.len());
-        for (key, value) in &self.options {
-            if !key.starts_with("tls_") {
-                rest.push((key.as_str(), value.as_str()));
-            } else if !tls {
-                return Err(self.error(format_args!("{key} is for TLS; use {tls_scheme}://")));
-            } else if !files.take(&self.shown, key, value)? {
-                rest.push((key.as_str(), value.as_str()));
-            }
-        }
-        files.finish(&self.shown, ca, identity)?;
-        Ok(rest)
+        take_tls_options(&self.shown, &self.options, tls, ca, identity, |key| {
+            self.error(format_args!("{key} is for TLS; use {tls_scheme}://"))
+        })
     }
 
     fn decoded(&self, part: &str, what: &str) -> Result<String> {
@@ -407,6 +414,24 @@ mod tests {
             .take_tls_files(true, "ts", &mut ca, &mut identity)
             .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(rest, [("k", "v"), ("tls_other", "x")]);
+    }
+
+    #[test]
+    fn optional_credentials_take_a_password_alone_or_a_user_alone() {
+        const OPT: UrlSpec = RFC.optional_credentials();
+        let creds = |url: &str, spec: &UrlSpec| {
+            BackendUrl::parse(url, spec)
+                .map(|u| u.credentials().map(|(u, p)| (u.to_owned(), p.to_owned())))
+        };
+        assert_eq!(
+            creds("t://:p%40ss@h", &OPT).ok().flatten(),
+            Some((String::new(), "p@ss".into()))
+        );
+        assert_eq!(
+            creds("t://app@h", &OPT).ok().flatten(),
+            Some(("app".into(), String::new()))
+        );
+        assert!(creds("t://:p@h", &RFC).is_err() && creds("t://app@h", &RFC).is_err());
     }
 
     #[test]
