@@ -5,25 +5,23 @@
 
 use std::time::Duration;
 
-use dlock_spi::{Backoff, ChangeFeed, Error, ErrorKind, Jitter, Pacer, Result};
+use dlock_spi::{
+    Backoff, ChangeFeed, Drained, Error, ErrorKind, Jitter, Resubscribe, Result, Subscription,
+};
 use etcd_client::{Client, WatchOptions, WatchStream};
 use tokio::sync::watch;
 
 use crate::error::{map_etcd, timed_out};
 
-/// How often in a row a broken watch is started again before the feed ends (the
-/// observer polls then); the pause between tries doubles from 100 ms up to 2 s. A
-/// watch that broke within [`STEADY`] of its start counts as a failed try too.
-const RESTARTS: u32 = 20;
-
-/// How long a restarted watch must last for its restart to count as a success.
-const STEADY: Duration = Duration::from_secs(10);
-
-/// The pauses between restarts: 100 ms doubling to 2 s (from the first again after
-/// a watch that lasted [`STEADY`]).
-const RESTART_PAUSE: Backoff =
+/// How a broken watch is started again: after a pause of 100 ms doubling to 2 s
+/// (from the first again after a watch that lasted 10 s), and not after 20 failures
+/// in a row — a failed start, or a watch that broke within 10 s of its start — when
+/// the feed ends (the observer polls then).
+const RESTART: Resubscribe = Resubscribe::new(
     Backoff::exponential(Duration::from_millis(100), Duration::from_secs(2))
-        .with_jitter(Jitter::None);
+        .with_jitter(Jitter::None),
+)
+.give_up_after(20, Duration::from_secs(10));
 
 /// The range `[start, end)` a feed watches.
 pub(crate) struct Range {
@@ -34,9 +32,59 @@ pub(crate) struct Range {
 /// Starts following `range`; live (the watch created) on return.
 pub(crate) async fn follow(client: Client, range: Range, timeout: Duration) -> Result<ChangeFeed> {
     let stream = start(&client, &range, timeout).await?;
-    let (tx, rx) = watch::channel(0u64);
-    let task = tokio::spawn(run(client, range, timeout, stream, tx));
-    Ok(ChangeFeed::new(rx, dlock_spi::TaskGuard::new(task)))
+    Ok(ChangeFeed::kept_up(RESTART, stream, |tx| Feed {
+        client,
+        range,
+        timeout,
+        tx,
+    }))
+}
+
+/// A feed's watch, kept up by [`RESTART`]: every event pings the feed; a broken
+/// watch is started again, and the feed pinged (changes may have been missed); the
+/// feed ends (its sender dropped) once the loop gives up or nobody follows.
+struct Feed {
+    client: Client,
+    range: Range,
+    timeout: Duration,
+    tx: watch::Sender<u64>,
+}
+
+impl Feed {
+    /// Pings the feed: the observer reads again.
+    fn ping(&self) {
+        self.tx.send_modify(|n| *n = n.wrapping_add(1));
+    }
+}
+
+impl Subscription for Feed {
+    type Live = WatchStream;
+
+    async fn subscribe(&mut self) -> Option<WatchStream> {
+        start(&self.client, &self.range, self.timeout).await.ok()
+    }
+
+    async fn drain(&mut self, mut stream: WatchStream) -> Drained {
+        loop {
+            match stream.message().await {
+                Ok(Some(m)) if !m.canceled() => {
+                    if !m.events().is_empty() {
+                        self.ping();
+                    }
+                }
+                // Cancelled (a compaction, the member going away), ended or failed.
+                Ok(_) | Err(_) => return Drained::Broke,
+            }
+        }
+    }
+
+    fn resubscribed(&mut self) {
+        self.ping();
+    }
+
+    fn wanted(&self) -> bool {
+        !self.tx.is_closed()
+    }
 }
 
 /// Creates the watch and waits until etcd says it is created: every change after
@@ -79,53 +127,4 @@ async fn start(client: &Client, range: &Range, timeout: Duration) -> Result<Watc
     tokio::time::timeout(timeout, created)
         .await
         .unwrap_or_else(|_| Err(timed_out("watch")))
-}
-
-/// Pings the feed on every event; starts the watch again when it breaks, and ends
-/// (dropping the sender) after [`RESTARTS`] failed tries in a row (a watch that
-/// broke soon after its start counts as one) or once nobody follows.
-async fn run(
-    client: Client,
-    range: Range,
-    timeout: Duration,
-    mut stream: WatchStream,
-    tx: watch::Sender<u64>,
-) {
-    let ping = |tx: &watch::Sender<u64>| tx.send_modify(|n| *n = n.wrapping_add(1));
-    let mut started = tokio::time::Instant::now();
-    let mut failures = 0u32;
-    let mut pacer = Pacer::new(RESTART_PAUSE);
-    loop {
-        match stream.message().await {
-            Ok(Some(m)) if !m.canceled() => {
-                if !m.events().is_empty() {
-                    ping(&tx);
-                }
-                continue;
-            }
-            // Cancelled (a compaction, the member going away), ended or failed.
-            Ok(_) | Err(_) => {}
-        }
-        if started.elapsed() >= STEADY {
-            // It had been up a while: a fresh break.
-            failures = 0;
-            pacer.reset();
-        } else {
-            failures += 1;
-        }
-        loop {
-            if failures >= RESTARTS || tx.is_closed() {
-                return;
-            }
-            pacer.pause().await;
-            if let Ok(again) = start(&client, &range, timeout).await {
-                stream = again;
-                started = tokio::time::Instant::now();
-                break;
-            }
-            failures += 1;
-        }
-        // Changes made while it was down were not seen: the observer reads again.
-        ping(&tx);
-    }
 }

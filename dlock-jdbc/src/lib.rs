@@ -1154,9 +1154,7 @@ async fn start_listener(pool: &Pool, options: &JdbcOptions) -> Listener {
         let channel = format!("{}release", options.table_prefix);
         let change = format!("{}change", options.table_prefix);
         let channels = [channel.clone(), change];
-        let statements = pg.clone();
-        let timeout = options.acquire_timeout;
-        let mut listener = match listen(&statements, timeout, &channels).await {
+        let listener = match listen(pg, options.acquire_timeout, &channels).await {
             Ok(l) => l,
             Err(e) => {
                 tracing::warn!(error = %e, "dlock-jdbc: LISTEN failed; waiters will poll only");
@@ -1164,52 +1162,83 @@ async fn start_listener(pool: &Pool, options: &JdbcOptions) -> Listener {
             }
         };
         let wakeups = Arc::new(Wakeups::default());
-        let target = Arc::clone(&wakeups);
+        let relisten = Relisten {
+            statements: pg.clone(),
+            timeout: options.acquire_timeout,
+            channels,
+            target: Arc::clone(&wakeups),
+        };
         let task = tokio::spawn(async move {
-            loop {
-                // `try_recv` answers `None` when the connection dropped, once it has
-                // connected and listened again, and an error when that failed.
-                match listener.try_recv().await {
-                    Ok(Some(note)) => {
-                        if note.channel() == channel {
-                            let notice = wakeups::ReleaseNotice::parse(note.payload());
-                            target.wake(&notice);
-                            target.changed(notice.name);
-                        } else {
-                            target.changed(note.payload());
-                        }
-                    }
-                    // Listening again (sqlx reconnects before it answers): notices
-                    // sent meanwhile are lost.
-                    Ok(None) => target.notices_missed(),
-                    Err(e) => {
-                        // A new listener, tried every 500 ms (polling covers the gap):
-                        // `try_recv` would reconnect and then wait for the next notice,
-                        // the missed ones never made up for — or, its connection reset
-                        // rather than closed, keep failing on it.
-                        tracing::debug!(error = %e, "dlock-jdbc: release listener interrupted");
-                        // Its connection goes back now, not after the outage.
-                        drop(listener);
-                        let mut pacer = dlock_spi::Pacer::new(RELISTEN_PAUSE);
-                        listener = loop {
-                            pacer.pause().await;
-                            match listen(&statements, timeout, &channels).await {
-                                Ok(l) => break l,
-                                Err(e) => {
-                                    tracing::debug!(error = %e, "dlock-jdbc: LISTEN failed again");
-                                }
-                            }
-                        };
-                        target.notices_missed();
-                    }
-                }
-            }
+            RELISTEN.run(relisten, Some(listener)).await;
         });
         return (Some(wakeups), Some(dlock_spi::TaskGuard::new(task)), None);
     }
     let _ = (pool, options);
     (None, None, None)
 }
+
+/// The PostgreSQL listener, kept up by [`RELISTEN`]: notices wake waiters and
+/// followers; when its connection fails, a new listener (its connection given back
+/// now, not after the outage), and every waiter re-checks. sqlx's own reconnect is
+/// not relied on: `try_recv` would reconnect and then wait for the next notice, the
+/// missed ones never made up for — or, its connection reset rather than closed,
+/// keep failing on it.
+#[cfg(feature = "postgres")]
+struct Relisten {
+    statements: sqlx::PgPool,
+    timeout: Duration,
+    channels: [String; 2],
+    target: Arc<Wakeups>,
+}
+
+#[cfg(feature = "postgres")]
+impl dlock_spi::Subscription for Relisten {
+    type Live = sqlx::postgres::PgListener;
+
+    async fn subscribe(&mut self) -> Option<sqlx::postgres::PgListener> {
+        match listen(&self.statements, self.timeout, &self.channels).await {
+            Ok(l) => Some(l),
+            Err(e) => {
+                tracing::debug!(error = %e, "dlock-jdbc: LISTEN failed again");
+                None
+            }
+        }
+    }
+
+    async fn drain(&mut self, mut listener: sqlx::postgres::PgListener) -> dlock_spi::Drained {
+        loop {
+            // `try_recv` answers `None` when the connection dropped, once it has
+            // connected and listened again, and an error when that failed.
+            match listener.try_recv().await {
+                Ok(Some(note)) => {
+                    if note.channel() == self.channels[0] {
+                        let notice = wakeups::ReleaseNotice::parse(note.payload());
+                        self.target.wake(&notice);
+                        self.target.changed(notice.name);
+                    } else {
+                        self.target.changed(note.payload());
+                    }
+                }
+                // Listening again (sqlx reconnects before it answers): notices sent
+                // meanwhile are lost.
+                Ok(None) => self.target.notices_missed(),
+                Err(e) => {
+                    tracing::debug!(error = %e, "dlock-jdbc: release listener interrupted");
+                    return dlock_spi::Drained::Broke;
+                }
+            }
+        }
+    }
+
+    fn resubscribed(&mut self) {
+        self.target.notices_missed();
+    }
+}
+
+/// How the PostgreSQL listener listens again: 500 ms after it failed and between
+/// failed tries (polling covers the gap).
+#[cfg(feature = "postgres")]
+const RELISTEN: dlock_spi::Resubscribe = dlock_spi::Resubscribe::new(RELISTEN_PAUSE);
 
 /// A session listening on `channels`, with the connect options `statements` (the
 /// statements' pool) has now — an application may change them, e.g. rotating

@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 
-use dlock_spi::{Backoff, Jitter, Pacer};
+use dlock_spi::{Backoff, Drained, Jitter, Resubscribe, Subscription};
 use futures_util::StreamExt;
 use tokio::sync::Notify;
 
@@ -143,11 +143,13 @@ impl Notices {
             connected: AtomicBool::new(true),
             task: Mutex::new(None),
         });
-        let task = tokio::spawn(run(
-            Arc::downgrade(&notices),
+        let subscriber = Subscriber {
+            notices: Arc::downgrade(&notices),
             endpoint,
-            Some((epoch, first)),
-        ));
+        };
+        let task = tokio::spawn(async move {
+            RECONNECT.run(subscriber, Some((epoch, first))).await;
+        });
         *notices.task.lock().unwrap_or_else(PoisonError::into_inner) =
             Some(dlock_spi::TaskGuard::new(task));
         Ok(notices)
@@ -263,60 +265,70 @@ impl Drop for Registration {
 
 /// How long one attempt to connect the notice connection again may take.
 const RECONNECT_BOUND: Duration = Duration::from_secs(5);
-/// The pause before connecting the notice connection again (waiters poll meanwhile).
-const RECONNECT_PAUSE: Backoff =
-    Backoff::constant(Duration::from_millis(250)).with_jitter(Jitter::None);
+/// How the notice connection is connected again: 250 ms after it broke and between
+/// failed tries (waiters poll meanwhile).
+const RECONNECT: Resubscribe =
+    Resubscribe::new(Backoff::constant(Duration::from_millis(250)).with_jitter(Jitter::None));
 
-async fn run(
+/// The notice connection, kept up by [`RECONNECT`].
+struct Subscriber {
     notices: Weak<Notices>,
     endpoint: Endpoint,
-    mut first: Option<(u64, redis::aio::PubSub)>,
-) {
-    let mut pacer = Pacer::new(RECONNECT_PAUSE);
-    loop {
-        let (epoch, pubsub) = match first.take() {
-            Some(p) => p,
-            None => {
-                let Some(channel) = notices.upgrade().map(|n| n.channel.clone()) else {
-                    return;
-                };
-                // Bounded: a server that does not answer is tried again (behind
-                // Sentinel, wherever the master is by then).
-                let connect = async {
-                    let (epoch, client) = endpoint.client().await?;
-                    let mut p = client.get_async_pubsub().await?;
-                    p.subscribe(&channel).await.map(|()| (epoch, p))
-                };
-                let connected = crate::connection::bounded(RECONNECT_BOUND, connect).await;
-                match connected {
-                    Ok(p) => {
-                        let Some(n) = notices.upgrade() else { return };
-                        n.connected.store(true, Ordering::Release);
-                        // Notices may have been missed while disconnected.
-                        n.wake_all();
-                        p
-                    }
-                    Err(e) => {
-                        tracing::debug!(error = %e, "dlock-redis: release-notice connection failed; retrying");
-                        pacer.pause().await;
-                        continue;
-                    }
-                }
-            }
+}
+
+impl Subscription for Subscriber {
+    type Live = (u64, redis::aio::PubSub);
+
+    async fn subscribe(&mut self) -> Option<(u64, redis::aio::PubSub)> {
+        let channel = self.notices.upgrade()?.channel.clone();
+        // Bounded: a server that does not answer is tried again (behind Sentinel,
+        // wherever the master is by then).
+        let connect = async {
+            let (epoch, client) = self.endpoint.client().await?;
+            let mut p = client.get_async_pubsub().await?;
+            p.subscribe(&channel).await.map(|()| (epoch, p))
         };
+        match crate::connection::bounded(RECONNECT_BOUND, connect).await {
+            Ok(p) => Some(p),
+            Err(e) => {
+                tracing::debug!(error = %e, "dlock-redis: release-notice connection failed; retrying");
+                None
+            }
+        }
+    }
+
+    async fn drain(&mut self, (epoch, pubsub): (u64, redis::aio::PubSub)) -> Drained {
         tokio::select! {
-            () = dispatch(&notices, pubsub, epoch) => {}
-            () = endpoint.moved_from(epoch) => {
+            () = dispatch(&self.notices, pubsub, epoch) => {}
+            () = self.endpoint.moved_from(epoch) => {
                 tracing::debug!("dlock-redis: the master moved; subscribing to release notices there");
             }
         }
-        let Some(n) = notices.upgrade() else { return };
-        n.connected.store(false, Ordering::Release);
-        // Waiters switch to polling until the connection is back.
-        n.wake_all();
-        drop(n);
+        if self.notices.strong_count() == 0 {
+            return Drained::Done;
+        }
         tracing::debug!("dlock-redis: release-notice connection lost; reconnecting");
-        pacer.pause().await;
+        Drained::Broke
+    }
+
+    /// Notices may have been missed while disconnected: every waiter re-checks.
+    fn resubscribed(&mut self) {
+        if let Some(n) = self.notices.upgrade() {
+            n.connected.store(true, Ordering::Release);
+            n.wake_all();
+        }
+    }
+
+    /// Waiters switch to polling until the connection is back.
+    fn lost(&mut self) {
+        if let Some(n) = self.notices.upgrade() {
+            n.connected.store(false, Ordering::Release);
+            n.wake_all();
+        }
+    }
+
+    fn wanted(&self) -> bool {
+        self.notices.strong_count() > 0
     }
 }
 

@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
-use dlock_spi::{Backoff, Jitter, Pacer, Result};
+use dlock_spi::{Backoff, Drained, Jitter, Resubscribe, Result, Subscription};
 use futures_util::StreamExt;
 use redis::aio::MultiplexedConnection;
 use redis::{FromRedisValue, RedisResult, Value};
@@ -331,70 +331,91 @@ const HEALTH_EVERY: Duration = Duration::from_secs(1);
 const RESUBSCRIBE_EVERY: Duration = Duration::from_secs(30);
 
 /// Subscribes to `+switch-master` on one sentinel at a time (the next one when a
-/// connection fails, and again every [`RESUBSCRIBE_EVERY`]); an announcement for
-/// this master moves the connection to the announced one at once, so the release
-/// notices follow too. Every [`HEALTH_EVERY`] it checks that the master answers.
+/// connection fails, and again every [`RESUBSCRIBE_EVERY`]), pausing
+/// [`WATCH_RETRY`] between rounds; an announcement for this master moves the
+/// connection to the announced one at once, so the release notices follow too.
+/// Every [`HEALTH_EVERY`] it checks that the master answers. A switch announced
+/// while no sentinel was watched is noticed by that check (the old master demoted
+/// answers `READONLY`, or not at all).
 async fn watch_switches(master: Weak<SentinelMaster>) {
-    let mut pacer = Pacer::new(WATCH_RETRY);
-    for round in 0usize.. {
-        let (sentinel, name) = match master.upgrade() {
-            Some(m) => {
-                let at = (m.preferred.load(Ordering::Relaxed) + round) % m.sentinels.len().max(1);
-                match m.sentinels.get(at) {
-                    Some(s) => (s.clone(), m.url.master.clone()),
-                    None => return,
-                }
-            }
-            None => return,
-        };
-        let limit = master
-            .upgrade()
-            .map_or(Duration::from_secs(5), |m| m.options.connect_timeout);
+    Resubscribe::new(WATCH_RETRY)
+        .run(SwitchWatch { master, round: 0 }, None)
+        .await;
+}
+
+/// The `+switch-master` subscription, on sentinel `round` (modulo their number)
+/// after the preferred one.
+struct SwitchWatch {
+    master: Weak<SentinelMaster>,
+    round: usize,
+}
+
+impl Subscription for SwitchWatch {
+    type Live = (redis::aio::PubSub, String);
+
+    async fn subscribe(&mut self) -> Option<Self::Live> {
+        let m = self.master.upgrade()?;
+        let at = (m.preferred.load(Ordering::Relaxed) + self.round) % m.sentinels.len().max(1);
+        self.round += 1;
+        let sentinel = m.sentinels.get(at)?.clone();
+        let (name, limit) = (m.url.master.clone(), m.options.connect_timeout);
+        drop(m);
         let subscribed = async {
             let mut p = bounded(limit, sentinel.get_async_pubsub()).await?;
             bounded(limit, p.subscribe("+switch-master")).await?;
             RedisResult::Ok(p)
         };
         match subscribed.await {
-            Ok(mut p) => {
-                let mut stream = p.on_message();
-                let resubscribe = tokio::time::sleep(RESUBSCRIBE_EVERY);
-                tokio::pin!(resubscribe);
-                let mut health = tokio::time::interval(HEALTH_EVERY);
-                loop {
-                    let msg = tokio::select! {
-                        msg = stream.next() => match msg {
-                            Some(msg) => msg,
-                            None => break,
-                        },
-                        _ = health.tick() => {
-                            let Some(m) = master.upgrade() else { return };
-                            m.check_alive().await;
-                            continue;
-                        }
-                        () = &mut resubscribe => break,
-                    };
-                    let payload = String::from_utf8_lossy(msg.get_payload_bytes()).into_owned();
-                    // `<name> <old ip> <old port> <new ip> <new port>`
-                    let parts: Vec<&str> = payload.split(' ').collect();
-                    if parts.first() != Some(&name.as_str()) {
-                        continue;
-                    }
-                    let Some(m) = master.upgrade() else { return };
-                    tracing::info!(master = %name, switch = %payload, "dlock-redis: Sentinel switched the master; following it");
-                    match (parts.get(3), parts.get(4).and_then(|p| p.parse().ok())) {
-                        (Some(host), Some(port)) => m.follow((*host).to_owned(), port).await,
-                        _ => {
-                            let epoch = m.epoch();
-                            m.forget(epoch);
-                        }
-                    }
-                }
-            }
+            Ok(p) => Some((p, name)),
             Err(e) => {
                 tracing::debug!(error = %e, "dlock-redis: cannot watch a sentinel for master switches; trying the next");
+                None
             }
         }
-        pacer.pause().await;
+    }
+
+    async fn drain(&mut self, (mut p, name): Self::Live) -> Drained {
+        let mut stream = p.on_message();
+        let resubscribe = tokio::time::sleep(RESUBSCRIBE_EVERY);
+        tokio::pin!(resubscribe);
+        let mut health = tokio::time::interval(HEALTH_EVERY);
+        loop {
+            let msg = tokio::select! {
+                msg = stream.next() => match msg {
+                    Some(msg) => msg,
+                    None => return Drained::Broke,
+                },
+                _ = health.tick() => {
+                    let Some(m) = self.master.upgrade() else { return Drained::Done };
+                    m.check_alive().await;
+                    continue;
+                }
+                () = &mut resubscribe => return Drained::Broke,
+            };
+            let payload = String::from_utf8_lossy(msg.get_payload_bytes()).into_owned();
+            // `<name> <old ip> <old port> <new ip> <new port>`
+            let parts: Vec<&str> = payload.split(' ').collect();
+            if parts.first() != Some(&name.as_str()) {
+                continue;
+            }
+            let Some(m) = self.master.upgrade() else {
+                return Drained::Done;
+            };
+            tracing::info!(master = %name, switch = %payload, "dlock-redis: Sentinel switched the master; following it");
+            match (parts.get(3), parts.get(4).and_then(|p| p.parse().ok())) {
+                (Some(host), Some(port)) => m.follow((*host).to_owned(), port).await,
+                _ => {
+                    let epoch = m.epoch();
+                    m.forget(epoch);
+                }
+            }
+        }
+    }
+
+    /// A switch missed meanwhile is caught by the health check.
+    fn resubscribed(&mut self) {}
+
+    fn wanted(&self) -> bool {
+        self.master.strong_count() > 0
     }
 }

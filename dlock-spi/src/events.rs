@@ -8,6 +8,7 @@ use tokio::sync::watch;
 
 use crate::error::Result;
 use crate::name::LockName;
+use crate::resubscribe::{Resubscribe, Subscription};
 
 /// An optional ability of a backend ([`crate::LockRemoteResource::events`]): follow a
 /// lock's holders without polling.
@@ -45,6 +46,29 @@ impl ChangeFeed {
     pub fn channel() -> (watch::Sender<u64>, ChangeFeed) {
         let (tx, rx) = watch::channel(0);
         (tx, ChangeFeed::new(rx, ()))
+    }
+
+    /// A feed kept up by `how` in a task of its own: `make` builds the
+    /// [`Subscription`] around the feed's sender (it pings on each change and on
+    /// [`Subscription::resubscribed`]); `live` is its first subscription, made
+    /// before, so the feed is live when this returns. The task ends with the feed
+    /// (or when `how` gives up: the sender dropped, [`ChangeFeed::changed`] says
+    /// `false`). Call it within a Tokio runtime.
+    pub fn kept_up<S>(
+        how: Resubscribe,
+        live: S::Live,
+        make: impl FnOnce(watch::Sender<u64>) -> S,
+    ) -> Self
+    where
+        S: Subscription + 'static,
+        S::Live: 'static,
+    {
+        let (tx, rx) = watch::channel(0);
+        let subscription = make(tx);
+        let task = tokio::spawn(async move {
+            how.run(subscription, Some(live)).await;
+        });
+        ChangeFeed::new(rx, crate::TaskGuard::new(task))
     }
 
     /// Waits for the next ping; `false` once the backend stopped feeding (the caller

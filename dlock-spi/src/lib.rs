@@ -45,6 +45,7 @@ mod outcome;
 mod redact;
 mod request;
 mod resource;
+mod resubscribe;
 #[cfg(feature = "serde")]
 mod serde_impls;
 mod task;
@@ -70,6 +71,7 @@ pub use outcome::{AcquireResult, HolderInfo, LockState, ReleaseResult, RenewResu
 pub use redact::redact_url;
 pub use request::{AcquireRequest, ReleaseRequest, RenewRequest};
 pub use resource::{BatchRenew, LockAdmin, LockRemoteResource};
+pub use resubscribe::{Drained, Resubscribe, Subscription};
 pub use task::{spawn_cleanup, TaskGuard};
 pub use tls::{read_pem_file, TlsFiles, TlsIdentity};
 pub use types::{

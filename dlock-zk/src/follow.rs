@@ -5,17 +5,18 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlock_spi::{Backoff, ChangeFeed, Jitter, Pacer, Result};
+use dlock_spi::{Backoff, ChangeFeed, Drained, Jitter, Resubscribe, Result, Subscription};
 use tokio::sync::watch;
 use zookeeper_client::{Client, Error as ZkError, OneshotWatcher};
 
 use crate::error::map_zk;
 use crate::layout;
-use crate::session::Sessions;
+use crate::session::{SessionStatus, Sessions};
 
-/// The pause between tries to set a feed's watches again.
-const REARM_PAUSE: Backoff =
-    Backoff::constant(Duration::from_millis(250)).with_jitter(Jitter::None);
+/// How a feed's watches are set again: at once after each event, 250 ms between
+/// failed tries.
+const REARM: Resubscribe =
+    Resubscribe::new(Backoff::constant(Duration::from_millis(250)).with_jitter(Jitter::None));
 
 /// The watches of one round: the lock's children (or its creation), and the
 /// holder's data when there is a holder.
@@ -69,14 +70,35 @@ pub(crate) async fn follow(sessions: Arc<Sessions>, lock: String) -> Result<Chan
     let armed = arm(&session.client, &lock)
         .await
         .map_err(|e| map_zk(e, "watch"))?;
-    let (tx, rx) = watch::channel(0u64);
-    let task = tokio::spawn(run(sessions, lock, tx, armed));
-    Ok(ChangeFeed::new(rx, dlock_spi::TaskGuard::new(task)))
+    let status = sessions.subscribe();
+    Ok(ChangeFeed::kept_up(REARM, armed, |tx| Feed {
+        sessions,
+        lock,
+        tx,
+        status,
+    }))
 }
 
-async fn run(sessions: Arc<Sessions>, lock: String, tx: watch::Sender<u64>, mut armed: Armed) {
-    let mut status = sessions.subscribe();
-    loop {
+/// A feed's watches, set again after each event (on whatever session is usable)
+/// and then the feed pinged: the observer's read after the ping sees the change
+/// that fired the watch and any made while no watch was set; later ones fire the
+/// new watches. A change of session sets them again too.
+struct Feed {
+    sessions: Arc<Sessions>,
+    lock: String,
+    tx: watch::Sender<u64>,
+    status: watch::Receiver<SessionStatus>,
+}
+
+impl Subscription for Feed {
+    type Live = Armed;
+
+    async fn subscribe(&mut self) -> Option<Armed> {
+        let session = self.sessions.usable(None, None).await.ok()?;
+        arm(&session.client, &self.lock).await.ok()
+    }
+
+    async fn drain(&mut self, armed: Armed) -> Drained {
         let Armed {
             lock: lock_watch,
             holder,
@@ -90,34 +112,21 @@ async fn run(sessions: Arc<Sessions>, lock: String, tx: watch::Sender<u64>, mut 
             }
         };
         tokio::select! {
-            _ = lock_watch.changed() => {}
-            () = holder_event => {}
-            changed = status.changed() => {
-                if changed.is_err() {
-                    return;
-                }
-            }
-            () = tx.closed() => return,
+            _ = lock_watch.changed() => Drained::Rearm,
+            () = holder_event => Drained::Rearm,
+            changed = self.status.changed() => match changed {
+                Ok(()) => Drained::Rearm,
+                Err(_) => Drained::Done,
+            },
+            () = self.tx.closed() => Drained::Done,
         }
-        // Re-arm, on whatever session is usable, then ping: the observer's read
-        // after the ping sees the change that fired the watch and any made while
-        // no watch was set; later ones fire the new watches.
-        let mut pacer = Pacer::new(REARM_PAUSE);
-        armed = loop {
-            let attempt = async {
-                let session = sessions.usable(None, None).await.ok()?;
-                arm(&session.client, &lock).await.ok()
-            };
-            tokio::select! {
-                a = attempt => {
-                    if let Some(a) = a {
-                        break a;
-                    }
-                }
-                () = tx.closed() => return,
-            }
-            pacer.pause().await;
-        };
-        tx.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    fn resubscribed(&mut self) {
+        self.tx.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    fn wanted(&self) -> bool {
+        !self.tx.is_closed()
     }
 }

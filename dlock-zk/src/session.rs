@@ -21,16 +21,18 @@
 use std::sync::{Arc, PoisonError, RwLock, Weak};
 use std::time::{Duration, Instant};
 
-use dlock_spi::{Backoff, Error, ErrorKind, Jitter, Pacer, Result};
+use dlock_spi::{Backoff, Drained, Error, ErrorKind, Jitter, Resubscribe, Result, Subscription};
 use tokio::sync::watch;
 use zookeeper_client::{Client, SessionState};
 
 use crate::error::{connection_failure, map_zk};
 
-/// The pauses between tries to open a new session: 50 ms doubling to 2 s.
-const NEW_SESSION_PAUSE: Backoff =
+/// How a lost session is replaced: a new one at once, then 50 ms doubling to 2 s
+/// between failed tries (from 50 ms again for the next loss).
+const NEW_SESSION: Resubscribe = Resubscribe::new(
     Backoff::exponential(Duration::from_millis(50), Duration::from_secs(2))
-        .with_jitter(Jitter::None);
+        .with_jitter(Jitter::None),
+);
 
 /// Identifies one session of this backend (ZooKeeper's session id).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -369,21 +371,59 @@ impl Sessions {
     }
 }
 
-/// Follows the current session's connection state; replaces the session when lost.
+/// Follows the current session's connection state; replaces the session when lost
+/// (at once, then pausing by [`NEW_SESSION`] between failed tries), until the
+/// backend ends.
 async fn supervise(sessions: Weak<Sessions>, mut shutdown: watch::Receiver<()>) {
-    loop {
-        let Some(strong) = sessions.upgrade() else {
-            return;
-        };
-        let session = strong.current();
+    let Some(current) = sessions.upgrade().map(|s| s.current()) else {
+        return;
+    };
+    let supervisor = Supervisor { sessions };
+    tokio::select! {
+        () = NEW_SESSION.run(supervisor, Some(current)) => {}
+        _ = shutdown.changed() => {}
+    }
+}
+
+/// The backend's session, kept up by [`NEW_SESSION`].
+struct Supervisor {
+    sessions: Weak<Sessions>,
+}
+
+impl Subscription for Supervisor {
+    type Live = Arc<Session>;
+
+    /// Opens a new session and makes it the current one.
+    async fn subscribe(&mut self) -> Option<Arc<Session>> {
+        let spec = self.sessions.upgrade()?.spec.clone();
+        match spec.connect().await {
+            Ok(client) => {
+                let strong = self.sessions.upgrade()?;
+                let session = Arc::new(Session { client });
+                let id = session.id();
+                *strong
+                    .current
+                    .write()
+                    .unwrap_or_else(PoisonError::into_inner) = Arc::clone(&session);
+                strong.publish(id, SessionPhase::Connected);
+                tracing::info!(session = id.0, "dlock-zk: new session");
+                Some(session)
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, "dlock-zk: cannot open a new session yet");
+                None
+            }
+        }
+    }
+
+    /// Publishes the session's phase as it changes, until it is lost.
+    async fn drain(&mut self, session: Arc<Session>) -> Drained {
         let grace = session.client.session_timeout() * 2 / 5;
         let mut states = session.client.state_watcher();
-        drop(strong);
         let mut state = states.state();
-        // Follow this session until it is lost.
         loop {
-            let Some(strong) = sessions.upgrade() else {
-                return;
+            let Some(strong) = self.sessions.upgrade() else {
+                return Drained::Done;
             };
             let phase = match state {
                 SessionState::SyncConnected | SessionState::ConnectedReadOnly => {
@@ -395,7 +435,7 @@ async fn supervise(sessions: Weak<Sessions>, mut shutdown: watch::Receiver<()>) 
             strong.publish(session.id(), phase);
             drop(strong);
             if phase == SessionPhase::Lost {
-                break;
+                return Drained::Rearm;
             }
             let give_up = async {
                 if phase == SessionPhase::Suspended {
@@ -410,45 +450,14 @@ async fn supervise(sessions: Weak<Sessions>, mut shutdown: watch::Receiver<()>) 
                     tracing::warn!(session = session.id().0, "dlock-zk: disconnected for 0.4 × the session timeout; the session's locks are declared lost");
                     state = SessionState::Expired;
                 }
-                _ = shutdown.changed() => return,
             }
         }
-        drop(session);
-        // Open a new session, retrying with backoff until it works or the backend ends.
-        let mut pacer = Pacer::new(NEW_SESSION_PAUSE);
-        loop {
-            let Some(strong) = sessions.upgrade() else {
-                return;
-            };
-            let spec = strong.spec.clone();
-            drop(strong);
-            let opened = tokio::select! {
-                opened = spec.connect() => opened,
-                _ = shutdown.changed() => return,
-            };
-            match opened {
-                Ok(client) => {
-                    let Some(strong) = sessions.upgrade() else {
-                        return;
-                    };
-                    let session = Arc::new(Session { client });
-                    let id = session.id();
-                    *strong
-                        .current
-                        .write()
-                        .unwrap_or_else(PoisonError::into_inner) = session;
-                    strong.publish(id, SessionPhase::Connected);
-                    tracing::info!(session = id.0, "dlock-zk: new session");
-                    break;
-                }
-                Err(err) => {
-                    tracing::warn!(error = %err, "dlock-zk: cannot open a new session yet");
-                    tokio::select! {
-                        () = pacer.pause() => {}
-                        _ = shutdown.changed() => return,
-                    }
-                }
-            }
-        }
+    }
+
+    /// The new session's phase is published as it is made current.
+    fn resubscribed(&mut self) {}
+
+    fn wanted(&self) -> bool {
+        self.sessions.strong_count() > 0
     }
 }
