@@ -161,7 +161,7 @@ struct Granted {
 enum Answer {
     Granted(Granted),
     /// Refused; with the lock's row as the statement saw it, when it reads it
-    /// (PostgreSQL's exclusive grant, see [`Statements::acquire_exclusive`]).
+    /// (PostgreSQL's exclusive grant, see [`Exclusive::acquire`](crate::statements::Exclusive::acquire)).
     Refused(Option<Seen>),
 }
 
@@ -368,7 +368,7 @@ impl JdbcBackend {
             Some((owner, left, shared_left)) => Some((owner, left, shared_left, 0, None)),
             None => on_pool!(&self.inner.pool, p => {
             async {
-                match query!(&s.contention, &params).fetch_optional(p).await? {
+                match query!(&s.queue.contention, &params).fetch_optional(p).await? {
                     Some(r) => Ok::<_, sqlx::Error>(Some((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?, r.try_get(3)?, r.try_get(4)?))),
                     None => Ok(None),
                 }
@@ -450,7 +450,7 @@ impl JdbcBackend {
 
     /// Tells the election's observers of the term `req` was granted.
     async fn announce_term(&self, req: &AcquireRequest) {
-        self.notify(self.inner.statements.notify_change.as_ref(), &req.name)
+        self.notify(self.inner.statements.notices.change.as_ref(), &req.name)
             .await;
     }
 
@@ -483,7 +483,7 @@ impl JdbcBackend {
         if let (None, false, Some(unqueued), Pool::MySql(p)) = (
             &beside,
             queued,
-            &s.acquire_exclusive_unqueued,
+            &s.exclusive.acquire_unqueued,
             &self.inner.pool,
         ) {
             match mysql_token!(query!(unqueued, &params), p).map_err(self.err("acquire"))? {
@@ -496,7 +496,7 @@ impl JdbcBackend {
         // takes the waiter out of the queue itself.
         #[cfg(feature = "postgres")]
         if let (None, Pool::Postgres(p)) = (&beside, &self.inner.pool) {
-            let answer = query!(&s.acquire_exclusive, &params)
+            let answer = query!(&s.exclusive.acquire, &params)
                 .fetch_one(p)
                 .await
                 .and_then(|row| {
@@ -518,7 +518,7 @@ impl JdbcBackend {
         if beside.is_none() {
             macro_rules! body {
                 ($p:ident, $token:ident) => {
-                    $token!(query!(&s.acquire_exclusive, &params), $p)
+                    $token!(query!(&s.exclusive.acquire, &params), $p)
                 };
             }
             let token: std::result::Result<Option<i64>, sqlx::Error> =
@@ -534,8 +534,8 @@ impl JdbcBackend {
             ($p:ident, $token:ident) => {
                 async {
                     let mut tx = $p.begin().await?;
-                    query!(&s.lock_row, &name).execute(&mut *tx).await?;
-                    let token = $token!(query!(&s.acquire_exclusive_beside, &params), &mut *tx)?;
+                    query!(&s.shared.lock_row, &name).execute(&mut *tx).await?;
+                    let token = $token!(query!(&s.exclusive.acquire_beside, &params), &mut *tx)?;
                     tx.commit().await?;
                     Ok::<_, sqlx::Error>(token)
                 }
@@ -556,8 +556,8 @@ impl JdbcBackend {
         // that hold; the plain statement binds up to `$3`).
         let beside = req.alongside_holder();
         let statement = match beside {
-            Some(_) => &s.acquire_shared_row_beside,
-            None => &s.acquire_shared_row,
+            Some(_) => &s.shared.acquire_row_beside,
+            None => &s.shared.acquire_row,
         };
         let row = [
             name,
@@ -584,7 +584,7 @@ impl JdbcBackend {
                                 Param::Bytes(&req.context),
                             ];
                             let token =
-                                $token!(query!(&s.acquire_shared_reader, &reader), &mut *tx)?;
+                                $token!(query!(&s.shared.acquire_reader, &reader), &mut *tx)?;
                             tx.commit().await?;
                             Ok(token)
                         }
@@ -598,7 +598,7 @@ impl JdbcBackend {
         result.map_err(self.err("acquire"))
     }
 
-    /// Takes `n` permits of a semaphore (see [`Statements::grant_permits`]): one
+    /// Takes `n` permits of a semaphore (see [`Permits::grant`](crate::statements::Permits::grant)): one
     /// `UPDATE` of the semaphore's row. A refusal is checked against the semaphore's
     /// state: a different total while it is in use is the caller's error, and room
     /// that a concurrent grant raced away from the statement is tried again.
@@ -632,7 +632,7 @@ impl JdbcBackend {
         ];
         macro_rules! body {
             ($p:ident, $token:ident) => {
-                $token!(query!(&s.grant_permits, &params), $p)
+                $token!(query!(&s.permits.grant, &params), $p)
             };
         }
         for _ in 0..PERMIT_RACES {
@@ -643,7 +643,7 @@ impl JdbcBackend {
             }
             let state: std::result::Result<Option<[i64; 5]>, sqlx::Error> = on_pool!(&self.inner.pool, p => {
                 async {
-                    match query!(&s.permit_state, &params[..2]).fetch_optional(p).await? {
+                    match query!(&s.permits.state, &params[..2]).fetch_optional(p).await? {
                         Some(r) => Ok(Some([r.try_get(0)?, r.try_get(1)?, r.try_get(2)?, r.try_get(3)?, r.try_get(4)?])),
                         None => Ok(None),
                     }
@@ -654,7 +654,7 @@ impl JdbcBackend {
                 state.map_err(self.err("acquire"))?
             else {
                 // A semaphore's first use: its row, which the grant updates.
-                on_pool!(&self.inner.pool, p => query!(&s.ensure_row, &params[..1]).execute(p).await.map(drop))
+                on_pool!(&self.inner.pool, p => query!(&s.permits.ensure_row, &params[..1]).execute(p).await.map(drop))
                     .map_err(self.err("acquire"))?;
                 continue;
             };
@@ -685,7 +685,7 @@ impl JdbcBackend {
     ) -> Result<bool> {
         let s = &self.inner.statements;
         let name = Param::Text(name.as_str());
-        if let Some(mark) = &s.mark_queue {
+        if let Some(mark) = &s.queue.mark {
             // Before the entry, whose liveness the enqueue caps at the mark: twice
             // the liveness, renewed when less than one and a half is left (an entry
             // written more than half a liveness later lapses early, and is refreshed
@@ -710,7 +710,7 @@ impl JdbcBackend {
             Param::Text(mode),
             Param::Int(ms(self.inner.options.waiter_liveness)),
         ];
-        if let (true, Some(both)) = (first, &s.purge_and_enqueue) {
+        if let (true, Some(both)) = (first, &s.queue.purge_and_enqueue) {
             // One statement purges, queues, and reads the writers ahead.
             return on_pool!(&self.inner.pool, p => async {
                 query!(both, &params).fetch_one(p).await?.try_get::<bool, _>(0)
@@ -718,10 +718,10 @@ impl JdbcBackend {
             .map_err(self.err("acquire"));
         }
         if first {
-            on_pool!(&self.inner.pool, p => query!(&s.purge_waiters, &[name]).execute(p).await.map(drop))
+            on_pool!(&self.inner.pool, p => query!(&s.queue.purge, &[name]).execute(p).await.map(drop))
                 .map_err(self.err("acquire"))?;
         }
-        on_pool!(&self.inner.pool, p => query!(&s.enqueue, &params).execute(p).await.map(drop))
+        on_pool!(&self.inner.pool, p => query!(&s.queue.enqueue, &params).execute(p).await.map(drop))
             .map_err(self.err("acquire"))?;
         Ok(false)
     }
@@ -1086,9 +1086,9 @@ impl JdbcBackend {
         let released: std::result::Result<bool, sqlx::Error> = match req.mode {
             LockMode::Exclusive | LockMode::Permits(_) => on_pool!(&self.inner.pool, p => {
                 let stmt = match (req.mode, req.purpose) {
-                    (LockMode::Exclusive, HoldPurpose::Leadership) => &s.release_exclusive_announced,
-                    (LockMode::Exclusive, HoldPurpose::Lock) => &s.release_exclusive,
-                    _ => &s.release_permits,
+                    (LockMode::Exclusive, HoldPurpose::Leadership) => &s.exclusive.release_announced,
+                    (LockMode::Exclusive, HoldPurpose::Lock) => &s.exclusive.release,
+                    _ => &s.permits.release,
                 };
                 // A statement binds the parameters it uses.
                 let params = [name, owner, Param::Text(&pattern)];
@@ -1111,11 +1111,11 @@ impl JdbcBackend {
             LockMode::Shared => on_pool!(&self.inner.pool, p => {
                 async {
                     let mut tx = p.begin().await?;
-                    query!(&s.lock_row, &[name]).execute(&mut *tx).await?;
-                    let removed = query!(&s.release_reader, &[name, owner]).execute(&mut *tx).await?.rows_affected();
-                    query!(&s.purge_readers, &[name]).execute(&mut *tx).await?;
-                    query!(&s.recompute_shared, &[name]).execute(&mut *tx).await?;
-                    if let (true, Some(stmt)) = (removed == 1, &s.notify) {
+                    query!(&s.shared.lock_row, &[name]).execute(&mut *tx).await?;
+                    let removed = query!(&s.shared.release_reader, &[name, owner]).execute(&mut *tx).await?.rows_affected();
+                    query!(&s.shared.purge_readers, &[name]).execute(&mut *tx).await?;
+                    query!(&s.shared.recompute, &[name]).execute(&mut *tx).await?;
+                    if let (true, Some(stmt)) = (removed == 1, &s.notices.release) {
                         if self.dialect() == Dialect::Sqlite {
                             // No bus (notices off, or none beside this file): nobody to tell.
                             if self.inner.bus.is_some() {
@@ -1164,11 +1164,11 @@ impl JdbcBackend {
         // The context is bound only by the statements that store it.
         let (renew_exclusive, renew_reader, renew_permits) = match req.context {
             Some(_) => (
-                &s.renew_exclusive_context,
-                &s.renew_reader_context,
-                &s.renew_permits_context,
+                &s.exclusive.renew_context,
+                &s.shared.renew_reader_context,
+                &s.permits.renew_context,
             ),
-            None => (&s.renew_exclusive, &s.renew_reader, &s.renew_permits),
+            None => (&s.exclusive.renew, &s.shared.renew_reader, &s.permits.renew),
         };
         let sent = Instant::now();
         let renewed: std::result::Result<bool, sqlx::Error> = match req.mode {
@@ -1182,7 +1182,7 @@ impl JdbcBackend {
             LockMode::Shared => on_pool!(&self.inner.pool, p => {
                 async {
                     let mut tx = p.begin().await?;
-                    query!(&s.renew_shared_row, &shared).execute(&mut *tx).await?;
+                    query!(&s.shared.renew_row, &shared).execute(&mut *tx).await?;
                     let n = query!(renew_reader, &shared).execute(&mut *tx).await?.rows_affected();
                     if n == 1 {
                         tx.commit().await?;
@@ -1205,7 +1205,7 @@ impl JdbcBackend {
         }
         if renewed && req.context.is_some() {
             // A proclaimed value: observers re-read.
-            self.notify(s.notify_change.as_ref(), &req.name).await;
+            self.notify(s.notices.change.as_ref(), &req.name).await;
         }
         Ok(if renewed {
             RenewResult::renewed(Some(sent + req.lease))
@@ -1219,15 +1219,15 @@ impl JdbcBackend {
         let p_name = [Param::Text(name.as_str())];
         let rows: std::result::Result<InspectRows, sqlx::Error> = on_pool!(&self.inner.pool, p => {
             async {
-                let lock = match query!(&s.inspect_lock, &p_name).fetch_optional(p).await? {
+                let lock = match query!(&s.admin.inspect_lock, &p_name).fetch_optional(p).await? {
                     Some(r) => Some(((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?, r.try_get(3)?), r.try_get(4)?, r.try_get(5)?)),
                     None => None,
                 };
                 let mut readers = Vec::new();
-                for r in query!(&s.inspect_readers, &p_name).fetch_all(p).await? {
+                for r in query!(&s.admin.inspect_readers, &p_name).fetch_all(p).await? {
                     readers.push(((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?, r.try_get(3)?), r.try_get(4)?));
                 }
-                for r in query!(&s.inspect_permits, &p_name).fetch_all(p).await? {
+                for r in query!(&s.permits.inspect, &p_name).fetch_all(p).await? {
                     let context: Option<String> = r.try_get(2)?;
                     let context = context.as_deref().and_then(permits::context_bytes);
                     readers.push(((r.try_get(0)?, r.try_get(1)?, context, r.try_get(3)?), r.try_get(4)?));
@@ -1284,17 +1284,17 @@ impl JdbcBackend {
         let removed: std::result::Result<u64, sqlx::Error> = on_pool!(&self.inner.pool, p => {
             async {
                 let mut tx = p.begin().await?;
-                let x = query!(&s.force_exclusive, &p_name).execute(&mut *tx).await?.rows_affected();
-                let permit_holders: i64 = query!(&s.count_permit_holders, &p_name).fetch_one(&mut *tx).await?.try_get(0)?;
-                query!(&s.force_clear, &p_name).execute(&mut *tx).await?;
-                let r = query!(&s.force_readers, &p_name).execute(&mut *tx).await?.rows_affected();
+                let x = query!(&s.admin.force_exclusive, &p_name).execute(&mut *tx).await?.rows_affected();
+                let permit_holders: i64 = query!(&s.permits.count_holders, &p_name).fetch_one(&mut *tx).await?.try_get(0)?;
+                query!(&s.admin.force_clear, &p_name).execute(&mut *tx).await?;
+                let r = query!(&s.admin.force_readers, &p_name).execute(&mut *tx).await?.rows_affected();
                 tx.commit().await?;
                 Ok(x + r + u64::try_from(permit_holders).unwrap_or(0))
             }
             .await
         });
         let removed = removed.map_err(self.err("force_release"))?;
-        self.notify(s.notify.as_ref(), name).await;
+        self.notify(s.notices.release.as_ref(), name).await;
         Ok(usize::try_from(removed).unwrap_or(usize::MAX))
     }
 }
@@ -1359,7 +1359,7 @@ impl LockAdmin for JdbcBackend {
         }
         let s = &self.inner.statements;
         let count: std::result::Result<i64, sqlx::Error> = on_pool!(&self.inner.pool, p => {
-            match query!(&s.live_locks, &[Param::Text(prefix)]).fetch_one(p).await {
+            match query!(&s.admin.live_locks, &[Param::Text(prefix)]).fetch_one(p).await {
                 Ok(r) => r.try_get(0),
                 Err(e) => Err(e),
             }

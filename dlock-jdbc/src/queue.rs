@@ -212,12 +212,12 @@ async fn dequeue(backend: &JdbcBackend, name: &LockName, waiter: &HolderKey) {
             // SQLite: the statement answers the notice to pass on, if any.
             Some(_) => on_pool!(&inner.pool, p => {
                 // All rows are read: the statement commits as it ends.
-                match query!(&inner.statements.dequeue, &params).fetch_all(p).await {
+                match query!(&inner.statements.queue.dequeue, &params).fetch_all(p).await {
                     Ok(rows) => rows.first().map_or(Ok(None), |row| row.try_get::<Option<String>, _>(0)),
                     Err(e) => Err(e),
                 }
             }),
-            None => on_pool!(&inner.pool, p => query!(&inner.statements.dequeue, &params).execute(p).await.map(|_| None)),
+            None => on_pool!(&inner.pool, p => query!(&inner.statements.queue.dequeue, &params).execute(p).await.map(|_| None)),
         };
         notice.map_err(|e| map_sqlx(e, backend.backend(), "leave"))
     })

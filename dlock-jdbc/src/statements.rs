@@ -110,7 +110,7 @@ pub(crate) fn validate_prefix(prefix: &str) -> Result<()> {
     }
 }
 
-/// What [`Statements::acquire_exclusive_unqueued`] answers for a free lock whose queue
+/// What [`Exclusive::acquire_unqueued`] answers for a free lock whose queue
 /// may hold live waiters (a token is a clock reading in microseconds, never 1).
 pub(crate) const ASK_THE_QUEUE: i64 = 1;
 
@@ -136,7 +136,7 @@ const EXCLUSIVE_ROW: &str = "$1, $2, CLOCK_US, $4, NOW, NOW + $3, 0, 0, NOW + $6
 /// — with the queue letting `owner` in, and either way past the readers' horizon:
 /// the exclusive upsert's `DO UPDATE` condition. PostgreSQL also reads it on the
 /// statement's snapshot before it proposes its row (see
-/// [`Statements::acquire_exclusive`]).
+/// [`Exclusive::acquire`]).
 fn exclusive_grantable(row: &str, owner: &str) -> String {
     format!(
         "(({row}.owner = {owner} AND {row}.expires_at > NOW) \
@@ -223,9 +223,27 @@ const PERMIT_ROOM: &str = "(owner IS NULL OR expires_at <= NOW) AND PERMIT_GATE 
        WHERE o.name = $1 AND o.alive_until > NOW AND o.waiter <> $2))) \
      AND PERMITS_USED + $4 <= $5";
 
-/// Every statement the backend runs, built once per connection pool.
+/// Every statement the backend runs, built once per connection pool, by what it
+/// works on.
 #[derive(Debug, Clone)]
 pub(crate) struct Statements {
+    /// An exclusive hold's statements: grant, release, renew.
+    pub(crate) exclusive: Exclusive,
+    /// A read hold's statements: the lock row's readers' horizon and the readers' rows.
+    pub(crate) shared: Shared,
+    /// The waiters' queue: joining, leaving, reading one's place.
+    pub(crate) queue: Queue,
+    /// A semaphore's statements (see [`crate::permits`]).
+    pub(crate) permits: Permits,
+    /// Reading and clearing a lock's state, for operators ([`dlock_spi::LockAdmin`]).
+    pub(crate) admin: Admin,
+    /// Release and change notices sent on their own.
+    pub(crate) notices: Notices,
+}
+
+/// An exclusive hold's statements: grant, release, renew.
+#[derive(Debug, Clone)]
+pub(crate) struct Exclusive {
     /// `$1` name, `$2` owner, `$3` lease ms, `$4` context, `$5` how long a queued
     /// waiter must have waited to go first (< 0: every waiter ahead goes first, fair
     /// mode), `$6` the holder's own lease ms (the lease less a transition window) → token (RETURNING, or LAST_INSERT_ID on MySQL; 0 = not granted).
@@ -235,22 +253,67 @@ pub(crate) struct Statements {
     /// WAL flush and blocks no grant or release of the lock. It answers one row
     /// either way: the token (NULL = not granted), then the lock's owner, remaining
     /// ms and readers' horizon remaining ms as the snapshot shows them (NULL, 0, 0
-    /// without a row) — what [`Self::contention`] reads, so a refused caller that
+    /// without a row) — what [`Queue::contention`] reads, so a refused caller that
     /// needs no queue position (see `JdbcBackend::attempt`) does not read it again.
-    pub(crate) acquire_exclusive: Stmt,
-    /// MariaDB/MySQL: as `acquire_exclusive` for a caller not queued, judging the
-    /// queue by its mark (`writer_wait_until`, see [`Self::mark_queue`]) instead of
+    pub(crate) acquire: Stmt,
+    /// MariaDB/MySQL: as `acquire` for a caller not queued, judging the
+    /// queue by its mark (`writer_wait_until`, see [`Queue::mark`]) instead of
     /// reading it: granted (the token) while the mark is in the past — no live
     /// waiter — and refused with 0 while the lock is held; a free lock with a live
-    /// mark answers [`ASK_THE_QUEUE`], and `acquire_exclusive` decides. Reading the
+    /// mark answers [`ASK_THE_QUEUE`], and `acquire` decides. Reading the
     /// waiters' table costs an uncontended cycle about a fifth of its time.
     #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
-    pub(crate) acquire_exclusive_unqueued: Option<Stmt>,
-    /// As `acquire_exclusive`, beside the same owner's live read hold `$7` (an
+    pub(crate) acquire_unqueued: Option<Stmt>,
+    /// As `acquire`, beside the same owner's live read hold `$7` (an
     /// upgrade): passes the queue, and is granted once every live reader is that
     /// hold (and no permits are held). It never leaves the queue itself: a waiting
     /// upgrade leaves with a statement of its own.
-    pub(crate) acquire_exclusive_beside: Stmt,
+    pub(crate) acquire_beside: Stmt,
+    /// `$1` name, `$2` owner → rows affected (or a row on PostgreSQL, which sends the
+    /// release notice only when a live waiter is queued: nobody else needs it, and
+    /// every listening connection of every process wakes for each notice, and
+    /// commits asynchronously: [`COMMIT_QUICKLY`]; on SQLite a row with the notice's
+    /// payload, NULL when nobody waits).
+    pub(crate) release: Stmt,
+    /// As `release`, for a term of leadership: the notice goes out whoever
+    /// waits, as the election's observers learn of a resignation from it.
+    pub(crate) release_announced: Stmt,
+    /// `$1` name, `$2` owner, `$3` lease ms, `$4` own lease ms (the lease less a
+    /// transition window) → rows affected.
+    pub(crate) renew: Stmt,
+    /// As `renew`, also storing `$5` as the holder's context (a leader
+    /// proclaiming a new value).
+    pub(crate) renew_context: Stmt,
+}
+
+/// A read hold's statements: the lock row's readers' horizon and the readers' rows.
+#[derive(Debug, Clone)]
+pub(crate) struct Shared {
+    /// `$1` name, `$2` lease ms, `$3` reader → token (0 / no row = not granted).
+    pub(crate) acquire_row: Stmt,
+    /// As `acquire_row`, beside the same owner's live write hold `$4` (a
+    /// writer reading): granted whatever the queue.
+    pub(crate) acquire_row_beside: Stmt,
+    /// `$1` name, `$2` owner, `$3` token, `$4` lease ms, `$5` context → token.
+    pub(crate) acquire_reader: Stmt,
+    /// `$1` name: locks the lock row first, so shared operations take row locks in
+    /// one order (locks → readers) and never deadlock each other.
+    pub(crate) lock_row: Stmt,
+    /// `$1` name, `$2` owner → rows affected.
+    pub(crate) release_reader: Stmt,
+    /// `$1` name: drops expired readers and recomputes the readers' horizon.
+    pub(crate) purge_readers: Stmt,
+    pub(crate) recompute: Stmt,
+    /// `$1` name, `$2` owner, `$3` lease ms.
+    pub(crate) renew_row: Stmt,
+    pub(crate) renew_reader: Stmt,
+    /// As `renew_reader`, also storing `$4` as the reader's context.
+    pub(crate) renew_reader_context: Stmt,
+}
+
+/// The waiters' queue: joining, leaving, reading one's place.
+#[derive(Debug, Clone)]
+pub(crate) struct Queue {
     /// `$1` name, `$2` waiter → owner, remaining lease ms, shared remaining ms, live
     /// waiters queued ahead of `$2` (0 when it is not queued).
     pub(crate) contention: Stmt,
@@ -258,9 +321,9 @@ pub(crate) struct Statements {
     /// waiter (keeping an earlier arrival) or refreshes its liveness.
     pub(crate) enqueue: Stmt,
     /// `$1` name: forgets waiters whose liveness lapsed (crashed processes).
-    pub(crate) purge_waiters: Stmt,
+    pub(crate) purge: Stmt,
     /// As `enqueue`, forgetting the waiters whose liveness lapsed in the same
-    /// statement (PostgreSQL only; elsewhere `purge_waiters` runs first). Answers
+    /// statement (PostgreSQL only; elsewhere `purge` runs first). Answers
     /// whether a live writer other than `$2` and the lock's live holder was queued
     /// ahead of the entry (arrival order): that writer's turn comes first, and its
     /// release names the next one.
@@ -271,69 +334,44 @@ pub(crate) struct Statements {
     /// MariaDB/MySQL: `$1` name, `$2` how long the mark lasts (ms), `$3` how long it
     /// must still last to be left alone (ms): marks the lock's queue as possibly
     /// holding live waiters, before a waiter queues or refreshes its entry (see
-    /// [`Statements::acquire_exclusive_unqueued`]).
-    pub(crate) mark_queue: Option<Stmt>,
-    /// `$1` name, `$2` owner → rows affected (or a row on PostgreSQL, which sends the
-    /// release notice only when a live waiter is queued: nobody else needs it, and
-    /// every listening connection of every process wakes for each notice, and
-    /// commits asynchronously: [`COMMIT_QUICKLY`]; on SQLite a row with the notice's
-    /// payload, NULL when nobody waits).
-    pub(crate) release_exclusive: Stmt,
-    /// As `release_exclusive`, for a term of leadership: the notice goes out whoever
-    /// waits, as the election's observers learn of a resignation from it.
-    pub(crate) release_exclusive_announced: Stmt,
-    /// `$1` name, `$2` owner, `$3` lease ms, `$4` own lease ms (the lease less a
-    /// transition window) → rows affected.
-    pub(crate) renew_exclusive: Stmt,
-    /// As `renew_exclusive`, also storing `$5` as the holder's context (a leader
-    /// proclaiming a new value).
-    pub(crate) renew_exclusive_context: Stmt,
-    /// `$1` name, `$2` lease ms, `$3` reader → token (0 / no row = not granted).
-    pub(crate) acquire_shared_row: Stmt,
-    /// As `acquire_shared_row`, beside the same owner's live write hold `$4` (a
-    /// writer reading): granted whatever the queue.
-    pub(crate) acquire_shared_row_beside: Stmt,
-    /// `$1` name, `$2` owner, `$3` token, `$4` lease ms, `$5` context → token.
-    pub(crate) acquire_shared_reader: Stmt,
+    /// [`Exclusive::acquire_unqueued`]).
+    pub(crate) mark: Option<Stmt>,
+}
+
+/// A semaphore's statements (see [`crate::permits`]).
+#[derive(Debug, Clone)]
+pub(crate) struct Permits {
     /// `$1` name: creates a semaphore's row if it has none (its first use).
     pub(crate) ensure_row: Stmt,
     /// `$1` name, `$2` owner, `$3` lease ms, `$4` permits, `$5` the total, `$6`
     /// context (hex), `$7` the owner's search pattern (MySQL) → token (no row / 0 =
     /// not granted): one `UPDATE` of the
-    /// semaphore's row, see [`permits::grant`]. A refusal that [`Self::permit_state`]
+    /// semaphore's row, see [`permits::grant`]. A refusal that [`Self::state`]
     /// shows had room is tried again.
-    pub(crate) grant_permits: Stmt,
+    pub(crate) grant: Stmt,
     /// `$1` name, `$2` owner → the semaphore's total, permits used by others, live
     /// waiters other than `$2`, whether an exclusive holder or a `readers` row is
     /// live (0/1: no room whatever the permits), whether `$2` is first in the queue
     /// (0/1).
-    pub(crate) permit_state: Stmt,
+    pub(crate) state: Stmt,
     /// `$1` name, `$2` owner → rows affected (or a notify row on PostgreSQL): gives
     /// permits back (the readers' horizon is left to lapse; only exclusive requests
     /// on the name wait for it).
-    pub(crate) release_permits: Stmt,
+    pub(crate) release: Stmt,
     /// `$1` name, `$2` owner, `$3` lease ms → rows affected.
-    pub(crate) renew_permits: Stmt,
-    /// As `renew_permits`, also storing `$4` (hex) as the holder's context.
-    pub(crate) renew_permits_context: Stmt,
+    pub(crate) renew: Stmt,
+    /// As `renew`, also storing `$4` (hex) as the holder's context.
+    pub(crate) renew_context: Stmt,
     /// `$1` name → owner, token, context (hex), remaining ms, permits per live
     /// permit holder.
-    pub(crate) inspect_permits: Stmt,
+    pub(crate) inspect: Stmt,
     /// `$1` name → how many permit holders are live.
-    pub(crate) count_permit_holders: Stmt,
-    /// `$1` name: locks the lock row first, so shared operations take row locks in
-    /// one order (locks → readers) and never deadlock each other.
-    pub(crate) lock_row: Stmt,
-    /// `$1` name, `$2` owner → rows affected.
-    pub(crate) release_reader: Stmt,
-    /// `$1` name: drops expired readers and recomputes the readers' horizon.
-    pub(crate) purge_readers: Stmt,
-    pub(crate) recompute_shared: Stmt,
-    /// `$1` name, `$2` owner, `$3` lease ms.
-    pub(crate) renew_shared_row: Stmt,
-    pub(crate) renew_reader: Stmt,
-    /// As `renew_reader`, also storing `$4` as the reader's context.
-    pub(crate) renew_reader_context: Stmt,
+    pub(crate) count_holders: Stmt,
+}
+
+/// Reading and clearing a lock's state, for operators ([`dlock_spi::LockAdmin`]).
+#[derive(Debug, Clone)]
+pub(crate) struct Admin {
     /// `$1` name → owner, token, context, remaining ms, live waiters, remaining ms
     /// of the holder's own lease (`ttl_at`).
     pub(crate) inspect_lock: Stmt,
@@ -346,12 +384,17 @@ pub(crate) struct Statements {
     pub(crate) force_readers: Stmt,
     /// `$1` prefix → count of names with live state.
     pub(crate) live_locks: Stmt,
+}
+
+/// Release and change notices sent on their own.
+#[derive(Debug, Clone)]
+pub(crate) struct Notices {
     /// `$1` name → pg_notify (PostgreSQL), or the release notice's payload for the
     /// backend to send (SQLite, [`crate::local_bus`]); `None` on MySQL.
-    pub(crate) notify: Option<Stmt>,
+    pub(crate) release: Option<Stmt>,
     /// `$1` name → pg_notify on the change channel (PostgreSQL only): a leadership
     /// granted or proclaimed, for observers.
-    pub(crate) notify_change: Option<Stmt>,
+    pub(crate) change: Option<Stmt>,
 }
 
 impl Statements {
@@ -360,44 +403,67 @@ impl Statements {
     /// ([`Stmt::inline`]).
     pub(crate) fn new(dialect: Dialect, prefix: &str, inline: bool) -> Self {
         let s = |t: &str| Stmt::new(dialect, t, prefix, inline);
-        let acquire_exclusive_text = match dialect {
-            Dialect::MySql => {
-                // LAST_INSERT_ID(expr) carries the granted token (or 0) back in the OK
-                // packet: one round trip. @dlock_grant is computed by the first
-                // assignment, before any column it reads is changed.
-                "INSERT INTO {locks} (name, owner, token, context, acquired_at, expires_at, shared_until, writer_wait_until, ttl_at) \
-                 VALUES ($1, $2, LAST_INSERT_ID(CLOCK_US), $4, NOW, NOW + $3, 0, 0, NOW + $6) \
-                 ON DUPLICATE KEY UPDATE \
-                   token = IF(@dlock_grant := (((owner <=> VALUES(owner) AND expires_at > NOW) \
-                                 OR ((owner IS NULL OR expires_at <= NOW) AND EXCLUSIVE_GATE)) \
-                                AND shared_until <= NOW), \
-                              LAST_INSERT_ID(IF(owner <=> VALUES(owner) AND expires_at > NOW, token, GREATEST(token + 1, CLOCK_US))), \
-                              token + LAST_INSERT_ID(0)), \
-                   acquired_at = IF(@dlock_grant, IF(owner <=> VALUES(owner) AND expires_at > NOW, acquired_at, NOW), acquired_at), \
-                   context = IF(@dlock_grant, VALUES(context), context), \
-                   ttl_at = IF(@dlock_grant, NOW + $6, ttl_at), \
-                   expires_at = IF(@dlock_grant, NOW + $3, expires_at), \
-                   owner = IF(@dlock_grant, VALUES(owner), owner)"
-                    .to_owned()
-            }
-            Dialect::Sqlite | Dialect::Postgres => {
-                "INSERT INTO {locks} (name, owner, token, context, acquired_at, expires_at, shared_until, writer_wait_until, ttl_at) \
-                 VALUES (EXCLUSIVE_ROW) \
-                 ON CONFLICT (name) DO UPDATE SET \
-                   token = CASE WHEN {locks}.owner = excluded.owner AND {locks}.expires_at > NOW \
-                                THEN {locks}.token ELSE GREATEST({locks}.token + 1, excluded.token) END, \
-                   acquired_at = CASE WHEN {locks}.owner = excluded.owner AND {locks}.expires_at > NOW \
-                                THEN {locks}.acquired_at ELSE excluded.acquired_at END, \
-                   owner = excluded.owner, context = excluded.context, \
-                   expires_at = excluded.expires_at, ttl_at = excluded.ttl_at \
-                 WHERE EXCLUSIVE_GRANTABLE \
-                 RETURNING token"
-                    .replace(
-                        "EXCLUSIVE_GRANTABLE",
-                        &exclusive_grantable("{locks}", "excluded.owner"),
-                    )
-            }
-        };
+        Statements {
+            exclusive: Exclusive::new(dialect, &s),
+            shared: Shared::new(dialect, &s),
+            queue: Queue::new(dialect, &s),
+            permits: Permits::new(dialect, &s),
+            admin: Admin::new(&s, dialect),
+            notices: Notices::new(dialect, &s),
+        }
+    }
+}
+
+/// Builds one statement from its template ([`Stmt::new`] with the dialect, prefix
+/// and pooler mode filled in).
+type Build<'a> = &'a dyn Fn(&str) -> Stmt;
+
+/// The exclusive upsert, in `dialect`: grants `$2` the lock when the row lets it
+/// (see [`Exclusive::acquire`]).
+fn acquire_exclusive_text(dialect: Dialect) -> String {
+    match dialect {
+        Dialect::MySql => {
+            // LAST_INSERT_ID(expr) carries the granted token (or 0) back in the OK
+            // packet: one round trip. @dlock_grant is computed by the first
+            // assignment, before any column it reads is changed.
+            "INSERT INTO {locks} (name, owner, token, context, acquired_at, expires_at, shared_until, writer_wait_until, ttl_at) \
+             VALUES ($1, $2, LAST_INSERT_ID(CLOCK_US), $4, NOW, NOW + $3, 0, 0, NOW + $6) \
+             ON DUPLICATE KEY UPDATE \
+               token = IF(@dlock_grant := (((owner <=> VALUES(owner) AND expires_at > NOW) \
+                             OR ((owner IS NULL OR expires_at <= NOW) AND EXCLUSIVE_GATE)) \
+                            AND shared_until <= NOW), \
+                          LAST_INSERT_ID(IF(owner <=> VALUES(owner) AND expires_at > NOW, token, GREATEST(token + 1, CLOCK_US))), \
+                          token + LAST_INSERT_ID(0)), \
+               acquired_at = IF(@dlock_grant, IF(owner <=> VALUES(owner) AND expires_at > NOW, acquired_at, NOW), acquired_at), \
+               context = IF(@dlock_grant, VALUES(context), context), \
+               ttl_at = IF(@dlock_grant, NOW + $6, ttl_at), \
+               expires_at = IF(@dlock_grant, NOW + $3, expires_at), \
+               owner = IF(@dlock_grant, VALUES(owner), owner)"
+                .to_owned()
+        }
+        Dialect::Sqlite | Dialect::Postgres => {
+            "INSERT INTO {locks} (name, owner, token, context, acquired_at, expires_at, shared_until, writer_wait_until, ttl_at) \
+             VALUES (EXCLUSIVE_ROW) \
+             ON CONFLICT (name) DO UPDATE SET \
+               token = CASE WHEN {locks}.owner = excluded.owner AND {locks}.expires_at > NOW \
+                            THEN {locks}.token ELSE GREATEST({locks}.token + 1, excluded.token) END, \
+               acquired_at = CASE WHEN {locks}.owner = excluded.owner AND {locks}.expires_at > NOW \
+                            THEN {locks}.acquired_at ELSE excluded.acquired_at END, \
+               owner = excluded.owner, context = excluded.context, \
+               expires_at = excluded.expires_at, ttl_at = excluded.ttl_at \
+             WHERE EXCLUSIVE_GRANTABLE \
+             RETURNING token"
+                .replace(
+                    "EXCLUSIVE_GRANTABLE",
+                    &exclusive_grantable("{locks}", "excluded.owner"),
+                )
+        }
+    }
+}
+
+impl Exclusive {
+    fn new(dialect: Dialect, s: Build<'_>) -> Self {
+        let acquire_exclusive_text = acquire_exclusive_text(dialect);
         let acquire_exclusive_unqueued = (dialect == Dialect::MySql).then(|| {
             s(&acquire_exclusive_text
                 .replace("EXCLUSIVE_GATE", "writer_wait_until <= NOW")
@@ -449,6 +515,67 @@ impl Statements {
                 "AND (shared_until <= NOW OR ONLY_READER)",
             )
             .replace("ONLY_READER", &only_reader(dialect)));
+        let (release_exclusive, release_exclusive_announced) = match dialect {
+            Dialect::Postgres => {
+                // The notice is the update's `RETURNING` expression, evaluated for the
+                // released row only (no row: not released, no notice): one plain
+                // `UPDATE`, cheaper to run than the same in a data-modifying `WITH`.
+                let released = |quickly: &str, notice: &str| {
+                    format!(
+                        "UPDATE {{locks}} SET owner = NULL, context = NULL, acquired_at = 0, expires_at = 0 \
+                         WHERE name = $1 AND owner = $2 AND expires_at > NOW{quickly} RETURNING {notice}"
+                    )
+                };
+                // A lock's release commits asynchronously (`COMMIT_QUICKLY`); the
+                // end of a term of leadership, which observers act on, does not.
+                (
+                    s(&released(
+                        &format!(" AND {COMMIT_QUICKLY}"),
+                        "CASE WHEN EXISTS (SELECT 1 FROM {waiters} w \
+                           WHERE w.name = $1 AND w.alive_until > NOW) \
+                         THEN pg_notify('{channel}', RELEASE_PAYLOAD) END",
+                    )),
+                    s(&released("", "pg_notify('{channel}', RELEASE_PAYLOAD)")),
+                )
+            }
+            Dialect::Sqlite => {
+                // As on PostgreSQL, the notice (here its payload, which the backend
+                // sends itself: [`crate::local_bus`]) for the released row only;
+                // NULL when nobody waits.
+                // No observer follows a SQLite lock (they poll `inspect`), so a
+                // term's end is a release as any other.
+                let text = format!(
+                    "UPDATE {{locks}} SET owner = NULL, context = NULL, acquired_at = 0, expires_at = 0 \
+                     WHERE name = $1 AND owner = $2 AND expires_at > NOW RETURNING {PAYLOAD_IF_WAITED}"
+                );
+                (s(&text), s(&text))
+            }
+            Dialect::MySql => {
+                let text = "UPDATE {locks} SET owner = NULL, context = NULL, acquired_at = 0, expires_at = 0 \
+                 WHERE name = $1 AND owner = $2 AND expires_at > NOW";
+                (s(text), s(text))
+            }
+        };
+        Exclusive {
+            acquire: acquire_exclusive,
+            acquire_unqueued: acquire_exclusive_unqueued,
+            acquire_beside: acquire_exclusive_beside,
+            release: release_exclusive,
+            release_announced: release_exclusive_announced,
+            renew: s(
+                "UPDATE {locks} SET expires_at = NOW + $3, ttl_at = NOW + $4 \
+                 WHERE name = $1 AND owner = $2 AND expires_at > NOW",
+            ),
+            renew_context: s(
+                "UPDATE {locks} SET expires_at = NOW + $3, ttl_at = NOW + $4, context = $5 \
+                 WHERE name = $1 AND owner = $2 AND expires_at > NOW",
+            ),
+        }
+    }
+}
+
+impl Shared {
+    fn new(dialect: Dialect, s: Build<'_>) -> Self {
         let acquire_shared_row_text = match dialect {
             Dialect::MySql => {
                 "INSERT INTO {locks} (name, owner, token, context, acquired_at, expires_at, shared_until, writer_wait_until) \
@@ -501,8 +628,36 @@ impl Statements {
                  RETURNING token",
             ),
         };
-        let grant_permits = s(&permits::grant(dialect));
-        let ensure_row = s(match dialect {
+        Shared {
+            acquire_row: acquire_shared_row,
+            acquire_row_beside: acquire_shared_row_beside,
+            acquire_reader: acquire_shared_reader,
+            lock_row: s("UPDATE {locks} SET shared_until = shared_until + 0 WHERE name = $1"),
+            release_reader: s(
+                "DELETE FROM {readers} WHERE name = $1 AND owner = $2 AND expires_at > NOW",
+            ),
+            purge_readers: s("DELETE FROM {readers} WHERE name = $1 AND expires_at <= NOW"),
+            recompute: s(
+                "UPDATE {locks} SET shared_until = COALESCE((SELECT MAX(expires_at) FROM {readers} WHERE name = $1), 0) \
+                 WHERE name = $1",
+            ),
+            renew_row: s(
+                "UPDATE {locks} SET shared_until = GREATEST(shared_until, NOW + $3) WHERE name = $1 AND $2 IS NOT NULL",
+            ),
+            renew_reader: s(
+                "UPDATE {readers} SET expires_at = NOW + $3 WHERE name = $1 AND owner = $2 AND expires_at > NOW",
+            ),
+            renew_reader_context: s(
+                "UPDATE {readers} SET expires_at = NOW + $3, context = $4 WHERE name = $1 AND owner = $2 AND expires_at > NOW",
+            ),
+        }
+    }
+}
+
+impl Permits {
+    fn new(dialect: Dialect, s: Build<'_>) -> Self {
+        Permits {
+            ensure_row: s(match dialect {
             Dialect::MySql => {
                 "INSERT INTO {locks} (name, owner, token, context, acquired_at, expires_at, shared_until, writer_wait_until) \
                  VALUES ($1, NULL, CLOCK_US, NULL, 0, 0, 0, 0) \
@@ -513,68 +668,9 @@ impl Statements {
                  VALUES ($1, NULL, CLOCK_US, NULL, 0, 0, 0, 0) \
                  ON CONFLICT (name) DO UPDATE SET shared_until = {locks}.shared_until"
             }
-        });
-        let release_permits = s(&permits::release(dialect));
-        let (release_exclusive, release_exclusive_announced) = match dialect {
-            Dialect::Postgres => {
-                // The notice is the update's `RETURNING` expression, evaluated for the
-                // released row only (no row: not released, no notice): one plain
-                // `UPDATE`, cheaper to run than the same in a data-modifying `WITH`.
-                let released = |quickly: &str, notice: &str| {
-                    format!(
-                        "UPDATE {{locks}} SET owner = NULL, context = NULL, acquired_at = 0, expires_at = 0 \
-                         WHERE name = $1 AND owner = $2 AND expires_at > NOW{quickly} RETURNING {notice}"
-                    )
-                };
-                // A lock's release commits asynchronously (`COMMIT_QUICKLY`); the
-                // end of a term of leadership, which observers act on, does not.
-                (
-                    s(&released(
-                        &format!(" AND {COMMIT_QUICKLY}"),
-                        "CASE WHEN EXISTS (SELECT 1 FROM {waiters} w \
-                           WHERE w.name = $1 AND w.alive_until > NOW) \
-                         THEN pg_notify('{channel}', RELEASE_PAYLOAD) END",
-                    )),
-                    s(&released("", "pg_notify('{channel}', RELEASE_PAYLOAD)")),
-                )
-            }
-            Dialect::Sqlite => {
-                // As on PostgreSQL, the notice (here its payload, which the backend
-                // sends itself: [`crate::local_bus`]) for the released row only;
-                // NULL when nobody waits.
-                // No observer follows a SQLite lock (they poll `inspect`), so a
-                // term's end is a release as any other.
-                let text = format!(
-                    "UPDATE {{locks}} SET owner = NULL, context = NULL, acquired_at = 0, expires_at = 0 \
-                     WHERE name = $1 AND owner = $2 AND expires_at > NOW RETURNING {PAYLOAD_IF_WAITED}"
-                );
-                (s(&text), s(&text))
-            }
-            Dialect::MySql => {
-                let text = "UPDATE {locks} SET owner = NULL, context = NULL, acquired_at = 0, expires_at = 0 \
-                 WHERE name = $1 AND owner = $2 AND expires_at > NOW";
-                (s(text), s(text))
-            }
-        };
-        let notify = match dialect {
-            Dialect::Postgres => Some(s("SELECT pg_notify('{channel}', RELEASE_PAYLOAD)")),
-            Dialect::Sqlite => Some(s("SELECT RELEASE_PAYLOAD")),
-            Dialect::MySql => None,
-        };
-        let notify_change =
-            (dialect == Dialect::Postgres).then(|| s("SELECT pg_notify('{change_channel}', $1)"));
-        Statements {
-            acquire_exclusive,
-            acquire_exclusive_unqueued,
-            acquire_exclusive_beside,
-            grant_permits,
-            ensure_row,
-            release_permits,
-            renew_permits: s(&permits::renew(dialect, false)),
-            renew_permits_context: s(&permits::renew(dialect, true)),
-            inspect_permits: s(&permits::inspect(dialect)),
-            count_permit_holders: s(&permits::count_live(dialect)),
-            permit_state: s(
+        }),
+            grant: s(&permits::grant(dialect)),
+            state: s(
                 "SELECT capacity, PERMITS_USED, \
                    (SELECT COUNT(*) FROM {waiters} o WHERE o.name = $1 AND o.alive_until > NOW AND o.waiter <> $2), \
                    CAST(CASE WHEN (owner IS NOT NULL AND expires_at > NOW) \
@@ -583,6 +679,18 @@ impl Statements {
                    CAST(CASE WHEN PERMIT_GATE THEN 1 ELSE 0 END AS INT64) \
                  FROM {locks} WHERE name = $1",
             ),
+            release: s(&permits::release(dialect)),
+            renew: s(&permits::renew(dialect, false)),
+            renew_context: s(&permits::renew(dialect, true)),
+            inspect: s(&permits::inspect(dialect)),
+            count_holders: s(&permits::count_live(dialect)),
+        }
+    }
+}
+
+impl Queue {
+    fn new(dialect: Dialect, s: Build<'_>) -> Self {
+        Queue {
             // The waiter just ahead names the bell a MariaDB/MySQL waiter blocks on;
             // elsewhere nothing reads it, so nothing looks it up.
             contention: s(&format!(
@@ -622,7 +730,7 @@ impl Statements {
                      ON CONFLICT (name, waiter) DO UPDATE SET alive_until = excluded.alive_until"
                 }
             }),
-            purge_waiters: s("DELETE FROM {waiters} WHERE name = $1 AND alive_until <= NOW"),
+            purge: s("DELETE FROM {waiters} WHERE name = $1 AND alive_until <= NOW"),
             // (The `DELETE` runs after the `INSERT`, and skips a row it changed: a
             // lapsed entry under `$2`'s own key — a caller reusing a grant id — is
             // revived by the upsert, with a new arrival as a purge would have given.
@@ -641,80 +749,60 @@ impl Statements {
                      AND (w.arrived < {waiters}.arrived \
                        OR (w.arrived = {waiters}.arrived AND w.waiter < $2)))")
             }),
-            // PostgreSQL: a waiter first in the queue that leaves while the lock is
-            // free (it gave up, or was cancelled, after the release notice named
-            // it) passes the notice on to the next one, which would otherwise
-            // wait for its next look. (The statement's own `DELETE` is not visible
-            // to its reads: the next waiter is found by skipping `$2`. A release
-            // committing while it runs may still name the leaver, and it still see
-            // the lock held: that writer then waits for its next look.)
-            dequeue: s(match dialect {
-                Dialect::Postgres => {
-                    "WITH gone AS (DELETE FROM {waiters} WHERE name = $1 AND waiter = $2 \
-                       AND COMMIT_QUICKLY RETURNING arrived, alive_until) \
-                     SELECT pg_notify('{channel}', NEXT_PAYLOAD) FROM gone \
-                     WHERE gone.alive_until > NOW \
-                       AND EXISTS (SELECT 1 FROM {locks} l WHERE l.name = $1 \
-                         AND (l.owner IS NULL OR l.expires_at <= NOW) AND l.shared_until <= NOW) \
-                       AND NOT EXISTS (SELECT 1 FROM {waiters} w WHERE w.name = $1 \
-                         AND w.alive_until > NOW AND w.waiter <> $2 \
-                         AND (w.arrived < gone.arrived OR (w.arrived = gone.arrived AND w.waiter < $2))) \
-                       AND EXISTS (SELECT 1 FROM {waiters} w WHERE w.name = $1 \
-                         AND w.alive_until > NOW AND w.waiter <> $2)"
-                }
-                // The same test, its payload returned for the backend to send
-                // ([`crate::local_bus`]; NULL: no notice).
-                Dialect::Sqlite => {
-                    "DELETE FROM {waiters} WHERE name = $1 AND waiter = $2 \
-                     RETURNING CASE WHEN {waiters}.alive_until > NOW \
-                       AND EXISTS (SELECT 1 FROM {locks} l WHERE l.name = $1 \
-                         AND (l.owner IS NULL OR l.expires_at <= NOW) AND l.shared_until <= NOW) \
-                       AND NOT EXISTS (SELECT 1 FROM {waiters} w WHERE w.name = $1 \
-                         AND w.alive_until > NOW AND w.waiter <> $2 \
-                         AND (w.arrived < {waiters}.arrived OR (w.arrived = {waiters}.arrived AND w.waiter < $2))) \
-                       AND EXISTS (SELECT 1 FROM {waiters} w WHERE w.name = $1 \
-                         AND w.alive_until > NOW AND w.waiter <> $2) \
-                     THEN NEXT_PAYLOAD END"
-                }
-                Dialect::MySql => "DELETE FROM {waiters} WHERE name = $1 AND waiter = $2",
-            }),
+            dequeue: s(dequeue_text(dialect)),
             // Written only when it would lapse soon: waiters refreshing their
             // entries leave the lock's row alone.
-            mark_queue: (dialect == Dialect::MySql).then(|| {
+            mark: (dialect == Dialect::MySql).then(|| {
                 s("UPDATE {locks} SET writer_wait_until = NOW + $2 \
                    WHERE name = $1 AND writer_wait_until < NOW + $3")
             }),
-            release_exclusive,
-            release_exclusive_announced,
-            renew_exclusive: s(
-                "UPDATE {locks} SET expires_at = NOW + $3, ttl_at = NOW + $4 \
-                 WHERE name = $1 AND owner = $2 AND expires_at > NOW",
-            ),
-            renew_exclusive_context: s(
-                "UPDATE {locks} SET expires_at = NOW + $3, ttl_at = NOW + $4, context = $5 \
-                 WHERE name = $1 AND owner = $2 AND expires_at > NOW",
-            ),
-            acquire_shared_row,
-            acquire_shared_row_beside,
-            acquire_shared_reader,
-            lock_row: s("UPDATE {locks} SET shared_until = shared_until + 0 WHERE name = $1"),
-            release_reader: s(
-                "DELETE FROM {readers} WHERE name = $1 AND owner = $2 AND expires_at > NOW",
-            ),
-            purge_readers: s("DELETE FROM {readers} WHERE name = $1 AND expires_at <= NOW"),
-            recompute_shared: s(
-                "UPDATE {locks} SET shared_until = COALESCE((SELECT MAX(expires_at) FROM {readers} WHERE name = $1), 0) \
-                 WHERE name = $1",
-            ),
-            renew_shared_row: s(
-                "UPDATE {locks} SET shared_until = GREATEST(shared_until, NOW + $3) WHERE name = $1 AND $2 IS NOT NULL",
-            ),
-            renew_reader: s(
-                "UPDATE {readers} SET expires_at = NOW + $3 WHERE name = $1 AND owner = $2 AND expires_at > NOW",
-            ),
-            renew_reader_context: s(
-                "UPDATE {readers} SET expires_at = NOW + $3, context = $4 WHERE name = $1 AND owner = $2 AND expires_at > NOW",
-            ),
+        }
+    }
+}
+
+/// The statement with which `$2` leaves the queue of `$1`. PostgreSQL: a waiter
+/// first in the queue that leaves while the lock is free (it gave up, or was
+/// cancelled, after the release notice named it) passes the notice on to the next
+/// one, which would otherwise wait for its next look. (The statement's own
+/// `DELETE` is not visible to its reads: the next waiter is found by skipping `$2`.
+/// A release committing while it runs may still name the leaver, and it still see
+/// the lock held: that writer then waits for its next look.)
+fn dequeue_text(dialect: Dialect) -> &'static str {
+    match dialect {
+        Dialect::Postgres => {
+            "WITH gone AS (DELETE FROM {waiters} WHERE name = $1 AND waiter = $2 \
+               AND COMMIT_QUICKLY RETURNING arrived, alive_until) \
+             SELECT pg_notify('{channel}', NEXT_PAYLOAD) FROM gone \
+             WHERE gone.alive_until > NOW \
+               AND EXISTS (SELECT 1 FROM {locks} l WHERE l.name = $1 \
+                 AND (l.owner IS NULL OR l.expires_at <= NOW) AND l.shared_until <= NOW) \
+               AND NOT EXISTS (SELECT 1 FROM {waiters} w WHERE w.name = $1 \
+                 AND w.alive_until > NOW AND w.waiter <> $2 \
+                 AND (w.arrived < gone.arrived OR (w.arrived = gone.arrived AND w.waiter < $2))) \
+               AND EXISTS (SELECT 1 FROM {waiters} w WHERE w.name = $1 \
+                 AND w.alive_until > NOW AND w.waiter <> $2)"
+        }
+        // The same test, its payload returned for the backend to send
+        // ([`crate::local_bus`]; NULL: no notice).
+        Dialect::Sqlite => {
+            "DELETE FROM {waiters} WHERE name = $1 AND waiter = $2 \
+             RETURNING CASE WHEN {waiters}.alive_until > NOW \
+               AND EXISTS (SELECT 1 FROM {locks} l WHERE l.name = $1 \
+                 AND (l.owner IS NULL OR l.expires_at <= NOW) AND l.shared_until <= NOW) \
+               AND NOT EXISTS (SELECT 1 FROM {waiters} w WHERE w.name = $1 \
+                 AND w.alive_until > NOW AND w.waiter <> $2 \
+                 AND (w.arrived < {waiters}.arrived OR (w.arrived = {waiters}.arrived AND w.waiter < $2))) \
+               AND EXISTS (SELECT 1 FROM {waiters} w WHERE w.name = $1 \
+                 AND w.alive_until > NOW AND w.waiter <> $2) \
+             THEN NEXT_PAYLOAD END"
+        }
+        Dialect::MySql => "DELETE FROM {waiters} WHERE name = $1 AND waiter = $2",
+    }
+}
+
+impl Admin {
+    fn new(s: Build<'_>, dialect: Dialect) -> Self {
+        Admin {
             inspect_lock: s(
                 "SELECT {owner}, token, context, expires_at - NOW, \
                    (SELECT COUNT(*) FROM {waiters} w WHERE w.name = $1 AND w.alive_until > NOW \
@@ -732,7 +820,6 @@ impl Statements {
             ),
             force_clear: s("UPDATE {locks} SET shared_until = 0, holders = NULL WHERE name = $1"),
             force_readers: s("DELETE FROM {readers} WHERE name = $1 AND expires_at > NOW"),
-            notify_change,
             live_locks: s(&format!(
                 "SELECT COUNT(*) FROM {{locks}} WHERE substr(name, 1, length($1)) = $1 \
                  AND ((owner IS NOT NULL AND expires_at > NOW) OR {} \
@@ -740,7 +827,22 @@ impl Statements {
                    OR EXISTS (SELECT 1 FROM {{waiters}} w WHERE w.name = {{locks}}.name AND w.alive_until > NOW))",
                 permits::any_live(dialect)
             )),
-            notify,
+        }
+    }
+}
+
+impl Notices {
+    fn new(dialect: Dialect, s: Build<'_>) -> Self {
+        let notify = match dialect {
+            Dialect::Postgres => Some(s("SELECT pg_notify('{channel}', RELEASE_PAYLOAD)")),
+            Dialect::Sqlite => Some(s("SELECT RELEASE_PAYLOAD")),
+            Dialect::MySql => None,
+        };
+        let notify_change =
+            (dialect == Dialect::Postgres).then(|| s("SELECT pg_notify('{change_channel}', $1)"));
+        Notices {
+            release: notify,
+            change: notify_change,
         }
     }
 }
@@ -767,7 +869,7 @@ mod tests {
     #[test]
     fn the_unqueued_grant_reads_the_mark_not_the_queue() {
         let s = Statements::new(Dialect::MySql, "p_", false);
-        let unqueued = s.acquire_exclusive_unqueued.expect("MySQL has one");
+        let unqueued = s.exclusive.acquire_unqueued.expect("MySQL has one");
         assert!(!unqueued.sql.contains("p_waiters"), "{}", unqueued.sql);
         assert!(
             unqueued.sql.contains("writer_wait_until <="),
@@ -779,10 +881,10 @@ mod tests {
             "{}",
             unqueued.sql
         );
-        assert!(s.acquire_exclusive.sql.contains("p_waiters"));
+        assert!(s.exclusive.acquire.sql.contains("p_waiters"));
         for dialect in [Dialect::Sqlite, Dialect::Postgres] {
             let s = Statements::new(dialect, "p_", false);
-            assert!(s.acquire_exclusive_unqueued.is_none() && s.mark_queue.is_none());
+            assert!(s.exclusive.acquire_unqueued.is_none() && s.queue.mark.is_none());
         }
     }
 
@@ -799,7 +901,8 @@ mod tests {
         ] {
             let grantable = grantable.split_whitespace().collect::<Vec<_>>().join(" ");
             let sql = pg
-                .acquire_exclusive
+                .exclusive
+                .acquire
                 .sql
                 .split_whitespace()
                 .collect::<Vec<_>>()
@@ -808,7 +911,7 @@ mod tests {
         }
         for dialect in [Dialect::Sqlite, Dialect::MySql, Dialect::Postgres] {
             let s = Statements::new(dialect, "p_", false);
-            for stmt in [&s.acquire_exclusive, &s.acquire_exclusive_beside] {
+            for stmt in [&s.exclusive.acquire, &s.exclusive.acquire_beside] {
                 assert!(
                     !stmt.sql.contains("EXCLUSIVE_"),
                     "{dialect:?}: {}",
@@ -816,10 +919,10 @@ mod tests {
                 );
             }
             if dialect != Dialect::Postgres {
-                assert!(!s.acquire_exclusive.sql.contains(" seen"), "{dialect:?}");
+                assert!(!s.exclusive.acquire.sql.contains(" seen"), "{dialect:?}");
             }
             assert!(
-                !s.acquire_exclusive_beside.sql.contains(" seen"),
+                !s.exclusive.acquire_beside.sql.contains(" seen"),
                 "{dialect:?}"
             );
         }
@@ -829,33 +932,36 @@ mod tests {
     fn postgres_commits_releases_and_queue_entries_quickly_and_grants_durably() {
         let pg = Statements::new(Dialect::Postgres, "p_", false);
         let quick = [
-            &pg.release_exclusive,
-            &pg.enqueue,
-            pg.purge_and_enqueue.as_ref().expect("PostgreSQL has one"),
-            &pg.dequeue,
+            &pg.exclusive.release,
+            &pg.queue.enqueue,
+            pg.queue
+                .purge_and_enqueue
+                .as_ref()
+                .expect("PostgreSQL has one"),
+            &pg.queue.dequeue,
         ];
         for stmt in quick {
             assert!(stmt.sql.contains(COMMIT_QUICKLY), "{}", stmt.sql);
         }
         let durable = [
-            &pg.acquire_exclusive,
-            &pg.acquire_exclusive_beside,
-            &pg.acquire_shared_row,
-            &pg.acquire_shared_reader,
-            &pg.grant_permits,
-            &pg.renew_exclusive,
-            &pg.renew_exclusive_context,
-            &pg.renew_shared_row,
-            &pg.renew_reader,
-            &pg.renew_permits,
-            &pg.release_exclusive_announced,
+            &pg.exclusive.acquire,
+            &pg.exclusive.acquire_beside,
+            &pg.shared.acquire_row,
+            &pg.shared.acquire_reader,
+            &pg.permits.grant,
+            &pg.exclusive.renew,
+            &pg.exclusive.renew_context,
+            &pg.shared.renew_row,
+            &pg.shared.renew_reader,
+            &pg.permits.renew,
+            &pg.exclusive.release_announced,
         ];
         for stmt in durable {
             assert!(!stmt.sql.contains("synchronous_commit"), "{}", stmt.sql);
         }
         for dialect in [Dialect::Sqlite, Dialect::MySql] {
             let s = Statements::new(dialect, "p_", false);
-            for stmt in [&s.release_exclusive, &s.enqueue, &s.dequeue] {
+            for stmt in [&s.exclusive.release, &s.queue.enqueue, &s.queue.dequeue] {
                 assert!(!stmt.sql.contains("set_config"), "{dialect:?}");
             }
         }
