@@ -411,7 +411,6 @@ impl DistributeLock {
         if let Some(max_hold) = max_hold {
             check_max_hold(max_hold).map_err(|e| e.with_context("lock", &name))?;
         }
-        let lease = options.lease;
         if let Some(guard) = self.reenter() {
             return Ok(Some(guard));
         }
@@ -429,216 +428,294 @@ impl DistributeLock {
         if let Some(guard) = self.reenter() {
             return Ok(Some(guard));
         }
-
-        if lease.is_some() && !manager.capabilities.lease {
+        if options.lease.is_some() && !manager.capabilities.lease {
             return Err(Error::unsupported(format!(
                 "the {} backend ties holds to its session, not to a lease; take the lock without an explicit lease (it is held until released or the session ends)",
                 manager.chain.resource().backend_name()
             ))
             .with_context("lock", &name));
         }
-        let renew = lease.is_none() && manager.config.watchdog;
-        let context = options.context.as_ref().unwrap_or(&spec.context);
-        let transition = spec.transition;
         // The store holds the grant for the holder's own lease plus the window.
-        let lease = lease
-            .unwrap_or(manager.config.lease)
-            .saturating_add(transition);
+        let plan = Plan {
+            lease: options
+                .lease
+                .unwrap_or(manager.config.lease)
+                .saturating_add(spec.transition),
+            renew: options.lease.is_none() && manager.config.watchdog,
+            context: options.context.as_ref().unwrap_or(&spec.context),
+            max_hold,
+            deadline,
+            name,
+        };
         loop {
-            // A new grant for every attempt: a late release of an earlier grant of
-            // this handle (a dropped guard's) cannot touch it.
-            let grant = GrantId::new(manager.next_id());
-            // Heard before the owner's other holds are read: a grant of another side
-            // after this read is not missed.
-            let mut changes = self.handle.family.as_ref().map(|f| f.subscribe());
-            let alongside = self.handle.alongside(&name)?;
-            let request = AcquireRequest::new(name.clone(), self.handle.owner.clone(), grant)
-                .with_mode(self.handle.mode)
-                .with_lease(lease)
-                .with_deadline(deadline)
-                .with_fairness(self.handle.fairness)
-                .with_context(context.clone())
-                .with_purpose(spec.purpose)
-                .with_transition(transition)
-                .with_capacity(spec.capacity)
-                .with_alongside(alongside);
-            let mut ctx = AcquireContext::new(request, manager.chain.resource().backend_name());
-            let sent_at = ctx.started;
-            // Dropped while the backend may be granting, the grant is given back.
-            let mut in_flight = InFlightAcquire {
-                manager,
-                grant: Some(AskedGrant {
-                    name: &name,
-                    owner: &self.handle.owner,
-                    grant,
-                    mode: self.handle.mode,
-                    purpose: spec.purpose,
-                }),
-            };
-            let result = {
-                let acquire = manager.chain.acquire(&mut ctx);
-                tokio::pin!(acquire);
-                loop {
-                    tokio::select! {
-                        result = &mut acquire => break Some(result),
-                        // Another side of the owner was granted meanwhile: a request
-                        // queued behind that hold (made before it was granted) asks
-                        // again beside it, or it would wait for its own owner.
-                        Some(()) = side_granted(changes.as_mut()) => {
-                            // (A refusal now — a write beside a plain read — is
-                            // given by asking again.)
-                            match self.handle.alongside(&name) {
-                                Ok(now) if now == alongside => {}
-                                _ => break None,
-                            }
-                        }
-                    }
-                }
-            };
-            // Asked again: the request in flight is given back by `in_flight`.
-            let Some(result) = result else {
-                continue;
-            };
-            // An error leaves the outcome unknown (the store may have granted, and the
-            // answer been lost): `in_flight` gives the grant back when dropped. A grant
-            // stays in its care until the manager tracks it (below): cut short before,
-            // at the confirming renewal, the grant is given back too.
-            let (token, lease_until, watch, took_over) = match result? {
-                AcquireResult::Acquired {
-                    token,
-                    lease_until,
-                    watch,
-                    took_over,
-                    ..
-                } => (token, lease_until, watch, took_over),
-                AcquireResult::NotAcquired { .. } => {
-                    in_flight.grant = None;
-                    return Ok(None);
-                }
-            };
-            // The lease runs from the granting attempt's send time, which the backend
-            // reports as the lease's end; a wait before it does not count. A grant a
-            // release handed over has a provisional lease that may end sooner than
-            // `lease` after this call began: the watchdog counts it as granted
-            // `lease` before its end, and renews it a third into what is left (its
-            // first renewal extends it); the hold itself dates from the call.
-            let counted_from = lease_until.map(|until| until.checked_sub(lease));
-            let mut granted_at = match counted_from {
-                Some(Some(at)) => at.min(Instant::now()),
-                _ => sent_at,
-            };
-            let provisional = granted_at < sent_at;
-            // A provisional lease the watchdog would not extend at once as a plain
-            // renewal — a fixed lease (no renewals), a `max_hold` cap, a transition
-            // window — or one with less left than the loss margin is extended here,
-            // before the guard exists.
-            if provisional
-                && (!renew
-                    || max_hold.is_some()
-                    || !transition.is_zero()
-                    || manager.arrived_lost(granted_at, lease))
-            {
-                let confirm_sent = Instant::now();
-                let confirm = RenewRequest::new(
-                    name.clone(),
-                    self.handle.owner.clone(),
-                    grant,
-                    self.handle.mode,
-                    lease,
-                    token,
-                )
-                .with_transition(transition);
-                match manager.chain.renew(&confirm).await {
-                    Ok(RenewResult::Renewed { .. }) => granted_at = confirm_sent,
-                    _ => {
-                        in_flight.give_back();
-                        if deadline.is_some_and(|d| Instant::now() < d) {
-                            continue;
-                        }
-                        return Ok(None);
-                    }
-                }
+            if let Attempt::Done(guard) = self.attempt(&plan).await? {
+                return Ok(guard);
             }
-            let acquired_at = granted_at.clamp(sent_at, Instant::now());
-            // With a transition window, a grant must arrive within the holder's own
-            // lease: one that arrives suspended is of no use either. (A lease end too
-            // close to this clock's origin to count a lease back from counts as lost.)
-            if counted_from == Some(None)
-                || manager.arrived_lost(granted_at, lease.saturating_sub(transition))
-            {
-                // The answer came too late to be of use (a stalled connection): the
-                // store may let the grant go any moment. Give it back and, while the
-                // wait lasts, ask again.
-                in_flight.give_back();
-                if deadline.is_some_and(|d| Instant::now() < d) {
-                    continue;
-                }
-                return Ok(None);
-            }
-            let hold = Arc::new(
-                Hold::new(
-                    manager.next_id(),
-                    name.clone(),
-                    self.handle.owner.clone(),
-                    grant,
-                    self.handle.mode,
-                    token,
-                    acquired_at,
-                )
-                .for_purpose(spec.purpose),
-            );
-            let watching = Watch {
-                lease: Some(lease),
-                transition,
-                renew,
-                sent_at: granted_at,
-                cap: max_hold.map(|d| acquired_at + d),
-                // Still on the provisional lease a release handed over (not
-                // confirmed above).
-                provisional: granted_at < sent_at,
-            };
-            // An upgrade keeps its owner's read until it is released itself. That
-            // read gone meanwhile, the grant stands on nothing (on ZooKeeper the
-            // writers queued behind the read may hold): give it back, ask again.
-            if let (Some(_), LockMode::Exclusive, Side::Write { read, .. }) =
-                (alongside, self.handle.mode, &self.handle.side)
-            {
-                match DistributeLock::of_handle(Arc::clone(read)).reenter() {
-                    Some(read) => hold.keep(read, &manager.chain),
-                    None => {
-                        in_flight.give_back();
-                        if deadline.is_some_and(|d| Instant::now() < d) {
-                            continue;
-                        }
-                        return Ok(None);
-                    }
-                }
-            }
-            // Tracked from here on: the manager releases it (guard, close, loss).
-            in_flight.grant = None;
-            manager.track(&hold, watching, watch);
-            if manager.is_closed() {
-                // `close` ran while the grant was in flight and may have missed it:
-                // registered first, checked second, so one of the two releases it.
-                hold.lose(&manager.chain, dlock_spi::LostReason::ManagerClosed);
-                let _ = manager.release(&hold).await;
-                return Err(manager.closed_error());
-            }
-            *self.handle.current() = Some(Arc::clone(&hold));
-            if let Some(family) = &self.handle.family {
-                family.send_modify(|n| *n = n.wrapping_add(1));
-            }
-            let acquisition = if took_over {
-                Acquisition::TookOver
-            } else {
-                Acquisition::New
-            };
-            return Ok(Some(LockGuard::new(
-                Arc::clone(&self.handle),
-                hold,
-                acquisition,
-            )));
         }
+    }
+
+    /// One request for a new grant, and what became of it: a guard, a refusal, or
+    /// ask again (another side of the owner granted meanwhile, or a grant given
+    /// back: too late to be of use, unconfirmed, or an upgrade whose read is gone).
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped while the backend may be granting, the grant is given back.
+    async fn attempt(&self, plan: &Plan<'_>) -> Result<Attempt> {
+        let manager = &self.handle.manager;
+        let (spec, name) = (&self.handle.spec, &plan.name);
+        // A new grant for every attempt: a late release of an earlier grant of this
+        // handle (a dropped guard's) cannot touch it.
+        let grant = GrantId::new(manager.next_id());
+        // Heard before the owner's other holds are read: a grant of another side
+        // after this read is not missed.
+        let mut changes = self.handle.family.as_ref().map(|f| f.subscribe());
+        let alongside = self.handle.alongside(name)?;
+        let request = AcquireRequest::new(name.clone(), self.handle.owner.clone(), grant)
+            .with_mode(self.handle.mode)
+            .with_lease(plan.lease)
+            .with_deadline(plan.deadline)
+            .with_fairness(self.handle.fairness)
+            .with_context(plan.context.clone())
+            .with_purpose(spec.purpose)
+            .with_transition(spec.transition)
+            .with_capacity(spec.capacity)
+            .with_alongside(alongside);
+        let mut ctx = AcquireContext::new(request, manager.chain.resource().backend_name());
+        let sent_at = ctx.started;
+        // Dropped while the backend may be granting, the grant is given back.
+        let mut in_flight = InFlightAcquire {
+            manager,
+            grant: Some(AskedGrant {
+                name,
+                owner: &self.handle.owner,
+                grant,
+                mode: self.handle.mode,
+                purpose: spec.purpose,
+            }),
+        };
+        let result = {
+            let acquire = manager.chain.acquire(&mut ctx);
+            tokio::pin!(acquire);
+            loop {
+                tokio::select! {
+                    result = &mut acquire => break Some(result),
+                    // Another side of the owner was granted meanwhile: a request
+                    // queued behind that hold (made before it was granted) asks
+                    // again beside it, or it would wait for its own owner.
+                    Some(()) = side_granted(changes.as_mut()) => {
+                        // (A refusal now — a write beside a plain read — is given
+                        // by asking again.)
+                        match self.handle.alongside(name) {
+                            Ok(now) if now == alongside => {}
+                            _ => break None,
+                        }
+                    }
+                }
+            }
+        };
+        // Asked again: the request in flight is given back by `in_flight`.
+        let Some(result) = result else {
+            return Ok(Attempt::Again);
+        };
+        // An error leaves the outcome unknown (the store may have granted, and the
+        // answer been lost): `in_flight` gives the grant back when dropped. A grant
+        // stays in its care until the manager tracks it: cut short before, at the
+        // confirming renewal, the grant is given back too.
+        let granted = match result? {
+            AcquireResult::Acquired {
+                token,
+                lease_until,
+                watch,
+                took_over,
+                ..
+            } => Granted {
+                grant,
+                token,
+                sent_at,
+                lease_until,
+                watch,
+                took_over,
+                alongside,
+            },
+            AcquireResult::NotAcquired { .. } => {
+                in_flight.grant = None;
+                return Ok(Attempt::Done(None));
+            }
+        };
+        self.keep(plan, granted, &mut in_flight).await
+    }
+
+    /// Keeps a grant the backend made: dates its lease (confirming a provisional
+    /// one a release handed over when the watchdog would not extend it at once),
+    /// gives it back when it arrived too late or an upgrade's read is gone, and
+    /// otherwise hands it to the manager and the caller.
+    async fn keep(
+        &self,
+        plan: &Plan<'_>,
+        g: Granted,
+        in_flight: &mut InFlightAcquire<'_>,
+    ) -> Result<Attempt> {
+        let manager = &self.handle.manager;
+        let transition = self.handle.spec.transition;
+        // The lease runs from the granting attempt's send time, which the backend
+        // reports as the lease's end; a wait before it does not count. A grant a
+        // release handed over has a provisional lease that may end sooner than
+        // `lease` after this call began: the watchdog counts it as granted `lease`
+        // before its end, and renews it a third into what is left (its first
+        // renewal extends it); the hold itself dates from the call.
+        let counted_from = g.lease_until.map(|until| until.checked_sub(plan.lease));
+        let mut granted_at = match counted_from {
+            Some(Some(at)) => at.min(Instant::now()),
+            _ => g.sent_at,
+        };
+        // A provisional lease the watchdog would not extend at once as a plain
+        // renewal — a fixed lease (no renewals), a `max_hold` cap, a transition
+        // window — or one with less left than the loss margin is extended here,
+        // before the guard exists.
+        if granted_at < g.sent_at
+            && (!plan.renew
+                || plan.max_hold.is_some()
+                || !transition.is_zero()
+                || manager.arrived_lost(granted_at, plan.lease))
+        {
+            match self.confirm(plan, &g).await {
+                Some(confirmed) => granted_at = confirmed,
+                None => return Ok(give_back(in_flight, plan.deadline)),
+            }
+        }
+        let acquired_at = granted_at.clamp(g.sent_at, Instant::now());
+        // With a transition window, a grant must arrive within the holder's own
+        // lease: one that arrives suspended is of no use either. (A lease end too
+        // close to this clock's origin to count a lease back from counts as lost.)
+        if counted_from == Some(None)
+            || manager.arrived_lost(granted_at, plan.lease.saturating_sub(transition))
+        {
+            // The answer came too late to be of use (a stalled connection): the store
+            // may let the grant go any moment. Give it back and, while the wait
+            // lasts, ask again.
+            return Ok(give_back(in_flight, plan.deadline));
+        }
+        let hold = Arc::new(
+            Hold::new(
+                manager.next_id(),
+                plan.name.clone(),
+                self.handle.owner.clone(),
+                g.grant,
+                self.handle.mode,
+                g.token,
+                acquired_at,
+            )
+            .for_purpose(self.handle.spec.purpose),
+        );
+        let watching = Watch {
+            lease: Some(plan.lease),
+            transition,
+            renew: plan.renew,
+            sent_at: granted_at,
+            cap: plan.max_hold.map(|d| acquired_at + d),
+            // Still on the provisional lease a release handed over (not confirmed
+            // above).
+            provisional: granted_at < g.sent_at,
+        };
+        // An upgrade keeps its owner's read until it is released itself. That read
+        // gone meanwhile, the grant stands on nothing (on ZooKeeper the writers
+        // queued behind the read may hold): give it back, ask again.
+        if let (Some(_), LockMode::Exclusive, Side::Write { read, .. }) =
+            (g.alongside, self.handle.mode, &self.handle.side)
+        {
+            match DistributeLock::of_handle(Arc::clone(read)).reenter() {
+                Some(read) => hold.keep(read, &manager.chain),
+                None => return Ok(give_back(in_flight, plan.deadline)),
+            }
+        }
+        // Tracked from here on: the manager releases it (guard, close, loss).
+        in_flight.grant = None;
+        manager.track(&hold, watching, g.watch);
+        if manager.is_closed() {
+            // `close` ran while the grant was in flight and may have missed it:
+            // registered first, checked second, so one of the two releases it.
+            hold.lose(&manager.chain, dlock_spi::LostReason::ManagerClosed);
+            let _ = manager.release(&hold).await;
+            return Err(manager.closed_error());
+        }
+        *self.handle.current() = Some(Arc::clone(&hold));
+        if let Some(family) = &self.handle.family {
+            family.send_modify(|n| *n = n.wrapping_add(1));
+        }
+        let acquisition = if g.took_over {
+            Acquisition::TookOver
+        } else {
+            Acquisition::New
+        };
+        Ok(Attempt::Done(Some(LockGuard::new(
+            Arc::clone(&self.handle),
+            hold,
+            acquisition,
+        ))))
+    }
+
+    /// Extends a provisional lease a release handed over with a renewal sent now;
+    /// the instant it was sent once it renewed, `None` if it did not.
+    async fn confirm(&self, plan: &Plan<'_>, g: &Granted) -> Option<Instant> {
+        let confirm_sent = Instant::now();
+        let confirm = RenewRequest::new(
+            plan.name.clone(),
+            self.handle.owner.clone(),
+            g.grant,
+            self.handle.mode,
+            plan.lease,
+            g.token,
+        )
+        .with_transition(self.handle.spec.transition);
+        match self.handle.manager.chain.renew(&confirm).await {
+            Ok(RenewResult::Renewed { .. }) => Some(confirm_sent),
+            _ => None,
+        }
+    }
+}
+
+/// What one acquire call asks for, the same for each of its attempts.
+struct Plan<'a> {
+    name: LockName,
+    /// The lease the store holds a grant for (the holder's own plus the window).
+    lease: Duration,
+    /// Whether the watchdog renews the hold (no explicit lease).
+    renew: bool,
+    context: &'a Bytes,
+    max_hold: Option<Duration>,
+    deadline: Option<Instant>,
+}
+
+/// What became of one attempt.
+enum Attempt {
+    /// The call's answer: a guard, or not granted.
+    Done(Option<LockGuard>),
+    /// Ask again.
+    Again,
+}
+
+/// What the backend granted one attempt.
+struct Granted {
+    grant: GrantId,
+    token: dlock_spi::FencingToken,
+    /// When the attempt was sent.
+    sent_at: Instant,
+    lease_until: Option<Instant>,
+    watch: Option<dlock_spi::HoldWatch>,
+    took_over: bool,
+    /// The owner's hold in the other mode the request went beside.
+    alongside: Option<GrantId>,
+}
+
+/// Gives an unusable grant back; asks again while the wait lasts, else answers
+/// not granted.
+fn give_back(in_flight: &mut InFlightAcquire<'_>, deadline: Option<Instant>) -> Attempt {
+    in_flight.give_back();
+    if deadline.is_some_and(|d| Instant::now() < d) {
+        Attempt::Again
+    } else {
+        Attempt::Done(None)
     }
 }
 
