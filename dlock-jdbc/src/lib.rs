@@ -159,8 +159,11 @@ mod bell;
 #[cfg(not(feature = "mysql"))]
 #[path = "bell_off.rs"]
 mod bell;
+mod departures;
 mod dialect;
 mod error;
+mod grant;
+mod holds;
 mod inline;
 #[cfg(all(feature = "sqlite", unix))]
 mod local_bus;
@@ -175,6 +178,7 @@ mod queue;
 mod run_to_end;
 mod session;
 mod statements;
+mod wait;
 mod wakeups;
 
 use std::sync::atomic::AtomicU64;

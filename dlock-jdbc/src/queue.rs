@@ -9,15 +9,12 @@
 //! lease ends first, leaves the entry to lapse with its liveness, as a waiter that
 //! gave up and could not remove it does.)
 
-use std::collections::HashMap;
-use std::sync::{Mutex, PoisonError};
 use std::time::Instant;
 
 use dlock_spi::{AcquireRequest, Error, HolderKey, LockMode, LockName, Result};
 use sqlx::Row;
-use tokio::sync::watch;
 
-use crate::backend::JdbcBackend;
+use crate::backend::{ms, JdbcBackend};
 use crate::error::{map_sqlx, retry_conflicts};
 use crate::param::Param;
 use crate::pool::{on_pool, query};
@@ -109,7 +106,7 @@ impl QueueSlot {
     pub(crate) fn depart(mut self) {
         if self.refreshed.take().is_some() {
             let departures = &self.backend.inner.departures;
-            departures.start(&self.backend, self.name.clone(), self.waiter.clone());
+            departures.start(&self.name, &self.waiter, self.removal());
         }
     }
 
@@ -144,64 +141,6 @@ impl Drop for QueueSlot {
     }
 }
 
-/// Queue rows of granted writers still being removed, by lock name and holder key:
-/// each hold's release waits for its own.
-#[derive(Default)]
-pub(crate) struct Departures {
-    /// Each removal's end: its sender is dropped when the statement has ended.
-    running: Mutex<HashMap<(String, String), watch::Receiver<()>>>,
-}
-
-impl Departures {
-    /// Removes `waiter`'s row of `name`'s queue, in a task of its own.
-    fn start(&self, backend: &JdbcBackend, name: LockName, waiter: HolderKey) {
-        let key = (name.as_str().to_owned(), waiter.as_str().to_owned());
-        let (ended, end) = watch::channel(());
-        let mine = end.clone();
-        self.running
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(key.clone(), end);
-        let backend = backend.clone();
-        tokio::spawn(async move {
-            dequeue(&backend, &name, &waiter).await;
-            let mut running = backend
-                .inner
-                .departures
-                .running
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            // Only its own: a grant id reused after a lost hold may have queued,
-            // been granted and started another removal meanwhile.
-            if running.get(&key).is_some_and(|r| r.same_channel(&mine)) {
-                running.remove(&key);
-            }
-            drop(ended);
-        });
-    }
-
-    /// Waits until the removal of hold `holder`'s queue row of `name`, if one runs,
-    /// has ended (bounded by the statement's own timeouts).
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: it only waits; the removal runs on in its task.
-    pub(crate) async fn ended(&self, name: &str, holder: &str) {
-        let end = {
-            let running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
-            // (Most releases are of holds that never queued: no key is built.)
-            if running.is_empty() {
-                return;
-            }
-            running.get(&(name.to_owned(), holder.to_owned())).cloned()
-        };
-        if let Some(mut end) = end {
-            // Err once the sender is dropped: the removal has ended.
-            while end.changed().await.is_ok() {}
-        }
-    }
-}
-
 /// Removes `waiter`'s row of `name`'s queue; a failure is only logged (the row
 /// lapses with its liveness).
 async fn dequeue(backend: &JdbcBackend, name: &LockName, waiter: &HolderKey) {
@@ -227,5 +166,61 @@ async fn dequeue(backend: &JdbcBackend, name: &LockName, waiter: &HolderKey) {
     }
     if let Err(err) = left {
         tracing::debug!(lock = %name, error = %err, "dlock-jdbc: leaving the queue failed; the entry lapses with its liveness");
+    }
+}
+
+impl JdbcBackend {
+    /// Queues `waiter` (or refreshes its liveness); the `first` time, forgets the
+    /// waiters that crashed while queued. Answers whether a live writer other than
+    /// `waiter` and the lock's live holder was queued ahead of it as it queued
+    /// (PostgreSQL's first entry; `false` where not read).
+    pub(crate) async fn enqueue(
+        &self,
+        name: &LockName,
+        waiter: &HolderKey,
+        mode: LockMode,
+        first: bool,
+    ) -> Result<bool> {
+        let s = &self.inner.statements;
+        let name = Param::Text(name.as_str());
+        if let Some(mark) = &s.queue.mark {
+            // Before the entry, whose liveness the enqueue caps at the mark: twice
+            // the liveness, renewed when less than one and a half is left (an entry
+            // written more than half a liveness later lapses early, and is refreshed
+            // at its next look).
+            let liveness = ms(self.inner.options.waiter_liveness);
+            let params = [
+                name,
+                Param::Int(liveness.saturating_mul(2)),
+                Param::Int(liveness.saturating_add(liveness / 2)),
+            ];
+            on_pool!(&self.inner.pool, p => query!(mark, &params).execute(p).await.map(drop))
+                .map_err(self.err("acquire"))?;
+        }
+        let mode = match mode {
+            LockMode::Shared => "s",
+            LockMode::Exclusive => "x",
+            LockMode::Permits(_) => "p",
+        };
+        let params = [
+            name,
+            Param::Text(waiter.as_str()),
+            Param::Text(mode),
+            Param::Int(ms(self.inner.options.waiter_liveness)),
+        ];
+        if let (true, Some(both)) = (first, &s.queue.purge_and_enqueue) {
+            // One statement purges, queues, and reads the writers ahead.
+            return on_pool!(&self.inner.pool, p => async {
+                query!(both, &params).fetch_one(p).await?.try_get::<bool, _>(0)
+            }.await)
+            .map_err(self.err("acquire"));
+        }
+        if first {
+            on_pool!(&self.inner.pool, p => query!(&s.queue.purge, &[name]).execute(p).await.map(drop))
+                .map_err(self.err("acquire"))?;
+        }
+        on_pool!(&self.inner.pool, p => query!(&s.queue.enqueue, &params).execute(p).await.map(drop))
+            .map_err(self.err("acquire"))?;
+        Ok(false)
     }
 }

@@ -16,7 +16,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use dlock_spi::{Error, ErrorKind, Result};
+use dlock_spi::{Error, ErrorKind, LockMode, Result};
 use tokio::runtime::Handle;
 use tokio::sync::oneshot;
 
@@ -139,6 +139,29 @@ impl<F: Future> Drop for Here<F> {
         {
             orphaned(op, &runtime);
         }
+    }
+}
+
+/// Runs `op` to its end, whatever happens to the caller's future ([`run_to_end`]),
+/// where `place` says. Releases and renewals run transactions (shared mode): cut off
+/// between `BEGIN` and `COMMIT`/`ROLLBACK` — a `BEGIN` whose future is dropped in
+/// flight leaves sqlx nothing to roll back — the pooled connection would stay inside
+/// the transaction, and a grant later run on that connection would be seen by its
+/// own client only and undone when the connection dies, while another client takes
+/// the same lock.
+pub(crate) async fn detached<T: Send + 'static>(
+    place: Where,
+    op: impl std::future::Future<Output = Result<T>> + Send + 'static,
+) -> Result<T> {
+    run_to_end(place, op, |_| async {}).await?
+}
+
+/// Where a statement of `mode` runs ([`run_to_end`]): a shared hold's grant, release
+/// and renewal are transactions.
+pub(crate) fn statement_place(mode: LockMode) -> Where {
+    match mode {
+        LockMode::Shared => Where::Apart,
+        LockMode::Exclusive | LockMode::Permits(_) => Where::Here,
     }
 }
 
