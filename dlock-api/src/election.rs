@@ -25,7 +25,8 @@ use futures_util::FutureExt as _;
 use tokio::sync::watch;
 
 use crate::guard::{hold_accessors, LockGuard, LostSignal};
-use crate::lock::{DistributeLock, HoldSpec};
+use crate::handle::HoldSpec;
+use crate::lock::DistributeLock;
 use crate::manager::DistributeLockManager;
 
 /// How often [`LeaderObserver`] asks the backend who leads when the backend cannot

@@ -10,8 +10,8 @@ use dlock_spi::{
     ReleaseResult, Result,
 };
 
+use crate::handle::Handle;
 use crate::hold::Hold;
-use crate::lock::{DistributeLock, Handle, Side};
 
 /// Holding a lock. Release with [`unlock`](Self::unlock) to see the outcome; dropping
 /// the guard releases in the background.
@@ -21,8 +21,8 @@ use crate::lock::{DistributeLock, Handle, Side};
 /// and [`lost`](Self::lost) completes — `select!` on it to abandon work in time.
 #[must_use = "dropping the guard releases the lock at once"]
 pub struct LockGuard {
-    handle: Arc<Handle>,
-    hold: Arc<Hold>,
+    pub(crate) handle: Arc<Handle>,
+    pub(crate) hold: Arc<Hold>,
     acquisition: Acquisition,
     runtime: Option<tokio::runtime::Handle>,
     released: bool,
@@ -53,34 +53,6 @@ impl LockGuard {
             runtime: tokio::runtime::Handle::try_current().ok(),
             released: false,
         }
-    }
-
-    /// Turns a read-write lock's write guard into a read guard without letting
-    /// another writer in: takes the read side beside the write hold (granted at
-    /// once), then lets this guard go (the write side is released once its last
-    /// guard is). A reentered write hold stays until its other guards go too.
-    ///
-    /// Errors: [`ErrorKind::InvalidArgument`] for a guard that is not a read-write
-    /// lock's write side; [`ErrorKind::LockLost`] when the write hold is lost (it is
-    /// let go, and nothing is held); the backend's errors (the write guard is let go
-    /// as well: nothing is held).
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel-safe: dropped before the read side is granted, nothing is held (the
-    /// write guard is dropped with the future, a grant in flight given back).
-    pub async fn downgrade(self) -> Result<LockGuard> {
-        let Side::Write { read, .. } = self.handle.side() else {
-            return Err(Error::invalid_argument(
-                "only a read-write lock's write guard can be downgraded; this guard is a plain lock's or a read guard",
-            )
-            .with_context("lock", &self.hold.name));
-        };
-        check_lost(&self.hold)?;
-        let reader = DistributeLock::of_handle(Arc::clone(read));
-        let read = reader.lock().await?;
-        drop(self);
-        Ok(read)
     }
 
     /// How this acquisition was granted: new, took over an expired holder, or
@@ -494,7 +466,7 @@ fn check_hold(hold: &Hold) -> Result<()> {
 }
 
 /// An error if the hold is lost or past its guaranteed instant.
-fn check_lost(hold: &Hold) -> Result<()> {
+pub(crate) fn check_lost(hold: &Hold) -> Result<()> {
     if let Some(reason) = hold.lost_reason() {
         return Err(lost_error(&hold.name, reason));
     }

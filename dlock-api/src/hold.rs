@@ -42,10 +42,17 @@ pub(crate) struct Hold {
     /// read, let go only once this hold is released — so the read outlasts the
     /// write, and no writer queued behind the read gets in while the write lasts
     /// (on ZooKeeper the read's node is what keeps them out).
-    kept: Mutex<Option<crate::guard::LockGuard>>,
+    kept: Mutex<Option<Kept>>,
     /// The holds that keep this one (upgraded writes beside this read): lost
     /// with this one, so none is left standing when this one goes.
     keepers: Mutex<Vec<Weak<Hold>>>,
+}
+
+/// The read an upgraded write keeps ([`Hold::keep`]): its hold, and the guard
+/// that keeps it (let go with this).
+pub(crate) struct Kept {
+    hold: Arc<Hold>,
+    _guard: Box<dyn Send>,
 }
 
 impl Hold {
@@ -78,17 +85,24 @@ impl Hold {
         }
     }
 
-    /// Keeps `guard` (of the hold this one was granted beside) until this hold is
-    /// released; this hold is guaranteed no longer than that one, and lost first
-    /// when that one is lost.
-    pub(crate) fn keep(self: &Arc<Self>, guard: crate::guard::LockGuard, chain: &HandlerChain) {
-        let kept = Arc::clone(guard.hold());
+    /// Keeps `guard` (a guard of `kept`, the hold this one was granted beside)
+    /// until this hold is released; this hold is guaranteed no longer than that
+    /// one, and lost first when that one is lost.
+    pub(crate) fn keep(
+        self: &Arc<Self>,
+        kept: &Arc<Hold>,
+        guard: impl Send + 'static,
+        chain: &HandlerChain,
+    ) {
         {
             let mut keepers = kept.keepers.lock().unwrap_or_else(PoisonError::into_inner);
             keepers.retain(|k| k.strong_count() > 0);
             keepers.push(Arc::downgrade(self));
         }
-        *self.kept.lock().unwrap_or_else(PoisonError::into_inner) = Some(guard);
+        *self.kept.lock().unwrap_or_else(PoisonError::into_inner) = Some(Kept {
+            hold: Arc::clone(kept),
+            _guard: Box::new(guard),
+        });
         // Lost already (before the push was seen): so is this one.
         if let Some(reason) = kept.lost_reason() {
             self.lose(chain, reason);
@@ -96,7 +110,7 @@ impl Hold {
     }
 
     /// The guard kept by [`keep`](Self::keep), to let go once this hold is released.
-    pub(crate) fn take_kept(&self) -> Option<crate::guard::LockGuard> {
+    pub(crate) fn take_kept(&self) -> Option<Kept> {
         self.kept
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -181,7 +195,7 @@ impl Hold {
             .unwrap_or_else(PoisonError::into_inner);
         // No later than the read an upgrade keeps (nothing once that read is lost).
         let kept = self.kept.lock().unwrap_or_else(PoisonError::into_inner);
-        match kept.as_ref().map(|read| read.hold()) {
+        match kept.as_ref().map(|read| &read.hold) {
             Some(read) if read.lost_reason().is_some() => None,
             Some(read) => match (own, read.valid_until()) {
                 (Some(own), Some(read)) => Some(own.min(read)),

@@ -63,6 +63,7 @@ mod connect;
 mod election;
 mod group;
 mod guard;
+mod handle;
 mod hold;
 mod ids;
 mod inner;

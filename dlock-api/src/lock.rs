@@ -1,7 +1,7 @@
 //! Lock handles: one name, one owner, one mode.
 
 use std::fmt;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -10,9 +10,10 @@ use dlock_spi::{
     HolderInfo, LockMode, LockName, OwnerId, ReleaseRequest, RenewRequest, RenewResult, Result,
 };
 
-use crate::guard::{Acquisition, LockGuard};
+use crate::guard::{check_lost, Acquisition, LockGuard};
+use crate::handle::{live, Handle, HoldSpec, Place, Side};
 use crate::hold::Hold;
-use crate::inner::{Config, ManagerInner};
+use crate::inner::ManagerInner;
 pub(crate) use crate::options::check_max_hold;
 use crate::options::LockOptions;
 use crate::watchdog::Watch;
@@ -22,136 +23,12 @@ use crate::watchdog::Watch;
 /// (re-issuing the wait in slices put the waiter back at the tail each time).
 const LOCK_WAIT_FOREVER: Duration = Duration::from_secs(365 * 24 * 3600);
 
-pub(crate) struct Handle {
-    pub(crate) manager: Arc<ManagerInner>,
-    name: std::result::Result<LockName, Error>,
-    owner: OwnerId,
-    mode: LockMode,
-    fairness: Fairness,
-    /// What every grant of the handle asks for besides name, owner and mode.
-    spec: HoldSpec,
-    /// The current hold of this handle (shared by its clones), if any.
-    current: Slot,
-    /// Where the handle sits in a read-write lock, if it is one's side.
-    side: Side,
-    /// A read-write lock's sides: told of every grant of a side, so a request of
-    /// another side that waits can go beside it.
-    family: Option<Arc<tokio::sync::watch::Sender<u64>>>,
-    /// Serialises remote acquires of this handle's clones, so they re-enter instead
-    /// of racing to the backend with the same owner.
-    gate: tokio::sync::Mutex<()>,
-}
-
-/// A handle's current hold, shared with the other sides of its read-write lock.
-pub(crate) type Slot = Arc<Mutex<Option<Arc<Hold>>>>;
-
-/// Where a handle sits in a read-write lock: which of the owner's other holds its
-/// requests go beside.
-pub(crate) enum Side {
-    /// A lock of its own.
-    Alone,
-    /// The read side: beside the write side's hold (a writer reading).
-    Read {
-        /// The write side's current hold.
-        write: Slot,
-    },
-    /// The write side: beside the read side's hold while the upgradeable side is
-    /// held (an upgrade); refused beside a plain read hold (it would wait for
-    /// itself).
-    Write {
-        /// The read side (a downgrade takes it).
-        read: Arc<Handle>,
-        /// The upgradeable side's current hold.
-        upgrade: Slot,
-    },
-}
-
-/// Where a handle stands: its owner, its hold's slot and its side.
-pub(crate) struct Place {
-    pub(crate) owner: OwnerId,
-    pub(crate) current: Slot,
-    pub(crate) side: Side,
-    /// Shared by a read-write lock's sides (see [`Handle`]).
-    pub(crate) family: Option<Arc<tokio::sync::watch::Sender<u64>>>,
-}
-
 /// Completes when a side of the family was granted since the receiver last looked;
 /// never without a family (or once it is gone).
 async fn side_granted(changes: Option<&mut tokio::sync::watch::Receiver<u64>>) -> Option<()> {
     match changes {
         Some(rx) => rx.changed().await.ok(),
         None => std::future::pending().await,
-    }
-}
-
-/// The live hold in `slot`, if any.
-fn live(slot: &Slot) -> Option<Arc<Hold>> {
-    slot.lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .as_ref()
-        .filter(|h| h.lost_reason().is_none())
-        .cloned()
-}
-
-/// What a handle's grants carry beyond name, owner, mode and fairness: a lock's
-/// take the manager's context and nothing else; an election's and a semaphore's set
-/// the rest.
-#[derive(Debug, Clone)]
-pub(crate) struct HoldSpec {
-    /// Stored with every grant and shown by `inspect` (an election's value).
-    pub(crate) context: Bytes,
-    /// A lock's or a leadership's grants.
-    pub(crate) purpose: HoldPurpose,
-    /// A transition window added to every lease (an election's; zero otherwise).
-    pub(crate) transition: Duration,
-    /// A semaphore's total permits (zero otherwise).
-    pub(crate) capacity: u32,
-    /// How long a grant may be held at most (the manager's `max_hold` for locks and
-    /// permits; none for leaderships).
-    pub(crate) max_hold: Option<Duration>,
-}
-
-impl HoldSpec {
-    /// A lock's: the manager's context and bound.
-    pub(crate) fn lock(config: &Config) -> Self {
-        HoldSpec {
-            context: config.context.clone(),
-            purpose: HoldPurpose::Lock,
-            transition: Duration::ZERO,
-            capacity: 0,
-            max_hold: config.max_hold,
-        }
-    }
-}
-
-impl Handle {
-    pub(crate) fn current(&self) -> MutexGuard<'_, Option<Arc<Hold>>> {
-        self.current.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    pub(crate) fn side(&self) -> &Side {
-        &self.side
-    }
-
-    /// The grant of the owner's hold in the other mode that this handle's request
-    /// goes beside, if any; an error for a write beside a plain read hold.
-    fn alongside(&self, name: &LockName) -> Result<Option<GrantId>> {
-        match &self.side {
-            Side::Alone => Ok(None),
-            Side::Read { write } => Ok(live(write).map(|h| h.grant)),
-            Side::Write { read, upgrade } => {
-                let Some(reading) = live(&read.current) else {
-                    return Ok(None);
-                };
-                if live(upgrade).is_none() {
-                    return Err(Error::invalid_argument(
-                        "this read-write lock's owner holds its read side: a write beside a plain read would wait for itself (or for another reader doing the same); release the read side first (then write, or take upgradeable_read() and upgrade() it)",
-                    )
-                    .with_context("lock", name));
-                }
-                Ok(Some(reading.grant))
-            }
-        }
     }
 }
 
@@ -625,7 +502,7 @@ impl DistributeLock {
             (g.alongside, self.handle.mode, &self.handle.side)
         {
             match DistributeLock::of_handle(Arc::clone(read)).reenter() {
-                Some(read) => hold.keep(read, &manager.chain),
+                Some(read) => hold.keep(&Arc::clone(read.hold()), read, &manager.chain),
                 None => return Ok(give_back(in_flight, plan.deadline)),
             }
         }
@@ -716,6 +593,38 @@ fn give_back(in_flight: &mut InFlightAcquire<'_>, deadline: Option<Instant>) -> 
         Attempt::Again
     } else {
         Attempt::Done(None)
+    }
+}
+
+/// A write guard becomes a read guard through its lock's read side (here, beside
+/// the lock calls it makes).
+impl LockGuard {
+    /// Turns a read-write lock's write guard into a read guard without letting
+    /// another writer in: takes the read side beside the write hold (granted at
+    /// once), then lets this guard go (the write side is released once its last
+    /// guard is). A reentered write hold stays until its other guards go too.
+    ///
+    /// Errors: [`ErrorKind::InvalidArgument`](dlock_spi::ErrorKind::InvalidArgument) for a guard that is not a read-write
+    /// lock's write side; [`ErrorKind::LockLost`](dlock_spi::ErrorKind::LockLost) when the write hold is lost (it is
+    /// let go, and nothing is held); the backend's errors (the write guard is let go
+    /// as well: nothing is held).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: dropped before the read side is granted, nothing is held (the
+    /// write guard is dropped with the future, a grant in flight given back).
+    pub async fn downgrade(self) -> Result<LockGuard> {
+        let Side::Write { read, .. } = self.handle.side() else {
+            return Err(Error::invalid_argument(
+                "only a read-write lock's write guard can be downgraded; this guard is a plain lock's or a read guard",
+            )
+            .with_context("lock", &self.hold.name));
+        };
+        check_lost(&self.hold)?;
+        let reader = DistributeLock::of_handle(Arc::clone(read));
+        let read = reader.lock().await?;
+        drop(self);
+        Ok(read)
     }
 }
 

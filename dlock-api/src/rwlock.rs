@@ -7,8 +7,9 @@ use std::time::{Duration, Instant};
 use dlock_spi::{Error, Fairness, FencingToken, LockMode, LockName, Result};
 
 use crate::guard::{parts_accessors, LockGuard};
+use crate::handle::{HoldSpec, Place, Side, Slot};
 use crate::inner::ManagerInner;
-use crate::lock::{DistributeLock, HoldSpec, Place, Side, Slot};
+use crate::lock::DistributeLock;
 
 /// What the upgradeable side's lock name adds to the read-write lock's name. The
 /// upgradeable hold is an exclusive lock of its own on `<name>` + this suffix (so

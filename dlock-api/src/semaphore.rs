@@ -9,7 +9,8 @@ use std::time::Duration;
 use dlock_spi::{Fairness, LockMode, LockName, Result};
 
 use crate::guard::{hold_accessors, LockGuard};
-use crate::lock::{DistributeLock, HoldSpec};
+use crate::handle::HoldSpec;
+use crate::lock::DistributeLock;
 use crate::manager::DistributeLockManager;
 use crate::options::LockOptions;
 
