@@ -94,10 +94,14 @@
 #![deny(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod acquire;
+mod admin;
 mod backend;
 mod config;
+mod connect;
 mod connection;
 mod error;
+mod feed;
 mod keys;
 mod notices;
 mod redlock;
