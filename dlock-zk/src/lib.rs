@@ -75,10 +75,17 @@
 #![deny(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod acls;
+mod acquire;
+mod admin;
 mod backend;
+mod connect;
 mod error;
 mod follow;
+mod hold_feed;
 mod layout;
+mod nodes;
+mod queue;
 mod semaphore;
 mod session;
 mod upgrade;

@@ -25,12 +25,12 @@ use dlock_spi::{
 };
 use zookeeper_client::Error as ZkError;
 
-use crate::backend::{
-    deadline_passed, delete_children, node_data, parse_node_data, token_of, HeldKey, HeldNode,
-    PendingNode, ZkBackend,
-};
+use crate::backend::{HeldKey, HeldNode, ZkBackend};
 use crate::error::map_zk;
 use crate::layout::{self, lease_sequence, leases_dir, locks_dir, LEASE_MARKER};
+use crate::nodes::{
+    deadline_passed, delete_children, node_data, parse_node_data, token_of, PendingNode,
+};
 use crate::session::Session;
 
 /// The total recorded in `…/leases` by dlock clients (`None` when none is).
@@ -345,7 +345,7 @@ impl ZkBackend {
         let mutex_key = HeldKey::new(&req.name, holder.clone(), LockMode::Exclusive);
         let mutex_prefix = format!("{protected}{}", layout::MUTEX_MARKER);
         let mutex_dir = locks_dir(&lock);
-        let mutex_node = crate::backend::Contending {
+        let mutex_node = crate::queue::Contending {
             session,
             key: &mutex_key,
             lock: &mutex_dir,
@@ -353,7 +353,7 @@ impl ZkBackend {
             data: &data,
         };
         let Some((_, mut mutex)) = self
-            .wait_turn(mutex_node, crate::backend::Turn::until(req.deadline))
+            .wait_turn(mutex_node, crate::acquire::Turn::until(req.deadline))
             .await?
         else {
             return Ok(AcquireResult::not_acquired(None, None));

@@ -44,12 +44,12 @@ use std::time::Instant;
 use dlock_spi::{Error, ErrorKind, LockMode, Result};
 use zookeeper_client::Error as ZkError;
 
-use crate::backend::{
-    deadline_passed, delete_children, live_deadline, Contending, Enqueued, PendingNode, Place,
-    Turn, ZkBackend,
-};
+use crate::acquire::Turn;
+use crate::backend::ZkBackend;
 use crate::error::map_zk;
 use crate::layout::{self, Contender};
+use crate::nodes::{deadline_passed, delete_children, live_deadline, PendingNode};
+use crate::queue::{Contending, Enqueued, Place};
 use crate::session::Session;
 
 /// How often an upgrade places its write node again because the queue changed
