@@ -6,12 +6,15 @@
 use std::time::Duration;
 
 use dlock_spi::{
-    Backoff, ChangeFeed, Drained, Error, ErrorKind, Jitter, Resubscribe, Result, Subscription,
+    async_trait, Backoff, ChangeFeed, Drained, Error, ErrorKind, Jitter, LockEvents, LockName,
+    Resubscribe, Result, Subscription,
 };
 use etcd_client::{Client, WatchOptions, WatchStream};
 use tokio::sync::watch;
 
+use crate::backend::EtcdBackend;
 use crate::error::{map_etcd, timed_out};
+use crate::keys::prefix_end;
 
 /// How a broken watch is started again: after a pause of 100 ms doubling to 2 s
 /// (from the first again after a watch that lasted 10 s), and not after 20 failures
@@ -27,6 +30,22 @@ const RESTART: Resubscribe = Resubscribe::new(
 pub(crate) struct Range {
     pub(crate) start: Vec<u8>,
     pub(crate) end: Vec<u8>,
+}
+
+#[async_trait]
+impl LockEvents for EtcdBackend {
+    /// One watch on the lock's range: grants, releases, new contexts and expired
+    /// leases are all events there. Live when this returns (etcd created the watch).
+    async fn follow(&self, name: &LockName) -> Result<dlock_spi::ChangeFeed> {
+        let start = self.inner.keys.lock(name);
+        let end = prefix_end(&start);
+        follow(
+            self.inner.client.clone(),
+            Range { start, end },
+            self.inner.timeout,
+        )
+        .await
+    }
 }
 
 /// Starts following `range`; live (the watch created) on return.

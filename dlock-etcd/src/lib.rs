@@ -79,7 +79,10 @@
 #![deny(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod acquire;
+mod admin;
 mod backend;
+mod connect;
 mod error;
 mod follow;
 mod keepalive;

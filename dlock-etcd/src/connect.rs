@@ -1,0 +1,127 @@
+//! Connecting: a backend from an `etcd://` URL and its options.
+
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::Duration;
+
+use dlock_spi::{Error, ErrorKind, Result};
+use etcd_client::{Client, ConnectOptions};
+use tonic::transport::{Channel, Endpoint};
+
+use crate::backend::{EtcdBackend, Inner};
+use crate::error::{map_etcd, map_sign_in, timed_out, transport_failure};
+use crate::keepalive::KeepAlives;
+use crate::keys::Keys;
+use crate::resend::{resending, Repeat};
+use crate::{parse_url, EtcdOptions};
+
+impl EtcdBackend {
+    /// Connects to `etcd://host:port[,host:port…][/prefix][?timeout=5s]` and checks
+    /// that the cluster answers.
+    pub async fn connect(url: &str) -> Result<Self> {
+        Self::connect_with(url, EtcdOptions::default()).await
+    }
+
+    /// Connects with `options`; what the URL sets overrides them.
+    pub async fn connect_with(url: &str, options: EtcdOptions) -> Result<Self> {
+        let parsed = parse_url(url, options)?;
+        let options = parsed.options;
+        let tls = crate::tls::client_config(&options)?;
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let resends = crate::resend::budget(parsed.hosts.len());
+        let mut endpoints = Vec::with_capacity(parsed.hosts.len());
+        for host in &parsed.hosts {
+            let endpoint = Endpoint::from_shared(format!("{scheme}://{host}"))
+                .map_err(|e| {
+                    Error::new(
+                        ErrorKind::Config,
+                        format!("etcd URL: {host:?} is not a host:port"),
+                    )
+                    .with_source(e)
+                })?
+                .connect_timeout(options.connect_timeout)
+                .tcp_nodelay(true)
+                // etcd refuses pings more often than every 5 s (GOAWAY
+                // too_many_pings) and pings without a call in flight.
+                .http2_keep_alive_interval(options.keep_alive)
+                .keep_alive_timeout(Duration::from_secs(5))
+                .keep_alive_while_idle(false);
+            #[cfg(feature = "tls")]
+            let endpoint = match &tls {
+                Some(tls) => endpoint.tls_config(tls.clone()).map_err(|e| {
+                    Error::new(
+                        ErrorKind::Config,
+                        "etcd's TLS settings were refused (a certificate or key that is not PEM?)",
+                    )
+                    .with_source(e)
+                })?,
+                None => endpoint,
+            };
+            endpoints.push(endpoint);
+        }
+        let channel = Channel::balance_list(endpoints.into_iter());
+        let mut connect = ConnectOptions::new().with_require_leader(true);
+        if let Some(c) = &options.credentials {
+            // The token expires (etcd's --auth-token-ttl): signed in again when
+            // etcd says so, and the call retried.
+            connect = connect
+                .with_user(c.user(), c.password.clone())
+                .with_auto_token_refresh(true);
+        }
+        let reached = async {
+            // Both steps are safe to send twice: sent again at once after a
+            // transport failure, as every request is ([`Self::call`]). One deadline.
+            let deadline = tokio::time::Instant::now() + options.timeout;
+            // With credentials, this signs in: one round trip.
+            let sign_in = || {
+                let channel = etcd_client::Channel::Tonic(channel.clone());
+                Client::from_channel(channel, Some(connect.clone()))
+            };
+            let client = resending(deadline, resends, Repeat::Safe, transport_failure, sign_in)
+                .await
+                .map_err(|u| {
+                    u.into_error(
+                        |e| map_sign_in(e, options.credentials.as_ref()),
+                        || timed_out("connect"),
+                    )
+                })?
+                .answer;
+            // The cluster's shortest lease (etcd raises shorter ones to 1.5 election
+            // timeouts): one round trip, so an unreachable cluster also fails here.
+            let leases = client.lease_client();
+            let grant = || {
+                let mut leases = leases.clone();
+                async move { leases.grant(1, None).await }
+            };
+            let probe = resending(deadline, resends, Repeat::Safe, transport_failure, grant)
+                .await
+                .map_err(|u| u.into_error(|e| map_etcd(e, "connect"), || timed_out("connect")))?
+                .answer;
+            Ok::<_, Error>((client, leases, probe))
+        };
+        let (client, mut leases, probe) = reached.await.map_err(|e| {
+            if options.tls && options.tls_identity.is_none() && e.kind() != ErrorKind::Config {
+                // Members started with --client-cert-auth close such connections
+                // after the handshake, with no reason a client can read.
+                e.with_context(
+                    "tls",
+                    "no client certificate was given: if the members require one (--client-cert-auth), give tls_cert and tls_key",
+                )
+            } else {
+                e
+            }
+        })?;
+        let _ = tokio::time::timeout(options.timeout, leases.revoke(probe.id())).await;
+        Ok(EtcdBackend {
+            inner: Arc::new(Inner {
+                client,
+                keys: Keys::new(&options.prefix),
+                keep_alives: KeepAlives::start(channel, options.timeout, resends),
+                timeout: options.timeout,
+                min_ttl: probe.ttl().max(1),
+                attempts: AtomicU64::new(0),
+                resends,
+            }),
+        })
+    }
+}
