@@ -12,6 +12,7 @@ use dlock_spi::{
 use sqlx::Row;
 
 use crate::bell::Bells;
+use crate::config::JdbcOptions;
 use crate::departures::Departures;
 use crate::dialect::Dialect;
 use crate::error::{map_sqlx, retry_conflicts};
@@ -21,7 +22,6 @@ use crate::pool::{on_pool, query, Pool};
 use crate::run_to_end::{detached, statement_place, Where};
 use crate::statements::{Statements, Stmt};
 use crate::wakeups::Wakeups;
-use crate::JdbcOptions;
 
 pub(crate) struct Inner {
     pub(crate) pool: Pool,
