@@ -203,46 +203,91 @@ pub(crate) async fn run(
     let (tx, mut rx) = mpsc::unbounded_channel::<String>();
     let mut children = Vec::new();
     for id in 0..args.workers {
-        // The URL goes in the worker's environment, not on its command line: a
-        // command line is for every user of the machine to read (`ps`), an
-        // environment only for the process's own user.
-        let mut child = Command::new(&exe)
-            .env(crate::BACKEND_ENV, backend)
-            .arg("--namespace")
-            .arg(namespace)
-            .args(crate::worker_flags())
-            .arg("worker")
-            .arg("--id")
-            .arg(id.to_string())
-            .arg("--counter")
-            .arg(&counter)
-            .arg("--iterations")
-            .arg(args.iterations.to_string())
-            .arg("--wait")
-            .arg(humantime::format_duration(args.wait).to_string())
-            .arg("--lock")
-            .arg(&args.lock)
-            .arg("--release")
-            .arg(&args.release)
-            .stdout(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|e| Failure::new(SOFTWARE, format!("cannot start worker {id}: {e}")))?;
-        if let Some(out) = child.stdout.take() {
-            let tx = tx.clone();
-            tokio::spawn(async move {
-                let mut lines = BufReader::new(out).lines();
-                while let Ok(Some(line)) = lines.next_line().await {
-                    if tx.send(line).is_err() {
-                        break;
-                    }
-                }
-            });
-        }
-        children.push(child);
+        children.push(spawn_worker(
+            &exe, backend, namespace, &args, id, &counter, &tx,
+        )?);
     }
     drop(tx);
 
+    let tallies = collect(&mut rx, &args, started).await;
+    let mut failed_workers = 0;
+    for mut child in children {
+        match child.wait().await {
+            Ok(status) if status.success() => {}
+            _ => failed_workers += 1,
+        }
+    }
+
+    let counter_value = std::fs::read_to_string(&counter)
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok());
+    drop(dir);
+
+    let consistent = report(&tallies, counter_value, started);
+    let all_done = tallies.values().all(|(_, done)| *done) && failed_workers == 0;
+    if consistent && all_done {
+        Ok(ExitCode::SUCCESS)
+    } else {
+        Ok(ExitCode::FAILURE)
+    }
+}
+
+/// Starts worker `id` of the demo, its output lines sent to `tx`.
+fn spawn_worker(
+    exe: &std::path::Path,
+    backend: &str,
+    namespace: &str,
+    args: &DemoArgs,
+    id: u32,
+    counter: &std::path::Path,
+    tx: &mpsc::UnboundedSender<String>,
+) -> Result<tokio::process::Child, Failure> {
+    // The URL goes in the worker's environment, not on its command line: a
+    // command line is for every user of the machine to read (`ps`), an
+    // environment only for the process's own user.
+    let mut child = Command::new(exe)
+        .env(crate::BACKEND_ENV, backend)
+        .arg("--namespace")
+        .arg(namespace)
+        .args(crate::worker_flags())
+        .arg("worker")
+        .arg("--id")
+        .arg(id.to_string())
+        .arg("--counter")
+        .arg(counter)
+        .arg("--iterations")
+        .arg(args.iterations.to_string())
+        .arg("--wait")
+        .arg(humantime::format_duration(args.wait).to_string())
+        .arg("--lock")
+        .arg(&args.lock)
+        .arg("--release")
+        .arg(&args.release)
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| Failure::new(SOFTWARE, format!("cannot start worker {id}: {e}")))?;
+    if let Some(out) = child.stdout.take() {
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            let mut lines = BufReader::new(out).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+    }
+    Ok(child)
+}
+
+/// Reads the workers' lines until they end: each worker's last tally, and whether
+/// it said it was done (progress shown on a terminal).
+async fn collect(
+    rx: &mut mpsc::UnboundedReceiver<String>,
+    args: &DemoArgs,
+    started: Instant,
+) -> BTreeMap<u32, (Tally, bool)> {
     let live = std::io::stderr().is_terminal();
     let total = u64::from(args.workers) * u64::from(args.iterations);
     let mut tallies: BTreeMap<u32, (Tally, bool)> = (0..args.workers)
@@ -266,25 +311,22 @@ pub(crate) async fn run(
     if live {
         eprintln!();
     }
-    let mut failed_workers = 0;
-    for mut child in children {
-        match child.wait().await {
-            Ok(status) if status.success() => {}
-            _ => failed_workers += 1,
-        }
-    }
+    tallies
+}
 
-    let counter_value = std::fs::read_to_string(&counter)
-        .ok()
-        .and_then(|s| s.trim().parse::<u64>().ok());
-    drop(dir);
-
+/// Prints each worker's tally and the total against the counter; whether they agree
+/// and no hold overlapped.
+fn report(
+    tallies: &BTreeMap<u32, (Tally, bool)>,
+    counter_value: Option<u64>,
+    started: Instant,
+) -> bool {
     println!(
         "{:<8}{:>10}{:>11}{:>8}{:>10}",
         "worker", "acquired", "timed_out", "errors", "overlaps"
     );
     let mut sum = Tally::default();
-    for (id, (t, done)) in &tallies {
+    for (id, (t, done)) in tallies {
         let mark = if *done { "" } else { "  (did not finish)" };
         println!(
             "{id:<8}{:>10}{:>11}{:>8}{:>10}{mark}",
@@ -307,10 +349,5 @@ pub(crate) async fn run(
         started.elapsed().as_secs_f64(),
         if consistent { "consistent" } else { "MISMATCH" }
     );
-    let all_done = tallies.values().all(|(_, done)| *done) && failed_workers == 0;
-    if consistent && all_done {
-        Ok(ExitCode::SUCCESS)
-    } else {
-        Ok(ExitCode::FAILURE)
-    }
+    consistent
 }

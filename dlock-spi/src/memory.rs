@@ -411,46 +411,71 @@ impl InMemoryBackend {
             }
         };
 
-        let id = match slot.id {
-            Some(id) => id,
-            None => {
-                state.next_waiter += 1;
-                let id = state.next_waiter;
-                let waiter = Waiter {
-                    id,
-                    mode: req.mode,
-                    since: now,
-                    notify: Arc::new(Notify::new()),
-                    woken: false,
-                };
-                // Beside its own hold, a request goes first: the waiters ahead may
-                // wait for that hold.
-                if beside.is_some() {
-                    entry.waiters.push_front(waiter);
-                } else {
-                    entry.waiters.push_back(waiter);
-                }
-                slot.id = Some(id);
-                id
-            }
-        };
-        let is_head = entry.waiters.front().is_some_and(|w| w.id == id);
-        let Some(me) = entry.waiters.iter_mut().find(|w| w.id == id) else {
-            // Unreachable: the waiter was just found or inserted under the same mutex.
-            return Step::Park {
-                notify: Arc::new(Notify::new()),
-                wake_at: Some(deadline),
-            };
-        };
-        me.woken = false;
-        let notify = Arc::clone(&me.notify);
-        // Only the head watches the holder's lease, so an expiry wakes one waiter.
-        let wake_at = match entry.earliest_expiry() {
-            Some(expiry) if is_head => Some(expiry.min(deadline)),
-            _ => Some(deadline),
-        };
-        Step::Park { notify, wake_at }
+        park(
+            state,
+            &req.name,
+            req.mode,
+            slot,
+            beside.is_some(),
+            now,
+            deadline,
+        )
     }
+}
+
+/// Queues the request of `slot` (or finds it queued) behind the holders of `name`
+/// — first when it goes `beside` its owner's own hold — and says how it waits:
+/// woken by a release, or at `deadline` (the head, whose turn comes when the
+/// holder's lease ends, at that end if sooner).
+fn park(
+    state: &mut State,
+    name: &LockName,
+    mode: LockMode,
+    slot: &mut WaiterSlot,
+    beside: bool,
+    now: Instant,
+    deadline: Instant,
+) -> Step {
+    let entry = state.locks.entry(name.clone()).or_default();
+    let id = match slot.id {
+        Some(id) => id,
+        None => {
+            state.next_waiter += 1;
+            let id = state.next_waiter;
+            let waiter = Waiter {
+                id,
+                mode,
+                since: now,
+                notify: Arc::new(Notify::new()),
+                woken: false,
+            };
+            // Beside its own hold, a request goes first: the waiters ahead may
+            // wait for that hold.
+            if beside {
+                entry.waiters.push_front(waiter);
+            } else {
+                entry.waiters.push_back(waiter);
+            }
+            slot.id = Some(id);
+            id
+        }
+    };
+    let is_head = entry.waiters.front().is_some_and(|w| w.id == id);
+    let Some(me) = entry.waiters.iter_mut().find(|w| w.id == id) else {
+        // Unreachable: the waiter was just found or inserted under the same mutex.
+        return Step::Park {
+            notify: Arc::new(Notify::new()),
+            wake_at: Some(deadline),
+        };
+    };
+    me.woken = false;
+    let notify = Arc::clone(&me.notify);
+    // Only the head watches the holder's lease, so an expiry wakes one waiter.
+    let wake_at = match entry.earliest_expiry() {
+        Some(expiry) if is_head => Some(expiry.min(deadline)),
+        _ => Some(deadline),
+    };
+    Step::Park { notify, wake_at }
 }
 
 #[async_trait]
