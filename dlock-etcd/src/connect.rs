@@ -9,11 +9,11 @@ use etcd_client::{Client, ConnectOptions};
 use tonic::transport::{Channel, Endpoint};
 
 use crate::backend::{EtcdBackend, Inner};
+use crate::config::{parse_url, EtcdOptions};
 use crate::error::{map_etcd, map_sign_in, timed_out, transport_failure};
 use crate::keepalive::KeepAlives;
 use crate::keys::Keys;
 use crate::resend::{resending, Repeat};
-use crate::{parse_url, EtcdOptions};
 
 impl EtcdBackend {
     /// Connects to `etcd://host:port[,host:port…][/prefix][?timeout=5s]` and checks

@@ -3,7 +3,7 @@
 
 use dlock_spi::{Error, ErrorKind, Result};
 
-use crate::EtcdOptions;
+use crate::config::EtcdOptions;
 
 /// The TLS settings of every member's connection; `None` for plain connections.
 #[cfg(feature = "tls")]

@@ -9,9 +9,9 @@ use tokio::sync::watch;
 
 use crate::acls::NodeAcls;
 use crate::backend::{Inner, ZkBackend};
+use crate::config::{parse_url, ZkOptions};
 use crate::error::map_zk;
 use crate::session::{tls_config, ConnectSpec, Sessions};
-use crate::{parse_url, ZkOptions};
 
 impl ZkBackend {
     /// Connects to the ensemble a `zk://` URL names, with default options for what the
