@@ -412,8 +412,8 @@ impl InMemoryBackend {
         };
 
         park(
-            state,
-            &req.name,
+            entry,
+            &mut state.next_waiter,
             req.mode,
             slot,
             beside.is_some(),
@@ -423,25 +423,24 @@ impl InMemoryBackend {
     }
 }
 
-/// Queues the request of `slot` (or finds it queued) behind the holders of `name`
-/// — first when it goes `beside` its owner's own hold — and says how it waits:
+/// Queues the request of `slot` in the lock's `entry` (or finds it queued), numbered from
+/// `next_waiter` — first when it goes `beside` its owner's own hold — and says how it waits:
 /// woken by a release, or at `deadline` (the head, whose turn comes when the
 /// holder's lease ends, at that end if sooner).
 fn park(
-    state: &mut State,
-    name: &LockName,
+    entry: &mut Entry,
+    next_waiter: &mut u64,
     mode: LockMode,
     slot: &mut WaiterSlot,
     beside: bool,
     now: Instant,
     deadline: Instant,
 ) -> Step {
-    let entry = state.locks.entry(name.clone()).or_default();
     let id = match slot.id {
         Some(id) => id,
         None => {
-            state.next_waiter += 1;
-            let id = state.next_waiter;
+            *next_waiter += 1;
+            let id = *next_waiter;
             let waiter = Waiter {
                 id,
                 mode,

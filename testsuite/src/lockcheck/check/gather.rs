@@ -145,18 +145,7 @@ impl<'a> Gathering<'a> {
                     },
                 );
             }
-            Kind::Ok { att, hold, .. } => {
-                self.results.insert((p, *att), (e.t, None));
-                let i = match self.hold_of.get(hold.as_str()) {
-                    Some(&i) => {
-                        self.holds[i].guards += 1;
-                        self.totals.reentries += 1;
-                        i
-                    }
-                    None => self.granted(e, rules),
-                };
-                self.ok_of_attempt.push(((p, *att), i));
-            }
+            Kind::Ok { .. } => self.ok(e, rules),
             Kind::Fail { att, why, .. } => {
                 match why {
                     Why::Cancel => self.totals.cancels += 1,
@@ -224,8 +213,8 @@ impl<'a> Gathering<'a> {
         }
     }
 
-    /// A grant (`e` an `ok` of a hold not seen before): a new hold.
-    fn granted(&mut self, e: &'a Event, rules: &Rules) -> usize {
+    /// An `ok`: a reentry of a hold seen before, or a grant — a new hold.
+    fn ok(&mut self, e: &'a Event, rules: &Rules) {
         let Kind::Ok {
             att,
             lock,
@@ -239,9 +228,16 @@ impl<'a> Gathering<'a> {
             ..
         } = &e.kind
         else {
-            unreachable!("granted is called for an ok");
+            return;
         };
         let p = e.proc_;
+        self.results.insert((p, *att), (e.t, None));
+        if let Some(&i) = self.hold_of.get(hold.as_str()) {
+            self.holds[i].guards += 1;
+            self.totals.reentries += 1;
+            self.ok_of_attempt.push(((p, *att), i));
+            return;
+        }
         self.totals.grants += 1;
         self.totals.terms += usize::from(lock == ELECTION_NAME);
         self.totals.permit_grants += usize::from(mode.permits().is_some());
@@ -275,7 +271,7 @@ impl<'a> Gathering<'a> {
             ok_unreliable: false,
             pause_from_ok: u64::MAX,
         });
-        i
+        self.ok_of_attempt.push(((p, *att), i));
     }
 
     /// A proxy fault of process `p` at `t` (`Pass` ends its window).
