@@ -36,6 +36,8 @@ pub const SUPPORTED: &[&str] = &[
     "etcd://",
     #[cfg(feature = "etcd")]
     "etcds://",
+    #[cfg(feature = "nats")]
+    "nats://",
 ];
 
 /// Opens the backend a URL names.
@@ -52,6 +54,7 @@ pub const SUPPORTED: &[&str] = &[
 /// | `redlock://h1:p1,h2:p2,h3:p3`, `redlocks://…` | Redlock over independent Redis masters, via `dlock-redis` | `redis` |
 /// | `zk://h1:p1,h2:p2/root`, `zookeeper://…`, `zks://…` | ZooKeeper via `dlock-zk` (`zks`: TLS, feature `zk-tls`) | `zk` |
 /// | `etcd://[user:pass@]h1:p1,h2:p2/prefix`, `etcds://…` | etcd via `dlock-etcd` (needs `protoc` to build; `etcds`: TLS, feature `etcd-tls`) | `etcd` |
+/// | `nats://[user:pass@]h1:p1,h2:p2/bucket` | NATS JetStream key-value via `dlock-nats` (over TLS: `tls://…` with `dlock_nats::NatsBackend::connect`) | `nats` |
 ///
 /// Unknown schemes, and schemes whose feature is not enabled, fail with
 /// [`ErrorKind::Config`] naming what to do. Passwords in the URL never appear in errors.
@@ -83,10 +86,12 @@ pub async fn open_backend(url: &str) -> Result<Arc<dyn LockRemoteResource>> {
         "zk" | "zookeeper" | "zks" => Ok(Arc::new(dlock_zk::ZkBackend::connect(url).await?)),
         #[cfg(feature = "etcd")]
         "etcd" | "etcds" => Ok(Arc::new(dlock_etcd::EtcdBackend::connect(url).await?)),
+        #[cfg(feature = "nats")]
+        "nats" => Ok(Arc::new(dlock_nats::NatsBackend::connect(url).await?)),
         other => Err(Error::new(
             ErrorKind::Config,
             format!(
-                "unsupported backend scheme {other:?} in {:?}; this build supports {} (enable dlock-api's sqlite, mysql, postgres, redis, zk or etcd features for more)",
+                "unsupported backend scheme {other:?} in {:?}; this build supports {} (enable dlock-api's sqlite, mysql, postgres, redis, zk, etcd or nats features for more)",
                 redact_url(url),
                 SUPPORTED.join(", ")
             ),

@@ -91,6 +91,9 @@ pub use dlock_redis as redis;
 /// The etcd backend (feature `etcd`; building it needs `protoc`).
 #[cfg(feature = "etcd")]
 pub use dlock_etcd as etcd;
+/// The NATS JetStream backend (feature `nats`).
+#[cfg(feature = "nats")]
+pub use dlock_nats as nats;
 /// The ZooKeeper backend (feature `zk`).
 #[cfg(feature = "zk")]
 pub use dlock_zk as zk;

@@ -20,7 +20,7 @@ use dlock_api::DistributeLockManager;
 use crate::exit::Failure;
 
 /// The one-line description `--help` starts with: every backend the command reaches.
-const ABOUT: &str = "Distributed locks, leader election and semaphores from the shell, on SQLite, MariaDB/MySQL, PostgreSQL, Redis (single, Cluster, Sentinel or Redlock, over TLS too), ZooKeeper, etcd (over TLS too; built with the etcd feature) or in memory";
+const ABOUT: &str = "Distributed locks, leader election and semaphores from the shell, on SQLite, MariaDB/MySQL, PostgreSQL, Redis (single, Cluster, Sentinel or Redlock, over TLS too), ZooKeeper, etcd (over TLS too; built with the etcd feature), NATS JetStream or in memory";
 
 /// The environment variable that holds the backend URL when `--backend` is not
 /// given. The commands `exec`, `elect` and `sem` run do not get it (it may hold the

@@ -436,6 +436,7 @@ fn the_about_text_names_every_backend() {
             "redlock" | "redlocks" => &["Redlock"],
             "zk" | "zks" => &["ZooKeeper"],
             "etcd" | "etcds" => &["etcd"],
+            "nats" => &["NATS"],
             other => panic!("scheme {other:?} is new: name its backend in the about text and here"),
         };
         for name in names {

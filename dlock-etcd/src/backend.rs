@@ -364,6 +364,6 @@ impl LockRemoteResource for EtcdBackend {
     }
 
     fn batch_renew(&self) -> Option<&dyn dlock_spi::BatchRenew> {
-        None
+        Some(self)
     }
 }

@@ -86,20 +86,10 @@ impl EtcdBackend {
                     )
                 })?
                 .answer;
-            // The cluster's shortest lease (etcd raises shorter ones to 1.5 election
-            // timeouts): one round trip, so an unreachable cluster also fails here.
-            let leases = client.lease_client();
-            let grant = || {
-                let mut leases = leases.clone();
-                async move { leases.grant(1, None).await }
-            };
-            let probe = resending(deadline, resends, Repeat::Safe, transport_failure, grant)
-                .await
-                .map_err(|u| u.into_error(|e| map_etcd(e, "connect"), || timed_out("connect")))?
-                .answer;
-            Ok::<_, Error>((client, leases, probe))
+            let min_ttl = min_ttl(&client, deadline, resends, options.timeout).await?;
+            Ok::<_, Error>((client, min_ttl))
         };
-        let (client, mut leases, probe) = reached.await.map_err(|e| {
+        let (client, min_ttl) = reached.await.map_err(|e| {
             if options.tls && options.tls_identity.is_none() && e.kind() != ErrorKind::Config {
                 // Members started with --client-cert-auth close such connections
                 // after the handshake, with no reason a client can read.
@@ -111,17 +101,108 @@ impl EtcdBackend {
                 e
             }
         })?;
-        let _ = tokio::time::timeout(options.timeout, leases.revoke(probe.id())).await;
-        Ok(EtcdBackend {
+        let keep_alives = KeepAlives::start(channel, options.timeout, resends);
+        Ok(Self::assemble(
+            client,
+            &options,
+            keep_alives,
+            min_ttl,
+            resends,
+        ))
+    }
+
+    /// A backend on the application's own `client` (its endpoints, credentials,
+    /// TLS and interceptors), with `options`' prefix and timeout; checks that the
+    /// cluster answers.
+    ///
+    /// The client's connection settings are its own: `options` must not carry
+    /// credentials or TLS settings (a [`ErrorKind::Config`] error says so). Each
+    /// lease refresh opens a keeper stream of its own through the client, where
+    /// [`connect`](Self::connect) sends every refresh on one shared stream: the
+    /// same renewals, a stream opened per renewal.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> dlock_spi::Result<()> {
+    /// let client = etcd_client::Client::connect(["127.0.0.1:2379"], None)
+    ///     .await
+    ///     .map_err(|e| dlock_spi::Error::backend(e.to_string()))?;
+    /// let etcd = dlock_etcd::EtcdBackend::from_client(
+    ///     client,
+    ///     dlock_etcd::EtcdOptions::default().prefix("apps/orders"),
+    /// )
+    /// .await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it leaves at most the probe's one-second lease behind, which
+    /// expires by itself.
+    pub async fn from_client(client: Client, options: EtcdOptions) -> Result<Self> {
+        if options.credentials.is_some()
+            || options.tls
+            || options.tls_root_certificate.is_some()
+            || options.tls_identity.is_some()
+        {
+            return Err(Error::new(
+                ErrorKind::Config,
+                "EtcdBackend::from_client: the client's credentials and TLS are its own \
+                 (set them on etcd_client::ConnectOptions); leave them unset in EtcdOptions",
+            ));
+        }
+        // The members behind the client are not known here: the budget of one.
+        let resends = crate::resend::budget(1);
+        let deadline = tokio::time::Instant::now() + options.timeout;
+        let min_ttl = min_ttl(&client, deadline, resends, options.timeout).await?;
+        let keep_alives = KeepAlives::through(client.lease_client(), options.timeout);
+        Ok(Self::assemble(
+            client,
+            &options,
+            keep_alives,
+            min_ttl,
+            resends,
+        ))
+    }
+
+    fn assemble(
+        client: Client,
+        options: &EtcdOptions,
+        keep_alives: KeepAlives,
+        min_ttl: i64,
+        resends: u32,
+    ) -> Self {
+        EtcdBackend {
             inner: Arc::new(Inner {
                 client,
                 keys: Keys::new(&options.prefix),
-                keep_alives: KeepAlives::start(channel, options.timeout, resends),
+                keep_alives,
                 timeout: options.timeout,
-                min_ttl: probe.ttl().max(1),
+                min_ttl,
                 attempts: AtomicU64::new(0),
                 resends,
             }),
-        })
+        }
     }
+}
+
+/// The cluster's shortest lease TTL in seconds (etcd raises shorter ones to 1.5
+/// election timeouts), by granting a one-second lease by `deadline` and revoking
+/// it: one round trip, so an unreachable cluster also fails here.
+async fn min_ttl(
+    client: &Client,
+    deadline: tokio::time::Instant,
+    resends: u32,
+    timeout: Duration,
+) -> Result<i64> {
+    let leases = client.lease_client();
+    let grant = || {
+        let mut leases = leases.clone();
+        async move { leases.grant(1, None).await }
+    };
+    let probe = resending(deadline, resends, Repeat::Safe, transport_failure, grant)
+        .await
+        .map_err(|u| u.into_error(|e| map_etcd(e, "connect"), || timed_out("connect")))?
+        .answer;
+    let _ = tokio::time::timeout(timeout, leases.clone().revoke(probe.id())).await;
+    Ok(probe.ttl().max(1))
 }

@@ -3,19 +3,26 @@
 //! etcd's `LeaseKeepAlive` is a bidirectional stream that accepts any lease id in
 //! each message and answers each with the lease's remaining TTL (0: the lease is
 //! gone). `etcd-client`'s keeper is tied to one lease, so each hold would need a
-//! stream of its own; this module speaks the RPC itself on the client's channel and
+//! stream of its own; this module speaks the RPC itself on the backend's channel and
 //! sends every lease's refresh on one stream, matching answers to callers by lease
 //! id (etcd answers a stream's messages in order).
+//!
+//! A backend on an application's client ([`crate::EtcdBackend::from_client`]) has no
+//! channel of its own to speak the RPC on: there each refresh opens a keeper stream
+//! of its own through the client (its interceptors, token and TLS), refreshes twice
+//! on it — `etcd-client` keeps the first answer's TTL to itself — and closes it.
 
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use dlock_spi::{Error, ErrorKind, Result};
+use etcd_client::LeaseClient;
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::codegen::http::uri::PathAndQuery;
 use tonic::transport::Channel;
 
+use crate::error::map_etcd;
 use crate::resend::{resending, Repeat};
 
 /// etcd's `LeaseKeepAliveRequest`.
@@ -37,12 +44,16 @@ struct KeepAliveResponse {
 const PATH: &str = "/etcdserverpb.Lease/LeaseKeepAlive";
 
 /// Refresh this lease; answer its TTL in seconds (0: gone).
-struct Refresh(i64, oneshot::Sender<Result<i64>>);
+pub(crate) struct Refresh(i64, oneshot::Sender<Result<i64>>);
 
 /// The handle every lease refresh goes through; cheap to clone.
 #[derive(Clone)]
-pub(crate) struct KeepAlives {
-    commands: mpsc::UnboundedSender<Refresh>,
+pub(crate) enum KeepAlives {
+    /// Every refresh on one stream, run by a task on the backend's own channel.
+    Shared(mpsc::UnboundedSender<Refresh>),
+    /// Each refresh on a keeper stream of its own, through an application's client,
+    /// answered within the request timeout.
+    Alone(Box<LeaseClient>, Duration),
 }
 
 impl KeepAlives {
@@ -53,7 +64,13 @@ impl KeepAlives {
     pub(crate) fn start(channel: Channel, timeout: Duration, resends: u32) -> Self {
         let (commands, rx) = mpsc::unbounded_channel();
         tokio::spawn(run(channel, rx, timeout, resends));
-        KeepAlives { commands }
+        KeepAlives::Shared(commands)
+    }
+
+    /// Refreshes through `leases`, an application's client, each on a stream of
+    /// its own, each answered within `timeout`.
+    pub(crate) fn through(leases: LeaseClient, timeout: Duration) -> Self {
+        KeepAlives::Alone(Box::new(leases), timeout)
     }
 
     /// Refreshes `lease` to its full TTL; answers the TTL it now has in seconds, 0
@@ -65,11 +82,41 @@ impl KeepAlives {
     /// Cancel safe: a dropped call leaves at most one refresh on the stream, which
     /// only keeps the lease alive as a completed call would have.
     pub(crate) async fn refresh(&self, lease: i64) -> Result<i64> {
-        let (tx, rx) = oneshot::channel();
-        self.commands
-            .send(Refresh(lease, tx))
-            .map_err(|_| closed())?;
-        rx.await.map_err(|_| closed())?
+        match self {
+            KeepAlives::Shared(commands) => {
+                let (tx, rx) = oneshot::channel();
+                commands.send(Refresh(lease, tx)).map_err(|_| closed())?;
+                rx.await.map_err(|_| closed())?
+            }
+            KeepAlives::Alone(leases, timeout) => {
+                tokio::time::timeout(*timeout, refresh_alone((**leases).clone(), lease))
+                    .await
+                    .unwrap_or_else(|_| Err(crate::error::timed_out("renew")))
+            }
+        }
+    }
+}
+
+/// What `etcd-client` answers when a keeper's first refresh finds the lease gone.
+const LEASE_GONE: &str = "lease not found";
+
+/// Refreshes `lease` on a keeper stream of its own; answers its TTL (0: gone).
+async fn refresh_alone(mut leases: LeaseClient, lease: i64) -> Result<i64> {
+    let (mut keeper, mut answers) = match leases.keep_alive(lease).await {
+        Ok(opened) => opened,
+        Err(etcd_client::Error::LeaseKeepAliveError(why)) if why == LEASE_GONE => return Ok(0),
+        Err(err) => return Err(map_etcd(err, "renew")),
+    };
+    // The keeper read the first answer (the refresh) and keeps its TTL: the second
+    // refresh's answer says it.
+    keeper
+        .keep_alive()
+        .await
+        .map_err(|e| map_etcd(e, "renew"))?;
+    match answers.message().await {
+        Ok(Some(answer)) => Ok(answer.ttl()),
+        Ok(None) => Err(stream_failed("ended by the server")),
+        Err(err) => Err(map_etcd(err, "renew")),
     }
 }
 

@@ -14,6 +14,10 @@
 //! # Ok(()) }
 //! ```
 //!
+//! An application that has an `etcd_client::Client` already hands it over with
+//! [`EtcdBackend::from_client`]: its endpoints, credentials and TLS are used as they
+//! are.
+//!
 //! ## Security
 //!
 //! * **Authentication**: `etcd://user:password@…` (or [`EtcdOptions::credentials`])
@@ -88,6 +92,7 @@ mod error;
 mod follow;
 mod keepalive;
 mod keys;
+mod renew_batch;
 mod resend;
 mod tls;
 

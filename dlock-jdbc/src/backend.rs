@@ -284,7 +284,11 @@ impl LockRemoteResource for JdbcBackend {
     }
 
     fn batch_renew(&self) -> Option<&dyn dlock_spi::BatchRenew> {
-        None
+        // Session modes hold no lease to renew in a batch.
+        match self.inner.session {
+            Some(_) => None,
+            None => Some(self),
+        }
     }
 }
 

@@ -178,6 +178,7 @@ mod param;
 mod permits;
 pub(crate) mod pool;
 mod queue;
+mod renew_batch;
 mod run_to_end;
 mod session;
 mod statements;

@@ -284,6 +284,28 @@ pub(crate) struct Exclusive {
     /// As `renew`, also storing `$5` as the holder's context (a leader
     /// proclaiming a new value).
     pub(crate) renew_context: Stmt,
+    /// Renewing many holds in one statement ([`crate::renew_batch`]): the statement
+    /// for up to `2 << i` holds at index `i` — `$1` lease ms, `$2` own lease ms, then
+    /// each hold's name and owner (`$3`, `$4`, …) → rows affected.
+    pub(crate) renew_many: Vec<Stmt>,
+}
+
+/// The most holds one [`Exclusive::renew_many`] statement renews (a power of two):
+/// its condition has one term per hold.
+pub(crate) const RENEW_MANY_MAX: usize = 128;
+
+/// [`Exclusive::renew_many`]'s text for `n` holds: as `renew`, with one
+/// name-and-owner term per hold (the primary key's equality, which every dialect
+/// looks up by index, where a row-value `IN` list is not everywhere).
+fn renew_many_text(n: usize) -> String {
+    let holds: Vec<String> = (0..n)
+        .map(|i| format!("(name = ${} AND owner = ${})", 3 + 2 * i, 4 + 2 * i))
+        .collect();
+    format!(
+        "UPDATE {{locks}} SET expires_at = NOW + $1, ttl_at = NOW + $2 \
+         WHERE expires_at > NOW AND ({})",
+        holds.join(" OR ")
+    )
 }
 
 /// A read hold's statements: the lock row's readers' horizon and the readers' rows.
@@ -570,6 +592,10 @@ impl Exclusive {
                 "UPDATE {locks} SET expires_at = NOW + $3, ttl_at = NOW + $4, context = $5 \
                  WHERE name = $1 AND owner = $2 AND expires_at > NOW",
             ),
+            renew_many: std::iter::successors(Some(2), |n| Some(n * 2))
+                .take_while(|&n| n <= RENEW_MANY_MAX)
+                .map(|n| s(&renew_many_text(n)))
+                .collect(),
         }
     }
 }

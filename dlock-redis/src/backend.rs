@@ -82,6 +82,8 @@ pub(crate) struct Inner {
     pub(crate) attempts: AtomicU64,
     /// Calls sent to renew leases (a batch of many counts once).
     pub(crate) renewal_calls: AtomicU64,
+    /// Which Cluster slots share a node, for renewal batches.
+    pub(crate) node_groups: crate::node_groups::NodeGroups,
 }
 
 /// A lock backend on Redis (single node or Cluster). Cheap to clone.
@@ -396,12 +398,7 @@ impl LockRemoteResource for RedisBackend {
     }
 
     fn batch_renew(&self) -> Option<&dyn dlock_spi::BatchRenew> {
-        // A Cluster keeps each lock's keys in a slot of its own: one script cannot
-        // reach several locks' keys there.
-        match self.inner.conn {
-            Conn::Cluster(_) => None,
-            Conn::Single(_) | Conn::Sentinel(_) => Some(self),
-        }
+        Some(self)
     }
 }
 

@@ -199,6 +199,75 @@ impl RedisBackend {
         .await
     }
 
+    /// Builds the backend on the application's clients for Redis Sentinel: one per
+    /// sentinel (with the sentinels' own credentials and TLS), the master's name as
+    /// they monitor it, and `data_nodes`, a client whose settings — credentials,
+    /// database, protocol, TLS — open the master wherever the sentinels say it is
+    /// (its own address is not used). The master is followed through failovers as
+    /// with a `redis+sentinel://` URL; it must answer now.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use dlock_redis::{RedisBackend, RedisOptions};
+    /// let sentinels = ["redis://10.0.0.1:26379", "redis://10.0.0.2:26379", "redis://10.0.0.3:26379"]
+    ///     .iter()
+    ///     .map(|u| redis::Client::open(*u))
+    ///     .collect::<Result<Vec<_>, _>>()?;
+    /// let data_nodes = redis::Client::open("redis://:s3cret@any-host/2")?;
+    /// let backend =
+    ///     RedisBackend::from_sentinel_clients(sentinels, "orders", data_nodes, RedisOptions::default())
+    ///         .await?;
+    /// # let _ = backend; Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Config`] when `sentinels` is empty or the options carry
+    /// [`RedisOptions::sentinel_auth`] (the sentinels' clients carry their
+    /// credentials); a connection error when no sentinel names a reachable master
+    /// within [`RedisOptions::connect_timeout`] per sentinel.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: dropped before it returns, the connections it opened close.
+    pub async fn from_sentinel_clients(
+        sentinels: Vec<redis::Client>,
+        master: &str,
+        data_nodes: redis::Client,
+        options: RedisOptions,
+    ) -> Result<Self> {
+        if sentinels.is_empty() {
+            return Err(Error::new(
+                ErrorKind::Config,
+                "from_sentinel_clients needs a client for at least one sentinel (three or more in production); none was given",
+            ));
+        }
+        if options.sentinel_auth.is_some() {
+            return Err(Error::new(
+                ErrorKind::Config,
+                "RedisOptions::sentinel_auth is for Sentinel URLs: give the sentinels' credentials to their clients instead",
+            ));
+        }
+        let master = SentinelMaster::on_clients(
+            master,
+            sentinels,
+            data_nodes,
+            APPLICATION_SENTINEL_CLIENTS,
+            &options,
+        );
+        master
+            .connection()
+            .await
+            .map_err(|e| unreachable(APPLICATION_SENTINEL_CLIENTS, e))?;
+        Self::assemble(
+            Conn::Sentinel(master),
+            Vec::new(),
+            options,
+            APPLICATION_SENTINEL_CLIENTS,
+        )
+        .await
+    }
+
     /// The backend on its connections: checks the options, opens the notices.
     pub(crate) async fn assemble(
         conn: Conn,
@@ -245,6 +314,7 @@ impl RedisBackend {
                 nodes,
                 attempts: AtomicU64::new(0),
                 renewal_calls: AtomicU64::new(0),
+                node_groups: Default::default(),
             }),
         })
     }
@@ -254,6 +324,8 @@ impl RedisBackend {
 pub(crate) const APPLICATION_CLIENT: &str = "the application's Redis client";
 
 pub(crate) const APPLICATION_CLUSTER_CLIENT: &str = "the application's Redis Cluster client";
+
+pub(crate) const APPLICATION_SENTINEL_CLIENTS: &str = "the application's Redis Sentinel clients";
 
 pub(crate) fn replica_ack_on_cluster() -> Error {
     Error::new(

@@ -97,12 +97,14 @@
 mod acquire;
 mod admin;
 mod backend;
+mod cluster_batch;
 mod config;
 mod connect;
 mod connection;
 mod error;
 mod feed;
 mod keys;
+mod node_groups;
 mod notices;
 mod redlock;
 mod renew_batch;

@@ -167,8 +167,26 @@ const NODE_TIMEOUT: Duration = Duration::from_millis(200);
 
 /// One node: its URL and, once connected, its backend.
 struct Node {
-    url: String,
+    source: Source,
     backend: OnceCell<RedisBackend>,
+}
+
+/// Where a node's backend comes from.
+enum Source {
+    /// Its one-node URL, from the `redlock://` URL.
+    Url(String),
+    /// The application's client for it.
+    Client(Box<redis::Client>),
+}
+
+impl Node {
+    /// The node as messages name it (no password).
+    fn shown(&self) -> String {
+        match &self.source {
+            Source::Url(url) => redact_url(url),
+            Source::Client(client) => client.get_connection_info().addr().to_string(),
+        }
+    }
 }
 
 struct Inner {
@@ -192,6 +210,20 @@ fn node_error(what: String) -> Error {
         .with_context("backend", "redlock")
 }
 
+/// `options` as every Redlock node takes them: no replica acknowledgement (the nodes
+/// are independent masters), waiters polling (Redlock has no pub/sub) at the
+/// options' pace or [`Backoff::default`](dlock_spi::Backoff::default)'s.
+fn redlock_options(options: RedisOptions) -> Result<RedisOptions> {
+    if options.replica_ack.is_some() {
+        return Err(Error::new(
+            ErrorKind::Config,
+            "replica_ack does not apply to Redlock (its nodes are independent masters, each a copy); remove it",
+        ));
+    }
+    let backoff = options.polling.unwrap_or_default();
+    Ok(options.polling(backoff))
+}
+
 impl RedlockBackend {
     /// Connects to the nodes of `redlock://h1:6379,h2:6379,h3:6379[/db]` with default
     /// options. A quorum must answer now; the others are connected on first use.
@@ -213,14 +245,7 @@ impl RedlockBackend {
     ///
     /// Cancel-safe: dropped before it returns, the connections it opened close.
     pub async fn connect_with(url: &str, options: RedisOptions) -> Result<Self> {
-        if options.replica_ack.is_some() {
-            return Err(Error::new(
-                ErrorKind::Config,
-                "replica_ack does not apply to Redlock (its nodes are independent masters, each a copy); remove it",
-            ));
-        }
-        let backoff = options.polling.unwrap_or_default();
-        let (target, options) = crate::config::parse(url, options.polling(backoff))?;
+        let (target, options) = crate::config::parse(url, redlock_options(options)?)?;
         let Target::Redlock(node_urls) = target else {
             return Err(Error::new(
                 ErrorKind::Config,
@@ -230,10 +255,66 @@ impl RedlockBackend {
                 ),
             ));
         };
-        let nodes: Vec<Node> = node_urls
+        let nodes = node_urls.into_iter().map(Source::Url).collect();
+        Self::assemble(nodes, options, redact_url(url)).await
+    }
+
+    /// Builds the backend on the application's clients, one per independent master
+    /// (each with the credentials and TLS it was built with), with `options` for
+    /// every node as [`connect_with`](Self::connect_with) takes them. A quorum must
+    /// answer now; the others are connected on first use. Each node's backend is
+    /// [`RedisBackend::from_client`] on its client.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use dlock_redis::{RedlockBackend, RedisOptions};
+    /// let clients = ["redis://10.0.0.1:6379", "redis://10.0.0.2:6379", "redis://10.0.0.3:6379"]
+    ///     .iter()
+    ///     .map(|u| redis::Client::open(*u))
+    ///     .collect::<Result<Vec<_>, _>>()?;
+    /// let backend = RedlockBackend::from_clients(clients, RedisOptions::default()).await?;
+    /// # let _ = backend; Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Config`] when `clients` is empty or the options ask for replica
+    /// acknowledgement; [`ErrorKind::Backend`] when fewer than a quorum answer.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: dropped before it returns, the connections it opened close.
+    pub async fn from_clients(clients: Vec<redis::Client>, options: RedisOptions) -> Result<Self> {
+        if clients.is_empty() {
+            return Err(Error::new(
+                ErrorKind::Config,
+                "RedlockBackend::from_clients needs a client for each of the independent masters (three or five); none was given",
+            ));
+        }
+        let options = redlock_options(options)?;
+        let shown = clients
+            .iter()
+            .map(|c| c.get_connection_info().addr().to_string())
+            .collect::<Vec<_>>()
+            .join(",");
+        let nodes = clients
             .into_iter()
-            .map(|url| Node {
-                url,
+            .map(|c| Source::Client(Box::new(c)))
+            .collect();
+        Self::assemble(
+            nodes,
+            options,
+            format!("the application's Redlock clients ({shown})"),
+        )
+        .await
+    }
+
+    /// The backend on its nodes: a quorum must answer now.
+    async fn assemble(sources: Vec<Source>, options: RedisOptions, shown: String) -> Result<Self> {
+        let nodes: Vec<Node> = sources
+            .into_iter()
+            .map(|source| Node {
+                source,
                 backend: OnceCell::new(),
             })
             .collect();
@@ -244,7 +325,7 @@ impl RedlockBackend {
                 quorum,
                 node_timeout: NODE_TIMEOUT,
                 options,
-                shown: redact_url(url),
+                shown,
                 attempts: AtomicU64::new(0),
             }),
         };
@@ -281,8 +362,16 @@ impl RedlockBackend {
     /// The node's backend, connecting it if it is not yet (callers bound it: see
     /// [`RedlockBackend::on_all`]).
     async fn node<'a>(&self, node: &'a Node) -> Result<&'a RedisBackend> {
+        let options = self.inner.options.clone();
         node.backend
-            .get_or_try_init(|| RedisBackend::connect_with(&node.url, self.inner.options.clone()))
+            .get_or_try_init(|| async {
+                match &node.source {
+                    Source::Url(url) => RedisBackend::connect_with(url, options).await,
+                    Source::Client(client) => {
+                        RedisBackend::from_client((**client).clone(), options).await
+                    }
+                }
+            })
             .await
     }
 
@@ -313,11 +402,7 @@ impl RedlockBackend {
         answers
             .iter()
             .zip(&self.inner.nodes)
-            .filter_map(|(a, n)| {
-                a.as_ref()
-                    .err()
-                    .map(|e| format!("{}: {e}", redact_url(&n.url)))
-            })
+            .filter_map(|(a, n)| a.as_ref().err().map(|e| format!("{}: {e}", n.shown())))
             .collect::<Vec<_>>()
             .join("; ")
     }

@@ -6,23 +6,21 @@
 //! `EVALSHA`, so holding many locks on one node costs one call per renewal period.
 //! The rest — shared and permit holds, proclaims — are renewed one by one, at the
 //! same time. Behind Sentinel one `WAIT` covers the whole batch. Redis Cluster keeps
-//! every lock's keys in its own slot, so there the backend offers no batches.
+//! every lock's keys in its own slot: there the calls go one per node
+//! ([`crate::cluster_batch`]).
 
 use std::time::Instant;
 
 use async_trait::async_trait;
 use dlock_spi::{
-    BatchRenew, Error, LockMode, LockRemoteResource, RenewRequest, RenewResult, Result,
+    split_batch, BatchRenew, Error, LockMode, LockRemoteResource, RenewRequest, RenewResult, Result,
 };
 use futures_util::future::join_all;
 
-use crate::backend::RedisBackend;
+use crate::backend::{Conn, RedisBackend};
+use crate::cluster_batch::ELSEWHERE;
 use crate::keys::{OwnerPart, ScriptCall, EXCLUSIVE, READERS};
-
-/// The most holds one script call renews: a script runs alone on the server, so a
-/// batch of thousands is sent as several calls (pipelined) rather than one that
-/// holds every other client up for milliseconds.
-const MAX_PER_CALL: usize = 200;
+use crate::scripts::MAX_PER_CALL;
 
 /// What the batch script answered for one hold.
 const NOT_OWNER: i64 = 0;
@@ -37,92 +35,104 @@ fn batchable(req: &RenewRequest) -> bool {
 #[async_trait]
 impl BatchRenew for RedisBackend {
     async fn renew_batch(&self, reqs: &[RenewRequest]) -> Vec<Result<RenewResult>> {
+        let together = |batched: Vec<usize>| self.renew_folded(reqs, batched);
+        split_batch(reqs, batchable, together, |req| self.renew(req)).await
+    }
+}
+
+/// What the batch script's code for one hold leaves to do.
+enum Step {
+    /// Answered.
+    Done(Result<RenewResult>),
+    /// Renewed by the script: once the replicas have it.
+    Renewed,
+    /// Readers beside the writer, or a Cluster node that does not serve the hold:
+    /// its own renewal, horizon and all.
+    Alone,
+}
+
+impl RedisBackend {
+    /// The plain exclusive renewals `batched` (indexes into `reqs`) through the batch
+    /// script: one answer each, in order.
+    async fn renew_folded(
+        &self,
+        reqs: &[RenewRequest],
+        batched: Vec<usize>,
+    ) -> Vec<Result<RenewResult>> {
         let sent = Instant::now();
         let epoch = self.epoch();
-        let (batched, alone): (Vec<usize>, Vec<usize>) =
-            (0..reqs.len()).partition(|&i| batchable(&reqs[i]));
-        // Calls of at most `MAX_PER_CALL` holds, sent at once (pipelined), beside
-        // the renewals that go on their own.
+        let codes = match &self.inner.conn {
+            Conn::Cluster(conn) => self.cluster_codes(conn, reqs, &batched).await,
+            Conn::Single(_) | Conn::Sentinel(_) => self.node_codes(reqs, &batched).await,
+        };
+        let steps: Vec<Step> = codes
+            .into_iter()
+            .map(|code| match code {
+                Ok(NOT_OWNER) => Step::Done(Ok(RenewResult::NotOwner)),
+                Ok(RENEWED) => Step::Renewed,
+                Ok(READERS_BESIDE | ELSEWHERE) => Step::Alone,
+                Ok(other) => Step::Done(Err(Error::backend(format!(
+                    "the batch renewal script answered {other} for a hold; is another script loaded under its SHA?"
+                )))),
+                Err(err) => Step::Done(Err(err)),
+            })
+            .collect();
+        // Renewals the replicas did not take would be undone by a failover: none of
+        // the script's counts then (the single renewals wait for their own).
+        let acknowledged = if steps.iter().any(|s| matches!(s, Step::Renewed)) {
+            self.check_renewals_acknowledged(epoch).await
+        } else {
+            Ok(())
+        };
+        join_all(steps.into_iter().zip(batched).map(|(step, i)| {
+            let acknowledged = &acknowledged;
+            async move {
+                match step {
+                    Step::Done(answer) => answer,
+                    Step::Renewed => match acknowledged {
+                        Ok(()) => Ok(RenewResult::renewed(Some(sent + reqs[i].lease))),
+                        Err(err) => Err(err.duplicate()),
+                    },
+                    Step::Alone => self.renew(&reqs[i]).await,
+                }
+            }
+        }))
+        .await
+    }
+
+    /// The batch script's answer for each of `batched` (indexes into `reqs`) on one
+    /// node: calls of at most [`MAX_PER_CALL`] holds, sent at once (pipelined).
+    async fn node_codes(&self, reqs: &[RenewRequest], batched: &[usize]) -> Vec<Result<i64>> {
         let chunks: Vec<&[usize]> = batched.chunks(MAX_PER_CALL).collect();
         let calls: Vec<ScriptCall<'_>> = chunks
             .iter()
             .map(|chunk| self.batch_call(chunk.iter().map(|&i| &reqs[i])))
             .collect();
-        let together = join_all(calls.iter().map(|call| {
+        let answers = join_all(calls.iter().map(|call| {
             self.count_renewal_call();
             self.invoke_script::<Vec<i64>>(call, "renew")
-        }));
-        let singly = join_all(alone.iter().map(|&i| self.renew(&reqs[i])));
-        let (answers, singles) = tokio::join!(together, singly);
-
-        let mut out: Vec<Option<Result<RenewResult>>> = reqs.iter().map(|_| None).collect();
-        for (&i, result) in alone.iter().zip(singles) {
-            out[i] = Some(result);
-        }
-        let (mut renewed, mut again): (Vec<usize>, Vec<usize>) = (Vec::new(), Vec::new());
+        }))
+        .await;
+        let mut codes = Vec::with_capacity(batched.len());
         for (chunk, answer) in chunks.iter().zip(answers) {
-            let answer = answer.and_then(|codes| {
-                if codes.len() == chunk.len() {
-                    Ok(codes)
-                } else {
-                    Err(Error::backend(format!(
-                        "the batch renewal script answered {} results for {} holds; is another script loaded under its SHA?",
-                        codes.len(),
-                        chunk.len()
-                    )))
-                }
-            });
             match answer {
-                Ok(codes) => {
-                    for (&i, code) in chunk.iter().zip(codes) {
-                        match code {
-                            NOT_OWNER => out[i] = Some(Ok(RenewResult::NotOwner)),
-                            RENEWED => renewed.push(i),
-                            READERS_BESIDE => again.push(i),
-                            other => {
-                                out[i] = Some(Err(Error::backend(format!(
-                                    "the batch renewal script answered {other} for a hold; is another script loaded under its SHA?"
-                                ))))
-                            }
-                        }
-                    }
+                Ok(answered) if answered.len() == chunk.len() => {
+                    codes.extend(answered.into_iter().map(Ok))
                 }
-                Err(err) => {
-                    for &i in chunk.iter() {
-                        out[i] = Some(Err(err.duplicate()));
-                    }
+                Ok(answered) => {
+                    let err = Error::backend(format!(
+                        "the batch renewal script answered {} results for {} holds; is another script loaded under its SHA?",
+                        answered.len(),
+                        chunk.len()
+                    ));
+                    codes.extend(chunk.iter().map(|_| Err(err.duplicate())));
                 }
+                Err(err) => codes.extend(chunk.iter().map(|_| Err(err.duplicate()))),
             }
         }
-        // Readers beside the writer: the single renewal, horizon and all.
-        let redone = join_all(again.iter().map(|&i| self.renew(&reqs[i]))).await;
-        for (&i, result) in again.iter().zip(redone) {
-            out[i] = Some(result);
-        }
-        // Renewals the replicas did not take would be undone by a failover: none of
-        // the script's counts then (the single renewals waited for their own).
-        if !renewed.is_empty() {
-            let acknowledged = self.check_renewals_acknowledged(epoch).await;
-            for i in renewed {
-                out[i] = Some(match &acknowledged {
-                    Ok(()) => Ok(RenewResult::renewed(Some(sent + reqs[i].lease))),
-                    Err(err) => Err(err.duplicate()),
-                });
-            }
-        }
-        out.into_iter()
-            .map(|result| {
-                result.unwrap_or_else(|| {
-                    Err(Error::backend(
-                        "a renewal of the batch got no answer (a bug)",
-                    ))
-                })
-            })
-            .collect()
+        codes
     }
-}
 
-impl RedisBackend {
     /// The batch script's call for `reqs` (all batchable).
     fn batch_call<'s, 'r>(
         &'s self,

@@ -183,6 +183,8 @@ pub(crate) struct Scripts {
     pub(crate) observe: redis::Script,
     /// [`RENEW_BATCH`].
     pub(crate) renew_batch: redis::Script,
+    /// The Cluster's batch script ([`RENEW_BATCH_CLUSTER`]).
+    pub(crate) renew_batch_cluster: redis::Script,
 }
 
 /// Each script's full source: its helpers, then its body.
@@ -265,9 +267,15 @@ impl Scripts {
             force_release: f,
             observe: o,
             renew_batch: redis::Script::new(RENEW_BATCH),
+            renew_batch_cluster: redis::Script::new(RENEW_BATCH_CLUSTER),
         }
     }
 }
+
+/// The most holds one script call renews: a script runs alone on the server, so a
+/// batch of thousands is sent as several calls (pipelined) rather than one that
+/// holds every other client up for milliseconds.
+pub(crate) const MAX_PER_CALL: usize = 200;
 
 /// The batch script. KEYS: per hold, its exclusive key and its readers key. ARGV: per
 /// hold, the owner part of its holder value and the lease in ms (so hold *i* has
@@ -277,6 +285,13 @@ impl Scripts {
 /// nothing is written here and the client sends that renewal. Only a renewal writes.
 /// (Kept beside the other scripts; `crate::renew_batch` sends it.)
 pub(crate) const RENEW_BATCH: &str = include_str!("scripts/renew_batch.lua");
+
+/// The Cluster's batch script (Redis 7 and later: it is flagged to reach keys of
+/// many slots). ARGV: per hold, its exclusive key, its readers key, the owner part
+/// of its holder value and the lease in ms; no key declared. Answers per hold as
+/// [`RENEW_BATCH`] does, or 3 — this node does not serve the hold's keys, nothing
+/// done. (`crate::cluster_batch` sends it.)
+pub(crate) const RENEW_BATCH_CLUSTER: &str = include_str!("scripts/renew_batch_cluster.lua");
 
 #[cfg(test)]
 mod tests {

@@ -43,9 +43,58 @@ struct Current {
     conn: MultiplexedConnection,
 }
 
+/// How the data nodes (the master, wherever the sentinels say it is) are opened.
+pub(crate) enum DataNodes {
+    /// As the Sentinel URL names them: its scheme, credentials and database, the
+    /// options' TLS files.
+    Url(SentinelUrl),
+    /// With the settings of the application's client for them (credentials,
+    /// database, protocol, TLS), at the master's address.
+    Like(Box<redis::ConnectionInfo>),
+}
+
+impl DataNodes {
+    fn open(
+        &self,
+        host: &str,
+        port: u16,
+        shown: &str,
+        options: &RedisOptions,
+    ) -> Result<redis::Client> {
+        match self {
+            DataNodes::Url(url) => crate::tls::client(&url.data_node(host, port), shown, options),
+            DataNodes::Like(info) => {
+                let addr = match info.addr() {
+                    redis::ConnectionAddr::TcpTls {
+                        insecure,
+                        tls_params,
+                        ..
+                    } => redis::ConnectionAddr::TcpTls {
+                        host: host.to_owned(),
+                        port,
+                        insecure: *insecure,
+                        tls_params: tls_params.clone(),
+                    },
+                    _ => redis::ConnectionAddr::Tcp(host.to_owned(), port),
+                };
+                redis::Client::open((**info).clone().set_addr(addr)).map_err(|e| {
+                    dlock_spi::Error::new(
+                        dlock_spi::ErrorKind::Config,
+                        format!("cannot open a client for the master at {host}:{port} like the data-node client given: {e}"),
+                    )
+                })
+            }
+        }
+    }
+}
+
 /// The master of one Sentinel-monitored group, followed through failovers.
 pub(crate) struct SentinelMaster {
-    url: SentinelUrl,
+    /// The master's name, as the sentinels monitor it.
+    name: String,
+    /// Each sentinel as messages name it.
+    sentinel_names: Vec<String>,
+    nodes: DataNodes,
     shown: String,
     options: RedisOptions,
     sentinels: Vec<redis::Client>,
@@ -82,16 +131,55 @@ fn failed(message: String) -> redis::RedisError {
 }
 
 impl SentinelMaster {
-    /// Builds the follower (no connection yet) and starts watching for
-    /// `+switch-master`; [`SentinelMaster::connection`] looks the master up.
+    /// Builds the follower of the Sentinel URL's master (no connection yet) and
+    /// starts watching for `+switch-master`; [`SentinelMaster::connection`] looks the
+    /// master up.
     pub(crate) fn new(url: SentinelUrl, shown: &str, options: &RedisOptions) -> Result<Arc<Self>> {
         let sentinels = url
             .sentinels
             .iter()
             .map(|h| crate::tls::client(&url.sentinel(h), shown, options))
             .collect::<Result<Vec<_>>>()?;
+        let (name, names) = (url.master.clone(), url.sentinels.clone());
+        Ok(Self::start(
+            name,
+            names,
+            sentinels,
+            DataNodes::Url(url),
+            shown,
+            options,
+        ))
+    }
+
+    /// Builds the follower of master `name` on the application's clients for the
+    /// sentinels, opening the master like `nodes`.
+    pub(crate) fn on_clients(
+        name: &str,
+        sentinels: Vec<redis::Client>,
+        nodes: redis::Client,
+        shown: &str,
+        options: &RedisOptions,
+    ) -> Arc<Self> {
+        let names = sentinels
+            .iter()
+            .map(|c| c.get_connection_info().addr().to_string())
+            .collect();
+        let nodes = DataNodes::Like(Box::new(nodes.get_connection_info().clone()));
+        Self::start(name.to_owned(), names, sentinels, nodes, shown, options)
+    }
+
+    fn start(
+        name: String,
+        sentinel_names: Vec<String>,
+        sentinels: Vec<redis::Client>,
+        nodes: DataNodes,
+        shown: &str,
+        options: &RedisOptions,
+    ) -> Arc<Self> {
         let master = Arc::new(SentinelMaster {
-            url,
+            name,
+            sentinel_names,
+            nodes,
             shown: shown.to_owned(),
             options: options.clone(),
             sentinels,
@@ -106,7 +194,7 @@ impl SentinelMaster {
             .watcher
             .lock()
             .unwrap_or_else(PoisonError::into_inner) = Some(dlock_spi::TaskGuard::new(task));
-        Ok(master)
+        master
     }
 
     fn current(&self) -> std::sync::MutexGuard<'_, Option<Current>> {
@@ -258,12 +346,12 @@ impl SentinelMaster {
                     self.preferred.store(at, Ordering::Relaxed);
                     return Ok(found);
                 }
-                Err(e) => errors.push(format!("{}: {e}", self.url.sentinels[at])),
+                Err(e) => errors.push(format!("{}: {e}", self.sentinel_names[at])),
             }
         }
         Err(failed(format!(
             "no sentinel named a reachable master {:?}: {}",
-            self.url.master,
+            self.name,
             errors.join("; ")
         )))
     }
@@ -282,14 +370,14 @@ impl SentinelMaster {
             limit,
             redis::cmd("SENTINEL")
                 .arg("get-master-addr-by-name")
-                .arg(&self.url.master)
+                .arg(&self.name)
                 .query_async(&mut s),
         )
         .await?;
         let Some((host, port)) = addr else {
             return Err(failed(format!(
                 "it monitors no master named {:?}",
-                self.url.master
+                self.name
             )));
         };
         self.connect_master(host, port).await
@@ -302,8 +390,9 @@ impl SentinelMaster {
         port: u16,
     ) -> RedisResult<(redis::Client, MultiplexedConnection)> {
         let limit = self.options.connect_timeout;
-        let data = self.url.data_node(&host, port);
-        let client = crate::tls::client(&data, &self.shown, &self.options)
+        let client = self
+            .nodes
+            .open(&host, port, &self.shown, &self.options)
             .map_err(|e| failed(e.to_string()))?;
         let mut conn = bounded(
             limit,
@@ -358,7 +447,7 @@ impl Subscription for SwitchWatch {
         let at = (m.preferred.load(Ordering::Relaxed) + self.round) % m.sentinels.len().max(1);
         self.round += 1;
         let sentinel = m.sentinels.get(at)?.clone();
-        let (name, limit) = (m.url.master.clone(), m.options.connect_timeout);
+        let (name, limit) = (m.name.clone(), m.options.connect_timeout);
         drop(m);
         let subscribed = async {
             let mut p = bounded(limit, sentinel.get_async_pubsub()).await?;

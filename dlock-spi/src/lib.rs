@@ -31,6 +31,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod backoff;
+mod batch;
 mod capabilities;
 mod chain;
 mod deadline;
@@ -55,6 +56,7 @@ mod url;
 mod url_option;
 
 pub use backoff::{Backoff, BackoffKind, Jitter, Pacer};
+pub use batch::split_batch;
 pub use capabilities::Capabilities;
 pub use chain::{
     lease_out_of_range, AcquireChain, AcquireContext, AcquireOutcome, HandlerChain, LockHandler,

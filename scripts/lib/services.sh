@@ -68,11 +68,19 @@ start_mysql() {
 }
 
 # stop_mysql: stops the MariaDB on 127.0.0.1:3306 (a clean shutdown: committed rows
-# stay), bounded.
+# stay), bounded; returns once its process has exited. It closes its port at once
+# but writes its buffer pool out first (seconds after many writes): a start_mysql
+# before it exits would find it running (start-stop-daemon --oknodo) and start
+# nothing.
 stop_mysql() {
+  local pid
+  pid=$(as_root cat /run/mysqld/mysqld.pid 2>/dev/null) || pid=""
   mariadb-admin -h 127.0.0.1 -P 3306 -uroot shutdown >/dev/null 2>&1 \
     || as_root mariadb-admin -uroot shutdown >/dev/null 2>&1 || fail "cannot shut MariaDB down"
   wait_for 60 "MariaDB to stop" sh -c "! (exec 3<>/dev/tcp/127.0.0.1/3306) 2>/dev/null"
+  if [ -n "$pid" ]; then
+    wait_for 60 "MariaDB (pid $pid) to exit" sh -c "[ ! -d /proc/$pid ]"
+  fi
 }
 
 ensure_mysql() {
@@ -148,13 +156,39 @@ PGBOUNCER_DIR="${TMPDIR:-/tmp}/dlock-pgbouncer"
 
 # start_pgbouncer PORT IGNORED: a PgBouncer on 127.0.0.1:PORT (reused if it
 # answers) with `ignore_startup_parameters = IGNORED` (none if empty).
+# `server_login_retry = 1`: after PostgreSQL restarts (scripts/server-fault), a
+# PgBouncer whose login failed while it was down refuses every client ("server
+# login has been failing, try again later") for server_login_retry — 15 s by
+# default, longer than a checker run's leak check waits (seen failing in CI:
+# refusals for 12 s after PostgreSQL was back). A PgBouncer already answering on
+# PORT is reused only if it runs this configuration; otherwise it is stopped first.
 start_pgbouncer() {
-  local port=$1 ignored=$2 dir="$PGBOUNCER_DIR-$1"
+  local port=$1 ignored=$2 dir="$PGBOUNCER_DIR-$1" ini
+  ini=$(pgbouncer_ini "$port" "$ignored" "$dir")
   if psql "postgresql://postgres@127.0.0.1:$port/test" -tAc "SELECT 1" >/dev/null 2>&1; then
-    return 0
+    if [ "$(cat "$dir/pgbouncer.ini" 2>/dev/null)" = "$ini" ]; then
+      return 0
+    fi
+    log "PgBouncer on 127.0.0.1:$port runs another configuration: stopping it"
+    as_root kill "$(cat "$dir/pgbouncer.pid")" 2>/dev/null || true
+    wait_for 30 "PgBouncer on port $port to stop" sh -c "! psql 'postgresql://postgres@127.0.0.1:$port/test' -tAc 'SELECT 1' >/dev/null 2>&1"
   fi
   command -v pgbouncer >/dev/null 2>&1 || apt_install pgbouncer
   mkdir -p "$dir"
+  printf '%s\n' "$ini" >"$dir/pgbouncer.ini"
+  echo '"postgres" ""' >"$dir/users.txt"
+  as_root chown -R postgres "$dir"
+  log "starting PgBouncer (transaction pooling) on 127.0.0.1:$port"
+  as_root runuser -u postgres -- pgbouncer -d "$dir/pgbouncer.ini" \
+    || fail "cannot start PgBouncer (log: $dir/pgbouncer.log)"
+  # (psql sends no extra_float_digits: the strict one answers it too.)
+  wait_for 30 "PgBouncer on port $port" psql "postgresql://postgres@127.0.0.1:$port/test" -tAc "SELECT 1"
+  log "PgBouncer ready at 127.0.0.1:$port"
+}
+
+# pgbouncer_ini PORT IGNORED DIR: the configuration of start_pgbouncer's PgBouncer.
+pgbouncer_ini() {
+  local port=$1 ignored=$2 dir=$3
   {
     cat <<INI
 [databases]
@@ -167,19 +201,12 @@ auth_file = $dir/users.txt
 pool_mode = transaction
 max_client_conn = 500
 default_pool_size = 20
+server_login_retry = 1
 logfile = $dir/pgbouncer.log
 pidfile = $dir/pgbouncer.pid
 INI
-    [ -n "$ignored" ] && echo "ignore_startup_parameters = $ignored"
-  } >"$dir/pgbouncer.ini"
-  echo '"postgres" ""' >"$dir/users.txt"
-  as_root chown -R postgres "$dir"
-  log "starting PgBouncer (transaction pooling) on 127.0.0.1:$port"
-  as_root runuser -u postgres -- pgbouncer -d "$dir/pgbouncer.ini" \
-    || fail "cannot start PgBouncer (log: $dir/pgbouncer.log)"
-  # (psql sends no extra_float_digits: the strict one answers it too.)
-  wait_for 30 "PgBouncer on port $port" psql "postgresql://postgres@127.0.0.1:$port/test" -tAc "SELECT 1"
-  log "PgBouncer ready at 127.0.0.1:$port"
+    if [ -n "$ignored" ]; then echo "ignore_startup_parameters = $ignored"; fi
+  }
 }
 
 ensure_pgbouncer() {
@@ -912,6 +939,49 @@ ensure_redlock_tls() {
 }
 
 # ensure_backend LABEL: make the backend behind a DLOCK_TEST_BACKENDS label usable.
+# nats_jetstream PORT: a NATS server on 127.0.0.1:PORT answers with JetStream on
+# (its INFO line says so).
+nats_jetstream() {
+  timeout 3 bash -c "exec 3<>/dev/tcp/127.0.0.1/$1 && head -n 1 <&3" 2>/dev/null | grep -q '"jetstream":true'
+}
+
+# nats_js_ready PORT: JetStream on 127.0.0.1:PORT answers its API (after a restart
+# it recovers its streams first).
+nats_js_ready() {
+  timeout 5 bash -c "exec 3<>/dev/tcp/127.0.0.1/$1 && printf 'CONNECT {\"verbose\":false}\r\nSUB _dlock_ready 1\r\nPUB \$JS.API.INFO _dlock_ready 0\r\n\r\n' >&3 &&
+    while IFS= read -r -t 3 line <&3; do case \$line in *'\"streams\"'*) exit 0 ;; esac; done; exit 1" 2>/dev/null
+}
+
+# NATS_OWN_PORT: where the project's own NATS server listens, when the machine's
+# on 4222 does not answer with JetStream.
+NATS_OWN_PORT=4322
+
+# ensure_nats: a NATS server with JetStream for the `nats` label — the machine's on
+# 127.0.0.1:4222 when it answers with JetStream on, else the project's own
+# (Debian's nats-server) on 127.0.0.1:$NATS_OWN_PORT with its store under $TMPDIR,
+# started from its own start.sh (scripts/server-fault restarts it with its store).
+ensure_nats() {
+  if nats_jetstream 4222; then
+    export DLOCK_NATS_URL="${DLOCK_NATS_URL:-nats://127.0.0.1:4222}"
+    log "NATS with JetStream ready at 127.0.0.1:4222"
+    return
+  fi
+  local port=$NATS_OWN_PORT dir="${TMPDIR:-/tmp}/dlock-nats-$NATS_OWN_PORT"
+  if ! nats_jetstream "$port"; then
+    command -v nats-server >/dev/null 2>&1 || apt_install nats-server
+    mkdir -p "$dir/store"
+    cat >"$dir/start.sh" <<EOF
+#!/bin/sh
+setsid nats-server -a 127.0.0.1 -p $port -js -sd "$dir/store" -l "$dir/nats.log" -P "$dir/nats.pid" </dev/null >/dev/null 2>&1 &
+EOF
+    log "starting NATS with JetStream on 127.0.0.1:$port"
+    sh "$dir/start.sh"
+    wait_for 30 "NATS with JetStream on port $port" nats_jetstream "$port"
+  fi
+  export DLOCK_NATS_URL="nats://127.0.0.1:$port"
+  log "NATS with JetStream ready at 127.0.0.1:$port"
+}
+
 ensure_backend() {
   case "$1" in
     memory | sqlite) ;; # in-process / a file: nothing to start
@@ -931,6 +1001,7 @@ ensure_backend() {
     zk-tls) ensure_zookeeper_tls ;;
     etcd) ensure_etcd ;;
     etcd-tls) ensure_etcd_tls ;;
+    nats) ensure_nats ;;
     redis-sentinel | redis-sentinel-ack) ensure_redis_sentinel ;;
     redis-sentinel-tls) ensure_redis_sentinel_tls ;;
     redlock) ensure_redlock ;;

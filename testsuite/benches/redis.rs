@@ -26,20 +26,17 @@ use std::cell::RefCell;
 use std::future::Future;
 use std::pin::Pin;
 use std::rc::Rc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use distributed_lock_core::{DistributedLock, LockHandle, LockProvider};
-use dlock_api::spi::{
-    async_trait, AcquireChain, AcquireContext, AcquireResult, Backoff, LockHandler, ReleaseChain,
-    ReleaseContext, ReleaseResult, RenewEvent, Result as DResult,
-};
+use dlock_api::spi::Backoff;
 use dlock_api::{DistributeLockManager, LockRemoteResource};
 use dlock_redis::{RedisBackend, RedisOptions};
 use futures_util::StreamExt;
 use testsuite::bench::{
-    api_contestant, backend_selected, cycles, interleaved, is_bench, spi_contestant, Contestant,
+    api_contestant, backend_selected, cpu_seconds, cycles, interleaved, is_bench, spi_contestant,
+    Contestant, OneByOne, RenewCounter, Renewals,
 };
 
 /// Connections of the pooled floor (a control).
@@ -924,89 +921,10 @@ async fn latency(cfg: &Cfg) -> Vec<(&'static str, [Duration; 4])> {
     out
 }
 
-/// Counts renewals.
-#[derive(Default)]
-struct RenewCounter(AtomicU64);
-
-struct Renewals(Arc<RenewCounter>);
-
-#[async_trait]
-impl LockHandler for Renewals {
-    async fn acquire(
-        &self,
-        ctx: &AcquireContext,
-        next: AcquireChain<'_>,
-    ) -> DResult<AcquireResult> {
-        next.invoke(ctx).await
-    }
-    async fn release(
-        &self,
-        ctx: &ReleaseContext,
-        next: ReleaseChain<'_>,
-    ) -> DResult<ReleaseResult> {
-        next.invoke(ctx).await
-    }
-    fn on_renew(&self, event: &RenewEvent<'_>) {
-        if event.outcome.is_ok() {
-            self.0 .0.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-}
-
-/// CPU seconds (user + system) this process has used.
-fn cpu_seconds() -> f64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    let after = stat.rsplit_once(')').map_or("", |(_, r)| r);
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    let ticks: f64 = fields.get(11).and_then(|u| u.parse().ok()).unwrap_or(0.0)
-        + fields.get(12).and_then(|s| s.parse().ok()).unwrap_or(0.0);
-    ticks / 100.0
-}
-
-/// The Redis backend with its batches hidden: the watchdog sends one renewal per
-/// hold (a control for [`many_held`]).
-#[derive(Clone)]
-struct OneByOne(RedisBackend);
-
-#[async_trait]
-impl LockRemoteResource for OneByOne {
-    fn backend_name(&self) -> &'static str {
-        self.0.backend_name()
-    }
-    fn capabilities(&self) -> dlock_api::spi::Capabilities {
-        self.0.capabilities()
-    }
-    async fn try_acquire(&self, req: &dlock_api::spi::AcquireRequest) -> DResult<AcquireResult> {
-        self.0.try_acquire(req).await
-    }
-    async fn release(&self, req: &dlock_api::spi::ReleaseRequest) -> DResult<ReleaseResult> {
-        self.0.release(req).await
-    }
-    async fn renew(
-        &self,
-        req: &dlock_api::spi::RenewRequest,
-    ) -> DResult<dlock_api::spi::RenewResult> {
-        self.0.renew(req).await
-    }
-    async fn inspect(
-        &self,
-        name: &dlock_api::spi::LockName,
-    ) -> DResult<Option<dlock_api::spi::LockState>> {
-        self.0.inspect(name).await
-    }
-    fn admin(&self) -> Option<&dyn dlock_api::spi::LockAdmin> {
-        self.0.admin()
-    }
-    fn events(&self) -> Option<&dyn dlock_api::spi::LockEvents> {
-        self.0.events()
-    }
-    fn batch_renew(&self) -> Option<&dyn dlock_api::spi::BatchRenew> {
-        None
-    }
-}
-
-/// CPU seconds (user + system) the Redis server has used, from `INFO cpu`.
-async fn server_cpu_seconds(c: &mut redis::aio::MultiplexedConnection) -> f64 {
+/// CPU seconds (user + system) the Redis server has used, from `INFO cpu` (the
+/// server this bench talks to alone, unlike `testsuite::bench::server_cpu_seconds`,
+/// which sums every `redis-server` process on the machine).
+async fn redis_cpu_seconds(c: &mut redis::aio::MultiplexedConnection) -> f64 {
     let info: String = redis::cmd("INFO").arg("cpu").query_async(c).await.unwrap();
     info.lines()
         .filter(|l| l.starts_with("used_cpu_sys:") || l.starts_with("used_cpu_user:"))
@@ -1051,7 +969,7 @@ async fn held_for(cfg: &Cfg, locks: usize, lease: Duration, window: Duration) {
         let builder = if batched {
             DistributeLockManager::builder(backend.clone())
         } else {
-            DistributeLockManager::builder(OneByOne(backend.clone()))
+            DistributeLockManager::builder(OneByOne::new(backend.clone()))
         };
         let m = builder
             .lease(lease)
@@ -1078,17 +996,17 @@ async fn held_for(cfg: &Cfg, locks: usize, lease: Duration, window: Duration) {
         let took = started.elapsed();
         let (cpu0, server0, calls0, renew0, t0) = (
             cpu_seconds(),
-            server_cpu_seconds(&mut raw).await,
+            redis_cpu_seconds(&mut raw).await,
             backend.renewal_calls(),
-            counter.0.load(Ordering::Relaxed),
+            counter.get(),
             Instant::now(),
         );
         tokio::time::sleep(window).await;
         let (cpu1, server1, calls1, renew1, t1) = (
             cpu_seconds(),
-            server_cpu_seconds(&mut raw).await,
+            redis_cpu_seconds(&mut raw).await,
             backend.renewal_calls(),
-            counter.0.load(Ordering::Relaxed),
+            counter.get(),
             t0.elapsed(),
         );
         let lost = guards.iter().filter(|g| g.is_lost()).count();

@@ -57,6 +57,7 @@ pub const KNOWN: &[&str] = &[
     "zk-tls",
     "etcd",
     "etcd-tls",
+    "nats",
 ];
 
 /// A test server's URL. For SQLite it names a file in a fresh temporary directory
@@ -138,6 +139,9 @@ pub fn server_url(label: &str) -> Option<TestUrl> {
 pub fn url_of(label: &str) -> Option<TestUrl> {
     let var = format!("DLOCK_{}_URL", label.to_ascii_uppercase().replace('-', "_"));
     if let Ok(url) = std::env::var(&var) {
+        if label == "nats" {
+            return Some(TestUrl::fixed(nats_bucket_url(&url)));
+        }
         return Some(TestUrl::fixed(url));
     }
     match label {
@@ -218,9 +222,27 @@ pub fn url_of(label: &str) -> Option<TestUrl> {
             "etcds://dlock:{ETCD_TLS_DLOCK_PASSWORD}@127.0.0.1:2479/dlock-test?{}",
             etcd_tls_params("ca.crt")
         )),
+        // The machine's NATS with JetStream, or the project's own
+        // (scripts/lib/services.sh, ensure_nats); a bucket of the tests' own.
+        "nats" => Some(nats_bucket_url("nats://127.0.0.1:4222")),
         _ => None,
     };
     url.map(TestUrl::fixed)
+}
+
+/// The tests' bucket on the NATS server `server` (`DLOCK_NATS_URL` names a server,
+/// as for dlock-nats's own tests: scripts/lib/services.sh exports the one it found
+/// or started): `dlock_checks`, whose release markers go after 10 min (a test's
+/// leases are seconds; under the default 24 h they piled up run after run and
+/// slowed every watch of a lock's keys). A URL that names a bucket already is
+/// kept as it is.
+fn nats_bucket_url(server: &str) -> String {
+    let authority = server.split_once("://").map_or(server, |(_, rest)| rest);
+    if authority.contains('/') {
+        server.to_owned()
+    } else {
+        format!("{server}/dlock_checks?max_age=10m")
+    }
 }
 
 /// The password of the etcd-tls member's `dlock` user (scripts/lib/services.sh).
@@ -475,6 +497,7 @@ pub async fn open_at(label: &str, url: TestUrl) -> Result<Arc<dyn TestBackend>> 
         "redlock" | "redlock-tls" => Arc::new(RedlockTestBackend::open(label, url).await?),
         "zk" | "zk-ensemble" | "zk-tls" => Arc::new(ZkTestBackend::open(label, url).await?),
         "etcd" | "etcd-tls" => Arc::new(EtcdTestBackend::open(label, url).await?),
+        "nats" => Arc::new(open_nats(url).await?),
         other => {
             return Err(Error::new(
                 ErrorKind::Config,
@@ -638,6 +661,21 @@ pub type RedlockTestBackend = ServerTestBackend<RedlockBackend>;
 pub type ZkTestBackend = ServerTestBackend<ZkBackend>;
 /// The etcd backend's test backend.
 pub type EtcdTestBackend = ServerTestBackend<EtcdBackend>;
+
+/// The NATS backend's test backend (for the lock-history checker's workers; its
+/// conformance run is dlock-nats's own `tests/tck.rs`, as a third party's crate
+/// runs the kit): the kit's own, from the connect function.
+pub type NatsTestBackend = dlock_tck::AdminTestBackend<dlock_nats::NatsBackend>;
+
+/// Opens [`NatsTestBackend`] at `url` (one round trip: an unreachable server fails
+/// here).
+async fn open_nats(url: TestUrl) -> Result<NatsTestBackend> {
+    NatsTestBackend::open("nats", move || {
+        let url = url.clone();
+        async move { dlock_nats::NatsBackend::connect(&url).await }
+    })
+    .await
+}
 
 impl<C: ServerClient> ServerTestBackend<C> {
     /// Keeps `client` (its attempts count) and hands it out.

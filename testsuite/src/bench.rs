@@ -3,7 +3,16 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use dlock_spi::{
+    AcquireChain, AcquireContext, AcquireRequest, AcquireResult, BatchRenew, Capabilities,
+    LockAdmin, LockEvents, LockHandler, LockName, LockRemoteResource, LockState, ReleaseChain,
+    ReleaseContext, ReleaseRequest, ReleaseResult, RenewEvent, RenewRequest, RenewResult,
+};
 
 /// Whether the binary runs as a real benchmark (`cargo bench` passes `--bench`)
 /// rather than as a smoke test.
@@ -275,4 +284,134 @@ pub async fn spi_cycle(
     );
     backend.release(&release).await.expect("release");
     drop(grant);
+}
+
+/// Counts a manager's renewals that came back without an error (see [`Renewals`]).
+#[derive(Debug, Default)]
+pub struct RenewCounter(AtomicU64);
+
+impl RenewCounter {
+    /// The renewals counted so far.
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// A handler that passes every call on and counts, in its [`RenewCounter`], each
+/// renewal the backend answered without an error (the watchdog's work, in batches or
+/// not).
+pub struct Renewals(pub Arc<RenewCounter>);
+
+#[async_trait]
+impl LockHandler for Renewals {
+    async fn acquire(
+        &self,
+        ctx: &AcquireContext,
+        next: AcquireChain<'_>,
+    ) -> dlock_spi::Result<AcquireResult> {
+        next.invoke(ctx).await
+    }
+    async fn release(
+        &self,
+        ctx: &ReleaseContext,
+        next: ReleaseChain<'_>,
+    ) -> dlock_spi::Result<ReleaseResult> {
+        next.invoke(ctx).await
+    }
+    fn on_renew(&self, event: &RenewEvent<'_>) {
+        if event.outcome.is_ok() {
+            self.0 .0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// A backend with its batches hidden: forwards every call to the backend it wraps,
+/// but [`batch_renew`](LockRemoteResource::batch_renew) answers `None`, so the
+/// watchdog sends one renewal per hold — the control for renewals in batches.
+///
+/// It wraps a shared backend, sized (`OneByOne::new(redis_backend)`) or not (an
+/// `Arc<dyn LockRemoteResource>` from a test backend's `client()`).
+pub struct OneByOne<B: ?Sized>(pub Arc<B>);
+
+impl<B: LockRemoteResource> OneByOne<B> {
+    /// Wraps `backend`.
+    pub fn new(backend: B) -> Self {
+        OneByOne(Arc::new(backend))
+    }
+}
+
+impl<B: ?Sized> Clone for OneByOne<B> {
+    fn clone(&self) -> Self {
+        OneByOne(Arc::clone(&self.0))
+    }
+}
+
+#[async_trait]
+impl<B: LockRemoteResource + ?Sized> LockRemoteResource for OneByOne<B> {
+    fn backend_name(&self) -> &'static str {
+        self.0.backend_name()
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.0.capabilities()
+    }
+    async fn try_acquire(&self, req: &AcquireRequest) -> dlock_spi::Result<AcquireResult> {
+        self.0.try_acquire(req).await
+    }
+    async fn release(&self, req: &ReleaseRequest) -> dlock_spi::Result<ReleaseResult> {
+        self.0.release(req).await
+    }
+    async fn renew(&self, req: &RenewRequest) -> dlock_spi::Result<RenewResult> {
+        self.0.renew(req).await
+    }
+    async fn inspect(&self, name: &LockName) -> dlock_spi::Result<Option<LockState>> {
+        self.0.inspect(name).await
+    }
+    fn admin(&self) -> Option<&dyn LockAdmin> {
+        self.0.admin()
+    }
+    fn events(&self) -> Option<&dyn LockEvents> {
+        self.0.events()
+    }
+    fn batch_renew(&self) -> Option<&dyn BatchRenew> {
+        None
+    }
+}
+
+/// User + system CPU seconds in `/proc/<pid>/stat` contents `stat` (fields 14 and 15,
+/// in clock ticks of 1/100 s, Linux's usual `USER_HZ`), counted after the command
+/// name, which may hold spaces and parentheses; 0 for what cannot be read.
+fn stat_cpu_seconds(stat: &str) -> f64 {
+    let after = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks: f64 = fields.get(11).and_then(|u| u.parse().ok()).unwrap_or(0.0)
+        + fields.get(12).and_then(|s| s.parse().ok()).unwrap_or(0.0);
+    ticks / 100.0
+}
+
+/// CPU seconds (user + system) this process has used (0 off Linux).
+pub fn cpu_seconds() -> f64 {
+    stat_cpu_seconds(&std::fs::read_to_string("/proc/self/stat").unwrap_or_default())
+}
+
+/// CPU seconds (user + system) used so far by every process on this machine whose
+/// command name (`comm`, in parentheses in `/proc/<pid>/stat`; at most 15 bytes) is
+/// one of `comm_names` — a server's processes, e.g. `["postgres"]`, `["mariadbd",
+/// "mysqld"]`, `["etcd"]`, `["redis-server"]`. Every such process counts, idle ones
+/// of other servers too; processes this user cannot read (and exited ones) count 0.
+/// Take the difference of two calls around a window.
+pub fn server_cpu_seconds(comm_names: &[&str]) -> f64 {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return 0.0;
+    };
+    dir.filter_map(|entry| {
+        let entry = entry.ok()?;
+        let pid = entry.file_name();
+        if !pid.to_str()?.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
+        let comm = stat.split_once('(')?.1.rsplit_once(')')?.0;
+        comm_names.contains(&comm).then(|| stat_cpu_seconds(&stat))
+    })
+    .sum()
 }

@@ -108,7 +108,16 @@ impl WorkerFigures {
 pub struct Summary {
     /// Per process.
     pub workers: Vec<WorkerFigures>,
+    /// The first errors of each worker process, as it wrote them on its stderr
+    /// ([`ERROR_LINE`] lines; an in-process worker writes them to this process's).
+    pub first_errors: Vec<String>,
 }
+
+/// How a worker starts the line of each of its first few (three) errors on stderr.
+pub const ERROR_LINE: &str = "handover error:";
+
+/// How many errors a worker describes (it counts them all).
+const ERRORS_SAID: u64 = 3;
 
 impl Summary {
     /// Grants of the busiest process per grant of the least busy (∞ if one got none).
@@ -163,7 +172,11 @@ impl Summary {
             self.timeouts(),
             self.errors(),
             self.longest_wait_ms()
-        )
+        ) + &if self.first_errors.is_empty() {
+            String::new()
+        } else {
+            format!(" first_errors=[{}]", self.first_errors.join("; "))
+        }
     }
 }
 
@@ -203,7 +216,10 @@ pub async fn run(opts: &Options, worker_exe: &std::path::Path) -> Result<Summary
         for t in tasks {
             workers.push(t.await.map_err(|e| format!("worker task: {e}"))?);
         }
-        return Ok(Summary { workers });
+        return Ok(Summary {
+            workers,
+            first_errors: Vec::new(),
+        });
     }
     let mut children = Vec::new();
     for i in 0..opts.processes {
@@ -275,6 +291,7 @@ pub async fn run(opts: &Options, worker_exe: &std::path::Path) -> Result<Summary
             .map_err(|e| format!("worker {i}: cannot send the start: {e}"))?;
     }
     let bound = START_MARGIN + opts.duration + opts.wait + REPORT_GRACE;
+    let mut first_errors = Vec::new();
     for (i, (mut child, mut stdout)) in children.into_iter().enumerate() {
         let status = tokio::time::timeout(bound, child.wait())
             .await
@@ -287,13 +304,21 @@ pub async fn run(opts: &Options, worker_exe: &std::path::Path) -> Result<Summary
             let _ = s.read_to_string(&mut err).await;
         }
         let figures = out.lines().rev().find_map(WorkerFigures::parse);
+        first_errors.extend(
+            err.lines()
+                .filter(|l| l.starts_with(ERROR_LINE))
+                .map(|l| format!("worker {i}: {l}")),
+        );
         match (status.success(), figures) {
             (true, Some(f)) => workers.push(f),
             _ => return Err(format!("worker {i} failed ({status}): {}", err.trim())),
         }
     }
     drop(backend);
-    Ok(Summary { workers })
+    Ok(Summary {
+        workers,
+        first_errors,
+    })
 }
 
 /// A worker process's main: opens the backend at `url`, says [`READY_LINE`] on
@@ -356,8 +381,8 @@ async fn worker(
                 f.longest_wait_ms = f.longest_wait_ms.max(waited);
                 f.grants += 1;
                 tokio::time::sleep(opts.hold).await;
-                if guard.unlock().await.is_err() {
-                    f.errors += 1;
+                if let Err(e) = guard.unlock().await {
+                    said_error(&mut f, "unlock", &e);
                 }
             }
             Ok(None) => {
@@ -366,10 +391,18 @@ async fn worker(
                     .longest_wait_ms
                     .max(u64::try_from(asked.elapsed().as_millis()).unwrap_or(u64::MAX));
             }
-            Err(_) => f.errors += 1,
+            Err(e) => said_error(&mut f, "try_lock", &e),
         }
     }
     f
+}
+
+/// Counts an error, and describes it on stderr if it is among the first few.
+fn said_error(f: &mut WorkerFigures, op: &str, e: &dlock_api::Error) {
+    f.errors += 1;
+    if f.errors <= ERRORS_SAID {
+        eprintln!("{ERROR_LINE} {op}: {e}");
+    }
 }
 
 #[cfg(test)]

@@ -7,7 +7,8 @@
 
 use std::time::{Duration, Instant};
 
-use dlock_etcd::EtcdBackend;
+use dlock_api::DistributeLockManager;
+use dlock_etcd::{EtcdBackend, EtcdOptions};
 use dlock_spi::LockEvents;
 use dlock_spi::{
     AcquireRequest, AcquireResult, ErrorKind, GrantId, HolderKey, LockMode, LockName,
@@ -261,10 +262,12 @@ async fn a_permit_waiter_is_told_without_the_waiter_ahead_of_it() {
     let (told, later_told) = (behind_at - released, later_at - released);
     eprintln!("after the release: the waiter behind told in {told:?}, the later request in {later_told:?}");
     // Told within a third of the stall, and not after the later request by more
-    // than lockcheck's margin for permits one release admitted (either may answer
-    // first).
+    // than a sixth of it (either may answer first; the bug this guards against
+    // answered the waiter behind after the whole stall). Lockcheck's 50 ms margin
+    // for permits one release admitted failed once in CI's busy run, where two
+    // answers on loopback may land tens of milliseconds apart.
     assert!(
-        told < STALL / 3 && told <= later_told + Duration::from_millis(50),
+        told < STALL / 3 && told <= later_told + STALL / 6,
         "the waiter behind was told {told:?} after the release, the request placed after it {later_told:?} (the waiter ahead stalled {STALL:?})"
     );
 }
@@ -470,4 +473,63 @@ async fn a_member_down_fails_no_request() {
             .unwrap_or_else(|e| panic!("cycle {grant}: release with a member down: {e:?}"));
         assert_eq!(released, ReleaseResult::Released, "cycle {grant}");
     }
+}
+
+/// A backend on the application's own client keeps a hold past several of its
+/// leases by the watchdog's renewals (each refresh on a keeper stream of its own),
+/// shares the lock with a backend from the URL, and refuses connection settings
+/// that are the client's own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_on_the_applications_client_renews_and_shares_locks() {
+    let Some((url, prefix)) = url_and_prefix() else {
+        return;
+    };
+    let refused = EtcdBackend::from_client(
+        raw().await,
+        EtcdOptions::default().prefix(&prefix).tls(None),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(refused.kind(), ErrorKind::Config, "{refused}");
+    let mine = EtcdBackend::from_client(raw().await, EtcdOptions::default().prefix(&prefix))
+        .await
+        .unwrap();
+    let lease = Duration::from_secs(2);
+    let mine = DistributeLockManager::builder(mine)
+        .lease(lease)
+        .build()
+        .unwrap();
+    let theirs = DistributeLockManager::builder(EtcdBackend::connect(&url).await.unwrap())
+        .build()
+        .unwrap();
+    let guard = mine
+        .lock("from-client")
+        .try_lock(Duration::ZERO)
+        .await
+        .unwrap()
+        .expect("a free lock");
+    // Three leases long: held only if the renewals through the client took.
+    let until = Instant::now() + 3 * lease;
+    while Instant::now() < until {
+        tokio::time::sleep(lease / 2).await;
+        guard.check().unwrap();
+        assert!(
+            theirs
+                .lock("from-client")
+                .try_lock(Duration::ZERO)
+                .await
+                .unwrap()
+                .is_none(),
+            "the lock was taken from a hold the watchdog renews"
+        );
+    }
+    guard.unlock().await.unwrap();
+    let taken = theirs
+        .lock("from-client")
+        .try_lock(Duration::ZERO)
+        .await
+        .unwrap();
+    assert!(taken.is_some(), "released, yet not free");
+    mine.close().await;
+    theirs.close().await;
 }

@@ -1,6 +1,7 @@
 //! What the Redis backend promises behind Sentinel, when `redis-sentinel` is in
 //! `DLOCK_TEST_BACKENDS`: it follows the master through a forced failover (commands,
-//! release notices and queued waiters), and with `replica_ack` a renewal counts only
+//! release notices and queued waiters; a backend on the URL and one on the
+//! application's clients alike), and with `replica_ack` a renewal counts only
 //! once the replicas have it. On the deployment scripts/lib/services.sh starts (a
 //! master, two replicas, three sentinels); the failover comes from
 //! `scripts/server-fault failover`.
@@ -98,12 +99,42 @@ async fn server_fault(args: &[&str]) {
 /// renews there, the release notices are subscribed there (a waiter queued before
 /// the failover is woken by the holder's release after it), and new locks are
 /// granted there.
+/// A backend on the application's clients for the deployment of `url`: one per
+/// sentinel, and a data-node client at an address where nothing listens (only its
+/// settings count). No sentinel client is refused.
+async fn on_application_clients(url: &str) -> RedisBackend {
+    let nodes = || redis::Client::open("redis://127.0.0.1:1/0").unwrap();
+    let none = RedisBackend::from_sentinel_clients(
+        Vec::new(),
+        "dlock-master",
+        nodes(),
+        RedisOptions::default(),
+    )
+    .await
+    .map(drop)
+    .unwrap_err();
+    assert_eq!(none.kind(), ErrorKind::Config, "{none}");
+    let (hosts, master) = url
+        .trim_start_matches("redis+sentinel://")
+        .split_once('/')
+        .unwrap();
+    let sentinels = hosts
+        .split(',')
+        .map(|h| redis::Client::open(format!("redis://{h}")).unwrap())
+        .collect();
+    RedisBackend::from_sentinel_clients(sentinels, master, nodes(), RedisOptions::default())
+        .await
+        .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failover_moves_commands_notices_and_waiters_to_the_new_master() {
     let Some(url) = sentinel_url() else { return };
     let _serial = SERIAL.lock().await;
     let a = RedisBackend::connect(&url).await.unwrap();
-    let b = RedisBackend::connect(&url).await.unwrap();
+    // The waiter's backend is on the application's clients: the sentinels', and one
+    // whose settings (not its address: nothing listens there) open the master.
+    let b = on_application_clients(&url).await;
     // Longer than a forced failover's window (about 2 s here) in which the clients
     // still write to the old master, which no longer replicates to the promoted one:
     // a renewal made then is lost with it, and the hold lives on what the promoted

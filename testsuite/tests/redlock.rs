@@ -252,3 +252,47 @@ async fn a_waiter_polls_at_the_backoff_it_was_given() {
         ReleaseResult::Released
     );
 }
+
+/// A backend on the application's clients (one per master) takes the lock on every
+/// node, as one from the URL does, so the two exclude each other and the grant's
+/// token is on each node's counter; no clients is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_on_the_applications_clients_shares_locks_with_one_from_the_url() {
+    let Some(url) = redlock_url() else { return };
+    let refused = RedlockBackend::from_clients(Vec::new(), Default::default())
+        .await
+        .expect_err("no clients refused");
+    assert_eq!(refused.kind(), dlock_spi::ErrorKind::Config, "{refused}");
+    let clients = NODES
+        .iter()
+        .map(|p| redis::Client::open(format!("redis://127.0.0.1:{p}")).unwrap())
+        .collect();
+    let mine = DistributeLockManager::builder(
+        RedlockBackend::from_clients(clients, Default::default())
+            .await
+            .unwrap(),
+    )
+    .build()
+    .unwrap();
+    let theirs = DistributeLockManager::builder(RedlockBackend::connect(&url).await.unwrap())
+        .build()
+        .unwrap();
+    let lock = format!("redlock-clients-{:x}", fastrand::u64(..));
+    let held = take(&mine.lock(&lock), Duration::ZERO).await;
+    let token = held.fencing_token().get();
+    for port in NODES {
+        assert_eq!(fence(port, &lock).await, token, "node {port}");
+    }
+    assert!(theirs
+        .lock(&lock)
+        .try_lock(Duration::ZERO)
+        .await
+        .unwrap()
+        .is_none());
+    held.unlock().await.unwrap();
+    let again = take(&theirs.lock(&lock), Duration::ZERO).await;
+    assert!(again.fencing_token().get() > token);
+    again.unlock().await.unwrap();
+    mine.close().await;
+    theirs.close().await;
+}

@@ -38,12 +38,16 @@
 //!   `synchronous_commit`); it may skip values, never repeat one.
 //! * **Behind a transaction pooler** a session is not the client's: each hold
 //!   session sets a random marker and reads it back in a second statement, and
-//!   when the backend opens, a second connection must not see the first's marker
-//!   (a transaction pooler hands a new client the server session the last one
-//!   left: PgBouncer's default, where the first check alone passed and a lock was
-//!   granted). Either refuses the backend with an [`ErrorKind::Config`] error
-//!   naming the pooler (tested behind PgBouncer in transaction mode), and the
-//!   feed's pid check ends a hold whose statements reach another session.
+//!   when the backend opens, a second connection and the first take turns, six
+//!   rounds, asking which server session answers: the second must never see the
+//!   first's marker or pid, the first never lose them (a transaction pooler hands
+//!   a new client the server session the last one left — PgBouncer's default,
+//!   where the first check alone passed and a lock was granted — or, with other
+//!   clients busy, the first's next statement reaches another session; one round
+//!   missed that often). Either refuses the backend with an [`ErrorKind::Config`]
+//!   error naming the pooler (tested behind a busy PgBouncer in transaction mode),
+//!   and the feed's pid check ends a hold whose statements reach another session.
+//!   A heuristic, not a proof: connect to the server or a session-pooling port.
 //!
 //! Not in this mode: leases (a hold lasts until released or its session ends),
 //! fair queues, semaphores, a writer reading or upgrading (`Unsupported`).
@@ -165,6 +169,25 @@ impl Statements {
 }
 
 /// The error of a pooler that shares server sessions among clients.
+/// How many rounds [`Sessions::check_not_shared`] asks before it trusts the sessions
+/// are the client's own.
+const POOLER_ROUNDS: usize = 6;
+
+/// Which server session answers `conn`'s next statement: the `dlock.session` marker it
+/// has (if any) and its backend pid, in one simple-protocol statement (a prepared
+/// statement's parse and run are two, which a transaction pooler may send to two
+/// sessions).
+async fn who_answers(
+    conn: &mut PgConnection,
+) -> std::result::Result<(Option<String>, i32), sqlx::Error> {
+    let row = sqlx::raw_sql(
+        "SELECT current_setting('dlock.session', true) AS seen, pg_backend_pid() AS pid",
+    )
+    .fetch_one(conn)
+    .await?;
+    Ok((row.try_get("seen")?, row.try_get("pid")?))
+}
+
 fn pooler() -> Error {
     Error::new(
         ErrorKind::Config,
@@ -240,7 +263,7 @@ impl Sessions {
             holds: Holds::new(),
         };
         let (mut first, marker) = sessions.marked_session().await?;
-        sessions.check_not_shared(&marker).await?;
+        sessions.check_not_shared(&mut first, &marker).await?;
         if migrate {
             sqlx::raw_sql(sqlx::AssertSqlSafe(sessions.statements.schema.clone()))
                 .execute(&mut first.conn)
@@ -265,26 +288,45 @@ impl Sessions {
         Ok(sessions)
     }
 
-    /// Refuses a pooler that shares server sessions among its clients: a second
-    /// connection of ours must not see the first's `marker`. (A transaction pooler
-    /// hands the next client the server session the last one left — PgBouncer by
-    /// default — and one connection's two statements alone may well reach the
-    /// same one: that check passed behind PgBouncer, and a lock was granted.)
-    async fn check_not_shared(&self, marker: &str) -> Result<()> {
+    /// Refuses a pooler that shares server sessions among its clients: for
+    /// [`POOLER_ROUNDS`] rounds a second connection of ours and then the first ask
+    /// which server session answers them (`pg_backend_pid()` and the first's
+    /// `marker`, one simple-protocol statement each). Direct, or through a proxy or
+    /// a session pooler, the answers never change: the first always in its own
+    /// session (its pid, its marker), the second always in another. A transaction
+    /// pooler hands each statement an idle server session: the second connection
+    /// gets the one the first just left (PgBouncer's default reuses the last one
+    /// freed), or, when other clients took it meanwhile, the first's next statement
+    /// reaches another. One round missed it often with other clients busy on the
+    /// pooler (a second connection reading the marker once let the backend open
+    /// behind PgBouncer in CI), so it asks several, stopping at the first sign.
+    /// Probabilistic still: a pooler that steers every statement just so can pass.
+    async fn check_not_shared(
+        &self,
+        first: &mut Session<PgConnection>,
+        marker: &str,
+    ) -> Result<()> {
         let checked = tokio::time::timeout(self.connect_timeout, async {
             let mut other = self.connect.connect().await?;
-            // The simple protocol: one message, one server session.
-            let row = sqlx::raw_sql("SELECT current_setting('dlock.session', true) AS seen")
-                .fetch_one(&mut other)
-                .await?;
-            let seen: Option<String> = row.try_get("seen")?;
+            let mut shared = false;
+            for _ in 0..POOLER_ROUNDS {
+                let (seen, pid) = who_answers(&mut other).await?;
+                let (own, own_pid) = who_answers(&mut first.conn).await?;
+                shared = seen.as_deref() == Some(marker)
+                    || pid == own_pid
+                    || own.as_deref() != Some(marker)
+                    || u64::try_from(own_pid).ok() != Some(first.id);
+                if shared {
+                    break;
+                }
+            }
             other.close().await?;
-            Ok::<_, sqlx::Error>(seen)
+            Ok::<_, sqlx::Error>(shared)
         })
         .await;
         match checked {
-            Ok(Ok(seen)) if seen.as_deref() == Some(marker) => Err(pooler()),
-            Ok(Ok(_)) => Ok(()),
+            Ok(Ok(true)) => Err(pooler()),
+            Ok(Ok(false)) => Ok(()),
             Ok(Err(e)) => Err(map_sqlx(e, BACKEND, "connect")),
             Err(_) => Err(no_session_within(
                 "PostgreSQL",
@@ -312,15 +354,7 @@ impl Sessions {
             sqlx::raw_sql(sqlx::AssertSqlSafe(setup))
                 .execute(&mut conn)
                 .await?;
-            // The simple protocol (one message): a prepared statement's parse and
-            // run are two, which a transaction pooler may send to two sessions.
-            let row = sqlx::raw_sql(
-                "SELECT current_setting('dlock.session', true) AS seen, pg_backend_pid() AS pid",
-            )
-            .fetch_one(&mut conn)
-            .await?;
-            let seen: Option<String> = row.try_get("seen")?;
-            let pid: i32 = row.try_get("pid")?;
+            let (seen, pid) = who_answers(&mut conn).await?;
             let id = u64::try_from(pid).unwrap_or(0);
             let ours = seen.as_deref() == Some(marker.as_str());
             Ok::<_, sqlx::Error>((Session { conn, id }, marker, ours))

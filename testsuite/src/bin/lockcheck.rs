@@ -15,9 +15,9 @@ use std::process::ExitCode;
 use std::str::FromStr;
 use std::time::Duration;
 
-use testsuite::lockcheck::check::Rules;
 use testsuite::lockcheck::coordinator::{check_dir, worker_process, WorkerArgs, WORKER_URL_VAR};
 use testsuite::lockcheck::nemesis::Choice;
+use testsuite::lockcheck::rules_for;
 use testsuite::lockcheck::workload::WorkerSpec;
 use testsuite::lockcheck::{run, RunOptions};
 
@@ -129,7 +129,7 @@ fn main() -> ExitCode {
         return ExitCode::from(2);
     };
     if let Some(dir) = &args.check {
-        return match check_dir(&label, dir, &Rules::for_label(&label)) {
+        return match check_dir(&label, dir, &rules_for(&label)) {
             Ok(report) => {
                 print!("{}", report.table());
                 println!("{}", report.summary_line());

@@ -19,6 +19,7 @@ use super::check::{check, Report, Rules};
 use super::history::{read_file, Event, EventLog, Kind, COORDINATOR};
 use super::nemesis::{self, Choice, Procs, Servers};
 use super::register::Register;
+use super::rules_for;
 use super::workload::{keep_trying, run_worker, state_names, Plan, WorkerSpec, EXIT_GRACE, LEASE};
 
 /// Bound on opening the backend (one round trip included).
@@ -154,7 +155,7 @@ pub fn run_bound(label: &str, duration: Duration, server_faults: bool) -> Durati
     } else {
         Duration::ZERO
     };
-    duration + fault + EXIT_GRACE + Rules::for_label(label).quiescence() + LEAK_SLACK
+    duration + fault + EXIT_GRACE + rules_for(label).quiescence() + LEAK_SLACK
 }
 
 /// Runs the checker end to end. `Err` means the run itself failed (backend
@@ -181,7 +182,7 @@ pub async fn run(opts: &RunOptions) -> Result<RunOutcome, String> {
     // check, and owns a per-run SQLite file (removed when dropped).
     let shown = dlock_api::redact_url(&url);
     let backend = open_backend(label, url.clone(), &shown).await?;
-    let rules = Rules::for_label(label);
+    let rules = rules_for(label);
 
     let dir = RunDir::new(label, opts.seed, opts.keep)?;
     let mut notes = Vec::new();

@@ -123,12 +123,12 @@
 //! (`register.events`), all in the run directory.
 
 pub mod broken;
-pub mod check;
 pub mod coordinator;
-pub mod history;
 pub mod nemesis;
-pub mod register;
-pub mod workload;
+mod rules;
+
+pub use dlock_tck::lockcheck::{check, history, register, workload};
+pub use rules::rules_for;
 
 pub use check::{check, Report, Rules};
 pub use coordinator::{run, RunOptions, RunOutcome};

@@ -188,3 +188,93 @@ async fn the_watchdog_renews_many_holds_in_few_calls() {
     }
     m.close().await;
 }
+
+/// On Redis Cluster a batch renews every hold wherever its slot lives — each lease
+/// extended, each answered renewed — in one script call per master once the batches
+/// have learnt which slots share a master: the first batch probes two masters and
+/// renews the third master's holds one by one; from the second on, one call per
+/// master.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_batch_goes_one_call_per_node() {
+    use dlock_api::spi::{GrantId, RenewRequest, RenewResult};
+    if !testsuite::runner::selected()
+        .iter()
+        .any(|l| l == "redis-cluster")
+    {
+        eprintln!("redis-cluster is not selected in DLOCK_TEST_BACKENDS; nothing to check here");
+        return;
+    }
+    let url = testsuite::backends::server_url("redis-cluster").unwrap();
+    let backend = RedisBackend::connect(&url).await.unwrap();
+    let batch = backend.batch_renew().expect("a Cluster renews in batches");
+    let cluster = redis::cluster::ClusterClient::new(
+        url.trim_start_matches("redis+cluster://")
+            .split(',')
+            .map(|h| format!("redis://{h}"))
+            .collect::<Vec<_>>(),
+    )
+    .unwrap();
+    let mut raw = cluster.get_async_connection().await.unwrap();
+    // Names spread over the Cluster's slots: every one of its three masters holds some.
+    let locks: Vec<LockName> = (0..30)
+        .map(|i| LockName::new(name(&format!("cluster-batch-{i}"))).unwrap())
+        .collect();
+    let mut tokens = Vec::new();
+    for lock in &locks {
+        let req = AcquireRequest::new(lock.clone(), OwnerId::new("a"), GrantId::new(1))
+            .with_lease(Duration::from_secs(2));
+        let granted = backend.try_acquire(&req).await.unwrap();
+        tokens.push(granted.token().expect("granted"));
+    }
+    let mut calls = Vec::new();
+    for round in 1..=3u64 {
+        // Each batch asks for a longer lease than the last: only a renewal gives it.
+        let lease = Duration::from_secs(60 * round);
+        let reqs: Vec<RenewRequest> = locks
+            .iter()
+            .zip(&tokens)
+            .map(|(lock, token)| {
+                let owner = OwnerId::new("a");
+                let mode = LockMode::Exclusive;
+                RenewRequest::new(lock.clone(), owner, GrantId::new(1), mode, lease, *token)
+            })
+            .collect();
+        let before = backend.renewal_calls();
+        let answers = batch.renew_batch(&reqs).await;
+        calls.push(backend.renewal_calls() - before);
+        for (lock, answer) in locks.iter().zip(answers) {
+            assert!(
+                matches!(answer, Ok(RenewResult::Renewed { .. })),
+                "batch {round}, {lock}: {answer:?}"
+            );
+            let key = format!("dlock:{{{}}}:x", lock.as_str());
+            let left: i64 = redis::cmd("PTTL")
+                .arg(&key)
+                .query_async(&mut raw)
+                .await
+                .unwrap();
+            let least = i64::try_from(lease.as_millis()).unwrap() - 10_000;
+            assert!(left > least, "batch {round}: {key} has {left} ms left");
+        }
+    }
+    assert!(
+        calls[0] > 3,
+        "the first batch renewed no hold alone: {calls:?}"
+    );
+    // Two probes, then the third master's holds alone; then one call per master.
+    assert_eq!(
+        calls[1..],
+        [3, 3],
+        "one call per master once learnt: {calls:?}"
+    );
+    for (lock, token) in locks.iter().zip(tokens) {
+        let release = dlock_api::spi::ReleaseRequest::new(
+            lock.clone(),
+            OwnerId::new("a"),
+            GrantId::new(1),
+            LockMode::Exclusive,
+            token,
+        );
+        backend.release(&release).await.unwrap();
+    }
+}

@@ -16,7 +16,8 @@ use super::fixtures::*;
 /// with a `Config` error that names the pooler, before any lock is granted: each
 /// statement may reach another server session, so an advisory lock would outlive
 /// or miss its hold. (It granted a lock there before: `dlock exec` ran its
-/// command.)
+/// command.) Other clients keep PgBouncer busy meanwhile, as other tests do in a
+/// full run: a check of one round let the backend open there in 5 runs of 5.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_session_refuses_a_transaction_pooler() {
     if !selected().iter().any(|l| l == "postgres-session") {
@@ -24,7 +25,22 @@ async fn postgres_session_refuses_a_transaction_pooler() {
     }
     let pooler = std::env::var("DLOCK_PGBOUNCER_URL")
         .expect("DLOCK_PGBOUNCER_URL: scripts/test starts PgBouncer for postgres-session");
-    for round in 0..3 {
+    // Other clients, each a statement at a time on the pooler until the rounds end.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut busy = Vec::new();
+    for _ in 0..4 {
+        let mut conn = sqlx::PgConnection::connect(&pooler).await.unwrap();
+        let stop = std::sync::Arc::clone(&stop);
+        busy.push(tokio::spawn(async move {
+            let mut statements = 0u32;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) && statements < 200_000 {
+                sqlx::raw_sql("SELECT 1").execute(&mut conn).await.unwrap();
+                statements += 1;
+            }
+            statements
+        }));
+    }
+    for round in 0..5 {
         let url = format!("{pooler}?dlock_mode=session&dlock_session_timeout=4s");
         let err = match JdbcBackend::connect(&url).await {
             Ok(backend) => {
@@ -39,6 +55,13 @@ async fn postgres_session_refuses_a_transaction_pooler() {
             "round {round}: {err}"
         );
         assert!(err.message().contains("pooler"), "round {round}: {err}");
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for task in busy {
+        assert!(
+            task.await.unwrap() > 0,
+            "the other clients ran no statement"
+        );
     }
 }
 

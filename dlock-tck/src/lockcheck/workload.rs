@@ -105,9 +105,9 @@ const OPEN_BOUND: Duration = Duration::from_secs(30);
 /// The pause between two tries to connect.
 const OPEN_PAUSE: Duration = Duration::from_millis(200);
 
-/// Runs `open` (each try bounded by [`CALL_BOUND`]) until it succeeds, a try every
-/// [`OPEN_PAUSE`], for at most [`OPEN_BOUND`]; the last error if it never does.
-pub(crate) async fn keep_trying<T, Fut>(mut open: impl FnMut() -> Fut) -> Result<T, String>
+/// Runs `open` (each try bounded by `CALL_BOUND`) until it succeeds, a try every
+/// `OPEN_PAUSE`, for at most `OPEN_BOUND`; the last error if it never does.
+pub async fn keep_trying<T, Fut>(mut open: impl FnMut() -> Fut) -> Result<T, String>
 where
     Fut: std::future::Future<Output = Result<T, String>>,
 {
@@ -1262,14 +1262,18 @@ impl Task {
 }
 
 /// What every worker of a run shares: the seed, the namespace, the register.
-pub(crate) struct Plan {
-    pub(crate) seed: u64,
-    pub(crate) namespace: String,
-    pub(crate) register: std::net::SocketAddr,
+pub struct Plan {
+    /// The run's seed (each worker's is this plus its number).
+    pub seed: u64,
+    /// The namespace every lock of the run carries.
+    pub namespace: String,
+    /// The fenced register's address.
+    pub register: std::net::SocketAddr,
 }
 
 impl Plan {
-    pub(crate) fn spec(&self, proc_: u32, duration: Duration) -> WorkerSpec {
+    /// Worker `proc_`'s part of the run, for `duration`.
+    pub fn spec(&self, proc_: u32, duration: Duration) -> WorkerSpec {
         WorkerSpec {
             proc_,
             seed: self.seed.wrapping_add(u64::from(proc_)),

@@ -54,7 +54,10 @@
 //!    on with its owner's read) whose token is not above every earlier exclusive
 //!    grant's of other owners —
 //!    excused when the later grant's `ok` is unreliable (its process was paused, or
-//!    it is a multi-lock member, whose `ok` is when the whole multi-lock returned).
+//!    it is a multi-lock member, whose `ok` is when the whole multi-lock returned,
+//!    or — where an outage ends every hold — it was asked for before an outage and
+//!    answered in it: made before the outage ended its session, its answer may
+//!    reach its client after a later grant's).
 //! 4. **late-loss** — a hold lost while held (not by closing its manager, not
 //!    handed out lost) whose lost signal fired after its valid-until (excused if its
 //!    process was paused between the last proof and the signal), or a hold whose
@@ -176,54 +179,7 @@ impl Default for Rules {
     }
 }
 
-/// How long an in-process store may keep a hold no history shows.
-const IN_PROCESS_RELEASE_NS: u64 = 200_000_000;
-
-fn nanos(d: std::time::Duration) -> u64 {
-    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
-}
-
 impl Rules {
-    /// The rules for a backend label, from the backends' own defaults: an in-process
-    /// store hears of every release at once; ZooKeeper holds live as long as the
-    /// session (its default session timeout), the others by lease; a Redis queue lapses twice the waiter liveness after its last refresh
-    /// (`dlock-redis` scripts). (A URL that sets another `session_timeout` is not
-    /// looked at.)
-    pub fn for_label(label: &str) -> Rules {
-        let mut rules = Rules::default();
-        if super::broken::in_process(label) {
-            // No network: the background release of a dropped guard, a cancelled
-            // unlock or a cancelled acquire's grant reaches the store at once.
-            rules.hidden_hold_ns = IN_PROCESS_RELEASE_NS;
-        }
-        if label.starts_with("zk") {
-            let session = nanos(dlock_zk::ZkOptions::default().session_timeout);
-            rules.session_ns = Some(session);
-            rules.hidden_hold_ns = session;
-        }
-        if crate::backends::is_session_mode(label) {
-            // Held as long as the session, which the server ends this long after
-            // the last statement it received.
-            let session = nanos(crate::backends::SESSION_MODE_TIMEOUT);
-            rules.session_ns = Some(session);
-            rules.hidden_hold_ns = session;
-            rules.outage_ends_holds = true;
-        }
-        if label.starts_with("etcd") {
-            // etcd holds a lease for whole seconds, and a new leader gives every
-            // lease its full TTL again: a hold or a waiter's key nobody reports may
-            // stay that much longer.
-            rules.hidden_hold_ns += 2_000_000_000;
-            rules.waiter_lapse_ns = rules.hidden_hold_ns;
-        }
-        // Redlock shows its waiters for the same liveness.
-        if label.starts_with("redis") || label.starts_with("redlock") {
-            let liveness = dlock_redis::RedisOptions::default().waiter_liveness;
-            rules.waiter_lapse_ns = nanos(liveness * 2);
-        }
-        rules
-    }
-
     /// How long after the last worker is gone the store may still show its state:
     /// a hold nobody reports, or a silent waiter's queue entry.
     pub fn quiescence(&self) -> std::time::Duration {

@@ -50,7 +50,7 @@ impl<'a> Facts<'a> {
         for e in ev {
             g.record(e, rules);
         }
-        g.finish(t0)
+        g.finish(t0, rules)
     }
 
     /// What process `p` went through.
@@ -318,7 +318,7 @@ impl<'a> Gathering<'a> {
 
     /// Closes the windows left open, gives each renewal and loss its hold, and
     /// derives each hold's interval.
-    fn finish(mut self, t0: u64) -> Facts<'a> {
+    fn finish(mut self, t0: u64, rules: &Rules) -> Facts<'a> {
         if let Some(s) = self.outage_open.take() {
             self.outages.push((s, u64::MAX));
         }
@@ -340,6 +340,19 @@ impl<'a> Gathering<'a> {
             let invoke = self.invokes.get(&(h.proc_, h.att));
             if derive_interval(h, rec, invoke) {
                 self.totals.losses += 1;
+            }
+            // Where an outage ends every hold, a grant asked for before an outage
+            // and answered in it may have been made (and ended, its session gone
+            // with the server) before grants answered earlier: its `ok` time says
+            // little about when it was granted.
+            let invoked = invoke.map_or(h.ok, |i| i.t);
+            if rules.outage_ends_holds
+                && self
+                    .outages
+                    .iter()
+                    .any(|&(down, up)| invoked <= up && h.ok >= down)
+            {
+                h.ok_unreliable = true;
             }
         }
         let holds = self.holds;

@@ -143,7 +143,8 @@ pub struct FaultProxy {
     task: JoinHandle<()>,
 }
 
-pub(crate) fn loopback_only(upstream: SocketAddr) -> io::Result<()> {
+/// Refuses an upstream outside 127.0.0.0/8 (faults are injected on loopback only).
+pub fn loopback_only(upstream: SocketAddr) -> io::Result<()> {
     if upstream.ip().is_loopback() {
         Ok(())
     } else {
@@ -241,7 +242,7 @@ impl Drop for FaultProxy {
 /// on both): `up` carries the client's half to the server, `down` the server's to
 /// the client; either ending (EOF, error or a fault) ends the connection. Returns
 /// at once if the server cannot be reached.
-pub(crate) async fn relay<U, D>(
+pub async fn relay<U, D>(
     client: TcpStream,
     upstream: SocketAddr,
     up: impl FnOnce(OwnedReadHalf, OwnedWriteHalf) -> U,

@@ -47,6 +47,8 @@ pub use rwlock::{
     a_request_beside_a_missing_hold_is_judged_as_any_other, a_writer_reads_and_downgrades,
     upgradeable_reads_upgrade_without_a_writer_between,
 };
+mod batches;
+pub use batches::a_renewal_batch_answers_each_hold_as_its_own_renewal;
 mod waiters;
 pub use waiters::{a_leaving_writer_lets_readers_in, cancelled_lock_leaves_nothing};
 
@@ -1172,6 +1174,7 @@ cases!(
     a_writer_reads_and_downgrades,
     upgradeable_reads_upgrade_without_a_writer_between,
     a_request_beside_a_missing_hold_is_judged_as_any_other,
+    a_renewal_batch_answers_each_hold_as_its_own_renewal,
 );
 
 /// The longest a store may hold a lease asked for `lease`: as asked, or — where
