@@ -32,8 +32,11 @@
 //! lease was renewed, so renewals stop before then and the holder is told it lost
 //! the lock while its last lease still runs (take the lock again for longer). A
 //! waiter waiting that long queues again at the back. Release markers stay in the
-//! bucket until `max_age` and slow every watch as they pile up: a bucket under heavy
-//! churn wants a shorter `max_age` (the tests use 10 min).
+//! bucket until `max_age` and slow every watch as they pile up (on NATS 2.9 opening
+//! a lock's watch costs time in proportion to the bucket's messages): measured, the
+//! checker's 6 s run with a stopped worker did 598 operations in a fresh bucket and
+//! 122 in one holding 100 000 markers. A bucket under heavy churn wants a shorter
+//! `max_age` (the tests use 10 min).
 //!
 //! ## How it works
 //!

@@ -811,3 +811,21 @@ pub async fn url_with_password(label: &str, password: &str) -> Result<Option<Str
         _ => Ok(None),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::nats_bucket_url;
+
+    /// `DLOCK_NATS_URL` as scripts/lib/services.sh exports it names a server: the
+    /// tests' bucket is added (without it every run used the default `dlock`
+    /// bucket, whose 24 h of release markers slowed each run after the last).
+    #[test]
+    fn the_nats_label_uses_the_tests_bucket_on_the_server_named() {
+        assert_eq!(
+            nats_bucket_url("nats://127.0.0.1:4322"),
+            "nats://127.0.0.1:4322/dlock_checks?max_age=10m"
+        );
+        let named = "nats://127.0.0.1:4222/mine?max_age=1m";
+        assert_eq!(nats_bucket_url(named), named);
+    }
+}
