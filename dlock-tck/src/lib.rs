@@ -57,11 +57,13 @@
 //! implements [`LockAdmin`](dlock_spi::LockAdmin) gets it from its connect function
 //! alone: [`AdminTestBackend`].
 //!
-//! Beside the cases, the kit holds the lock-history checker's backend-neutral parts
-//! ([`lockcheck`]: the workload worker processes run, the fenced register, the
-//! histories and the checker's rules) and the loopback fault [`proxy`] its network
-//! nemesis uses. (Running processes under nemeses from a backend's own test is the
-//! kit's next step; today this repository's `lockcheck` binary runs them.)
+//! Beside the cases, the kit holds the lock-history checker ([`lockcheck`]: the
+//! workload, the fenced register, the histories, the checker's rules, and the runs
+//! that start worker processes under the nemeses — stopped, killed, and
+//! network-faulted through the loopback fault [`proxy`]), with one entry a
+//! backend's own test calls: a [`lockcheck::Deployment`] (its URL and how to open
+//! it) and one [`lockcheck::trial`] per nemesis. Server-side faults (a restart, a
+//! failover) come from a [`lockcheck::ServerFaults`] hook the test gives.
 #![deny(missing_docs)]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 

@@ -13,9 +13,9 @@ use testsuite::lockcheck::history::{
     Event, How, Kind, Mode, Op, Outcome, Reason, RegOp, Why, COORDINATOR,
 };
 use testsuite::lockcheck::nemesis::{Choice, Nemesis};
-use testsuite::lockcheck::rules_for;
+use testsuite::lockcheck::servers::not_applicable;
 use testsuite::lockcheck::workload::LEASE;
-use testsuite::lockcheck::{run, RunOptions};
+use testsuite::lockcheck::{rules_for, run, LabelDeployment, RunOptions, RunOutcome};
 use testsuite::proxy::Fault;
 
 /// The live runs share two cores: one at a time.
@@ -1133,9 +1133,8 @@ fn summary_matches(report: &Report) {
 const SEEDS: u64 = 4;
 
 /// In-process runs are short: a few leases are enough for every rule to have work.
-fn in_process(label: &str, seed: u64) -> RunOptions {
+fn in_process(seed: u64) -> RunOptions {
     RunOptions {
-        label: label.to_owned(),
         duration: LEASE * 2,
         seed,
         processes: 3,
@@ -1145,14 +1144,19 @@ fn in_process(label: &str, seed: u64) -> RunOptions {
     }
 }
 
+/// Runs the checker on this repository's `label`.
+async fn run_label(label: &str, opts: &RunOptions) -> Result<RunOutcome, String> {
+    run(&LabelDeployment::new(label)?, opts).await
+}
+
 /// Runs the broken backend `label` with seeds 1, 2, … (at most [`SEEDS`]) until a
 /// run reports every class of `required`, and checks that no class outside
 /// `required` and `possible` (what the flaw may also cause, timing permitting) fired. A flaw that shows only when the timing lets it (starvation,
 /// about three runs in four) still fails the self-test only if every seed misses it.
 async fn caught(label: &str, required: &[&str], possible: &[&str]) -> Report {
     for seed in 1..=SEEDS {
-        let opts = in_process(label, seed);
-        let outcome = run(&opts).await.expect("the run works");
+        let opts = in_process(seed);
+        let outcome = run_label(label, &opts).await.expect("the run works");
         let report = outcome.report;
         println!("seed {seed}: {}", report.summary_line());
         for c in report
@@ -1210,9 +1214,9 @@ async fn the_broken_backends_are_caught() {
 async fn memory_has_no_violations_and_kept_histories_check_again() {
     let _serial = SERIAL.lock().await;
     let seed = fastrand::u64(..10_000_000);
-    let mut opts = in_process("memory", seed);
+    let mut opts = in_process(seed);
     opts.keep = true;
-    let outcome = run(&opts).await.expect("the run works");
+    let outcome = run_label("memory", &opts).await.expect("the run works");
     let report = &outcome.report;
     println!("{}\n{}", report.table(), report.summary_line());
     let dir = outcome.kept.expect("a kept run has its directory");
@@ -1253,7 +1257,11 @@ async fn bounded_run(label: &str, seconds: u64, nemesis: &str, seed: u64) -> Opt
         .iter()
         .find(|k| k.name() == nemesis)
         .is_some_and(|k| SERVER_SIDE.iter().any(|(s, _)| s == k));
-    let limit = run_bound(label, Duration::from_secs(seconds), server_faults) + HARNESS_SLACK;
+    let limit = run_bound(
+        &rules_for(label),
+        Duration::from_secs(seconds),
+        server_faults,
+    ) + HARNESS_SLACK;
     let started = Instant::now();
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_lockcheck"))
         .args(["--backend", label, "--seconds", &seconds.to_string()])
@@ -1434,7 +1442,7 @@ fn every_server_run_has_a_group_of_its_own_server() {
     let mut label_groups: Vec<(&str, String, Vec<String>)> = Vec::new();
     for label in testsuite::backends::KNOWN {
         for (kind, _) in SERVER_SIDE {
-            if kind.not_applicable(label).is_some() {
+            if not_applicable(kind, label).is_some() {
                 continue;
             }
             let trial = format!("server_nemesis::{label}::{}", kind.name());
@@ -1536,7 +1544,7 @@ async fn a_mysql_restart_after_many_writes_serves_again() {
     sql("DROP TABLE IF EXISTS dlock_restart_probe");
     sql("CREATE TABLE dlock_restart_probe (id INT AUTO_INCREMENT PRIMARY KEY, pad CHAR(200))");
     sql("INSERT INTO dlock_restart_probe (pad) SELECT REPEAT('x', 200) FROM seq_1_to_300000");
-    let restarted = testsuite::lockcheck::nemesis::server_fault(&[
+    let restarted = testsuite::lockcheck::servers::server_fault(&[
         "restart".into(),
         "mysql".into(),
         "50".into(),
@@ -1557,8 +1565,11 @@ async fn a_mysql_restart_after_many_writes_serves_again() {
 /// one live run per (server backend selected, nemesis that applies to it), named
 /// `bounded_run::LABEL::stop`, `worker_nemesis::LABEL::KIND` and
 /// `server_nemesis::LABEL::KIND`. The in-process labels are the runs above; a
-/// nemesis that does not apply to a backend (`Nemesis::not_applicable` says why)
-/// has no trial.
+/// nemesis that does not apply to a backend (`servers::not_applicable` says why)
+/// has no trial. NATS, a backend built as a third party would build one, runs its
+/// worker-side nemeses from its own test (`dlock-nats/tests/lockcheck.rs`, the
+/// kit's entry); only its server restart, which needs this repository's scripts,
+/// runs here.
 fn main() -> std::process::ExitCode {
     let args = libtest_mimic::Arguments::from_args();
     let mut trials = testsuite::trials![
@@ -1585,7 +1596,7 @@ fn main() -> std::process::ExitCode {
             .chain(WORKER_SIDE.map(|kind| ("worker_nemesis", kind)))
             .chain(SERVER_SIDE.map(|kind| ("server_nemesis", kind)));
         for (group, (kind, seconds)) in runs {
-            if kind.not_applicable(&label).is_some() {
+            if not_applicable(kind, &label).is_some() || (label == "nats" && !kind.server_side()) {
                 continue;
             }
             let l = label.clone();

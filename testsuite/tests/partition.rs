@@ -28,6 +28,7 @@ use dlock_api::{DistributeLockManager, DistributeLockManagerBuilder, LostReason}
 use testsuite::backends::{self, TestUrl};
 use testsuite::conformance::{eventually, waiting};
 use testsuite::lockcheck::nemesis::Nemesis;
+use testsuite::lockcheck::servers::not_applicable;
 use testsuite::proxy::{proxy_every_host, Fault, FaultProxy};
 use testsuite::TestBackend;
 
@@ -164,7 +165,7 @@ where
     Fut: std::future::Future<Output = ()>,
 {
     for label in testsuite::runner::selected() {
-        if let Some(why) = Nemesis::Proxy.not_applicable(&label) {
+        if let Some(why) = not_applicable(Nemesis::Proxy, &label) {
             println!("{label}: not applicable ({why})");
             continue;
         }

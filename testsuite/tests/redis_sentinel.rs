@@ -90,7 +90,7 @@ async fn deployment_whole() {
 /// Runs `scripts/server-fault ARGS…` (bounded) and checks it succeeded.
 async fn server_fault(args: &[&str]) {
     let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
-    if let Err(e) = testsuite::lockcheck::nemesis::server_fault(&args).await {
+    if let Err(e) = testsuite::lockcheck::servers::server_fault(&args).await {
         panic!("{e}");
     }
 }

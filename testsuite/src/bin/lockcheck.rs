@@ -9,17 +9,16 @@
 //!
 //! Exit status: 0 no violation, 1 violations found, 2 the run itself failed.
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
-use testsuite::lockcheck::coordinator::{check_dir, worker_process, WorkerArgs, WORKER_URL_VAR};
+use dlock_tck::lockcheck::run_blocking;
+use testsuite::lockcheck::coordinator::check_dir;
 use testsuite::lockcheck::nemesis::Choice;
-use testsuite::lockcheck::rules_for;
-use testsuite::lockcheck::workload::WorkerSpec;
-use testsuite::lockcheck::{run, RunOptions};
+use testsuite::lockcheck::{rules_for, LabelDeployment, RunOptions};
 
 const USAGE: &str = "usage: lockcheck --backend <label> [--seconds N] [--seed S] [--processes K] [--nemesis none|proxy|stop|kill|restart|promote|expire|all] [--soak] [--keep]\n       lockcheck --backend <label> --check <dir>";
 
@@ -33,12 +32,6 @@ struct Args {
     soak: bool,
     keep: bool,
     check: Option<PathBuf>,
-    // Hidden: a worker process (the URL is in WORKER_URL_VAR).
-    worker: Option<u32>,
-    register: Option<SocketAddr>,
-    events: Option<PathBuf>,
-    namespace: Option<String>,
-    proxy: bool,
 }
 
 fn value<T: FromStr>(flag: &str, raw: Option<String>) -> Result<T, String> {
@@ -63,11 +56,6 @@ fn parse_args() -> Result<Args, String> {
             "--soak" => args.soak = true,
             "--keep" => args.keep = true,
             "--check" => args.check = Some(value(&flag, it.next())?),
-            "--worker" => args.worker = Some(value(&flag, it.next())?),
-            "--register" => args.register = Some(value(&flag, it.next())?),
-            "--events" => args.events = Some(value(&flag, it.next())?),
-            "--namespace" => args.namespace = Some(value(&flag, it.next())?),
-            "--proxy" => args.proxy = true,
             "-h" | "--help" => return Err(USAGE.to_owned()),
             other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
         }
@@ -80,34 +68,15 @@ fn duration(seconds: f64) -> Result<Duration, String> {
         .map_err(|_| format!("--seconds {seconds} is not a duration"))
 }
 
-fn runtime() -> Result<tokio::runtime::Runtime, String> {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .map_err(|e| format!("cannot start the tokio runtime: {e}"))
-}
-
-fn worker_main(id: u32, args: Args) -> Result<(), String> {
-    let missing = |what: &str| format!("worker {id}: missing {what}");
-    let worker = WorkerArgs {
-        label: args.backend.ok_or_else(|| missing("--backend"))?,
-        url: std::env::var(WORKER_URL_VAR).map_err(|_| missing(WORKER_URL_VAR))?,
-        proxy: args.proxy,
-        events: args.events.ok_or_else(|| missing("--events"))?,
-        spec: WorkerSpec {
-            proc_: id,
-            seed: args.seed.ok_or_else(|| missing("--seed"))?,
-            duration: duration(args.seconds.ok_or_else(|| missing("--seconds"))?)?,
-            namespace: args.namespace.ok_or_else(|| missing("--namespace"))?,
-            register: args.register.ok_or_else(|| missing("--register"))?,
-        },
-    };
-    runtime()?.block_on(worker_process(worker))
-}
-
 fn main() -> ExitCode {
     testsuite::backends::install_crypto_provider();
+    // A worker process of a run (the coordinator re-executes this binary).
+    let worker = |label: &str| {
+        Ok(Arc::new(LabelDeployment::worker(label)) as Arc<dyn testsuite::lockcheck::Deployment>)
+    };
+    if let Some(exit) = dlock_tck::lockcheck::as_worker(worker) {
+        return exit;
+    }
     let args = match parse_args() {
         Ok(a) => a,
         Err(e) => {
@@ -115,15 +84,6 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    if let Some(id) = args.worker {
-        return match worker_main(id, args) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("lockcheck worker {id}: {e}");
-                ExitCode::from(2)
-            }
-        };
-    }
     let Some(label) = args.backend.clone() else {
         eprintln!("--backend is required\n{USAGE}");
         return ExitCode::from(2);
@@ -152,13 +112,12 @@ fn main() -> ExitCode {
     let seed = args.seed.unwrap_or_else(|| fastrand::u64(..10_000_000));
     let opts = match duration(seconds) {
         Ok(duration) => RunOptions {
-            label: label.clone(),
             duration,
             seed,
             processes: args.processes.unwrap_or(3),
             nemesis,
             keep: args.keep,
-            worker_exe: std::env::current_exe().ok(),
+            worker_exe: None,
         },
         Err(e) => {
             eprintln!("{e}");
@@ -169,7 +128,8 @@ fn main() -> ExitCode {
         "lockcheck: backend {label}, {seconds} s, seed {seed}, {} processes, nemesis {nemesis}",
         opts.processes
     );
-    let outcome = runtime().and_then(|rt| rt.block_on(run(&opts)));
+    let outcome =
+        LabelDeployment::new(&label).and_then(|deployment| run_blocking(&deployment, &opts));
     match outcome {
         Ok(outcome) => {
             for note in &outcome.notes {

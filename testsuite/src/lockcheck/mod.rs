@@ -38,15 +38,18 @@
 //!
 //! # Processes
 //!
-//! The coordinator opens the backend once at its URL (for SQLite a fresh file, which
-//! that test backend removes at the end), starts the [fenced register](register),
-//! and re-executes its own binary as K worker processes (`--worker …`, hidden flags;
-//! the URL in the environment, not in `ps`) that all open the same URL and use one
-//! namespace `lc<seed>-<nonce>:`. Workers take their clients from a
-//! [`TestBackend`](crate::TestBackend), as conformance cases do. The in-process
-//! backends (`memory`, the broken ones) cannot be shared between processes: their
-//! workers are tasks of the coordinator sharing its test backend's store, with the
-//! same logging and checker.
+//! The runs are the kit's ([`dlock_tck::lockcheck`]: coordinator, workers,
+//! nemeses); this module gives them this repository's labels as a
+//! [`LabelDeployment`]. The coordinator opens the backend once at its URL (for
+//! SQLite a fresh file, which the deployment removes at the end), starts the
+//! [fenced register](register), and re-executes its own binary as K worker
+//! processes (`--worker …`, hidden flags, handled by
+//! [`dlock_tck::lockcheck::as_worker`]; the URL in the environment, not in `ps`)
+//! that all open the same URL and use one namespace `lc<seed>-<nonce>:`. Workers
+//! take their clients from a [`TestBackend`](crate::TestBackend), as conformance
+//! cases do. The in-process backends (`memory`, the broken ones) cannot be shared
+//! between processes: their workers are tasks of the coordinator sharing its test
+//! backend's store, with the same logging and checker.
 //!
 //! # Workload ([`workload`])
 //!
@@ -70,7 +73,7 @@
 //! the manager sets it, and each successful watchdog renewal with its send time (the
 //! checker's proof that the store still had the hold).
 //!
-//! # Nemeses ([`nemesis`])
+//! # Nemeses ([`nemesis`]; this repository's servers: [`servers`])
 //!
 //! * `proxy` — every worker talks to the backend through its own `FaultProxy`; the
 //!   coordinator sends it delay (50–300 ms), black hole (0.5–2× lease, ended by a
@@ -123,11 +126,13 @@
 //! (`register.events`), all in the run directory.
 
 pub mod broken;
-pub mod coordinator;
-pub mod nemesis;
+mod deployment;
 mod rules;
+pub mod servers;
 
-pub use dlock_tck::lockcheck::{check, history, register, workload};
+pub use deployment::LabelDeployment;
+pub use dlock_tck::lockcheck::{check, coordinator, history, nemesis, register, workload};
+pub use dlock_tck::lockcheck::{Deployment, Nemesis};
 pub use rules::rules_for;
 
 pub use check::{check, Report, Rules};

@@ -1,6 +1,7 @@
-//! The coordinator: opens the backend, starts the register and the workers
-//! (processes, or tasks for the in-process backends), runs the nemesis, waits for the
-//! workers, checks for leaks, gathers the histories and runs the checker.
+//! The coordinator: opens the store, starts the register and the workers
+//! (processes re-executing the current binary, or tasks for an in-process store),
+//! runs the nemesis, waits for the workers, checks for leaks, gathers the
+//! histories and runs the checker.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -9,17 +10,17 @@ use std::time::{Duration, Instant};
 use dlock_api::{DistributeLockManagerBuilder, LockState};
 use tokio::task::JoinSet;
 
-use crate::backends;
 use crate::conformance::eventually;
 use crate::proxy::proxy_every_host;
 use crate::TestBackend;
 
-use super::broken::{in_process, Flaw};
 use super::check::{check, Report, Rules};
+use super::deployment::Deployment;
 use super::history::{read_file, Event, EventLog, Kind, COORDINATOR};
-use super::nemesis::{self, Choice, Procs, Servers};
+use super::inject;
+use super::nemesis::Choice;
+use super::procs::{self, Procs};
 use super::register::Register;
-use super::rules_for;
 use super::workload::{keep_trying, run_worker, state_names, Plan, WorkerSpec, EXIT_GRACE, LEASE};
 
 /// Bound on opening the backend (one round trip included).
@@ -28,13 +29,14 @@ const CONNECT_BOUND: Duration = Duration::from_secs(20);
 const INSPECT_BOUND: Duration = Duration::from_secs(5);
 /// Added to the store's quiescence for its own timers and clock.
 const LEAK_SLACK: Duration = Duration::from_secs(2);
-pub use super::nemesis::WORKER_URL_VAR;
+/// Bound on one server-side fault, restore included (a hook's own waits are
+/// bounded too): what [`run_bound`] allows for a fault in progress at the deadline.
+pub const SERVER_FAULT_BOUND: Duration = Duration::from_secs(180);
+pub use super::procs::WORKER_URL_VAR;
 
 /// What to run.
 #[derive(Debug, Clone)]
 pub struct RunOptions {
-    /// Backend label (`backends::KNOWN`, or a broken backend of `broken::Flaw::ALL`).
-    pub label: String,
     /// How long the workload runs.
     pub duration: Duration,
     /// Seed of every random choice (workers get `seed + i`).
@@ -45,8 +47,25 @@ pub struct RunOptions {
     pub nemesis: Choice,
     /// Keep the history files.
     pub keep: bool,
-    /// The `lockcheck` binary, re-executed for worker processes (server labels).
+    /// The binary re-executed for worker processes; `None`: this one
+    /// (`std::env::current_exe`), whose `main` must call
+    /// [`as_worker`](super::as_worker) first.
     pub worker_exe: Option<PathBuf>,
+}
+
+impl RunOptions {
+    /// A run of `duration` with seed `seed`: 3 processes, the nemesis `nemesis`,
+    /// histories not kept, workers re-executing this binary.
+    pub fn new(duration: Duration, seed: u64, nemesis: Choice) -> Self {
+        RunOptions {
+            duration,
+            seed,
+            processes: 3,
+            nemesis,
+            keep: false,
+            worker_exe: None,
+        }
+    }
 }
 
 /// A finished run.
@@ -77,8 +96,8 @@ pub struct WorkerArgs {
 }
 
 /// A worker process's main: runs the workload against `args.url` (through its own
-/// fault proxies if asked), logging to `args.events`.
-pub async fn worker_process(args: WorkerArgs) -> Result<(), String> {
+/// fault proxies if asked) opened by `deployment`, logging to `args.events`.
+pub async fn worker_process(deployment: &dyn Deployment, args: WorkerArgs) -> Result<(), String> {
     let log = EventLog::create(&args.events, args.spec.proc_)?;
     let shown = dlock_api::redact_url(&args.url);
     let mut url = args.url.clone();
@@ -89,32 +108,29 @@ pub async fn worker_process(args: WorkerArgs) -> Result<(), String> {
             .map_err(|e| format!("cannot put a proxy in front of {shown}: {e}"))?;
         url = proxied;
         let proxies = Arc::new(started);
-        nemesis::follow_commands(Arc::clone(&proxies), log.clone());
+        procs::follow_commands(Arc::clone(&proxies), log.clone());
         _proxies = Some(proxies);
     }
     // Unlike the coordinator's probe, a worker may start during an outage.
-    let backend = keep_trying(|| async {
-        backends::open_at(&args.label, backends::TestUrl::fixed(url.clone()))
-            .await
-            .map_err(|e| e.to_string())
-    })
-    .await
-    .map_err(|e| format!("backend {} at {shown} cannot be reached: {e}", args.label))?;
+    let backend = keep_trying(|| deployment.open(&url))
+        .await
+        .map_err(|e| format!("backend {} at {shown} cannot be reached: {e}", args.label))?;
     run_worker(args.spec, backend, log).await
 }
 
-/// Opens the test backend for `label` at `url` (`shown`: the URL without secrets),
-/// bounded: an unreachable backend fails the run, it is never skipped.
+/// Opens the store at `url` (`shown`: the URL without secrets), bounded: an
+/// unreachable store fails the run, it is never skipped.
 async fn open_backend(
-    label: &str,
-    url: backends::TestUrl,
+    deployment: &dyn Deployment,
+    url: &str,
     shown: &str,
 ) -> Result<Arc<dyn TestBackend>, String> {
+    let label = deployment.label();
     let unreachable = |e: String| format!("backend {label} at {shown} cannot be reached: {e}");
-    tokio::time::timeout(CONNECT_BOUND, backends::open_at(label, url))
+    tokio::time::timeout(CONNECT_BOUND, deployment.open(url))
         .await
         .map_err(|_| unreachable(format!("no answer within {CONNECT_BOUND:?}")))?
-        .map_err(|e| unreachable(e.to_string()))
+        .map_err(unreachable)
 }
 
 /// The run's history directory (made by `tempfile`): removed when dropped, unless
@@ -143,48 +159,39 @@ impl RunDir {
     }
 }
 
-/// The longest a run of `duration` on the server backend `label` lasts by its own
+/// The longest a run of `duration` on a store with `rules` lasts by its own
 /// bounds: the deadline; a server fault still in progress then
-/// ([`nemesis::SERVER_FAULT_BOUND`], when `server_faults`); the workers' exit grace
+/// ([`SERVER_FAULT_BOUND`], when `server_faults`); the workers' exit grace
 /// ([`EXIT_GRACE`]); the leak check's quiescence. A harness that waits for a run
 /// longer than this (plus a process's start and the checker's own work) has found
 /// a hang, not a slow run.
-pub fn run_bound(label: &str, duration: Duration, server_faults: bool) -> Duration {
+pub fn run_bound(rules: &Rules, duration: Duration, server_faults: bool) -> Duration {
     let fault = if server_faults {
-        nemesis::SERVER_FAULT_BOUND
+        SERVER_FAULT_BOUND
     } else {
         Duration::ZERO
     };
-    duration + fault + EXIT_GRACE + rules_for(label).quiescence() + LEAK_SLACK
+    duration + fault + EXIT_GRACE + rules.quiescence() + LEAK_SLACK
 }
 
-/// Runs the checker end to end. `Err` means the run itself failed (backend
-/// unreachable, a worker that could not work, no grant at all); violations are in
-/// the report.
-pub async fn run(opts: &RunOptions) -> Result<RunOutcome, String> {
-    let label = opts.label.as_str();
+/// Runs the checker end to end on `deployment`. `Err` means the run itself failed
+/// (store unreachable, a worker that could not work, no grant at all); violations
+/// are in the report.
+pub async fn run(deployment: &dyn Deployment, opts: &RunOptions) -> Result<RunOutcome, String> {
+    let label = deployment.label();
     if opts.processes == 0 {
         return Err("--processes must be at least 1".to_owned());
     }
-    let url = if in_process(label) {
-        backends::TestUrl::fixed("")
-    } else {
-        backends::server_url(label).ok_or_else(|| {
-            let broken: Vec<&str> = Flaw::ALL.iter().map(|(l, _)| *l).collect();
-            format!(
-                "unknown backend {label:?}; known: {}, {}",
-                backends::KNOWN.join(", "),
-                broken.join(", ")
-            )
-        })?
-    };
-    // Opened once: it probes the backend before any worker starts, serves the leak
-    // check, and owns a per-run SQLite file (removed when dropped).
-    let shown = dlock_api::redact_url(&url);
-    let backend = open_backend(label, url.clone(), &shown).await?;
-    let rules = rules_for(label);
+    let url = deployment.url();
+    // Opened once: it probes the store before any worker starts and serves the
+    // leak check.
+    let shown = url
+        .as_deref()
+        .map_or_else(String::new, dlock_api::redact_url);
+    let backend = open_backend(deployment, url.as_deref().unwrap_or(""), &shown).await?;
+    let rules = deployment.rules();
 
-    let dir = RunDir::new(label, opts.seed, opts.keep)?;
+    let dir = RunDir::new(&label, opts.seed, opts.keep)?;
     let mut notes = Vec::new();
     if opts.keep {
         notes.push(format!(
@@ -199,7 +206,7 @@ pub async fn run(opts: &RunOptions) -> Result<RunOutcome, String> {
 
     let mut kinds = Vec::new();
     for kind in opts.nemesis.kinds() {
-        match kind.not_applicable(label) {
+        match deployment.not_applicable(kind) {
             Some(why) => notes.push(format!(
                 "nemesis {}: not applicable to {label} ({why})",
                 kind.name()
@@ -216,78 +223,64 @@ pub async fn run(opts: &RunOptions) -> Result<RunOutcome, String> {
     };
     let until = Instant::now() + opts.duration;
     let bound = until + EXIT_GRACE;
-    if in_process(label) {
-        let mut workers = JoinSet::new();
-        for i in 1..=opts.processes {
-            let log = EventLog::create(&dir.path.join(format!("p{i}.events")), i)?;
-            workers.spawn(run_worker(
-                plan.spec(i, opts.duration),
-                Arc::clone(&backend),
-                log,
-            ));
+    match url {
+        None => {
+            let logs = (1..=opts.processes)
+                .map(|i| EventLog::create(&dir.path.join(format!("p{i}.events")), i))
+                .collect::<Result<Vec<_>, String>>()?;
+            run_tasks(&backend, &plan, opts.duration, logs, bound).await?;
         }
-        let mut failures = Vec::new();
-        loop {
-            match tokio::time::timeout_at(bound.into(), workers.join_next()).await {
-                Ok(Some(Ok(Ok(())))) => {}
-                Ok(Some(Ok(Err(e)))) => failures.push(e),
-                Ok(Some(Err(e))) => failures.push(format!("a virtual process failed: {e}")),
-                Ok(None) => break,
-                Err(_) => {
-                    failures.push(format!(
-                        "{} virtual process(es) still running {EXIT_GRACE:?} after the deadline",
-                        workers.len()
-                    ));
-                    workers.abort_all();
-                    break;
-                }
+        Some(url) => {
+            let exe = match &opts.worker_exe {
+                Some(exe) => exe.clone(),
+                None => std::env::current_exe()
+                    .map_err(|e| format!("cannot find this binary to start workers: {e}"))?,
+            };
+            let mut procs = Procs::new(
+                exe,
+                label.clone(),
+                url,
+                kinds.iter().any(|k| k.needs_proxy()),
+                dir.path.clone(),
+                coordinator_log.clone(),
+                until,
+                plan,
+            );
+            let mut servers = if kinds.iter().any(|k| k.server_side()) {
+                deployment.servers()?
+            } else {
+                None
+            };
+            for _ in 0..opts.processes {
+                procs.spawn_next(opts.duration)?;
             }
-        }
-        if !failures.is_empty() {
-            return Err(failures.join("; "));
-        }
-    } else {
-        let exe = opts.worker_exe.clone().ok_or_else(|| {
-            format!("backend {label} needs worker processes but no lockcheck binary was given")
-        })?;
-        let mut procs = Procs::new(
-            exe,
-            label.to_owned(),
-            url.to_string(),
-            kinds.iter().any(|k| k.needs_proxy()),
-            dir.path.clone(),
-            coordinator_log.clone(),
-            until,
-            plan,
-        );
-        let session = rules.session_ns.map(Duration::from_nanos);
-        let mut servers = Servers::new(label, &procs.url, session)?;
-        for _ in 0..opts.processes {
-            procs.spawn_next(opts.duration)?;
-        }
-        let injected = nemesis::run(
-            &kinds,
-            &mut procs,
-            &mut servers,
-            &coordinator_log,
-            opts.seed,
-            until,
-            LEASE,
-        )
-        .await;
-        let problems = procs.wait_all(bound).await;
-        // Before the leak check reads the store: the original master back in its role.
-        servers.restore().await?;
-        let injected = injected?;
-        if !injected.is_empty() {
-            let counts: Vec<String> = injected
-                .iter()
-                .map(|(kind, n)| format!("{} {n}", kind.name()))
-                .collect();
-            notes.push(format!("faults injected: {}", counts.join(", ")));
-        }
-        if !problems.is_empty() {
-            return Err(problems.join("; "));
+            let injected = inject::run(
+                &kinds,
+                deployment,
+                &mut procs,
+                servers.as_deref_mut(),
+                &coordinator_log,
+                opts.seed,
+                until,
+                LEASE,
+            )
+            .await;
+            let problems = procs.wait_all(bound).await;
+            // Before the leak check reads the store: the servers as they were.
+            if let Some(servers) = servers.as_mut() {
+                servers.restore().await?;
+            }
+            let injected = injected?;
+            if !injected.is_empty() {
+                let counts: Vec<String> = injected
+                    .iter()
+                    .map(|(kind, n)| format!("{} {n}", kind.name()))
+                    .collect();
+                notes.push(format!("faults injected: {}", counts.join(", ")));
+            }
+            if !problems.is_empty() {
+                return Err(problems.join("; "));
+            }
         }
     }
 
@@ -321,7 +314,7 @@ pub async fn run(opts: &RunOptions) -> Result<RunOutcome, String> {
             return Err(e);
         }
     }
-    let report = check_dir(label, &dir.path, &rules)?;
+    let report = check_dir(&label, &dir.path, &rules)?;
     if report.totals.grants == 0 {
         return Err(format!(
             "no lock was granted in the whole run: backend {label} did not work"
@@ -332,6 +325,43 @@ pub async fn run(opts: &RunOptions) -> Result<RunOutcome, String> {
         notes,
         kept: opts.keep.then(|| dir.path.clone()),
     })
+}
+
+/// The workers of an in-process store: tasks sharing `backend`, one per log,
+/// waited for until `bound`.
+async fn run_tasks(
+    backend: &Arc<dyn TestBackend>,
+    plan: &Plan,
+    duration: Duration,
+    logs: Vec<EventLog>,
+    bound: Instant,
+) -> Result<(), String> {
+    let mut workers = JoinSet::new();
+    for (i, log) in (1..).zip(logs) {
+        workers.spawn(run_worker(plan.spec(i, duration), Arc::clone(backend), log));
+    }
+    let mut failures = Vec::new();
+    loop {
+        match tokio::time::timeout_at(bound.into(), workers.join_next()).await {
+            Ok(Some(Ok(Ok(())))) => {}
+            Ok(Some(Ok(Err(e)))) => failures.push(e),
+            Ok(Some(Err(e))) => failures.push(format!("a virtual process failed: {e}")),
+            Ok(None) => break,
+            Err(_) => {
+                failures.push(format!(
+                    "{} virtual process(es) still running {EXIT_GRACE:?} after the deadline",
+                    workers.len()
+                ));
+                workers.abort_all();
+                break;
+            }
+        }
+    }
+    if failures.is_empty() {
+        Ok(())
+    } else {
+        Err(failures.join("; "))
+    }
 }
 
 /// Checks the histories (`*.events`) of a run directory.
@@ -471,7 +501,15 @@ mod tests {
     /// The leak check of an empty namespace over a store whose first `failures`
     /// answers are `error`: its result, and how often it asked.
     async fn leak_check_over(failures: u32, error: fn() -> Error) -> (Result<(), String>, u32) {
-        let inner = backends::open("memory").await.expect("the memory store");
+        let store = dlock_spi::InMemoryBackend::new();
+        let inner: Arc<dyn TestBackend> = Arc::new(
+            crate::AdminTestBackend::open("memory", move || {
+                let store = store.clone();
+                async move { Ok(store) }
+            })
+            .await
+            .expect("the memory store"),
+        );
         let backend = FailsFirst {
             inner,
             failures,
