@@ -123,7 +123,7 @@ impl EtcdBackend {
     ///
     /// ```no_run
     /// # async fn demo() -> dlock_spi::Result<()> {
-    /// let client = etcd_client::Client::connect(["127.0.0.1:2379"], None)
+    /// let client = dlock_etcd::etcd_client::Client::connect(["127.0.0.1:2379"], None)
     ///     .await
     ///     .map_err(|e| dlock_spi::Error::backend(e.to_string()))?;
     /// let etcd = dlock_etcd::EtcdBackend::from_client(

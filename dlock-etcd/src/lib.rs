@@ -99,6 +99,10 @@ mod tls;
 pub use backend::EtcdBackend;
 pub use config::{EtcdCredentials, EtcdOptions};
 pub use dlock_spi::TlsIdentity;
+/// The `etcd-client` crate this backend is built on: an application hands its own
+/// `etcd_client::Client` to [`EtcdBackend::from_client`] from this re-export, so
+/// the versions always match.
+pub use etcd_client;
 
 /// The README's examples, compiled as doctests.
 #[cfg(doctest)]

@@ -192,6 +192,13 @@ pub(crate) fn refused_startup_parameter(err: &sqlx::Error) -> Option<String> {
 /// Maps a driver error, naming the operation that failed.
 pub(crate) fn map_sqlx(err: sqlx::Error, backend: &'static str, op: &'static str) -> Error {
     let (kind, retryable, hint) = match &err {
+        // MySQL 8's caching_sha2_password over a connection without TLS: the
+        // password goes RSA-encrypted, which is opt-in (the rsa crate).
+        sqlx::Error::Configuration(e) if e.to_string().contains("RSA") => (
+            ErrorKind::Config,
+            false,
+            "this MySQL login needs RSA (caching_sha2_password without TLS): enable dlock-api's `mysql-rsa` feature (dlock-jdbc's, used alone), or connect over TLS (`?ssl-mode=required`, with the `sql-tls` feature)",
+        ),
         sqlx::Error::Configuration(_) => (
             ErrorKind::Config,
             false,
@@ -258,6 +265,23 @@ pub(crate) fn map_sqlx(err: sqlx::Error, backend: &'static str, op: &'static str
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// MySQL 8's caching_sha2_password over a connection without TLS needs RSA,
+    /// which is opt-in (`mysql-rsa`): the error names the feature of dlock's to
+    /// enable and the alternative, not only sqlx's own.
+    #[test]
+    fn a_mysql_login_that_needs_rsa_names_the_feature_to_enable() {
+        let sqlx_says = "RSA auth backend disabled; enable feature `mysql-rsa` (or `rsa` if using sqlx-mysql directly) or use TLS.";
+        let err = map_sqlx(
+            sqlx::Error::Configuration(sqlx_says.into()),
+            "mysql",
+            "connect",
+        );
+        assert_eq!(err.kind(), ErrorKind::Config);
+        let text = err.to_string();
+        assert!(text.contains("dlock-api's `mysql-rsa` feature"), "{text}");
+        assert!(text.contains("ssl-mode=required"), "{text}");
+    }
 
     #[test]
     fn sqlstates_are_classified_by_what_a_retry_would_do() {

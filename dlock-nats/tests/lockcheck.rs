@@ -56,8 +56,7 @@ fn main() -> std::process::ExitCode {
     }
     let args = dlock_tck::libtest_mimic::Arguments::from_args();
     // A run that selects backends and leaves this one out runs none of its trials.
-    if std::env::var("DLOCK_TEST_BACKENDS").is_ok_and(|v| !v.split(',').any(|l| l.trim() == "nats"))
-    {
+    if !dlock_tck::runner::selected("nats") {
         return dlock_tck::libtest_mimic::run(&args, Vec::new()).exit_code();
     }
     let trials = [Nemesis::Stop, Nemesis::Kill, Nemesis::Proxy]

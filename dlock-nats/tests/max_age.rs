@@ -20,7 +20,7 @@ use dlock_spi::{
 const MAX_AGE: Duration = Duration::from_secs(4);
 
 fn selected() -> bool {
-    std::env::var("DLOCK_TEST_BACKENDS").map_or(true, |v| v.split(',').any(|l| l.trim() == "nats"))
+    dlock_tck::runner::selected("nats")
 }
 
 fn url() -> String {

@@ -11,8 +11,7 @@ fn main() -> std::process::ExitCode {
     // A run that selects backends and leaves this one out runs none of its trials
     // (`DLOCK_TEST_BACKENDS`, as the workspace's test scripts set it); one that
     // selects it, or sets nothing, needs the server.
-    if std::env::var("DLOCK_TEST_BACKENDS").is_ok_and(|v| !v.split(',').any(|l| l.trim() == "nats"))
-    {
+    if !dlock_tck::runner::selected("nats") {
         let args = dlock_tck::libtest_mimic::Arguments::from_args();
         return dlock_tck::libtest_mimic::run(&args, Vec::new()).exit_code();
     }

@@ -116,8 +116,8 @@ impl RedisBackend {
     /// ```no_run
     /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
     /// use dlock_redis::{RedisBackend, RedisOptions};
-    /// let client = redis::Client::open("redis://127.0.0.1:6379")?;
-    /// let config = redis::aio::ConnectionManagerConfig::new().set_response_timeout(None);
+    /// let client = dlock_redis::redis::Client::open("redis://127.0.0.1:6379")?;
+    /// let config = dlock_redis::redis::aio::ConnectionManagerConfig::new().set_response_timeout(None);
     /// let conn = client.get_connection_manager_with_config(config).await?;
     /// let backend =
     ///     RedisBackend::from_connection_manager(client, conn, RedisOptions::default()).await?;

@@ -115,6 +115,10 @@ mod tls;
 pub use backend::RedisBackend;
 pub use config::{RedisOptions, SentinelAuth};
 pub use dlock_spi::TlsIdentity;
+/// The `redis` crate this backend is built on: an application hands its own
+/// `redis::Client` to [`RedisBackend::from_client`] (and the cluster, Sentinel and
+/// Redlock constructors) from this re-export, so the versions always match.
+pub use redis;
 pub use redlock::RedlockBackend;
 
 /// The README's examples, compiled and run as doctests.

@@ -10,6 +10,17 @@ use libtest_mimic::{Failed, Trial};
 use crate::conformance::{Case, CASES};
 use crate::TestBackend;
 
+/// The environment variable a workspace's test scripts set to the backend labels
+/// a run selects (comma-separated).
+pub const SELECTED_VAR: &str = "DLOCK_TEST_BACKENDS";
+
+/// Whether a run selects backend `label`: [`SELECTED_VAR`] unset (a run that
+/// selects nothing runs every backend, and needs its server), or naming it. A
+/// backend's `harness = false` tests run none of their trials when it is left out.
+pub fn selected(label: &str) -> bool {
+    std::env::var(SELECTED_VAR).map_or(true, |v| v.split(',').any(|l| l.trim() == label))
+}
+
 /// How long one case may run on one backend before it counts as hung.
 pub const CASE_TIMEOUT: Duration = Duration::from_secs(120);
 

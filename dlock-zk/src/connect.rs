@@ -55,7 +55,7 @@ impl ZkBackend {
     /// # async fn demo() -> dlock_spi::Result<()> {
     /// use std::time::Duration;
     /// use dlock_zk::{ZkBackend, ZkOptions};
-    /// let connector = zookeeper_client::Client::connector()
+    /// let connector = dlock_zk::zookeeper_client::Client::connector()
     ///     .with_session_timeout(Duration::from_secs(6));
     /// let backend =
     ///     ZkBackend::from_connector(connector, "127.0.0.1:2181", ZkOptions::default()).await?;

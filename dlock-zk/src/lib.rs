@@ -94,6 +94,10 @@ mod upgrade;
 pub use backend::ZkBackend;
 pub use config::ZkOptions;
 pub use layout::ExclusiveNode;
+/// The `zookeeper-client` crate this backend is built on: an application's own
+/// `zookeeper_client::Connector` goes to [`ZkBackend::from_connector`] from this
+/// re-export, so the versions always match.
+pub use zookeeper_client;
 
 /// The README's examples, compiled and run as doctests.
 #[cfg(doctest)]

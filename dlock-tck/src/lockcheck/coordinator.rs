@@ -18,7 +18,7 @@ use super::check::{check, Report, Rules};
 use super::deployment::Deployment;
 use super::history::{read_file, Event, EventLog, Kind, COORDINATOR};
 use super::inject;
-use super::nemesis::Choice;
+use super::nemesis::{Choice, Nemesis};
 use super::procs::{self, Procs};
 use super::register::Register;
 use super::workload::{keep_trying, run_worker, state_names, Plan, WorkerSpec, EXIT_GRACE, LEASE};
@@ -32,7 +32,6 @@ const LEAK_SLACK: Duration = Duration::from_secs(2);
 /// Bound on one server-side fault, restore included (a hook's own waits are
 /// bounded too): what [`run_bound`] allows for a fault in progress at the deadline.
 pub const SERVER_FAULT_BOUND: Duration = Duration::from_secs(180);
-pub use super::procs::WORKER_URL_VAR;
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -70,6 +69,7 @@ impl RunOptions {
 
 /// A finished run.
 #[derive(Debug)]
+#[non_exhaustive]
 pub struct RunOutcome {
     /// The checker's report.
     pub report: Report,
@@ -77,12 +77,17 @@ pub struct RunOutcome {
     pub notes: Vec<String>,
     /// The run directory, when kept.
     pub kept: Option<PathBuf>,
+    /// How many faults of each kind that applied were injected.
+    pub injected: Vec<(Nemesis, u32)>,
+    /// Whether the workload took the semaphore's permits (the store offers
+    /// semaphores): a run that did should show permit grants.
+    pub semaphores: bool,
 }
 
 /// The hidden `--worker` arguments of a worker process (the URL comes from
-/// [`WORKER_URL_VAR`]).
+/// `DLOCK_LOCKCHECK_URL`).
 #[derive(Debug, Clone)]
-pub struct WorkerArgs {
+pub(crate) struct WorkerArgs {
     /// Backend label.
     pub label: String,
     /// Backend URL (the same for every worker of a run).
@@ -97,7 +102,10 @@ pub struct WorkerArgs {
 
 /// A worker process's main: runs the workload against `args.url` (through its own
 /// fault proxies if asked) opened by `deployment`, logging to `args.events`.
-pub async fn worker_process(deployment: &dyn Deployment, args: WorkerArgs) -> Result<(), String> {
+pub(crate) async fn worker_process(
+    deployment: &dyn Deployment,
+    args: WorkerArgs,
+) -> Result<(), String> {
     let log = EventLog::create(&args.events, args.spec.proc_)?;
     let shown = dlock_api::redact_url(&args.url);
     let mut url = args.url.clone();
@@ -177,10 +185,17 @@ pub fn run_bound(rules: &Rules, duration: Duration, server_faults: bool) -> Dura
 /// Runs the checker end to end on `deployment`. `Err` means the run itself failed
 /// (store unreachable, a worker that could not work, no grant at all); violations
 /// are in the report.
+///
+/// # Cancel safety
+///
+/// Not cancel safe: dropped mid-run, the workers are killed (their processes are
+/// `kill_on_drop`) but a server-side fault in progress is cut short and the
+/// hook's [`restore`](super::ServerFaults::restore) does not run — a promoted
+/// replica stays promoted. Bound it by its own bounds ([`run_bound`]) instead.
 pub async fn run(deployment: &dyn Deployment, opts: &RunOptions) -> Result<RunOutcome, String> {
     let label = deployment.label();
     if opts.processes == 0 {
-        return Err("--processes must be at least 1".to_owned());
+        return Err("a run needs at least one worker process".to_owned());
     }
     let url = deployment.url();
     // Opened once: it probes the store before any worker starts and serves the
@@ -194,10 +209,7 @@ pub async fn run(deployment: &dyn Deployment, opts: &RunOptions) -> Result<RunOu
     let dir = RunDir::new(&label, opts.seed, opts.keep)?;
     let mut notes = Vec::new();
     if opts.keep {
-        notes.push(format!(
-            "histories kept in {} (check again: lockcheck --backend {label} --check <dir>)",
-            dir.path.display()
-        ));
+        notes.push(format!("histories kept in {}", dir.path.display()));
     }
     let coordinator_log = EventLog::create(&dir.path.join("coordinator.events"), COORDINATOR)?;
     let register = Register::start()
@@ -221,8 +233,18 @@ pub async fn run(deployment: &dyn Deployment, opts: &RunOptions) -> Result<RunOu
         namespace: namespace.clone(),
         register: register.addr(),
     };
+    let semaphores = match tokio::time::timeout(CONNECT_BOUND, backend.client()).await {
+        Ok(Ok(client)) => client.capabilities().semaphore,
+        Ok(Err(e)) => return Err(format!("backend {label} gives no client: {e}")),
+        Err(_) => {
+            return Err(format!(
+                "backend {label} gave no client within {CONNECT_BOUND:?}"
+            ))
+        }
+    };
     let until = Instant::now() + opts.duration;
     let bound = until + EXIT_GRACE;
+    let mut injected_all = Vec::new();
     match url {
         None => {
             let logs = (1..=opts.processes)
@@ -268,9 +290,14 @@ pub async fn run(deployment: &dyn Deployment, opts: &RunOptions) -> Result<RunOu
             let problems = procs.wait_all(bound).await;
             // Before the leak check reads the store: the servers as they were.
             if let Some(servers) = servers.as_mut() {
-                servers.restore().await?;
+                tokio::time::timeout(SERVER_FAULT_BOUND, servers.restore())
+                    .await
+                    .map_err(|_| {
+                        format!("the servers were not restored within {SERVER_FAULT_BOUND:?}")
+                    })??;
             }
             let injected = injected?;
+            injected_all.clone_from(&injected);
             if !injected.is_empty() {
                 let counts: Vec<String> = injected
                     .iter()
@@ -324,6 +351,8 @@ pub async fn run(deployment: &dyn Deployment, opts: &RunOptions) -> Result<RunOu
         report,
         notes,
         kept: opts.keep.then(|| dir.path.clone()),
+        injected: injected_all,
+        semaphores,
     })
 }
 

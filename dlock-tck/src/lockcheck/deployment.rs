@@ -32,6 +32,10 @@ pub trait Deployment: Send + Sync {
     /// check for leaks; each worker's, through its fault proxies when the proxy
     /// nemesis runs). An error fails the run: a store that cannot be reached is
     /// never skipped.
+    ///
+    /// # Cancel safety
+    ///
+    /// Must be cancel safe: the run bounds it with a timeout.
     async fn open(&self, url: &str) -> Result<Arc<dyn TestBackend>, String>;
 
     /// What the checker allows this store (how long a hold nobody reports may
@@ -109,10 +113,20 @@ pub trait ServerFaults: Send {
     /// [`FaultRun::down`] and [`FaultRun::up`]. `Ok(false)`: skipped (too little
     /// time left before the deadline); `Err`: the fault could not be injected or
     /// undone, which fails the run.
+    ///
+    /// # Cancel safety
+    ///
+    /// The run bounds it by [`SERVER_FAULT_BOUND`](super::coordinator::SERVER_FAULT_BOUND)
+    /// and fails if it runs longer; what a dropped call left half done is
+    /// [`restore`](Self::restore)'s to undo.
     async fn inject(&mut self, kind: Nemesis, run: &mut FaultRun<'_>) -> Result<bool, String>;
 
     /// Undoes what the faults left changed (a promoted replica given its role
     /// back) before the leak check reads the store.
+    ///
+    /// # Cancel safety
+    ///
+    /// Bounded like [`inject`](Self::inject); not cancelled otherwise.
     async fn restore(&mut self) -> Result<(), String> {
         Ok(())
     }

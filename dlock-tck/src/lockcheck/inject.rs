@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use crate::proxy::Fault;
 
+use super::coordinator::SERVER_FAULT_BOUND;
 use super::deployment::{log_at, Deployment, FaultRun, ServerFaults};
 use super::history::{now_ns, EventLog, Kind};
 use super::nemesis::Nemesis;
@@ -135,7 +136,14 @@ pub(crate) async fn run(
                     lease,
                     before: injected[slot].1,
                 };
-                servers.inject(kind, &mut fault).await?
+                tokio::time::timeout(SERVER_FAULT_BOUND, servers.inject(kind, &mut fault))
+                    .await
+                    .map_err(|_| {
+                        format!(
+                            "the {} fault did not end within {SERVER_FAULT_BOUND:?}",
+                            kind.name()
+                        )
+                    })??
             }
         };
         if done {

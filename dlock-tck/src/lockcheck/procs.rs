@@ -1,6 +1,6 @@
 //! A run's worker processes ([`Procs`]): started (this binary re-executed with
 //! hidden `--worker` arguments), stopped, resumed, killed and replaced, told
-//! commands for their fault proxies on stdin ([`follow_commands`] is the worker's
+//! commands for their fault proxies on stdin (`follow_commands` is the worker's
 //! side), and waited for.
 
 use std::io::BufRead;
@@ -30,7 +30,7 @@ const COMMAND_BOUND: Duration = Duration::from_secs(5);
 
 /// Worker side: applies the coordinator's commands from stdin to this worker's
 /// proxies, logging each fault as applied. Runs on its own thread until stdin closes.
-pub fn follow_commands(proxies: Arc<Vec<FaultProxy>>, log: EventLog) {
+pub(crate) fn follow_commands(proxies: Arc<Vec<FaultProxy>>, log: EventLog) {
     std::thread::spawn(move || {
         let stdin = std::io::stdin();
         for line in stdin.lock().lines().take(1_000_000) {
@@ -189,6 +189,11 @@ impl Procs {
     }
 
     /// Sends a worker a command for its proxies.
+    ///
+    /// # Cancel safety
+    ///
+    /// Not cancel safe: dropped mid-write, a part of the line may reach the
+    /// worker, which then reads it joined to the next command (and ignores both).
     pub async fn command(
         &mut self,
         proc_: u32,

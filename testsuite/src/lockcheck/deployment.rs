@@ -45,12 +45,16 @@ impl LabelDeployment {
         })
     }
 
-    /// The deployment of `label` in a worker process, which opens the URL it is
-    /// given (no URL of its own).
+    /// The deployment of `label` in a worker process: the URL its coordinator
+    /// gave it (`DLOCK_LOCKCHECK_URL`), which it opens through its proxies.
     pub fn worker(label: &str) -> Self {
+        let url = std::env::var(dlock_tck::lockcheck::procs::WORKER_URL_VAR)
+            .ok()
+            .filter(|url| !url.is_empty())
+            .map(TestUrl::fixed);
         LabelDeployment {
             label: label.to_owned(),
-            url: None,
+            url,
         }
     }
 }
