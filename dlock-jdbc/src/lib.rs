@@ -52,7 +52,7 @@
 //! downgrades or upgrades (`Unsupported`). Refused behind a transaction pooler. A
 //! session ended from outside (`pg_terminate_backend`, a restart, a reset
 //! connection) frees the lock with no margin: guard writes with the fencing token
-//! (SAFETY.md, "The SQL session modes"). The row mode stays the default.
+//! (SAFETY.md, "SQL, session modes"). The row mode stays the default.
 //!
 //! On MariaDB (10.5 or later: its tokens come from a `SEQUENCE`; MySQL has none and
 //! is refused) a hold is a named lock (`GET_LOCK`): exclusive only (a shared

@@ -15,7 +15,7 @@ use crate::proxy::proxy_every_host;
 use crate::TestBackend;
 
 use super::check::{check, Report, Rules};
-use super::deployment::Deployment;
+use super::deployment::{Deployment, SERVER_FAULT_BOUND};
 use super::history::{read_file, Event, EventLog, Kind, COORDINATOR};
 use super::inject;
 use super::nemesis::{Choice, Nemesis};
@@ -29,9 +29,6 @@ const CONNECT_BOUND: Duration = Duration::from_secs(20);
 const INSPECT_BOUND: Duration = Duration::from_secs(5);
 /// Added to the store's quiescence for its own timers and clock.
 const LEAK_SLACK: Duration = Duration::from_secs(2);
-/// Bound on one server-side fault, restore included (a hook's own waits are
-/// bounded too): what [`run_bound`] allows for a fault in progress at the deadline.
-pub const SERVER_FAULT_BOUND: Duration = Duration::from_secs(180);
 
 /// What to run.
 #[derive(Debug, Clone)]

@@ -14,6 +14,11 @@ use super::nemesis::Nemesis;
 use super::procs::Procs;
 use crate::TestBackend;
 
+/// Bound on one server-side fault, restore included (a hook's own waits are
+/// bounded too): what [`run_bound`](super::coordinator::run_bound) allows for a
+/// fault in progress at the deadline.
+pub const SERVER_FAULT_BOUND: Duration = Duration::from_secs(180);
+
 /// The store under test, as a lock-history run sees it. A backend's own test
 /// implements it (a URL and its connect function are most of it); the run
 /// re-executes the test's binary as its worker processes, each of which opens
@@ -116,7 +121,7 @@ pub trait ServerFaults: Send {
     ///
     /// # Cancel safety
     ///
-    /// The run bounds it by [`SERVER_FAULT_BOUND`](super::coordinator::SERVER_FAULT_BOUND)
+    /// The run bounds it by [`SERVER_FAULT_BOUND`]
     /// and fails if it runs longer; what a dropped call left half done is
     /// [`restore`](Self::restore)'s to undo.
     async fn inject(&mut self, kind: Nemesis, run: &mut FaultRun<'_>) -> Result<bool, String>;

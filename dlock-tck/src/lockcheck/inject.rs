@@ -7,8 +7,7 @@ use std::time::{Duration, Instant};
 
 use crate::proxy::Fault;
 
-use super::coordinator::SERVER_FAULT_BOUND;
-use super::deployment::{log_at, Deployment, FaultRun, ServerFaults};
+use super::deployment::{log_at, Deployment, FaultRun, ServerFaults, SERVER_FAULT_BOUND};
 use super::history::{now_ns, EventLog, Kind};
 use super::nemesis::Nemesis;
 use super::procs::Procs;

@@ -66,6 +66,8 @@ pub mod register;
 pub mod workload;
 
 pub use coordinator::{run, RunOptions, RunOutcome};
-pub use deployment::{default_not_applicable, Deployment, FaultRun, ServerFaults};
+pub use deployment::{
+    default_not_applicable, Deployment, FaultRun, ServerFaults, SERVER_FAULT_BOUND,
+};
 pub use entry::{as_worker, run_blocking, trial, SEED_VAR};
 pub use nemesis::{Choice, Nemesis};

@@ -9,10 +9,9 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use dlock_tck::lockcheck::coordinator::SERVER_FAULT_BOUND;
 use dlock_tck::lockcheck::nemesis::WorkerCommand;
 use dlock_tck::lockcheck::workload::MAX_LEASE_MS;
-use dlock_tck::lockcheck::{FaultRun, Nemesis, ServerFaults};
+use dlock_tck::lockcheck::{FaultRun, Nemesis, ServerFaults, SERVER_FAULT_BOUND};
 
 use crate::proxy::{split_url, Fault};
 
