@@ -40,10 +40,11 @@ pub const UPGRADEABLE_SUFFIX: &str = "::upgradeable";
 /// [`DistributeLockManager::read_write_lock`](crate::DistributeLockManager::read_write_lock).
 ///
 /// Backends need [`Capabilities::cross_mode`](dlock_spi::Capabilities::cross_mode)
-/// for a writer's read and a downgrade (all of dlock's have it), and
+/// for a writer's read and a downgrade, and
 /// [`Capabilities::upgrade`](dlock_spi::Capabilities::upgrade) for the upgradeable
-/// side (memory, SQL, Redis; not ZooKeeper); without, those are refused with
-/// `Unsupported`.
+/// side: memory, SQL's row mode, Redis (single, Cluster, Sentinel) and ZooKeeper
+/// have both; etcd, NATS, Redlock and the SQL session modes neither. Without, those
+/// are refused with `Unsupported`.
 ///
 /// ```
 /// # async fn demo(manager: dlock_api::DistributeLockManager) -> dlock_api::spi::Result<()> {
