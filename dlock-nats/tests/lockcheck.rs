@@ -7,6 +7,8 @@
 //! scripts that started the server.
 
 use std::sync::Arc;
+
+mod common;
 use std::time::Duration;
 
 use dlock_nats::NatsBackend;
@@ -43,10 +45,8 @@ impl Deployment for Nats {
 }
 
 fn nats() -> Arc<dyn Deployment> {
-    let server =
-        std::env::var("DLOCK_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".to_owned());
     Arc::new(Nats {
-        url: format!("{server}/dlock_lockcheck?max_age=10m"),
+        url: common::bucket_url("dlock_lockcheck?max_age=10m"),
     })
 }
 

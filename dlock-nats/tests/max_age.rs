@@ -8,6 +8,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::time::{Duration, Instant};
 
 use dlock_nats::NatsBackend;
@@ -24,11 +26,7 @@ fn selected() -> bool {
 }
 
 fn url() -> String {
-    format!(
-        "{}/dlock_max_age?max_age={}s",
-        std::env::var("DLOCK_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".to_owned()),
-        MAX_AGE.as_secs()
-    )
+    common::bucket_url(&format!("dlock_max_age?max_age={}s", MAX_AGE.as_secs()))
 }
 
 /// The lease every hold here has.

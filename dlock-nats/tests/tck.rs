@@ -4,6 +4,8 @@
 
 use std::sync::Arc;
 
+mod common;
+
 use dlock_nats::NatsBackend;
 use dlock_tck::{AdminTestBackend, TestBackend};
 
@@ -15,11 +17,9 @@ fn main() -> std::process::ExitCode {
         let args = dlock_tck::libtest_mimic::Arguments::from_args();
         return dlock_tck::libtest_mimic::run(&args, Vec::new()).exit_code();
     }
-    let url = std::env::var("DLOCK_NATS_URL")
-        .unwrap_or_else(|_| "nats://127.0.0.1:4222".to_owned())
-        // Release markers kept 10 min (the cases' leases are seconds): under the
-        // default 24 h they piled up run after run and slowed every watch.
-        + "/dlock_kit?max_age=10m";
+    // Release markers kept 10 min (the cases' leases are seconds): under the
+    // default 24 h they piled up run after run and slowed every watch.
+    let url = common::bucket_url("dlock_kit?max_age=10m");
     dlock_tck::run("nats", move || {
         let url = url.clone();
         async move {

@@ -84,14 +84,7 @@ pub fn default_not_applicable<D: Deployment + ?Sized>(
     kind: Nemesis,
 ) -> Option<String> {
     if deployment.url().is_none() {
-        let why = if kind.server_side() {
-            "in-process backend, no server"
-        } else if matches!(kind, Nemesis::Proxy | Nemesis::Expire) {
-            "in-process backend, no connection to fault"
-        } else {
-            "its workers are tasks of one process"
-        };
-        return Some(why.to_owned());
+        return Some(in_process_not_applicable(kind).to_owned());
     }
     if kind == Nemesis::Expire && deployment.rules().session_ns.is_none() {
         return Some("holds live by lease, not by a session".to_owned());
@@ -104,6 +97,18 @@ pub fn default_not_applicable<D: Deployment + ?Sized>(
         };
     }
     None
+}
+
+/// Why nemesis `kind` cannot be used on an in-process store (every kind: no
+/// connection, no server, no processes).
+pub fn in_process_not_applicable(kind: Nemesis) -> &'static str {
+    if kind.server_side() {
+        "in-process backend, no server"
+    } else if matches!(kind, Nemesis::Proxy | Nemesis::Expire) {
+        "in-process backend, no connection to fault"
+    } else {
+        "its workers are tasks of one process"
+    }
 }
 
 /// Server-side faults, injected by the backend's own test (it knows how its

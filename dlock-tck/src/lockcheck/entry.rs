@@ -22,19 +22,8 @@ pub const SEED_VAR: &str = "DLOCK_LOCKCHECK_SEED";
 /// If this process was started as a run's worker (the first argument is
 /// `--worker`), runs the workload on the deployment `deployment_for` gives for
 /// the worker's label and returns its exit status; `None` otherwise. A backend's
-/// test calls it first in `main`:
-///
-/// ```no_run
-/// # use std::sync::Arc;
-/// # fn deployment() -> Arc<dyn dlock_tck::lockcheck::Deployment> { unimplemented!() }
-/// fn main() -> std::process::ExitCode {
-///     if let Some(exit) = dlock_tck::lockcheck::as_worker(|_label| Ok(deployment())) {
-///         return exit;
-///     }
-///     // … the test's trials, e.g. dlock_tck::lockcheck::trial(deployment(), …)
-/// #   std::process::ExitCode::SUCCESS
-/// }
-/// ```
+/// test calls it first in `main`, before its trials (the [module's
+/// example](super)).
 pub fn as_worker(
     deployment_for: impl FnOnce(&str) -> Result<Arc<dyn Deployment>, String>,
 ) -> Option<ExitCode> {

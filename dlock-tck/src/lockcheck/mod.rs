@@ -32,15 +32,20 @@
 //!         let url = url.to_owned();
 //!         let backend = AdminTestBackend::open("mine", move || {
 //!             let url = url.clone();
-//!             async move { my_backend::MyBackend::connect(&url).await }
+//!             async move { my_backend::connect(&url).await }
 //!         })
 //!         .await
 //!         .map_err(|e| e.to_string())?;
 //!         Ok(Arc::new(backend))
 //!     }
 //! }
-//! # mod my_backend { pub struct MyBackend; impl MyBackend {
-//! #   pub async fn connect(_: &str) -> dlock_spi::Result<dlock_spi::InMemoryBackend> { unimplemented!() } } }
+//! # mod my_backend {
+//! #     // Stands for the backend's own connect function.
+//! #     pub async fn connect(url: &str) -> dlock_spi::Result<dlock_spi::InMemoryBackend> {
+//! #         let _ = url;
+//! #         Ok(dlock_spi::InMemoryBackend::new())
+//! #     }
+//! # }
 //!
 //! fn main() -> std::process::ExitCode {
 //!     if let Some(exit) = as_worker(|_| Ok(Arc::new(Mine))) {
@@ -67,7 +72,8 @@ pub mod workload;
 
 pub use coordinator::{run, RunOptions, RunOutcome};
 pub use deployment::{
-    default_not_applicable, Deployment, FaultRun, ServerFaults, SERVER_FAULT_BOUND,
+    default_not_applicable, in_process_not_applicable, Deployment, FaultRun, ServerFaults,
+    SERVER_FAULT_BOUND,
 };
 pub use entry::{as_worker, run_blocking, trial, SEED_VAR};
 pub use nemesis::{Choice, Nemesis};

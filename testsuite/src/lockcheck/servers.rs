@@ -11,7 +11,9 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use dlock_tck::lockcheck::nemesis::WorkerCommand;
 use dlock_tck::lockcheck::workload::MAX_LEASE_MS;
-use dlock_tck::lockcheck::{FaultRun, Nemesis, ServerFaults, SERVER_FAULT_BOUND};
+use dlock_tck::lockcheck::{
+    in_process_not_applicable, FaultRun, Nemesis, ServerFaults, SERVER_FAULT_BOUND,
+};
 
 use crate::proxy::{split_url, Fault};
 
@@ -26,14 +28,7 @@ const STATELESS_DOWN: Duration = Duration::from_millis(MAX_LEASE_MS + 1000);
 /// Why nemesis `kind` cannot be used with this repository's `label`, if it cannot.
 pub fn not_applicable(kind: Nemesis, label: &str) -> Option<String> {
     if in_process(label) {
-        let why = match kind {
-            Nemesis::Proxy | Nemesis::Expire => "in-process backend, no connection to fault",
-            Nemesis::Restart | Nemesis::Promote | Nemesis::Failover | Nemesis::Freeze => {
-                "in-process backend, no server"
-            }
-            Nemesis::Stop | Nemesis::Kill => "its workers are tasks of one process",
-        };
-        return Some(why.to_owned());
+        return Some(in_process_not_applicable(kind).to_owned());
     }
     match kind {
         Nemesis::Proxy => match label {

@@ -1,12 +1,13 @@
-//! Leader election on ZooKeeper: every process runs this; one leads at a time, the
-//! others queue in arrival order (a Curator `LeaderLatch` on the same path joins the
-//! same race). The leader works while its term is neither lost nor suspended; Ctrl-C
-//! stops the contention gracefully (the work ends first, then the term is given back
-//! and the next process takes over at once).
+//! Leader election on ZooKeeper or etcd (any backend the build has): every process
+//! runs this; one leads at a time, the others queue in arrival order (on ZooKeeper a
+//! Curator `LeaderLatch` on the same path joins the same race). The leader works
+//! while its term is neither lost nor suspended; Ctrl-C stops the contention
+//! gracefully (the work ends first, then the term is given back and the next process
+//! takes over at once).
 //!
-//! Run (with ZooKeeper on 127.0.0.1:2181, e.g. started by `scripts/test`), in two or
-//! three terminals:
-//! `cargo run -p dlock-api --features zk --example zk_leader -- zk://127.0.0.1:2181/dlock-demo`
+//! Run (with the servers `scripts/test` starts), in two or three terminals:
+//! `cargo run -p dlock-api --features zk --example leader -- zk://127.0.0.1:2181/dlock-demo`
+//! or `cargo run -p dlock-api --features etcd --example leader -- etcd://127.0.0.1:2379/dlock-demo`
 
 use std::time::Duration;
 
@@ -28,9 +29,9 @@ impl Contender for Worker {
                 }
                 () = tokio::time::sleep(Duration::from_secs(1)) => {
                     if term.is_suspended() {
-                        // Connection down: the session may still be alive. Do not act
+                        // Connection down: the hold may still be alive. Do not act
                         // as leader until it is back (or the loss is declared).
-                        println!("[{pid}] connection to ZooKeeper down; pausing");
+                        println!("[{pid}] connection to the store down; pausing");
                     } else {
                         println!("[{pid}] leader heartbeat {beat}");
                     }
