@@ -56,7 +56,9 @@ async fn main() -> Result<()> {
         .unwrap_or_else(|| "zk://127.0.0.1:2181/dlock-demo".to_owned());
     let manager = DistributeLockManager::connect(&url).await?;
     println!("[{}] contending…", std::process::id());
-    let contention = manager.contend("leader", Worker)?;
+    let contention = manager
+        .election("leader")
+        .contend(format!("pid {}", std::process::id()), Worker)?;
     let _ = tokio::signal::ctrl_c().await;
     contention.stop().await;
     manager.close().await;

@@ -7,8 +7,8 @@
 
 use std::time::{Duration, Instant};
 
+use dlock_api::metrics::MetricsHandler;
 use dlock_api::metrics::SECONDS_BUCKETS;
-use dlock_api::MetricsHandler;
 use dlock_api::{DistributeLockManager, InMemoryBackend};
 use metrics_exporter_prometheus::PrometheusBuilder;
 

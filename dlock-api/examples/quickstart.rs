@@ -103,7 +103,10 @@ async fn main() -> Result<()> {
     // 4. The lost signal: an explicit lease that is not renewed runs out.
     let short = service_a
         .lock("report")
-        .try_lock_with_lease(Duration::ZERO, Duration::from_millis(200))
+        .try_lock_with(
+            Duration::ZERO,
+            &dlock_api::LockOptions::new().lease(Duration::from_millis(200)),
+        )
         .await?;
     if let Some(guard) = short {
         tokio::select! {

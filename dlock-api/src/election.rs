@@ -1,5 +1,5 @@
 //! Leader election over any backend: etcd's `Election` shape ([`Election`]) and
-//! Simba's contention service ([`DistributeLockManager::contend`]).
+//! Simba's contention service ([`Election::contend`]).
 //!
 //! A term of leadership is a fair, exclusive hold on the election's name whose context
 //! bytes are the leader's value. So a term has everything a lock guard has — a
@@ -61,6 +61,8 @@ pub const DEFAULT_STOP_GRACE: Duration = Duration::from_secs(10);
 pub struct Election {
     manager: DistributeLockManager,
     name: String,
+    /// The full name, checked once.
+    full_name: Arc<Result<LockName>>,
     observe_interval: Duration,
     stop_grace: Duration,
     transition: Duration,
@@ -69,6 +71,7 @@ pub struct Election {
 impl Election {
     pub(crate) fn new(manager: DistributeLockManager, name: &str) -> Self {
         Election {
+            full_name: Arc::new(manager.inner.full_name(name)),
             manager,
             name: name.to_owned(),
             observe_interval: DEFAULT_OBSERVE_INTERVAL,
@@ -106,8 +109,8 @@ impl Election {
     }
 
     /// The election's full (namespaced) name, or why it is invalid.
-    pub fn name(&self) -> Result<LockName> {
-        self.manager.inner.full_name(&self.name)
+    pub fn name(&self) -> Result<&LockName> {
+        self.full_name.as_ref().as_ref().map_err(Error::duplicate)
     }
 
     fn candidate(&self, value: Bytes) -> DistributeLock {
@@ -193,10 +196,14 @@ impl Election {
         }
     }
 
-    /// Keeps `contender` in the running with `value` as its leader value (Simba's
-    /// contention service): see [`DistributeLockManager::contend`], which uses the
-    /// manager's context as the value.
-    pub fn contend_as<C: Contender>(
+    /// Keeps `contender` in the running for this leadership, with `value` as its
+    /// leader value: whenever it wins a term, [`Contender::on_acquired`] runs the
+    /// leader's work; when the term ends, [`Contender::on_released`] follows, then
+    /// the leadership is given back, and the contender queues again — until
+    /// [`Contention::stop`].
+    ///
+    /// Errors: the name is invalid, or there is no tokio runtime to run it in.
+    pub fn contend<C: Contender>(
         &self,
         value: impl Into<Bytes>,
         contender: C,
@@ -561,8 +568,8 @@ impl Term {
     }
 
     /// The leader value the contender campaigned with.
-    pub fn value(&self) -> &Bytes {
-        &self.value
+    pub fn value(&self) -> Bytes {
+        self.value.clone()
     }
 
     /// Whether the term is lost.
@@ -576,9 +583,9 @@ impl Term {
         self.lost.is_suspended()
     }
 
-    /// The term's lost signal.
-    pub fn lost_signal(&self) -> &LostSignal {
-        &self.lost
+    /// An owned signal of the term's loss, for another task.
+    pub fn lost_signal(&self) -> LostSignal {
+        self.lost.clone()
     }
 
     /// Completes when the contender should end its work: the contention is being
@@ -638,7 +645,7 @@ pub trait Contender: Send + Sync + 'static {
     }
 }
 
-/// A contender kept in the running; from [`DistributeLockManager::contend`].
+/// A contender kept in the running; from [`Election::contend`].
 /// Dropping it stops the contention in the background (as [`stop`](Self::stop)).
 pub struct Contention {
     stop: watch::Sender<bool>,
@@ -800,19 +807,7 @@ impl crate::DistributeLockManager {
     /// The election `name` (prefixed with the manager's namespace): campaign to lead
     /// it, see who leads, follow the changes. It shares its name with the lock
     /// `name` — `dlock status name` shows the leader.
-    pub fn election(&self, name: &str) -> Election {
-        Election::new(self.clone(), name)
-    }
-
-    /// Keeps `contender` in the running for the leadership of `name` (Simba's
-    /// contention service), with the manager's context as its leader value: whenever
-    /// it wins a term, [`Contender::on_acquired`] runs the leader's work; when the
-    /// term ends, [`Contender::on_released`] follows, then the leadership is given
-    /// back, and the contender queues again — until [`Contention::stop`].
-    ///
-    /// Errors: the name is invalid, or there is no tokio runtime to run it in.
-    pub fn contend<C: Contender>(&self, name: &str, contender: C) -> Result<Contention> {
-        self.election(name)
-            .contend_as(self.inner.config.context.clone(), contender)
+    pub fn election(&self, name: impl fmt::Display) -> Election {
+        Election::new(self.clone(), &name.to_string())
     }
 }

@@ -55,6 +55,7 @@ enum Key {
     Lock(String),
     Fair(String),
     ReadWrite(String),
+    FairReadWrite(String),
 }
 
 #[derive(Clone)]
@@ -115,12 +116,12 @@ impl LockGroup {
     /// The lock for `key` (named `"<prefix>:<key>"`): the same owner for the same
     /// key while its handle is cached or in use.
     pub fn lock(&self, key: impl fmt::Display) -> DistributeLock {
-        self.exclusive(Key::Lock(key.to_string()), DistributeLockManager::lock)
+        self.exclusive(Key::Lock(key.to_string()), |m, name| m.lock(name))
     }
 
     /// The fair lock for `key` (a handle of its own, apart from [`lock`](Self::lock)'s).
     pub fn fair_lock(&self, key: impl fmt::Display) -> DistributeLock {
-        self.exclusive(Key::Fair(key.to_string()), DistributeLockManager::fair_lock)
+        self.exclusive(Key::Fair(key.to_string()), |m, name| m.fair_lock(name))
     }
 
     /// The cached exclusive handle for `key`, made by `make` from the full name.
@@ -129,7 +130,7 @@ impl LockGroup {
         key: Key,
         make: fn(&DistributeLockManager, &str) -> DistributeLock,
     ) -> DistributeLock {
-        let (Key::Lock(id) | Key::Fair(id) | Key::ReadWrite(id)) = &key;
+        let (Key::Lock(id) | Key::Fair(id) | Key::ReadWrite(id) | Key::FairReadWrite(id)) = &key;
         let name = format!("{}{id}", self.prefix);
         match self.get(key.clone(), || Handle::Lock(make(&self.manager, &name))) {
             Handle::Lock(lock) => lock,
@@ -141,13 +142,32 @@ impl LockGroup {
     /// The read-write lock for `key`.
     pub fn read_write_lock(&self, key: impl fmt::Display) -> ReadWriteLock {
         let key = key.to_string();
-        let name = format!("{}{key}", self.prefix);
-        match self.get(Key::ReadWrite(key), || {
-            Handle::ReadWrite(self.manager.read_write_lock(&name))
+        self.shared(Key::ReadWrite(key), |m, name| m.read_write_lock(name))
+    }
+
+    /// The fair read-write lock for `key` (a handle of its own, apart from
+    /// [`read_write_lock`](Self::read_write_lock)'s).
+    pub fn fair_read_write_lock(&self, key: impl fmt::Display) -> ReadWriteLock {
+        let key = key.to_string();
+        self.shared(Key::FairReadWrite(key), |m, name| {
+            m.fair_read_write_lock(name)
+        })
+    }
+
+    /// The cached read-write handle for `key`, made by `make` from the full name.
+    fn shared(
+        &self,
+        key: Key,
+        make: fn(&DistributeLockManager, &str) -> ReadWriteLock,
+    ) -> ReadWriteLock {
+        let (Key::Lock(id) | Key::Fair(id) | Key::ReadWrite(id) | Key::FairReadWrite(id)) = &key;
+        let name = format!("{}{id}", self.prefix);
+        match self.get(key.clone(), || {
+            Handle::ReadWrite(make(&self.manager, &name))
         }) {
             Handle::ReadWrite(rw) => rw,
             // A key's kind decides its handle's kind: not reached.
-            Handle::Lock(_) => self.manager.read_write_lock(&name),
+            Handle::Lock(_) => make(&self.manager, &name),
         }
     }
 
@@ -217,7 +237,7 @@ impl crate::DistributeLockManager {
     /// A family of locks whose names share `prefix` (ylock's `Locks`): `group.lock(id)`
     /// locks `"<prefix>:<id>"`, the same owner for the same id (handles kept in a
     /// bounded cache; see [`LockGroup`]).
-    pub fn group(&self, prefix: &str) -> LockGroup {
-        LockGroup::new(self.clone(), prefix)
+    pub fn group(&self, prefix: impl fmt::Display) -> LockGroup {
+        LockGroup::new(self.clone(), &prefix.to_string())
     }
 }

@@ -9,9 +9,8 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use dlock_spi::{
-    spawn_cleanup, Backoff, Capabilities, Error, ErrorKind, Fairness, HandlerChain, HoldStatus,
-    HoldWatch, LockName, LockRemoteResource, LostReason, OwnerId, ReleaseRequest, ReleaseResult,
-    Result,
+    spawn_cleanup, Backoff, Capabilities, Error, ErrorKind, HandlerChain, HoldStatus, HoldWatch,
+    LockName, LockRemoteResource, LostReason, OwnerId, ReleaseRequest, ReleaseResult, Result,
 };
 use tokio::sync::watch;
 
@@ -24,7 +23,6 @@ use crate::watchdog::Watchdog;
 pub(crate) struct Config {
     pub(crate) lease: Duration,
     pub(crate) watchdog: bool,
-    pub(crate) fairness: Fairness,
     pub(crate) namespace: String,
     pub(crate) context: Bytes,
     /// A fixed loss margin; `None`: the watchdog's default rule.

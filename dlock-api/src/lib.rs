@@ -36,7 +36,7 @@
 //! * [`LockGuard`] — fencing token, lost signal, `unlock().await`, release on drop;
 //!   `valid_until()`, `check()`, `extend(lease)`, `acquisition()`.
 //! * [`Election`] — leader election (etcd's `campaign` / `leader` / `observe` /
-//!   `proclaim` / `resign`), and [`DistributeLockManager::contend`] — Simba's
+//!   `proclaim` / `resign`), and [`Election::contend`] — Simba's
 //!   contention service calling a [`Contender`] as leadership comes and goes.
 //! * [`Semaphore`] — N permits per name; each [`SemaphorePermit`] is a hold with a
 //!   lease, fencing token and lost signal.
@@ -65,6 +65,7 @@ mod group;
 mod guard;
 mod handle;
 mod hold;
+mod holds;
 mod ids;
 mod inner;
 mod lock;
@@ -98,29 +99,31 @@ pub use dlock_nats as nats;
 #[cfg(feature = "zk")]
 pub use dlock_zk as zk;
 
-/// The logging handler (feature `logging`).
+/// The logging plugin: [`LoggingHandler`](dlock_plugin_logging::LoggingHandler)
+/// (feature `logging`).
 #[cfg(feature = "logging")]
-pub use dlock_plugin_logging::LoggingHandler;
+pub use dlock_plugin_logging as logging;
 
-/// The metrics handler (feature `metrics`).
-#[cfg(feature = "metrics")]
-pub use dlock_plugin_metrics::MetricsHandler;
-
-/// The metrics plugin: names, labels and [`SECONDS_BUCKETS`](dlock_plugin_metrics::SECONDS_BUCKETS)
+/// The metrics plugin: [`MetricsHandler`](dlock_plugin_metrics::MetricsHandler), its
+/// names, labels and [`SECONDS_BUCKETS`](dlock_plugin_metrics::SECONDS_BUCKETS)
 /// (feature `metrics`).
 #[cfg(feature = "metrics")]
 pub use dlock_plugin_metrics as metrics;
 
-/// Flow control and hot-lock coalescing (feature `flow-control`).
+/// Flow control and hot-lock coalescing:
+/// [`FlowControlHandler`](dlock_plugin_flow_control::FlowControlHandler),
+/// [`CoalescingHandler`](dlock_plugin_flow_control::CoalescingHandler) (feature
+/// `flow-control`).
 #[cfg(feature = "flow-control")]
-pub use dlock_plugin_flow_control::{CoalescingHandler, FlowControlHandler, OnLimit};
+pub use dlock_plugin_flow_control as flow_control;
 pub use election::{
     Contender, Contention, Election, Leader, LeaderObserver, Leadership, Term, TermEnd,
     DEFAULT_OBSERVE_INTERVAL, DEFAULT_STOP_GRACE,
 };
 pub use group::{LockGroup, DEFAULT_GROUP_CAPACITY, DEFAULT_GROUP_IDLE};
 pub use guard::{Acquisition, LockGuard, LostSignal};
-pub use lock::{DistributeLock, TryLock};
+pub use holds::Hold;
+pub use lock::DistributeLock;
 pub use manager::{DistributeLockManager, DistributeLockManagerBuilder};
 pub use multi::{MultiGuard, MultiLock};
 pub use options::LockOptions;

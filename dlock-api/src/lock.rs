@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use dlock_spi::{
-    AcquireContext, AcquireRequest, AcquireResult, Error, Fairness, GrantId, HoldPurpose,
-    HolderInfo, LockMode, LockName, OwnerId, ReleaseRequest, RenewRequest, RenewResult, Result,
+    AcquireContext, AcquireRequest, AcquireResult, Error, Fairness, GrantId, HoldPurpose, LockMode,
+    LockName, OwnerId, ReleaseRequest, RenewRequest, RenewResult, Result,
 };
 
 use crate::guard::{check_lost, Acquisition, LockGuard};
@@ -158,21 +158,6 @@ impl DistributeLock {
             .await
     }
 
-    /// Tries to take the lock for a fixed `lease` that is not renewed: the lock frees
-    /// itself when the lease ends and the guard's lost signal fires then.
-    ///
-    /// # Cancel safety
-    ///
-    /// As [`try_lock`](Self::try_lock).
-    pub async fn try_lock_with_lease(
-        &self,
-        wait: Duration,
-        lease: Duration,
-    ) -> Result<Option<LockGuard>> {
-        self.try_lock_with(wait, &LockOptions::new().lease(lease))
-            .await
-    }
-
     /// Like [`try_lock`](Self::try_lock), with this acquisition's own options (a
     /// fixed lease, a `max_hold` bound, the holder context to store).
     ///
@@ -187,30 +172,6 @@ impl DistributeLock {
         self.acquire(Some(Instant::now() + wait), options).await
     }
 
-    /// Like [`try_lock`](Self::try_lock), but a refusal says who holds the lock
-    /// (Simba's `MutexOwner`): each holder's owner, context, fencing token and
-    /// remaining lease, read from the backend right after the refusal (so possibly
-    /// empty, if the holder left meanwhile).
-    ///
-    /// # Cancel safety
-    ///
-    /// As [`try_lock`](Self::try_lock); the read after a refusal changes nothing.
-    pub async fn try_lock_or_holders(&self, wait: Duration) -> Result<TryLock> {
-        if let Some(guard) = self.try_lock(wait).await? {
-            return Ok(TryLock::Acquired(guard));
-        }
-        let name = self.name()?.clone();
-        let holders = self
-            .handle
-            .manager
-            .chain
-            .inspect(&name)
-            .await?
-            .map(|state| state.holders)
-            .unwrap_or_default();
-        Ok(TryLock::Held(holders))
-    }
-
     /// Waits until the lock is taken (renewed by the watchdog), or fails with
     /// `Closed` when the manager closes.
     ///
@@ -220,15 +181,6 @@ impl DistributeLock {
     /// behind; a grant the backend may have made meanwhile is given back.
     pub async fn lock(&self) -> Result<LockGuard> {
         self.lock_with(&LockOptions::new()).await
-    }
-
-    /// Like [`lock`](Self::lock) with a fixed, unrenewed `lease`.
-    ///
-    /// # Cancel safety
-    ///
-    /// As [`lock`](Self::lock).
-    pub async fn lock_with_lease(&self, lease: Duration) -> Result<LockGuard> {
-        self.lock_with(&LockOptions::new().lease(lease)).await
     }
 
     /// Like [`lock`](Self::lock), with this acquisition's own options.
@@ -628,17 +580,6 @@ impl LockGuard {
     }
 }
 
-/// What [`DistributeLock::try_lock_or_holders`] found.
-#[derive(Debug)]
-#[must_use = "an acquired guard releases the lock when dropped"]
-pub enum TryLock {
-    /// The lock is yours.
-    Acquired(LockGuard),
-    /// Someone else holds it: who, as the backend told right after the refusal
-    /// (empty if they left in between).
-    Held(Vec<HolderInfo>),
-}
-
 /// An acquire sent to the chain and not yet answered, or answered with an error.
 /// Dropped in that state (the caller's future was cancelled, or the call failed), it
 /// gives back the grant the backend may have made.
@@ -694,20 +635,20 @@ impl crate::DistributeLockManager {
     /// a new owner: two handles for the same name exclude each other, while a handle and
     /// its clones share ownership and re-enter. An invalid name is reported by the first
     /// operation on the handle as [`ErrorKind::InvalidName`](dlock_spi::ErrorKind::InvalidName).
-    pub fn lock(&self, name: &str) -> DistributeLock {
+    pub fn lock(&self, name: impl std::fmt::Display) -> DistributeLock {
         DistributeLock::new(
             Arc::clone(&self.inner),
-            self.inner.full_name(name),
+            self.inner.full_name(&name.to_string()),
             LockMode::Exclusive,
-            self.inner.config.fairness,
+            Fairness::NonFair,
         )
     }
 
     /// Like [`lock`](Self::lock) but granted in arrival order (needs a backend with fair locks).
-    pub fn fair_lock(&self, name: &str) -> DistributeLock {
+    pub fn fair_lock(&self, name: impl std::fmt::Display) -> DistributeLock {
         DistributeLock::new(
             Arc::clone(&self.inner),
-            self.inner.full_name(name),
+            self.inner.full_name(&name.to_string()),
             LockMode::Exclusive,
             Fairness::Fair,
         )

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use dlock_spi::{
-    lease_out_of_range, Capabilities, Error, ErrorKind, Fairness, HandlerChain, LockHandler,
-    LockName, LockRemoteResource, LockState, Result,
+    lease_out_of_range, Capabilities, Error, ErrorKind, HandlerChain, LockHandler, LockName,
+    LockRemoteResource, LockState, Result,
 };
 
 use crate::inner::{Config, ManagerInner};
@@ -53,8 +53,8 @@ impl DistributeLockManager {
 
     /// Who holds `name` and how many wait, straight from the backend (bounded by
     /// the operation timeout).
-    pub async fn inspect(&self, name: &str) -> Result<Option<LockState>> {
-        let name = self.inner.full_name(name)?;
+    pub async fn inspect(&self, name: impl std::fmt::Display) -> Result<Option<LockState>> {
+        let name = self.inner.full_name(&name.to_string())?;
         self.inner.chain.inspect(&name).await
     }
 
@@ -139,7 +139,6 @@ impl DistributeLockManagerBuilder {
             config: Config {
                 lease: Duration::from_secs(30),
                 watchdog: true,
-                fairness: Fairness::NonFair,
                 namespace: String::new(),
                 context: Bytes::from(format!("pid={}", std::process::id())),
                 loss_margin: None,
@@ -171,12 +170,6 @@ impl DistributeLockManagerBuilder {
     /// Off: such locks expire after the default lease like explicit-lease locks.
     pub fn watchdog(mut self, enabled: bool) -> Self {
         self.config.watchdog = enabled;
-        self
-    }
-
-    /// The fairness of locks from [`DistributeLockManager::lock`] and read-write locks.
-    pub fn fairness(mut self, fairness: Fairness) -> Self {
-        self.config.fairness = fairness;
         self
     }
 

@@ -194,6 +194,16 @@ impl MultiGuard {
         self.guards.iter().map(LockGuard::name)
     }
 
+    /// The members' greatest fencing token: greater than every earlier grant's
+    /// token of any member (fence each member's resource with its own guard's).
+    pub fn fencing_token(&self) -> dlock_spi::FencingToken {
+        self.guards
+            .iter()
+            .map(LockGuard::fencing_token)
+            .max()
+            .unwrap_or(dlock_spi::FencingToken::new(0))
+    }
+
     /// Why a member was lost (the first member's, in order, that was), if any was.
     pub fn lost_reason(&self) -> Option<LostReason> {
         self.guards.iter().find_map(LockGuard::lost_reason)
@@ -236,9 +246,9 @@ impl crate::DistributeLockManager {
     pub fn multi_lock<I>(&self, names: I) -> crate::MultiLock
     where
         I: IntoIterator,
-        I::Item: AsRef<str>,
+        I::Item: std::fmt::Display,
     {
-        let names = names.into_iter().map(|n| n.as_ref().to_owned()).collect();
+        let names = names.into_iter().map(|n| n.to_string()).collect();
         crate::MultiLock::new(self, names)
     }
 }

@@ -64,8 +64,8 @@ impl LockOptions {
 
     /// The bytes stored with this hold instead of the manager's context (at most
     /// [`MAX_CONTEXT_LEN`](crate::spi::MAX_CONTEXT_LEN)): who holds it and why,
-    /// shown by `inspect`, `dlock status` and a refused
-    /// [`try_lock_or_holders`](crate::DistributeLock::try_lock_or_holders).
+    /// shown by [`inspect`](crate::DistributeLockManager::inspect) (to see who holds
+    /// a lock `try_lock` was refused) and `dlock status`.
     pub fn context(mut self, context: impl Into<Bytes>) -> Self {
         self.context = Some(context.into());
         self

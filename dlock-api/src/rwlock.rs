@@ -10,6 +10,7 @@ use crate::guard::{parts_accessors, LockGuard};
 use crate::handle::{HoldSpec, Place, Side, Slot};
 use crate::inner::ManagerInner;
 use crate::lock::DistributeLock;
+use crate::options::LockOptions;
 
 /// What the upgradeable side's lock name adds to the read-write lock's name. The
 /// upgradeable hold is an exclusive lock of its own on `<name>` + this suffix (so
@@ -218,9 +219,20 @@ impl UpgradeableReadLock {
     /// Cancel-safe: dropped while waiting, it leaves nothing held (a hold already
     /// taken is given back) and no waiter behind.
     pub async fn lock(&self) -> Result<UpgradeableReadGuard> {
+        self.lock_with(&LockOptions::new()).await
+    }
+
+    /// Like [`lock`](Self::lock), with this acquisition's own options (a fixed
+    /// lease, a `max_hold` bound, the holder context), for both its holds; an
+    /// upgrade's write side takes the manager's settings.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`lock`](Self::lock).
+    pub async fn lock_with(&self, options: &LockOptions) -> Result<UpgradeableReadGuard> {
         self.check_usable()?;
-        let upgrade = self.upgrade.lock().await?;
-        let read = self.read.lock().await?;
+        let upgrade = self.upgrade.lock_with(options).await?;
+        let read = self.read.lock_with(options).await?;
         Ok(self.guard(upgrade, read))
     }
 
@@ -231,13 +243,27 @@ impl UpgradeableReadLock {
     ///
     /// As [`lock`](Self::lock).
     pub async fn try_lock(&self, wait: Duration) -> Result<Option<UpgradeableReadGuard>> {
+        self.try_lock_with(wait, &LockOptions::new()).await
+    }
+
+    /// Like [`try_lock`](Self::try_lock), with this acquisition's own options, as
+    /// [`lock_with`](Self::lock_with).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`lock`](Self::lock).
+    pub async fn try_lock_with(
+        &self,
+        wait: Duration,
+        options: &LockOptions,
+    ) -> Result<Option<UpgradeableReadGuard>> {
         self.check_usable()?;
         let deadline = Instant::now() + wait;
-        let Some(upgrade) = self.upgrade.try_lock(wait).await? else {
+        let Some(upgrade) = self.upgrade.try_lock_with(wait, options).await? else {
             return Ok(None);
         };
         let left = deadline.saturating_duration_since(Instant::now());
-        let Some(read) = self.read.try_lock(left).await? else {
+        let Some(read) = self.read.try_lock_with(left, options).await? else {
             return Ok(None);
         };
         Ok(Some(self.guard(upgrade, read)))
@@ -427,11 +453,22 @@ impl fmt::Debug for UpgradeableReadGuard {
 /// The manager's constructor of this primitive.
 impl crate::DistributeLockManager {
     /// A read-write lock for `name`: many readers together, or one writer.
-    pub fn read_write_lock(&self, name: &str) -> ReadWriteLock {
+    pub fn read_write_lock(&self, name: impl std::fmt::Display) -> ReadWriteLock {
         ReadWriteLock::new(
             Arc::clone(&self.inner),
-            self.inner.full_name(name),
-            self.inner.config.fairness,
+            self.inner.full_name(&name.to_string()),
+            Fairness::NonFair,
+        )
+    }
+
+    /// A fair read-write lock for `name`: granted in arrival order where the
+    /// backend keeps a queue (a reader arriving behind a queued writer waits for
+    /// it), as [`fair_lock`](Self::fair_lock).
+    pub fn fair_read_write_lock(&self, name: impl std::fmt::Display) -> ReadWriteLock {
+        ReadWriteLock::new(
+            Arc::clone(&self.inner),
+            self.inner.full_name(&name.to_string()),
+            Fairness::Fair,
         )
     }
 }

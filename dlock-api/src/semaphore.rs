@@ -6,7 +6,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlock_spi::{Fairness, LockMode, LockName, Result};
+use dlock_spi::{Error, Fairness, LockMode, LockName, Result};
 
 use crate::guard::{hold_accessors, LockGuard};
 use crate::handle::HoldSpec;
@@ -66,11 +66,8 @@ impl Semaphore {
     }
 
     /// The full (namespaced) name, or why it is invalid.
-    pub fn name(&self) -> Result<LockName> {
-        match self.full_name.as_ref() {
-            Ok(name) => Ok(name.clone()),
-            Err(e) => Err(e.duplicate()),
-        }
+    pub fn name(&self) -> Result<&LockName> {
+        self.full_name.as_ref().as_ref().map_err(Error::duplicate)
     }
 
     /// A new holder of `n` permits (the chain's head checks `n` against the total).
@@ -82,7 +79,7 @@ impl Semaphore {
         };
         DistributeLock::with_spec(
             Arc::clone(inner),
-            self.name(),
+            self.name().cloned(),
             LockMode::Permits(n),
             Fairness::Fair,
             spec,
@@ -204,7 +201,7 @@ impl crate::DistributeLockManager {
     /// the same total while it is in use; see [`Semaphore`]). Needs a backend with
     /// semaphores ([`Capabilities::semaphore`](dlock_spi::Capabilities::semaphore)); others refuse its acquires with
     /// [`ErrorKind::Unsupported`](dlock_spi::ErrorKind::Unsupported).
-    pub fn semaphore(&self, name: &str, permits: u32) -> Semaphore {
-        Semaphore::new(self.clone(), name, permits)
+    pub fn semaphore(&self, name: impl fmt::Display, permits: u32) -> Semaphore {
+        Semaphore::new(self.clone(), &name.to_string(), permits)
     }
 }

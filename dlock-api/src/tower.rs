@@ -184,7 +184,10 @@ where
             };
             let lock = manager.lock(&name);
             let acquired = match lease {
-                Some(lease) => lock.try_lock_with_lease(wait, lease).await,
+                Some(lease) => {
+                    lock.try_lock_with(wait, &crate::LockOptions::new().lease(lease))
+                        .await
+                }
                 None => lock.try_lock(wait).await,
             };
             let guard = match acquired {

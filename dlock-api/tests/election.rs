@@ -47,8 +47,9 @@ async fn a_panicking_contender_gives_the_leadership_up() {
         .unwrap();
     let terms = Arc::new(AtomicUsize::new(0));
     let panicky = m
+        .election("p")
         .contend(
-            "p",
+            "panicky",
             Panicky {
                 terms: Arc::clone(&terms),
             },
@@ -62,7 +63,7 @@ async fn a_panicking_contender_gives_the_leadership_up() {
     })
     .await;
     assert!(first.is_ok(), "the panicky contender never led");
-    let steady = m.contend("p", Steady).unwrap();
+    let steady = m.election("p").contend("steady", Steady).unwrap();
     let mut leading = steady.leading();
     tokio::time::timeout(Duration::from_secs(5), leading.wait_for(|t| t.is_some()))
         .await

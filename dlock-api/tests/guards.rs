@@ -16,7 +16,7 @@ async fn check_fails_past_valid_until_before_the_lost_signal_fires() {
     let lease = Duration::from_millis(200);
     let guard = m
         .lock("stalled")
-        .try_lock_with_lease(Duration::ZERO, lease)
+        .try_lock_with(Duration::ZERO, &dlock_api::LockOptions::new().lease(lease))
         .await
         .unwrap()
         .unwrap();
@@ -211,7 +211,10 @@ async fn an_extend_queued_behind_a_failed_one_is_sent() {
         .unwrap();
     let guard = std::sync::Arc::new(
         m.lock("q")
-            .try_lock_with_lease(Duration::ZERO, Duration::from_secs(3))
+            .try_lock_with(
+                Duration::ZERO,
+                &dlock_api::LockOptions::new().lease(Duration::from_secs(3)),
+            )
             .await
             .unwrap()
             .unwrap(),
@@ -251,7 +254,10 @@ async fn a_failed_extend_of_a_fixed_lease_keeps_its_end() {
         .unwrap();
     let guard = m
         .lock("f")
-        .try_lock_with_lease(Duration::ZERO, Duration::from_millis(1500))
+        .try_lock_with(
+            Duration::ZERO,
+            &dlock_api::LockOptions::new().lease(Duration::from_millis(1500)),
+        )
         .await
         .unwrap()
         .unwrap();
@@ -397,6 +403,30 @@ async fn a_keyed_group_evicts_unused_read_write_locks() {
     m.close().await;
 }
 
+/// Fairness is chosen per handle, the same way for locks and read-write locks,
+/// from the manager or a keyed group; a key's fair and non-fair handles are two
+/// handles (two owners), each cached as itself.
+#[tokio::test]
+async fn fairness_is_chosen_per_handle() {
+    use dlock_api::Fairness;
+    let m = DistributeLockManager::connect("memory://").await.unwrap();
+    assert_eq!(m.lock("a").fairness(), Fairness::NonFair);
+    assert_eq!(m.fair_lock("a").fairness(), Fairness::Fair);
+    assert_eq!(m.read_write_lock("d").write().fairness(), Fairness::NonFair);
+    let fair = m.fair_read_write_lock("d");
+    assert_eq!(fair.write().fairness(), Fairness::Fair);
+    assert_eq!(fair.read().fairness(), Fairness::Fair);
+    let docs = m.group("doc");
+    assert_eq!(docs.read_write_lock(1).read().fairness(), Fairness::NonFair);
+    let fair = docs.fair_read_write_lock(1);
+    assert_eq!(fair.read().fairness(), Fairness::Fair);
+    assert_eq!(docs.cached(), 2, "a key's fair and non-fair handles, each cached");
+    let again = docs.fair_read_write_lock(1);
+    assert_eq!(again.read().owner(), fair.read().owner(), "the cached handle");
+    assert_eq!(docs.fair_lock(2).fairness(), Fairness::Fair);
+    m.close().await;
+}
+
 /// Clones of one read-write lock are one owner: a clone's read that queued behind
 /// the owner's own write, before that write was granted, goes beside it once it is
 /// (it would wait for its own owner's write otherwise, and the write's downgrade,
@@ -436,4 +466,29 @@ async fn queued(m: &DistributeLockManager, name: &str, n: usize) -> bool {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     false
+}
+
+/// An upgradeable read takes options as every other acquisition does: its holds
+/// store the acquisition's context (shown to whoever inspects the lock), waiting
+/// or not.
+#[tokio::test]
+async fn an_upgradeable_read_stores_its_acquisitions_context() {
+    use dlock_api::LockOptions;
+    let m = DistributeLockManager::connect("memory://").await.unwrap();
+    let rw = m.read_write_lock("doc");
+    let options = LockOptions::new().context("job=U");
+    let held = rw.upgradeable_read().lock_with(&options).await.unwrap();
+    let state = m.inspect("doc").await.unwrap().expect("held");
+    assert_eq!(state.holders[0].context, "job=U", "{state:?}");
+    held.unlock().await.unwrap();
+    let tried = rw
+        .upgradeable_read()
+        .try_lock_with(Duration::ZERO, &LockOptions::new().context("job=T"))
+        .await
+        .unwrap()
+        .expect("free");
+    let state = m.inspect("doc").await.unwrap().expect("held");
+    assert_eq!(state.holders[0].context, "job=T", "{state:?}");
+    tried.unlock().await.unwrap();
+    m.close().await;
 }

@@ -223,7 +223,7 @@ async fn a_grant_that_arrives_after_its_lease_is_not_handed_out() {
         backend.stall_after_grant.store(true, Ordering::SeqCst);
         let lock = m.lock("late");
         let acquire = tokio::spawn(async move {
-            lock.try_lock_with_lease(wait, lease)
+            lock.try_lock_with(wait, &dlock_api::LockOptions::new().lease(lease))
                 .await
                 .map(|g| g.map(|g| (g.is_lost(), g.fencing_token())))
         });

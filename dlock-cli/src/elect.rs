@@ -7,7 +7,7 @@ use clap::Args;
 
 use crate::exit::Failure;
 use crate::parse_duration;
-use crate::supervise::{not_acquired, run_holding, RunArgs};
+use crate::supervise::{run_holding, Asked, RunArgs};
 
 #[derive(Args, Debug)]
 pub(crate) struct ElectArgs {
@@ -37,26 +37,11 @@ pub(crate) async fn run(
         Some(wait) => election.try_campaign(value.clone(), wait).await,
         None => election.campaign(value.clone()).await.map(Some),
     };
-    let Some(leadership) = campaign.map_err(Failure::from)? else {
-        manager.close().await;
-        return Err(not_acquired(
-            &args.name,
-            "leadership",
-            args.wait.unwrap_or_default(),
-        ));
-    };
     let env = vec![("DLOCK_LEADER_VALUE", value)];
-    let held = (leadership.fencing_token(), leadership.lost_signal());
-    let command = &args.run.command;
-    let resign = leadership.resign();
-    run_holding(
-        manager,
-        &args.name,
-        "leadership",
-        command,
-        env,
-        held,
-        resign,
-    )
-    .await
+    let asked = Asked {
+        name: &args.name,
+        what: "leadership",
+        wait: args.wait.unwrap_or_default(),
+    };
+    run_holding(manager, asked, &args.run.command, env, campaign).await
 }

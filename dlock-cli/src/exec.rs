@@ -7,7 +7,7 @@ use clap::Args;
 
 use crate::exit::Failure;
 use crate::parse_duration;
-use crate::supervise::{not_acquired, run_holding, HoldArgs, RunArgs};
+use crate::supervise::{run_holding, Asked, HoldArgs, RunArgs};
 
 #[derive(Args, Debug)]
 pub(crate) struct ExecArgs {
@@ -28,22 +28,14 @@ pub(crate) async fn run(
     args: ExecArgs,
 ) -> Result<ExitCode, Failure> {
     let manager = crate::connect(backend, namespace, Some(args.run.lease)).await?;
-    let lock = manager.lock(&args.name);
-    let acquired = lock.try_lock_with(args.wait, &args.hold.options()).await;
-    let Some(guard) = acquired.map_err(Failure::from)? else {
-        manager.close().await;
-        return Err(not_acquired(&args.name, "lock", args.wait));
+    let acquired = manager
+        .lock(&args.name)
+        .try_lock_with(args.wait, &args.hold.options())
+        .await;
+    let asked = Asked {
+        name: &args.name,
+        what: "lock",
+        wait: args.wait,
     };
-    let held = (guard.fencing_token(), guard.lost_signal());
-    let command = &args.run.command;
-    run_holding(
-        manager,
-        &args.name,
-        "lock",
-        command,
-        Vec::new(),
-        held,
-        guard.unlock(),
-    )
-    .await
+    run_holding(manager, asked, &args.run.command, Vec::new(), acquired).await
 }

@@ -146,10 +146,10 @@ pub(crate) fn manager_on(
     let mut builder = dlock_api::DistributeLockManagerBuilder::new(resource).namespace(namespace);
     let plugins = PLUGINS.get().copied().unwrap_or_default();
     if plugins.log {
-        builder = builder.with_handler(dlock_api::LoggingHandler::default());
+        builder = builder.with_handler(dlock_api::logging::LoggingHandler::default());
     }
     if plugins.metrics {
-        builder = builder.with_handler(dlock_api::MetricsHandler::default());
+        builder = builder.with_handler(dlock_api::metrics::MetricsHandler::default());
     }
     if let Some(lease) = lease {
         builder = builder.lease(lease);

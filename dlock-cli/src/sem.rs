@@ -7,7 +7,7 @@ use clap::Args;
 
 use crate::exit::Failure;
 use crate::parse_duration;
-use crate::supervise::{not_acquired, run_holding, HoldArgs, RunArgs};
+use crate::supervise::{run_holding, Asked, HoldArgs, RunArgs};
 
 #[derive(Args, Debug)]
 pub(crate) struct SemArgs {
@@ -34,24 +34,14 @@ pub(crate) async fn run(
     args: SemArgs,
 ) -> Result<ExitCode, Failure> {
     let manager = crate::connect(backend, namespace, Some(args.run.lease)).await?;
-    let semaphore = manager.semaphore(&args.name, args.permits);
-    let acquired = semaphore
+    let acquired = manager
+        .semaphore(&args.name, args.permits)
         .try_acquire_with(args.take, args.wait, &args.hold.options())
         .await;
-    let Some(permit) = acquired.map_err(Failure::from)? else {
-        manager.close().await;
-        return Err(not_acquired(&args.name, "permits", args.wait));
+    let asked = Asked {
+        name: &args.name,
+        what: "permits",
+        wait: args.wait,
     };
-    let held = (permit.fencing_token(), permit.lost_signal());
-    let command = &args.run.command;
-    run_holding(
-        manager,
-        &args.name,
-        "permits",
-        command,
-        Vec::new(),
-        held,
-        permit.release(),
-    )
-    .await
+    run_holding(manager, asked, &args.run.command, Vec::new(), acquired).await
 }

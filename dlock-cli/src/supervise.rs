@@ -1,12 +1,11 @@
 //! Running a command while a hold lasts — a lock (`exec`), a leadership (`elect`),
 //! permits (`sem`) — and the exit code it ends with.
 
-use std::future::Future;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Args;
-use dlock_api::{DistributeLockManager, FencingToken, LockOptions, LostSignal};
+use dlock_api::{DistributeLockManager, Hold, LockOptions};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use tokio::process::{Child, Command};
@@ -52,36 +51,51 @@ impl HoldArgs {
     }
 }
 
-/// The failure of a hold not taken within `wait` (exit 75).
-pub(crate) fn not_acquired(name: &str, what: &str, wait: Duration) -> Failure {
-    Failure::new(
-        NOT_ACQUIRED,
-        format!(
-            "{name}: {what} not acquired within {}",
-            humantime::format_duration(wait)
-        ),
-    )
+/// What a hold-and-run command asked for: the hold's name, what kind of hold
+/// (in messages: "lock", "permits", "leadership"), and how long it waited.
+pub(crate) struct Asked<'a> {
+    pub(crate) name: &'a str,
+    pub(crate) what: &'a str,
+    pub(crate) wait: Duration,
 }
 
-/// Runs `command` while a hold lasts — its fencing token in `DLOCK_FENCING_TOKEN`
-/// (plus `env`), stopped when the hold is `lost` — then gives the hold back by
-/// `release` (unless lost), closes the manager, and answers the exit code (see
-/// [`conclude`]). `what` names the hold in messages ("lock").
+/// Runs `command` while the hold `acquired` lasts — its fencing token in
+/// `DLOCK_FENCING_TOKEN` (plus `env`), stopped when the hold is lost — then gives
+/// the hold back (unless lost), closes the manager, and answers the exit code (see
+/// [`conclude`]). A hold not taken within the wait fails with exit 75, an error
+/// as [`Failure::from`] says; the manager is closed either way.
 pub(crate) async fn run_holding(
     manager: DistributeLockManager,
-    name: &str,
-    what: &str,
+    asked: Asked<'_>,
     command: &[String],
     mut env: Vec<(&str, String)>,
-    (token, lost): (FencingToken, LostSignal),
-    release: impl Future<Output = dlock_api::Result<()>>,
+    acquired: dlock_api::Result<Option<impl Hold>>,
 ) -> Result<ExitCode, Failure> {
-    env.push(("DLOCK_FENCING_TOKEN", token.to_string()));
+    let Asked { name, what, wait } = asked;
+    let hold = match acquired {
+        Ok(Some(hold)) => hold,
+        Ok(None) => {
+            manager.close().await;
+            return Err(Failure::new(
+                NOT_ACQUIRED,
+                format!(
+                    "{name}: {what} not acquired within {}",
+                    humantime::format_duration(wait)
+                ),
+            ));
+        }
+        Err(e) => {
+            manager.close().await;
+            return Err(Failure::from(e));
+        }
+    };
+    env.push(("DLOCK_FENCING_TOKEN", hold.fencing_token().to_string()));
+    let lost = hold.lost_signal();
     let outcome = supervise(&format!("{name}: {what}"), command, &env, lost.lost()).await;
     let code = match outcome {
-        Ok(outcome) => Ok(conclude(name, what, outcome, release).await),
+        Ok(outcome) => Ok(conclude(name, what, outcome, hold.release()).await),
         Err(failure) => {
-            let _ = release.await;
+            let _ = hold.release().await;
             Err(failure)
         }
     };

@@ -98,10 +98,10 @@ fn bench(c: &mut Criterion) {
         .install_recorder()
         .unwrap();
     let stock: Vec<Arc<dyn LockHandler>> = vec![
-        Arc::new(dlock_api::LoggingHandler::default()),
-        Arc::new(dlock_api::MetricsHandler::default()),
+        Arc::new(dlock_api::logging::LoggingHandler::default()),
+        Arc::new(dlock_api::metrics::MetricsHandler::default()),
         Arc::new(
-            dlock_api::FlowControlHandler::default()
+            dlock_api::flow_control::FlowControlHandler::default()
                 .with_rate_limit(std::num::NonZeroU32::new(u32::MAX).unwrap())
                 .with_concurrency_limit(1 << 16),
         ),

@@ -8,7 +8,8 @@
 
 use std::time::{Duration, Instant};
 
-use dlock_api::{CoalescingHandler, DistributeLockManager};
+use dlock_api::flow_control::CoalescingHandler;
+use dlock_api::DistributeLockManager;
 use dlock_redis::{RedisBackend, RedisOptions};
 
 const TASKS: usize = 32;

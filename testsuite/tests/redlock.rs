@@ -194,8 +194,9 @@ async fn an_acquire_cut_while_confirming_its_grant_gives_it_back() {
         .build()
         .unwrap();
     let handle = stalled.lock(&lock);
+    let fixed = dlock_api::LockOptions::new().lease(Duration::from_secs(30));
     tokio::select! {
-        got = handle.try_lock_with_lease(Duration::ZERO, Duration::from_secs(30)) => {
+        got = handle.try_lock_with(Duration::ZERO, &fixed) => {
             panic!("the acquire ended without confirming its grant: {:?}", got.map(|g| g.is_some()))
         }
         () = renewing.notified() => {}

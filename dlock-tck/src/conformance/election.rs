@@ -457,8 +457,14 @@ pub async fn contenders_hand_over_without_overlap(backend: Arc<dyn TestBackend>)
         log: Arc::clone(&log),
         register: Arc::clone(&register),
     };
-    let first = a.contend("contended", worker(0)).expect("contend");
-    let second = b.contend("contended", worker(1)).expect("contend");
+    let first = a
+        .election("contended")
+        .contend("a", worker(0))
+        .expect("contend");
+    let second = b
+        .election("contended")
+        .contend("b", worker(1))
+        .expect("contend");
     // Turns: at least two terms each.
     let turns = super::eventually(Duration::from_secs(20), || async {
         let ev = log.events();

@@ -1,12 +1,12 @@
 //! Cases on what a guard tells its holder: until when the hold is guaranteed
 //! (`valid_until`), whether it can be acted on now (`check`), an explicit renewal
 //! (`extend`), how it was granted (`acquisition`), and who holds a lock a
-//! `try_lock` was refused (`try_lock_or_holders`, with each acquisition's context).
+//! `try_lock` was refused (`inspect`, with each acquisition's context).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use dlock_api::{Acquisition, LockOptions, TryLock};
+use dlock_api::{Acquisition, LockOptions};
 use dlock_spi::{ErrorKind, MAX_CONTEXT_LEN};
 
 use super::{store_lease, take, Env};
@@ -111,7 +111,10 @@ pub async fn guards_say_until_when_and_extend(backend: Arc<dyn TestBackend>) {
 
     // A fixed lease lengthened holds past its original end.
     let fixed = lock
-        .try_lock_with_lease(Duration::ZERO, Duration::from_millis(400))
+        .try_lock_with(
+            Duration::ZERO,
+            &dlock_api::LockOptions::new().lease(Duration::from_millis(400)),
+        )
         .await
         .expect("no error")
         .expect("free");
@@ -173,7 +176,7 @@ pub async fn guards_say_until_when_and_extend(backend: Arc<dyn TestBackend>) {
 }
 
 /// A guard says how it was granted (new, reentered, took over an expired holder
-/// where the backend can tell); a refused `try_lock_or_holders` names the holder
+/// where the backend can tell); after a refused `try_lock`, `inspect` names the holder
 /// with the context its acquisition stored, its token and remaining lease; every
 /// acquisition stores its own context (readers side by side each theirs, and
 /// semaphore permits); an oversized context is refused.
@@ -194,49 +197,50 @@ pub async fn acquisitions_say_how_and_refusals_say_who(backend: Arc<dyn TestBack
     assert_eq!(again.acquisition(), Acquisition::Reentered);
     assert_eq!(again.fencing_token(), first.fencing_token());
 
-    match b
+    let refused = b
         .lock("who")
-        .try_lock_or_holders(Duration::ZERO)
+        .try_lock(Duration::ZERO)
         .await
-        .expect("no error")
-    {
-        TryLock::Acquired(_) => panic!("granted a lock someone holds"),
-        TryLock::Held(holders) => {
-            assert_eq!(holders.len(), 1, "{holders:?}");
-            let h = &holders[0];
-            assert_eq!(&h.owner, lock.owner());
-            assert_eq!(h.context, "job=A", "the acquisition's own context");
-            if caps.fencing {
-                assert_eq!(h.token, first.fencing_token());
-            }
-            if caps.lease {
-                let left = h
-                    .remaining_lease
-                    .expect("a lease-based holder's remaining lease");
-                assert!(left <= store_lease(&caps, lease), "{left:?}");
-            } else {
-                assert_eq!(h.remaining_lease, None);
-            }
-        }
+        .expect("no error");
+    assert!(refused.is_none(), "granted a lock someone holds");
+    let holders = b
+        .inspect("who")
+        .await
+        .expect("inspect")
+        .map(|state| state.holders)
+        .unwrap_or_default();
+    assert_eq!(holders.len(), 1, "{holders:?}");
+    let h = &holders[0];
+    assert_eq!(&h.owner, lock.owner());
+    assert_eq!(h.context, "job=A", "the acquisition's own context");
+    if caps.fencing {
+        assert_eq!(h.token, first.fencing_token());
+    }
+    if caps.lease {
+        let left = h
+            .remaining_lease
+            .expect("a lease-based holder's remaining lease");
+        assert!(left <= store_lease(&caps, lease), "{left:?}");
+    } else {
+        assert_eq!(h.remaining_lease, None);
     }
     drop(again);
     first.unlock().await.expect("unlock");
 
-    match b
-        .lock("who")
-        .try_lock_or_holders(Duration::ZERO)
+    b.lock("who")
+        .try_lock(Duration::ZERO)
         .await
         .expect("no error")
-    {
-        TryLock::Acquired(guard) => guard.unlock().await.expect("unlock"),
-        TryLock::Held(holders) => panic!("refused a free lock: {holders:?}"),
-    }
+        .expect("a free lock granted")
+        .unlock()
+        .await
+        .expect("unlock");
 
     if caps.lease {
         // A holder whose fixed lease ran out, replaced.
         let short = Duration::from_millis(200);
         let fixed = lock
-            .try_lock_with_lease(Duration::ZERO, short)
+            .try_lock_with(Duration::ZERO, &dlock_api::LockOptions::new().lease(short))
             .await
             .expect("no error")
             .expect("free");

@@ -348,7 +348,10 @@ pub async fn explicit_lease_expires(backend: Arc<dyn TestBackend>) {
         // turned into an unbounded hold.
         let err = a
             .lock("lease")
-            .try_lock_with_lease(Duration::ZERO, Duration::from_millis(400))
+            .try_lock_with(
+                Duration::ZERO,
+                &dlock_api::LockOptions::new().lease(Duration::from_millis(400)),
+            )
             .await
             .expect_err("an explicit lease on a session-bound backend is refused");
         assert_eq!(err.kind(), ErrorKind::Unsupported, "{err}");
@@ -367,7 +370,7 @@ pub async fn explicit_lease_expires(backend: Arc<dyn TestBackend>) {
     let start = Instant::now();
     let stale = a
         .lock("lease")
-        .try_lock_with_lease(Duration::ZERO, lease)
+        .try_lock_with(Duration::ZERO, &dlock_api::LockOptions::new().lease(lease))
         .await
         .expect("acquire")
         .expect("free lock acquired");
@@ -1047,7 +1050,7 @@ pub async fn bad_arguments_are_refused(backend: Arc<dyn TestBackend>) {
         dlock_spi::MAX_LEASE + Duration::from_secs(1),
     ] {
         let err = lock
-            .try_lock_with_lease(Duration::ZERO, lease)
+            .try_lock_with(Duration::ZERO, &dlock_api::LockOptions::new().lease(lease))
             .await
             .expect_err("refused");
         assert_eq!(err.kind(), refused, "{err}");

@@ -142,7 +142,7 @@ pub async fn a_writer_reads_and_downgrades(backend: Arc<dyn TestBackend>) {
         let lease = Duration::from_millis(600);
         let lapsing = rw
             .write()
-            .try_lock_with_lease(Duration::ZERO, lease)
+            .try_lock_with(Duration::ZERO, &dlock_api::LockOptions::new().lease(lease))
             .await
             .expect("no error")
             .expect("the write side is free");

@@ -5,7 +5,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dlock_api::{DistributeLock, DistributeLockManager};
-use dlock_spi::Fairness;
 
 use super::{eventually, take, waiters, Env};
 use crate::TestBackend;
@@ -105,19 +104,18 @@ pub async fn a_leaving_writer_lets_readers_in(backend: Arc<dyn TestBackend>) {
     /// that is never told waits for its liveness re-check (1 s by default).
     const JOINS_WITHIN: Duration = Duration::from_millis(700);
     let env = Env::new(backend);
-    let fair = |b: dlock_api::DistributeLockManagerBuilder| b.fairness(Fairness::Fair);
     let (a, b, c) = (
-        env.manager_with(fair).await,
-        env.manager_with(fair).await,
-        env.manager_with(fair).await,
+        env.manager().await,
+        env.manager().await,
+        env.manager().await,
     );
     let caps = a.capabilities();
     if !(caps.fair && caps.shared) {
         env.finish(&[&a, &b, &c]).await;
         return;
     }
-    let first = take(a.read_write_lock("rw").read(), Duration::ZERO).await;
-    let writer = b.read_write_lock("rw").write().clone();
+    let first = take(a.fair_read_write_lock("rw").read(), Duration::ZERO).await;
+    let writer = b.fair_read_write_lock("rw").write().clone();
     let waiting_writer = tokio::spawn(async move { writer.lock().await.map(drop) });
     assert!(
         eventually(Duration::from_secs(5), || async {
@@ -126,7 +124,7 @@ pub async fn a_leaving_writer_lets_readers_in(backend: Arc<dyn TestBackend>) {
         .await,
         "the writer never showed as a waiter"
     );
-    let reader = c.read_write_lock("rw").read().clone();
+    let reader = c.fair_read_write_lock("rw").read().clone();
     let waiting_reader = tokio::spawn(async move { reader.lock().await });
     assert!(
         eventually(Duration::from_secs(5), || async {

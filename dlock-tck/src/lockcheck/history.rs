@@ -121,11 +121,11 @@ words! {
     Op {
         /// `try_lock(wait)`.
         Try = "try",
-        /// `try_lock_with_lease(wait, lease)`.
+        /// `try_lock_with(wait, &LockOptions::new().lease(lease))`.
         Lease = "lease",
         /// `lock()` bounded by a timeout.
         Lock = "lock",
-        /// `lock_with_lease(lease)` bounded by a timeout.
+        /// `lock_with(&LockOptions::new().lease(lease))` bounded by a timeout.
         LockLease = "lock-lease",
         /// `try_lock(wait)` of a multi-lock, logged for each member (a member's
         /// refusal may be another member's).

@@ -755,9 +755,21 @@ impl Task {
                 Op::Try | Op::Multi | Op::Downgrade | Op::Upgradeable | Op::Upgrade => {
                     tried(hung, handle.try_lock(wait)).await
                 }
-                Op::Lease => tried(hung, handle.try_lock_with_lease(wait, lease)).await,
+                Op::Lease => {
+                    tried(
+                        hung,
+                        handle.try_lock_with(wait, &dlock_api::LockOptions::new().lease(lease)),
+                    )
+                    .await
+                }
                 Op::Lock => waited(wait, handle.lock()).await,
-                Op::LockLease | Op::Reenter => waited(wait, handle.lock_with_lease(lease)).await,
+                Op::LockLease | Op::Reenter => {
+                    waited(
+                        wait,
+                        handle.lock_with(&dlock_api::LockOptions::new().lease(lease)),
+                    )
+                    .await
+                }
             }
             .map(Held::Guard)
         };

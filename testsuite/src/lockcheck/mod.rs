@@ -57,7 +57,7 @@
 //! watchdog), 3–4 tasks per manager, over 3 exclusive names, a fair name (when the
 //! backend has fair locks) and a read-write name (when it has shared locks). Each
 //! task loops until the deadline choosing at random: `try_lock(0–300 ms)`,
-//! `try_lock_with_lease(…, 1–3 s)`, `lock()` / `lock_with_lease` bounded by a timeout
+//! `try_lock_with(…)` with a fixed lease of 1–3 s, `lock()` / `lock_with(…)` bounded by a timeout
 //! (0.2–8 s) — half of them with an explicit lease where the backend takes one (not
 //! ZooKeeper, which ties holds to the session); 12 % of acquires are cancelled by a
 //! 0–50 ms timeout. The tasks of a

@@ -22,7 +22,7 @@ async fn a_hold_outlives_its_lease_by_the_clock_tick() {
         let name = format!("tick-{:x}", fastrand::u64(..));
         let x = m
             .lock(&name)
-            .try_lock_with_lease(Duration::ZERO, lease)
+            .try_lock_with(Duration::ZERO, &dlock_api::LockOptions::new().lease(lease))
             .await
             .unwrap()
             .unwrap();
@@ -38,7 +38,7 @@ async fn a_hold_outlives_its_lease_by_the_clock_tick() {
         let r = m
             .read_write_lock(&name)
             .read()
-            .try_lock_with_lease(Duration::ZERO, lease)
+            .try_lock_with(Duration::ZERO, &dlock_api::LockOptions::new().lease(lease))
             .await
             .unwrap()
             .unwrap();
