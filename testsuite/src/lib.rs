@@ -26,3 +26,9 @@ pub mod runner;
 pub mod zk_cut;
 
 pub use dlock_tck::{conformance, proxy, TestBackend};
+
+/// The repository's README: its examples compiled as doctests, the embedded
+/// SQLite one run.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct RootReadme;
