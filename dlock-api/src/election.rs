@@ -342,7 +342,7 @@ impl LeaderObserver {
             return;
         };
         let limit = self.election.manager.inner.chain.operation_timeout();
-        self.feed = match tokio::time::timeout(limit, events.follow(&name)).await {
+        self.feed = match tokio::time::timeout(limit, events.follow(name)).await {
             Ok(Ok(feed)) => Feed::Open(feed),
             Ok(Err(err)) => {
                 tracing::debug!(election = %name, error = &err as &dyn std::error::Error, "dlock: cannot follow the election; polling");

@@ -120,7 +120,7 @@ async fn take(
         let batch: Vec<_> = chunk
             .iter()
             .map(|i| {
-                let lock = m.lock(&format!("{tag}:held:{i}"));
+                let lock = m.lock(format!("{tag}:held:{i}"));
                 tokio::spawn(async move {
                     lock.try_lock(Duration::ZERO)
                         .await

@@ -846,7 +846,7 @@ async fn latency(cfg: &Cfg) -> Vec<(&'static str, [Duration; 4])> {
     let fenced = redis::Script::new(FENCED_LUA);
     let backend = RedisBackend::connect(&cfg.url).await.unwrap();
     let manager = dlock_manager(&cfg.url).await;
-    let lock = manager.lock(&format!("{tag}:api"));
+    let lock = manager.lock(format!("{tag}:api"));
     let spi_req = dlock_api::spi::AcquireRequest::new(
         dlock_api::spi::LockName::new(format!("{tag}:spi")).unwrap(),
         dlock_api::spi::OwnerId::new("bench:latency"),
@@ -983,7 +983,7 @@ async fn held_for(cfg: &Cfg, locks: usize, lease: Duration, window: Duration) {
             let batch: Vec<_> = chunk
                 .iter()
                 .map(|i| {
-                    let lock = m.lock(&format!("{tag}:held:{i}"));
+                    let lock = m.lock(format!("{tag}:held:{i}"));
                     tokio::spawn(async move {
                         lock.try_lock(Duration::ZERO).await.unwrap().expect("free")
                     })

@@ -115,7 +115,7 @@ pub fn api_contestant<'a>(
     name: impl Fn(usize) -> String + 'a,
 ) -> Contestant<'a> {
     Contestant::tasks("dlock (user API)", tasks, move |i, end| {
-        cycles(manager.lock(&name(i)), end, |lock| async move {
+        cycles(manager.lock(name(i)), end, |lock| async move {
             api_cycle(&lock).await;
             lock
         })

@@ -262,7 +262,7 @@ async fn a_tls_deployment_is_followed_through_a_failover() {
         "the hold could not be renewed after the failover"
     );
     assert!(!held.is_lost(), "the hold was lost through the failover");
-    let other = take(&m.lock(&name("tls-after")), Duration::from_secs(5)).await;
+    let other = take(&m.lock(name("tls-after")), Duration::from_secs(5)).await;
     other.unlock().await.unwrap();
     held.unlock().await.unwrap();
     m.close().await;

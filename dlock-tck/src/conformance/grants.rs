@@ -160,7 +160,7 @@ pub async fn cancel_at_random_points(backend: Arc<dyn TestBackend>) {
         let manager = if t % 2 == 0 { a.clone() } else { b.clone() };
         tasks.push(tokio::spawn(async move {
             let mut rng = fastrand::Rng::with_seed(seed ^ t);
-            let lock = manager.lock(&format!("cut{}", rng.u8(0..2)));
+            let lock = manager.lock(format!("cut{}", rng.u8(0..2)));
             for _ in 0..STEPS {
                 let cut = Duration::from_millis(rng.u64(0..30));
                 let acquired = if rng.bool() {

@@ -1084,7 +1084,7 @@ pub async fn close_releases_everything(backend: Arc<dyn TestBackend>) {
     let (a, b) = env.two_managers().await;
     let mut guards = Vec::new();
     for i in 0..3 {
-        guards.push(take(&a.lock(&format!("c{i}")), Duration::ZERO).await);
+        guards.push(take(&a.lock(format!("c{i}")), Duration::ZERO).await);
     }
     let blocker = take(&b.lock("blocked"), Duration::ZERO).await;
     let waiting = a.lock("blocked");
@@ -1099,7 +1099,7 @@ pub async fn close_releases_everything(backend: Arc<dyn TestBackend>) {
         assert_eq!(g.lost_reason(), Some(LostReason::ManagerClosed));
     }
     for i in 0..3 {
-        let g = take(&b.lock(&format!("c{i}")), Duration::from_secs(2)).await;
+        let g = take(&b.lock(format!("c{i}")), Duration::from_secs(2)).await;
         g.unlock().await.expect("unlock");
     }
     let err = a

@@ -91,7 +91,7 @@ async fn a_backend_on_the_applications_cluster_client_shares_locks_with_one_from
     let held: Vec<LockGuard> = {
         let mut held = Vec::new();
         for i in 0..12 {
-            held.push(take(&theirs.lock(&format!("{prefix}-{i}")), Duration::ZERO).await);
+            held.push(take(&theirs.lock(format!("{prefix}-{i}")), Duration::ZERO).await);
         }
         held
     };
@@ -105,14 +105,14 @@ async fn a_backend_on_the_applications_cluster_client_shares_locks_with_one_from
     let mut held = held.into_iter();
     let first = held.next().unwrap();
     assert!(mine
-        .lock(&format!("{prefix}-0"))
+        .lock(format!("{prefix}-0"))
         .try_lock(Duration::ZERO)
         .await
         .unwrap()
         .is_none());
     let woke = wake_after_release(
         first,
-        mine.lock(&format!("{prefix}-0")),
+        mine.lock(format!("{prefix}-0")),
         &backend,
         Duration::ZERO,
     )

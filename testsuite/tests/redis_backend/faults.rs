@@ -148,7 +148,7 @@ async fn a_slow_reply_is_awaited_not_timed_out() {
     let Some(_url) = redis_url() else { return };
     let (proxy, backend) = proxied_backend().await;
     let m = DistributeLockManager::builder(backend).build().unwrap();
-    let lock = m.lock(&name("slow-reply"));
+    let lock = m.lock(name("slow-reply"));
     proxy.set(Fault::Delay(Duration::from_millis(700)));
     let started = Instant::now();
     let g = take(&lock, Duration::ZERO).await;

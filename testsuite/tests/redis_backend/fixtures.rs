@@ -354,7 +354,7 @@ pub(crate) async fn tls_refusals(url: &str, plain: &str) {
 
     // The whole set works (and really is TLS: the servers have no plain port).
     let (_, m) = dlock_client(url, RedisOptions::default()).await;
-    let g = take(&m.lock(&name("tls")), Duration::ZERO).await;
+    let g = take(&m.lock(name("tls")), Duration::ZERO).await;
     g.unlock().await.unwrap();
     m.close().await;
 

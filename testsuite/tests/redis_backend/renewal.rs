@@ -155,7 +155,7 @@ async fn the_watchdog_renews_many_holds_in_few_calls() {
     let tag = name("many");
     let mut guards = Vec::new();
     for i in 0..HOLDS {
-        guards.push(m.lock(&format!("{tag}-{i}")).lock().await.unwrap());
+        guards.push(m.lock(format!("{tag}-{i}")).lock().await.unwrap());
         // Taken over ~80 ms: their renewals are not due at the same instant.
         tokio::time::sleep(Duration::from_millis(2)).await;
     }

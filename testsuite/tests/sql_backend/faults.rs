@@ -184,7 +184,7 @@ async fn a_pooled_connection_that_died_is_replaced_before_use_once_idle() {
         }
         let (proxy, url) = proxied(&url).await;
         let m = manager(&url, JdbcOptions::default(), LONG_LEASE).await;
-        let lock = m.lock(&format!("idle-check-{:x}", fastrand::u64(..)));
+        let lock = m.lock(format!("idle-check-{:x}", fastrand::u64(..)));
         take(&lock, Duration::ZERO).await.unlock().await.unwrap();
         // The server side ends the pool's connections; new ones pass.
         assert!(proxy.end_connections().await, "{label}: connections ended");
@@ -298,7 +298,7 @@ async fn silent_network_loses_the_lock_when_the_lease_ends() {
         let lease = Duration::from_secs(4);
         let m = manager(&url, JdbcOptions::default(), lease).await;
         let g = m
-            .lock(&format!("silent-{:x}", fastrand::u64(..)))
+            .lock(format!("silent-{:x}", fastrand::u64(..)))
             .try_lock(Duration::ZERO)
             .await
             .unwrap()
