@@ -420,9 +420,17 @@ async fn fairness_is_chosen_per_handle() {
     assert_eq!(docs.read_write_lock(1).read().fairness(), Fairness::NonFair);
     let fair = docs.fair_read_write_lock(1);
     assert_eq!(fair.read().fairness(), Fairness::Fair);
-    assert_eq!(docs.cached(), 2, "a key's fair and non-fair handles, each cached");
+    assert_eq!(
+        docs.cached(),
+        2,
+        "a key's fair and non-fair handles, each cached"
+    );
     let again = docs.fair_read_write_lock(1);
-    assert_eq!(again.read().owner(), fair.read().owner(), "the cached handle");
+    assert_eq!(
+        again.read().owner(),
+        fair.read().owner(),
+        "the cached handle"
+    );
     assert_eq!(docs.fair_lock(2).fairness(), Fairness::Fair);
     m.close().await;
 }

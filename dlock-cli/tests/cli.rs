@@ -426,15 +426,15 @@ fn the_about_text_names_every_backend() {
     let about = help.lines().next().unwrap_or_default();
     for scheme in dlock_api::SUPPORTED {
         let names: &[&str] = match scheme.trim_end_matches("://") {
-            "memory" => &["memory"],
+            "memory" | "mem" => &["memory"],
             "sqlite" => &["SQLite"],
-            "mysql" => &["MariaDB", "MySQL"],
-            "postgres" => &["PostgreSQL"],
+            "mysql" | "mariadb" => &["MariaDB", "MySQL"],
+            "postgres" | "postgresql" => &["PostgreSQL"],
             "redis" | "rediss" => &["Redis"],
             "redis+cluster" | "rediss+cluster" => &["Redis", "Cluster"],
             "redis+sentinel" | "rediss+sentinel" => &["Redis", "Sentinel"],
             "redlock" | "redlocks" => &["Redlock"],
-            "zk" | "zks" => &["ZooKeeper"],
+            "zk" | "zks" | "zookeeper" => &["ZooKeeper"],
             "etcd" | "etcds" => &["etcd"],
             "nats" => &["NATS"],
             other => panic!("scheme {other:?} is new: name its backend in the about text and here"),

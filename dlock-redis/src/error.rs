@@ -48,6 +48,11 @@ pub(crate) fn classify(err: &redis::RedisError) -> (ErrorKind, &'static str, boo
             ErrorKind::Config,
             "Redis refused the credentials; check the user and password in the URL",
         )
+    } else if err.to_string().contains("DB index is out of range") {
+        (
+            ErrorKind::Config,
+            "the Redis database the URL names (its /N path) is not on the server; it has 16 (0–15) unless its `databases` setting says otherwise",
+        )
     } else if transient {
         (
             ErrorKind::Backend,

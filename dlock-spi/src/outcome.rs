@@ -138,8 +138,11 @@ pub struct HolderInfo {
     pub context: Bytes,
     /// Lease left, by the backend's clock; `None` for session-bound holds.
     pub remaining_lease: Option<Duration>,
-    /// The holder's own lease left before its transition window (Simba's `ttl_at`;
-    /// zero once in the window), when the backend records one; `None` otherwise.
+    /// With an election's transition window
+    /// ([`Election::transition`](https://docs.rs/dlock-api/latest/dlock_api/struct.Election.html#method.transition)):
+    /// the holder's own lease left before the window (zero once in it), on backends
+    /// that record both instants (SQL); `None` where they do not. Without a window,
+    /// where recorded, the same as `remaining_lease`.
     pub remaining_ttl: Option<Duration>,
 }
 

@@ -124,3 +124,23 @@ async fn a_backend_on_the_applications_cluster_client_shares_locks_with_one_from
     mine.close().await;
     theirs.close().await;
 }
+
+/// A URL naming a database the server does not have (`/99` of 16) is a `Config`
+/// error that says so; it was a `Backend` error telling the user to check the
+/// server's version and their right to run EVALSHA.
+#[tokio::test]
+async fn a_database_the_server_does_not_have_is_a_config_error_saying_so() {
+    let Some(url) = redis_url() else { return };
+    let url = format!("{}/99", url.trim_end_matches('/'));
+    let refused = match DistributeLockManager::connect(&url).await {
+        Ok(manager) => manager.lock("db-99").try_lock(Duration::ZERO).await.err(),
+        Err(e) => Some(e),
+    };
+    let refused = refused.expect("the server has no database 99");
+    assert_eq!(refused.kind(), ErrorKind::Config, "{refused:#}");
+    let said = refused.to_string();
+    assert!(
+        said.contains("database") && !said.contains("EVALSHA"),
+        "{said}"
+    );
+}
