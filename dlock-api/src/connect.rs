@@ -68,6 +68,11 @@ pub const SUPPORTED: &[&str] = &[
 ///
 /// Unknown schemes, and schemes whose feature is not enabled, fail with
 /// [`ErrorKind::Config`] naming what to do. Passwords in the URL never appear in errors.
+///
+/// # Cancel safety
+///
+/// Cancel-safe: dropped before it completes, the connections opened so far are
+/// dropped with it.
 pub async fn open_backend(url: &str) -> Result<Arc<dyn LockRemoteResource>> {
     let Some((scheme, _rest)) = url.split_once("://") else {
         return Err(Error::new(

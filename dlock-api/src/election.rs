@@ -590,6 +590,10 @@ impl Term {
 
     /// Completes when the contender should end its work: the contention is being
     /// stopped (the work has [`Election::stop_grace`] to return) or the term is over.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: it only waits.
     pub async fn stepping_down(&self) {
         let mut step_down = self.step_down.clone();
         let _ = step_down.wait_for(|s| *s).await;

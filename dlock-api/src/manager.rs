@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use dlock_spi::{
-    lease_out_of_range, Capabilities, Error, ErrorKind, HandlerChain, LockHandler, LockName,
-    LockRemoteResource, LockState, Result,
+    lease_out_of_range, Capabilities, Error, ErrorKind, HandlerChain, IntoResource, LockHandler,
+    LockName, LockRemoteResource, LockState, Result,
 };
 
 use crate::inner::{Config, ManagerInner};
@@ -39,13 +39,32 @@ pub struct DistributeLockManager {
 }
 
 impl DistributeLockManager {
-    /// Starts building a manager over `resource`.
-    pub fn builder<R: LockRemoteResource>(resource: R) -> DistributeLockManagerBuilder {
-        DistributeLockManagerBuilder::new(Arc::new(resource))
+    /// Starts building a manager over `resource`: a backend crate's value (one
+    /// built on the application's own pool or client, say), or the one a URL opens
+    /// to ([`open_backend`](crate::open_backend)).
+    ///
+    /// ```
+    /// # async fn demo() -> dlock_api::Result<()> {
+    /// use std::time::Duration;
+    /// use dlock_api::{open_backend, DistributeLockManager};
+    ///
+    /// let manager = DistributeLockManager::builder(open_backend("memory://").await?)
+    ///     .lease(Duration::from_secs(10))
+    ///     .namespace("billing:")
+    ///     .build()?;
+    /// # let _ = manager; Ok(()) }
+    /// ```
+    pub fn builder(resource: impl IntoResource) -> DistributeLockManagerBuilder {
+        DistributeLockManagerBuilder::new(resource.into_resource())
     }
 
     /// Opens the backend a URL names (see [`crate::open_backend`]) and builds a manager
-    /// with default settings.
+    /// with default settings: `builder(open_backend(url).await?).build()`.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: dropped before it completes, nothing is held and the
+    /// connections opened so far are dropped with it.
     pub async fn connect(url: &str) -> Result<Self> {
         let resource = crate::connect::open_backend(url).await?;
         DistributeLockManagerBuilder::new(resource).build()
@@ -53,6 +72,10 @@ impl DistributeLockManager {
 
     /// Who holds `name` and how many wait, straight from the backend (bounded by
     /// the operation timeout).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: it only reads.
     pub async fn inspect(&self, name: impl std::fmt::Display) -> Result<Option<LockState>> {
         let name = self.inner.full_name(&name.to_string())?;
         self.inner.chain.inspect(&name).await
@@ -132,7 +155,7 @@ pub struct DistributeLockManagerBuilder {
 
 impl DistributeLockManagerBuilder {
     /// A builder over a shared backend.
-    pub fn new(resource: Arc<dyn LockRemoteResource>) -> Self {
+    fn new(resource: Arc<dyn LockRemoteResource>) -> Self {
         DistributeLockManagerBuilder {
             resource,
             handlers: Vec::new(),

@@ -143,7 +143,7 @@ pub(crate) fn manager_on(
     namespace: &str,
     lease: Option<Duration>,
 ) -> Result<DistributeLockManager, Failure> {
-    let mut builder = dlock_api::DistributeLockManagerBuilder::new(resource).namespace(namespace);
+    let mut builder = dlock_api::DistributeLockManager::builder(resource).namespace(namespace);
     let plugins = PLUGINS.get().copied().unwrap_or_default();
     if plugins.log {
         builder = builder.with_handler(dlock_api::logging::LoggingHandler::default());

@@ -5,7 +5,7 @@
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use dlock_api::{DistributeLockManager, DistributeLockManagerBuilder};
+use dlock_api::DistributeLockManager;
 use testsuite::backends::TestUrl;
 
 const DLOCK: &str = env!("CARGO_BIN_EXE_dlock");
@@ -93,7 +93,7 @@ async fn finished(child: Child) -> Output {
 
 /// A manager of the test's own (another client than the command) in `ns`.
 async fn holder_on(url: &str, ns: &str) -> DistributeLockManager {
-    DistributeLockManagerBuilder::new(dlock_api::open_backend(url).await.unwrap())
+    DistributeLockManager::builder(dlock_api::open_backend(url).await.unwrap())
         .namespace(ns.to_owned())
         .build()
         .unwrap()
@@ -547,12 +547,11 @@ fn status_creates_no_database_file() {
 async fn status_json_says_who_holds_and_exits_by_held_or_free() {
     for (label, url) in sql_urls() {
         let ns = namespace();
-        let holder =
-            DistributeLockManagerBuilder::new(dlock_api::open_backend(&url).await.unwrap())
-                .namespace(ns.clone())
-                .context("node-a \"quoted\"")
-                .build()
-                .unwrap();
+        let holder = DistributeLockManager::builder(dlock_api::open_backend(&url).await.unwrap())
+            .namespace(ns.clone())
+            .context("node-a \"quoted\"")
+            .build()
+            .unwrap();
         let guard = testsuite::conformance::take(&holder.lock("job"), Duration::ZERO).await;
 
         let out = dlock(&url, &ns, &["status", "job", "--json"]);

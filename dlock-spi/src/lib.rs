@@ -72,7 +72,7 @@ pub use name::LockName;
 pub use outcome::{AcquireResult, HolderInfo, LockState, ReleaseResult, RenewResult};
 pub use redact::redact_url;
 pub use request::{AcquireRequest, ReleaseRequest, RenewRequest};
-pub use resource::{BatchRenew, LockAdmin, LockRemoteResource};
+pub use resource::{BatchRenew, IntoResource, LockAdmin, LockRemoteResource};
 pub use resubscribe::{Drained, Resubscribe, Subscription};
 pub use task::{spawn_cleanup, TaskGuard};
 pub use tls::{read_pem_file, TlsFiles, TlsIdentity};

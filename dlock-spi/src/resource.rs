@@ -131,3 +131,32 @@ pub trait LockAdmin: Send + Sync {
     /// (expired holds and fencing counters are not counted).
     async fn live_locks(&self, prefix: &str) -> Result<usize>;
 }
+
+/// What a manager is built over: a backend value (shared from then on), or one
+/// shared already — the `Arc<dyn LockRemoteResource>` a URL opens to. So
+/// `DistributeLockManager::builder` takes either, and there is one way to build.
+///
+/// ```
+/// use std::sync::Arc;
+/// use dlock_spi::{InMemoryBackend, IntoResource, LockRemoteResource};
+///
+/// let mine: Arc<dyn LockRemoteResource> = InMemoryBackend::new().into_resource();
+/// let same = Arc::clone(&mine).into_resource(); // shared already: the same backend
+/// assert!(Arc::ptr_eq(&mine, &same));
+/// ```
+pub trait IntoResource {
+    /// The backend, shared.
+    fn into_resource(self) -> std::sync::Arc<dyn LockRemoteResource>;
+}
+
+impl<R: LockRemoteResource> IntoResource for R {
+    fn into_resource(self) -> std::sync::Arc<dyn LockRemoteResource> {
+        std::sync::Arc::new(self)
+    }
+}
+
+impl IntoResource for std::sync::Arc<dyn LockRemoteResource> {
+    fn into_resource(self) -> std::sync::Arc<dyn LockRemoteResource> {
+        self
+    }
+}

@@ -125,3 +125,8 @@ pub trait TestBackend: Send + Sync + 'static {
         Some(self.client().await)
     }
 }
+
+/// The README's examples, compiled as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

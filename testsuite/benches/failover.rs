@@ -29,7 +29,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use dlock_api::DistributeLockManagerBuilder;
+use dlock_api::DistributeLockManager;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use testsuite::bench::{is_bench, runtime};
@@ -209,7 +209,7 @@ fn run_candidate(label: &str, url: &str, name: &str) {
             .await
             .expect("open the backend");
         let client = backend.client().await.expect("a client");
-        let manager = DistributeLockManagerBuilder::new(client)
+        let manager = DistributeLockManager::builder(client)
             .lease(LEASE)
             .build()
             .expect("manager");

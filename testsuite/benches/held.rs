@@ -26,7 +26,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use dlock_api::{DistributeLockManager, DistributeLockManagerBuilder, LockRemoteResource};
+use dlock_api::{DistributeLockManager, LockRemoteResource};
 use testsuite::bench::{
     cpu_seconds, is_bench, runtime, server_cpu_seconds, OneByOne, RenewCounter, Renewals,
 };
@@ -161,7 +161,7 @@ async fn held_for(label: &str, backend: &dyn TestBackend, run: &Run) {
         }
         let counter = Arc::new(RenewCounter::default());
         let builder = if batched {
-            DistributeLockManagerBuilder::new(client)
+            DistributeLockManager::builder(client)
         } else {
             DistributeLockManager::builder(OneByOne(client))
         };

@@ -9,7 +9,7 @@
 use std::process::Stdio;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use dlock_api::DistributeLockManagerBuilder;
+use dlock_api::DistributeLockManager;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::process::Command;
 
@@ -199,7 +199,7 @@ pub async fn run(opts: &Options, worker_exe: &std::path::Path) -> Result<Summary
         let mut managers = Vec::new();
         for _ in 0..opts.processes {
             let client = backend.client().await.map_err(|e| e.to_string())?;
-            let manager = DistributeLockManagerBuilder::new(client)
+            let manager = DistributeLockManager::builder(client)
                 .namespace(namespace.clone())
                 .build()
                 .map_err(|e| e.to_string())?;
@@ -333,7 +333,7 @@ pub async fn worker_process(
         .await
         .map_err(|e| format!("backend {} cannot be opened: {e}", opts.label))?;
     let client = backend.client().await.map_err(|e| e.to_string())?;
-    let manager = DistributeLockManagerBuilder::new(client)
+    let manager = DistributeLockManager::builder(client)
         .namespace(namespace)
         .build()
         .map_err(|e| e.to_string())?;

@@ -24,7 +24,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use dlock_api::{DistributeLockManager, DistributeLockManagerBuilder, LostReason};
+use dlock_api::{DistributeLockManager, LostReason};
 use testsuite::backends::{self, TestUrl};
 use testsuite::conformance::{eventually, waiting};
 use testsuite::lockcheck::nemesis::Nemesis;
@@ -101,7 +101,7 @@ impl Partition {
     /// A manager on a new client of `backend`, in the case's namespace.
     async fn manager(&self, backend: &Arc<dyn TestBackend>) -> DistributeLockManager {
         let client = backend.client().await.expect("a client");
-        DistributeLockManagerBuilder::new(client)
+        DistributeLockManager::builder(client)
             .namespace(self.namespace.clone())
             .lease(self.lease)
             .build()

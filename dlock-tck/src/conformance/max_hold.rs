@@ -104,7 +104,7 @@ pub async fn max_hold_ends_a_hold_before_its_lease(backend: Arc<dyn TestBackend>
         .expect_err("a zero max_hold");
     assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
     let client = env.backend().client().await.expect("client");
-    let err = dlock_api::DistributeLockManagerBuilder::new(client)
+    let err = dlock_api::DistributeLockManager::builder(client)
         .max_hold(Duration::ZERO)
         .build()
         .expect_err("a manager with a zero max_hold");

@@ -107,7 +107,7 @@ impl Env {
     ) -> DistributeLockManager {
         let client =
             client.unwrap_or_else(|e| panic!("cannot open a {} client: {e}", self.backend.label()));
-        configure(DistributeLockManagerBuilder::new(client).namespace(self.namespace.clone()))
+        configure(DistributeLockManager::builder(client).namespace(self.namespace.clone()))
             .build()
             .expect("manager builds")
     }
@@ -356,7 +356,7 @@ pub async fn explicit_lease_expires(backend: Arc<dyn TestBackend>) {
             .expect_err("an explicit lease on a session-bound backend is refused");
         assert_eq!(err.kind(), ErrorKind::Unsupported, "{err}");
         let client = env.backend().client().await.expect("client");
-        let err = DistributeLockManagerBuilder::new(client)
+        let err = DistributeLockManager::builder(client)
             .watchdog(false)
             .build()
             .expect_err("a manager without watchdog is refused");

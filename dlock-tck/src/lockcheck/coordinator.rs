@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use dlock_api::{DistributeLockManagerBuilder, LockState};
+use dlock_api::{DistributeLockManager, LockState};
 use tokio::task::JoinSet;
 
 use crate::conformance::eventually;
@@ -453,7 +453,7 @@ async fn leak_check(
         .await
         .map_err(|_| "leak check: no client within the bound".to_owned())?
         .map_err(|e| format!("leak check: cannot open a client: {e}"))?;
-    let manager = DistributeLockManagerBuilder::new(client)
+    let manager = DistributeLockManager::builder(client)
         .namespace(namespace)
         .build()
         .map_err(|e| format!("leak check: {e}"))?;

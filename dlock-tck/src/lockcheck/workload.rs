@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use dlock_api::{
-    Capabilities, DistributeLock, DistributeLockManager, DistributeLockManagerBuilder, Election,
-    Leadership, LockGuard, LostReason, ReadWriteLock, Semaphore, SemaphorePermit,
+    Capabilities, DistributeLock, DistributeLockManager, Election, Leadership, LockGuard,
+    LostReason, ReadWriteLock, Semaphore, SemaphorePermit,
 };
 use dlock_spi::{
     AcquireChain, AcquireContext, AcquireResult, LockHandler, LockName, LostEvent, ReleaseChain,
@@ -211,7 +211,7 @@ pub async fn run_worker(
         let client = keep_trying(|| async { backend.client().await.map_err(|e| e.to_string()) })
             .await
             .map_err(|e| format!("process {p}: cannot open backend client {m}: {e}"))?;
-        let manager = DistributeLockManagerBuilder::new(client)
+        let manager = DistributeLockManager::builder(client)
             .lease(LEASE)
             .namespace(spec.namespace.clone())
             .with_handler(HoldLog {

@@ -22,7 +22,7 @@
 
 use std::time::Duration;
 
-use dlock_api::{DistributeLockManagerBuilder, LockMode};
+use dlock_api::{DistributeLockManager, LockMode};
 use testsuite::bench::{
     api_contestant, api_cycle, cycles, interleaved_rounds, is_bench, median, per_round_ratio,
     runtime, spi_contestant_as, Contestant,
@@ -66,7 +66,7 @@ fn main() {
                 .unwrap_or_else(|e| panic!("{label}: {e}"));
             let namespace = format!("bench-sem-{:x}", fastrand::u64(..));
             let client = backend.client().await.unwrap();
-            let manager = DistributeLockManagerBuilder::new(std::sync::Arc::clone(&client))
+            let manager = DistributeLockManager::builder(std::sync::Arc::clone(&client))
                 .namespace(namespace.clone())
                 .build()
                 .unwrap();
