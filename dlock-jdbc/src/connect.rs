@@ -115,12 +115,20 @@ impl JdbcBackend {
                 "the database refused the connection for now (too many connections, starting up or shutting down); retry later"
             } else if tls {
                 "the TLS handshake failed: check the CA the URL names (PostgreSQL: sslrootcert=…, MySQL: ssl-ca=…), that the URL's host is the one the server's certificate names, and that dlock-jdbc's `tls` feature is on"
+            } else if matches!(e, sqlx::Error::Database(_)) {
+                "the server answered: check the database, user and password the URL names, and that the user may log in to that database"
             } else {
                 "check that the server runs, the URL is right and the user may log in"
             };
+            // The server's own words; the driver's Display of them adds the line of
+            // the server's source that raised them, which means nothing to a user.
+            let said = match &e {
+                sqlx::Error::Database(db) => db.message().to_owned(),
+                other => other.to_string(),
+            };
             Error::new(
                 if retryable { ErrorKind::Backend } else { ErrorKind::Config },
-                format!("cannot connect to {}: {e}; {hint}", redact_url(&url)),
+                format!("cannot connect to {}: {said}; {hint}", redact_url(&url)),
             )
             .set_retryable(retryable)
         })?;

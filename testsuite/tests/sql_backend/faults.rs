@@ -145,6 +145,29 @@ async fn a_connection_refused_for_now_is_a_retryable_connect_error() {
     }
 }
 
+/// A URL naming a database the server does not have is a configuration error that
+/// gives the server's answer as it is — not the server's source line the driver
+/// appends ("at line 948") — and asks for the URL to be checked, not whether the
+/// server runs (it answered).
+#[tokio::test]
+async fn a_database_the_server_lacks_is_a_config_error_saying_so() {
+    for (label, url) in sql_backends() {
+        if label == "sqlite" {
+            continue; // a path, not a database on a server
+        }
+        let (base, _) = url.rsplit_once('/').expect("a database in the URL");
+        let missing = format!("{base}/dlock_no_such_database");
+        let err = JdbcBackend::connect(&missing).await.map(drop).unwrap_err();
+        println!("{label}: {err}");
+        assert_eq!(err.kind(), ErrorKind::Config, "{label}: {err}");
+        assert!(!err.is_retryable(), "{label}: {err}");
+        let said = err.message();
+        assert!(said.contains("dlock_no_such_database"), "{label}: {said}");
+        assert!(!said.contains("at line"), "{label}: {said}");
+        assert!(!said.contains("server runs"), "{label}: {said}");
+    }
+}
+
 /// The database goes away (connections reset, new ones refused): calls fail with
 /// typed retryable errors, the watchdog keeps trying until the lease ends and then
 /// fires lost, and once the database is back the pool reconnects.
