@@ -79,59 +79,7 @@ impl JdbcBackend {
                 Err(_) => Err(sqlx::Error::PoolTimedOut),
             }
         });
-        probe.map_err(|e| {
-            if matches!(e, sqlx::Error::PoolTimedOut) {
-                // Only the bound above gives this: the server took the connection
-                // and did not answer in time (hung, overloaded, or a partition).
-                return Error::new(
-                    ErrorKind::Timeout,
-                    format!(
-                        "cannot connect to {}: no answer within {:?}; check that the server runs and is not overloaded, or wait longer (dlock_acquire_timeout=30s in the URL, JdbcOptions::acquire_timeout)",
-                        redact_url(&url),
-                        options.acquire_timeout
-                    ),
-                );
-            }
-            // A refused TLS handshake (rustls' errors reach sqlx as invalid data) is
-            // the configuration's to fix, as a bad URL is; retrying will not help.
-            let tls = matches!(&e, sqlx::Error::Tls(_))
-                || matches!(&e, sqlx::Error::Io(io) if io.kind() == std::io::ErrorKind::InvalidData);
-            if let Some(param) = crate::error::refused_startup_parameter(&e) {
-                return Error::new(
-                    ErrorKind::Config,
-                    format!(
-                        "cannot connect to {}: {e}; a pooler between dlock and PostgreSQL (PgBouncer) refuses the startup parameter {param} that the driver sends: add `ignore_startup_parameters = {param}` to its configuration (pgbouncer.ini)",
-                        redact_url(&url)
-                    ),
-                );
-            }
-            // A database's answer is the configuration's to fix (a wrong password, a
-            // missing database) unless it refused the connection for now.
-            let transient = crate::error::is_transient_answer(&e);
-            let retryable = transient
-                || (!tls
-                    && !matches!(e, sqlx::Error::Configuration(_) | sqlx::Error::Database(_)));
-            let hint = if transient {
-                "the database refused the connection for now (too many connections, starting up or shutting down); retry later"
-            } else if tls {
-                "the TLS handshake failed: check the CA the URL names (PostgreSQL: sslrootcert=…, MySQL: ssl-ca=…), that the URL's host is the one the server's certificate names, and that dlock-jdbc's `tls` feature is on"
-            } else if matches!(e, sqlx::Error::Database(_)) {
-                "the server answered: check the database, user and password the URL names, and that the user may log in to that database"
-            } else {
-                "check that the server runs, the URL is right and the user may log in"
-            };
-            // The server's own words; the driver's Display of them adds the line of
-            // the server's source that raised them, which means nothing to a user.
-            let said = match &e {
-                sqlx::Error::Database(db) => db.message().to_owned(),
-                other => other.to_string(),
-            };
-            Error::new(
-                if retryable { ErrorKind::Backend } else { ErrorKind::Config },
-                format!("cannot connect to {}: {said}; {hint}", redact_url(&url)),
-            )
-            .set_retryable(retryable)
-        })?;
+        probe.map_err(|e| connect_error(&url, e, options.acquire_timeout))?;
         Self::assemble(pool, options).await
     }
 
@@ -527,8 +475,72 @@ pub(crate) fn open_postgres(url: &str, options: &JdbcOptions) -> Result<Pool> {
     Ok(Pool::Postgres(pool))
 }
 
+/// The error of a connect the database (or the way to it) refused: typed by what
+/// would fix it — the configuration, or time — with the server's own words and
+/// what to check.
+fn connect_error(url: &str, e: sqlx::Error, acquire_timeout: std::time::Duration) -> Error {
+    if matches!(e, sqlx::Error::PoolTimedOut) {
+        // Only the bound above gives this: the server took the connection
+        // and did not answer in time (hung, overloaded, or a partition).
+        return Error::new(
+                ErrorKind::Timeout,
+                format!(
+                    "cannot connect to {}: no answer within {:?}; check that the server runs and is not overloaded, or wait longer (dlock_acquire_timeout=30s in the URL, JdbcOptions::acquire_timeout)",
+                    redact_url(url),
+                    acquire_timeout
+                ),
+            );
+    }
+    // A refused TLS handshake (rustls' errors reach sqlx as invalid data) is
+    // the configuration's to fix, as a bad URL is; retrying will not help.
+    let tls = matches!(&e, sqlx::Error::Tls(_))
+        || matches!(&e, sqlx::Error::Io(io) if io.kind() == std::io::ErrorKind::InvalidData);
+    if let Some(param) = crate::error::refused_startup_parameter(&e) {
+        return Error::new(
+                ErrorKind::Config,
+                format!(
+                    "cannot connect to {}: {e}; a pooler between dlock and PostgreSQL (PgBouncer) refuses the startup parameter {param} that the driver sends: add `ignore_startup_parameters = {param}` to its configuration (pgbouncer.ini)",
+                    redact_url(url)
+                ),
+            );
+    }
+    // A database's answer is the configuration's to fix (a wrong password, a
+    // missing database) unless it refused the connection for now.
+    let transient = crate::error::is_transient_answer(&e);
+    let retryable = transient
+        || (!tls && !matches!(e, sqlx::Error::Configuration(_) | sqlx::Error::Database(_)));
+    let hint = if transient {
+        "the database refused the connection for now (too many connections, starting up or shutting down); retry later"
+    } else if tls {
+        "the TLS handshake failed: check the CA the URL names (PostgreSQL: sslrootcert=…, MySQL: ssl-ca=…), that the URL's host is the one the server's certificate names, and that dlock-jdbc's `tls` feature is on"
+    } else if matches!(&e, sqlx::Error::Configuration(c) if crate::error::needs_rsa(c.as_ref())) {
+        crate::error::RSA_HINT
+    } else if matches!(e, sqlx::Error::Database(_)) {
+        "the server answered: check the database, user and password the URL names, and that the user may log in to that database"
+    } else {
+        "check that the server runs, the URL is right and the user may log in"
+    };
+    // The server's own words; the driver's Display of them adds the line of
+    // the server's source that raised them, which means nothing to a user.
+    let said = match &e {
+        sqlx::Error::Database(db) => db.message().to_owned(),
+        other => other.to_string(),
+    };
+    Error::new(
+        if retryable {
+            ErrorKind::Backend
+        } else {
+            ErrorKind::Config
+        },
+        format!("cannot connect to {}: {said}; {hint}", redact_url(url)),
+    )
+    .set_retryable(retryable)
+}
+
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     #[tokio::test]
@@ -543,5 +555,27 @@ mod tests {
             let err = JdbcBackend::connect(url).await.err().map(|e| e.kind());
             assert_eq!(err, Some(ErrorKind::Config), "{url}");
         }
+    }
+
+    /// MySQL 8's caching_sha2_password over a connection without TLS needs RSA,
+    /// opt-in (`mysql-rsa`): refused at connect, the error names dlock's feature
+    /// to enable and the TLS alternative (it gave only sqlx's words and "check that
+    /// the server runs").
+    #[test]
+    fn a_login_that_needs_rsa_names_the_feature_at_connect() {
+        let sqlx_says = "RSA auth backend disabled; enable feature `mysql-rsa` (or `rsa` if using sqlx-mysql directly) or use TLS.";
+        let err = connect_error(
+            "mysql://app:S3cret@127.0.0.1:3306/test",
+            sqlx::Error::Configuration(sqlx_says.into()),
+            Duration::from_secs(5),
+        );
+        assert_eq!(err.kind(), ErrorKind::Config);
+        let text = err.to_string();
+        assert!(text.contains("dlock-api's `mysql-rsa` feature"), "{text}");
+        assert!(text.contains("ssl-mode=required"), "{text}");
+        assert!(
+            !text.contains("S3cret") && !text.contains("server runs"),
+            "{text}"
+        );
     }
 }

@@ -189,16 +189,22 @@ pub(crate) fn refused_startup_parameter(err: &sqlx::Error) -> Option<String> {
     )
 }
 
+/// What to do about a MySQL login refused for want of RSA.
+pub(crate) const RSA_HINT: &str = "this MySQL login needs RSA (caching_sha2_password without TLS): enable dlock-api's `mysql-rsa` feature (dlock-jdbc's, used alone), or connect over TLS (`?ssl-mode=required`, with the `sql-tls` feature)";
+
+/// Whether sqlx refused a configuration for want of RSA: MySQL 8's
+/// caching_sha2_password over a connection without TLS sends the password
+/// RSA-encrypted, which is opt-in (the rsa crate).
+pub(crate) fn needs_rsa(e: &(dyn std::error::Error + Send + Sync)) -> bool {
+    e.to_string().contains("RSA")
+}
+
 /// Maps a driver error, naming the operation that failed.
 pub(crate) fn map_sqlx(err: sqlx::Error, backend: &'static str, op: &'static str) -> Error {
     let (kind, retryable, hint) = match &err {
         // MySQL 8's caching_sha2_password over a connection without TLS: the
         // password goes RSA-encrypted, which is opt-in (the rsa crate).
-        sqlx::Error::Configuration(e) if e.to_string().contains("RSA") => (
-            ErrorKind::Config,
-            false,
-            "this MySQL login needs RSA (caching_sha2_password without TLS): enable dlock-api's `mysql-rsa` feature (dlock-jdbc's, used alone), or connect over TLS (`?ssl-mode=required`, with the `sql-tls` feature)",
-        ),
+        sqlx::Error::Configuration(e) if needs_rsa(e.as_ref()) => (ErrorKind::Config, false, RSA_HINT),
         sqlx::Error::Configuration(_) => (
             ErrorKind::Config,
             false,
