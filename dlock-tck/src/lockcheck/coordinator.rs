@@ -204,153 +204,200 @@ pub async fn run(deployment: &dyn Deployment, opts: &RunOptions) -> Result<RunOu
     let rules = deployment.rules();
 
     let dir = RunDir::new(&label, opts.seed, opts.keep)?;
-    let mut notes = Vec::new();
+    let log = EventLog::create(&dir.path.join("coordinator.events"), COORDINATOR)?;
+    let mut run = Run {
+        label: &label,
+        dir: &dir.path,
+        log: &log,
+        until: Instant::now(),
+        notes: Vec::new(),
+    };
     if opts.keep {
-        notes.push(format!("histories kept in {}", dir.path.display()));
+        run.notes
+            .push(format!("histories kept in {}", dir.path.display()));
     }
-    let coordinator_log = EventLog::create(&dir.path.join("coordinator.events"), COORDINATOR)?;
     let register = Register::start()
         .await
         .map_err(|e| format!("cannot start the fenced register: {e}"))?;
-
-    let mut kinds = Vec::new();
-    for kind in opts.nemesis.kinds() {
-        match deployment.not_applicable(kind) {
-            Some(why) => notes.push(format!(
-                "nemesis {}: not applicable to {label} ({why})",
-                kind.name()
-            )),
-            None => kinds.push(kind),
-        }
-    }
-
+    let kinds = applicable(deployment, opts.nemesis, &mut run.notes);
     let namespace = format!("lc{}-{:08x}:", opts.seed, fastrand::u32(..));
     let plan = Plan {
         seed: opts.seed,
         namespace: namespace.clone(),
         register: register.addr(),
     };
-    let semaphores = match tokio::time::timeout(CONNECT_BOUND, backend.client()).await {
-        Ok(Ok(client)) => client.capabilities().semaphore,
-        Ok(Err(e)) => return Err(format!("backend {label} gives no client: {e}")),
-        Err(_) => {
-            return Err(format!(
-                "backend {label} gave no client within {CONNECT_BOUND:?}"
-            ))
-        }
-    };
-    let until = Instant::now() + opts.duration;
-    let bound = until + EXIT_GRACE;
-    let mut injected_all = Vec::new();
-    match url {
+    let semaphores = offers_semaphores(backend.as_ref(), &label).await?;
+    run.until = Instant::now() + opts.duration;
+    let injected = match url {
         None => {
             let logs = (1..=opts.processes)
                 .map(|i| EventLog::create(&dir.path.join(format!("p{i}.events")), i))
                 .collect::<Result<Vec<_>, String>>()?;
-            run_tasks(&backend, &plan, opts.duration, logs, bound).await?;
+            run_tasks(&backend, &plan, opts.duration, logs, run.until + EXIT_GRACE).await?;
+            Vec::new()
         }
-        Some(url) => {
-            let exe = match &opts.worker_exe {
-                Some(exe) => exe.clone(),
-                None => std::env::current_exe()
-                    .map_err(|e| format!("cannot find this binary to start workers: {e}"))?,
-            };
-            let mut procs = Procs::new(
-                exe,
-                label.clone(),
-                url,
-                kinds.iter().any(|k| k.needs_proxy()),
-                dir.path.clone(),
-                coordinator_log.clone(),
-                until,
-                plan,
-            );
-            let mut servers = if kinds.iter().any(|k| k.server_side()) {
-                deployment.servers()?
-            } else {
-                None
-            };
-            for _ in 0..opts.processes {
-                procs.spawn_next(opts.duration)?;
-            }
-            let injected = inject::run(
-                &kinds,
-                deployment,
-                &mut procs,
-                servers.as_deref_mut(),
-                &coordinator_log,
-                opts.seed,
-                until,
-                LEASE,
-            )
-            .await;
-            let problems = procs.wait_all(bound).await;
-            // Before the leak check reads the store: the servers as they were.
-            if let Some(servers) = servers.as_mut() {
-                tokio::time::timeout(SERVER_FAULT_BOUND, servers.restore())
-                    .await
-                    .map_err(|_| {
-                        format!("the servers were not restored within {SERVER_FAULT_BOUND:?}")
-                    })??;
-            }
-            let injected = injected?;
-            injected_all.clone_from(&injected);
-            if !injected.is_empty() {
-                let counts: Vec<String> = injected
-                    .iter()
-                    .map(|(kind, n)| format!("{} {n}", kind.name()))
-                    .collect();
-                notes.push(format!("faults injected: {}", counts.join(", ")));
-            }
-            if !problems.is_empty() {
-                return Err(problems.join("; "));
-            }
-        }
-    }
-
-    notes.push(format!(
+        Some(url) => run_processes(&mut run, deployment, opts, &kinds, url, plan).await?,
+    };
+    run.notes.push(format!(
         "workers done {:.1} s after the deadline",
         Instant::now()
-            .saturating_duration_since(until)
+            .saturating_duration_since(run.until)
             .as_secs_f64()
     ));
-    // Leak check: every worker is gone and every manager closed.
-    let leak_start = Instant::now();
-    leak_check(
-        backend.as_ref(),
-        &namespace,
-        rules.quiescence() + LEAK_SLACK,
-        &coordinator_log,
+    let report = judge(&mut run, backend.as_ref(), &namespace, &rules, &register).await?;
+    Ok(RunOutcome {
+        report,
+        notes: run.notes,
+        kept: opts.keep.then(|| dir.path.clone()),
+        injected,
+        semaphores,
+    })
+}
+
+/// What the parts of one run share: its label, directory and log, the deadline,
+/// and the notes the outcome carries.
+struct Run<'a> {
+    label: &'a str,
+    dir: &'a Path,
+    log: &'a EventLog,
+    until: Instant,
+    notes: Vec<String>,
+}
+
+/// The nemeses of `choice` that apply to `deployment`; a note for each that does not.
+fn applicable(
+    deployment: &dyn Deployment,
+    choice: Choice,
+    notes: &mut Vec<String>,
+) -> Vec<Nemesis> {
+    let mut kinds = Vec::new();
+    for kind in choice.kinds() {
+        match deployment.not_applicable(kind) {
+            Some(why) => notes.push(format!(
+                "nemesis {}: not applicable to {} ({why})",
+                kind.name(),
+                deployment.label()
+            )),
+            None => kinds.push(kind),
+        }
+    }
+    kinds
+}
+
+/// Whether the store offers semaphores (the workers take permits only then), asked
+/// of a client of its own.
+async fn offers_semaphores(backend: &dyn TestBackend, label: &str) -> Result<bool, String> {
+    match tokio::time::timeout(CONNECT_BOUND, backend.client()).await {
+        Ok(Ok(client)) => Ok(client.capabilities().semaphore),
+        Ok(Err(e)) => Err(format!("backend {label} gives no client: {e}")),
+        Err(_) => Err(format!(
+            "backend {label} gave no client within {CONNECT_BOUND:?}"
+        )),
+    }
+}
+
+/// The workers as processes of their own on `url`, under the nemeses `kinds`
+/// (server-side ones through the deployment's hook, whose servers are restored
+/// after the workers are done); answers the faults injected.
+async fn run_processes(
+    run: &mut Run<'_>,
+    deployment: &dyn Deployment,
+    opts: &RunOptions,
+    kinds: &[Nemesis],
+    url: String,
+    plan: Plan,
+) -> Result<Vec<(Nemesis, u32)>, String> {
+    let exe = match &opts.worker_exe {
+        Some(exe) => exe.clone(),
+        None => std::env::current_exe()
+            .map_err(|e| format!("cannot find this binary to start workers: {e}"))?,
+    };
+    let mut procs = Procs::new(
+        exe,
+        run.label.to_owned(),
+        url,
+        kinds.iter().any(|k| k.needs_proxy()),
+        run.dir.to_path_buf(),
+        run.log.clone(),
+        run.until,
+        plan,
+    );
+    let mut servers = if kinds.iter().any(|k| k.server_side()) {
+        deployment.servers()?
+    } else {
+        None
+    };
+    for _ in 0..opts.processes {
+        procs.spawn_next(opts.duration)?;
+    }
+    let injected = inject::run(
+        kinds,
+        deployment,
+        &mut procs,
+        servers.as_deref_mut(),
+        run.log,
+        opts.seed,
+        run.until,
+        LEASE,
     )
-    .await?;
-    notes.push(format!(
+    .await;
+    let problems = procs.wait_all(run.until + EXIT_GRACE).await;
+    // Before the leak check reads the store: the servers as they were.
+    if let Some(servers) = servers.as_mut() {
+        tokio::time::timeout(SERVER_FAULT_BOUND, servers.restore())
+            .await
+            .map_err(|_| {
+                format!("the servers were not restored within {SERVER_FAULT_BOUND:?}")
+            })??;
+    }
+    let injected = injected?;
+    if !injected.is_empty() {
+        let counts: Vec<String> = injected
+            .iter()
+            .map(|(kind, n)| format!("{} {n}", kind.name()))
+            .collect();
+        run.notes
+            .push(format!("faults injected: {}", counts.join(", ")));
+    }
+    if !problems.is_empty() {
+        return Err(problems.join("; "));
+    }
+    Ok(injected)
+}
+
+/// After the workers: the leak check (every worker gone, every manager closed),
+/// the register's log beside the histories (so a kept run can be checked again),
+/// then the checker over them. `Err` if nothing was granted in the whole run.
+async fn judge(
+    run: &mut Run<'_>,
+    backend: &dyn TestBackend,
+    namespace: &str,
+    rules: &Rules,
+    register: &Register,
+) -> Result<Report, String> {
+    let leak_start = Instant::now();
+    leak_check(backend, namespace, rules.quiescence() + LEAK_SLACK, run.log).await?;
+    run.notes.push(format!(
         "leak check took {:.1} s",
         leak_start.elapsed().as_secs_f64()
     ));
-    // The register's log joins the histories on disk, so a kept run can be checked
-    // again.
-    let register_log = EventLog::create(&dir.path.join("register.events"), COORDINATOR)?;
+    let register_log = EventLog::create(&run.dir.join("register.events"), COORDINATOR)?;
     for event in register.log() {
         register_log.log_event(&event);
     }
-    for log in [&coordinator_log, &register_log] {
+    for log in [run.log, &register_log] {
         if let Some(e) = log.error() {
             return Err(e);
         }
     }
-    let report = check_dir(&label, &dir.path, &rules)?;
+    let report = check_dir(run.label, run.dir, rules)?;
     if report.totals.grants == 0 {
         return Err(format!(
-            "no lock was granted in the whole run: backend {label} did not work"
+            "no lock was granted in the whole run: backend {} did not work",
+            run.label
         ));
     }
-    Ok(RunOutcome {
-        report,
-        notes,
-        kept: opts.keep.then(|| dir.path.clone()),
-        injected: injected_all,
-        semaphores,
-    })
+    Ok(report)
 }
 
 /// The workers of an in-process store: tasks sharing `backend`, one per log,
