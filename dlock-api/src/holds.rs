@@ -7,15 +7,21 @@ use dlock_spi::{FencingToken, Result};
 
 use crate::election::Leadership;
 use crate::guard::{LockGuard, LostSignal};
-use crate::multi::MultiGuard;
 use crate::rwlock::UpgradeableReadGuard;
 use crate::semaphore::SemaphorePermit;
 
-/// Something held on the store until released or lost: a [`LockGuard`], a
-/// [`SemaphorePermit`], a [`Leadership`], a [`MultiGuard`] or an
-/// [`UpgradeableReadGuard`]. Each has the same methods of its own; the trait lets
-/// code hold any of them — run a job while holding, fence its writes, stop when
-/// the hold is lost, give it back:
+/// Something held on one name until released or lost: a [`LockGuard`], a
+/// [`SemaphorePermit`], a [`Leadership`] or an [`UpgradeableReadGuard`]. Each has
+/// the same methods of its own; the trait lets code hold any of them — run a job
+/// while holding, fence its writes, stop when the hold is lost, give it back.
+///
+/// A [`MultiGuard`](crate::MultiGuard) is not one: it holds several names, and a
+/// fencing token is a name's (each name's tokens grow on their own, so no one
+/// token fences the resources of several) — its
+/// [`guards`](crate::MultiGuard::guards) are the holds, a token each.
+///
+/// The trait is sealed: dlock's hold types implement it, so methods can be added.
+///
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
@@ -36,22 +42,20 @@ use crate::semaphore::SemaphorePermit;
 /// while_held(manager.lock("report").lock().await?).await?;
 /// while_held(manager.semaphore("workers", 4).acquire(1).await?).await?;
 /// while_held(manager.election("leader").campaign("node-a").await?).await?;
-/// while_held(manager.multi_lock(["a", "b"]).lock().await?).await?;
-/// for name in ["report", "workers", "leader", "a", "b"] {
+/// for name in ["report", "workers", "leader"] {
 ///     assert!(manager.inspect(name).await?.is_none(), "{name} given back");
 /// }
 /// # Ok(()) }
 /// ```
-pub trait Hold: Send + Sync + 'static {
+pub trait Hold: sealed::Sealed + Send + Sync + 'static {
     /// The fencing token: greater than every earlier grant's of the same name
-    /// (where the backend has fencing). A [`MultiGuard`]'s is its members'
-    /// greatest — greater than every earlier grant's of any member — and an
-    /// [`UpgradeableReadGuard`]'s its write side's once upgraded, else its read
-    /// hold's.
+    /// (where the backend has fencing). An [`UpgradeableReadGuard`]'s is its write
+    /// side's once upgraded, else its read hold's.
     fn fencing_token(&self) -> FencingToken;
 
-    /// An owned signal of the hold's loss (of any part's, for a hold of several),
-    /// for another task.
+    /// An owned signal of the hold's loss, for another task. An
+    /// [`UpgradeableReadGuard`]'s covers the holds it has when asked: ask again
+    /// after an upgrade to cover the write side too.
     fn lost_signal(&self) -> LostSignal;
 
     /// Until when the hold is guaranteed (see [`LockGuard::valid_until`]); `None`
@@ -65,7 +69,7 @@ pub trait Hold: Send + Sync + 'static {
 
     /// Gives the hold back and reports: [`LockGuard::unlock`],
     /// [`SemaphorePermit::release`], [`Leadership::resign`],
-    /// [`MultiGuard::unlock`], [`UpgradeableReadGuard::unlock`].
+    /// [`UpgradeableReadGuard::unlock`].
     ///
     /// # Cancel safety
     ///
@@ -76,9 +80,16 @@ pub trait Hold: Send + Sync + 'static {
         Self: Sized;
 }
 
+/// Only dlock's hold types implement [`Hold`].
+mod sealed {
+    pub trait Sealed {}
+}
+
 /// Implements [`Hold`] for `$ty` over its own methods, `$release` giving it back.
 macro_rules! hold_over_inherent {
     ($ty:ty, $release:ident) => {
+        impl sealed::Sealed for $ty {}
+
         impl Hold for $ty {
             fn fencing_token(&self) -> FencingToken {
                 <$ty>::fencing_token(self)
@@ -106,5 +117,4 @@ macro_rules! hold_over_inherent {
 hold_over_inherent!(LockGuard, unlock);
 hold_over_inherent!(SemaphorePermit, release);
 hold_over_inherent!(Leadership, resign);
-hold_over_inherent!(MultiGuard, unlock);
 hold_over_inherent!(UpgradeableReadGuard, unlock);

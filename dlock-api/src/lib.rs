@@ -25,9 +25,11 @@
 //!
 //! ## What you get
 //!
-//! * [`DistributeLockManager`] — built by [`DistributeLockManagerBuilder`] over any
-//!   [`LockRemoteResource`], or by [`DistributeLockManager::connect`] from a URL.
-//! * [`DistributeLock`] — `try_lock(wait)`, `lock()`, explicit leases; reentrant per
+//! * [`DistributeLockManager`] — [`connect`](DistributeLockManager::connect)`(url)`,
+//!   or [`builder`](DistributeLockManager::builder)`(backend)` over any
+//!   [`LockRemoteResource`] (a [`DistributeLockManagerBuilder`]).
+//! * [`DistributeLock`] — `lock()`, `try_lock(wait)` and their `lock_with` /
+//!   `try_lock_with` forms taking [`LockOptions`] (a fixed lease too); reentrant per
 //!   handle; fair or not; per-acquisition [`LockOptions`] (lease, `max_hold`,
 //!   holder context). [`ReadWriteLock`] (one owner for its read, write and
 //!   upgradeable sides: a writer reads and downgrades, an [`UpgradeableReadGuard`]
@@ -40,6 +42,9 @@
 //!   contention service calling a [`Contender`] as leadership comes and goes.
 //! * [`Semaphore`] — N permits per name; each [`SemaphorePermit`] is a hold with a
 //!   lease, fencing token and lost signal.
+//! * [`Hold`] — what a lock guard, a permit, a leadership and an upgradeable read
+//!   share (fencing token, lost signal, `valid_until`, `check`, `release`), for code
+//!   generic over what it holds.
 //! * A watchdog per manager that renews held locks every lease/3 and fires the lost
 //!   signal when a renewal is refused or the lease passes without one.
 //!

@@ -137,8 +137,10 @@ impl fmt::Debug for DistributeLockManager {
 
 /// Builds a [`DistributeLockManager`].
 ///
-/// Defaults: lease 30 s renewed by the watchdog every 10 s, non-fair, no namespace,
-/// context `pid=<pid>`, 10 s bound on each backend call beyond the caller's wait.
+/// Defaults: lease 30 s renewed by the watchdog every 10 s, no namespace, context
+/// `pid=<pid>`, 10 s bound on each backend call beyond the caller's wait. (Locks are
+/// non-fair unless taken by [`fair_lock`](DistributeLockManager::fair_lock) or
+/// [`fair_read_write_lock`](DistributeLockManager::fair_read_write_lock).)
 ///
 /// # Handler order
 ///

@@ -194,16 +194,6 @@ impl MultiGuard {
         self.guards.iter().map(LockGuard::name)
     }
 
-    /// The members' greatest fencing token: greater than every earlier grant's
-    /// token of any member (fence each member's resource with its own guard's).
-    pub fn fencing_token(&self) -> dlock_spi::FencingToken {
-        self.guards
-            .iter()
-            .map(LockGuard::fencing_token)
-            .max()
-            .unwrap_or(dlock_spi::FencingToken::new(0))
-    }
-
     /// Why a member was lost (the first member's, in order, that was), if any was.
     pub fn lost_reason(&self) -> Option<LostReason> {
         self.guards.iter().find_map(LockGuard::lost_reason)

@@ -223,8 +223,8 @@ impl UpgradeableReadLock {
     }
 
     /// Like [`lock`](Self::lock), with this acquisition's own options (a fixed
-    /// lease, a `max_hold` bound, the holder context), for both its holds; an
-    /// upgrade's write side takes the manager's settings.
+    /// lease, a `max_hold` bound, the holder context), for both its holds and for
+    /// the write side an upgrade takes.
     ///
     /// # Cancel safety
     ///
@@ -233,7 +233,7 @@ impl UpgradeableReadLock {
         self.check_usable()?;
         let upgrade = self.upgrade.lock_with(options).await?;
         let read = self.read.lock_with(options).await?;
-        Ok(self.guard(upgrade, read))
+        Ok(self.guard(upgrade, read, options))
     }
 
     /// Tries to hold the upgradeable side within `wait` (zero: try once); `Ok(None)`
@@ -266,7 +266,7 @@ impl UpgradeableReadLock {
         let Some(read) = self.read.try_lock_with(left, options).await? else {
             return Ok(None);
         };
-        Ok(Some(self.guard(upgrade, read)))
+        Ok(Some(self.guard(upgrade, read, options)))
     }
 
     /// Whether this owner holds the upgradeable side.
@@ -296,12 +296,18 @@ impl UpgradeableReadLock {
         Ok(())
     }
 
-    fn guard(&self, upgrade: LockGuard, read: LockGuard) -> UpgradeableReadGuard {
+    fn guard(
+        &self,
+        upgrade: LockGuard,
+        read: LockGuard,
+        options: &LockOptions,
+    ) -> UpgradeableReadGuard {
         UpgradeableReadGuard {
             write: None,
             read,
             upgrade,
             writer: self.write.clone(),
+            options: options.clone(),
         }
     }
 }
@@ -325,6 +331,8 @@ pub struct UpgradeableReadGuard {
     read: LockGuard,
     upgrade: LockGuard,
     writer: DistributeLock,
+    /// The acquisition's options, for the write side an upgrade takes.
+    options: LockOptions,
 }
 
 impl UpgradeableReadGuard {
@@ -344,7 +352,7 @@ impl UpgradeableReadGuard {
             return Ok(());
         }
         self.check()?;
-        self.write = Some(self.writer.lock().await?);
+        self.write = Some(self.writer.lock_with(&self.options).await?);
         Ok(())
     }
 
@@ -359,7 +367,7 @@ impl UpgradeableReadGuard {
             return Ok(true);
         }
         self.check()?;
-        self.write = self.writer.try_lock(wait).await?;
+        self.write = self.writer.try_lock_with(wait, &self.options).await?;
         Ok(self.write.is_some())
     }
 

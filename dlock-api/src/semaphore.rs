@@ -24,7 +24,7 @@ use crate::options::LockOptions;
 /// [`crate::ErrorKind::InvalidArgument`] while anyone holds permits (memory, SQL and
 /// etcd: or waits for them), and takes effect once the semaphore is idle.
 ///
-/// Every backend has semaphores but Redlock, which refuses them with
+/// Every backend has semaphores but Redlock and the SQL session modes, which refuse them with
 /// [`crate::ErrorKind::Unsupported`] (permits counted on each node do not add up
 /// across quorums). On ZooKeeper they are Curator's `InterProcessSemaphoreV2` (Java
 /// services and dlock share one); a name is a lock or a semaphore, not both.

@@ -477,17 +477,25 @@ async fn queued(m: &DistributeLockManager, name: &str, n: usize) -> bool {
 }
 
 /// An upgradeable read takes options as every other acquisition does: its holds
-/// store the acquisition's context (shown to whoever inspects the lock), waiting
-/// or not.
+/// — and the write side its upgrade takes — store the acquisition's context (shown
+/// to whoever inspects the lock), waiting or not.
 #[tokio::test]
 async fn an_upgradeable_read_stores_its_acquisitions_context() {
     use dlock_api::LockOptions;
     let m = DistributeLockManager::connect("memory://").await.unwrap();
     let rw = m.read_write_lock("doc");
     let options = LockOptions::new().context("job=U");
-    let held = rw.upgradeable_read().lock_with(&options).await.unwrap();
+    let mut held = rw.upgradeable_read().lock_with(&options).await.unwrap();
     let state = m.inspect("doc").await.unwrap().expect("held");
     assert_eq!(state.holders[0].context, "job=U", "{state:?}");
+    // The write side an upgrade takes is the same acquisition's.
+    held.upgrade().await.unwrap();
+    let state = m.inspect("doc").await.unwrap().expect("held");
+    assert_eq!(state.holders.len(), 2, "{state:?}");
+    assert!(
+        state.holders.iter().all(|h| h.context == "job=U"),
+        "{state:?}"
+    );
     held.unlock().await.unwrap();
     let tried = rw
         .upgradeable_read()

@@ -479,31 +479,36 @@ pub(crate) fn open_postgres(url: &str, options: &JdbcOptions) -> Result<Pool> {
 /// would fix it — the configuration, or time — with the server's own words and
 /// what to check.
 fn connect_error(url: &str, e: sqlx::Error, acquire_timeout: std::time::Duration) -> Error {
+    let shown = redact_url(url);
     if matches!(e, sqlx::Error::PoolTimedOut) {
-        // Only the bound above gives this: the server took the connection
+        // Only the connect's own bound gives this: the server took the connection
         // and did not answer in time (hung, overloaded, or a partition).
         return Error::new(
-                ErrorKind::Timeout,
-                format!(
-                    "cannot connect to {}: no answer within {:?}; check that the server runs and is not overloaded, or wait longer (dlock_acquire_timeout=30s in the URL, JdbcOptions::acquire_timeout)",
-                    redact_url(url),
-                    acquire_timeout
-                ),
-            );
+            ErrorKind::Timeout,
+            format!(
+                "cannot connect to {shown}: no answer within {acquire_timeout:?}; check that the server runs and is not overloaded, or wait longer (dlock_acquire_timeout=30s in the URL, JdbcOptions::acquire_timeout)"
+            ),
+        );
     }
-    // A refused TLS handshake (rustls' errors reach sqlx as invalid data) is
-    // the configuration's to fix, as a bad URL is; retrying will not help.
-    let tls = matches!(&e, sqlx::Error::Tls(_))
-        || matches!(&e, sqlx::Error::Io(io) if io.kind() == std::io::ErrorKind::InvalidData);
+    // The server's own words; the driver's Display of them adds the line of the
+    // server's source that raised them, which means nothing to a user.
+    let said = match &e {
+        sqlx::Error::Database(db) => db.message().to_owned(),
+        other => other.to_string(),
+    };
     if let Some(param) = crate::error::refused_startup_parameter(&e) {
         return Error::new(
-                ErrorKind::Config,
-                format!(
-                    "cannot connect to {}: {e}; a pooler between dlock and PostgreSQL (PgBouncer) refuses the startup parameter {param} that the driver sends: add `ignore_startup_parameters = {param}` to its configuration (pgbouncer.ini)",
-                    redact_url(url)
-                ),
-            );
+            ErrorKind::Config,
+            format!(
+                "cannot connect to {shown}: {said}; a pooler between dlock and PostgreSQL (PgBouncer) refuses the startup parameter {param} that the driver sends: add `ignore_startup_parameters = {param}` to its configuration (pgbouncer.ini)"
+            ),
+        )
+        .with_source(e);
     }
+    // A refused TLS handshake (rustls' errors reach sqlx as invalid data) is the
+    // configuration's to fix, as a bad URL is; retrying will not help.
+    let tls = matches!(&e, sqlx::Error::Tls(_))
+        || matches!(&e, sqlx::Error::Io(io) if io.kind() == std::io::ErrorKind::InvalidData);
     // A database's answer is the configuration's to fix (a wrong password, a
     // missing database) unless it refused the connection for now.
     let transient = crate::error::is_transient_answer(&e);
@@ -520,21 +525,14 @@ fn connect_error(url: &str, e: sqlx::Error, acquire_timeout: std::time::Duration
     } else {
         "check that the server runs, the URL is right and the user may log in"
     };
-    // The server's own words; the driver's Display of them adds the line of
-    // the server's source that raised them, which means nothing to a user.
-    let said = match &e {
-        sqlx::Error::Database(db) => db.message().to_owned(),
-        other => other.to_string(),
+    let kind = if retryable {
+        ErrorKind::Backend
+    } else {
+        ErrorKind::Config
     };
-    Error::new(
-        if retryable {
-            ErrorKind::Backend
-        } else {
-            ErrorKind::Config
-        },
-        format!("cannot connect to {}: {said}; {hint}", redact_url(url)),
-    )
-    .set_retryable(retryable)
+    Error::new(kind, format!("cannot connect to {shown}: {said}; {hint}"))
+        .set_retryable(retryable)
+        .with_source(e)
 }
 
 #[cfg(test)]

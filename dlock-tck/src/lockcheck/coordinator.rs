@@ -219,7 +219,7 @@ pub async fn run(deployment: &dyn Deployment, opts: &RunOptions) -> Result<RunOu
     let register = Register::start()
         .await
         .map_err(|e| format!("cannot start the fenced register: {e}"))?;
-    let kinds = applicable(deployment, opts.nemesis, &mut run.notes);
+    let kinds = applicable(deployment, &label, opts.nemesis, &mut run.notes);
     let namespace = format!("lc{}-{:08x}:", opts.seed, fastrand::u32(..));
     let plan = Plan {
         seed: opts.seed,
@@ -264,9 +264,11 @@ struct Run<'a> {
     notes: Vec<String>,
 }
 
-/// The nemeses of `choice` that apply to `deployment`; a note for each that does not.
+/// The nemeses of `choice` that apply to `deployment` (`label`); a note for each
+/// that does not.
 fn applicable(
     deployment: &dyn Deployment,
+    label: &str,
     choice: Choice,
     notes: &mut Vec<String>,
 ) -> Vec<Nemesis> {
@@ -274,9 +276,8 @@ fn applicable(
     for kind in choice.kinds() {
         match deployment.not_applicable(kind) {
             Some(why) => notes.push(format!(
-                "nemesis {}: not applicable to {} ({why})",
-                kind.name(),
-                deployment.label()
+                "nemesis {}: not applicable to {label} ({why})",
+                kind.name()
             )),
             None => kinds.push(kind),
         }
