@@ -246,8 +246,18 @@ impl fmt::Display for Error {
     }
 }
 
+/// `{:?}` reads as the error with its causes (as `{:#}`) and whether a retry may
+/// help — what `fn main() -> Result<()>` prints on a failure; `{:#?}` shows the
+/// fields.
 impl fmt::Debug for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if !f.alternate() {
+            write!(f, "{self:#}")?;
+            if self.retryable {
+                f.write_str(" (retryable)")?;
+            }
+            return Ok(());
+        }
         let mut d = f.debug_struct("Error");
         d.field("kind", &self.kind)
             .field("message", &self.message)
@@ -313,6 +323,28 @@ mod tests {
         }
         assert_eq!(report, format!("{err:#}"));
         assert!(err.is_retryable());
+    }
+
+    /// `fn main() -> dlock_api::Result<()>` prints a failure with `Debug`: it reads as
+    /// the error and its causes (as `{:#}`), whether it is worth retrying, and
+    /// `{:#?}` keeps the fields. (It printed `Error { kind: Config, message: …`.)
+    #[test]
+    fn debug_reads_as_the_error_and_its_causes() {
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
+        let err = Error::backend("cannot reach the server; is it running?")
+            .with_context("backend", "redis")
+            .with_source(io);
+        assert_eq!(
+            format!("{err:?}"),
+            "backend: cannot reach the server; is it running? (backend=redis): refused (retryable)"
+        );
+        let fixed = Error::new(ErrorKind::Config, "bad URL");
+        assert_eq!(format!("{fixed:?}"), "config: bad URL");
+        let fields = format!("{err:#?}");
+        assert!(
+            fields.starts_with("Error {") && fields.contains("kind: Backend"),
+            "{fields}"
+        );
     }
 
     #[test]
