@@ -15,8 +15,10 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use bytes::Bytes;
 use dlock_spi::{
     Capabilities, Error, ErrorKind, HoldFeed, HoldStatus, HoldWatch, LockMode, LostReason,
+    RenewRequest, RenewResult,
 };
 
 /// A connection a hold lives on: it can tell which server session it reaches.
@@ -212,6 +214,45 @@ impl<C: SessionConn, K: Send + Sync + 'static> Holds<C, K> {
             .unwrap_or_else(PoisonError::into_inner)
             .get(holder)
             .cloned()
+    }
+
+    /// A renewal of a hold: a session-bound hold needs none (renewed while its
+    /// session is there); a new context (a leader proclaiming) is written by
+    /// `write` — given the hold's connection, its key and the context, it answers
+    /// the connection and whether the hold's row took the context — on the hold's
+    /// own session, taken out meanwhile: dropped or failed mid-statement, the
+    /// session closes with it and the feed reports the loss.
+    pub(super) async fn renew<F, Fut>(
+        &self,
+        req: &RenewRequest,
+        write: F,
+    ) -> dlock_spi::Result<RenewResult>
+    where
+        K: Clone,
+        F: FnOnce(C, K, Bytes) -> Fut,
+        Fut: std::future::Future<Output = dlock_spi::Result<(C, bool)>>,
+    {
+        let Some(held) = self.get(req.holder().as_str()) else {
+            return Ok(RenewResult::NotOwner);
+        };
+        let mut slot = held.conn.lock().await;
+        let Some(context) = &req.context else {
+            return Ok(if slot.is_some() {
+                RenewResult::renewed(None)
+            } else {
+                RenewResult::NotOwner
+            });
+        };
+        let Some(conn) = held.take_out(&mut slot) else {
+            return Ok(RenewResult::NotOwner);
+        };
+        let (conn, took) = write(conn, held.key.clone(), context.clone()).await?;
+        held.give_back(&mut slot, conn);
+        Ok(if took {
+            RenewResult::renewed(None)
+        } else {
+            RenewResult::NotOwner
+        })
     }
 
     pub(super) fn remove(&self, holder: &str) {

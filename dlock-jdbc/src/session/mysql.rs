@@ -463,49 +463,31 @@ impl Sessions {
     /// the hold (its feed reports the loss).
     pub(crate) async fn renew(&self, req: &RenewRequest) -> Result<RenewResult> {
         let holder = req.holder();
-        let Some(held) = self.holds.get(holder.as_str()) else {
-            return Ok(RenewResult::NotOwner);
-        };
-        let mut slot = held.conn.lock().await;
-        let Some(context) = &req.context else {
-            return Ok(if slot.is_some() {
-                RenewResult::renewed(None)
-            } else {
-                RenewResult::NotOwner
-            });
-        };
-        // Taken out: dropped or failed mid-statement, the session closes with it
-        // and the feed reports the loss.
-        let Some(mut conn) = held.take_out(&mut slot) else {
-            return Ok(RenewResult::NotOwner);
-        };
-        // The count read back, not the update's: a context written again unchanged
-        // changes no row.
-        let update = format!(
-            "UPDATE {h} SET context = {context} WHERE lk = '{lk}' AND holder = {holder}; \
-             SELECT count(*) AS n FROM {h} WHERE lk = '{lk}' AND holder = {holder} \
-               AND conn = CONNECTION_ID() AND IS_USED_LOCK('{lk}') = CONNECTION_ID()",
-            h = self.holders,
-            lk = held.key,
-            holder = hex(holder.as_str().as_bytes()),
-            context = hex(context),
-        );
-        let rows: Vec<MySqlRow> = sqlx::raw_sql(sqlx::AssertSqlSafe(update))
-            .fetch_all(&mut conn)
+        self.holds
+            .renew(req, |mut conn, lk, context| async move {
+                // The count read back, not the update's: a context written again
+                // unchanged changes no row.
+                let update = format!(
+                    "UPDATE {h} SET context = {context} WHERE lk = '{lk}' AND holder = {holder}; \
+                     SELECT count(*) AS n FROM {h} WHERE lk = '{lk}' AND holder = {holder} \
+                       AND conn = CONNECTION_ID() AND IS_USED_LOCK('{lk}') = CONNECTION_ID()",
+                    h = self.holders,
+                    holder = hex(holder.as_str().as_bytes()),
+                    context = hex(&context),
+                );
+                let rows: Vec<MySqlRow> = sqlx::raw_sql(sqlx::AssertSqlSafe(update))
+                    .fetch_all(&mut conn)
+                    .await
+                    .map_err(|e| map_sqlx(e, BACKEND, "renew"))?;
+                let n = match rows.last() {
+                    Some(row) => row
+                        .try_get::<i64, _>("n")
+                        .map_err(|e| map_sqlx(e, BACKEND, "renew"))?,
+                    None => 0,
+                };
+                Ok((conn, n == 1))
+            })
             .await
-            .map_err(|e| map_sqlx(e, BACKEND, "renew"))?;
-        let n = match rows.last() {
-            Some(row) => row
-                .try_get::<i64, _>("n")
-                .map_err(|e| map_sqlx(e, BACKEND, "renew"))?,
-            None => 0,
-        };
-        held.give_back(&mut slot, conn);
-        if n == 1 {
-            Ok(RenewResult::renewed(None))
-        } else {
-            Ok(RenewResult::NotOwner)
-        }
     }
 
     /// # Cancel safety

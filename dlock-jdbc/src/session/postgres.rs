@@ -557,35 +557,18 @@ impl Sessions {
     /// the hold (its feed reports the loss).
     pub(crate) async fn renew(&self, req: &RenewRequest) -> Result<RenewResult> {
         let holder = req.holder();
-        let Some(held) = self.holds.get(holder.as_str()) else {
-            return Ok(RenewResult::NotOwner);
-        };
-        let mut slot = held.conn.lock().await;
-        let Some(context) = &req.context else {
-            return Ok(if slot.is_some() {
-                RenewResult::renewed(None)
-            } else {
-                RenewResult::NotOwner
-            });
-        };
-        // Taken out: dropped or failed mid-statement, the session closes with it
-        // and the feed reports the loss.
-        let Some(mut conn) = held.take_out(&mut slot) else {
-            return Ok(RenewResult::NotOwner);
-        };
-        let updated = sqlx::query(sqlx::AssertSqlSafe(self.statements.context.as_str()))
-            .bind(held.key)
-            .bind(holder.as_str())
-            .bind(context.as_ref())
-            .execute(&mut conn)
+        self.holds
+            .renew(req, |mut conn, key, context| async move {
+                let updated = sqlx::query(sqlx::AssertSqlSafe(self.statements.context.as_str()))
+                    .bind(key)
+                    .bind(holder.as_str())
+                    .bind(context.as_ref())
+                    .execute(&mut conn)
+                    .await
+                    .map_err(|e| map_sqlx(e, BACKEND, "renew"))?;
+                Ok((conn, updated.rows_affected() == 1))
+            })
             .await
-            .map_err(|e| map_sqlx(e, BACKEND, "renew"))?;
-        held.give_back(&mut slot, conn);
-        if updated.rows_affected() == 1 {
-            Ok(RenewResult::renewed(None))
-        } else {
-            Ok(RenewResult::NotOwner)
-        }
     }
 
     /// # Cancel safety
