@@ -109,7 +109,7 @@ impl NatsBackend {
         let mut live = Vec::with_capacity(feed.entries.len());
         for (key, mut seen) in feed.entries {
             let lease = self.lease_of(&seen.parts.name, &seen).await?;
-            let Some(end) = lease.ends_ns.filter(|&end| end > now) else {
+            let Some(end) = lease.ends_ns.filter(|&end| end > now && !lease.going) else {
                 continue;
             };
             // Shown as its lease stands: the end and the context of its latest
@@ -270,5 +270,87 @@ impl LockAdmin for NatsBackend {
         names.sort_unstable();
         names.dedup();
         Ok(names.len())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use dlock_spi::{GrantId, HolderKey, OwnerId};
+
+    use super::*;
+    use crate::keys::lease_key;
+
+    /// A holder whose lease key was deleted after its contender key was written is
+    /// on its way out (a release deletes the contender key, then the lease key; a
+    /// force-release the other way round): not shown as holding. A reader between
+    /// the two deletions showed it with its first context — an observer saw the
+    /// leader's value go back from "a2" to "a1" after the resignation (the kit's
+    /// observers_see_every_change_in_order, now and then).
+    #[tokio::test]
+    async fn a_holder_whose_lease_was_deleted_after_its_key_is_not_shown() {
+        if !dlock_tck::runner::selected("nats") {
+            return;
+        }
+        let server =
+            std::env::var("DLOCK_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".to_owned());
+        let url = format!("{}/dlock_kit?max_age=10m", server.trim_end_matches('/'));
+        let backend = NatsBackend::connect(&url).await.expect("connect");
+        let name = LockName::new(format!("deleted-lease-{}", std::process::id())).expect("name");
+        let (owner, grant) = (OwnerId::new("a"), GrantId::new(1));
+        let lease = Duration::from_secs(30);
+        let got = backend
+            .try_acquire(
+                &AcquireRequest::new(name.clone(), owner.clone(), grant)
+                    .with_lease(lease)
+                    .with_context(Bytes::from_static(b"a1")),
+            )
+            .await
+            .expect("acquire");
+        let token = got.token().expect("a free lock is granted");
+        let renewed = backend
+            .renew(
+                &RenewRequest::new(
+                    name.clone(),
+                    owner.clone(),
+                    grant,
+                    LockMode::Exclusive,
+                    lease,
+                    token,
+                )
+                .with_context(Bytes::from_static(b"a2")),
+            )
+            .await
+            .expect("renew");
+        assert!(
+            matches!(renewed, RenewResult::Renewed { .. }),
+            "{renewed:?}"
+        );
+        let shown = backend
+            .inspect(&name)
+            .await
+            .expect("inspect")
+            .expect("held");
+        assert_eq!(shown.holders[0].context, "a2");
+
+        // Half a release: the lease key gone, the contender key still there.
+        let holder = HolderKey::new(&owner, grant);
+        backend
+            .store
+            .delete(lease_key(name.as_str(), holder.as_str()))
+            .await
+            .expect("delete the lease key");
+        let shown = backend.inspect(&name).await.expect("inspect");
+        assert!(shown.is_none(), "shown as held: {shown:?}");
+
+        backend
+            .release(&ReleaseRequest::new(
+                name,
+                owner,
+                grant,
+                LockMode::Exclusive,
+                token,
+            ))
+            .await
+            .expect("release");
     }
 }

@@ -32,6 +32,11 @@ pub(crate) struct Lease {
     revision: u64,
     /// The context its latest renewal stored, if any.
     pub(crate) context: Option<Bytes>,
+    /// Deleted after the contender's key was written: the hold is being given back
+    /// (a release deletes the contender's key, then this one; a force-release this
+    /// one first). Waiters still judge it by its key's write (its key's deletion
+    /// comes through their feed); a reader showing holders leaves it out.
+    pub(crate) going: bool,
 }
 
 /// How a renewal went.
@@ -56,6 +61,7 @@ impl NatsBackend {
                 ends_ns: None,
                 revision: e.revision,
                 context: None,
+                going: false,
             },
             Some(e) if e.operation == Operation::Put => {
                 let stored = Stored::decode(&e.value);
@@ -64,6 +70,7 @@ impl NatsBackend {
                     ends_ns: Some(e.created.unix_timestamp_nanos() + nanos(lease)),
                     revision: e.revision,
                     context: stored.map(|s| s.context),
+                    going: false,
                 }
             }
             // No lease written since the contender's key was (a delete marker is
@@ -73,11 +80,13 @@ impl NatsBackend {
                 ends_ns: Some(seen.expires_ns()),
                 revision: e.revision,
                 context: None,
+                going: e.revision > seen.revision,
             },
             None => Lease {
                 ends_ns: Some(seen.expires_ns()),
                 revision: 0,
                 context: None,
+                going: false,
             },
         })
     }
