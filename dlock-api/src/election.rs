@@ -60,7 +60,6 @@ pub const DEFAULT_STOP_GRACE: Duration = Duration::from_secs(10);
 #[derive(Clone)]
 pub struct Election {
     manager: DistributeLockManager,
-    name: String,
     /// The full name, checked once.
     full_name: Arc<Result<LockName>>,
     observe_interval: Duration,
@@ -69,11 +68,10 @@ pub struct Election {
 }
 
 impl Election {
-    pub(crate) fn new(manager: DistributeLockManager, name: &str) -> Self {
+    pub(crate) fn new(manager: DistributeLockManager, name: impl fmt::Display) -> Self {
         Election {
             full_name: Arc::new(manager.inner.full_name(name)),
             manager,
-            name: name.to_owned(),
             observe_interval: DEFAULT_OBSERVE_INTERVAL,
             stop_grace: DEFAULT_STOP_GRACE,
             transition: Duration::ZERO,
@@ -123,7 +121,7 @@ impl Election {
         };
         DistributeLock::with_spec(
             Arc::clone(inner),
-            inner.full_name(&self.name),
+            self.name().cloned(),
             LockMode::Exclusive,
             fairness,
             HoldSpec {
@@ -176,7 +174,7 @@ impl Election {
     ///
     /// Cancel-safe: it only reads.
     pub async fn leader(&self) -> Result<Option<Leader>> {
-        let state = self.manager.inspect(&self.name).await?;
+        let state = self.manager.inner.chain.inspect(self.name()?).await?;
         Ok(state.and_then(|s| {
             s.holders
                 .into_iter()
@@ -235,7 +233,7 @@ impl Election {
 impl fmt::Debug for Election {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Election")
-            .field("name", &self.name)
+            .field("name", &self.name().ok())
             .field("observe_interval", &self.observe_interval)
             .finish()
     }
@@ -403,7 +401,7 @@ impl LeaderObserver {
 impl fmt::Debug for LeaderObserver {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LeaderObserver")
-            .field("election", &self.election.name)
+            .field("election", &self.election.name().ok())
             .field("highest", &self.highest)
             .finish()
     }
@@ -723,6 +721,10 @@ async fn contend_loop(
     mut stop: watch::Receiver<bool>,
     leading: watch::Sender<Option<FencingToken>>,
 ) {
+    // Valid: `contend` checked it.
+    let name = election
+        .name()
+        .map_or_else(|_| String::new(), |n| n.as_str().to_owned());
     let mut pacer = Pacer::new(CAMPAIGN_PAUSE);
     loop {
         let campaign = tokio::select! {
@@ -737,7 +739,7 @@ async fn contend_loop(
             }
             Err(err) if err.kind() == ErrorKind::Closed => return,
             Err(err) => {
-                tracing::warn!(election = %election.name, error = &err as &dyn std::error::Error, "dlock: campaign failed; trying again");
+                tracing::warn!(election = %name, error = &err as &dyn std::error::Error, "dlock: campaign failed; trying again");
                 tokio::select! {
                     _ = stop.wait_for(|s| *s) => return,
                     () = pacer.pause() => continue,
@@ -763,7 +765,7 @@ async fn contend_loop(
             let end = tokio::select! {
                 done = &mut work => {
                     if done.is_err() {
-                        tracing::error!(election = %election.name, "dlock: the leader's work panicked; resigning");
+                        tracing::error!(election = %name, "dlock: the leader's work panicked; resigning");
                     }
                     TermEnd::WorkDone
                 }
@@ -776,7 +778,7 @@ async fn contend_loop(
                     _ = &mut work => {}
                     _ = leadership.lost() => {}
                     () = tokio::time::sleep(election.stop_grace) => {
-                        tracing::warn!(election = %election.name, "dlock: the leader's work did not end within the stop grace; dropping it");
+                        tracing::warn!(election = %name, "dlock: the leader's work did not end within the stop grace; dropping it");
                     }
                 }
             }
@@ -788,17 +790,17 @@ async fn contend_loop(
         match tokio::time::timeout(election.stop_grace, released).await {
             Ok(Ok(())) => {}
             Ok(Err(_)) => {
-                tracing::error!(election = %election.name, "dlock: on_released panicked");
+                tracing::error!(election = %name, "dlock: on_released panicked");
             }
             Err(_) => {
-                tracing::warn!(election = %election.name, "dlock: on_released did not return within the stop grace; resigning anyway");
+                tracing::warn!(election = %name, "dlock: on_released did not return within the stop grace; resigning anyway");
             }
         }
         leading.send_replace(None);
         if let TermEnd::Lost(_) = end {
             drop(leadership);
         } else if let Err(err) = leadership.resign().await {
-            tracing::warn!(election = %election.name, error = &err as &dyn std::error::Error, "dlock: resigning failed");
+            tracing::warn!(election = %name, error = &err as &dyn std::error::Error, "dlock: resigning failed");
         }
         if end == TermEnd::Stopped {
             return;
@@ -812,6 +814,6 @@ impl crate::DistributeLockManager {
     /// it, see who leads, follow the changes. It shares its name with the lock
     /// `name` — `dlock status name` shows the leader.
     pub fn election(&self, name: impl fmt::Display) -> Election {
-        Election::new(self.clone(), &name.to_string())
+        Election::new(self.clone(), name)
     }
 }

@@ -276,8 +276,9 @@ impl ManagerInner {
         });
     }
 
-    pub(crate) fn full_name(&self, name: &str) -> Result<LockName> {
-        LockName::with_prefix(&self.config.namespace, name)
+    /// `name` in the manager's namespace, validated.
+    pub(crate) fn full_name(&self, name: impl std::fmt::Display) -> Result<LockName> {
+        LockName::with_prefix(&self.config.namespace, &name.to_string())
     }
 }
 

@@ -638,7 +638,7 @@ impl crate::DistributeLockManager {
     pub fn lock(&self, name: impl std::fmt::Display) -> DistributeLock {
         DistributeLock::new(
             Arc::clone(&self.inner),
-            self.inner.full_name(&name.to_string()),
+            self.inner.full_name(name),
             LockMode::Exclusive,
             Fairness::NonFair,
         )
@@ -648,7 +648,7 @@ impl crate::DistributeLockManager {
     pub fn fair_lock(&self, name: impl std::fmt::Display) -> DistributeLock {
         DistributeLock::new(
             Arc::clone(&self.inner),
-            self.inner.full_name(&name.to_string()),
+            self.inner.full_name(name),
             LockMode::Exclusive,
             Fairness::Fair,
         )

@@ -77,7 +77,7 @@ impl DistributeLockManager {
     ///
     /// Cancel-safe: it only reads.
     pub async fn inspect(&self, name: impl std::fmt::Display) -> Result<Option<LockState>> {
-        let name = self.inner.full_name(&name.to_string())?;
+        let name = self.inner.full_name(name)?;
         self.inner.chain.inspect(&name).await
     }
 

@@ -464,7 +464,7 @@ impl crate::DistributeLockManager {
     pub fn read_write_lock(&self, name: impl std::fmt::Display) -> ReadWriteLock {
         ReadWriteLock::new(
             Arc::clone(&self.inner),
-            self.inner.full_name(&name.to_string()),
+            self.inner.full_name(name),
             Fairness::NonFair,
         )
     }
@@ -475,7 +475,7 @@ impl crate::DistributeLockManager {
     pub fn fair_read_write_lock(&self, name: impl std::fmt::Display) -> ReadWriteLock {
         ReadWriteLock::new(
             Arc::clone(&self.inner),
-            self.inner.full_name(&name.to_string()),
+            self.inner.full_name(name),
             Fairness::Fair,
         )
     }

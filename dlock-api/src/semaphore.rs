@@ -44,18 +44,20 @@ use crate::options::LockOptions;
 #[derive(Clone)]
 pub struct Semaphore {
     manager: DistributeLockManager,
-    name: String,
     /// The full name, checked once (each acquisition is a holder of its own on it).
     full_name: Arc<Result<LockName>>,
     permits: u32,
 }
 
 impl Semaphore {
-    pub(crate) fn new(manager: DistributeLockManager, name: &str, permits: u32) -> Self {
+    pub(crate) fn new(
+        manager: DistributeLockManager,
+        name: impl fmt::Display,
+        permits: u32,
+    ) -> Self {
         Semaphore {
             full_name: Arc::new(manager.inner.full_name(name)),
             manager,
-            name: name.to_owned(),
             permits,
         }
     }
@@ -139,7 +141,7 @@ impl Semaphore {
     ///
     /// Cancel-safe: it only reads.
     pub async fn held(&self) -> Result<u32> {
-        let state = self.manager.inspect(&self.name).await?;
+        let state = self.manager.inner.chain.inspect(self.name()?).await?;
         Ok(state
             .map(|s| s.holders.iter().filter_map(|h| h.mode.permits()).sum())
             .unwrap_or(0))
@@ -149,7 +151,7 @@ impl Semaphore {
 impl fmt::Debug for Semaphore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Semaphore")
-            .field("name", &self.name)
+            .field("name", &self.name().ok())
             .field("permits", &self.permits)
             .finish()
     }
@@ -202,6 +204,6 @@ impl crate::DistributeLockManager {
     /// semaphores ([`Capabilities::semaphore`](dlock_spi::Capabilities::semaphore)); others refuse its acquires with
     /// [`ErrorKind::Unsupported`](dlock_spi::ErrorKind::Unsupported).
     pub fn semaphore(&self, name: impl fmt::Display, permits: u32) -> Semaphore {
-        Semaphore::new(self.clone(), &name.to_string(), permits)
+        Semaphore::new(self.clone(), name, permits)
     }
 }
